@@ -1,0 +1,48 @@
+# smcr — make help lists the targets.
+GO        ?= go
+FUZZTIME  ?= 20s
+BENCHTIME ?= 1s
+PKGS      := ./...
+
+.PHONY: help deps build test test-unit lint fmt vet generate check-generate fuzz bench demo install clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+deps: ## install every system package and Go module the project needs (Debian, as root)
+	./scripts/deps.sh
+
+build: ## build smcrd and smcrctl into bin/
+	$(GO) build -o bin/ ./cmd/...
+
+test: deps ## the whole suite: lint, generated-code freshness, unit + privileged + VM tests, short fuzzing
+	$(MAKE) lint
+	$(MAKE) check-generate
+	$(MAKE) test-unit
+	$(MAKE) fuzz FUZZTIME=$(if $(CI),5s,$(FUZZTIME))
+
+test-unit: ## go test, race detector on the pure packages
+	$(GO) test -count=1 -timeout 30m $(PKGS)
+
+lint: ## gofmt, go vet, staticcheck
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+	$(GO) tool staticcheck $(PKGS)
+
+generate: ## regenerate the bpf2go output (needs clang)
+	$(GO) generate ./bpf/...
+
+check-generate: ## fail if the committed generated code is stale
+	./scripts/check-generate.sh
+
+fuzz: ## run every fuzz target for FUZZTIME each
+	./scripts/fuzz.sh $(FUZZTIME)
+
+bench: ## run the benchmarks beside their baselines
+	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) $(PKGS)
+
+demo: deps build ## the main job: smcrd accelerating an unmodified program between two namespaces
+	./scripts/demo.sh
+
+clean: ## remove build output
+	rm -rf bin
