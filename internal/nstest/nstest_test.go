@@ -1,0 +1,113 @@
+package nstest
+
+import (
+	"io"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestPairCarriesTraffic(t *testing.T) {
+	p := NewPair(t)
+	for _, addr := range []netip.Addr{p.B.Addr4(), p.B.Addr6()} {
+		ln, err := p.B.Listen("tcp", netip.AddrPortFrom(addr, 0).String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan string, 1)
+		go func() {
+			c, err := ln.Accept()
+			if err != nil {
+				got <- err.Error()
+				return
+			}
+			defer c.Close()
+			b, _ := io.ReadAll(c)
+			got <- c.RemoteAddr().String() + " " + string(b)
+		}()
+		c, err := p.A.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write([]byte("hello"))
+		c.Close()
+		want := netip.AddrPortFrom(p.A.Addr4(), 0).Addr().String()
+		if addr.Is6() {
+			want = "[" + p.A.Addr6().String() + "]"
+		}
+		if s := <-got; !strings.HasPrefix(s, want) || !strings.HasSuffix(s, " hello") {
+			t.Errorf("B saw %q, want a connection from %s carrying hello", s, want)
+		}
+		ln.Close()
+	}
+}
+
+func TestNamespacesAreIsolated(t *testing.T) {
+	p := NewPair(t)
+	// Each namespace holds its own end of the veth pair and not the other.
+	out, err := p.A.Command("ip", "-brief", "addr").CombinedOutput()
+	if err != nil {
+		t.Fatalf("ip addr in A: %v %s", err, out)
+	}
+	if !strings.Contains(string(out), p.A.Addr4().String()) || strings.Contains(string(out), p.B.Addr4().String()) {
+		t.Errorf("namespace A addresses:\n%s", out)
+	}
+}
+
+func TestAddLink(t *testing.T) {
+	p := NewPair(t)
+	a, b := p.AddLink()
+	if a.Addr4.Addr().String() != "198.19.0.1" || b.Addr4.Addr().String() != "198.19.0.2" {
+		t.Fatalf("second link addresses %v %v", a.Addr4, b.Addr4)
+	}
+	ln, err := p.B.Listen("tcp", netip.AddrPortFrom(b.Addr4.Addr(), 0).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			c.Close()
+		}
+	}()
+	c, err := p.A.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatalf("dial over second link: %v", err)
+	}
+	c.Close()
+}
+
+func TestBaselines(t *testing.T) {
+	p := NewPair(t)
+	bps, err := p.TCPThroughput(64<<10, 64<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bps <= 0 {
+		t.Fatalf("throughput %v", bps)
+	}
+	rtts, err := p.TCPPingPong(64, 200)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rtts) != 200 || Percentile(rtts, 50) <= 0 || Percentile(rtts, 50) > time.Second {
+		t.Fatalf("ping-pong: %d samples, p50 %v", len(rtts), Percentile(rtts, 50))
+	}
+	t.Logf("TCP over veth: %.0f MB/s, 64 B p50 %v p99 %v", bps/1e6, Percentile(rtts, 50), Percentile(rtts, 99))
+}
+
+func TestPercentile(t *testing.T) {
+	d := []time.Duration{5, 1, 4, 2, 3, 6, 7, 8, 9, 10}
+	for _, c := range []struct {
+		p    float64
+		want time.Duration
+	}{{50, 5}, {90, 9}, {99, 10}, {100, 10}, {0, 1}} {
+		if got := Percentile(d, c.p); got != c.want {
+			t.Errorf("p%v = %v, want %v", c.p, got, c.want)
+		}
+	}
+	if Percentile(nil, 50) != 0 {
+		t.Error("empty percentile")
+	}
+}
