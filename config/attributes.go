@@ -1,0 +1,333 @@
+// The attribute table: every configurable attribute with its default, description,
+// parser and formatter. `smcrctl show config` prints it like AIX's `lsattr -E`.
+
+package config
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+type attribute struct {
+	name string
+	def  string
+	desc string
+	set  func(c *Config, v string) error
+	get  func(c *Config) string
+}
+
+// Attribute describes one attribute for display.
+type Attribute struct {
+	Name        string `json:"name"`
+	Value       string `json:"value"`
+	Default     string `json:"default"`
+	Description string `json:"description"`
+}
+
+// Attributes lists every attribute of c with its value, default and description.
+func (c Config) Attributes() []Attribute {
+	out := make([]Attribute, 0, len(attributes))
+	for _, a := range attributes {
+		out = append(out, Attribute{Name: a.name, Value: a.get(&c), Default: a.def, Description: a.desc})
+	}
+	return out
+}
+
+// Names returns the attribute names in display order.
+func Names() []string {
+	out := make([]string, len(attributes))
+	for i, a := range attributes {
+		out[i] = a.name
+	}
+	return out
+}
+
+var attributes = []attribute{
+	{
+		name: "enabled", def: "yes",
+		desc: "accelerate matching connections (no: every connection is plain TCP)",
+		set:  func(c *Config, v string) (err error) { c.Enabled, err = parseBool(v); return },
+		get:  func(c *Config) string { return formatBool(c.Enabled) },
+	},
+	{
+		name: "port_range_list", def: "1024-65535",
+		desc: "TCP ports SMC-R is tried for, as 1-20,23,50 (empty: none)",
+		set:  func(c *Config, v string) (err error) { c.PortRanges, err = ParsePortRanges(v); return },
+		get:  func(c *Config) string { return c.PortRanges.String() },
+	},
+	{
+		name: "ip_addr_list", def: "",
+		desc: "interfaces (names or IP addresses, at most 2) whose traffic is accelerated; empty: every interface that is up",
+		set:  func(c *Config, v string) (err error) { c.Interfaces, err = parseInterfaces(v); return },
+		get:  func(c *Config) string { return strings.Join(c.Interfaces, ",") },
+	},
+	{
+		name: "max_memory", def: "256",
+		desc: "MB of buffer memory for all connections together; a connection beyond it falls back to TCP",
+		set: func(c *Config, v string) error {
+			n, err := parseUint(v, 1, 1<<20)
+			c.MaxMemory = int64(n) << 20
+			return err
+		},
+		get: func(c *Config) string { return strconv.FormatInt(c.MaxMemory>>20, 10) },
+	},
+	{
+		name: "rmb_size", def: "256K",
+		desc: "receive buffer per connection (16K to 512K, rounded up to a power of two)",
+		set:  func(c *Config, v string) (err error) { c.RMBSize, err = parseSize(v, 16<<10, 512<<10); return },
+		get:  func(c *Config) string { return formatSize(c.RMBSize) },
+	},
+	{
+		name: "sndbuf_size", def: "256K",
+		desc: "send buffer per connection (16K to 512K)",
+		set:  func(c *Config, v string) (err error) { c.SendBufSize, err = parseSize(v, 16<<10, 512<<10); return },
+		get:  func(c *Config) string { return formatSize(c.SendBufSize) },
+	},
+	{
+		name: "providers", def: "rdma,shm,soft",
+		desc: "RDMA providers in order of preference: rdma (verbs hardware), shm (same host), soft (emulated over TCP)",
+		set:  func(c *Config, v string) (err error) { c.Providers, err = parseProviders(v); return },
+		get:  func(c *Config) string { return strings.Join(c.Providers, ",") },
+	},
+	{
+		name: "peer_cache_ttl", def: "10m",
+		desc: "how long a peer without SMC-R is connected to directly, without trying again",
+		set: func(c *Config, v string) (err error) {
+			c.PeerCacheTTL, err = parseDuration(v, time.Second, 7*24*time.Hour)
+			return
+		},
+		get: func(c *Config) string { return formatDuration(c.PeerCacheTTL) },
+	},
+	{
+		name: "clc_timeout", def: "6s",
+		desc: "wait for each CLC handshake message before falling back to TCP (Linux: 6s)",
+		set: func(c *Config, v string) (err error) {
+			c.CLCTimeout, err = parseDuration(v, 10*time.Millisecond, time.Minute)
+			return
+		},
+		get: func(c *Config) string { return formatDuration(c.CLCTimeout) },
+	},
+	{
+		name: "cgroup", def: "",
+		desc: "cgroup v2 path (relative to its mount) whose programs are accelerated; empty: all",
+		set: func(c *Config, v string) error {
+			if strings.Contains(v, "..") {
+				return fmt.Errorf("%q must not contain a .. element", v)
+			}
+			c.Cgroup = strings.Trim(v, "/")
+			return nil
+		},
+		get: func(c *Config) string { return c.Cgroup },
+	},
+	{
+		name: "control_socket", def: "/run/smcr/smcrd.sock",
+		desc: "Unix socket smcrctl talks to smcrd through",
+		set: func(c *Config, v string) error {
+			if !strings.HasPrefix(v, "/") {
+				return fmt.Errorf("%q is not an absolute path", v)
+			}
+			c.ControlSocket = v
+			return nil
+		},
+		get: func(c *Config) string { return c.ControlSocket },
+	},
+	{
+		name: "control_group", def: "",
+		desc: "Unix group allowed to use smcrctl besides root (empty: root only)",
+		set:  func(c *Config, v string) error { c.ControlGroup = v; return nil },
+		get:  func(c *Config) string { return c.ControlGroup },
+	},
+	{
+		name: "metrics_address", def: "127.0.0.1:9464",
+		desc: "address of the Prometheus metrics listener (empty: off)",
+		set: func(c *Config, v string) error {
+			if v != "" {
+				if _, err := netip.ParseAddrPort(v); err != nil {
+					return fmt.Errorf("%q is not an address:port such as 127.0.0.1:9464", v)
+				}
+			}
+			c.MetricsAddress = v
+			return nil
+		},
+		get: func(c *Config) string { return c.MetricsAddress },
+	},
+	{
+		name: "log_level", def: "info",
+		desc: "debug, info, warn or error",
+		set: func(c *Config, v string) (err error) {
+			c.LogLevel, err = oneOf(v, "debug", "info", "warn", "error")
+			return
+		},
+		get: func(c *Config) string { return c.LogLevel },
+	},
+	{
+		name: "log_format", def: "text",
+		desc: "text or json",
+		set:  func(c *Config, v string) (err error) { c.LogFormat, err = oneOf(v, "text", "json"); return },
+		get:  func(c *Config) string { return c.LogFormat },
+	},
+}
+
+func attrByName(name string) (*attribute, bool) {
+	for i := range attributes {
+		if attributes[i].name == name {
+			return &attributes[i], true
+		}
+	}
+	return nil, false
+}
+
+func builtin() Config {
+	var c Config
+	for _, a := range attributes {
+		if err := a.set(&c, a.def); err != nil {
+			panic(fmt.Sprintf("config: default of %s: %v", a.name, err))
+		}
+	}
+	return c
+}
+
+func parseBool(v string) (bool, error) {
+	switch strings.ToLower(v) {
+	case "yes", "true", "on", "1":
+		return true, nil
+	case "no", "false", "off", "0":
+		return false, nil
+	}
+	return false, fmt.Errorf("%q is not yes or no", v)
+}
+
+func formatBool(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+func parseUint(v string, lo, hi uint64) (uint64, error) {
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a number", v)
+	}
+	if n < lo || n > hi {
+		return 0, fmt.Errorf("%d is out of range %d-%d", n, lo, hi)
+	}
+	return n, nil
+}
+
+// parseSize reads a byte count with an optional K or M suffix (binary units).
+func parseSize(v string, lo, hi int) (int, error) {
+	num, mult := v, 1
+	switch {
+	case strings.HasSuffix(strings.ToUpper(v), "K"):
+		num, mult = v[:len(v)-1], 1<<10
+	case strings.HasSuffix(strings.ToUpper(v), "M"):
+		num, mult = v[:len(v)-1], 1<<20
+	}
+	n, err := strconv.ParseUint(num, 10, 32)
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a size such as 64K or 1M", v)
+	}
+	size := int(n) * mult
+	if size < lo || size > hi {
+		return 0, fmt.Errorf("%s is out of range %s-%s", v, formatSize(lo), formatSize(hi))
+	}
+	return size, nil
+}
+
+func formatSize(n int) string {
+	switch {
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return strconv.Itoa(n>>20) + "M"
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return strconv.Itoa(n>>10) + "K"
+	}
+	return strconv.Itoa(n)
+}
+
+func parseDuration(v string, lo, hi time.Duration) (time.Duration, error) {
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a duration such as 30s or 10m", v)
+	}
+	if d < lo || d > hi {
+		return 0, fmt.Errorf("%s is out of range %s-%s", v, lo, hi)
+	}
+	return d, nil
+}
+
+func formatDuration(d time.Duration) string {
+	s := d.String() // "10m0s", "1h0m0s": drop the zero tails people don't write
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
+func oneOf(v string, allowed ...string) (string, error) {
+	if slices.Contains(allowed, v) {
+		return v, nil
+	}
+	return "", fmt.Errorf("%q is not one of %s", v, strings.Join(allowed, ", "))
+}
+
+func parseProviders(v string) ([]string, error) {
+	var out []string
+	for _, p := range splitList(v) {
+		if _, err := oneOf(p, "rdma", "shm", "soft"); err != nil {
+			return nil, fmt.Errorf("provider %w", err)
+		}
+		if slices.Contains(out, p) {
+			return nil, fmt.Errorf("provider %q listed twice", p)
+		}
+		out = append(out, p)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no provider given: name at least one of rdma, shm, soft")
+	}
+	return out, nil
+}
+
+func parseInterfaces(v string) ([]string, error) {
+	list := splitList(v)
+	if len(list) > MaxInterfaces {
+		return nil, fmt.Errorf("%d interfaces given, at most %d (one per link of a link group)", len(list), MaxInterfaces)
+	}
+	for i, s := range list {
+		if _, err := netip.ParseAddr(s); err == nil {
+			continue
+		}
+		if !validIfName(s) {
+			return nil, fmt.Errorf("%q is neither an IP address nor an interface name", s)
+		}
+		if slices.Contains(list[:i], s) {
+			return nil, fmt.Errorf("%q listed twice", s)
+		}
+	}
+	return list, nil
+}
+
+// validIfName follows the kernel's dev_valid_name: 1-15 bytes, no '/', ':' or space.
+func validIfName(s string) bool {
+	if s == "" || len(s) > 15 || s == "." || s == ".." {
+		return false
+	}
+	return !strings.ContainsAny(s, "/: \t")
+}
+
+func splitList(v string) []string {
+	var out []string
+	for _, f := range strings.Split(v, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}

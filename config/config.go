@@ -1,0 +1,226 @@
+// Package config is smcrd's configuration: the attributes an operator sets, their
+// defaults, their validation, and the file format.
+//
+// The format is the one operators of SMC-R already know from AIX attributes
+// (`chdev -l smcrr0 -a port_range_list=1-20,23,50`): one `attribute = value` per line,
+// `#` starts a comment, lists are comma-separated. The same `attribute=value` syntax
+// is what `smcrctl set` takes, so a line of the file and a command line read alike:
+//
+//	# accelerate redis and iperf3 over the two RoCE ports
+//	enabled         = yes
+//	port_range_list = 5201,6379
+//	ip_addr_list    = eth0,192.0.2.7
+//	max_memory      = 512
+//
+// Every error names the line, the attribute and what is wrong; a file with any error
+// is rejected whole, so nothing is ever half-applied.
+package config
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Config is the whole configuration of one smcrd.
+type Config struct {
+	Enabled        bool          // redirect and steer matching connections at all
+	PortRanges     PortRanges    // destination/listening ports that SMC-R is tried for
+	Interfaces     []string      // ip_addr_list: interface names or IP addresses, at most 2; empty = auto
+	MaxMemory      int64         // bytes of RMB and send-buffer memory, all connections together
+	RMBSize        int           // receive buffer (RMBE) per connection, bytes
+	SendBufSize    int           // send buffer per connection, bytes
+	Providers      []string      // RDMA providers in order of preference: rdma, shm, soft
+	PeerCacheTTL   time.Duration // how long a peer without SMC-R is connected to directly
+	CLCTimeout     time.Duration // wait for each CLC message before falling back
+	Cgroup         string        // cgroup v2 whose sockets are accelerated; empty = the root
+	ControlSocket  string        // smcrctl talks to smcrd here
+	ControlGroup   string        // Unix group allowed on the control socket besides root
+	MetricsAddress string        // Prometheus metrics listener; empty = off
+	LogLevel       string        // debug, info, warn, error
+	LogFormat      string        // text or json
+}
+
+// MaxInterfaces is the number of links of a link group (PROTOCOL.md "Link groups").
+const MaxInterfaces = 2
+
+// Default returns the built-in default configuration: every attribute at the default
+// of the attribute table. It works out of the box on one machine.
+func Default() Config { return builtin() }
+
+// Error is one problem in a configuration: where it is, which attribute, what is wrong.
+type Error struct {
+	Source string // file name, "set" for smcrctl, or "" when unknown
+	Line   int    // 1-based; 0 when not from a file
+	Attr   string
+	Msg    string
+}
+
+func (e *Error) Error() string {
+	var b strings.Builder
+	if e.Source != "" {
+		b.WriteString(e.Source)
+		if e.Line > 0 {
+			fmt.Fprintf(&b, ":%d", e.Line)
+		}
+		b.WriteString(": ")
+	} else if e.Line > 0 {
+		fmt.Fprintf(&b, "line %d: ", e.Line)
+	}
+	if e.Attr != "" {
+		b.WriteString(e.Attr)
+		b.WriteString(": ")
+	}
+	b.WriteString(e.Msg)
+	return b.String()
+}
+
+// Load reads and validates a configuration file. An empty path means the embedded
+// default.
+func Load(path string) (Config, error) {
+	if path == "" {
+		return Default(), nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return Config{}, fmt.Errorf("config: %w", err)
+	}
+	defer f.Close()
+	return parse(f, path)
+}
+
+// Parse reads a configuration in the attribute = value format. Attributes the file
+// does not name keep their defaults.
+func Parse(r io.Reader) (Config, error) { return parse(r, "") }
+
+func parse(r io.Reader, source string) (Config, error) {
+	c := builtin()
+	seen := map[string]int{}
+	var errs []error
+	sc := bufio.NewScanner(r)
+	for line := 1; sc.Scan(); line++ {
+		text := strings.TrimSpace(stripComment(sc.Text()))
+		if text == "" {
+			continue
+		}
+		name, value, ok := strings.Cut(text, "=")
+		name, value = strings.TrimSpace(name), strings.TrimSpace(value)
+		if !ok || name == "" {
+			errs = append(errs, &Error{Source: source, Line: line, Msg: fmt.Sprintf("%q is not of the form attribute = value", text)})
+			continue
+		}
+		if prev, dup := seen[name]; dup {
+			errs = append(errs, &Error{Source: source, Line: line, Attr: name, Msg: fmt.Sprintf("set twice (first on line %d)", prev)})
+			continue
+		}
+		seen[name] = line
+		if err := c.set(name, value); err != nil {
+			err.Source, err.Line = source, line
+			errs = append(errs, err)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return Config{}, fmt.Errorf("config: read: %w", err)
+	}
+	if len(errs) > 0 {
+		return Config{}, errors.Join(errs...)
+	}
+	return c, nil
+}
+
+// Set applies attribute=value assignments (smcrctl set) to a copy of c and returns it
+// only if every assignment and the result are valid: nothing is half-applied.
+func (c Config) Set(assignments ...string) (Config, error) {
+	n := c.clone()
+	var errs []error
+	for _, a := range assignments {
+		name, value, ok := strings.Cut(a, "=")
+		if !ok {
+			errs = append(errs, &Error{Source: "set", Msg: fmt.Sprintf("%q is not of the form attribute=value", a)})
+			continue
+		}
+		if err := n.set(strings.TrimSpace(name), strings.TrimSpace(value)); err != nil {
+			err.Source = "set"
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return c, errors.Join(errs...)
+	}
+	return n, nil
+}
+
+// Get returns the value of one attribute in the file syntax.
+func (c Config) Get(name string) (string, bool) {
+	a, ok := attrByName(name)
+	if !ok {
+		return "", false
+	}
+	return a.get(&c), true
+}
+
+// Format writes the configuration as a file that Parse reads back to the same Config,
+// each attribute preceded by its description.
+func (c Config) Format() []byte {
+	var b bytes.Buffer
+	b.WriteString("# smcrd configuration (written by smcrd; see `smcrctl show config`)\n")
+	for _, a := range attributes {
+		fmt.Fprintf(&b, "\n# %s\n%s = %s\n", a.desc, a.name, a.get(&c))
+	}
+	return b.Bytes()
+}
+
+// Save writes the configuration to path atomically (write, fsync, rename).
+func (c Config) Save(path string) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return fmt.Errorf("config: save: %w", err)
+	}
+	_, err = f.Write(c.Format())
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("config: save: %w", err)
+	}
+	return nil
+}
+
+func (c *Config) set(name, value string) *Error {
+	a, ok := attrByName(name)
+	if !ok {
+		return &Error{Attr: name, Msg: "unknown attribute (smcrctl show config lists them)"}
+	}
+	if err := a.set(c, value); err != nil {
+		return &Error{Attr: name, Msg: err.Error()}
+	}
+	return nil
+}
+
+func (c Config) clone() Config {
+	c.PortRanges = slices.Clone(c.PortRanges)
+	c.Interfaces = slices.Clone(c.Interfaces)
+	c.Providers = slices.Clone(c.Providers)
+	return c
+}
+
+func stripComment(s string) string {
+	if i := strings.IndexByte(s, '#'); i >= 0 {
+		return s[:i]
+	}
+	return s
+}

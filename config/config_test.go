@@ -1,0 +1,234 @@
+package config
+
+import (
+	"net/netip"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestDefaults(t *testing.T) {
+	c := Default()
+	if !c.Enabled || c.MaxMemory != 256<<20 || c.RMBSize != 256<<10 || c.CLCTimeout != 6*time.Second ||
+		c.PeerCacheTTL != 10*time.Minute || len(c.Interfaces) != 0 || c.ControlSocket != "/run/smcr/smcrd.sock" {
+		t.Fatalf("defaults: %+v", c)
+	}
+	if !c.PortRanges.Contains(5201) || c.PortRanges.Contains(22) {
+		t.Errorf("default port_range_list %s", c.PortRanges)
+	}
+}
+
+func TestParseFile(t *testing.T) {
+	c, err := Parse(strings.NewReader(`
+# a comment
+enabled = no          # trailing comment
+port_range_list = 50, 1-20 ,23
+ip_addr_list = eth0,192.0.2.7
+max_memory = 512
+rmb_size = 64K
+providers = shm
+peer_cache_ttl = 1h
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Enabled || c.PortRanges.String() != "1-20,23,50" || !reflect.DeepEqual(c.Interfaces, []string{"eth0", "192.0.2.7"}) ||
+		c.MaxMemory != 512<<20 || c.RMBSize != 64<<10 || !reflect.DeepEqual(c.Providers, []string{"shm"}) ||
+		c.PeerCacheTTL != time.Hour || c.SendBufSize != 256<<10 {
+		t.Fatalf("parsed %+v", c)
+	}
+}
+
+// Every error names the line, the attribute and what is wrong.
+func TestParseErrors(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"port_range_list = 20-1", `line 1: port_range_list: bad range "20-1": start 20 is above end 1`},
+		{"port_range_list = 70000", `line 1: port_range_list: bad range "70000": port 70000 is out of range 1-65535`},
+		{"port_range_list = a-b", `line 1: port_range_list: bad range "a-b": "a" is not a port number`},
+		{"port_range_list = 0", `port 0 is out of range 1-65535`},
+		{"\n\nip_addr_list = eth0,eth1,eth2", `line 3: ip_addr_list: 3 interfaces given, at most 2 (one per link of a link group)`},
+		{"ip_addr_list = eth0,eth0", `ip_addr_list: "eth0" listed twice`},
+		{"ip_addr_list = bad/name", `"bad/name" is neither an IP address nor an interface name`},
+		{"max_memory = lots", `line 1: max_memory: "lots" is not a number`},
+		{"max_memory = 0", `max_memory: 0 is out of range 1-1048576`},
+		{"rmb_size = 1G", `rmb_size: "1G" is not a size such as 64K or 1M`},
+		{"rmb_size = 8K", `rmb_size: 8K is out of range 16K-512K`},
+		{"providers = rdma,infiniband", `providers: provider "infiniband" is not one of rdma, shm, soft`},
+		{"providers =", `no provider given`},
+		{"peer_cache_ttl = soon", `"soon" is not a duration`},
+		{"enabled = maybe", `enabled: "maybe" is not yes or no`},
+		{"colour = blue", `line 1: colour: unknown attribute`},
+		{"just words", `line 1: "just words" is not of the form attribute = value`},
+		{"enabled = yes\nenabled = no", `line 2: enabled: set twice (first on line 1)`},
+		{"metrics_address = localhost", `"localhost" is not an address:port`},
+		{"control_socket = run/x.sock", `"run/x.sock" is not an absolute path`},
+	} {
+		_, err := Parse(strings.NewReader(c.in))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Parse(%q) = %v, want error containing %q", c.in, err, c.want)
+		}
+	}
+}
+
+func TestParseReportsEveryError(t *testing.T) {
+	_, err := Parse(strings.NewReader("max_memory = x\nrmb_size = y\n"))
+	if err == nil || !strings.Contains(err.Error(), "line 1: max_memory") || !strings.Contains(err.Error(), "line 2: rmb_size") {
+		t.Fatalf("want both errors, got %v", err)
+	}
+}
+
+func TestLoadNamesFile(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "smcrd.conf")
+	os.WriteFile(p, []byte("enabled = yes\nmax_memory = -3\n"), 0o644)
+	_, err := Load(p)
+	if err == nil || !strings.HasPrefix(err.Error(), p+":2: max_memory: ") {
+		t.Fatalf("Load: %v", err)
+	}
+	if _, err := Load(filepath.Join(t.TempDir(), "missing.conf")); err == nil {
+		t.Fatal("missing file loaded")
+	}
+}
+
+func TestSetIsAllOrNothing(t *testing.T) {
+	c := Default()
+	n, err := c.Set("port_range_list=5201", "max_memory=64")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.PortRanges.String() != "5201" || n.MaxMemory != 64<<20 {
+		t.Fatalf("set: %+v", n)
+	}
+	if c.PortRanges.String() != "1024-65535" {
+		t.Fatal("Set changed its receiver")
+	}
+	bad, err := n.Set("port_range_list=80", "max_memory=oops")
+	if err == nil || !strings.Contains(err.Error(), `set: max_memory: "oops" is not a number`) {
+		t.Fatalf("want error, got %v", err)
+	}
+	if bad.PortRanges.String() != "5201" {
+		t.Fatal("a failed Set applied part of its assignments")
+	}
+	if _, err := n.Set("novalue"); err == nil {
+		t.Fatal("assignment without = accepted")
+	}
+}
+
+func TestFormatRoundTrip(t *testing.T) {
+	c, err := Default().Set("enabled=no", "port_range_list=1-20,23,50", "ip_addr_list=eth1", "providers=soft,shm",
+		"peer_cache_ttl=1h30m", "clc_timeout=250ms", "metrics_address=", "log_format=json", "cgroup=/smcr/apps/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := Parse(strings.NewReader(string(c.Format())))
+	if err != nil {
+		t.Fatalf("parse formatted: %v\n%s", err, c.Format())
+	}
+	if !reflect.DeepEqual(back, c) {
+		t.Fatalf("round trip:\n got %+v\nwant %+v", back, c)
+	}
+	p := filepath.Join(t.TempDir(), "x.conf")
+	if err := c.Save(p); err != nil {
+		t.Fatal(err)
+	}
+	if loaded, err := Load(p); err != nil || !reflect.DeepEqual(loaded, c) {
+		t.Fatalf("save/load: %v", err)
+	}
+}
+
+func TestExampleConfigParses(t *testing.T) {
+	c, err := Load("../configs/smcrd.conf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(c, Default()) {
+		t.Errorf("configs/smcrd.conf should spell out the defaults:\n got %+v\nwant %+v", c, Default())
+	}
+}
+
+func TestAttributesCoverEveryField(t *testing.T) {
+	attrs := Default().Attributes()
+	if len(attrs) != reflect.TypeOf(Config{}).NumField() {
+		t.Fatalf("%d attributes for %d Config fields", len(attrs), reflect.TypeOf(Config{}).NumField())
+	}
+	for _, a := range attrs {
+		if a.Description == "" || a.Value != a.Default {
+			t.Errorf("attribute %+v", a)
+		}
+	}
+}
+
+func TestPortRanges(t *testing.T) {
+	rs, err := ParsePortRanges("50,1-20,23,19-25,26,65535")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rs.String() != "1-26,50,65535" {
+		t.Fatalf("merged to %s", rs)
+	}
+	for p, want := range map[uint16]bool{1: true, 20: true, 26: true, 27: false, 49: false, 50: true, 51: false, 65535: true, 0: false} {
+		if rs.Contains(p) != want {
+			t.Errorf("Contains(%d) = %v", p, !want)
+		}
+	}
+	if rs, _ := ParsePortRanges(""); len(rs) != 0 || rs.Contains(80) {
+		t.Error("empty list")
+	}
+}
+
+func TestResolveInterfaces(t *testing.T) {
+	host := []Interface{
+		{Name: "lo", Up: true, Loop: true, Addrs: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/8")}},
+		{Name: "eth0", Up: true, Addrs: []netip.Prefix{netip.MustParsePrefix("192.0.2.7/24")}},
+		{Name: "eth1", Up: false, Addrs: []netip.Prefix{netip.MustParsePrefix("198.51.100.1/24")}},
+		{Name: "eth2", Up: true, Addrs: []netip.Prefix{netip.MustParsePrefix("2001:db8::1/64")}},
+	}
+	got, err := ResolveInterfaces(nil, host)
+	if err != nil || len(got) != 2 || got[0].Name != "eth0" || got[1].Name != "eth2" {
+		t.Fatalf("auto: %v %v", got, err)
+	}
+	got, err = ResolveInterfaces([]string{"2001:db8::1", "eth1"}, host)
+	if err != nil || got[0].Name != "eth2" || got[1].Name != "eth1" {
+		t.Fatalf("by address and name: %v %v", got, err)
+	}
+	for list, want := range map[string]string{
+		"203.0.113.9":    "ip_addr_list: no interface has address 203.0.113.9",
+		"wlan0":          `ip_addr_list: no interface named "wlan0"`,
+		"eth0,192.0.2.7": `ip_addr_list: "192.0.2.7" names interface eth0 a second time`,
+	} {
+		if _, err := ResolveInterfaces(strings.Split(list, ","), host); err == nil || err.Error() != want {
+			t.Errorf("%s: %v, want %q", list, err, want)
+		}
+	}
+	if _, err := ResolveInterfaces(nil, host[:1]); err == nil {
+		t.Error("auto with only loopback should fail")
+	}
+	if ifs, err := HostInterfaces(); err != nil || len(ifs) == 0 {
+		t.Errorf("HostInterfaces: %v %v", ifs, err)
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add("port_range_list = 1-20,23,50\nip_addr_list = eth0\n")
+	f.Add("max_memory = 12\nrmb_size=64K\n# c\n")
+	f.Fuzz(func(t *testing.T, in string) {
+		c, err := Parse(strings.NewReader(in))
+		if err != nil {
+			return
+		}
+		back, err := Parse(strings.NewReader(string(c.Format())))
+		if err != nil || !reflect.DeepEqual(back, c) {
+			t.Fatalf("formatted config does not parse back: %v", err)
+		}
+	})
+}
+
+func TestFormatDuration(t *testing.T) {
+	for d, want := range map[time.Duration]string{90 * time.Second: "1m30s", 10 * time.Minute: "10m", time.Hour: "1h", 250 * time.Millisecond: "250ms", 6 * time.Second: "6s", 90 * time.Minute: "1h30m"} {
+		if got := formatDuration(d); got != want {
+			t.Errorf("formatDuration(%v) = %q, want %q", d, got, want)
+		}
+	}
+}
