@@ -44,7 +44,7 @@ var cdcGolden = []struct {
 		hex: "fe2c" + "8000" + "7fffffff" + "0000" + "8000" + "0007ffff" + "0000" + "7fff" + "00000001" +
 			"60" + "20" + strings.Repeat("00", 18),
 		msg: CDC{Seq: 0x8000, Token: 0x7fffffff, Prod: Cursor{Wrap: 0x8000, Count: 0x7ffff},
-			Cons: Cursor{Wrap: 0x7fff, Count: 1},
+			Cons:  Cursor{Wrap: 0x7fff, Count: 1},
 			Flags: FlagUrgentPending | FlagUrgentPresent, State: StateAbnormalClose},
 	},
 	{
@@ -52,7 +52,7 @@ var cdcGolden = []struct {
 		hex: "fe2c" + "1234" + "00c0ffee" + "0000" + "0100" + "00010000" + "0000" + "0010" + "00020000" +
 			"08" + "40" + strings.Repeat("00", 18),
 		msg: CDC{Seq: 0x1234, Token: 0xc0ffee, Prod: Cursor{Wrap: 0x100, Count: 0x10000},
-			Cons: Cursor{Wrap: 0x10, Count: 0x20000},
+			Cons:  Cursor{Wrap: 0x10, Count: 0x20000},
 			Flags: FlagFailoverValidation, State: StateClosed},
 	},
 }
@@ -161,8 +161,8 @@ func TestParseCDCIgnoresReserved(t *testing.T) {
 	for _, off := range []int{8, 9, 16, 17, 26, 30, 43} {
 		wire[off] = 0xff
 	}
-	wire[24] |= 0x07 // reserved producer-flag bits
-	wire[25] |= 0x1f // reserved connection-state bits
+	wire[24] |= 0x07                            // reserved producer-flag bits
+	wire[25] |= 0x1f                            // reserved connection-state bits
 	wire = append(wire, 0xee, 0xee, 0xee, 0xee) // rest of a 48-byte receive slot
 	got, err := ParseCDC(wire)
 	if err != nil {
