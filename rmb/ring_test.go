@@ -246,11 +246,11 @@ func ringModelRun(t *testing.T, seed uint64) {
 	pattern := func(x uint64) byte { return byte(x*131 + x>>7 + seed) }
 
 	// Model: absolute stream offsets.
-	written := base   // bytes produced
-	read := base      // bytes consumed
-	confirmed := base // consumer cursor sent to the producer
-	peerCons := base  // consumer cursor the producer has accepted
-	peerProd := base  // producer cursor the consumer has accepted
+	written := base             // bytes produced
+	read := base                // bytes consumed
+	confirmed := base           // consumer cursor sent to the producer
+	peerCons := base            // consumer cursor the producer has accepted
+	peerProd := base            // producer cursor the consumer has accepted
 	var toCons, toProd []uint64 // CDCs in flight, in order
 	var sentProd, sentCons []uint64
 	requested := false
