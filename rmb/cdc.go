@@ -1,5 +1,5 @@
 // CDC message codec: the 44-byte Connection Data Control message that carries cursors
-// and connection-state flags. Implements RFC 7609 §4.4 (CDC message format).
+// and connection-state flags (RFC 7609, CDC message format in Appendix A).
 
 package rmb
 

@@ -1,5 +1,5 @@
 // Cursor arithmetic over an RMBE ring: positions as (wrap count, byte offset) pairs.
-// Implements the producer/consumer cursors of RFC 7609 §4.4 (CDC) and §4.5.
+// Implements the producer and consumer cursors that RFC 7609 CDC messages carry.
 
 package rmb
 

@@ -1,6 +1,6 @@
 // Package rmb is the remote-memory-buffer layer of SMC-R: cursors with wrap counts,
 // the ring accounting both ends of a connection keep over an RMB element (RMBE), RMBE
-// size codes, and the CDC message codec (RFC 7609 §4.4 "Connection Data Control").
+// size codes, and the CDC message codec (RFC 7609 "Connection Data Control").
 //
 // Everything here is pure: no memory is owned, no I/O, no goroutines, no clocks. The
 // connection layer moves bytes with RDMA WRITE and holds one [Producer] (its writes
@@ -9,8 +9,8 @@
 // # The ring
 //
 // An RMBE of size S is a ring addressed by a [Cursor]: a byte offset Count in [0, S)
-// and a 16-bit Wrap count that grows each time Count passes the end. Four cursors
-// describe a connection's data flow in one direction:
+// and a 16-bit Wrap count that grows each time Count passes the end. The producer
+// sees the peer's RMBE like this:
 //
 //	              peer's RMBE (size S), as the producer sees it
 //	   ┌───────────────────────────────────────────────────────────┐
@@ -21,8 +21,9 @@
 //
 //	free = S − (producer − peer consumer)
 //
-// The consumer reads between its consumer cursor and the producer cursor the peer last
-// sent, and reports its consumer cursor back only once at least 10% of the RMBE has
+// The consumer reads between its own consumer cursor and the producer cursor the peer
+// last sent, and remembers the consumer cursor it last reported (the peer may write up
+// to one ring past that, never further). It reports its consumer cursor back only once at least 10% of the RMBE has
 // been consumed since its last report (or when the peer asks with the "cursor update
 // requested" flag), so a bulk transfer costs one CDC per tenth of the ring, not one
 // per read.

@@ -1,5 +1,5 @@
 // Ring accounting over RMBEs: free space, readable bytes, wrap-around splits, stale and
-// invalid peer cursors, and when to report the consumer cursor. RFC 7609 §4.4 and §4.5.
+// invalid peer cursors, when to report the consumer cursor (RFC 7609 RMBE data flow).
 
 package rmb
 
@@ -215,7 +215,7 @@ func (c *Consumer) Unconfirmed() uint32 { return uint32(c.confirmed.Diff(c.cons,
 // No deadlock follows: a sender is blocked only when its whole view of the ring is
 // unconsumed, so reading everything frees 100%, past the 10% threshold.
 // (Linux smc_tx_consumer_update additionally waits for the sender to be half full or
-// blocked; we report at 10% as RFC 7609 describes.)
+// blocked; we report at 10% as PROTOCOL.md states.)
 func (c *Consumer) UpdateDue(requested bool) bool {
 	return requested || uint64(c.Unconfirmed())*10 >= uint64(c.size)
 }

@@ -1,5 +1,5 @@
 // RMBE size codes: the 4-bit compressed buffer size carried in CLC Accept/Confirm.
-// Implements the RMBE size field of RFC 7609 §3.7.2 (size = 16 KiB << code).
+// Implements the RMBE size field of the RFC 7609 CLC Accept/Confirm messages.
 
 package rmb
 
