@@ -174,7 +174,11 @@ func Parse(b []byte) (Message, error) {
 	}
 	switch h.Type {
 	case TypeProposal:
-		return parseProposal(h, b)
+		p, err := parseProposal(h, b)
+		if err != nil {
+			return nil, err // never a typed nil in the interface
+		}
+		return p, nil
 	case TypeAccept:
 		l, err := parseLinkInfo(h, b)
 		if err != nil {
@@ -188,7 +192,7 @@ func Parse(b []byte) (Message, error) {
 		}
 		return &Confirm{l}, nil
 	default: // TypeDecline; ParseHeader let no other type through
-		return parseDecline(h, b)
+		return parseDecline(h, b), nil
 	}
 }
 

@@ -158,11 +158,11 @@ func (d *Decline) AppendTo(b []byte) ([]byte, error) {
 }
 
 // parseDecline parses b, whose header, length and trailer Parse has checked.
-func parseDecline(h Header, b []byte) (*Decline, error) {
+func parseDecline(h Header, b []byte) *Decline {
 	d := &Decline{
 		Code:      DeclineCode(binary.BigEndian.Uint32(b[declOffCode:])),
 		OutOfSync: h.Flags&flagBit != 0,
 	}
 	copy(d.PeerID[:], b[offPeerID:])
-	return d, nil
+	return d
 }
