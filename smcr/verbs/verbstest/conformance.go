@@ -1,0 +1,645 @@
+// The conformance tests: RC queue-pair behaviour as ibverbs defines it, which the
+// SMC-R link layer depends on (RFC 7609 §4.3 RDMA WRITE and SEND over RC QPs, §4.4 LLC).
+
+package verbstest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/smcr-io/smcr/smcr/verbs"
+)
+
+func testConnect(t *testing.T, env Env) {
+	da, db := openDevices(t, env)
+	a := newSide(t, da, 4096, verbs.AccessLocalWrite|verbs.AccessRemoteWrite, 7, 16)
+	b := newSide(t, db, 4096, verbs.AccessLocalWrite|verbs.AccessRemoteWrite, 7, 16)
+	for _, s := range []*side{a, b} {
+		attr := s.qp.Attr()
+		if attr.QPN == 0 || attr.QPN > 0xFFFFFF {
+			t.Errorf("QPN %#x is not a non-zero 24-bit number", attr.QPN)
+		}
+		if attr.PSN > 0xFFFFFF {
+			t.Errorf("PSN %#x is wider than 24 bits", attr.PSN)
+		}
+		if !attr.MTU.Valid() {
+			t.Errorf("MTU code %d invalid", attr.MTU)
+		}
+		if !bytes.Equal(attr.Endpoint, s.dev.Endpoint()) {
+			t.Errorf("Attr().Endpoint %q differs from Device.Endpoint %q", attr.Endpoint, s.dev.Endpoint())
+		}
+		if attr.GID != s.dev.Port().GID {
+			t.Errorf("Attr().GID %x differs from the port's %x", attr.GID, s.dev.Port().GID)
+		}
+		if st := s.qp.State(); st == verbs.QPRTS || st == verbs.QPError {
+			t.Errorf("new QP in state %v", st)
+		}
+		if s.mr.Access() != verbs.AccessLocalWrite|verbs.AccessRemoteWrite {
+			t.Errorf("MR access %v", s.mr.Access())
+		}
+		if s.mr.LKey() == 0 && s.mr.RKey() == 0 {
+			t.Errorf("MR without keys")
+		}
+	}
+	if a.qp.Attr().QPN == b.qp.Attr().QPN && bytes.Equal(da.Endpoint(), db.Endpoint()) {
+		t.Errorf("two QPs share QPN %#x on one endpoint", a.qp.Attr().QPN)
+	}
+	connect(t, env, a, b)
+	for _, s := range []*side{a, b} {
+		if st := s.qp.State(); st != verbs.QPRTS {
+			t.Fatalf("connected QP in state %v, want RTS", st)
+		}
+	}
+	// One SEND each way proves both directions.
+	for i, pair := range [][2]*side{{a, b}, {b, a}} {
+		src, dst := pair[0], pair[1]
+		postRecv(t, dst.qp, 100+uint64(i), dst.mr, 0, 64)
+		copy(src.mr.Bytes(), "hello")
+		postSend(t, src.qp, &verbs.SendWR{ID: uint64(i), Opcode: verbs.OpSend, Signaled: true,
+			SG: []verbs.SGE{{MR: src.mr, Length: 5}}})
+		wantWC(t, waitWC(t, env, src.scq, 1)[0], uint64(i), verbs.WCSuccess, verbs.WCSend)
+		wc := waitWC(t, env, dst.rcq, 1)[0]
+		wantWC(t, wc, 100+uint64(i), verbs.WCSuccess, verbs.WCRecv)
+		if wc.ByteLen != 5 || string(dst.mr.Bytes()[:5]) != "hello" {
+			t.Fatalf("received %d bytes %q", wc.ByteLen, dst.mr.Bytes()[:5])
+		}
+		if wc.QPN != dst.qp.Attr().QPN {
+			t.Fatalf("completion QPN %#x, want %#x", wc.QPN, dst.qp.Attr().QPN)
+		}
+	}
+}
+
+func testSendRecvOrder(t *testing.T, env Env) {
+	a, b := newPair(t, env, opts{})
+	const n, slot = 32, 1024
+	for i := range n {
+		postRecv(t, b.qp, uint64(1000+i), b.mr, i*slot, slot)
+	}
+	for i := range n {
+		msg := a.mr.Bytes()[i*slot : i*slot+1+i*31]
+		pattern(msg, i)
+		postSend(t, a.qp, &verbs.SendWR{ID: uint64(i), Opcode: verbs.OpSend, Signaled: true,
+			SG: []verbs.SGE{{MR: a.mr, Offset: i * slot, Length: len(msg)}}})
+	}
+	for i, wc := range waitWC(t, env, a.scq, n) {
+		wantWC(t, wc, uint64(i), verbs.WCSuccess, verbs.WCSend)
+	}
+	for i, wc := range waitWC(t, env, b.rcq, n) {
+		wantWC(t, wc, uint64(1000+i), verbs.WCSuccess, verbs.WCRecv)
+		if int(wc.ByteLen) != 1+i*31 {
+			t.Fatalf("recv %d: byte length %d, want %d", i, wc.ByteLen, 1+i*31)
+		}
+		got, want := b.mr.Bytes()[i*slot:i*slot+int(wc.ByteLen)], a.mr.Bytes()[i*slot:i*slot+int(wc.ByteLen)]
+		if !bytes.Equal(got, want) {
+			t.Fatalf("recv %d: payload differs", i)
+		}
+	}
+}
+
+// sync1 sends a one-byte SEND from src to dst and waits for it at dst: RC ordering
+// then guarantees that every earlier WRITE has landed in dst's memory.
+func sync1(t testing.TB, env Env, src, dst *side, id uint64) {
+	t.Helper()
+	postRecv(t, dst.qp, id, dst.mr, len(dst.mr.Bytes())-1, 1)
+	postSend(t, src.qp, &verbs.SendWR{ID: id, Opcode: verbs.OpSend, Signaled: true,
+		SG: []verbs.SGE{{MR: src.mr, Offset: len(src.mr.Bytes()) - 1, Length: 1}}})
+	wantWC(t, waitWC(t, env, src.scq, 1)[0], id, verbs.WCSuccess, verbs.WCSend)
+	wantWC(t, waitWC(t, env, dst.rcq, 1)[0], id, verbs.WCSuccess, verbs.WCRecv)
+}
+
+func testWriteLanding(t *testing.T, env Env) {
+	a, b := newPair(t, env, opts{})
+	dst := b.mr.Bytes()
+	fill(dst, 0xEE)
+	src := a.mr.Bytes()
+	pattern(src, 3)
+	// Single SGE at an odd offset, then a gather of two SGEs right after it.
+	const off, n = 1234, 5000
+	postSend(t, a.qp, &verbs.SendWR{ID: 1, Opcode: verbs.OpWrite, Signaled: true,
+		SG: []verbs.SGE{{MR: a.mr, Offset: 100, Length: n}}, RemoteAddr: a.remote.Addr + off, RKey: a.remote.RKey})
+	postSend(t, a.qp, &verbs.SendWR{ID: 2, Opcode: verbs.OpWrite, Signaled: true,
+		SG:         []verbs.SGE{{MR: a.mr, Offset: 20000, Length: 300}, {MR: a.mr, Offset: 30000, Length: 77}},
+		RemoteAddr: a.remote.Addr + off + n, RKey: a.remote.RKey})
+	// A write that ends exactly at the end of the region is in bounds.
+	postSend(t, a.qp, &verbs.SendWR{ID: 3, Opcode: verbs.OpWrite, Signaled: true,
+		SG:         []verbs.SGE{{MR: a.mr, Offset: 40000, Length: 16}},
+		RemoteAddr: a.remote.Addr + uint64(len(dst)) - 17, RKey: a.remote.RKey})
+	for i, wc := range waitWC(t, env, a.scq, 3) {
+		wantWC(t, wc, uint64(i+1), verbs.WCSuccess, verbs.WCWrite)
+	}
+	sync1(t, env, a, b, 9)
+	want := bytes.Repeat([]byte{0xEE}, len(dst))
+	copy(want[off:], src[100:100+n])
+	copy(want[off+n:], src[20000:20300])
+	copy(want[off+n+300:], src[30000:30077])
+	copy(want[len(dst)-17:], src[40000:40016])
+	want[len(want)-1] = src[len(src)-1] // the sync byte
+	if i := firstDiff(dst, want); i >= 0 {
+		t.Fatalf("remote region differs at offset %d: got %#x want %#x", i, dst[i], want[i])
+	}
+}
+
+func firstDiff(a, b []byte) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	if len(a) != len(b) {
+		return min(len(a), len(b))
+	}
+	return -1
+}
+
+func testWriteImm(t *testing.T, env Env) {
+	a, b := newPair(t, env, opts{})
+	fill(b.mr.Bytes(), 0)
+	pattern(a.mr.Bytes(), 5)
+	imms := []uint32{0xdeadbeef, 0, 1, 0xffffffff}
+	for i := range imms {
+		postRecv(t, b.qp, uint64(50+i), b.mr, 60000, 16)
+	}
+	for i, imm := range imms {
+		// The last one is a zero-length WRITE WITH IMM: only the immediate travels.
+		n := 1000 * (len(imms) - 1 - i)
+		postSend(t, a.qp, &verbs.SendWR{ID: uint64(i), Opcode: verbs.OpWriteImm, Signaled: true, Imm: imm,
+			SG:         []verbs.SGE{{MR: a.mr, Offset: i * 1000, Length: n}},
+			RemoteAddr: a.remote.Addr + uint64(i*10000), RKey: a.remote.RKey})
+	}
+	for i, wc := range waitWC(t, env, a.scq, len(imms)) {
+		wantWC(t, wc, uint64(i), verbs.WCSuccess, verbs.WCWrite)
+	}
+	for i, wc := range waitWC(t, env, b.rcq, len(imms)) {
+		wantWC(t, wc, uint64(50+i), verbs.WCSuccess, verbs.WCRecvRDMAImm)
+		n := 1000 * (len(imms) - 1 - i)
+		if !wc.HasImm || wc.Imm != imms[i] || int(wc.ByteLen) != n {
+			t.Fatalf("completion %+v: want imm %#x and byte length %d", wc, imms[i], n)
+		}
+		got := b.mr.Bytes()[i*10000 : i*10000+n]
+		if !bytes.Equal(got, a.mr.Bytes()[i*1000:i*1000+n]) {
+			t.Fatalf("write-imm %d: data differs", i)
+		}
+	}
+	if j := untouched(b.mr.Bytes()[60000:60016], 0); j >= 0 {
+		t.Fatalf("WRITE WITH IMM wrote into the RECV buffer at %d", j)
+	}
+}
+
+func testCompletionOrder(t *testing.T, env Env) {
+	a, b := newPair(t, env, opts{})
+	ops := []verbs.Opcode{verbs.OpWrite, verbs.OpSend, verbs.OpWriteImm, verbs.OpWrite, verbs.OpSend,
+		verbs.OpWrite, verbs.OpWriteImm, verbs.OpSend, verbs.OpWrite, verbs.OpWrite}
+	var recvs int
+	for _, op := range ops {
+		if op != verbs.OpWrite {
+			postRecv(t, b.qp, uint64(500+recvs), b.mr, 8192+recvs*64, 64)
+			recvs++
+		}
+	}
+	for i, op := range ops {
+		postSend(t, a.qp, &verbs.SendWR{ID: uint64(i), Opcode: op, Signaled: true, Imm: uint32(i),
+			SG:         []verbs.SGE{{MR: a.mr, Offset: i * 100, Length: 10 + i}},
+			RemoteAddr: a.remote.Addr + uint64(i*100), RKey: a.remote.RKey})
+	}
+	for i, wc := range waitWC(t, env, a.scq, len(ops)) {
+		want := verbs.WCWrite
+		if ops[i] == verbs.OpSend {
+			want = verbs.WCSend
+		}
+		wantWC(t, wc, uint64(i), verbs.WCSuccess, want)
+	}
+	k := 0
+	for i, wc := range waitWC(t, env, b.rcq, recvs) {
+		for ops[k] == verbs.OpWrite {
+			k++
+		}
+		want := verbs.WCRecv
+		if ops[k] == verbs.OpWriteImm {
+			want = verbs.WCRecvRDMAImm
+			if !wc.HasImm || wc.Imm != uint32(k) {
+				t.Fatalf("recv %d: %+v, want imm %d", i, wc, k)
+			}
+		}
+		wantWC(t, wc, uint64(500+i), verbs.WCSuccess, want)
+		if int(wc.ByteLen) != 10+k {
+			t.Fatalf("recv %d: byte length %d, want %d", i, wc.ByteLen, 10+k)
+		}
+		k++
+	}
+}
+
+func testUnsignaled(t *testing.T, env Env) {
+	a, b := newPair(t, env, opts{})
+	for i := range 8 {
+		postSend(t, a.qp, &verbs.SendWR{ID: uint64(i), Opcode: verbs.OpWrite,
+			SG: []verbs.SGE{{MR: a.mr, Offset: i, Length: 100}}, RemoteAddr: a.remote.Addr, RKey: a.remote.RKey})
+	}
+	postRecv(t, b.qp, 77, b.mr, 1000, 100)
+	postSend(t, a.qp, &verbs.SendWR{ID: 8, Opcode: verbs.OpSend, Signaled: true,
+		SG: []verbs.SGE{{MR: a.mr, Length: 10}}})
+	wantWC(t, waitWC(t, env, a.scq, 1)[0], 8, verbs.WCSuccess, verbs.WCSend)
+	wantWC(t, waitWC(t, env, b.rcq, 1)[0], 77, verbs.WCSuccess, verbs.WCRecv)
+	expectNoWC(t, a.scq, 50*time.Millisecond)
+	// An unsignalled request that fails still completes, with its error.
+	postSend(t, a.qp, &verbs.SendWR{ID: 9, Opcode: verbs.OpWrite,
+		SG: []verbs.SGE{{MR: a.mr, Length: 10}}, RemoteAddr: a.remote.Addr, RKey: badRKey(a.remote.RKey, b.mr)})
+	wantWC(t, waitWC(t, env, a.scq, 1)[0], 9, verbs.WCRemAccessErr, 0)
+}
+
+// badRKey returns an rkey that none of the given regions has.
+func badRKey(rkey uint32, mrs ...verbs.MR) uint32 {
+	bad := rkey ^ 0x5a5a5a5a
+	for taken := true; taken; {
+		taken = false
+		for _, m := range mrs {
+			if m.RKey() == bad || m.LKey() == bad {
+				bad, taken = bad+0x01010101, true
+			}
+		}
+	}
+	return bad
+}
+
+func testRNRExceeded(t *testing.T, env Env) {
+	a, b := newPair(t, env, opts{rnrRetry: 1})
+	postSend(t, a.qp, &verbs.SendWR{ID: 1, Opcode: verbs.OpSend, Signaled: true,
+		SG: []verbs.SGE{{MR: a.mr, Length: 10}}})
+	postSend(t, a.qp, &verbs.SendWR{ID: 2, Opcode: verbs.OpWrite, Signaled: true,
+		SG: []verbs.SGE{{MR: a.mr, Length: 10}}, RemoteAddr: a.remote.Addr, RKey: a.remote.RKey})
+	wcs := waitWC(t, env, a.scq, 2)
+	wantWC(t, wcs[0], 1, verbs.WCRNRRetryExcErr, 0)
+	wantWC(t, wcs[1], 2, verbs.WCWRFlushErr, 0)
+	if st := a.qp.State(); st != verbs.QPError {
+		t.Fatalf("requester in state %v after RNR retry exceeded, want ERROR", st)
+	}
+	if wcs, _ := pollN(b.rcq, 1, 10*time.Millisecond); len(wcs) > 0 && wcs[0].Status == verbs.WCSuccess {
+		t.Fatalf("responder completed %+v without a posted RECV", wcs[0])
+	}
+}
+
+func testRNRInTime(t *testing.T, env Env) {
+	a, b := newPair(t, env, opts{rnrRetry: 7})
+	pattern(a.mr.Bytes(), 9)
+	postSend(t, a.qp, &verbs.SendWR{ID: 1, Opcode: verbs.OpSend, Signaled: true,
+		SG: []verbs.SGE{{MR: a.mr, Length: 300}}})
+	postSend(t, a.qp, &verbs.SendWR{ID: 2, Opcode: verbs.OpWriteImm, Signaled: true, Imm: 42,
+		SG: []verbs.SGE{{MR: a.mr, Offset: 300, Length: 200}}, RemoteAddr: a.remote.Addr + 4096, RKey: a.remote.RKey})
+	expectNoWC(t, a.scq, 60*time.Millisecond)
+	postRecv(t, b.qp, 10, b.mr, 0, 1000)
+	postRecv(t, b.qp, 11, b.mr, 1000, 1000)
+	wcs := waitWC(t, env, a.scq, 2)
+	wantWC(t, wcs[0], 1, verbs.WCSuccess, verbs.WCSend)
+	wantWC(t, wcs[1], 2, verbs.WCSuccess, verbs.WCWrite)
+	rwcs := waitWC(t, env, b.rcq, 2)
+	wantWC(t, rwcs[0], 10, verbs.WCSuccess, verbs.WCRecv)
+	wantWC(t, rwcs[1], 11, verbs.WCSuccess, verbs.WCRecvRDMAImm)
+	if rwcs[0].ByteLen != 300 || !bytes.Equal(b.mr.Bytes()[:300], a.mr.Bytes()[:300]) {
+		t.Fatalf("delayed SEND: %+v, payload differs", rwcs[0])
+	}
+	if rwcs[1].Imm != 42 || !bytes.Equal(b.mr.Bytes()[4096:4296], a.mr.Bytes()[300:500]) {
+		t.Fatalf("delayed WRITE WITH IMM: %+v, payload differs", rwcs[1])
+	}
+}
+
+// remAccess posts a write that the responder must refuse, then checks that the
+// requester gets WCRemAccessErr, later requests are flushed, and nothing was written.
+func remAccess(t *testing.T, env Env, o opts, wr func(a *side) verbs.SendWR) {
+	a, b := newPair(t, env, o)
+	fill(b.mr.Bytes(), 0xA5)
+	pattern(a.mr.Bytes(), 1)
+	w := wr(a)
+	w.ID, w.Signaled = 1, true
+	postSend(t, a.qp, &w)
+	// A request behind the failing one never executes.
+	postSend(t, a.qp, &verbs.SendWR{ID: 2, Opcode: verbs.OpWrite, Signaled: true,
+		SG: []verbs.SGE{{MR: a.mr, Length: 64}}, RemoteAddr: a.remote.Addr, RKey: a.remote.RKey})
+	wcs := waitWC(t, env, a.scq, 2)
+	wantWC(t, wcs[0], 1, verbs.WCRemAccessErr, 0)
+	wantWC(t, wcs[1], 2, verbs.WCWRFlushErr, 0)
+	if st := a.qp.State(); st != verbs.QPError {
+		t.Fatalf("requester in state %v after a remote access error, want ERROR", st)
+	}
+	// Give a misbehaving provider time to land the bytes before looking.
+	time.Sleep(20 * time.Millisecond)
+	if i := untouched(b.mr.Bytes(), 0xA5); i >= 0 {
+		t.Fatalf("refused write changed the region at offset %d", i)
+	}
+}
+
+func testRemAccessRKey(t *testing.T, env Env) {
+	remAccess(t, env, opts{}, func(a *side) verbs.SendWR {
+		return verbs.SendWR{Opcode: verbs.OpWrite, SG: []verbs.SGE{{MR: a.mr, Length: 128}},
+			RemoteAddr: a.remote.Addr, RKey: badRKey(a.remote.RKey, a.mr)}
+	})
+}
+
+func testRemAccessBounds(t *testing.T, env Env) {
+	remAccess(t, env, opts{}, func(a *side) verbs.SendWR {
+		return verbs.SendWR{Opcode: verbs.OpWrite, SG: []verbs.SGE{{MR: a.mr, Length: 128}},
+			RemoteAddr: a.remote.Addr + uint64(a.remote.Size) - 64, RKey: a.remote.RKey}
+	})
+	// Starting before the region is out of bounds too (with WRITE WITH IMM).
+	remAccess(t, env, opts{}, func(a *side) verbs.SendWR {
+		return verbs.SendWR{Opcode: verbs.OpWriteImm, SG: []verbs.SGE{{MR: a.mr, Length: 128}},
+			RemoteAddr: a.remote.Addr - 64, RKey: a.remote.RKey}
+	})
+}
+
+func testRemAccessPerm(t *testing.T, env Env) {
+	remAccess(t, env, opts{access: verbs.AccessLocalWrite | verbs.AccessRemoteRead}, func(a *side) verbs.SendWR {
+		return verbs.SendWR{Opcode: verbs.OpWrite, SG: []verbs.SGE{{MR: a.mr, Length: 128}},
+			RemoteAddr: a.remote.Addr + 256, RKey: a.remote.RKey}
+	})
+}
+
+func testLocLen(t *testing.T, env Env) {
+	a, b := newPair(t, env, opts{})
+	fill(b.mr.Bytes(), 0x11)
+	postRecv(t, b.qp, 7, b.mr, 0, 16)
+	postRecv(t, b.qp, 8, b.mr, 16, 16)
+	postSend(t, a.qp, &verbs.SendWR{ID: 1, Opcode: verbs.OpSend, Signaled: true,
+		SG: []verbs.SGE{{MR: a.mr, Length: 64}}})
+	rwcs := waitWC(t, env, b.rcq, 2)
+	wantWC(t, rwcs[0], 7, verbs.WCLocLenErr, 0)
+	wantWC(t, rwcs[1], 8, verbs.WCWRFlushErr, 0)
+	if wc := waitWC(t, env, a.scq, 1)[0]; wc.ID != 1 || wc.Status == verbs.WCSuccess {
+		t.Fatalf("requester completion %+v after the responder's length error, want an error", wc)
+	}
+	if i := untouched(b.mr.Bytes()[16:], 0x11); i >= 0 {
+		t.Fatalf("SEND overflowed its RECV buffer into offset %d", 16+i)
+	}
+}
+
+func testFlushOnDestroy(t *testing.T, env Env) {
+	a, b := newPair(t, env, opts{rnrRetry: 7})
+	for i := range 4 {
+		postRecv(t, a.qp, uint64(100+i), a.mr, i*10, 10)
+	}
+	// b has no RECV posted and a retries forever, so these stay outstanding.
+	for i := range 3 {
+		postSend(t, a.qp, &verbs.SendWR{ID: uint64(i), Opcode: verbs.OpSend, Signaled: i != 1,
+			SG: []verbs.SGE{{MR: a.mr, Length: 10}}})
+	}
+	expectNoWC(t, a.scq, 30*time.Millisecond)
+	if err := a.qp.Close(); err != nil {
+		t.Fatalf("close qp: %v", err)
+	}
+	for i, wc := range waitWC(t, env, a.scq, 3) {
+		wantWC(t, wc, uint64(i), verbs.WCWRFlushErr, 0)
+		if wc.QPN != a.qp.Attr().QPN {
+			t.Fatalf("flush completion %+v names QPN %#x", wc, a.qp.Attr().QPN)
+		}
+	}
+	for i, wc := range waitWC(t, env, a.rcq, 4) {
+		wantWC(t, wc, uint64(100+i), verbs.WCWRFlushErr, 0)
+	}
+	expectNoWC(t, a.scq, 20*time.Millisecond)
+	if err := a.qp.PostSend(&verbs.SendWR{ID: 9, Opcode: verbs.OpSend, SG: []verbs.SGE{{MR: a.mr, Length: 1}}}); !errors.Is(err, verbs.ErrClosed) {
+		t.Fatalf("PostSend on a destroyed QP: %v, want ErrClosed", err)
+	}
+	if err := a.qp.Close(); err != nil {
+		t.Fatalf("second close: %v", err)
+	}
+	_ = b
+}
+
+func testManyQPs(t *testing.T, env Env) {
+	const nqp, extraMRs = 16, 32
+	da, db := openDevices(t, env)
+	as, bs := make([]*side, nqp), make([]*side, nqp)
+	for i := range nqp {
+		as[i] = newSide(t, da, 8192+i*512, verbs.AccessLocalWrite|verbs.AccessRemoteWrite, 7, 16)
+		bs[i] = newSide(t, db, 8192+i*512, verbs.AccessLocalWrite|verbs.AccessRemoteWrite, 7, 16)
+	}
+	// Extra regions in the same PDs: rkeys must stay distinct.
+	keys := map[uint32]bool{}
+	for _, s := range append(append([]*side{}, as...), bs...) {
+		keys[s.mr.RKey()] = true
+	}
+	for i := range extraMRs {
+		m, err := bs[i%nqp].pd.AllocMR(4096, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
+		if err != nil {
+			t.Fatalf("alloc extra mr %d: %v", i, err)
+		}
+		t.Cleanup(func() { m.Close() })
+		keys[m.RKey()] = true
+	}
+	if len(keys) != 2*nqp+extraMRs {
+		// Keys of distinct devices may coincide; keys within one device may not.
+		perDev := map[uint32]bool{}
+		for _, s := range bs {
+			perDev[s.mr.RKey()] = true
+		}
+		if len(perDev) != nqp {
+			t.Fatalf("rkeys repeat within one device")
+		}
+	}
+	qpns := map[uint32]bool{}
+	for _, s := range as {
+		qpns[s.qp.Attr().QPN] = true
+	}
+	if len(qpns) != nqp {
+		t.Fatalf("QPNs repeat within one device")
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, nqp)
+	for i := range nqp {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- exercise(env, as[i], bs[i], i)
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// exercise connects a and b, writes a distinct pattern from a into b's region and
+// checks it landed, and nowhere else.
+func exercise(env Env, a, b *side, i int) error {
+	a.remote, b.remote = describe(b.mr), describe(a.mr)
+	if err := connectQPs(env, a.qp, b.qp); err != nil {
+		return fmt.Errorf("pair %d: %w", i, err)
+	}
+	fill(b.mr.Bytes(), 0)
+	pattern(a.mr.Bytes(), i)
+	n := len(a.mr.Bytes()) - 1
+	if err := a.qp.PostSend(&verbs.SendWR{ID: 1, Opcode: verbs.OpWrite,
+		SG: []verbs.SGE{{MR: a.mr, Length: n}}, RemoteAddr: a.remote.Addr, RKey: a.remote.RKey}); err != nil {
+		return fmt.Errorf("pair %d: post write: %w", i, err)
+	}
+	if err := b.qp.PostRecv(&verbs.RecvWR{ID: 2, SG: []verbs.SGE{{MR: b.mr, Offset: n, Length: 1}}}); err != nil {
+		return fmt.Errorf("pair %d: post recv: %w", i, err)
+	}
+	if err := a.qp.PostSend(&verbs.SendWR{ID: 3, Opcode: verbs.OpSend, Signaled: true,
+		SG: []verbs.SGE{{MR: a.mr, Offset: n, Length: 1}}}); err != nil {
+		return fmt.Errorf("pair %d: post send: %w", i, err)
+	}
+	for _, cq := range []verbs.CQ{a.scq, b.rcq} {
+		wcs, err := pollN(cq, 1, env.timeout())
+		if err != nil {
+			return fmt.Errorf("pair %d: %w", i, err)
+		}
+		if wcs[0].Status != verbs.WCSuccess {
+			return fmt.Errorf("pair %d: completion %+v", i, wcs[0])
+		}
+	}
+	if !bytes.Equal(b.mr.Bytes(), a.mr.Bytes()) {
+		return fmt.Errorf("pair %d: region differs from what was written", i)
+	}
+	return nil
+}
+
+func testWrongState(t *testing.T, env Env) {
+	da, db := openDevices(t, env)
+	a := newSide(t, da, 4096, verbs.AccessLocalWrite|verbs.AccessRemoteWrite, 7, 4)
+	b := newSide(t, db, 4096, verbs.AccessLocalWrite|verbs.AccessRemoteWrite, 7, 4)
+	send := &verbs.SendWR{ID: 1, Opcode: verbs.OpSend, Signaled: true, SG: []verbs.SGE{{MR: a.mr, Length: 8}}}
+	if err := a.qp.PostSend(send); !errors.Is(err, verbs.ErrQPState) {
+		t.Fatalf("PostSend before Connect: %v, want ErrQPState", err)
+	}
+	// Receives may be posted before the connection is up (INIT), as SMC-R does.
+	postRecv(t, b.qp, 5, b.mr, 0, 64)
+	connect(t, env, a, b)
+	if err := a.qp.Connect(context.Background(), b.qp.Attr()); err == nil {
+		t.Fatalf("second Connect succeeded")
+	}
+	// A full send queue refuses more.
+	var full bool
+	for i := range 64 {
+		err := a.qp.PostSend(&verbs.SendWR{ID: uint64(10 + i), Opcode: verbs.OpSend, SG: []verbs.SGE{{MR: a.mr, Length: 8}}})
+		if errors.Is(err, verbs.ErrQueueFull) {
+			full = true
+			break
+		}
+		if err != nil {
+			t.Fatalf("post send %d: %v", i, err)
+		}
+	}
+	if !full {
+		t.Fatalf("64 outstanding sends accepted on a QP sized for 4")
+	}
+	if err := a.qp.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.qp.PostSend(send); !errors.Is(err, verbs.ErrClosed) {
+		t.Fatalf("PostSend after Close: %v, want ErrClosed", err)
+	}
+	if err := a.qp.PostRecv(&verbs.RecvWR{ID: 1, SG: []verbs.SGE{{MR: a.mr, Length: 8}}}); !errors.Is(err, verbs.ErrClosed) {
+		t.Fatalf("PostRecv after Close: %v, want ErrClosed", err)
+	}
+	if err := a.qp.Connect(context.Background(), b.qp.Attr()); err == nil {
+		t.Fatalf("Connect after Close succeeded")
+	}
+	// Connecting to attributes that name no QP fails, or the QP errors out.
+	c := newSide(t, da, 4096, verbs.AccessLocalWrite, 7, 4)
+	bogus := b.qp.Attr()
+	bogus.QPN ^= 0x800000
+	bogus.MTU = 0
+	if err := c.qp.Connect(context.Background(), bogus); err == nil {
+		t.Fatalf("Connect with an invalid MTU code succeeded")
+	}
+}
+
+func testInvalidSGE(t *testing.T, env Env) {
+	a, _ := newPair(t, env, opts{})
+	n := len(a.mr.Bytes())
+	for _, sg := range [][]verbs.SGE{
+		{{MR: a.mr, Offset: n - 4, Length: 8}},
+		{{MR: a.mr, Offset: -1, Length: 8}},
+		{{MR: a.mr, Length: -1}},
+		{{MR: nil, Length: 8}},
+	} {
+		err := a.qp.PostSend(&verbs.SendWR{ID: 1, Opcode: verbs.OpSend, SG: sg, Signaled: true})
+		if err == nil {
+			// ibverbs reports a bad SGE as a local protection error completion.
+			wc := waitWC(t, env, a.scq, 1)[0]
+			if wc.Status != verbs.WCLocProtErr {
+				t.Fatalf("SGE %+v: completion %+v, want ErrInvalid or a local protection error", sg[0], wc)
+			}
+			return
+		}
+		if !errors.Is(err, verbs.ErrInvalid) {
+			t.Fatalf("SGE %+v: %v, want ErrInvalid", sg[0], err)
+		}
+		if err := a.qp.PostRecv(&verbs.RecvWR{ID: 1, SG: sg}); !errors.Is(err, verbs.ErrInvalid) {
+			t.Fatalf("recv SGE %+v: %v, want ErrInvalid", sg[0], err)
+		}
+	}
+	if err := a.qp.PostSend(&verbs.SendWR{ID: 1, Opcode: 99, SG: []verbs.SGE{{MR: a.mr, Length: 1}}}); !errors.Is(err, verbs.ErrInvalid) {
+		t.Fatalf("opcode 99: %v, want ErrInvalid", err)
+	}
+}
+
+func testCQWait(t *testing.T, env Env) {
+	a, b := newPair(t, env, opts{})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := a.rcq.Wait(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Wait with a cancelled context: %v", err)
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), 20*time.Millisecond)
+	start := time.Now()
+	err := a.rcq.Wait(ctx)
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Wait past its deadline: %v", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("Wait overran its 20ms deadline by %v", d)
+	}
+	// A blocked Wait wakes for a completion.
+	postRecv(t, a.qp, 1, a.mr, 0, 8)
+	woke := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), env.timeout())
+		defer cancel()
+		for {
+			var wc [1]verbs.WorkCompletion
+			if n, err := a.rcq.Poll(wc[:]); err != nil || n == 1 {
+				woke <- err
+				return
+			}
+			if err := a.rcq.Wait(ctx); err != nil {
+				woke <- err
+				return
+			}
+		}
+	}()
+	time.Sleep(20 * time.Millisecond)
+	postSend(t, b.qp, &verbs.SendWR{ID: 2, Opcode: verbs.OpSend, SG: []verbs.SGE{{MR: b.mr, Length: 8}}})
+	if err := <-woke; err != nil {
+		t.Fatalf("waiting for a completion: %v", err)
+	}
+	// A blocked Wait returns ErrClosed when the CQ closes; so does a later one.
+	closed := make(chan error, 1)
+	go func() { closed <- a.scq.Wait(context.Background()) }()
+	time.Sleep(20 * time.Millisecond)
+	if err := a.scq.Close(); err != nil {
+		t.Fatalf("close cq: %v", err)
+	}
+	select {
+	case err := <-closed:
+		if !errors.Is(err, verbs.ErrClosed) {
+			t.Fatalf("Wait across Close: %v, want ErrClosed", err)
+		}
+	case <-time.After(env.timeout()):
+		t.Fatalf("Wait did not return after Close")
+	}
+	if err := a.scq.Wait(context.Background()); !errors.Is(err, verbs.ErrClosed) {
+		t.Fatalf("Wait after Close: %v, want ErrClosed", err)
+	}
+	if _, err := a.scq.Poll(make([]verbs.WorkCompletion, 1)); !errors.Is(err, verbs.ErrClosed) {
+		t.Fatalf("Poll after Close: %v, want ErrClosed", err)
+	}
+}
