@@ -96,6 +96,8 @@ var (
 // Message is a parsed CLC message: *Proposal, *Accept, *Confirm or *Decline.
 type Message interface {
 	Type() MsgType
+	// Len is the encoded length, trailer included.
+	Len() int
 	// AppendTo appends the encoded message to b. It fails, leaving b as it was,
 	// only for a field that does not fit the wire format.
 	AppendTo(b []byte) ([]byte, error)

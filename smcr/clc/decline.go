@@ -141,6 +141,9 @@ type Decline struct {
 // Type reports TypeDecline.
 func (*Decline) Type() MsgType { return TypeDecline }
 
+// Len is the encoded length: always DeclineLen.
+func (*Decline) Len() int { return DeclineLen }
+
 // Err returns the Decline as a received *DeclineError.
 func (d *Decline) Err() error { return &DeclineError{Code: d.Code} }
 
