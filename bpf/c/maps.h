@@ -1,0 +1,295 @@
+/* Maps shared by all smcr eBPF programs, and the small helpers around them.
+ * Part of the transparent path (RFC 7609 section 3.3 "TCP options", 4.1 setup): the
+ * policy smcrd fills in and the per-connection facts the programs leave for smcrd.
+ * Every map is pinned by name under smcrd's pin directory so a restarted smcrd takes
+ * them over. Layouts are mirrored in ../maps.go; change both together. */
+#pragma once
+
+#include <linux/bpf.h>
+#include <linux/in.h>
+#include <linux/in6.h>
+#include <linux/if_ether.h>
+#include <linux/ip.h>
+#include <linux/ipv6.h>
+#include <linux/tcp.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#define AF_INET 2
+#define AF_INET6 10
+#define SOCK_STREAM 1
+#define SOL_IP 0
+#define SOL_IPV6 41
+#define SO_ORIGINAL_DST 80      /* linux/netfilter_ipv4.h */
+#define IP6T_SO_ORIGINAL_DST 80 /* linux/netfilter_ipv6/ip6_tables.h */
+
+/* The SMC-R TCP option (RFC 7609 3.3): experimental kind 254 with the
+ * 4-byte ExID 0xE2D4C3D9 ("SMCR" in EBCDIC), 6 bytes in all. */
+#define SMC_OPT_KIND 254
+#define SMC_OPT_LEN 6
+
+/* config.flags */
+#define CFG_CHECK_PREFIX 1 /* redirect only destinations the prefix tries allow */
+
+struct config {
+	__u64 netns_cookie; /* the network namespace this smcrd serves */
+	__u32 flags;
+	__u32 redir4_addr;    /* redirect listener, network order; port 0: none */
+	__u32 redir6_addr[4];
+	__u16 redir4_port; /* network order */
+	__u16 redir6_port; /* network order */
+	__u32 _pad;
+};
+
+/* A socket's tag. smcrd writes SK_OWN|... from user space (key: the socket's fd)
+ * before connect() or listen(); connect4/6 writes SK_REDIRECTED on sockets it
+ * redirects, with the original destination. */
+#define SK_OWN 1        /* smcrd's socket: never redirected */
+#define SK_OPTION 2     /* write the SMC option on SYN / echo it on SYN-ACK (listener) */
+#define SK_SHOW_PEER 4  /* the peer of this connection's other end is addr:port */
+#define SK_REDIRECTED 8 /* set by connect4/6: addr:port is the original destination */
+
+struct sk_state {
+	__u32 flags;
+	__u32 family; /* of addr */
+	__u32 addr[4];
+	__u32 src[4]; /* SK_REDIRECTED: local address getsockname shows (0: unchanged) */
+	__u16 port;   /* network order */
+	__u16 _pad;
+};
+
+/* A connection as one of its ends sees it; ports in host order. */
+struct tuple {
+	__u32 family;
+	__u32 laddr[4];
+	__u32 raddr[4];
+	__u16 lport;
+	__u16 rport;
+};
+
+struct addr_port {
+	__u32 family;
+	__u32 addr[4];
+	__u16 port; /* network order */
+	__u16 _pad;
+};
+
+struct addr_key {
+	__u32 family;
+	__u32 addr[4];
+};
+
+struct lpm4_key {
+	__u32 prefixlen;
+	__u32 addr;
+};
+
+struct lpm6_key {
+	__u32 prefixlen;
+	__u32 addr[4];
+};
+
+struct prefix_val {
+	__u32 allow;  /* route leaves through a listed interface */
+	__u32 src[4]; /* that interface's address, for getsockname */
+};
+
+struct ports {
+	__u64 bits[1024]; /* bit p set: port p is in port_range_list */
+};
+
+/* smcr_seen flags: what sockops saw on a connection of smcrd's. */
+#define SEEN_SENT_SYN_OPT 1    /* our SYN carried the option */
+#define SEEN_PEER_ECHOED 2     /* the SYN-ACK carried it back */
+#define SEEN_SYN_OPT 4         /* the peer's SYN carried it (passive side) */
+#define SEEN_SENT_SYNACK_OPT 8 /* our SYN-ACK echoed it */
+#define SEEN_NO_SPACE 16       /* no TCP option space left for it */
+#define SEEN_ESTABLISHED 32    /* the handshake completed */
+
+enum stat {
+	STAT_REDIRECTED,
+	STAT_SKIP_DEAD,
+	STAT_SKIP_NEGATIVE,
+	STAT_SKIP_PREFIX,
+	STAT_SYN_OPT_SENT,
+	STAT_SYNACK_OPT_SENT,
+	STAT_OPT_NO_SPACE,
+	STAT_PEER_ECHOED,
+	STAT_SYN_MARKED,
+	STAT_STEERED,
+	STAT_STEER_NO_LISTENER,
+	STAT_STEER_FAILED,
+	STAT_ORIG_DST_ANSWERED,
+	STAT_MAX,
+};
+
+#define PIN __uint(pinning, LIBBPF_PIN_BY_NAME)
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct config);
+	PIN;
+} smcr_config SEC(".maps");
+
+/* Liveness: CLOCK_MONOTONIC ns until which smcrd counts as alive. smcrd moves it
+ * forward as a heartbeat; a dead or hung smcrd lets it lapse and everything fails
+ * open. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+	PIN;
+} smcr_alive SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct ports);
+	PIN;
+} smcr_ports SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 1024);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct lpm4_key);
+	__type(value, struct prefix_val);
+	PIN;
+} smcr_prefix4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 1024);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct lpm6_key);
+	__type(value, struct prefix_val);
+	PIN;
+} smcr_prefix6 SEC(".maps");
+
+/* Negative peer cache: peer address -> CLOCK_MONOTONIC ns when the entry expires. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct addr_key);
+	__type(value, __u64);
+	PIN;
+} smcr_negative SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct sk_state);
+	PIN;
+} smcr_sk SEC(".maps");
+
+/* Original destination of a redirected connection, keyed by the connection as
+ * smcrd's accepted socket sees it; read by the getsockopt program and smcrd. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct tuple);
+	__type(value, struct addr_port);
+	PIN;
+} smcr_origdst SEC(".maps");
+
+/* Peer to show on the server host: keyed by the connection as the application's
+ * accepted socket sees it (smcrd connected to it with SK_SHOW_PEER). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct tuple);
+	__type(value, struct addr_port);
+	PIN;
+} smcr_peers SEC(".maps");
+
+/* What sockops saw, keyed by the connection as smcrd's socket sees it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct tuple);
+	__type(value, __u32);
+	PIN;
+} smcr_seen SEC(".maps");
+
+/* SYNs that carried the SMC option, keyed as the receiving host sees the
+ * connection; written by tc ingress, read by sk_lookup. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct tuple);
+	__type(value, __u64);
+	PIN;
+} smcr_synmark SEC(".maps");
+
+/* smcrd's steering listeners: 0 IPv4, 1 IPv6. */
+struct {
+	__uint(type, BPF_MAP_TYPE_SOCKMAP);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__type(value, __u64);
+	PIN;
+} smcr_steer SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, STAT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+	PIN;
+} smcr_stats SEC(".maps");
+
+static __always_inline void count(enum stat s)
+{
+	__u32 k = s;
+	__u64 *v = bpf_map_lookup_elem(&smcr_stats, &k);
+
+	if (v)
+		*v += 1;
+}
+
+static __always_inline struct config *config(void)
+{
+	__u32 k = 0;
+
+	return bpf_map_lookup_elem(&smcr_config, &k);
+}
+
+static __always_inline int alive(void)
+{
+	__u32 k = 0;
+	__u64 *until = bpf_map_lookup_elem(&smcr_alive, &k);
+
+	return until && *until > bpf_ktime_get_ns();
+}
+
+static __always_inline int port_listed(__u16 port)
+{
+	__u32 k = 0;
+	struct ports *p = bpf_map_lookup_elem(&smcr_ports, &k);
+
+	if (!p)
+		return 0;
+	return (p->bits[(port >> 6) & 1023] >> (port & 63)) & 1;
+}
+
+/* A dual-stack IPv6 socket carrying IPv4 sees IPv4-mapped addresses; key such
+ * connections as IPv4, as the packet-level programs and smcrd's Go side do. */
+static __always_inline void tuple_unmap(struct tuple *t)
+{
+	if (t->family != AF_INET6 || t->laddr[0] || t->laddr[1] || t->laddr[2] != bpf_htonl(0xffff))
+		return;
+	t->family = AF_INET;
+	t->laddr[0] = t->laddr[3];
+	t->raddr[0] = t->raddr[3];
+	t->laddr[1] = t->laddr[2] = t->laddr[3] = 0;
+	t->raddr[1] = t->raddr[2] = t->raddr[3] = 0;
+}
+
+/* The SMC option as bpf_load_hdr_opt searches for it and bpf_store_hdr_opt writes it. */
+#define SMC_OPT_INIT {SMC_OPT_KIND, SMC_OPT_LEN, 0xe2, 0xd4, 0xc3, 0xd9, 0, 0}

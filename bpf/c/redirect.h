@@ -1,0 +1,338 @@
+/* cgroup connect4/6: send the application's connections to listed ports to smcrd's
+ * redirect listener; getpeername/getsockname/getsockopt keep every party's view of
+ * the addresses (the transparent path around RFC 7609 4.1 connection setup). */
+#pragma once
+
+#include "maps.h"
+
+static __always_inline int netns_ok(void *ctx, struct config *cfg)
+{
+	return bpf_get_netns_cookie(ctx) == cfg->netns_cookie;
+}
+
+static __always_inline int is_own(struct bpf_sock *sk)
+{
+	struct sk_state *st = bpf_sk_storage_get(&smcr_sk, sk, 0, 0);
+
+	return st && (st->flags & SK_OWN);
+}
+
+/* negative reports whether addr is in the negative peer cache and not expired. */
+static __always_inline int negative(struct addr_key *k)
+{
+	__u64 *until = bpf_map_lookup_elem(&smcr_negative, k);
+
+	if (!until)
+		return 0;
+	if (*until > bpf_ktime_get_ns())
+		return 1;
+	bpf_map_delete_elem(&smcr_negative, k);
+	return 0;
+}
+
+/* redirect_ok applies the checks common to both families. */
+static __always_inline struct config *redirect_ok(struct bpf_sock_addr *ctx)
+{
+	struct config *cfg;
+
+	if (ctx->type != SOCK_STREAM || (ctx->protocol != 0 && ctx->protocol != IPPROTO_TCP))
+		return 0;
+	cfg = config();
+	if (!cfg || !netns_ok(ctx, cfg))
+		return 0;
+	if (!port_listed(bpf_ntohs((__u16)ctx->user_port)))
+		return 0;
+	if (!alive()) {
+		count(STAT_SKIP_DEAD);
+		return 0;
+	}
+	if (!ctx->sk || is_own(ctx->sk))
+		return 0;
+	return cfg;
+}
+
+SEC("cgroup/connect4")
+int smcr_connect4(struct bpf_sock_addr *ctx)
+{
+	struct addr_key nk = {.family = AF_INET};
+	struct prefix_val *pv = 0;
+	struct sk_state *st;
+	struct config *cfg;
+	__u32 daddr;
+
+	cfg = redirect_ok(ctx);
+	if (!cfg || !cfg->redir4_port)
+		return 1;
+	daddr = ctx->user_ip4;
+	if ((bpf_ntohl(daddr) >> 24) == 127)
+		return 1;
+	if (cfg->flags & CFG_CHECK_PREFIX) {
+		struct lpm4_key k = {.prefixlen = 32, .addr = daddr};
+
+		pv = bpf_map_lookup_elem(&smcr_prefix4, &k);
+		if (!pv || !pv->allow) {
+			count(STAT_SKIP_PREFIX);
+			return 1;
+		}
+	}
+	nk.addr[0] = daddr;
+	if (negative(&nk)) {
+		count(STAT_SKIP_NEGATIVE);
+		return 1;
+	}
+	st = bpf_sk_storage_get(&smcr_sk, ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!st)
+		return 1;
+	st->flags = SK_REDIRECTED;
+	st->family = AF_INET;
+	st->addr[0] = daddr;
+	st->addr[1] = st->addr[2] = st->addr[3] = 0;
+	st->src[0] = pv ? pv->src[0] : 0;
+	st->src[1] = st->src[2] = st->src[3] = 0;
+	st->port = (__u16)ctx->user_port;
+	ctx->user_ip4 = cfg->redir4_addr;
+	ctx->user_port = cfg->redir4_port;
+	count(STAT_REDIRECTED);
+	return 1;
+}
+
+SEC("cgroup/connect6")
+int smcr_connect6(struct bpf_sock_addr *ctx)
+{
+	struct addr_key nk = {.family = AF_INET6};
+	struct prefix_val *pv = 0;
+	struct sk_state *st;
+	struct config *cfg;
+	__u32 a0, a1, a2, a3;
+
+	cfg = redirect_ok(ctx);
+	if (!cfg || !cfg->redir6_port)
+		return 1;
+	a0 = ctx->user_ip6[0];
+	a1 = ctx->user_ip6[1];
+	a2 = ctx->user_ip6[2];
+	a3 = ctx->user_ip6[3];
+	/* ::1, and IPv4-mapped destinations (left alone: the IPv4 policy maps are
+	 * not consulted for them). */
+	if (!a0 && !a1 && ((!a2 && a3 == bpf_htonl(1)) || a2 == bpf_htonl(0xffff)))
+		return 1;
+	if (cfg->flags & CFG_CHECK_PREFIX) {
+		struct lpm6_key k = {.prefixlen = 128, .addr = {a0, a1, a2, a3}};
+
+		pv = bpf_map_lookup_elem(&smcr_prefix6, &k);
+		if (!pv || !pv->allow) {
+			count(STAT_SKIP_PREFIX);
+			return 1;
+		}
+	}
+	nk.addr[0] = a0;
+	nk.addr[1] = a1;
+	nk.addr[2] = a2;
+	nk.addr[3] = a3;
+	if (negative(&nk)) {
+		count(STAT_SKIP_NEGATIVE);
+		return 1;
+	}
+	st = bpf_sk_storage_get(&smcr_sk, ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!st)
+		return 1;
+	st->flags = SK_REDIRECTED;
+	st->family = AF_INET6;
+	st->addr[0] = a0;
+	st->addr[1] = a1;
+	st->addr[2] = a2;
+	st->addr[3] = a3;
+	if (pv) {
+		st->src[0] = pv->src[0];
+		st->src[1] = pv->src[1];
+		st->src[2] = pv->src[2];
+		st->src[3] = pv->src[3];
+	} else {
+		st->src[0] = st->src[1] = st->src[2] = st->src[3] = 0;
+	}
+	st->port = (__u16)ctx->user_port;
+	ctx->user_ip6[0] = cfg->redir6_addr[0];
+	ctx->user_ip6[1] = cfg->redir6_addr[1];
+	ctx->user_ip6[2] = cfg->redir6_addr[2];
+	ctx->user_ip6[3] = cfg->redir6_addr[3];
+	ctx->user_port = cfg->redir6_port;
+	count(STAT_REDIRECTED);
+	return 1;
+}
+
+/* sk_tuple: the connection as sk sees it. */
+static __always_inline void sk_tuple(struct bpf_sock *sk, struct tuple *t)
+{
+	t->family = sk->family;
+	if (t->family == AF_INET) {
+		t->laddr[0] = sk->src_ip4;
+		t->raddr[0] = sk->dst_ip4;
+	} else {
+		t->laddr[0] = sk->src_ip6[0];
+		t->laddr[1] = sk->src_ip6[1];
+		t->laddr[2] = sk->src_ip6[2];
+		t->laddr[3] = sk->src_ip6[3];
+		t->raddr[0] = sk->dst_ip6[0];
+		t->raddr[1] = sk->dst_ip6[1];
+		t->raddr[2] = sk->dst_ip6[2];
+		t->raddr[3] = sk->dst_ip6[3];
+	}
+	t->lport = sk->src_port;
+	t->rport = bpf_ntohs(sk->dst_port);
+	tuple_unmap(t);
+}
+
+/* shown_peer: what getpeername should answer for sk, or 0 to leave it. */
+static __always_inline struct addr_port *shown_peer(struct bpf_sock_addr *ctx, struct addr_port *buf)
+{
+	struct bpf_sock *sk = ctx->sk;
+	struct sk_state *st;
+	struct addr_port *ap;
+	struct config *cfg;
+	struct tuple t = {};
+
+	if (!sk)
+		return 0;
+	/* Client host: the application's redirected socket shows the server it asked for. */
+	st = bpf_sk_storage_get(&smcr_sk, sk, 0, 0);
+	if (st && (st->flags & SK_REDIRECTED)) {
+		buf->family = st->family;
+		buf->addr[0] = st->addr[0];
+		buf->addr[1] = st->addr[1];
+		buf->addr[2] = st->addr[2];
+		buf->addr[3] = st->addr[3];
+		buf->port = st->port;
+		return buf;
+	}
+	/* Server host: the application's socket accepted from smcrd shows the client. */
+	cfg = config();
+	if (!cfg || !netns_ok(ctx, cfg))
+		return 0;
+	sk_tuple(sk, &t);
+	ap = bpf_map_lookup_elem(&smcr_peers, &t);
+	return ap;
+}
+
+SEC("cgroup/getpeername4")
+int smcr_getpeername4(struct bpf_sock_addr *ctx)
+{
+	struct addr_port buf = {};
+	struct addr_port *p = shown_peer(ctx, &buf);
+
+	if (p && p->family == AF_INET) {
+		ctx->user_ip4 = p->addr[0];
+		ctx->user_port = p->port;
+	}
+	return 1;
+}
+
+SEC("cgroup/getpeername6")
+int smcr_getpeername6(struct bpf_sock_addr *ctx)
+{
+	struct addr_port buf = {};
+	struct addr_port *p = shown_peer(ctx, &buf);
+
+	if (!p)
+		return 1;
+	if (p->family == AF_INET6) {
+		ctx->user_ip6[0] = p->addr[0];
+		ctx->user_ip6[1] = p->addr[1];
+		ctx->user_ip6[2] = p->addr[2];
+		ctx->user_ip6[3] = p->addr[3];
+	} else {
+		/* A dual-stack application socket: the IPv4 peer, mapped. */
+		ctx->user_ip6[0] = 0;
+		ctx->user_ip6[1] = 0;
+		ctx->user_ip6[2] = bpf_htonl(0xffff);
+		ctx->user_ip6[3] = p->addr[0];
+	}
+	ctx->user_port = p->port;
+	return 1;
+}
+
+/* getsockname: a redirected socket's local address is on loopback; show the
+ * address of the interface its original route leaves through, when known. */
+SEC("cgroup/getsockname4")
+int smcr_getsockname4(struct bpf_sock_addr *ctx)
+{
+	struct sk_state *st;
+
+	if (!ctx->sk)
+		return 1;
+	st = bpf_sk_storage_get(&smcr_sk, ctx->sk, 0, 0);
+	if (st && (st->flags & SK_REDIRECTED) && st->family == AF_INET && st->src[0])
+		ctx->user_ip4 = st->src[0];
+	return 1;
+}
+
+SEC("cgroup/getsockname6")
+int smcr_getsockname6(struct bpf_sock_addr *ctx)
+{
+	struct sk_state *st;
+
+	if (!ctx->sk)
+		return 1;
+	st = bpf_sk_storage_get(&smcr_sk, ctx->sk, 0, 0);
+	if (!st || !(st->flags & SK_REDIRECTED) || st->family != AF_INET6)
+		return 1;
+	if (!(st->src[0] | st->src[1] | st->src[2] | st->src[3]))
+		return 1;
+	ctx->user_ip6[0] = st->src[0];
+	ctx->user_ip6[1] = st->src[1];
+	ctx->user_ip6[2] = st->src[2];
+	ctx->user_ip6[3] = st->src[3];
+	return 1;
+}
+
+/* getsockopt(SOL_IP, SO_ORIGINAL_DST) / (SOL_IPV6, IP6T_SO_ORIGINAL_DST) on smcrd's
+ * accepted redirect socket answers the application's original destination, as
+ * netfilter's REDIRECT would. */
+SEC("cgroup/getsockopt")
+int smcr_getsockopt(struct bpf_sockopt *ctx)
+{
+	struct bpf_sock *sk = ctx->sk;
+	struct addr_port *ap;
+	struct config *cfg;
+	struct tuple t = {};
+	__u8 *p = ctx->optval, *end = ctx->optval_end;
+
+	if (!((ctx->level == SOL_IP && ctx->optname == SO_ORIGINAL_DST) ||
+	      (ctx->level == SOL_IPV6 && ctx->optname == IP6T_SO_ORIGINAL_DST)))
+		return 1;
+	if (!sk)
+		return 1;
+	cfg = config();
+	if (!cfg || !netns_ok(ctx, cfg))
+		return 1;
+	sk_tuple(sk, &t);
+	ap = bpf_map_lookup_elem(&smcr_origdst, &t);
+	if (!ap)
+		return 1;
+	if (ap->family == AF_INET) {
+		struct sockaddr_in *sin = (void *)p;
+
+		if (p + sizeof(*sin) > end)
+			return 1;
+		__builtin_memset(sin, 0, sizeof(*sin));
+		sin->sin_family = AF_INET;
+		sin->sin_port = ap->port;
+		sin->sin_addr.s_addr = ap->addr[0];
+		ctx->optlen = sizeof(*sin);
+	} else {
+		struct sockaddr_in6 *sin6 = (void *)p;
+
+		if (p + sizeof(*sin6) > end)
+			return 1;
+		__builtin_memset(sin6, 0, sizeof(*sin6));
+		sin6->sin6_family = AF_INET6;
+		sin6->sin6_port = ap->port;
+		sin6->sin6_addr.in6_u.u6_addr32[0] = ap->addr[0];
+		sin6->sin6_addr.in6_u.u6_addr32[1] = ap->addr[1];
+		sin6->sin6_addr.in6_u.u6_addr32[2] = ap->addr[2];
+		sin6->sin6_addr.in6_u.u6_addr32[3] = ap->addr[3];
+		ctx->optlen = sizeof(*sin6);
+	}
+	ctx->retval = 0;
+	count(STAT_ORIG_DST_ANSWERED);
+	return 1;
+}

@@ -1,0 +1,243 @@
+/* sockops: writes the SMC-R TCP option on smcrd's SYNs, echoes it on the SYN-ACKs of
+ * smcrd's steering listener, and records what was seen (RFC 7609 3.3, 4.1). It also
+ * copies the per-socket tags of redirected and smcrd-made connections into maps keyed
+ * by 4-tuple, once connect() has chosen the local address. */
+#pragma once
+
+#include "maps.h"
+
+#define TCPHDR_SYN 0x02
+#define TCPHDR_ACK 0x10
+
+static __always_inline int netns_ok_ops(struct bpf_sock_ops *skops)
+{
+	struct config *cfg = config();
+
+	return cfg && bpf_get_netns_cookie(skops) == cfg->netns_cookie;
+}
+
+/* own: the connection as this socket sees it. */
+static __always_inline void ops_tuple(struct bpf_sock_ops *skops, struct tuple *t, int own)
+{
+	__u32 lport = skops->local_port, rport = bpf_ntohl(skops->remote_port);
+
+	t->family = skops->family;
+	if (t->family == AF_INET) {
+		__u32 l = skops->local_ip4, r = skops->remote_ip4;
+
+		t->laddr[0] = own ? l : r;
+		t->raddr[0] = own ? r : l;
+	} else {
+		t->laddr[0] = own ? skops->local_ip6[0] : skops->remote_ip6[0];
+		t->laddr[1] = own ? skops->local_ip6[1] : skops->remote_ip6[1];
+		t->laddr[2] = own ? skops->local_ip6[2] : skops->remote_ip6[2];
+		t->laddr[3] = own ? skops->local_ip6[3] : skops->remote_ip6[3];
+		t->raddr[0] = own ? skops->remote_ip6[0] : skops->local_ip6[0];
+		t->raddr[1] = own ? skops->remote_ip6[1] : skops->local_ip6[1];
+		t->raddr[2] = own ? skops->remote_ip6[2] : skops->local_ip6[2];
+		t->raddr[3] = own ? skops->remote_ip6[3] : skops->local_ip6[3];
+	}
+	t->lport = own ? lport : rport;
+	t->rport = own ? rport : lport;
+	tuple_unmap(t);
+}
+
+static __always_inline void seen_or(struct bpf_sock_ops *skops, __u32 flags)
+{
+	struct tuple t = {};
+	__u32 *v;
+
+	ops_tuple(skops, &t, 1);
+	v = bpf_map_lookup_elem(&smcr_seen, &t);
+	if (v) {
+		__sync_fetch_and_or(v, flags);
+		return;
+	}
+	bpf_map_update_elem(&smcr_seen, &t, &flags, BPF_NOEXIST);
+	v = bpf_map_lookup_elem(&smcr_seen, &t);
+	if (v)
+		__sync_fetch_and_or(v, flags);
+}
+
+static __always_inline void set_cb_flags(struct bpf_sock_ops *skops, __u32 set, __u32 clear)
+{
+	bpf_sock_ops_cb_flags_set(skops, (skops->bpf_sock_ops_cb_flags | set) & ~clear);
+}
+
+static __always_inline int syn_had_option(struct bpf_sock_ops *skops)
+{
+	__u8 opt[8] = SMC_OPT_INIT;
+
+	return bpf_load_hdr_opt(skops, opt, sizeof(opt), BPF_LOAD_HDR_OPT_TCP_SYN) == SMC_OPT_LEN;
+}
+
+/* connect(): the local address is chosen; the socket's tag becomes 4-tuple entries. */
+static __always_inline void on_connect(struct bpf_sock_ops *skops)
+{
+	struct bpf_sock *sk = skops->sk;
+	struct sk_state *st;
+	struct addr_port ap = {};
+	struct tuple t = {};
+	__u32 set = 0;
+
+	if (!sk)
+		return;
+	st = bpf_sk_storage_get(&smcr_sk, sk, 0, 0);
+	if (!st)
+		return;
+	ops_tuple(skops, &t, 0);
+	ap.family = st->family;
+	ap.addr[0] = st->addr[0];
+	ap.addr[1] = st->addr[1];
+	ap.addr[2] = st->addr[2];
+	ap.addr[3] = st->addr[3];
+	ap.port = st->port;
+	if (st->flags & SK_REDIRECTED) {
+		bpf_map_update_elem(&smcr_origdst, &t, &ap, BPF_ANY);
+		set |= BPF_SOCK_OPS_STATE_CB_FLAG;
+	} else if (st->flags & SK_SHOW_PEER) {
+		bpf_map_update_elem(&smcr_peers, &t, &ap, BPF_ANY);
+		set |= BPF_SOCK_OPS_STATE_CB_FLAG;
+	}
+	if (st->flags & SK_OPTION)
+		set |= BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG | BPF_SOCK_OPS_STATE_CB_FLAG;
+	if (set)
+		set_cb_flags(skops, set, 0);
+}
+
+static __always_inline void on_listen(struct bpf_sock_ops *skops)
+{
+	struct bpf_sock *sk = skops->sk;
+	struct sk_state *st;
+
+	if (!sk)
+		return;
+	st = bpf_sk_storage_get(&smcr_sk, sk, 0, 0);
+	if (st && (st->flags & SK_OPTION))
+		set_cb_flags(skops, BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG, 0);
+}
+
+/* Room for the option: on our SYN always, on a SYN-ACK only when the SYN had it. */
+static __always_inline void on_hdr_len(struct bpf_sock_ops *skops)
+{
+	__u8 f = skops->skb_tcp_flags;
+
+	if (!(f & TCPHDR_SYN))
+		return;
+	if ((f & TCPHDR_ACK) && !syn_had_option(skops))
+		return;
+	if (bpf_reserve_hdr_opt(skops, SMC_OPT_LEN, 0)) {
+		/* Other options (timestamps, MD5, AO...) took the 40 bytes: the
+		 * connection goes on without the hint, and smcrd learns why. */
+		count(STAT_OPT_NO_SPACE);
+		seen_or(skops, SEEN_NO_SPACE | ((f & TCPHDR_ACK) ? SEEN_SYN_OPT : 0));
+	}
+}
+
+static __always_inline void on_write_hdr(struct bpf_sock_ops *skops)
+{
+	__u8 opt[8] = SMC_OPT_INIT;
+	__u8 f = skops->skb_tcp_flags;
+	__u32 seen;
+	long err;
+
+	if (!(f & TCPHDR_SYN))
+		return;
+	if (f & TCPHDR_ACK) {
+		if (!syn_had_option(skops))
+			return;
+		seen = SEEN_SYN_OPT | SEEN_SENT_SYNACK_OPT;
+	} else {
+		seen = SEEN_SENT_SYN_OPT;
+	}
+	err = bpf_store_hdr_opt(skops, opt, SMC_OPT_LEN, 0);
+	if (err == -17 /* EEXIST: a retransmission already has it */)
+		err = 0;
+	if (err) {
+		seen = (seen & SEEN_SYN_OPT) | SEEN_NO_SPACE;
+		count(STAT_OPT_NO_SPACE);
+	} else {
+		count((f & TCPHDR_ACK) ? STAT_SYNACK_OPT_SENT : STAT_SYN_OPT_SENT);
+	}
+	seen_or(skops, seen);
+}
+
+static __always_inline void on_active_established(struct bpf_sock_ops *skops)
+{
+	__u8 opt[8] = SMC_OPT_INIT;
+	__u32 seen = SEEN_ESTABLISHED;
+
+	if (!(skops->bpf_sock_ops_cb_flags & BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG))
+		return;
+	/* skb is the SYN-ACK here. */
+	if (bpf_load_hdr_opt(skops, opt, sizeof(opt), 0) == SMC_OPT_LEN) {
+		seen |= SEEN_PEER_ECHOED;
+		count(STAT_PEER_ECHOED);
+	}
+	seen_or(skops, seen);
+	/* Only SYNs carry the option: no per-segment callbacks from now on. */
+	set_cb_flags(skops, 0, BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
+}
+
+static __always_inline void on_passive_established(struct bpf_sock_ops *skops)
+{
+	struct tuple t = {};
+
+	if (!(skops->bpf_sock_ops_cb_flags & BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG))
+		return;
+	ops_tuple(skops, &t, 1);
+	if (bpf_map_lookup_elem(&smcr_seen, &t)) {
+		seen_or(skops, SEEN_ESTABLISHED);
+		set_cb_flags(skops, BPF_SOCK_OPS_STATE_CB_FLAG, BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
+		return;
+	}
+	set_cb_flags(skops, 0, BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
+}
+
+/* A tracked connection closed: forget it, so a later connection reusing the
+ * 4-tuple is not mistaken for it. */
+static __always_inline void on_state(struct bpf_sock_ops *skops)
+{
+	struct tuple t = {};
+
+	if (skops->args[1] != BPF_TCP_CLOSE)
+		return;
+	ops_tuple(skops, &t, 0);
+	bpf_map_delete_elem(&smcr_origdst, &t);
+	bpf_map_delete_elem(&smcr_peers, &t);
+	ops_tuple(skops, &t, 1);
+	bpf_map_delete_elem(&smcr_seen, &t);
+}
+
+SEC("sockops")
+int smcr_sockops(struct bpf_sock_ops *skops)
+{
+	if (skops->family != AF_INET && skops->family != AF_INET6)
+		return 1;
+	if (!netns_ok_ops(skops))
+		return 1;
+	switch (skops->op) {
+	case BPF_SOCK_OPS_TCP_CONNECT_CB:
+		on_connect(skops);
+		break;
+	case BPF_SOCK_OPS_TCP_LISTEN_CB:
+		on_listen(skops);
+		break;
+	case BPF_SOCK_OPS_HDR_OPT_LEN_CB:
+		on_hdr_len(skops);
+		break;
+	case BPF_SOCK_OPS_WRITE_HDR_OPT_CB:
+		on_write_hdr(skops);
+		break;
+	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
+		on_active_established(skops);
+		break;
+	case BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB:
+		on_passive_established(skops);
+		break;
+	case BPF_SOCK_OPS_STATE_CB:
+		on_state(skops);
+		break;
+	}
+	return 1;
+}

@@ -1,0 +1,158 @@
+/* tc ingress marks incoming SYNs to listed ports that carry the SMC-R option
+ * (RFC 7609 3.3); sk_lookup steers exactly those connections to smcrd's steering
+ * listener. Every other SYN reaches the application as always. */
+#pragma once
+
+#include "maps.h"
+
+#define TCP_MAX_OPTS 40
+
+struct optwalk {
+	__u8 buf[TCP_MAX_OPTS + 8]; /* slack so 6-byte reads near the end stay in bounds */
+	__u32 off;
+	__u32 end;
+	__u32 found;
+};
+
+/* One option per call; a plain loop over 40 bytes exceeds the verifier's budget. */
+static long opt_step(__u32 i, void *data)
+{
+	struct optwalk *w = data;
+	__u32 off = w->off;
+	__u8 kind, len;
+
+	if (off >= w->end || off >= TCP_MAX_OPTS)
+		return 1;
+	kind = w->buf[off];
+	if (kind == 0) /* end of option list */
+		return 1;
+	if (kind == 1) { /* NOP */
+		w->off = off + 1;
+		return 0;
+	}
+	if (off + 2 > w->end)
+		return 1;
+	len = w->buf[off + 1];
+	if (len < 2 || off + len > w->end)
+		return 1; /* malformed: stop, nothing found */
+	if (kind == SMC_OPT_KIND && len == SMC_OPT_LEN && w->buf[off + 2] == 0xe2 &&
+	    w->buf[off + 3] == 0xd4 && w->buf[off + 4] == 0xc3 && w->buf[off + 5] == 0xd9) {
+		w->found = 1;
+		return 1;
+	}
+	w->off = off + len;
+	return 0;
+}
+
+SEC("tc")
+int smcr_tc_ingress(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct tuple t = {};
+	struct tcphdr *th;
+	struct optwalk w = {};
+	__u32 thoff, optlen;
+
+	if ((void *)(eth + 1) > end)
+		return TC_ACT_UNSPEC;
+	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = (void *)(eth + 1);
+
+		if ((void *)(ip + 1) > end || ip->protocol != IPPROTO_TCP)
+			return TC_ACT_UNSPEC;
+		if (ip->frag_off & bpf_htons(0x3fff)) /* MF or offset: not a whole SYN */
+			return TC_ACT_UNSPEC;
+		thoff = sizeof(*eth) + ip->ihl * 4;
+		t.family = AF_INET;
+		t.laddr[0] = ip->daddr;
+		t.raddr[0] = ip->saddr;
+	} else if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = (void *)(eth + 1);
+
+		/* Extension headers before TCP are not followed: such SYNs go to the
+		 * application (fail open). */
+		if ((void *)(ip6 + 1) > end || ip6->nexthdr != IPPROTO_TCP)
+			return TC_ACT_UNSPEC;
+		thoff = sizeof(*eth) + sizeof(*ip6);
+		t.family = AF_INET6;
+		__builtin_memcpy(t.laddr, &ip6->daddr, 16);
+		__builtin_memcpy(t.raddr, &ip6->saddr, 16);
+	} else {
+		return TC_ACT_UNSPEC;
+	}
+	if (thoff > 256)
+		return TC_ACT_UNSPEC;
+	th = data + thoff;
+	if ((void *)(th + 1) > end)
+		return TC_ACT_UNSPEC;
+	if (!th->syn || th->ack)
+		return TC_ACT_UNSPEC;
+	t.lport = bpf_ntohs(th->dest);
+	t.rport = bpf_ntohs(th->source);
+	if (!port_listed(t.lport) || !alive())
+		return TC_ACT_UNSPEC;
+	optlen = th->doff * 4;
+	optlen = optlen > sizeof(*th) ? optlen - sizeof(*th) : 0;
+	if (optlen > 0 && optlen <= TCP_MAX_OPTS &&
+	    !bpf_skb_load_bytes(skb, thoff + sizeof(*th), w.buf, optlen)) {
+		w.end = optlen;
+		bpf_loop(TCP_MAX_OPTS, opt_step, &w, 0);
+	}
+	if (w.found) {
+		__u64 now = bpf_ktime_get_ns();
+
+		bpf_map_update_elem(&smcr_synmark, &t, &now, BPF_ANY);
+		count(STAT_SYN_MARKED);
+	} else {
+		/* A new connection reusing the 4-tuple without the option. */
+		bpf_map_delete_elem(&smcr_synmark, &t);
+	}
+	return TC_ACT_UNSPEC;
+}
+
+SEC("sk_lookup")
+int smcr_sk_lookup(struct bpf_sk_lookup *ctx)
+{
+	struct tuple t = {};
+	struct bpf_sock *sk;
+	__u32 key;
+	long err;
+
+	if (ctx->protocol != IPPROTO_TCP)
+		return SK_PASS;
+	t.family = ctx->family;
+	if (t.family == AF_INET) {
+		t.laddr[0] = ctx->local_ip4;
+		t.raddr[0] = ctx->remote_ip4;
+	} else {
+		t.laddr[0] = ctx->local_ip6[0];
+		t.laddr[1] = ctx->local_ip6[1];
+		t.laddr[2] = ctx->local_ip6[2];
+		t.laddr[3] = ctx->local_ip6[3];
+		t.raddr[0] = ctx->remote_ip6[0];
+		t.raddr[1] = ctx->remote_ip6[1];
+		t.raddr[2] = ctx->remote_ip6[2];
+		t.raddr[3] = ctx->remote_ip6[3];
+	}
+	t.lport = ctx->local_port;
+	t.rport = bpf_ntohs(ctx->remote_port);
+	if (!bpf_map_lookup_elem(&smcr_synmark, &t))
+		return SK_PASS;
+	if (!alive())
+		return SK_PASS;
+	key = t.family == AF_INET6 ? 1 : 0;
+	sk = bpf_map_lookup_elem(&smcr_steer, &key);
+	if (!sk && t.family == AF_INET) {
+		key = 1; /* a dual-stack IPv6 listener takes IPv4 too */
+		sk = bpf_map_lookup_elem(&smcr_steer, &key);
+	}
+	if (!sk) {
+		count(STAT_STEER_NO_LISTENER);
+		return SK_PASS;
+	}
+	err = bpf_sk_assign(ctx, sk, 0);
+	bpf_sk_release(sk);
+	count(err ? STAT_STEER_FAILED : STAT_STEERED);
+	return SK_PASS;
+}

@@ -1,0 +1,329 @@
+// Policy: what smcrd's configuration puts into the maps the programs consult before
+// redirecting a connection (port_range_list, the listed interfaces' prefixes, the
+// negative peer cache of RFC 7609 fallbacks, liveness).
+
+package bpf
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// Config flags, as in c/maps.h.
+const cfgCheckPrefix = 1
+
+// PortRange is an inclusive range of TCP ports, one element of port_range_list.
+type PortRange struct{ Lo, Hi uint16 }
+
+// PrefixRule says whether destinations in Prefix are routed through a listed
+// interface (Allow) and which local address that interface has (Src, shown by
+// getsockname to redirected applications; may be invalid).
+type PrefixRule struct {
+	Prefix netip.Prefix
+	Allow  bool
+	Src    netip.Addr
+}
+
+func (l *Loader) updateConfig(fn func(*smcrConfig)) error {
+	var c smcrConfig
+	if err := l.objs.SmcrConfig.Lookup(uint32(0), &c); err != nil {
+		return fmt.Errorf("bpf: read config: %w", err)
+	}
+	fn(&c)
+	if err := l.objs.SmcrConfig.Update(uint32(0), &c, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("bpf: write config: %w", err)
+	}
+	return nil
+}
+
+// SetPorts replaces the set of ports whose connections are redirected and whose
+// SYNs are inspected. An empty list turns both off.
+func (l *Loader) SetPorts(ranges []PortRange) error {
+	var p smcrPorts
+	for _, r := range ranges {
+		if r.Lo > r.Hi {
+			return fmt.Errorf("bpf: port range %d-%d: low above high", r.Lo, r.Hi)
+		}
+		for port := uint32(r.Lo); port <= uint32(r.Hi); port++ {
+			p.Bits[port>>6] |= 1 << (port & 63)
+		}
+	}
+	if err := l.objs.SmcrPorts.Update(uint32(0), &p, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("bpf: set ports: %w", err)
+	}
+	return nil
+}
+
+// SetRedirect sets smcrd's redirect listeners (on loopback): connect4 sends
+// redirected IPv4 connections to v4, connect6 IPv6 ones to v6. An invalid address
+// turns redirection off for that family.
+func (l *Loader) SetRedirect(v4, v6 netip.AddrPort) error {
+	if v4.IsValid() && !v4.Addr().Unmap().Is4() {
+		return fmt.Errorf("bpf: redirect listener %s: not IPv4", v4)
+	}
+	if v6.IsValid() && !v6.Addr().Is6() {
+		return fmt.Errorf("bpf: redirect listener %s: not IPv6", v6)
+	}
+	return l.updateConfig(func(c *smcrConfig) {
+		c.Redir4Addr, c.Redir4Port = 0, 0
+		c.Redir6Addr, c.Redir6Port = [4]uint32{}, 0
+		if v4.IsValid() {
+			c.Redir4Addr = addrWords(v4.Addr().Unmap())[0]
+			c.Redir4Port = netPort(v4.Port())
+		}
+		if v6.IsValid() {
+			c.Redir6Addr = addrWords(v6.Addr())
+			c.Redir6Port = netPort(v6.Port())
+		}
+	})
+}
+
+// SetAlive declares smcrd alive for ttl from now: smcrd calls it as a heartbeat
+// (every ttl/3, say). ttl <= 0 declares it dead at once. While it is not alive,
+// nothing is redirected or steered: applications connect as plain TCP.
+func (l *Loader) SetAlive(ttl time.Duration) error {
+	var until uint64
+	if ttl > 0 {
+		until = monotonic() + uint64(ttl)
+	}
+	if err := l.objs.SmcrAlive.Update(uint32(0), until, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("bpf: set liveness: %w", err)
+	}
+	return nil
+}
+
+// AddNegative puts peer in the negative cache for ttl: connections to it are not
+// redirected until then (it answered without SMC-R).
+func (l *Loader) AddNegative(peer netip.Addr, ttl time.Duration) error {
+	until := monotonic() + uint64(max(ttl, 0))
+	if err := l.objs.SmcrNegative.Update(addrKey(peer), until, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("bpf: add negative %s: %w", peer, err)
+	}
+	return nil
+}
+
+// RemoveNegative takes peer out of the negative cache.
+func (l *Loader) RemoveNegative(peer netip.Addr) error {
+	err := l.objs.SmcrNegative.Delete(addrKey(peer))
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("bpf: remove negative %s: %w", peer, err)
+	}
+	return nil
+}
+
+// SetPrefixes replaces the destination rules: with rules, connect4/6 redirect only
+// destinations whose longest matching rule allows it; with none, every destination
+// on a listed port is redirected. SetInterfaces calls it with InterfacePrefixes.
+func (l *Loader) SetPrefixes(rules []PrefixRule) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.setPrefixes(rules, len(rules) > 0)
+}
+
+func (l *Loader) setPrefixes(rules []PrefixRule, check bool) error {
+	keep4 := map[smcrLpm4Key]bool{}
+	keep6 := map[smcrLpm6Key]bool{}
+	// Insert the new rules before deleting old ones, so no lookup meets a gap.
+	for _, r := range rules {
+		p := r.Prefix.Masked()
+		v := smcrPrefixVal{}
+		if r.Allow {
+			v.Allow = 1
+		}
+		if r.Src.IsValid() && r.Src.Unmap().Is4() == p.Addr().Is4() {
+			v.Src = addrWords(r.Src.Unmap())
+		}
+		var err error
+		if p.Addr().Is4() {
+			k := smcrLpm4Key{Prefixlen: uint32(p.Bits()), Addr: addrWords(p.Addr())[0]}
+			keep4[k] = true
+			err = l.objs.SmcrPrefix4.Update(k, v, ebpf.UpdateAny)
+		} else {
+			k := smcrLpm6Key{Prefixlen: uint32(p.Bits()), Addr: addrWords(p.Addr())}
+			keep6[k] = true
+			err = l.objs.SmcrPrefix6.Update(k, v, ebpf.UpdateAny)
+		}
+		if err != nil {
+			return fmt.Errorf("bpf: set prefix %s: %w", p, err)
+		}
+	}
+	var k4 smcrLpm4Key
+	var stale4 []smcrLpm4Key
+	for it := l.objs.SmcrPrefix4.Iterate(); it.Next(&k4, new(smcrPrefixVal)); {
+		if !keep4[k4] {
+			stale4 = append(stale4, k4)
+		}
+	}
+	for _, k := range stale4 {
+		l.objs.SmcrPrefix4.Delete(k)
+	}
+	var k6 smcrLpm6Key
+	var stale6 []smcrLpm6Key
+	for it := l.objs.SmcrPrefix6.Iterate(); it.Next(&k6, new(smcrPrefixVal)); {
+		if !keep6[k6] {
+			stale6 = append(stale6, k6)
+		}
+	}
+	for _, k := range stale6 {
+		l.objs.SmcrPrefix6.Delete(k)
+	}
+	return l.updateConfig(func(c *smcrConfig) {
+		c.Flags &^= cfgCheckPrefix
+		if check {
+			c.Flags |= cfgCheckPrefix
+		}
+	})
+}
+
+// InterfacePrefixes derives destination rules from the calling thread's routing
+// tables: every main-table route allows its prefix when it leaves through one of
+// names, and the host's own (local-table) addresses are never redirected. A cgroup
+// connect hook cannot do a route lookup itself (bpf_fib_lookup is for tc and XDP),
+// so the longest-prefix match over these rules stands in for it; policy routing
+// and multipath routes are not modelled (such destinations are not redirected).
+func InterfacePrefixes(names []string) ([]PrefixRule, error) {
+	listed := map[int]bool{}
+	src := map[int][2]netip.Addr{} // per link: first global IPv4, IPv6 address
+	for _, n := range names {
+		lk, err := netlink.LinkByName(n)
+		if err != nil {
+			return nil, fmt.Errorf("bpf: interface %s: %w", n, err)
+		}
+		idx := lk.Attrs().Index
+		listed[idx] = true
+		addrs, err := netlink.AddrList(lk, netlink.FAMILY_ALL)
+		if err != nil {
+			return nil, fmt.Errorf("bpf: addresses of %s: %w", n, err)
+		}
+		var s [2]netip.Addr
+		for _, a := range addrs {
+			ip, ok := netip.AddrFromSlice(a.IP)
+			if !ok || !ip.IsGlobalUnicast() {
+				continue
+			}
+			ip = ip.Unmap()
+			if i := b2i(ip.Is6()); !s[i].IsValid() {
+				s[i] = ip
+			}
+		}
+		src[idx] = s
+	}
+	best := map[netip.Prefix]struct {
+		rule PrefixRule
+		prio int
+	}{}
+	for _, table := range []int{unix.RT_TABLE_MAIN, unix.RT_TABLE_LOCAL} {
+		routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: table}, netlink.RT_FILTER_TABLE)
+		if err != nil {
+			return nil, fmt.Errorf("bpf: routes: %w", err)
+		}
+		for _, r := range routes {
+			var p netip.Prefix
+			if r.Dst == nil {
+				p = netip.PrefixFrom(netip.IPv4Unspecified(), 0)
+				if r.Family == unix.AF_INET6 {
+					p = netip.PrefixFrom(netip.IPv6Unspecified(), 0)
+				}
+			} else {
+				ip, ok := netip.AddrFromSlice(r.Dst.IP)
+				if !ok {
+					continue
+				}
+				ones, _ := r.Dst.Mask.Size()
+				p = netip.PrefixFrom(ip.Unmap(), ones).Masked()
+			}
+			rule := PrefixRule{Prefix: p}
+			prio := r.Priority
+			if table == unix.RT_TABLE_LOCAL {
+				// Own addresses and loopback: never redirected, and they win.
+				if r.Type != unix.RTN_LOCAL {
+					continue
+				}
+				prio = -1
+			} else if listed[r.LinkIndex] && len(r.MultiPath) == 0 {
+				rule.Allow = true
+				rule.Src = src[r.LinkIndex][b2i(p.Addr().Is6())]
+				if s, ok := netip.AddrFromSlice(r.Src); ok && s.IsValid() {
+					rule.Src = s.Unmap()
+				}
+			}
+			if old, ok := best[p]; ok && old.prio <= prio {
+				continue
+			}
+			best[p] = struct {
+				rule PrefixRule
+				prio int
+			}{rule, prio}
+		}
+	}
+	rules := make([]PrefixRule, 0, len(best))
+	for _, b := range best {
+		rules = append(rules, b.rule)
+	}
+	return rules, nil
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// addrWords lays an address out as the programs read it: the bytes in network
+// order, as __u32 words in host order (IPv4 in the first word).
+func addrWords(a netip.Addr) [4]uint32 {
+	var w [4]uint32
+	if a.Is4() {
+		b := a.As4()
+		w[0] = binary.NativeEndian.Uint32(b[:])
+		return w
+	}
+	b := a.As16()
+	for i := range w {
+		w[i] = binary.NativeEndian.Uint32(b[4*i:])
+	}
+	return w
+}
+
+func wordsAddr(family uint32, w [4]uint32) netip.Addr {
+	var b [16]byte
+	for i := range w {
+		binary.NativeEndian.PutUint32(b[4*i:], w[i])
+	}
+	if family == unix.AF_INET {
+		return netip.AddrFrom4([4]byte(b[:4]))
+	}
+	return netip.AddrFrom16(b)
+}
+
+// netPort is a port in network byte order, as a host-order uint16 holds it.
+func netPort(p uint16) uint16 {
+	var b [2]byte
+	binary.BigEndian.PutUint16(b[:], p)
+	return binary.NativeEndian.Uint16(b[:])
+}
+
+func hostPort(p uint16) uint16 { return netPort(p) }
+
+func addrKey(a netip.Addr) smcrAddrKey {
+	a = a.Unmap()
+	k := smcrAddrKey{Family: unix.AF_INET6, Addr: addrWords(a)}
+	if a.Is4() {
+		k.Family = unix.AF_INET
+	}
+	return k
+}
+
+func monotonic() uint64 {
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts) // cannot fail for this clock
+	return uint64(ts.Nano())
+}

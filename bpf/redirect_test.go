@@ -1,0 +1,189 @@
+package bpf
+
+import (
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/smcr-io/smcr/internal/nstest"
+)
+
+const (
+	portListed   = 7001
+	portUnlisted = 7009
+)
+
+// clientHost is namespace A with smcrd's redirect listeners, and B with the real
+// servers on a listed and an unlisted port.
+type clientHost struct {
+	p                *nstest.Pair
+	l                *Loader
+	redir4, redir6   net.Listener
+	server, unlisted net.Listener // in B, dual-stack
+}
+
+func newClientHost(t *testing.T) *clientHost {
+	t.Helper()
+	p := nstest.NewPair(t)
+	cg := testCgroup(t)
+	h := &clientHost{p: p}
+	h.l = loadIn(t, p.A, Options{CgroupPath: cg, Interfaces: []string{p.A.Links[0].Name}})
+	h.redir4 = listen(t, p.A, "127.0.0.1:0", nil, nil)
+	h.redir6 = listen(t, p.A, "[::1]:0", nil, nil)
+	h.server = listen(t, p.B, ":7001", nil, nil)
+	h.unlisted = listen(t, p.B, ":7009", nil, nil)
+	must(t, h.l.SetRedirect(addrPort(h.redir4.Addr()), addrPort(h.redir6.Addr())))
+	must(t, h.l.SetPorts([]PortRange{{7000, 7005}, {8000, 8000}}))
+	must(t, h.l.SetAlive(time.Minute))
+	return h
+}
+
+func TestRedirect(t *testing.T) {
+	h := newClientHost(t)
+	for _, fam := range []struct {
+		name  string
+		b, a  netip.Addr
+		redir net.Listener
+	}{
+		{"ipv4", h.p.B.Addr4(), h.p.A.Addr4(), h.redir4},
+		{"ipv6", h.p.B.Addr6(), h.p.A.Addr6(), h.redir6},
+	} {
+		t.Run(fam.name, func(t *testing.T) {
+			orig := netip.AddrPortFrom(fam.b, portListed)
+			who, app, acc := whoAccepts(t, h.p.A, orig.String(), fam.redir, h.server)
+			if who != 0 {
+				t.Fatalf("connection to listed port %s went to listener %d, want the redirect listener", orig, who)
+			}
+			// smcrd's side: SO_ORIGINAL_DST through the getsockopt program, and the map.
+			got, err := OriginalDst(acc.(*net.TCPConn))
+			if err != nil || got != orig {
+				t.Errorf("SO_ORIGINAL_DST = %v, %v; want %v", got, err, orig)
+			}
+			got, err = h.l.OriginalDstOf(addrPort(acc.LocalAddr()), addrPort(acc.RemoteAddr()))
+			if err != nil || got != orig {
+				t.Errorf("OriginalDstOf = %v, %v; want %v", got, err, orig)
+			}
+			// The application's side: getpeername shows the server it dialled,
+			// getsockname the address of the interface the route leaves through.
+			if got := addrPort(app.RemoteAddr()); got != orig {
+				t.Errorf("application's getpeername = %v, want %v", got, orig)
+			}
+			if got := addrPort(app.LocalAddr()); got.Addr() != fam.a || got.Port() != addrPort(acc.RemoteAddr()).Port() {
+				t.Errorf("application's getsockname = %v, want %v port %d", got, fam.a, addrPort(acc.RemoteAddr()).Port())
+			}
+			// Bytes flow through the redirect.
+			if _, err := app.Write([]byte("ping")); err != nil {
+				t.Fatal(err)
+			}
+			buf := make([]byte, 4)
+			acc.SetReadDeadline(time.Now().Add(2 * time.Second))
+			if _, err := acc.Read(buf); err != nil || string(buf) != "ping" {
+				t.Errorf("redirected read = %q, %v", buf, err)
+			}
+
+			unlisted := netip.AddrPortFrom(fam.b, portUnlisted)
+			if who, _, _ := whoAccepts(t, h.p.A, unlisted.String(), h.unlisted, fam.redir); who != 0 {
+				t.Errorf("connection to unlisted port %s went to listener %d, want the server", unlisted, who)
+			}
+		})
+	}
+	st, err := h.l.Stats()
+	must(t, err)
+	if st["redirected"] != 2 || st["orig_dst_answered"] != 2 {
+		t.Errorf("stats = %v, want 2 redirected, 2 original destinations answered", st)
+	}
+}
+
+func TestRedirectFailsOpen(t *testing.T) {
+	h := newClientHost(t)
+	orig := netip.AddrPortFrom(h.p.B.Addr4(), portListed).String()
+	must(t, h.l.SetAlive(0))
+	if who, _, _ := whoAccepts(t, h.p.A, orig, h.server, h.redir4); who != 0 {
+		t.Errorf("smcrd dead: connection went to listener %d, want the server", who)
+	}
+	// A heartbeat that lapses counts as dead too.
+	must(t, h.l.SetAlive(200*time.Millisecond))
+	if who, _, _ := whoAccepts(t, h.p.A, orig, h.redir4, h.server); who != 0 {
+		t.Errorf("smcrd alive: connection went to listener %d, want the redirect listener", who)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if who, _, _ := whoAccepts(t, h.p.A, orig, h.server, h.redir4); who != 0 {
+		t.Errorf("heartbeat lapsed: connection went to listener %d, want the server", who)
+	}
+}
+
+func TestRedirectNegativeCache(t *testing.T) {
+	h := newClientHost(t)
+	for _, b := range []netip.Addr{h.p.B.Addr4(), h.p.B.Addr6()} {
+		redir := h.redir4
+		if b.Is6() {
+			redir = h.redir6
+		}
+		orig := netip.AddrPortFrom(b, portListed).String()
+		must(t, h.l.AddNegative(b, 300*time.Millisecond))
+		if who, _, _ := whoAccepts(t, h.p.A, orig, h.server, redir); who != 0 {
+			t.Errorf("%s in the negative cache: connection went to listener %d, want the server", b, who)
+		}
+		time.Sleep(400 * time.Millisecond)
+		if who, _, _ := whoAccepts(t, h.p.A, orig, redir, h.server); who != 0 {
+			t.Errorf("%s's negative entry expired: connection went to listener %d, want the redirect listener", b, who)
+		}
+		must(t, h.l.AddNegative(b, time.Minute))
+		must(t, h.l.RemoveNegative(b))
+		if who, _, _ := whoAccepts(t, h.p.A, orig, redir, h.server); who != 0 {
+			t.Errorf("%s's negative entry removed: connection went to listener %d, want the redirect listener", b, who)
+		}
+	}
+}
+
+func TestRedirectPrefixes(t *testing.T) {
+	h := newClientHost(t)
+	// A second link is not listed: destinations routed through it stay direct.
+	_, b2 := h.p.AddLink()
+	ln := h.server
+	orig := netip.AddrPortFrom(b2.Addr4.Addr(), portListed).String()
+	must(t, h.p.A.Do(func() error { return h.l.SetInterfaces([]string{h.p.A.Links[0].Name}) }))
+	if who, _, _ := whoAccepts(t, h.p.A, orig, ln, h.redir4); who != 0 {
+		t.Errorf("destination behind an unlisted interface went to listener %d, want the server", who)
+	}
+	must(t, h.p.A.Do(func() error { return h.l.SetInterfaces([]string{h.p.A.Links[0].Name, h.p.A.Links[1].Name}) }))
+	if who, _, _ := whoAccepts(t, h.p.A, orig, h.redir4, ln); who != 0 {
+		t.Errorf("destination behind a listed interface went to listener %d, want the redirect listener", who)
+	}
+	// The host's own addresses are never redirected.
+	own := listen(t, h.p.A, netip.AddrPortFrom(h.p.A.Addr4(), portListed).String(), nil, nil)
+	if who, _, _ := whoAccepts(t, h.p.A, own.Addr().String(), own, h.redir4); who != 0 {
+		t.Errorf("connection to an own address went to listener %d, want the local server", who)
+	}
+}
+
+// The server host: smcrd connects to the application on behalf of the client,
+// and the application sees the client's address.
+func TestShowPeer(t *testing.T) {
+	p := nstest.NewPair(t)
+	cg := testCgroup(t)
+	l := loadIn(t, p.B, Options{CgroupPath: cg})
+	app := listen(t, p.B, ":7003", nil, nil)
+	for _, c := range []struct{ dst, client netip.AddrPort }{
+		{netip.AddrPortFrom(p.B.Addr4(), 7003), netip.AddrPortFrom(p.A.Addr4(), 40001)},
+		{netip.AddrPortFrom(p.B.Addr6(), 7003), netip.AddrPortFrom(p.A.Addr6(), 40002)},
+		// An IPv4 client shown to the dual-stack application over IPv6.
+		{netip.AddrPortFrom(p.B.Addr6(), 7003), netip.AddrPortFrom(p.A.Addr4(), 40003)},
+	} {
+		dial(t, p.B, c.dst.String(), l, &Tag{ShowPeer: c.client})
+		acc := acceptWithin(t, app, time.Second)
+		if acc == nil {
+			t.Fatal("application accepted nothing")
+		}
+		if got := addrPort(acc.RemoteAddr()); got != c.client {
+			t.Errorf("application's peer = %v, want the client %v", got, c.client)
+		}
+	}
+	// An untagged connection shows its real peer.
+	c := dial(t, p.B, netip.AddrPortFrom(p.B.Addr4(), 7003).String(), nil, nil)
+	acc := acceptWithin(t, app, time.Second)
+	if got, want := addrPort(acc.RemoteAddr()), addrPort(c.LocalAddr()); got != want {
+		t.Errorf("untagged: application's peer = %v, want %v", got, want)
+	}
+}

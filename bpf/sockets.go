@@ -1,0 +1,226 @@
+// Sockets: how smcrd marks its own sockets, registers its listeners and reads what
+// the programs recorded about a connection (the SMC-R option exchange of RFC 7609
+// 3.3, original destinations of redirected connections).
+
+package bpf
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"syscall"
+	"unsafe"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+)
+
+// Socket tag flags, as in c/maps.h.
+const (
+	skOwn      = 1
+	skOption   = 2
+	skShowPeer = 4
+)
+
+// Tag describes one of smcrd's sockets to the programs. Every tagged socket is
+// smcrd's own, so connect4/6 never redirect it.
+type Tag struct {
+	// SMCOption: on a connecting socket, send the SMC-R option on the SYN; on a
+	// listener (the steering listener), echo it on SYN-ACKs to SYNs that had it.
+	SMCOption bool
+	// ShowPeer: on smcrd's connection to the local application (server host),
+	// the application's getpeername and accept show this address instead of
+	// smcrd's: the real client's.
+	ShowPeer netip.AddrPort
+}
+
+// TagSocket tags the socket fd; call it before connect or listen, since the
+// programs read the tag there.
+func (l *Loader) TagSocket(fd int, t Tag) error {
+	st := smcrSkState{Flags: skOwn}
+	if t.SMCOption {
+		st.Flags |= skOption
+	}
+	if t.ShowPeer.IsValid() {
+		a := t.ShowPeer.Addr().Unmap()
+		st.Flags |= skShowPeer
+		st.Family = unix.AF_INET6
+		if a.Is4() {
+			st.Family = unix.AF_INET
+		}
+		st.Addr = addrWords(a)
+		st.Port = netPort(t.ShowPeer.Port())
+	}
+	if err := l.objs.SmcrSk.Update(int32(fd), &st, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("bpf: tag socket: %w", err)
+	}
+	return nil
+}
+
+// Control returns a function for net.Dialer.Control or net.ListenConfig.Control
+// that tags the new socket before it connects or listens.
+func (l *Loader) Control(t Tag) func(network, address string, c syscall.RawConn) error {
+	return func(_, _ string, c syscall.RawConn) error {
+		var terr error
+		if err := c.Control(func(fd uintptr) { terr = l.TagSocket(int(fd), t) }); err != nil {
+			return err
+		}
+		return terr
+	}
+}
+
+// RegisterSteering puts smcrd's steering listener in the SOCKMAP sk_lookup assigns
+// from: the IPv4 slot for an IPv4 listener, the IPv6 slot for an IPv6 one (which
+// also takes IPv4 when no IPv4 listener is registered and it is dual-stack). The
+// listener must not be MPTCP (net.ListenConfig.SetMultipathTCP(false)). Closing
+// the listener removes it.
+func (l *Loader) RegisterSteering(ln syscall.Conn) error {
+	rc, err := ln.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("bpf: register steering listener: %w", err)
+	}
+	var uerr error
+	err = rc.Control(func(fd uintptr) {
+		var sa unix.Sockaddr
+		if sa, uerr = unix.Getsockname(int(fd)); uerr != nil {
+			return
+		}
+		key := uint32(0)
+		if _, ok := sa.(*unix.SockaddrInet6); ok {
+			key = 1
+		}
+		uerr = l.objs.SmcrSteer.Update(key, uint64(fd), ebpf.UpdateAny)
+	})
+	if err = errors.Join(err, uerr); err != nil {
+		return fmt.Errorf("bpf: register steering listener: %w", err)
+	}
+	return nil
+}
+
+// OriginalDst answers what the application connected to, for a connection smcrd
+// accepted on its redirect listener, through getsockopt SO_ORIGINAL_DST (or
+// IP6T_SO_ORIGINAL_DST), which the cgroup/getsockopt program answers (and
+// netfilter's REDIRECT would too).
+func OriginalDst(c syscall.Conn) (netip.AddrPort, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("bpf: original destination: %w", err)
+	}
+	var ap netip.AddrPort
+	var serr error
+	err = rc.Control(func(fd uintptr) { ap, serr = originalDst(int(fd)) })
+	if err = errors.Join(err, serr); err != nil {
+		return netip.AddrPort{}, fmt.Errorf("bpf: original destination: %w", err)
+	}
+	return ap, nil
+}
+
+func originalDst(fd int) (netip.AddrPort, error) {
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	level, size := unix.SOL_IP, unix.SizeofSockaddrInet4
+	if _, ok := sa.(*unix.SockaddrInet6); ok {
+		level, size = unix.SOL_IPV6, unix.SizeofSockaddrInet6
+	}
+	var buf [unix.SizeofSockaddrInet6]byte
+	n := uint32(size)
+	_, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), uintptr(level), unix.SO_ORIGINAL_DST,
+		uintptr(unsafe.Pointer(&buf[0])), uintptr(unsafe.Pointer(&n)), 0)
+	if e != 0 {
+		return netip.AddrPort{}, e
+	}
+	port := uint16(buf[2])<<8 | uint16(buf[3])
+	switch family := *(*uint16)(unsafe.Pointer(&buf[0])); {
+	case family == unix.AF_INET && n >= unix.SizeofSockaddrInet4:
+		return netip.AddrPortFrom(netip.AddrFrom4([4]byte(buf[4:8])), port), nil
+	case family == unix.AF_INET6 && n >= unix.SizeofSockaddrInet6:
+		return netip.AddrPortFrom(netip.AddrFrom16([16]byte(buf[8:24])), port), nil
+	default:
+		return netip.AddrPort{}, fmt.Errorf("unexpected address family %d, length %d", family, n)
+	}
+}
+
+// ErrUnknown: the maps hold nothing about that connection.
+var ErrUnknown = errors.New("bpf: connection unknown")
+
+// OriginalDstOf looks the original destination up in the map the getsockopt
+// program reads, by the accepted connection's local and remote address.
+func (l *Loader) OriginalDstOf(local, remote netip.AddrPort) (netip.AddrPort, error) {
+	var ap smcrAddrPort
+	if err := l.objs.SmcrOrigdst.Lookup(tuple(local, remote), &ap); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return netip.AddrPort{}, ErrUnknown
+		}
+		return netip.AddrPort{}, fmt.Errorf("bpf: original destination: %w", err)
+	}
+	return netip.AddrPortFrom(wordsAddr(ap.Family, ap.Addr), hostPort(ap.Port)), nil
+}
+
+// Seen is what sockops saw of the SMC-R option on one of smcrd's connections.
+type Seen uint32
+
+// Seen flags, as in c/maps.h.
+const (
+	SeenSentSYNOption    Seen = 1  // our SYN carried the option
+	SeenPeerEchoed       Seen = 2  // the peer's SYN-ACK carried it back
+	SeenSYNOption        Seen = 4  // the peer's SYN carried it (server side)
+	SeenSentSYNACKOption Seen = 8  // our SYN-ACK echoed it
+	SeenNoSpace          Seen = 16 // no TCP option space was left for it
+	SeenEstablished      Seen = 32 // the handshake completed
+)
+
+// PeerSupportsSMC reports whether the option went both ways: worth a CLC
+// Proposal. The option is only a hint; CLC decides.
+func (s Seen) PeerSupportsSMC() bool {
+	return s&(SeenSentSYNOption|SeenPeerEchoed) == SeenSentSYNOption|SeenPeerEchoed ||
+		s&(SeenSYNOption|SeenSentSYNACKOption) == SeenSYNOption|SeenSentSYNACKOption
+}
+
+// Seen returns what sockops recorded for smcrd's connection local↔remote (as
+// net.Conn's LocalAddr and RemoteAddr give them), or ErrUnknown.
+func (l *Loader) Seen(local, remote netip.AddrPort) (Seen, error) {
+	var v uint32
+	if err := l.objs.SmcrSeen.Lookup(tuple(local, remote), &v); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return 0, ErrUnknown
+		}
+		return 0, fmt.Errorf("bpf: seen: %w", err)
+	}
+	return Seen(v), nil
+}
+
+func tuple(local, remote netip.AddrPort) smcrTuple {
+	la, ra := local.Addr().Unmap(), remote.Addr().Unmap()
+	t := smcrTuple{Family: unix.AF_INET6, Laddr: addrWords(la), Raddr: addrWords(ra), Lport: local.Port(), Rport: remote.Port()}
+	if la.Is4() {
+		t.Family = unix.AF_INET
+	}
+	return t
+}
+
+// StatNames names the programs' counters, in the order of enum stat in c/maps.h.
+var StatNames = []string{
+	"redirected", "skip_dead", "skip_negative", "skip_prefix",
+	"syn_opt_sent", "synack_opt_sent", "opt_no_space", "peer_echoed",
+	"syn_marked", "steered", "steer_no_listener", "steer_failed",
+	"orig_dst_answered",
+}
+
+// Stats returns the programs' counters, summed over CPUs, by StatNames.
+func (l *Loader) Stats() (map[string]uint64, error) {
+	out := make(map[string]uint64, len(StatNames))
+	for i, name := range StatNames {
+		var per []uint64
+		if err := l.objs.SmcrStats.Lookup(uint32(i), &per); err != nil {
+			return nil, fmt.Errorf("bpf: stats: %w", err)
+		}
+		var sum uint64
+		for _, v := range per {
+			sum += v
+		}
+		out[name] = sum
+	}
+	return out, nil
+}
