@@ -1,0 +1,243 @@
+// Device discovery and the PNET mapping (netdev → RDMA device, port and GID index)
+// from sysfs; pure Go, so it works without the ibv build tag. RFC 7609 §3.2.1 needs
+// the GID an SMC-R peer reaches us on; smc-tools calls this table the PNET table.
+
+package ibv
+
+import (
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/smcr-io/smcr/smcr/verbs"
+)
+
+// SysfsRoot is where Devices and Resolve look for /sys; tests point it at a fake tree.
+var SysfsRoot = "/sys"
+
+// ErrNoDevice is returned when no RDMA device, port or GID matches a request.
+var ErrNoDevice = errors.New("ibv: no matching rdma device")
+
+// GID types as the kernel names them in gid_attrs/types.
+const (
+	GIDTypeRoCEv2 = "RoCE v2"
+	GIDTypeRoCEv1 = "IB/RoCE v1"
+)
+
+// GIDEntry is one populated entry of a port's GID table.
+type GIDEntry struct {
+	Index  int
+	GID    [16]byte
+	Type   string // "RoCE v2", "IB/RoCE v1"
+	Netdev string // the network interface the GID belongs to (RoCE only)
+}
+
+// Addr returns the GID as an IP address (RoCE GIDs are IPv6 or IPv4-mapped).
+func (g GIDEntry) Addr() netip.Addr { return netip.AddrFrom16(g.GID).Unmap() }
+
+// PortInfo describes one port of an RDMA device.
+type PortInfo struct {
+	Device    string
+	Port      int
+	State     string // "ACTIVE", "DOWN", ...
+	LinkLayer string // "Ethernet", "InfiniBand"
+	Netdev    string // the first netdev any GID maps to
+	MTU       verbs.MTU
+	GIDs      []GIDEntry
+}
+
+// Active reports whether the port can carry traffic.
+func (p PortInfo) Active() bool { return p.State == "ACTIVE" }
+
+// Devices lists every RDMA device port with its populated GIDs, sorted by device
+// name and port.
+func Devices() ([]PortInfo, error) {
+	base := filepath.Join(SysfsRoot, "class", "infiniband")
+	devs, err := os.ReadDir(base)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("ibv: list devices: %w", err)
+	}
+	var out []PortInfo
+	for _, d := range devs {
+		ports, err := os.ReadDir(filepath.Join(base, d.Name(), "ports"))
+		if err != nil {
+			return nil, fmt.Errorf("ibv: list ports of %s: %w", d.Name(), err)
+		}
+		for _, p := range ports {
+			n, err := strconv.Atoi(p.Name())
+			if err != nil {
+				continue
+			}
+			pi, err := readPort(filepath.Join(base, d.Name(), "ports", p.Name()), d.Name(), n)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, pi)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Device != out[j].Device {
+			return out[i].Device < out[j].Device
+		}
+		return out[i].Port < out[j].Port
+	})
+	return out, nil
+}
+
+func readPort(dir, dev string, port int) (PortInfo, error) {
+	pi := PortInfo{Device: dev, Port: port}
+	// state reads "4: ACTIVE".
+	if s, err := readLine(filepath.Join(dir, "state")); err == nil {
+		if _, name, ok := strings.Cut(s, ": "); ok {
+			s = name
+		}
+		pi.State = s
+	}
+	pi.LinkLayer, _ = readLine(filepath.Join(dir, "link_layer"))
+	gids, err := os.ReadDir(filepath.Join(dir, "gids"))
+	if err != nil {
+		return pi, fmt.Errorf("ibv: gid table of %s/%d: %w", dev, port, err)
+	}
+	for _, g := range gids {
+		idx, err := strconv.Atoi(g.Name())
+		if err != nil {
+			continue
+		}
+		s, err := readLine(filepath.Join(dir, "gids", g.Name()))
+		if err != nil {
+			continue
+		}
+		gid, err := ParseGID(s)
+		if err != nil || gid == ([16]byte{}) {
+			continue // unpopulated entries read as all zeroes
+		}
+		e := GIDEntry{Index: idx, GID: gid}
+		// Both attribute files fail with EINVAL for entries being torn down:
+		// such an entry is not usable, so it is left out.
+		if e.Type, err = readLine(filepath.Join(dir, "gid_attrs", "types", g.Name())); err != nil {
+			continue
+		}
+		e.Netdev, _ = readLine(filepath.Join(dir, "gid_attrs", "ndevs", g.Name()))
+		pi.GIDs = append(pi.GIDs, e)
+	}
+	sort.Slice(pi.GIDs, func(i, j int) bool { return pi.GIDs[i].Index < pi.GIDs[j].Index })
+	for _, g := range pi.GIDs {
+		if g.Netdev != "" {
+			pi.Netdev = g.Netdev
+			break
+		}
+	}
+	// sysfs has no active MTU; RoCE derives it from the netdev's MTU as rxe and
+	// the hardware drivers do. The cgo build overrides it with ibv_query_port.
+	if pi.Netdev != "" {
+		if s, err := readLine(filepath.Join(SysfsRoot, "class", "net", pi.Netdev, "mtu")); err == nil {
+			if n, err := strconv.Atoi(s); err == nil {
+				pi.MTU = RoCEMTU(n)
+			}
+		}
+	}
+	return pi, nil
+}
+
+// RoCEMTU returns the largest IB path MTU whose RoCE v2 packets fit an Ethernet MTU
+// of netMTU bytes (headers: IP 20/40, UDP 8, BTH 12, ICRC 4 and up to 28 of
+// extended headers; the kernel's ib_mtu_int_to_enum applies the same cut-offs).
+func RoCEMTU(netMTU int) verbs.MTU {
+	for m := verbs.MTU4096; m > verbs.MTU256; m-- {
+		if netMTU >= m.Bytes() {
+			return m
+		}
+	}
+	return verbs.MTU256
+}
+
+// ParseGID parses a GID as sysfs prints it (eight groups of four hex digits).
+func ParseGID(s string) ([16]byte, error) {
+	var g [16]byte
+	h := strings.ReplaceAll(strings.TrimSpace(s), ":", "")
+	if len(h) != 32 {
+		return g, fmt.Errorf("ibv: malformed gid %q", s)
+	}
+	if _, err := hex.Decode(g[:], []byte(h)); err != nil {
+		return g, fmt.Errorf("ibv: malformed gid %q: %w", s, err)
+	}
+	return g, nil
+}
+
+func readLine(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
+// Target names a device port and GID entry: what Open needs.
+type Target struct {
+	Device   string
+	Port     int
+	GIDIndex int
+	Netdev   string
+	Addr     netip.Addr // the address the GID encodes
+}
+
+// Resolve maps a configured interface name or IP address (ip_addr_list) to the RDMA
+// device, port and GID index that carry it, the way the PNET table of smc-tools maps
+// a netdev to its RDMA device. RoCE v2 GIDs are preferred over RoCE v1, and for an
+// interface name IPv4-mapped GIDs over IPv6 ones (link-local last), since RoCE v2
+// routes on the GID's IP address. It returns ErrNoDevice when nothing matches.
+func Resolve(ifaceOrIP string) (Target, error) {
+	ports, err := Devices()
+	if err != nil {
+		return Target{}, err
+	}
+	return resolveIn(ports, ifaceOrIP)
+}
+
+func resolveIn(ports []PortInfo, ifaceOrIP string) (Target, error) {
+	ip, ipErr := netip.ParseAddr(ifaceOrIP)
+	best, bestScore := Target{}, -1
+	for _, p := range ports {
+		for _, g := range p.GIDs {
+			score := 0
+			if ipErr == nil {
+				if g.Addr() != ip.Unmap() {
+					continue
+				}
+			} else {
+				if g.Netdev != ifaceOrIP {
+					continue
+				}
+				switch a := g.Addr(); {
+				case a.Is4():
+					score += 4
+				case !a.IsLinkLocalUnicast():
+					score += 2
+				}
+			}
+			if g.Type == GIDTypeRoCEv2 {
+				score += 8
+			}
+			if p.Active() {
+				score += 16
+			}
+			if score > bestScore {
+				best = Target{Device: p.Device, Port: p.Port, GIDIndex: g.Index, Netdev: g.Netdev, Addr: g.Addr()}
+				bestScore = score
+			}
+		}
+	}
+	if bestScore < 0 {
+		return Target{}, fmt.Errorf("%w for %q", ErrNoDevice, ifaceOrIP)
+	}
+	return best, nil
+}

@@ -1,0 +1,378 @@
+//go:build ibv
+
+// The libibverbs device, protection domain and memory regions (RFC 7609 §2.1,
+// the RoCE adapter and the RMBs it registers).
+
+package ibv
+
+/*
+#cgo LDFLAGS: -libverbs
+#include <stdlib.h>
+#include <errno.h>
+#include <infiniband/verbs.h>
+
+// ibv_query_port is a macro over ___ibv_query_port in current rdma-core.
+static int smcr_query_port(struct ibv_context *c, uint8_t port, struct ibv_port_attr *a) {
+	return ibv_query_port(c, port, a);
+}
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/smcr-io/smcr/smcr/verbs"
+)
+
+// defaultSpin is Config.Spin when unset.
+const defaultSpin = 20 * time.Microsecond
+
+// Open opens one port of an RDMA device, chosen by name or by the network
+// interface or address it serves (see Config and Resolve).
+func Open(cfg Config) (verbs.Device, error) {
+	d, err := open(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+type device struct {
+	ctx      *C.struct_ibv_context
+	name     string
+	port     int
+	gidIndex int
+	attr     verbs.PortAttr
+	cfg      Config
+	log      *slog.Logger
+
+	mu     sync.Mutex
+	closed bool
+	qps    map[uint32]*qp // by QPN, to route drain markers on Close
+}
+
+func open(cfg Config) (*device, error) {
+	if cfg.Port == 0 {
+		cfg.Port = 1
+	}
+	if cfg.Spin == 0 {
+		cfg.Spin = defaultSpin
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if cfg.Device == "" && cfg.Interface == "" {
+		return nil, fmt.Errorf("ibv: open: %w: neither device nor interface configured", verbs.ErrInvalid)
+	}
+
+	var n C.int
+	list := C.ibv_get_device_list(&n)
+	if list == nil {
+		return nil, fmt.Errorf("ibv: get device list: %w", verbs.ErrUnsupported)
+	}
+	defer C.ibv_free_device_list(list)
+	// Open the named device, or every device to find the interface's. The GID
+	// table comes from one ibv_query_gid_table call: reading sysfs entry by
+	// entry is slow with the 1024-entry tables of rxe.
+	var (
+		ctxs  = map[string]*C.struct_ibv_context{}
+		ports []PortInfo
+	)
+	defer func() {
+		for _, c := range ctxs {
+			C.ibv_close_device(c)
+		}
+	}()
+	for _, dev := range unsafe.Slice(list, int(n)) {
+		name := C.GoString(C.ibv_get_device_name(dev))
+		if cfg.Device != "" && name != cfg.Device {
+			continue
+		}
+		ctx, err := C.ibv_open_device(dev)
+		if ctx == nil {
+			return nil, fmt.Errorf("ibv: open %s: %w", name, errnoOr(err))
+		}
+		ctxs[name] = ctx
+		pi, err := queryPorts(ctx, name)
+		if err != nil {
+			return nil, err
+		}
+		ports = append(ports, pi...)
+	}
+	if cfg.Device == "" {
+		t, err := resolveIn(ports, cfg.Interface)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Device, cfg.Port, cfg.GIDIndex = t.Device, t.Port, t.GIDIndex
+	}
+	var info *PortInfo
+	for i := range ports {
+		if ports[i].Device == cfg.Device && ports[i].Port == cfg.Port {
+			info = &ports[i]
+		}
+	}
+	if info == nil {
+		return nil, fmt.Errorf("%w: %s port %d", ErrNoDevice, cfg.Device, cfg.Port)
+	}
+	if cfg.GIDIndex < 0 {
+		t, err := resolveIn([]PortInfo{*info}, info.Netdev)
+		if err != nil {
+			return nil, err
+		}
+		cfg.GIDIndex = t.GIDIndex
+	}
+	ctx := ctxs[cfg.Device]
+	delete(ctxs, cfg.Device)
+	d := &device{ctx: ctx, name: cfg.Device, port: cfg.Port, gidIndex: cfg.GIDIndex, cfg: cfg, log: log,
+		qps: make(map[uint32]*qp)}
+	if err := d.query(info); err != nil {
+		C.ibv_close_device(ctx)
+		return nil, err
+	}
+	log.Debug("ibv: opened", "device", d.name, "port", d.port, "gid_index", d.gidIndex,
+		"gid", net.IP(d.attr.GID[:]).String(), "netdev", d.attr.Netdev, "mtu", d.attr.MTU.Bytes())
+	return d, nil
+}
+
+// queryPorts describes every port of an opened device from libibverbs.
+func queryPorts(ctx *C.struct_ibv_context, name string) ([]PortInfo, error) {
+	var da C.struct_ibv_device_attr
+	if rc := C.ibv_query_device(ctx, &da); rc != 0 {
+		return nil, fmt.Errorf("ibv: query %s: %w", name, syscall.Errno(rc))
+	}
+	var out []PortInfo
+	total := 0
+	for p := 1; p <= int(da.phys_port_cnt); p++ {
+		var pa C.struct_ibv_port_attr
+		if rc := C.smcr_query_port(ctx, C.uint8_t(p), &pa); rc != 0 {
+			return nil, fmt.Errorf("ibv: query port %s/%d: %w", name, p, syscall.Errno(rc))
+		}
+		pi := PortInfo{Device: name, Port: p, State: portStates[pa.state], MTU: verbs.MTU(pa.active_mtu),
+			LinkLayer: "InfiniBand"}
+		if pa.link_layer == C.IBV_LINK_LAYER_ETHERNET {
+			pi.LinkLayer = "Ethernet"
+		}
+		out = append(out, pi)
+		total += int(pa.gid_tbl_len)
+	}
+	if total == 0 {
+		return out, nil
+	}
+	entries := make([]C.struct_ibv_gid_entry, total)
+	got := C._ibv_query_gid_table(ctx, &entries[0], C.size_t(total), 0, C.size_t(unsafe.Sizeof(entries[0])))
+	if got < 0 {
+		return nil, fmt.Errorf("ibv: query gid table of %s: %w", name, syscall.Errno(-got))
+	}
+	for _, e := range entries[:got] {
+		g := GIDEntry{Index: int(e.gid_index)}
+		copy(g.GID[:], C.GoBytes(unsafe.Pointer(&e.gid), 16))
+		switch e.gid_type {
+		case C.IBV_GID_TYPE_ROCE_V2:
+			g.Type = GIDTypeRoCEv2
+		case C.IBV_GID_TYPE_ROCE_V1:
+			g.Type = GIDTypeRoCEv1
+		default:
+			g.Type = "IB"
+		}
+		if e.ndev_ifindex != 0 {
+			if ifi, err := net.InterfaceByIndex(int(e.ndev_ifindex)); err == nil {
+				g.Netdev = ifi.Name
+			}
+		}
+		pi := &out[int(e.port_num)-1]
+		pi.GIDs = append(pi.GIDs, g)
+		if pi.Netdev == "" {
+			pi.Netdev = g.Netdev
+		}
+	}
+	return out, nil
+}
+
+var portStates = map[C.enum_ibv_port_state]string{
+	C.IBV_PORT_NOP: "NOP", C.IBV_PORT_DOWN: "DOWN", C.IBV_PORT_INIT: "INIT",
+	C.IBV_PORT_ARMED: "ARMED", C.IBV_PORT_ACTIVE: "ACTIVE", C.IBV_PORT_ACTIVE_DEFER: "ACTIVE_DEFER",
+}
+
+func (d *device) query(info *PortInfo) error {
+	var pa C.struct_ibv_port_attr
+	if rc := C.smcr_query_port(d.ctx, C.uint8_t(d.port), &pa); rc != 0 {
+		return fmt.Errorf("ibv: query port %s/%d: %w", d.name, d.port, syscall.Errno(rc))
+	}
+	var gid C.union_ibv_gid
+	if rc := C.ibv_query_gid(d.ctx, C.uint8_t(d.port), C.int(d.gidIndex), &gid); rc != 0 {
+		return fmt.Errorf("ibv: query gid %s/%d/%d: %w", d.name, d.port, d.gidIndex, syscall.Errno(-rc))
+	}
+	a := verbs.PortAttr{
+		MTU:    verbs.MTU(pa.active_mtu),
+		LinkUp: pa.state == C.IBV_PORT_ACTIVE,
+	}
+	copy(a.GID[:], C.GoBytes(unsafe.Pointer(&gid), 16))
+	if a.GID == ([16]byte{}) {
+		return fmt.Errorf("%w: %s/%d gid index %d is empty", ErrNoDevice, d.name, d.port, d.gidIndex)
+	}
+	for _, g := range info.GIDs {
+		if g.Index == d.gidIndex {
+			a.GIDType, a.Netdev = g.Type, g.Netdev
+		}
+	}
+	if a.GIDType == "" && pa.link_layer == C.IBV_LINK_LAYER_INFINIBAND {
+		a.GIDType = "IB"
+	}
+	if a.Netdev != "" {
+		if ifi, err := net.InterfaceByName(a.Netdev); err == nil && len(ifi.HardwareAddr) == 6 {
+			copy(a.MAC[:], ifi.HardwareAddr)
+		}
+	}
+	d.attr = a
+	return nil
+}
+
+func (d *device) Kind() verbs.Kind                     { return verbs.KindRDMA }
+func (d *device) Name() string                         { return d.name }
+func (d *device) Port() verbs.PortAttr                 { return d.attr }
+func (d *device) Endpoint() []byte                     { return nil }
+func (d *device) CreateCQ(depth int) (verbs.CQ, error) { return d.createCQ(depth) }
+
+func (d *device) AllocPD() (verbs.PD, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, verbs.ErrClosed
+	}
+	p, err := C.ibv_alloc_pd(d.ctx)
+	if p == nil {
+		return nil, fmt.Errorf("ibv: alloc pd: %w", errnoOr(err))
+	}
+	return &pd{dev: d, pd: p}, nil
+}
+
+func (d *device) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return verbs.ErrClosed
+	}
+	d.closed = true
+	if rc := C.ibv_close_device(d.ctx); rc != 0 {
+		return fmt.Errorf("ibv: close %s: %w", d.name, syscall.Errno(-rc))
+	}
+	return nil
+}
+
+type pd struct {
+	dev *device
+	pd  *C.struct_ibv_pd
+
+	mu     sync.Mutex
+	closed bool
+}
+
+func (p *pd) AllocMR(size int, access verbs.Access) (verbs.MR, error) {
+	if size <= 0 {
+		return nil, fmt.Errorf("ibv: alloc mr: %w: size %d", verbs.ErrInvalid, size)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, verbs.ErrClosed
+	}
+	// Anonymous mmap: page aligned, never moved by the Go runtime, returned to
+	// the kernel on Close.
+	pageSize := unix.Getpagesize()
+	mapped, err := unix.Mmap(-1, 0, (size+pageSize-1)/pageSize*pageSize,
+		unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil, fmt.Errorf("ibv: mmap %d bytes: %w", size, err)
+	}
+	var flags C.int
+	if access&verbs.AccessLocalWrite != 0 {
+		flags |= C.IBV_ACCESS_LOCAL_WRITE
+	}
+	if access&verbs.AccessRemoteWrite != 0 {
+		// verbs requires local write with remote write.
+		flags |= C.IBV_ACCESS_REMOTE_WRITE | C.IBV_ACCESS_LOCAL_WRITE
+	}
+	if access&verbs.AccessRemoteRead != 0 {
+		flags |= C.IBV_ACCESS_REMOTE_READ
+	}
+	m, err := C.ibv_reg_mr(p.pd, unsafe.Pointer(&mapped[0]), C.size_t(len(mapped)), flags)
+	if m == nil {
+		_ = unix.Munmap(mapped)
+		return nil, fmt.Errorf("ibv: register %d bytes: %w", size, errnoOr(err))
+	}
+	return &mr{pd: p, mr: m, mapped: mapped, buf: mapped[:size:size], access: access,
+		addr: uint64(uintptr(unsafe.Pointer(&mapped[0])))}, nil
+}
+
+func (p *pd) CreateQP(cfg verbs.QPConfig) (verbs.QP, error) { return p.createQP(cfg) }
+
+func (p *pd) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return verbs.ErrClosed
+	}
+	p.closed = true
+	if rc := C.ibv_dealloc_pd(p.pd); rc != 0 {
+		return fmt.Errorf("ibv: dealloc pd: %w", syscall.Errno(rc))
+	}
+	return nil
+}
+
+type mr struct {
+	pd     *pd
+	mr     *C.struct_ibv_mr
+	mapped []byte
+	buf    []byte
+	access verbs.Access
+	addr   uint64
+
+	mu     sync.Mutex
+	closed bool
+}
+
+func (m *mr) Bytes() []byte        { return m.buf }
+func (m *mr) LKey() uint32         { return uint32(m.mr.lkey) }
+func (m *mr) RKey() uint32         { return uint32(m.mr.rkey) }
+func (m *mr) Addr() uint64         { return m.addr }
+func (m *mr) Access() verbs.Access { return m.access }
+
+func (m *mr) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return verbs.ErrClosed
+	}
+	m.closed = true
+	if rc := C.ibv_dereg_mr(m.mr); rc != 0 {
+		// Still registered: unmapping would let the device write into
+		// whatever reuses the pages.
+		return fmt.Errorf("ibv: deregister mr: %w", syscall.Errno(rc))
+	}
+	if err := unix.Munmap(m.mapped); err != nil {
+		return fmt.Errorf("ibv: unmap mr: %w", err)
+	}
+	return nil
+}
+
+// errnoOr returns the errno a failed C call left, or a generic error when it
+// left none.
+func errnoOr(err error) error {
+	var e syscall.Errno
+	if errors.As(err, &e) && e != 0 {
+		return e
+	}
+	return errors.New("unknown error")
+}

@@ -1,0 +1,428 @@
+//go:build ibv
+
+// Tests of the libibverbs provider on a real verbs stack (soft-RoCE in the
+// test/vm harness, or hardware): data movement, remote access errors, flush,
+// waits and the no-allocation posting path.
+
+package ibv
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/smcr-io/smcr/smcr/verbs"
+)
+
+// testConfig opens SMCR_IBV_INTERFACE (the harness sets dummy0) or the first
+// active RDMA port. Without one the test skips, unless SMCR_IBV_REQUIRE=1 (the VM
+// harness sets it) makes that a failure.
+func testConfig(t testing.TB) Config {
+	t.Helper()
+	if ifc := os.Getenv("SMCR_IBV_INTERFACE"); ifc != "" {
+		return Config{Interface: ifc, GIDIndex: -1}
+	}
+	ports, err := Devices()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range ports {
+		if p.Active() && p.Netdev != "" {
+			return Config{Device: p.Device, Port: p.Port, GIDIndex: -1}
+		}
+	}
+	if os.Getenv("SMCR_IBV_REQUIRE") == "1" {
+		t.Fatal("no active RDMA port, and SMCR_IBV_REQUIRE=1")
+	}
+	t.Skip("no active RDMA port on this machine (kernel without rdma_rxe or RDMA hardware); test/vm runs these tests on soft-RoCE")
+	return Config{}
+}
+
+func openDev(t testing.TB) verbs.Device {
+	t.Helper()
+	d, err := Open(testConfig(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+type side struct {
+	dev verbs.Device
+	pd  verbs.PD
+	scq verbs.CQ
+	rcq verbs.CQ
+	qp  verbs.QP
+	mr  verbs.MR
+	wc  []verbs.WorkCompletion
+}
+
+func newSide(t testing.TB, dev verbs.Device, size int, cfg verbs.QPConfig) *side {
+	t.Helper()
+	s := &side{dev: dev, wc: make([]verbs.WorkCompletion, 16)}
+	var err error
+	if s.pd, err = dev.AllocPD(); err != nil {
+		t.Fatal(err)
+	}
+	if s.scq, err = dev.CreateCQ(256); err != nil {
+		t.Fatal(err)
+	}
+	if s.rcq, err = dev.CreateCQ(256); err != nil {
+		t.Fatal(err)
+	}
+	if s.mr, err = s.pd.AllocMR(size, verbs.AccessLocalWrite|verbs.AccessRemoteWrite); err != nil {
+		t.Fatal(err)
+	}
+	cfg.SendCQ, cfg.RecvCQ = s.scq, s.rcq
+	if s.qp, err = s.pd.CreateQP(cfg); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		s.qp.Close()
+		s.mr.Close()
+		s.scq.Close()
+		s.rcq.Close()
+		s.pd.Close()
+	})
+	return s
+}
+
+// pair returns two connected RC queue pairs on two opens of the device.
+func pair(t testing.TB, size int, cfg verbs.QPConfig) (a, b *side) {
+	t.Helper()
+	a = newSide(t, openDev(t), size, cfg)
+	b = newSide(t, openDev(t), size, cfg)
+	ctx := context.Background()
+	if err := a.qp.Connect(ctx, b.qp.Attr()); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.qp.Connect(ctx, a.qp.Attr()); err != nil {
+		t.Fatal(err)
+	}
+	return a, b
+}
+
+// next waits for one completion on cq.
+func next(t testing.TB, cq verbs.CQ) verbs.WorkCompletion {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	wc := make([]verbs.WorkCompletion, 1)
+	for {
+		n, err := cq.Poll(wc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 1 {
+			return wc[0]
+		}
+		if err := cq.Wait(ctx); err != nil {
+			t.Fatalf("wait for completion: %v", err)
+		}
+	}
+}
+
+func TestDiscovery(t *testing.T) {
+	cfg := testConfig(t)
+	d := openDev(t)
+	pa := d.Port()
+	if !pa.LinkUp || !pa.MTU.Valid() || pa.Netdev == "" || pa.GIDType == "" {
+		t.Fatalf("port attributes incomplete: %+v", pa)
+	}
+	// The GID must be one of the netdev's own addresses: that is what a peer
+	// routes RoCE v2 packets to.
+	ifi, err := net.InterfaceByName(pa.Netdev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs, _ := ifi.Addrs()
+	found := false
+	for _, a := range addrs {
+		if ipn, ok := a.(*net.IPNet); ok && ipn.IP.Equal(net.IP(pa.GID[:])) {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("gid %v is not an address of %s (%v)", net.IP(pa.GID[:]), pa.Netdev, addrs)
+	}
+	if pa.MAC != [6]byte(ifi.HardwareAddr) {
+		t.Errorf("mac %x, netdev has %x", pa.MAC, ifi.HardwareAddr)
+	}
+	// Resolving by the GID's address finds the same device as by the interface.
+	byIP, err := Resolve(net.IP(pa.GID[:]).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if byIP.Device != d.Name() || byIP.Netdev != pa.Netdev {
+		t.Errorf("Resolve(%v) = %+v, want device %s", net.IP(pa.GID[:]), byIP, d.Name())
+	}
+	if cfg.Interface != "" && pa.Netdev != cfg.Interface {
+		t.Errorf("opened netdev %s for interface %s", pa.Netdev, cfg.Interface)
+	}
+	if d.Kind() != verbs.KindRDMA || d.Endpoint() != nil {
+		t.Errorf("kind %v endpoint %v", d.Kind(), d.Endpoint())
+	}
+}
+
+func TestSendRecv(t *testing.T) {
+	a, b := pair(t, 4096, verbs.QPConfig{})
+	copy(a.mr.Bytes()[100:], "hello, ")
+	copy(a.mr.Bytes()[300:], "smc-r")
+	if err := b.qp.PostRecv(&verbs.RecvWR{ID: 7, SG: []verbs.SGE{{MR: b.mr, Offset: 1000, Length: 64}}}); err != nil {
+		t.Fatal(err)
+	}
+	err := a.qp.PostSend(&verbs.SendWR{ID: 9, Opcode: verbs.OpSend, Signaled: true, SG: []verbs.SGE{
+		{MR: a.mr, Offset: 100, Length: 7}, {MR: a.mr, Offset: 300, Length: 5}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if wc := next(t, a.scq); wc.ID != 9 || wc.Status != verbs.WCSuccess || wc.Opcode != verbs.WCSend || wc.QPN != a.qp.Attr().QPN {
+		t.Fatalf("send completion %+v", wc)
+	}
+	wc := next(t, b.rcq)
+	if wc.ID != 7 || wc.Status != verbs.WCSuccess || wc.Opcode != verbs.WCRecv || wc.ByteLen != 12 || wc.HasImm {
+		t.Fatalf("recv completion %+v", wc)
+	}
+	if got := string(b.mr.Bytes()[1000 : 1000+wc.ByteLen]); got != "hello, smc-r" {
+		t.Fatalf("received %q", got)
+	}
+}
+
+func TestWriteAndWriteImm(t *testing.T) {
+	a, b := pair(t, 1<<20, verbs.QPConfig{})
+	src := a.mr.Bytes()
+	for i := range src {
+		src[i] = byte(i * 7)
+	}
+	// A plain WRITE consumes no RECV and raises nothing at the responder.
+	err := a.qp.PostSend(&verbs.SendWR{ID: 1, Opcode: verbs.OpWrite, Signaled: true,
+		SG: []verbs.SGE{{MR: a.mr, Offset: 0, Length: 300000}}, RemoteAddr: b.mr.Addr() + 4096, RKey: b.mr.RKey()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if wc := next(t, a.scq); wc.Status != verbs.WCSuccess || wc.Opcode != verbs.WCWrite || wc.ID != 1 {
+		t.Fatalf("write completion %+v", wc)
+	}
+	if !bytes.Equal(b.mr.Bytes()[4096:4096+300000], src[:300000]) {
+		t.Fatal("written bytes differ")
+	}
+	if n, _ := b.rcq.Poll(b.wc); n != 0 {
+		t.Fatalf("write raised %d completions at the responder", n)
+	}
+
+	if err := b.qp.PostRecv(&verbs.RecvWR{ID: 5}); err != nil {
+		t.Fatal(err)
+	}
+	err = a.qp.PostSend(&verbs.SendWR{ID: 2, Opcode: verbs.OpWriteImm, Signaled: true, Imm: 0xdeadbeef,
+		SG: []verbs.SGE{{MR: a.mr, Offset: 10, Length: 20}}, RemoteAddr: b.mr.Addr(), RKey: b.mr.RKey()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if wc := next(t, a.scq); wc.Status != verbs.WCSuccess || wc.Opcode != verbs.WCWrite {
+		t.Fatalf("write imm completion %+v", wc)
+	}
+	wc := next(t, b.rcq)
+	if wc.ID != 5 || wc.Status != verbs.WCSuccess || wc.Opcode != verbs.WCRecvRDMAImm || !wc.HasImm || wc.Imm != 0xdeadbeef || wc.ByteLen != 20 {
+		t.Fatalf("recv of write imm %+v", wc)
+	}
+	if !bytes.Equal(b.mr.Bytes()[:20], src[10:30]) {
+		t.Fatal("write imm bytes differ")
+	}
+}
+
+func TestRemoteAccessErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		addr func(b *side) uint64
+		rkey func(b *side) uint32
+	}{
+		{"bad rkey", func(b *side) uint64 { return b.mr.Addr() }, func(b *side) uint32 { return b.mr.RKey() ^ 0x5a5a00 }},
+		{"out of bounds", func(b *side) uint64 { return b.mr.Addr() + 4000 }, func(b *side) uint32 { return b.mr.RKey() }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := pair(t, 4096, verbs.QPConfig{})
+			err := a.qp.PostSend(&verbs.SendWR{ID: 3, Opcode: verbs.OpWrite, Signaled: true,
+				SG: []verbs.SGE{{MR: a.mr, Length: 200}}, RemoteAddr: tc.addr(b), RKey: tc.rkey(b)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if wc := next(t, a.scq); wc.ID != 3 || wc.Status != verbs.WCRemAccessErr {
+				t.Fatalf("completion %+v, want %v", wc, verbs.WCRemAccessErr)
+			}
+			if s := a.qp.State(); s != verbs.QPError {
+				t.Fatalf("requester in %v after a remote access error", s)
+			}
+		})
+	}
+}
+
+func TestLocalErrors(t *testing.T) {
+	a, b := pair(t, 4096, verbs.QPConfig{})
+	// A RECV too small for the SEND fails at both ends: the receiver's RECV with a
+	// local error (rxe reports a QP operation error, hardware a length error),
+	// the sender's SEND with a remote one.
+	if err := b.qp.PostRecv(&verbs.RecvWR{ID: 1, SG: []verbs.SGE{{MR: b.mr, Length: 8}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.qp.PostSend(&verbs.SendWR{ID: 2, Opcode: verbs.OpSend, SG: []verbs.SGE{{MR: a.mr, Length: 64}}}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := next(t, b.rcq); wc.ID != 1 || (wc.Status != verbs.WCLocLenErr && wc.Status != verbs.WCGeneralErr) {
+		t.Fatalf("recv completion %+v, want a local error", wc)
+	}
+	if wc := next(t, a.scq); wc.ID != 2 || (wc.Status != verbs.WCRemInvReqErr && wc.Status != verbs.WCRemOpErr) {
+		t.Fatalf("send completion %+v, want a remote error", wc)
+	}
+	// SGEs outside their region never reach the device.
+	for _, sg := range [][]verbs.SGE{
+		{{MR: a.mr, Offset: 4000, Length: 200}},
+		{{MR: a.mr, Offset: -1, Length: 1}},
+		make([]verbs.SGE, maxSGE+1),
+	} {
+		if err := a.qp.PostSend(&verbs.SendWR{Opcode: verbs.OpSend, SG: sg}); !errors.Is(err, verbs.ErrInvalid) {
+			t.Errorf("post send %+v: %v, want ErrInvalid", sg, err)
+		}
+	}
+	if err := a.qp.PostSend(&verbs.SendWR{Opcode: 99}); !errors.Is(err, verbs.ErrInvalid) {
+		t.Errorf("unknown opcode: %v", err)
+	}
+}
+
+func TestStatesAndFlush(t *testing.T) {
+	dev := openDev(t)
+	a := newSide(t, dev, 4096, verbs.QPConfig{MaxRecvWR: 8})
+	if s := a.qp.State(); s != verbs.QPInit {
+		t.Fatalf("new qp in %v", s)
+	}
+	if err := a.qp.PostSend(&verbs.SendWR{Opcode: verbs.OpSend}); !errors.Is(err, verbs.ErrQPState) {
+		t.Fatalf("send before connect: %v", err)
+	}
+	for i := range 5 {
+		if err := a.qp.PostRecv(&verbs.RecvWR{ID: uint64(100 + i), SG: []verbs.SGE{{MR: a.mr, Length: 64}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.qp.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		if wc := next(t, a.rcq); wc.ID != uint64(100+i) || wc.Status != verbs.WCWRFlushErr {
+			t.Fatalf("completion %d after close: %+v", i, wc)
+		}
+	}
+	if n, _ := a.rcq.Poll(a.wc); n != 0 {
+		t.Fatalf("%d more completions (drain markers leaked?)", n)
+	}
+	if err := a.qp.PostRecv(&verbs.RecvWR{}); !errors.Is(err, verbs.ErrClosed) {
+		t.Fatalf("post on a closed qp: %v", err)
+	}
+}
+
+func TestQueueFull(t *testing.T) {
+	dev := openDev(t)
+	a := newSide(t, dev, 4096, verbs.QPConfig{MaxRecvWR: 4})
+	var err error
+	posted := 0
+	for ; posted < 100000; posted++ {
+		if err = a.qp.PostRecv(&verbs.RecvWR{ID: uint64(posted)}); err != nil {
+			break
+		}
+	}
+	if !errors.Is(err, verbs.ErrQueueFull) || posted < 4 {
+		t.Fatalf("after %d recvs: %v, want ErrQueueFull", posted, err)
+	}
+}
+
+func TestWait(t *testing.T) {
+	dev := openDev(t)
+	cq, err := dev.CreateCQ(16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if err := cq.Wait(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("idle wait: %v", err)
+	}
+	if d := time.Since(start); d < 40*time.Millisecond {
+		t.Fatalf("idle wait returned after %v", d)
+	}
+	// Cancel without a deadline wakes a sleeping Wait.
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- cq.Wait(ctx2) }()
+	time.Sleep(20 * time.Millisecond)
+	cancel2()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled wait: %v", err)
+	}
+	// Close wakes a sleeping Wait with ErrClosed.
+	go func() { done <- cq.Wait(context.Background()) }()
+	time.Sleep(20 * time.Millisecond)
+	if err := cq.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, verbs.ErrClosed) {
+			t.Fatalf("wait across close: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not wake Wait")
+	}
+}
+
+// TestWaitWakes checks the event path: a Wait that went to sleep returns when a
+// completion arrives.
+func TestWaitWakes(t *testing.T) {
+	a, b := pair(t, 4096, verbs.QPConfig{})
+	if err := b.qp.PostRecv(&verbs.RecvWR{ID: 1, SG: []verbs.SGE{{MR: b.mr, Length: 64}}}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		done <- b.rcq.Wait(ctx)
+	}()
+	time.Sleep(50 * time.Millisecond) // well past the spin
+	if err := a.qp.PostSend(&verbs.SendWR{Opcode: verbs.OpSend, SG: []verbs.SGE{{MR: a.mr, Length: 10}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if wc := next(t, b.rcq); wc.ID != 1 || wc.ByteLen != 10 {
+		t.Fatalf("completion %+v", wc)
+	}
+}
+
+func TestNoAllocations(t *testing.T) {
+	a, b := pair(t, 4096, verbs.QPConfig{MaxSendWR: 256, MaxRecvWR: 256})
+	send := &verbs.SendWR{ID: 1, Opcode: verbs.OpWriteImm, Signaled: true, Imm: 1,
+		SG: []verbs.SGE{{MR: a.mr, Length: 64}}, RemoteAddr: b.mr.Addr(), RKey: b.mr.RKey()}
+	recv := &verbs.RecvWR{ID: 2}
+	round := func() {
+		if err := b.qp.PostRecv(recv); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.qp.PostSend(send); err != nil {
+			t.Fatal(err)
+		}
+		for got := 0; got < 2; {
+			n, _ := a.scq.Poll(a.wc)
+			m, _ := b.rcq.Poll(b.wc)
+			got += n + m
+		}
+	}
+	round()
+	if n := testing.AllocsPerRun(100, round); n != 0 {
+		t.Fatalf("%v allocations per post/poll round", n)
+	}
+}

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Runs one command inside a throw-away qemu VM with a real verbs stack: the Debian
+# kernel with soft-RoCE (rdma_rxe) on dummy0 (rxe0, 10.99.0.1) and lo (rxe1),
+# chrooted into this host's / shared read-only over 9p, so host-built binaries run as
+# is. The host kernel has no RDMA; this is how the ibv provider is tested for real.
+#
+#	test/vm/run.sh [-t timeout_s] [-m mem_mb] [-e VAR=value]... -- command [arg...]
+#
+# The command runs in the caller's working directory with a fresh /tmp, as root.
+# Its output is printed; the exit status is the command's, 124 when the VM ran out
+# of time (a hang fails instead of stalling CI), 125 when the VM did not run it.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+timeout_s=300
+mem=2048
+envs=()
+while [ $# -gt 0 ]; do
+	case $1 in
+	-t) timeout_s=$2; shift 2 ;;
+	-m) mem=$2; shift 2 ;;
+	-e) envs+=("$2"); shift 2 ;;
+	--) shift; break ;;
+	*) break ;;
+	esac
+done
+[ $# -gt 0 ] || { echo "usage: $0 [-t timeout_s] [-m mem_mb] [-e VAR=value]... -- command [arg...]" >&2; exit 2; }
+
+for tool in qemu-system-x86_64 busybox cpio depmod modprobe apt-get dpkg-deb; do
+	command -v $tool >/dev/null || { echo "vm: $tool not found: run scripts/deps.sh (needs qemu-system-x86 busybox-static kmod cpio)" >&2; exit 125; }
+done
+
+cache=${SMCR_VM_CACHE:-$here/cache}
+release=$("$here/kernel.sh")
+kroot=$cache/kernel-$release
+mkdir -p "$cache/jobs"
+job=$(mktemp -d "$cache/jobs/job.XXXXXX")
+trap 'rm -rf "$job"' EXIT
+
+# initramfs: static busybox, init.sh and the modules that reach the 9p root.
+stage=$job/initramfs
+mkdir -p "$stage"/{bin,sbin,usr/bin,usr/sbin,proc,sys,dev,tmp} "$stage/lib/modules/$release"
+cp /bin/busybox "$stage/bin/busybox"
+cp "$here/init.sh" "$stage/init"
+chmod +x "$stage/init"
+for m in virtio_pci 9pnet_virtio 9p; do
+	modprobe -d "$kroot" -S "$release" --show-depends $m | awk '$1 == "insmod" {print $2}'
+done | sort -u | while read -r ko; do
+	rel=${ko#"$kroot/lib/modules/$release/"}
+	rel=${rel#./}
+	mkdir -p "$stage/lib/modules/$release/$(dirname "$rel")"
+	cp "$ko" "$stage/lib/modules/$release/$rel"
+done
+cp "$kroot/lib/modules/$release"/modules.{order,builtin,builtin.modinfo} "$stage/lib/modules/$release/"
+depmod -b "$stage" "$release"
+(cd "$stage" && find . | cpio -o -H newc --quiet | gzip -1) >"$job/initramfs.gz"
+rm -rf "$stage"
+
+{
+	echo "cd $(printf %q "$PWD") || exit 125"
+	for e in "${envs[@]}"; do echo "export $(printf %q "$e")"; done
+	printf '%q ' "$@"
+	echo
+} >"$job/cmd.sh"
+
+# TCG is the only accelerator here (no KVM); -cpu max gives the guest PCLMUL for
+# crc32_pclmul.
+set +e
+timeout --kill-after=10 "$timeout_s" qemu-system-x86_64 -accel tcg -cpu max -smp 2 -m "$mem" \
+	-nodefaults -display none -serial stdio -no-reboot \
+	-kernel "$kroot/boot/vmlinuz-$release" -initrd "$job/initramfs.gz" \
+	-append "console=ttyS0 quiet loglevel=3 panic=-1 smcr_job=$job smcr_modules=$kroot/lib/modules" \
+	-virtfs "local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap" \
+	-virtfs "local,path=$job,mount_tag=job,security_model=none,multidevs=remap" </dev/null
+qrc=$?
+set -e
+if [ $qrc -eq 124 ] || [ $qrc -eq 137 ]; then
+	echo "vm: timed out after ${timeout_s}s" >&2
+	exit 124
+fi
+if [ ! -s "$job/rc" ]; then
+	echo "vm: the guest did not run the command (qemu exit $qrc)" >&2
+	exit 125
+fi
+exit "$(cat "$job/rc")"
