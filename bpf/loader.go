@@ -302,7 +302,9 @@ func (l *Loader) Remove() error {
 	for _, e := range entries {
 		errs = append(errs, os.Remove(filepath.Join(l.opts.PinDir, e.Name())))
 	}
-	errs = append(errs, os.Remove(l.opts.PinDir))
+	if err := os.Remove(l.opts.PinDir); !errors.Is(err, fs.ErrNotExist) {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 

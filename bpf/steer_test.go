@@ -1,0 +1,160 @@
+package bpf
+
+import (
+	"net"
+	"net/netip"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/smcr-io/smcr/internal/nstest"
+)
+
+const portSteered = 7002
+
+// TestOptionAndSteering: smcrd on A connects with the SMC option; on B, tc marks the
+// SYN, sk_lookup hands it to smcrd's steering listener, which echoes the option.
+// Untagged connections carry no option and reach the application.
+func TestOptionAndSteering(t *testing.T) {
+	p := nstest.NewPair(t)
+	cg := testCgroup(t)
+	la := loadIn(t, p.A, Options{CgroupPath: cg})
+	lb := loadIn(t, p.B, Options{CgroupPath: cg, Interfaces: []string{p.B.Links[0].Name}})
+	app := listen(t, p.B, ":7002", nil, nil)
+	steer4 := listen(t, p.B, "127.0.0.1:0", lb, &Tag{SMCOption: true})
+	steer6 := listen(t, p.B, "[::1]:0", lb, &Tag{SMCOption: true})
+	must(t, lb.RegisterSteering(steer4.(*net.TCPListener)))
+	must(t, lb.RegisterSteering(steer6.(*net.TCPListener)))
+	must(t, lb.SetPorts([]PortRange{{portSteered, portSteered}}))
+	must(t, lb.SetAlive(time.Minute))
+
+	for _, dst := range []netip.AddrPort{
+		netip.AddrPortFrom(p.B.Addr4(), portSteered),
+		netip.AddrPortFrom(p.B.Addr6(), portSteered),
+	} {
+		steer := steer4
+		if dst.Addr().Is6() {
+			steer = steer6
+		}
+		t.Run(dst.Addr().String(), func(t *testing.T) {
+			stop := capture(t, p.B, p.B.Links[0].Name)
+			c := dial(t, p.A, dst.String(), la, &Tag{SMCOption: true})
+			acc := acceptWithin(t, steer, time.Second)
+			if acc == nil {
+				t.Fatal("SYN with the SMC option did not reach the steering listener")
+			}
+			if got := addrPort(acc.LocalAddr()); got != dst {
+				t.Errorf("steered connection's local address = %v, want %v", got, dst)
+			}
+			// Untagged: no option, straight to the application.
+			plain := dial(t, p.A, dst.String(), nil, nil)
+			if acceptWithin(t, app, time.Second) == nil {
+				t.Fatal("SYN without the option did not reach the application")
+			}
+			time.Sleep(50 * time.Millisecond) // let the capture read the last frames
+			segs := stop()
+			checkHandshake(t, segs, addrPort(c.LocalAddr()), dst, true)
+			checkHandshake(t, segs, addrPort(plain.LocalAddr()), dst, false)
+
+			sa, err := la.Seen(addrPort(c.LocalAddr()), addrPort(c.RemoteAddr()))
+			if err != nil || sa&(SeenSentSYNOption|SeenPeerEchoed|SeenEstablished) != SeenSentSYNOption|SeenPeerEchoed|SeenEstablished || !sa.PeerSupportsSMC() {
+				t.Errorf("client Seen = %#x, %v; want sent, echoed, established", sa, err)
+			}
+			sb, err := lb.Seen(addrPort(acc.LocalAddr()), addrPort(acc.RemoteAddr()))
+			if err != nil || sb&(SeenSYNOption|SeenSentSYNACKOption) != SeenSYNOption|SeenSentSYNACKOption || !sb.PeerSupportsSMC() {
+				t.Errorf("server Seen = %#x, %v; want SYN option seen and echoed", sb, err)
+			}
+			if _, err := la.Seen(addrPort(plain.LocalAddr()), addrPort(plain.RemoteAddr())); err != ErrUnknown {
+				t.Errorf("untagged connection: Seen error %v, want ErrUnknown", err)
+			}
+		})
+	}
+	st, err := lb.Stats()
+	must(t, err)
+	if st["steered"] != 2 || st["syn_marked"] != 2 || st["synack_opt_sent"] != 2 {
+		t.Errorf("server stats = %v, want 2 marked, steered and echoed", st)
+	}
+
+	// smcrd dead: a SYN with the option goes to the application (fail open).
+	must(t, lb.SetAlive(0))
+	dial(t, p.A, netip.AddrPortFrom(p.B.Addr4(), portSteered).String(), la, &Tag{SMCOption: true})
+	if acceptWithin(t, app, time.Second) == nil {
+		t.Error("smcrd dead: SYN with the option did not reach the application")
+	}
+}
+
+// An option-carrying client facing a plain server: sent, not echoed.
+func TestOptionNotEchoed(t *testing.T) {
+	p := nstest.NewPair(t)
+	cg := testCgroup(t)
+	la := loadIn(t, p.A, Options{CgroupPath: cg})
+	app := listen(t, p.B, ":7002", nil, nil)
+	c := dial(t, p.A, netip.AddrPortFrom(p.B.Addr4(), portSteered).String(), la, &Tag{SMCOption: true})
+	if acceptWithin(t, app, time.Second) == nil {
+		t.Fatal("application accepted nothing")
+	}
+	s, err := la.Seen(addrPort(c.LocalAddr()), addrPort(c.RemoteAddr()))
+	if err != nil || s&SeenSentSYNOption == 0 || s&SeenPeerEchoed != 0 || s.PeerSupportsSMC() {
+		t.Errorf("Seen = %#x, %v; want sent and not echoed", s, err)
+	}
+}
+
+func checkHandshake(t *testing.T, segs []segment, client, server netip.AddrPort, smc bool) {
+	t.Helper()
+	var syn, synack bool
+	for _, s := range segs {
+		switch {
+		case s.src == client && s.dst == server && !s.ack:
+			syn = true
+			if s.smc != smc {
+				t.Errorf("SYN %v: SMC option %v, want %v", s, s.smc, smc)
+			}
+		case s.src == server && s.dst == client && s.ack:
+			synack = true
+			if s.smc != smc {
+				t.Errorf("SYN-ACK %v: SMC option %v, want %v", s, s.smc, smc)
+			}
+		}
+	}
+	if !syn || !synack {
+		t.Errorf("%v->%v: captured SYN %v, SYN-ACK %v; segments %v", client, server, syn, synack, segs)
+	}
+}
+
+// Pinning: a closed loader leaves programs attached and maps pinned; the next one
+// takes the same maps and links over.
+func TestPinnedTakeover(t *testing.T) {
+	h := newClientHost(t)
+	ids, err := h.l.MapIDs()
+	must(t, err)
+	dir := h.l.opts.PinDir
+	must(t, h.l.Close())
+
+	orig := netip.AddrPortFrom(h.p.B.Addr4(), portListed).String()
+	if who, _, _ := whoAccepts(t, h.p.A, orig, h.redir4, h.server); who != 0 {
+		t.Errorf("loader closed: connection went to listener %d, want the redirect listener (programs stay)", who)
+	}
+	l2 := loadIn(t, h.p.A, Options{CgroupPath: h.l.cgroup, Interfaces: h.l.opts.Interfaces, PinDir: dir})
+	ids2, err := l2.MapIDs()
+	must(t, err)
+	for name, id := range ids {
+		if ids2[name] != id {
+			t.Errorf("map %s: id %d after takeover, want %d", name, ids2[name], id)
+		}
+	}
+	if len(l2.links) != 9+1 { // 8 cgroup hooks, sk_lookup, one tc
+		t.Errorf("took over %d links, want 10", len(l2.links))
+	}
+	if who, _, _ := whoAccepts(t, h.p.A, orig, h.redir4, h.server); who != 0 {
+		t.Errorf("after takeover: connection went to listener %d, want the redirect listener", who)
+	}
+	// The test's cleanup of the first loader removes the shared pins; do it now
+	// and check everything is detached.
+	must(t, l2.Remove())
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("pin dir after Remove: %v", err)
+	}
+	if who, _, _ := whoAccepts(t, h.p.A, orig, h.server, h.redir4); who != 0 {
+		t.Errorf("after Remove: connection went to listener %d, want the server", who)
+	}
+}
