@@ -1,0 +1,181 @@
+// CDC: the connection data control message that moves cursors and connection-state
+// flags, its validation against the rings, and the control messages sent off the
+// poller. RFC 7609 §4.2 (CDC), after Linux's smc_cdc.
+
+package smcr
+
+import (
+	"fmt"
+
+	"github.com/smcr-io/smcr/rmb"
+)
+
+// ctlBits are control messages a connection owes the peer, sent by the link worker
+// because the poller must never block on a send slot.
+type ctlBits uint8
+
+const (
+	ctlUpdate  ctlBits = 1 << iota // consumer cursor update the peer asked for
+	ctlAbort                       // abnormal close
+	ctlRelease                     // free buffers (last WRITE completed or peer closed)
+	ctlQueued  ctlBits = 0x80
+)
+
+// toCursor converts an absolute byte count to the wire's (wrap, count).
+func toCursor(abs, size uint64) rmb.Cursor {
+	return rmb.Cursor{Wrap: uint16(abs / size), Count: uint32(abs % size)}
+}
+
+// fromCursor converts a peer cursor to an absolute count, relative to ref, the last
+// value accepted. stale: it lies behind ref (an older CDC overtaken by a newer one).
+func fromCursor(c rmb.Cursor, ref, size uint64) (abs uint64, stale bool, err error) {
+	if uint64(c.Count) >= size {
+		return 0, false, fmt.Errorf("%w: cursor count %d in a %d-byte ring", ErrProtocol, c.Count, size)
+	}
+	dw := c.Wrap - uint16(ref/size)
+	if int16(dw) < 0 {
+		return 0, true, nil
+	}
+	abs = (ref/size+uint64(dw))*size + uint64(c.Count)
+	if abs < ref {
+		return 0, true, nil
+	}
+	return abs, false, nil
+}
+
+// onCDC applies a CDC from the peer; it runs in the link's poller and never blocks.
+func (c *Conn) onCDC(m *rmb.CDC) {
+	c.mu.Lock()
+	if c.released {
+		c.mu.Unlock()
+		return
+	}
+	c.cs.cdcRecv.Add(1)
+	err := c.applyCursors(m)
+	if err != nil {
+		c.e.st.protoErrors.Add(1)
+		c.e.log.Warn("smcr: peer broke the protocol, aborting connection", "conn", c.id, "err", err)
+		c.abortLocked(fmt.Errorf("%w: %v", ErrProtocol, err))
+		c.mu.Unlock()
+		wake(c.rxWake)
+		wake(c.txWake)
+		return
+	}
+	if m.Flags&rmb.FlagUpdateRequested != 0 {
+		c.queueCtlLocked(ctlUpdate)
+	}
+	if m.State&rmb.StateAbnormalClose != 0 && !c.peerAbort {
+		c.peerAbort, c.peerClosed, c.peerDone = true, true, true
+		c.e.st.aborts.Add(1)
+		if c.err == nil {
+			c.err = ErrReset
+		}
+		if !c.localTerm {
+			c.queueCtlLocked(ctlAbort) // answer, so the peer may free its buffers
+		}
+	}
+	if m.State&rmb.StateClosed != 0 {
+		c.peerClosed, c.peerDone = true, true
+	}
+	if m.State&rmb.StateSendingDone != 0 {
+		c.peerDone = true
+	}
+	c.updateState("cdc")
+	if c.peerClosed && c.localTerm {
+		c.queueCtlLocked(ctlRelease)
+	}
+	c.mu.Unlock()
+	wake(c.rxWake)
+	wake(c.txWake)
+}
+
+// applyCursors checks both cursors before taking either.
+func (c *Conn) applyCursors(m *rmb.CDC) error {
+	np, stale, err := fromCursor(m.Prod, c.rxProd, c.rmbSize)
+	if err != nil {
+		return fmt.Errorf("producer cursor: %w", err)
+	}
+	if !stale && np-c.rxCons > c.rmbSize {
+		return fmt.Errorf("producer cursor %v claims %d bytes in a %d-byte rmbe", m.Prod, np-c.rxCons, c.rmbSize)
+	}
+	if !stale && c.peerClosed && np > c.rxProd {
+		return fmt.Errorf("data after close")
+	}
+	var nc uint64
+	cstale := true
+	if c.peerSize > 0 {
+		nc, cstale, err = fromCursor(m.Cons, c.txCons, c.peerSize)
+		if err != nil {
+			return fmt.Errorf("consumer cursor: %w", err)
+		}
+		if !cstale && nc > c.txProd {
+			return fmt.Errorf("consumer cursor %v past what we wrote", m.Cons)
+		}
+	}
+	if !stale {
+		c.rxProd = np
+	}
+	if !cstale {
+		c.txCons = nc
+	}
+	return nil
+}
+
+// queueCtlLocked asks the link worker to send control messages for c.
+func (c *Conn) queueCtlLocked(b ctlBits) {
+	c.ctlPending |= b
+	if c.ctlPending&ctlQueued != 0 || c.st == stateInit || c.lnk == nil {
+		return // already queued, or activate will queue it
+	}
+	select {
+	case c.lnk.ctl <- c:
+		c.ctlPending |= ctlQueued
+	default:
+		// Cannot happen with one queue entry per connection; the next CDC retries.
+	}
+}
+
+// runCtl sends what queueCtlLocked asked for; it runs in the link worker.
+func (c *Conn) runCtl() {
+	c.mu.Lock()
+	b := c.ctlPending
+	c.ctlPending = 0
+	c.mu.Unlock()
+	if b&ctlAbort != 0 {
+		c.mu.Lock()
+		c.localTerm, c.localAbort = true, true
+		c.mu.Unlock()
+		c.sendCDC(0)
+	} else if b&ctlUpdate != 0 {
+		c.cs.updates.Add(1)
+		c.sendCDC(0)
+	}
+	if b&(ctlRelease|ctlAbort) != 0 {
+		c.maybeRelease()
+	}
+}
+
+// sendCDC sends our cursors and connection state with flags.
+func (c *Conn) sendCDC(flags rmb.ProdFlags) error {
+	c.mu.Lock()
+	if c.peerSize == 0 || c.released || c.lnkErr {
+		c.mu.Unlock()
+		return ErrLinkDown
+	}
+	c.seq++
+	m := rmb.CDC{Seq: c.seq, Token: c.peerToken, Prod: toCursor(c.txProd, c.peerSize),
+		Cons: toCursor(c.rxCons, c.rmbSize), Flags: flags}
+	if c.localDone {
+		m.State |= rmb.StateSendingDone
+	}
+	if c.localTerm && !c.localAbort {
+		m.State |= rmb.StateClosed
+	}
+	if c.localAbort {
+		m.State |= rmb.StateAbnormalClose
+	}
+	c.rxConfirmed = c.rxCons
+	c.mu.Unlock()
+	c.cs.cdcSent.Add(1)
+	return c.lnk.sendCDC(&m)
+}

@@ -1,0 +1,470 @@
+// The CLC handshake on the TCP connection: Proposal → Accept → Confirm (or Decline),
+// as client and as server, under timeouts, with every way out leading to fallback.
+// RFC 7609 §3.5 (connection setup) and §3.7 (CLC messages), after Linux's smc_clc.
+
+package smcr
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+
+	"github.com/smcr-io/smcr/smcr/clc"
+	"github.com/smcr-io/smcr/smcr/verbs"
+)
+
+// clcMaxLen bounds one CLC message we read: a Proposal with 8 IPv6 prefixes and a
+// generous extension area.
+const clcMaxLen = 1024
+
+// errNoCLC means the peer's first bytes are not a CLC message: it speaks no SMC.
+var errNoCLC = errors.New("smcr: peer sent no clc message")
+
+// peekCLC waits for the peer's first bytes and reports whether they start with the
+// CLC eyecatcher. It returns as soon as one byte differs, so application bytes from
+// a non-SMC peer are never waited on; they stay in br for the application.
+func peekCLC(br *bufio.Reader) error {
+	for n := 1; n <= len(clc.Eyecatcher); n++ {
+		b, err := br.Peek(n)
+		if len(b) >= n && b[n-1] != clc.Eyecatcher[n-1] {
+			return errNoCLC
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// clcPhase arms the TCP deadline for one CLC message and makes ctx's end interrupt it.
+func (e *Engine) clcPhase(ctx context.Context, tcp net.Conn) {
+	dl := e.cfg.Clock.Now().Add(e.cfg.CLCTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
+		dl = d
+	}
+	tcp.SetDeadline(dl)
+}
+
+// readCLC reads one CLC message, classifying failures for the fallback decision.
+func (e *Engine) readCLC(ctx context.Context, c *Conn, br *bufio.Reader) (clc.Message, DeclineCode, bool, error) {
+	e.clcPhase(ctx, c.tcp)
+	if err := peekCLC(br); err != nil {
+		switch {
+		case errors.Is(err, errNoCLC):
+			return nil, clc.DeclinePeerNoSMC, false, err
+		case isTimeout(err):
+			return nil, DeclineTimeoutCLC, false, err
+		default:
+			return nil, clc.DeclinePeerNoSMC, false, err
+		}
+	}
+	m, err := clc.ReadMessage(br, clcMaxLen)
+	if err != nil {
+		if isTimeout(err) {
+			return nil, DeclineTimeoutCLC, true, err
+		}
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) {
+			return nil, clc.DeclinePeerNoSMC, false, err
+		}
+		return nil, clc.DeclineConfigError, true, err
+	}
+	return m, 0, false, nil
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+}
+
+func (e *Engine) writeCLC(c *Conn, m clc.Message) error {
+	b, err := m.AppendTo(make([]byte, 0, 128))
+	if err != nil {
+		return err
+	}
+	_, err = c.tcp.Write(b)
+	return err
+}
+
+// ctxErr turns a cancelled handshake into an error rather than a fallback.
+func ctxErr(ctx context.Context, c *Conn) (*Conn, error) {
+	c.abandonSetup()
+	c.e.untrack(c)
+	return nil, fmt.Errorf("smcr: clc: %w", ctx.Err())
+}
+
+func (e *Engine) offers() []offer {
+	out := make([]offer, 0, len(e.cfg.Devices))
+	for _, d := range e.cfg.Devices {
+		p := d.Port()
+		out = append(out, offer{Kind: d.Kind(), GID: p.GID, MAC: p.MAC, MTU: p.MTU, Endpoint: d.Endpoint()})
+	}
+	return out
+}
+
+func (e *Engine) isClosed() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.closed
+}
+
+// client runs CLC as the client. pfx is the subnet of the local address.
+func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix) (*Conn, error) {
+	c := e.newConn(tcp, true)
+	br := bufio.NewReaderSize(tcp, 4096)
+	if len(e.cfg.Devices) == 0 || e.isClosed() {
+		// Without a device we do not even propose: the peer sees plain TCP.
+		return e.fallback(c, clc.DeclineNoSMCRDevice, SideLocal, false, nil, nil), nil
+	}
+	dev0 := e.cfg.Devices[0].Port()
+	prop := &clc.Proposal{PeerID: e.peerID, GID: dev0.GID, MAC: dev0.MAC}
+	if pfx.IsValid() && pfx.Addr().Is4() {
+		prop.Subnet, prop.PrefixLen = pfx.Addr().As4(), uint8(pfx.Bits())
+	} else if pfx.IsValid() {
+		prop.IPv6 = []clc.IPv6Prefix{{Addr: pfx.Addr().As16(), Len: uint8(pfx.Bits())}}
+	}
+	val, err := appendOffers(nil, e.offers())
+	if err != nil {
+		return e.fallback(c, clc.DeclineConfigError, SideLocal, false, err, nil), nil
+	}
+	env := clc.Envelope{TLVs: []clc.TLV{{Type: tlvProviders, Value: val}}}
+	if prop.Ext, err = env.AppendTo(nil); err != nil {
+		return e.fallback(c, clc.DeclineConfigError, SideLocal, false, err, nil), nil
+	}
+	e.clcPhase(ctx, tcp)
+	if err := e.writeCLC(c, prop); err != nil {
+		if ctx.Err() != nil {
+			return ctxErr(ctx, c)
+		}
+		return e.fallback(c, clc.DeclinePeerNoSMC, SideLocal, false, fmt.Errorf("send proposal: %w", err), br), nil
+	}
+	m, code, send, err := e.readCLC(ctx, c, br)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctxErr(ctx, c)
+		}
+		// A timeout after our Proposal: the peer may be a slow SMC peer, so tell it.
+		return e.fallback(c, code, SideLocal, send || code == DeclineTimeoutCLC, fmt.Errorf("read accept: %w", err), br), nil
+	}
+	var acc *clc.Accept
+	switch m := m.(type) {
+	case *clc.Decline:
+		return e.fallback(c, m.Code, SidePeer, false, nil, br), nil
+	case *clc.Accept:
+		acc = m
+	default:
+		return e.fallback(c, clc.DeclineConfigError, SideLocal, true, fmt.Errorf("clc: %v instead of accept", m.Type()), br), nil
+	}
+	if code, err := e.clientAccept(ctx, c, acc); err != nil {
+		if ctx.Err() != nil {
+			return ctxErr(ctx, c)
+		}
+		return e.fallback(c, code, SideLocal, true, err, br), nil
+	}
+	if br.Buffered() > 0 {
+		// Bytes after a Confirm on the TCP stream: the peer is out of step.
+		return e.fallback(c, clc.DeclineSyncError, SideLocal, true, errors.New("bytes after accept"), br), nil
+	}
+	// Send the Confirm while the QP connects: a provider may need both ends to meet.
+	if code, err := e.clientConfirm(ctx, c, acc); err != nil {
+		if ctx.Err() != nil {
+			return ctxErr(ctx, c)
+		}
+		return e.fallback(c, code, SideLocal, true, err, br), nil
+	}
+	tcp.SetDeadline(noDeadline)
+	c.activate()
+	return c, nil
+}
+
+// server runs CLC as the server; prefixes finds the subnet of a local address.
+func (e *Engine) server(ctx context.Context, tcp net.Conn, prefixes func(netip.Addr) (netip.Prefix, bool)) (*Conn, error) {
+	c := e.newConn(tcp, false)
+	br := bufio.NewReaderSize(tcp, 4096)
+	m, code, send, err := e.readCLC(ctx, c, br)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctxErr(ctx, c)
+		}
+		// A client that sent no CLC gets no Decline: it may be waiting for us to talk.
+		return e.fallback(c, code, SideLocal, send, fmt.Errorf("read proposal: %w", err), br), nil
+	}
+	var prop *clc.Proposal
+	switch m := m.(type) {
+	case *clc.Proposal:
+		prop = m
+	case *clc.Decline:
+		return e.fallback(c, m.Code, SidePeer, false, nil, br), nil
+	default:
+		return e.fallback(c, clc.DeclineConfigError, SideLocal, true, fmt.Errorf("clc: %v instead of proposal", m.Type()), br), nil
+	}
+	if code, err := e.serverProposal(ctx, c, prop, prefixes); err != nil {
+		if ctx.Err() != nil {
+			return ctxErr(ctx, c)
+		}
+		return e.fallback(c, code, SideLocal, true, err, br), nil
+	}
+	m, code, send, err = e.readCLC(ctx, c, br)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctxErr(ctx, c)
+		}
+		return e.fallback(c, code, SideLocal, send || code == DeclineTimeoutCLC, fmt.Errorf("read confirm: %w", err), br), nil
+	}
+	var conf *clc.Confirm
+	switch m := m.(type) {
+	case *clc.Confirm:
+		conf = m
+	case *clc.Decline:
+		return e.fallback(c, m.Code, SidePeer, false, nil, br), nil
+	default:
+		return e.fallback(c, clc.DeclineConfigError, SideLocal, true, fmt.Errorf("clc: %v instead of confirm", m.Type()), br), nil
+	}
+	if br.Buffered() > 0 {
+		return e.fallback(c, clc.DeclineSyncError, SideLocal, true, errors.New("bytes after confirm"), br), nil
+	}
+	if code, err := e.serverConfirm(ctx, c, conf); err != nil {
+		if ctx.Err() != nil {
+			return ctxErr(ctx, c)
+		}
+		return e.fallback(c, code, SideLocal, true, err, br), nil
+	}
+	tcp.SetDeadline(noDeadline)
+	c.activate()
+	return c, nil
+}
+
+// sameSubnet is the version-1 rule: the client's subnet must be ours.
+func sameSubnet(prop *clc.Proposal, local netip.Prefix) bool {
+	if !local.IsValid() {
+		return false
+	}
+	if local.Addr().Is4() {
+		return prop.IPv4().IsValid() && prop.IPv4().Masked() == local.Masked()
+	}
+	for _, p := range prop.IPv6 {
+		if pp := p.Prefix(); pp.IsValid() && pp.Masked() == local.Masked() {
+			return true
+		}
+	}
+	return false
+}
+
+// serverProposal checks the Proposal, picks the provider and link group, allocates
+// the RMB and sends the Accept.
+func (e *Engine) serverProposal(ctx context.Context, c *Conn, prop *clc.Proposal, prefixes func(netip.Addr) (netip.Prefix, bool)) (DeclineCode, error) {
+	if len(e.cfg.Devices) == 0 || e.isClosed() {
+		return clc.DeclineNoSMCRDevice, errors.New("no device")
+	}
+	if !sameSubnet(prop, e.localPrefix(c.tcp, prefixes)) {
+		return clc.DeclineIPSubnetMismatch, fmt.Errorf("client subnet %v not ours", prop.IPv4())
+	}
+	var offers []offer
+	ext := false
+	if env, err := clc.ParseEnvelope(prop.Ext); err == nil {
+		val, ok := env.Find(tlvProviders)
+		if !ok {
+			return clc.DeclineNoSMCRDevice, errors.New("extension without providers")
+		}
+		if offers, err = parseOffers(val); err != nil {
+			return clc.DeclineConfigError, err
+		}
+		ext = true
+	} else if errors.Is(err, clc.ErrNoEnvelope) {
+		// A plain version-1 peer: real RDMA, addressed by the Proposal's GID/MAC.
+		offers = []offer{{Kind: verbs.KindRDMA, GID: prop.GID, MAC: prop.MAC, MTU: verbs.MTU1024}}
+	} else {
+		return clc.DeclineConfigError, err
+	}
+	di, o, ok := e.choose(offers)
+	if !ok {
+		return clc.DeclineNoSMCRDevice, errors.New("no common provider")
+	}
+	key := lgKey{client: false, peer: prop.PeerID, kind: o.Kind, peerGID: o.GID, endpoint: string(o.Endpoint)}
+	lg, first, err := e.serverLinkGroup(ctx, key, di)
+	if err != nil {
+		return clc.DeclineInternal, err
+	}
+	c.lg, c.reserved = lg, true
+	c.peerOffer = o
+	if first {
+		lg.firstConn = c
+	}
+	lnk := lg.primary()
+	if lnk == nil {
+		return clc.DeclineNoActiveLink, errors.New("link group has no link")
+	}
+	c.lnk = lnk
+	if code, err := c.allocRMB(); err != nil {
+		return code, err
+	}
+	if !first {
+		if err := lnk.confirmRKey(ctx, c.rmb); err != nil {
+			return clc.DeclineInternalRToken, fmt.Errorf("confirm rkey: %w", err)
+		}
+	}
+	dev := e.cfg.Devices[di]
+	qa := lnk.qp.Attr()
+	acc := &clc.Accept{LinkInfo: clc.LinkInfo{
+		PeerID: e.peerID, GID: qa.GID, MAC: qa.MAC, QPN: qa.QPN, RKey: c.rmb.RKey(), RMBEIndex: 1,
+		AlertToken: c.token, SizeCode: sizeCode(int(c.rmbSize)), MTU: uint8(lnk.mtu), RMBAddr: c.rmb.Addr(),
+		PSN: qa.PSN, FirstContact: first,
+	}}
+	if ext {
+		env := clc.Envelope{TLVs: []clc.TLV{{Type: tlvChosen, Value: appendChosen(nil, o.Kind, dev.Endpoint())}}}
+		if acc.Ext, err = env.AppendTo(nil); err != nil {
+			return clc.DeclineInternal, err
+		}
+	}
+	e.clcPhase(ctx, c.tcp)
+	if err := e.writeCLC(c, acc); err != nil {
+		return clc.DeclineInternal, fmt.Errorf("send accept: %w", err)
+	}
+	return 0, nil
+}
+
+// peerLinkInfo checks the peer's Accept/Confirm values we will use.
+func checkLinkInfo(li *clc.LinkInfo) error {
+	if err := li.Validate(clc.MaxSizeCode); err != nil {
+		return err
+	}
+	if li.RMBEIndex != 1 {
+		return fmt.Errorf("rmbe index %d", li.RMBEIndex)
+	}
+	if li.AlertToken == 0 {
+		return errors.New("alert token 0")
+	}
+	if !verbs.MTU(li.MTU).Valid() {
+		return fmt.Errorf("mtu code %d", li.MTU)
+	}
+	return nil
+}
+
+// serverConfirm takes the client's values and, on first contact, brings the link up.
+func (e *Engine) serverConfirm(ctx context.Context, c *Conn, conf *clc.Confirm) (DeclineCode, error) {
+	li := &conf.LinkInfo
+	if err := checkLinkInfo(li); err != nil {
+		return clc.DeclineConfigError, fmt.Errorf("confirm: %w", err)
+	}
+	lnk := c.lnk
+	if c.lg.firstConn == c {
+		peer := verbs.QPAttr{QPN: li.QPN, PSN: li.PSN, GID: li.GID, MAC: li.MAC, MTU: verbs.MTU(li.MTU), Endpoint: c.peerOffer.Endpoint}
+		if err := lnk.connect(ctx, peer); err != nil {
+			c.lg.setReady(err)
+			return clc.DeclineInternalReadyLink, err
+		}
+		if err := lnk.confirmLinkServer(ctx); err != nil {
+			c.lg.setReady(err)
+			return clc.DeclineTimeoutConfirmLink, err
+		}
+		c.lg.setReady(nil)
+	} else {
+		if li.QPN != lnk.peer.QPN {
+			return clc.DeclineSyncError, fmt.Errorf("confirm names qp %d, link has %d", li.QPN, lnk.peer.QPN)
+		}
+		if !c.lg.peerRKeyKnown(li.RKey) {
+			return clc.DeclineInternalRToken, fmt.Errorf("rkey %#x never confirmed over llc", li.RKey)
+		}
+	}
+	if code, err := c.setPeer(li); err != nil {
+		return code, err
+	}
+	return 0, nil
+}
+
+// clientAccept takes the server's values: link group, RMB, QP connection start.
+func (e *Engine) clientAccept(ctx context.Context, c *Conn, acc *clc.Accept) (DeclineCode, error) {
+	li := &acc.LinkInfo
+	if err := checkLinkInfo(li); err != nil {
+		return clc.DeclineConfigError, fmt.Errorf("accept: %w", err)
+	}
+	kind, endpoint := verbs.KindRDMA, []byte(nil)
+	if env, err := clc.ParseEnvelope(li.Ext); err == nil {
+		v, ok := env.Find(tlvChosen)
+		if !ok {
+			return clc.DeclineConfigError, errors.New("accept extension without a chosen provider")
+		}
+		if kind, endpoint, err = parseChosen(v); err != nil {
+			return clc.DeclineConfigError, err
+		}
+	} else if !errors.Is(err, clc.ErrNoEnvelope) {
+		return clc.DeclineConfigError, err
+	}
+	di := -1
+	for i, d := range e.cfg.Devices {
+		if d.Kind() == kind {
+			di = i
+			break
+		}
+	}
+	if di < 0 {
+		return clc.DeclineNoSMCRDevice, fmt.Errorf("server chose %v, which we lack", kind)
+	}
+	key := lgKey{client: true, peer: li.PeerID, kind: kind, peerGID: li.GID, endpoint: string(endpoint)}
+	peer := verbs.QPAttr{QPN: li.QPN, PSN: li.PSN, GID: li.GID, MAC: li.MAC, MTU: verbs.MTU(li.MTU), Endpoint: endpoint}
+	if li.FirstContact {
+		lg, err := e.newLinkGroup(key, di)
+		if err != nil {
+			return clc.DeclineInternal, err
+		}
+		lg.reserve()
+		c.lg, c.lnk, c.reserved = lg, lg.primary(), true
+		lg.firstConn = c
+		c.lnk.startConnect(peer)
+	} else {
+		lg, err := e.clientLinkGroup(ctx, key, li.QPN)
+		if err != nil {
+			return clc.DeclineSyncError, err
+		}
+		c.lg, c.lnk, c.reserved = lg, lg.primary(), true
+		if c.lnk == nil {
+			return clc.DeclineNoActiveLink, errors.New("link group has no link")
+		}
+		if !lg.peerRKeyKnown(li.RKey) {
+			return clc.DeclineInternalRToken, fmt.Errorf("rkey %#x never confirmed over llc", li.RKey)
+		}
+	}
+	if code, err := c.allocRMB(); err != nil {
+		return code, err
+	}
+	if code, err := c.setPeer(li); err != nil {
+		return code, err
+	}
+	if !li.FirstContact {
+		if err := c.lnk.confirmRKey(ctx, c.rmb); err != nil {
+			return clc.DeclineInternalRToken, fmt.Errorf("confirm rkey: %w", err)
+		}
+	}
+	return 0, nil
+}
+
+// clientConfirm sends the Confirm and, on first contact, answers CONFIRM_LINK.
+func (e *Engine) clientConfirm(ctx context.Context, c *Conn, acc *clc.Accept) (DeclineCode, error) {
+	qa := c.lnk.qp.Attr()
+	conf := &clc.Confirm{LinkInfo: clc.LinkInfo{
+		PeerID: e.peerID, GID: qa.GID, MAC: qa.MAC, QPN: qa.QPN, RKey: c.rmb.RKey(), RMBEIndex: 1,
+		AlertToken: c.token, SizeCode: sizeCode(int(c.rmbSize)), MTU: uint8(c.lnk.mtu), RMBAddr: c.rmb.Addr(),
+		PSN: qa.PSN, FirstContact: acc.FirstContact,
+	}}
+	e.clcPhase(ctx, c.tcp)
+	if err := e.writeCLC(c, conf); err != nil {
+		return clc.DeclineInternal, fmt.Errorf("send confirm: %w", err)
+	}
+	if !acc.FirstContact {
+		return 0, nil
+	}
+	if err := c.lnk.waitConnected(ctx); err != nil {
+		c.lg.setReady(err)
+		return clc.DeclineInternalReadyLink, err
+	}
+	if err := c.lnk.confirmLinkClient(ctx); err != nil {
+		c.lg.setReady(err)
+		return clc.DeclineTimeoutConfirmLink, err
+	}
+	c.lg.setReady(nil)
+	return 0, nil
+}

@@ -1,0 +1,286 @@
+// Closing: sending done (half-close), closed, and abnormal close (abort) through the
+// CDC connection-state flags; buffers freed once both ends are done; the TCP
+// connection closed after the SMC-R connection. RFC 7609 §4.4, after smc_close.
+
+package smcr
+
+import (
+	"errors"
+	"fmt"
+	"net"
+
+	"github.com/smcr-io/smcr/smcr/clc"
+	"github.com/smcr-io/smcr/smcr/verbs"
+)
+
+// updateState derives the state from the close flags: the one transition function.
+// The caller holds c.mu.
+func (c *Conn) updateState(why string) {
+	var s state
+	switch {
+	case c.released:
+		s = stateClosed
+	case c.peerAbort:
+		s = stateProcessAbort
+	case c.localAbort:
+		s = statePeerAbortWait
+	case c.appClosed && c.peerClosed:
+		s = stateClosed
+	case c.appClosed:
+		s = statePeerFinCloseWait
+	case c.localDone && c.peerDone:
+		if c.st == stateAppCloseWait1 {
+			s = stateAppFinCloseWait
+		} else {
+			s = statePeerCloseWait2
+		}
+	case c.localDone:
+		s = statePeerCloseWait1
+	case c.peerDone:
+		s = stateAppCloseWait1
+	default:
+		s = stateActive
+	}
+	c.setState(s, why)
+}
+
+// CloseWrite shuts down writing: the peer reads everything written so far, then EOF.
+func (c *Conn) CloseWrite() error {
+	if c.mode == ModeFallback {
+		if cw, ok := c.fb.(interface{ CloseWrite() error }); ok {
+			return cw.CloseWrite()
+		}
+		return nil
+	}
+	c.txMu.Lock() // after any Write in progress
+	defer c.txMu.Unlock()
+	c.mu.Lock()
+	if c.localDone || c.localTerm || c.err != nil {
+		err := c.err
+		c.mu.Unlock()
+		return err
+	}
+	c.localDone = true
+	c.updateState("close write")
+	c.mu.Unlock()
+	return c.sendCDC(0)
+}
+
+// Close closes the connection: the peer reads what was written, then EOF; our
+// buffers go once the peer has closed too (or after CloseTimeout).
+func (c *Conn) Close() error {
+	first := false
+	c.closeOnce.Do(func() { first = true; close(c.done) })
+	if !first {
+		return nil
+	}
+	if c.mode == ModeFallback {
+		c.e.untrack(c)
+		return c.fb.Close()
+	}
+	c.mu.Lock()
+	c.appClosed = true
+	send := !c.localTerm && !c.lnkErr
+	if send {
+		c.localTerm, c.localDone = true, true
+	}
+	c.updateState("close")
+	c.mu.Unlock()
+	wake(c.rxWake)
+	wake(c.txWake)
+	if send {
+		c.sendCDC(0)
+	}
+	if !c.maybeRelease() {
+		c.mu.Lock()
+		if !c.released {
+			c.closeTimer = c.e.cfg.Clock.AfterFunc(c.e.cfg.CloseTimeout, c.closeTimedOut)
+		}
+		c.mu.Unlock()
+	}
+	return nil
+}
+
+func (c *Conn) closeTimedOut() {
+	c.mu.Lock()
+	if c.released {
+		c.mu.Unlock()
+		return
+	}
+	c.e.log.Info("smcr: peer did not close in time, aborting", "conn", c.id)
+	c.peerClosed = true // stop waiting for it
+	c.abortLocked(ErrAborted)
+	c.mu.Unlock()
+}
+
+// Abort ends the connection abnormally, the SMC-R form of a TCP RST.
+func (c *Conn) Abort() error {
+	if c.mode == ModeFallback {
+		if tc, ok := c.tcp.(*net.TCPConn); ok {
+			tc.SetLinger(0)
+		}
+		return c.Close()
+	}
+	c.mu.Lock()
+	c.abortLocked(ErrAborted)
+	c.mu.Unlock()
+	wake(c.rxWake)
+	wake(c.txWake)
+	return c.Close()
+}
+
+// abortLocked records err and has the worker send the abnormal close.
+func (c *Conn) abortLocked(err error) {
+	if c.err == nil {
+		c.err = err
+	}
+	if !c.localAbort && !c.lnkErr {
+		c.queueCtlLocked(ctlAbort)
+		if c.st == stateInit {
+			c.localTerm, c.localAbort = true, true
+		}
+	}
+	c.updateState("abort")
+}
+
+// linkDown ends the connection because its link group is gone.
+func (c *Conn) linkDown(err error) {
+	c.mu.Lock()
+	c.lnkErr = true
+	if c.err == nil {
+		c.err = err
+	}
+	c.updateState("link down")
+	c.mu.Unlock()
+	wake(c.rxWake)
+	wake(c.txWake)
+	go c.maybeRelease()
+}
+
+// writeDone counts a completed RDMA WRITE; it runs in the poller.
+func (c *Conn) writeDone() {
+	if c.wrOut.Add(-1) == 0 {
+		c.mu.Lock()
+		if c.localTerm && c.peerClosed && !c.released {
+			c.queueCtlLocked(ctlRelease)
+		}
+		c.mu.Unlock()
+	}
+}
+
+// maybeRelease frees the connection's buffers once nothing can touch them: both ends
+// sent their last CDC (or the link is gone) and no WRITE reads our send buffer.
+func (c *Conn) maybeRelease() bool {
+	c.mu.Lock()
+	if c.released {
+		c.mu.Unlock()
+		return true
+	}
+	ok := c.appClosed && (c.lnkErr || (c.localTerm && c.peerClosed && c.wrOut.Load() == 0))
+	if !ok {
+		c.mu.Unlock()
+		return false
+	}
+	c.released = true
+	if c.closeTimer != nil {
+		c.closeTimer.Stop()
+	}
+	c.updateState("released")
+	c.mu.Unlock()
+	c.e.st.active.Add(-1)
+	c.freeResources()
+	c.tcp.Close() // after the SMC-R connection, as Linux does
+	c.e.untrack(c)
+	return true
+}
+
+// freeResources returns the RMB, send buffer, token and link-group slot.
+func (c *Conn) freeResources() {
+	if c.lg != nil && c.token != 0 {
+		c.lg.removeConn(c)
+	}
+	if c.token != 0 {
+		c.e.freeToken(c.token)
+	}
+	if c.rmb != nil {
+		if c.lnk != nil && !c.lnkErr {
+			c.lnk.deleteRKey(c.rmb.RKey())
+		}
+		c.rmb.Close()
+	}
+	if c.snd != nil {
+		c.snd.Close()
+	}
+	c.e.unreserve(c.memHeld)
+	c.memHeld = 0
+	if c.reserved {
+		c.reserved = false
+		c.lg.unreserve()
+	}
+}
+
+// abandonSetup undoes a handshake that did not end in SMC-R.
+func (c *Conn) abandonSetup() {
+	c.mu.Lock()
+	if c.released {
+		c.mu.Unlock()
+		return
+	}
+	c.released = true
+	c.mu.Unlock()
+	if c.lg != nil && c.lg.firstConn == c {
+		c.lg.setReady(errors.New("smcr: first contact failed"))
+	}
+	c.freeResources()
+}
+
+// activate makes a set-up connection usable.
+func (c *Conn) activate() {
+	c.mode = ModeSMCR
+	c.mu.Lock()
+	c.updateState("clc done")
+	pending := c.ctlPending
+	c.ctlPending = 0
+	if pending != 0 {
+		c.queueCtlLocked(pending)
+	}
+	c.mu.Unlock()
+	c.e.st.smc.Add(1)
+	c.e.st.active.Add(1)
+	c.e.log.Debug("smcr: connection up", "conn", c.id, "lg", c.lg.id, "token", c.token, "peer_token", c.peerToken)
+}
+
+// allocRMB reserves memory for and registers our RMBE, and takes an alert token.
+func (c *Conn) allocRMB() (DeclineCode, error) {
+	size := c.e.cfg.RMBSize
+	if !c.e.reserve(int64(size)) {
+		return clc.DeclineNoMemory, fmt.Errorf("rmb of %d bytes exceeds max memory %d", size, c.e.cfg.MaxMemory)
+	}
+	c.memHeld += int64(size)
+	mr, err := c.lnk.pd.AllocMR(size, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
+	if err != nil {
+		return clc.DeclineInternalRegBuf, fmt.Errorf("alloc rmb: %w", err)
+	}
+	c.rmb, c.rmbSize = mr, uint64(size)
+	c.token = c.e.newToken(c)
+	c.lg.addConn(c)
+	return 0, nil
+}
+
+// setPeer takes the peer's RMBE from its Accept/Confirm and makes our send buffer.
+func (c *Conn) setPeer(li *clc.LinkInfo) (DeclineCode, error) {
+	size := clc.RMBESize(li.SizeCode)
+	if !c.e.reserve(int64(size)) {
+		return clc.DeclineNoMemory, fmt.Errorf("send buffer of %d bytes exceeds max memory %d", size, c.e.cfg.MaxMemory)
+	}
+	c.memHeld += int64(size)
+	mr, err := c.lnk.pd.AllocMR(size, verbs.AccessLocalWrite)
+	if err != nil {
+		return clc.DeclineInternalRegBuf, fmt.Errorf("alloc send buffer: %w", err)
+	}
+	c.mu.Lock()
+	c.snd, c.peerSize = mr, uint64(size)
+	c.peerToken, c.peerRKey, c.peerAddr = li.AlertToken, li.RKey, li.RMBAddr
+	c.mu.Unlock()
+	return 0, nil
+}

@@ -1,0 +1,140 @@
+// Config: the knobs of an Engine and their defaults.
+// RFC 7609 §3 (resources an SMC-R endpoint manages).
+
+package smcr
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"time"
+
+	"github.com/smcr-io/smcr/smcr/verbs"
+)
+
+// Config configures an Engine. The zero value of every field but Devices means
+// "the default".
+type Config struct {
+	// Devices are the RDMA devices to offer, one per link (1 or 2). With none, every
+	// connection falls back to TCP (declining with "no SMC-R device").
+	Devices []verbs.Device
+	// MaxMemory bounds the bytes of RMBs and send buffers held at once; a
+	// connection that would exceed it falls back with "insufficient memory".
+	// Zero means unlimited.
+	MaxMemory int64
+	// RMBSize is the receive buffer (RMBE) of each connection, rounded up to a
+	// power of two between 16 KiB and 512 KiB. Default 64 KiB.
+	RMBSize int
+	// SendBufSize is accepted for configuration compatibility; the send buffer
+	// mirrors the peer's RMBE, so its size is the peer's choice.
+	SendBufSize int
+	// CLCTimeout bounds the wait for each CLC message (Linux: 6 s). Default 6 s.
+	CLCTimeout time.Duration
+	// LLCTimeout bounds the wait for an LLC response (Linux: 2 s). Default 2 s.
+	LLCTimeout time.Duration
+	// LinkGroupIdle is how long a link group without connections is kept for
+	// reuse. Default 10 minutes.
+	LinkGroupIdle time.Duration
+	// TestLinkInterval is the TEST_LINK keepalive period (Linux: 30 s). Default 30 s;
+	// negative disables it.
+	TestLinkInterval time.Duration
+	// CloseTimeout bounds how long a closed connection waits for the peer's close
+	// before it aborts and frees its buffers. Default 30 s.
+	CloseTimeout time.Duration
+	// PeerID is this endpoint's 8-byte peer ID; zero means 2 random bytes plus the
+	// MAC of the first device.
+	PeerID [8]byte
+	// Prefixes returns the subnet of the interface that holds the local address,
+	// for the CLC same-subnet check. Default: looked up with net.InterfaceAddrs.
+	Prefixes func(local netip.Addr) (netip.Prefix, bool)
+	// Clock supplies time; nil means the real one. Tests inject a fake.
+	Clock Clock
+	// Logger receives the engine's logs; nil discards them.
+	Logger *slog.Logger
+}
+
+// Clock is the engine's source of time, so timers are testable without sleeping.
+type Clock interface {
+	Now() time.Time
+	AfterFunc(d time.Duration, f func()) Timer
+}
+
+// Timer is a stoppable timer made by a Clock.
+type Timer interface {
+	Stop() bool
+}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time                            { return time.Now() }
+func (realClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
+
+const (
+	minRMB         = 16 << 10
+	maxRMB         = 512 << 10
+	defaultRMB     = 64 << 10
+	maxLinks       = 2
+	maxConnsPerLGR = 255
+)
+
+// ErrConfig is wrapped by NewEngine for an unusable configuration.
+var ErrConfig = errors.New("smcr: bad configuration")
+
+func (c *Config) withDefaults() (Config, error) {
+	out := *c
+	if len(out.Devices) > maxLinks {
+		return out, fmt.Errorf("%w: %d devices, at most %d links", ErrConfig, len(out.Devices), maxLinks)
+	}
+	for i, d := range out.Devices {
+		if d == nil {
+			return out, fmt.Errorf("%w: device %d is nil", ErrConfig, i)
+		}
+	}
+	if out.RMBSize == 0 {
+		out.RMBSize = defaultRMB
+	}
+	if out.RMBSize < 0 || out.RMBSize > maxRMB {
+		return out, fmt.Errorf("%w: rmb size %d outside 16 KiB..512 KiB", ErrConfig, out.RMBSize)
+	}
+	out.RMBSize = sizeFromCode(sizeCode(out.RMBSize))
+	if out.MaxMemory < 0 {
+		return out, fmt.Errorf("%w: negative max memory", ErrConfig)
+	}
+	if out.CLCTimeout <= 0 {
+		out.CLCTimeout = 6 * time.Second
+	}
+	if out.LLCTimeout <= 0 {
+		out.LLCTimeout = 2 * time.Second
+	}
+	if out.LinkGroupIdle <= 0 {
+		out.LinkGroupIdle = 10 * time.Minute
+	}
+	if out.TestLinkInterval == 0 {
+		out.TestLinkInterval = 30 * time.Second
+	}
+	if out.CloseTimeout <= 0 {
+		out.CloseTimeout = 30 * time.Second
+	}
+	if out.Clock == nil {
+		out.Clock = realClock{}
+	}
+	if out.Logger == nil {
+		out.Logger = slog.New(slog.DiscardHandler)
+	}
+	if out.Prefixes == nil {
+		out.Prefixes = interfacePrefix
+	}
+	return out, nil
+}
+
+// sizeCode returns the RMBE size code for at least n bytes: size = 16 KiB << code.
+func sizeCode(n int) uint8 {
+	c := uint8(0)
+	for sizeFromCode(c) < n && c < 5 {
+		c++
+	}
+	return c
+}
+
+func sizeFromCode(c uint8) int { return minRMB << c }

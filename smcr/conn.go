@@ -1,0 +1,313 @@
+// Conn: the net.Conn of one connection, SMC-R or fallen back to TCP, and its state
+// machine. RFC 7609 §4.4 (connection states), after Linux's enum smc_state.
+
+package smcr
+
+import (
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/smcr-io/smcr/smcr/verbs"
+)
+
+// Mode says how a Conn carries its bytes.
+type Mode uint8
+
+const (
+	ModeSMCR     Mode = iota + 1 // over RDMA
+	ModeFallback                 // over the TCP connection
+)
+
+func (m Mode) String() string {
+	switch m {
+	case ModeSMCR:
+		return "SMC-R"
+	case ModeFallback:
+		return "TCP"
+	}
+	return "unknown"
+}
+
+// state is the connection state, named as Linux's enum smc_state so traces line up.
+//
+//	             CloseWrite                    peer sending-done
+//	ACTIVE ─────────────────▶ PEERCLOSEWAIT1   ACTIVE ──────────────▶ APPCLOSEWAIT1
+//	  │ peer closed/done          │ peer done           │ CloseWrite
+//	  │                           ▼                     ▼
+//	  │                      PEERCLOSEWAIT2 ◀──── APPFINCLOSEWAIT
+//	  │ Close                     │ Close / peer closed
+//	  ▼                           ▼
+//	PEERFINCLOSEWAIT ──────────▶ CLOSED ◀───── PEERABORTWAIT / PROCESSABORT (abort)
+//
+// Buffers are released in CLOSED, once both ends sent a terminal flag (closed or
+// abnormal close) and every RDMA WRITE reading our send buffer has completed.
+type state uint8
+
+const (
+	stateInit state = iota
+	stateActive
+	statePeerCloseWait1   // we sent sending-done, the peer has not
+	statePeerCloseWait2   // both sent sending-done, we have not closed
+	stateAppCloseWait1    // the peer sent sending-done, we can still write
+	stateAppFinCloseWait  // both done; waiting for our Close
+	statePeerFinCloseWait // we closed, waiting for the peer's close
+	statePeerAbortWait    // we aborted, waiting for the peer's answer
+	stateProcessAbort     // the peer aborted
+	stateClosed
+)
+
+var stateNames = [...]string{
+	stateInit:             "SMC_INIT",
+	stateActive:           "SMC_ACTIVE",
+	statePeerCloseWait1:   "SMC_PEERCLOSEWAIT1",
+	statePeerCloseWait2:   "SMC_PEERCLOSEWAIT2",
+	stateAppCloseWait1:    "SMC_APPCLOSEWAIT1",
+	stateAppFinCloseWait:  "SMC_APPFINCLOSEWAIT",
+	statePeerFinCloseWait: "SMC_PEERFINCLOSEWAIT",
+	statePeerAbortWait:    "SMC_PEERABORTWAIT",
+	stateProcessAbort:     "SMC_PROCESSABORT",
+	stateClosed:           "SMC_CLOSED",
+}
+
+func (s state) String() string { return stateNames[s] }
+
+var (
+	// ErrFallback is wrapped by errors that made a connection fall back to TCP.
+	ErrFallback = errors.New("smcr: fell back to tcp")
+	// ErrLinkDown ends SMC-R connections whose link group lost its last link.
+	ErrLinkDown = errors.New("smcr: link down")
+	// ErrReset is returned after the peer aborted the connection (the SMC-R RST).
+	ErrReset = errors.New("smcr: connection reset by peer")
+	// ErrAborted is returned after this end aborted the connection.
+	ErrAborted = errors.New("smcr: connection aborted")
+	// ErrProtocol ends a connection whose peer broke the protocol.
+	ErrProtocol = errors.New("smcr: protocol violation")
+	// ErrWriteClosed is returned by Write after CloseWrite or the peer's close.
+	ErrWriteClosed = errors.New("smcr: write after close")
+)
+
+// timeoutError is returned when a deadline passes; it satisfies net.Error.
+type timeoutError struct{}
+
+func (timeoutError) Error() string   { return "smcr: i/o timeout" }
+func (timeoutError) Timeout() bool   { return true }
+func (timeoutError) Temporary() bool { return true }
+func (timeoutError) Is(t error) bool { return t == errDeadline }
+
+var errDeadline = errors.New("deadline exceeded")
+
+// Conn is one connection. It implements net.Conn; Mode tells whether its bytes go
+// over SMC-R or over the TCP connection it was set up on.
+type Conn struct {
+	e      *Engine
+	tcp    net.Conn
+	client bool
+	id     uint64
+
+	mode    Mode
+	decline *Decline
+	fb      net.Conn // fallback data path: tcp with the bytes CLC read ahead first
+
+	// SMC-R resources, fixed once the Conn is returned.
+	lg        *linkGroup
+	lnk       *link
+	token     uint32 // ours: the peer puts it in every CDC to us
+	peerToken uint32
+	rmb       verbs.MR // our RMBE: the peer writes into it
+	rmbSize   uint64
+	snd       verbs.MR // mirrors the peer's RMBE: the source of our RDMA WRITEs
+	peerSize  uint64
+	peerAddr  uint64
+	peerRKey  uint32
+	memHeld   int64
+	peerOffer offer // the client's offer the server chose
+	reserved  bool  // holds a slot of lg
+
+	rxMu sync.Mutex // one Read at a time
+	txMu sync.Mutex // one Write at a time
+
+	mu          sync.Mutex
+	st          state
+	rxProd      uint64 // absolute cursors, see doc.go
+	rxCons      uint64
+	rxConfirmed uint64 // consumer cursor last reported to the peer
+	txProd      uint64
+	txCons      uint64 // the peer's consumer cursor: its freed space
+	seq         uint16
+	peerDone    bool // peer sent sending-done (or closed)
+	peerClosed  bool // peer sent closed or abort: it will not write again
+	peerAbort   bool
+	localDone   bool // we sent sending-done
+	localTerm   bool // we sent closed or abort
+	localAbort  bool
+	appClosed   bool // Close was called
+	released    bool
+	ctlPending  ctlBits
+	err         error // terminal error for Read and Write
+	lnkErr      bool  // the link group is gone: nothing more can be sent
+	closeTimer  Timer
+
+	wrOut atomic.Int32 // RDMA WRITEs posted and not completed
+
+	rxWake, txWake chan struct{}
+	done           chan struct{} // closed by Close
+	readDL         deadline
+	writeDL        deadline
+	closeOnce      sync.Once
+
+	cs connStats
+}
+
+type connStats struct {
+	tx, rx, cdcSent, cdcRecv, blocked, updates atomic.Uint64
+}
+
+func wake(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// setState is the one place the state changes; it logs every transition.
+// The caller holds c.mu.
+func (c *Conn) setState(s state, why string) {
+	if c.st == s {
+		return
+	}
+	c.e.log.Debug("smcr: conn state", "conn", c.id, "from", c.st, "to", s, "why", why)
+	c.st = s
+}
+
+// Mode reports whether the connection runs over SMC-R or fell back to TCP.
+func (c *Conn) Mode() Mode { return c.mode }
+
+// Decline returns why the connection fell back, or nil when it runs over SMC-R.
+func (c *Conn) Decline() *Decline { return c.decline }
+
+// TCP returns the TCP connection the Conn was set up on.
+func (c *Conn) TCP() net.Conn { return c.tcp }
+
+// LocalAddr is the TCP connection's local address.
+func (c *Conn) LocalAddr() net.Addr { return c.tcp.LocalAddr() }
+
+// RemoteAddr is the TCP connection's remote address.
+func (c *Conn) RemoteAddr() net.Addr { return c.tcp.RemoteAddr() }
+
+// Stats returns the connection's counters.
+func (c *Conn) Stats() ConnStats {
+	return ConnStats{
+		TxBytes: c.cs.tx.Load(), RxBytes: c.cs.rx.Load(),
+		CDCSent: c.cs.cdcSent.Load(), CDCRecv: c.cs.cdcRecv.Load(),
+		WriteBlocked: c.cs.blocked.Load(), ConsumerUpdates: c.cs.updates.Load(),
+	}
+}
+
+// Read reads data the peer wrote into our RMBE (or, after a fallback, from TCP).
+func (c *Conn) Read(p []byte) (int, error) {
+	if c.mode == ModeFallback {
+		n, err := c.fb.Read(p)
+		c.cs.rx.Add(uint64(n))
+		c.e.st.fbRx.Add(uint64(n))
+		return n, err
+	}
+	return c.smcRead(p)
+}
+
+// Write writes p into the peer's RMBE (or, after a fallback, to TCP).
+func (c *Conn) Write(p []byte) (int, error) {
+	if c.mode == ModeFallback {
+		n, err := c.fb.Write(p)
+		c.cs.tx.Add(uint64(n))
+		c.e.st.fbTx.Add(uint64(n))
+		return n, err
+	}
+	return c.smcWrite(p)
+}
+
+// SetDeadline sets the read and write deadlines.
+func (c *Conn) SetDeadline(t time.Time) error {
+	if c.mode == ModeFallback {
+		return c.fb.SetDeadline(t)
+	}
+	c.readDL.set(t)
+	c.writeDL.set(t)
+	return nil
+}
+
+// SetReadDeadline sets the deadline for Read.
+func (c *Conn) SetReadDeadline(t time.Time) error {
+	if c.mode == ModeFallback {
+		return c.fb.SetReadDeadline(t)
+	}
+	c.readDL.set(t)
+	return nil
+}
+
+// SetWriteDeadline sets the deadline for Write.
+func (c *Conn) SetWriteDeadline(t time.Time) error {
+	if c.mode == ModeFallback {
+		return c.fb.SetWriteDeadline(t)
+	}
+	c.writeDL.set(t)
+	return nil
+}
+
+// deadline is a resettable deadline whose wait channel closes when it passes,
+// as in net.Pipe: waiting on it allocates nothing.
+type deadline struct {
+	mu     sync.Mutex
+	timer  *time.Timer
+	cancel chan struct{}
+}
+
+func (d *deadline) set(t time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.timer != nil && !d.timer.Stop() {
+		<-d.cancel // the timer fired: wait for it to close the channel
+	}
+	d.timer = nil
+	closed := d.cancel != nil && isClosed(d.cancel)
+	if t.IsZero() {
+		if closed || d.cancel == nil {
+			d.cancel = make(chan struct{})
+		}
+		return
+	}
+	if dur := time.Until(t); dur > 0 {
+		if closed || d.cancel == nil {
+			d.cancel = make(chan struct{})
+		}
+		ch := d.cancel
+		d.timer = time.AfterFunc(dur, func() { close(ch) })
+		return
+	}
+	if !closed {
+		if d.cancel == nil {
+			d.cancel = make(chan struct{})
+		}
+		close(d.cancel)
+	}
+}
+
+func (d *deadline) wait() chan struct{} {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.cancel == nil {
+		d.cancel = make(chan struct{})
+	}
+	return d.cancel
+}
+
+func isClosed(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}

@@ -1,0 +1,23 @@
+// Package smcr is a user-space SMC-R endpoint (RFC 7609): Dial and Listen return
+// net.Conn and net.Listener whose bytes move over RDMA once a CLC handshake on the
+// TCP connection has agreed on it, and over that same TCP connection otherwise.
+//
+// The files follow the sublayers of the Linux implementation, so a reader of the
+// RFC finds each concept by name:
+//
+//	engine.go     Engine: devices, memory budget, link groups, the connection table
+//	clc.go        CLC handshake as client and server (§3.5, §3.7)      ← smc_clc
+//	ext.go        the SMCX provider-choice extension (docs/protocol.md)
+//	fallback.go   the one place a connection becomes plain TCP          ← smc_switch_to_fallback
+//	linkgroup.go  link groups, their reuse and idle expiry (§3.3, §3.4) ← smc_core
+//	llc.go        links: QP, receive slots, LLC messages (§3.8)         ← smc_llc, smc_wr
+//	cdc.go        CDC messages and their validation (§3.9)              ← smc_cdc
+//	tx.go, rx.go  data over the RMBEs, cursors, the 10% rule (§4)       ← smc_tx, smc_rx
+//	close.go      sending done, closed, abort (§4.4)                    ← smc_close
+//	conn.go       the net.Conn and its state machine
+//	stats.go      counters for smcrctl                                  ← smc_stats
+//
+// Cursors are kept internally as absolute byte counts (uint64) and are converted to
+// the wire's (wrap, count) pair only at the CDC boundary; the conversion back checks
+// every peer value against what the ring can hold.
+package smcr

@@ -1,0 +1,362 @@
+// Engine: one SMC-R endpoint — its devices, memory budget, link groups and
+// connections; Dial, Listen and the handshake entry points for established TCP.
+// RFC 7609 §3 (SMC-R endpoint resources), after Linux's smc_core.
+
+package smcr
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/smcr-io/smcr/smcr/clc"
+)
+
+// ErrEngineClosed is returned by an Engine after Close.
+var ErrEngineClosed = errors.New("smcr: engine closed")
+
+var noDeadline time.Time
+
+// Engine is one SMC-R endpoint. Its methods are safe for concurrent use.
+type Engine struct {
+	cfg    Config
+	log    *slog.Logger
+	peerID clc.PeerID
+	st     stats
+
+	mem     atomic.Int64
+	memPeak atomic.Int64
+	connSeq atomic.Uint64
+
+	mu     sync.Mutex
+	closed bool
+	lgs    []*linkGroup
+	conns  map[uint64]*Conn
+	tokens map[uint32]*Conn
+	lgSeq  uint32
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// NewEngine checks cfg and returns an Engine.
+func NewEngine(cfg Config) (*Engine, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	e := &Engine{cfg: c, log: c.Logger, peerID: c.PeerID, conns: map[uint64]*Conn{}, tokens: map[uint32]*Conn{}}
+	if e.peerID == (clc.PeerID{}) {
+		rand.Read(e.peerID[:2])
+		if len(c.Devices) > 0 {
+			mac := c.Devices[0].Port().MAC
+			copy(e.peerID[2:], mac[:])
+		} else {
+			rand.Read(e.peerID[2:])
+		}
+	}
+	e.ctx, e.cancel = context.WithCancel(context.Background())
+	return e, nil
+}
+
+// PeerID is the 8-byte identity this engine sends in CLC.
+func (e *Engine) PeerID() clc.PeerID { return e.peerID }
+
+// Close ends every link group (DELETE_LINK to the peers) and every SMC-R connection.
+// Fallback connections, which are plain TCP, are left to their owners.
+func (e *Engine) Close() error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil
+	}
+	e.closed = true
+	lgs := slices.Clone(e.lgs)
+	e.mu.Unlock()
+	for _, lg := range lgs {
+		lg.terminate(ErrEngineClosed, true)
+	}
+	e.cancel()
+	e.wg.Wait()
+	return nil
+}
+
+// Stats returns a snapshot of the engine's counters.
+func (e *Engine) Stats() Stats {
+	s := e.st.snapshot()
+	s.MemoryInUse = e.mem.Load()
+	s.MemoryPeak = e.memPeak.Load()
+	e.mu.Lock()
+	s.LinkGroups = len(e.lgs)
+	e.mu.Unlock()
+	return s
+}
+
+// ResetStats zeroes the counters (not the gauges: active connections, memory).
+func (e *Engine) ResetStats() { e.st.reset() }
+
+// reserve accounts n bytes against MaxMemory; false when they do not fit.
+func (e *Engine) reserve(n int64) bool {
+	for {
+		cur := e.mem.Load()
+		if e.cfg.MaxMemory > 0 && cur+n > e.cfg.MaxMemory {
+			return false
+		}
+		if e.mem.CompareAndSwap(cur, cur+n) {
+			for {
+				p := e.memPeak.Load()
+				if cur+n <= p || e.memPeak.CompareAndSwap(p, cur+n) {
+					return true
+				}
+			}
+		}
+	}
+}
+
+func (e *Engine) unreserve(n int64) { e.mem.Add(-n) }
+
+// newToken returns an alert token unique in this engine (never 0).
+func (e *Engine) newToken(c *Conn) uint32 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for {
+		var b [4]byte
+		rand.Read(b[:])
+		t := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+		if _, dup := e.tokens[t]; t != 0 && !dup {
+			e.tokens[t] = c
+			return t
+		}
+	}
+}
+
+func (e *Engine) freeToken(t uint32) {
+	e.mu.Lock()
+	delete(e.tokens, t)
+	e.mu.Unlock()
+}
+
+func (e *Engine) newConn(tcp net.Conn, client bool) *Conn {
+	c := &Conn{
+		e: e, tcp: tcp, client: client, id: e.connSeq.Add(1),
+		rxWake: make(chan struct{}, 1), txWake: make(chan struct{}, 1), done: make(chan struct{}),
+	}
+	e.mu.Lock()
+	e.conns[c.id] = c
+	e.mu.Unlock()
+	e.st.handled.Add(1)
+	return c
+}
+
+func (e *Engine) untrack(c *Conn) {
+	e.mu.Lock()
+	delete(e.conns, c.id)
+	e.mu.Unlock()
+}
+
+// trackFallback keeps fallen-back connections visible to Conns until closed.
+func (e *Engine) trackFallback(c *Conn) {
+	e.mu.Lock()
+	e.conns[c.id] = c
+	e.mu.Unlock()
+}
+
+// ConnInfo describes one connection for smcrctl.
+type ConnInfo struct {
+	ID        uint64
+	Mode      Mode
+	Client    bool
+	Local     net.Addr
+	Remote    net.Addr
+	State     string
+	Decline   *Decline
+	LinkGroup uint32 // 0 for fallback connections
+	Token     uint32
+	PeerToken uint32
+	RMBSize   int
+	PeerRMB   int
+	Stats     ConnStats
+}
+
+// Conns lists the engine's open connections.
+func (e *Engine) Conns() []ConnInfo {
+	e.mu.Lock()
+	cs := make([]*Conn, 0, len(e.conns))
+	for _, c := range e.conns {
+		cs = append(cs, c)
+	}
+	e.mu.Unlock()
+	slices.SortFunc(cs, func(a, b *Conn) int { return int(a.id - b.id) })
+	out := make([]ConnInfo, 0, len(cs))
+	for _, c := range cs {
+		ci := ConnInfo{ID: c.id, Mode: c.mode, Client: c.client, Local: c.tcp.LocalAddr(),
+			Remote: c.tcp.RemoteAddr(), Decline: c.decline, Stats: c.Stats()}
+		c.mu.Lock()
+		ci.State = c.st.String()
+		c.mu.Unlock()
+		if c.mode == ModeSMCR {
+			ci.LinkGroup, ci.Token, ci.PeerToken = c.lg.id, c.token, c.peerToken
+			ci.RMBSize, ci.PeerRMB = int(c.rmbSize), int(c.peerSize)
+		}
+		out = append(out, ci)
+	}
+	return out
+}
+
+// Dial connects to addr over TCP and runs CLC as the client. The result is an SMC-R
+// connection or, when SMC-R could not be agreed, a TCP one; err is set only when
+// the TCP connection itself failed.
+func (e *Engine) Dial(ctx context.Context, network, addr string) (*Conn, error) {
+	var d net.Dialer
+	d.SetMultipathTCP(false)
+	tcp, err := d.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, fmt.Errorf("smcr: dial: %w", err)
+	}
+	// Look the subnet up now, on the dialing thread: in a test the thread may be
+	// inside a network namespace that later goroutines are not.
+	pfx := e.localPrefix(tcp, e.cfg.Prefixes)
+	return e.client(ctx, tcp, pfx)
+}
+
+// Client runs CLC as the client on an established TCP connection.
+func (e *Engine) Client(ctx context.Context, tcp net.Conn) (*Conn, error) {
+	return e.client(ctx, tcp, e.localPrefix(tcp, e.cfg.Prefixes))
+}
+
+// Server runs CLC as the server on an accepted TCP connection.
+func (e *Engine) Server(ctx context.Context, tcp net.Conn) (*Conn, error) {
+	return e.server(ctx, tcp, e.cfg.Prefixes)
+}
+
+func (e *Engine) localPrefix(tcp net.Conn, lookup func(netip.Addr) (netip.Prefix, bool)) netip.Prefix {
+	ap, err := netip.ParseAddrPort(tcp.LocalAddr().String())
+	if err != nil {
+		return netip.Prefix{}
+	}
+	p, _ := lookup(ap.Addr().Unmap())
+	return p
+}
+
+// interfacePrefix finds the interface address equal to local and returns its subnet.
+func interfacePrefix(local netip.Addr) (netip.Prefix, bool) {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return netip.Prefix{}, false
+	}
+	return matchPrefix(addrs, local)
+}
+
+func matchPrefix(addrs []net.Addr, local netip.Addr) (netip.Prefix, bool) {
+	for _, a := range addrs {
+		ipn, ok := a.(*net.IPNet)
+		if !ok {
+			continue
+		}
+		ip, ok := netip.AddrFromSlice(ipn.IP)
+		if !ok || ip.Unmap() != local {
+			continue
+		}
+		ones, _ := ipn.Mask.Size()
+		return netip.PrefixFrom(local, ones).Masked(), true
+	}
+	return netip.Prefix{}, false
+}
+
+// Listener accepts TCP connections and runs CLC as the server on each, in parallel.
+type Listener struct {
+	e      *Engine
+	ln     net.Listener
+	addrs  []net.Addr
+	ch     chan *Conn
+	done   chan struct{}
+	once   sync.Once
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+// Listen opens a TCP listener whose accepted connections run CLC as the server.
+// The interface addresses for the same-subnet check are read now, so a Listen
+// made inside a network namespace checks that namespace's subnets.
+func (e *Engine) Listen(network, addr string) (*Listener, error) {
+	var lc net.ListenConfig
+	lc.SetMultipathTCP(false)
+	ln, err := lc.Listen(context.Background(), network, addr)
+	if err != nil {
+		return nil, fmt.Errorf("smcr: listen: %w", err)
+	}
+	return e.NewListener(ln), nil
+}
+
+// NewListener runs CLC as the server on every connection ln accepts.
+func (e *Engine) NewListener(ln net.Listener) *Listener {
+	addrs, _ := net.InterfaceAddrs()
+	l := &Listener{e: e, ln: ln, addrs: addrs, ch: make(chan *Conn), done: make(chan struct{})}
+	l.ctx, l.cancel = context.WithCancel(e.ctx)
+	go l.loop()
+	return l
+}
+
+func (l *Listener) prefixes(local netip.Addr) (netip.Prefix, bool) {
+	if p, ok := matchPrefix(l.addrs, local); ok {
+		return p, true
+	}
+	return l.e.cfg.Prefixes(local)
+}
+
+func (l *Listener) loop() {
+	for {
+		tcp, err := l.ln.Accept()
+		if err != nil {
+			l.Close()
+			return
+		}
+		go func() {
+			c, err := l.e.server(l.ctx, tcp, l.prefixes)
+			if err != nil {
+				tcp.Close()
+				return
+			}
+			select {
+			case l.ch <- c:
+			case <-l.done:
+				c.Close()
+			}
+		}()
+	}
+}
+
+// Accept returns the next connection whose CLC exchange has ended (SMC-R or TCP).
+func (l *Listener) Accept() (net.Conn, error) { return l.AcceptSMC() }
+
+// AcceptSMC is Accept returning the concrete type.
+func (l *Listener) AcceptSMC() (*Conn, error) {
+	select {
+	case c := <-l.ch:
+		return c, nil
+	case <-l.done:
+		return nil, fmt.Errorf("smcr: accept: %w", net.ErrClosed)
+	}
+}
+
+// Close stops accepting; connections already returned stay open.
+func (l *Listener) Close() error {
+	var err error
+	l.once.Do(func() {
+		err = l.ln.Close()
+		l.cancel()
+		close(l.done)
+	})
+	return err
+}
+
+// Addr is the TCP listener's address.
+func (l *Listener) Addr() net.Addr { return l.ln.Addr() }

@@ -1,0 +1,402 @@
+package smcr
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/smcr-io/smcr/smcr/clc"
+	"github.com/smcr-io/smcr/smcr/internal/memverbs"
+	"github.com/smcr-io/smcr/smcr/verbs"
+)
+
+func testLogger(t testing.TB) *slog.Logger {
+	if os.Getenv("SMCR_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return nil
+}
+
+// pair is two engines, a client and a server, with a loopback listener.
+type pair struct {
+	cli, srv *Engine
+	ln       *Listener
+}
+
+func newEngine(t testing.TB, cfg Config) *Engine {
+	t.Helper()
+	if cfg.Logger == nil {
+		cfg.Logger = testLogger(t)
+	}
+	if cfg.CLCTimeout == 0 {
+		cfg.CLCTimeout = 2 * time.Second
+	}
+	e, err := NewEngine(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
+func memDevices(t testing.TB, kind verbs.Kind) []verbs.Device {
+	d := memverbs.New(kind)
+	t.Cleanup(func() { d.Close() })
+	return []verbs.Device{d}
+}
+
+func newPair(t testing.TB, cli, srv Config) *pair {
+	t.Helper()
+	p := &pair{cli: newEngine(t, cli), srv: newEngine(t, srv)}
+	ln, err := p.srv.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	p.ln = ln
+	return p
+}
+
+func memPair(t testing.TB) *pair {
+	return newPair(t, Config{Devices: memDevices(t, verbs.KindSoft)}, Config{Devices: memDevices(t, verbs.KindSoft)})
+}
+
+// connect dials and accepts one connection.
+func (p *pair) connect(t testing.TB) (*Conn, *Conn) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	type res struct {
+		c   *Conn
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		c, err := p.ln.AcceptSMC()
+		ch <- res{c, err}
+	}()
+	c, err := p.cli.Dial(ctx, "tcp", p.ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := <-ch
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	return c, r.c
+}
+
+func mustSMC(t testing.TB, cs ...*Conn) {
+	t.Helper()
+	for _, c := range cs {
+		if c.Mode() != ModeSMCR {
+			t.Fatalf("mode %v, decline %v", c.Mode(), c.Decline())
+		}
+	}
+}
+
+func TestEcho(t *testing.T) {
+	p := memPair(t)
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	go io.Copy(s, s)
+	msg := []byte("hello over smc-r")
+	if _, err := c.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(c, got); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, msg) {
+		t.Fatalf("got %q", got)
+	}
+	c.Close()
+	s.Close()
+}
+
+// stream writes total random bytes in random sizes and checks them by hash.
+func stream(t testing.TB, w, r *Conn, total int, seed uint64) {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(seed, 1))
+	src := make([]byte, 1<<20)
+	for i := range src {
+		src[i] = byte(rng.Uint32())
+	}
+	want := sha256.New()
+	errc := make(chan error, 1)
+	go func() {
+		defer w.CloseWrite()
+		rng := rand.New(rand.NewPCG(seed, 2))
+		for sent := 0; sent < total; {
+			n := min(1+rng.IntN(200<<10), total-sent)
+			off := rng.IntN(len(src) - n + 1)
+			want.Write(src[off : off+n])
+			if _, err := w.Write(src[off : off+n]); err != nil {
+				errc <- err
+				return
+			}
+			sent += n
+		}
+		errc <- nil
+	}()
+	got := sha256.New()
+	buf := make([]byte, 300<<10)
+	rrng := rand.New(rand.NewPCG(seed, 3))
+	n := 0
+	for {
+		k, err := r.Read(buf[:1+rrng.IntN(len(buf)-1)])
+		got.Write(buf[:k])
+		n += k
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("read after %d bytes: %v", n, err)
+		}
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if n != total || !bytes.Equal(got.Sum(nil), want.Sum(nil)) {
+		t.Fatalf("received %d of %d bytes, hash match %v", n, total, bytes.Equal(got.Sum(nil), want.Sum(nil)))
+	}
+}
+
+func TestStreamsBothWays(t *testing.T) {
+	p := memPair(t)
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); stream(t, c, s, 64<<20, 1) }()
+	go func() { defer wg.Done(); stream(t, s, c, 64<<20, 2) }()
+	wg.Wait()
+	c.Close()
+	s.Close()
+	st := p.cli.Stats()
+	if st.TxBytes != 64<<20 || st.RxBytes != 64<<20 {
+		t.Fatalf("client stats tx %d rx %d", st.TxBytes, st.RxBytes)
+	}
+}
+
+func TestFallbackNoDevice(t *testing.T) {
+	p := newPair(t, Config{}, Config{Devices: memDevices(t, verbs.KindSoft), CLCTimeout: 200 * time.Millisecond})
+	c, s := p.connect(t)
+	if c.Mode() != ModeFallback || s.Mode() != ModeFallback {
+		t.Fatalf("modes %v %v", c.Mode(), s.Mode())
+	}
+	if c.Decline().Code != clc.DeclineNoSMCRDevice || c.Decline().Sent {
+		t.Fatalf("client decline %+v", c.Decline())
+	}
+	// The client proposes nothing and waits for the server to talk: the server
+	// times out without sending a Decline, which the client would read as data.
+	if d := s.Decline(); d.Code != DeclineTimeoutCLC || d.Sent {
+		t.Fatalf("server decline %+v", d)
+	}
+	echoCheck(t, c, s)
+}
+
+// echoCheck proves a fallen-back pair carries bytes both ways.
+func echoCheck(t *testing.T, c, s net.Conn) {
+	t.Helper()
+	go func() {
+		buf := make([]byte, 5)
+		io.ReadFull(s, buf)
+		s.Write(buf)
+	}()
+	if _, err := c.Write([]byte("ping!")); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 5)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(c, got); err != nil || string(got) != "ping!" {
+		t.Fatalf("echo %q %v", got, err)
+	}
+}
+
+func TestFallbackProviderMismatch(t *testing.T) {
+	p := newPair(t, Config{Devices: memDevices(t, verbs.KindSoft)}, Config{Devices: memDevices(t, verbs.KindSHM)})
+	c, s := p.connect(t)
+	if c.Mode() != ModeFallback || s.Mode() != ModeFallback {
+		t.Fatalf("modes %v %v", c.Mode(), s.Mode())
+	}
+	if d := c.Decline(); d.Code != clc.DeclineNoSMCRDevice || d.Side != SidePeer {
+		t.Fatalf("client %+v", d)
+	}
+	if d := s.Decline(); d.Code != clc.DeclineNoSMCRDevice || d.Side != SideLocal || !d.Sent {
+		t.Fatalf("server %+v", d)
+	}
+	if !errors.Is(c.Decline(), ErrFallback) || !errors.Is(c.Decline(), clc.DeclineNoSMCRDevice) {
+		t.Fatal("decline does not match its sentinels")
+	}
+	echoCheck(t, c, s)
+	st := p.srv.Stats()
+	if st.Fallback[FallbackKey{clc.DeclineNoSMCRDevice, SideLocal}] != 1 {
+		t.Fatalf("server fallback stats %v", st.Fallback)
+	}
+}
+
+func TestFallbackMaxMemory(t *testing.T) {
+	p := newPair(t, Config{Devices: memDevices(t, verbs.KindSoft)},
+		Config{Devices: memDevices(t, verbs.KindSoft), MaxMemory: 150 << 10, RMBSize: 64 << 10})
+	c1, s1 := p.connect(t)
+	mustSMC(t, c1, s1)
+	c2, s2 := p.connect(t)
+	if c2.Mode() != ModeFallback || s2.Decline().Code != clc.DeclineNoMemory {
+		t.Fatalf("second conn %v %+v", c2.Mode(), s2.Decline())
+	}
+	echoCheck(t, c2, s2)
+}
+
+// rawServer accepts one TCP connection and runs fn on it.
+func rawServer(t *testing.T, fn func(net.Conn)) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		fn(c)
+	}()
+	return ln.Addr().String()
+}
+
+func TestClientPeerSpeaksNoCLC(t *testing.T) {
+	e := newEngine(t, Config{Devices: memDevices(t, verbs.KindSoft)})
+	addr := rawServer(t, func(c net.Conn) {
+		c.Write([]byte("220 hello\r\n"))
+		io.Copy(io.Discard, c)
+	})
+	c, err := e.Dial(context.Background(), "tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if c.Mode() != ModeFallback || c.Decline().Code != clc.DeclinePeerNoSMC {
+		t.Fatalf("%v %+v", c.Mode(), c.Decline())
+	}
+	got := make([]byte, 11)
+	if _, err := io.ReadFull(c, got); err != nil || string(got) != "220 hello\r\n" {
+		t.Fatalf("app bytes %q %v", got, err)
+	}
+}
+
+func TestClientCLCTimeout(t *testing.T) {
+	e := newEngine(t, Config{Devices: memDevices(t, verbs.KindSoft), CLCTimeout: 100 * time.Millisecond})
+	got := make(chan []byte, 1)
+	addr := rawServer(t, func(c net.Conn) {
+		b, _ := io.ReadAll(c)
+		got <- b
+	})
+	c, err := e.Dial(context.Background(), "tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Mode() != ModeFallback || c.Decline().Code != DeclineTimeoutCLC || !c.Decline().Sent {
+		t.Fatalf("%v %+v", c.Mode(), c.Decline())
+	}
+	c.Write([]byte("app"))
+	c.Close()
+	b := <-got
+	// Proposal, Decline, then the application's bytes.
+	if !bytes.HasSuffix(b, []byte("app")) || !bytes.HasPrefix(b, clc.Eyecatcher[:]) {
+		t.Fatalf("server saw %x", b)
+	}
+}
+
+func TestClientMalformedCLC(t *testing.T) {
+	e := newEngine(t, Config{Devices: memDevices(t, verbs.KindSoft)})
+	got := make(chan []byte, 1)
+	addr := rawServer(t, func(c net.Conn) {
+		buf := make([]byte, 4096)
+		c.Read(buf)
+		// An eyecatcher, then an Accept header whose length is too small.
+		c.Write([]byte{0xE2, 0xD4, 0xC3, 0xD9, 2, 0, 9, 0x10, 0, 0, 0, 0, 0, 0, 0, 0})
+		c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		n, _ := c.Read(buf)
+		got <- buf[:n]
+	})
+	c, err := e.Dial(context.Background(), "tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if c.Mode() != ModeFallback || c.Decline().Code != clc.DeclineConfigError || !c.Decline().Sent {
+		t.Fatalf("%v %+v", c.Mode(), c.Decline())
+	}
+	m, err := clc.Parse(<-got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, ok := m.(*clc.Decline); !ok || d.Code != clc.DeclineConfigError {
+		t.Fatalf("server got %#v", m)
+	}
+}
+
+func TestServerClientSpeaksNoCLC(t *testing.T) {
+	e := newEngine(t, Config{Devices: memDevices(t, verbs.KindSoft)})
+	ln, err := e.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	raw, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	raw.Write([]byte("GET / HTTP/1.0\r\n\r\n"))
+	s, err := ln.AcceptSMC()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Mode() != ModeFallback || s.Decline().Code != clc.DeclinePeerNoSMC || s.Decline().Sent {
+		t.Fatalf("%+v", s.Decline())
+	}
+	got := make([]byte, 18)
+	if _, err := io.ReadFull(s, got); err != nil || string(got) != "GET / HTTP/1.0\r\n\r\n" {
+		t.Fatalf("%q %v", got, err)
+	}
+}
+
+func TestServerClientSilentTimeout(t *testing.T) {
+	e := newEngine(t, Config{Devices: memDevices(t, verbs.KindSoft), CLCTimeout: 100 * time.Millisecond})
+	ln, err := e.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	raw, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	s, err := ln.AcceptSMC()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Mode() != ModeFallback || s.Decline().Code != DeclineTimeoutCLC || s.Decline().Sent {
+		t.Fatalf("%+v", s.Decline())
+	}
+	// A server-speaks-first protocol still works.
+	s.Write([]byte("220\r\n"))
+	got := make([]byte, 5)
+	raw.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(raw, got); err != nil || string(got) != "220\r\n" {
+		t.Fatalf("%q %v", got, err)
+	}
+}

@@ -1,0 +1,103 @@
+// Fallback: the one place a connection gives up on SMC-R and becomes plain TCP on
+// the TCP connection it was set up on. RFC 7609 §3.7.4 (Decline) and §4.3 (fallback),
+// after Linux's smc_switch_to_fallback.
+
+package smcr
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+
+	"github.com/smcr-io/smcr/smcr/clc"
+)
+
+// DeclineCode is a CLC diagnosis code (clc.DeclineCode).
+type DeclineCode = clc.DeclineCode
+
+// Codes this engine uses beyond Linux's list. Class 2 is "timeout": Linux has no
+// code for a CLC message that never came (it fails the connect instead of falling
+// back); we fall back and record this one.
+const (
+	DeclineTimeoutCLC DeclineCode = 0x02000000
+)
+
+// Decline says why a Conn fell back to TCP.
+type Decline struct {
+	Code DeclineCode
+	Side Side  // SidePeer: the peer's Decline; SideLocal: our decision
+	Sent bool  // a Decline message went to the peer
+	Err  error // the local cause, when there was one
+}
+
+func (d *Decline) Error() string {
+	s := fmt.Sprintf("smcr: fallback (%s): %v (%#08x)", d.Side, d.Code, uint32(d.Code))
+	if d.Err != nil {
+		s += ": " + d.Err.Error()
+	}
+	return s
+}
+
+// Unwrap lets errors.Is find ErrFallback, the code and the cause.
+func (d *Decline) Unwrap() []error {
+	errs := []error{ErrFallback, &clc.DeclineError{Code: d.Code, Local: d.Side == SideLocal}}
+	if d.Err != nil {
+		errs = append(errs, d.Err)
+	}
+	return errs
+}
+
+// fallback makes c a TCP connection: it sends a Decline when send is set (the peer
+// speaks CLC and waits for our answer), stores the reason on c, counts it, and
+// frees whatever SMC-R setup had begun. br holds bytes read ahead during CLC that
+// belong to the application; they are returned first by Read.
+func (e *Engine) fallback(c *Conn, code DeclineCode, side Side, send bool, cause error, br *bufio.Reader) *Conn {
+	d := &Decline{Code: code, Side: side, Err: cause}
+	if send {
+		msg := clc.Decline{PeerID: e.peerID, Code: code, OutOfSync: code == clc.DeclineSyncError}
+		b, _ := msg.AppendTo(make([]byte, 0, clc.DeclineLen))
+		// A fresh deadline: the CLC one may be what just expired.
+		c.tcp.SetWriteDeadline(e.cfg.Clock.Now().Add(e.cfg.CLCTimeout))
+		if _, err := c.tcp.Write(b); err == nil {
+			d.Sent = true
+		}
+	}
+	c.abandonSetup()
+	c.tcp.SetDeadline(noDeadline)
+	c.mode, c.decline = ModeFallback, d
+	c.fb = c.tcp
+	if br != nil && br.Buffered() > 0 {
+		c.fb = &readAheadConn{Conn: c.tcp, r: br}
+	}
+	e.st.countFallback(code, side)
+	e.log.Info("smcr: fallback to tcp", "conn", c.id, "code", fmt.Sprintf("%#08x", uint32(code)),
+		"reason", code.String(), "side", side.String(), "decline_sent", d.Sent, "cause", cause,
+		"remote", c.tcp.RemoteAddr())
+	e.untrack(c)
+	e.trackFallback(c)
+	return c
+}
+
+// readAheadConn returns the bytes CLC read past its messages before reading on.
+type readAheadConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *readAheadConn) Read(p []byte) (int, error) {
+	if c.r != nil {
+		if c.r.Buffered() > 0 {
+			return c.r.Read(p[:min(len(p), c.r.Buffered())])
+		}
+		c.r = nil // drained: read the socket directly from now on
+	}
+	return c.Conn.Read(p)
+}
+
+// CloseWrite half-closes the TCP connection, so io.Copy-style proxies work.
+func (c *readAheadConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}

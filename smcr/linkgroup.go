@@ -1,0 +1,332 @@
+// Link groups: the links (RC QPs) to one peer that its connections share, found for
+// reuse by peer ID and provider, at most 255 connections each, freed when idle.
+// RFC 7609 §3.3 (link groups) and §3.4 (first contact), after Linux's smc_core.
+
+package smcr
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/smcr-io/smcr/smcr/verbs"
+)
+
+// lgKey identifies the peer a link group reaches, from one side's role.
+type lgKey struct {
+	client   bool // our role: Linux keeps client and server link groups apart
+	peer     [8]byte
+	kind     verbs.Kind
+	peerGID  [16]byte
+	endpoint string
+}
+
+// linkGroup is the set of links to one peer and the connections on them.
+type linkGroup struct {
+	e   *Engine
+	id  uint32
+	key lgKey
+	dev int
+
+	ready     chan struct{} // closed when first contact ended; readyErr says how
+	readyErr  error
+	readyOnce sync.Once
+
+	firstConn *Conn // the connection doing first contact, until ready
+
+	mu        sync.RWMutex
+	conns     map[uint32]*Conn // by our alert token
+	reserved  int              // connections on it or setting up
+	links     []*link
+	peerRKeys map[uint32]bool // rkeys the peer confirmed over LLC
+	idle      Timer
+	dead      bool
+	deadErr   error
+}
+
+// LinkGroupInfo describes a link group for smcrctl.
+type LinkGroupInfo struct {
+	ID       uint32
+	Role     string // "client" or "server"
+	Peer     string // peer ID, hex
+	Provider string
+	Conns    int
+	Links    []LinkInfo
+}
+
+// LinkInfo describes one link of a link group.
+type LinkInfo struct {
+	Num       uint8
+	Device    string
+	QPN       uint32
+	PeerQPN   uint32
+	State     string
+	Sent      uint64 // work requests posted
+	Completed uint64 // completions polled
+}
+
+// LinkGroups lists the engine's link groups.
+func (e *Engine) LinkGroups() []LinkGroupInfo {
+	e.mu.Lock()
+	lgs := slices.Clone(e.lgs)
+	e.mu.Unlock()
+	out := make([]LinkGroupInfo, 0, len(lgs))
+	for _, lg := range lgs {
+		role := "server"
+		if lg.key.client {
+			role = "client"
+		}
+		lg.mu.RLock()
+		info := LinkGroupInfo{ID: lg.id, Role: role, Peer: fmt.Sprintf("%x", lg.key.peer[:]),
+			Provider: lg.key.kind.String(), Conns: len(lg.conns)}
+		for _, l := range lg.links {
+			info.Links = append(info.Links, LinkInfo{Num: l.num, Device: l.dev.Name(), QPN: l.qp.Attr().QPN,
+				PeerQPN: l.peer.QPN, State: l.qp.State().String(), Sent: l.posted.Load(), Completed: l.polled.Load()})
+		}
+		lg.mu.RUnlock()
+		out = append(out, info)
+	}
+	return out
+}
+
+// newLinkGroup creates a link group with one link on device di and registers it.
+func (e *Engine) newLinkGroup(key lgKey, di int) (*linkGroup, error) {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil, ErrEngineClosed
+	}
+	e.lgSeq++
+	lg := &linkGroup{e: e, id: e.lgSeq, key: key, dev: di, ready: make(chan struct{}),
+		conns: map[uint32]*Conn{}, peerRKeys: map[uint32]bool{}}
+	e.mu.Unlock()
+	l, err := newLink(lg, e.cfg.Devices[di], 1)
+	if err != nil {
+		return nil, fmt.Errorf("smcr: new link group: %w", err)
+	}
+	lg.links = []*link{l}
+	e.mu.Lock()
+	e.lgs = append(e.lgs, lg)
+	e.mu.Unlock()
+	e.st.firstContact.Add(1)
+	e.log.Info("smcr: link group created", "lg", lg.id, "role", key.client, "peer", fmt.Sprintf("%x", key.peer[:]), "provider", key.kind)
+	return lg, nil
+}
+
+// serverLinkGroup finds a link group to the client for reuse, or creates one (first
+// contact). Concurrent proposals from one peer wait for its first contact.
+func (e *Engine) serverLinkGroup(ctx context.Context, key lgKey, di int) (*linkGroup, bool, error) {
+	for {
+		e.mu.Lock()
+		var found *linkGroup
+		for _, lg := range e.lgs {
+			if lg.key == key && lg.tryReserve() {
+				found = lg
+				break
+			}
+		}
+		e.mu.Unlock()
+		if found == nil {
+			lg, err := e.newLinkGroup(key, di)
+			if err != nil {
+				return nil, false, err
+			}
+			lg.reserve()
+			return lg, true, nil
+		}
+		if err := found.waitReady(ctx); err != nil {
+			found.unreserve()
+			if ctx.Err() != nil {
+				return nil, false, ctx.Err()
+			}
+			continue // that first contact failed: try again, maybe as first contact
+		}
+		e.st.reused.Add(1)
+		return found, false, nil
+	}
+}
+
+// clientLinkGroup finds the link group the server's Accept refers to.
+func (e *Engine) clientLinkGroup(ctx context.Context, key lgKey, qpn uint32) (*linkGroup, error) {
+	e.mu.Lock()
+	var found *linkGroup
+	for _, lg := range e.lgs {
+		if lg.key == key && lg.hasPeerQPN(qpn) && lg.tryReserve() {
+			found = lg
+			break
+		}
+	}
+	e.mu.Unlock()
+	if found == nil {
+		return nil, fmt.Errorf("smcr: no link group with peer qp %d", qpn)
+	}
+	if err := found.waitReady(ctx); err != nil {
+		found.unreserve()
+		return nil, err
+	}
+	e.st.reused.Add(1)
+	return found, nil
+}
+
+func (lg *linkGroup) hasPeerQPN(qpn uint32) bool {
+	lg.mu.RLock()
+	defer lg.mu.RUnlock()
+	for _, l := range lg.links {
+		if l.peer.QPN == qpn {
+			return true
+		}
+	}
+	return false
+}
+
+func (lg *linkGroup) primary() *link {
+	lg.mu.RLock()
+	defer lg.mu.RUnlock()
+	for _, l := range lg.links {
+		if !l.down.Load() {
+			return l
+		}
+	}
+	return nil
+}
+
+// tryReserve takes a connection slot unless the group is dead or full.
+func (lg *linkGroup) tryReserve() bool {
+	lg.mu.Lock()
+	defer lg.mu.Unlock()
+	if lg.dead || lg.reserved >= maxConnsPerLGR {
+		return false
+	}
+	lg.reserved++
+	if lg.idle != nil {
+		lg.idle.Stop()
+		lg.idle = nil
+	}
+	return true
+}
+
+func (lg *linkGroup) reserve() {
+	lg.mu.Lock()
+	lg.reserved++
+	lg.mu.Unlock()
+}
+
+// unreserve gives a slot back; the last one starts the idle timer.
+func (lg *linkGroup) unreserve() {
+	lg.mu.Lock()
+	defer lg.mu.Unlock()
+	lg.reserved--
+	if lg.reserved == 0 && !lg.dead {
+		lg.idle = lg.e.cfg.Clock.AfterFunc(lg.e.cfg.LinkGroupIdle, lg.idleExpired)
+	}
+}
+
+func (lg *linkGroup) idleExpired() {
+	lg.mu.Lock()
+	idle := lg.reserved == 0 && !lg.dead
+	lg.mu.Unlock()
+	if idle {
+		lg.e.log.Info("smcr: link group idle, freeing", "lg", lg.id)
+		lg.terminate(errors.New("smcr: link group idle"), true)
+	}
+}
+
+func (lg *linkGroup) setReady(err error) {
+	if lg.markReady(err) && err != nil {
+		lg.terminate(err, false)
+	}
+}
+
+// markReady ends the first-contact wait once; it reports whether this call did.
+func (lg *linkGroup) markReady(err error) bool {
+	done := false
+	lg.readyOnce.Do(func() {
+		lg.readyErr = err
+		close(lg.ready)
+		done = true
+	})
+	return done
+}
+
+func (lg *linkGroup) waitReady(ctx context.Context) error {
+	select {
+	case <-lg.ready:
+		return lg.readyErr
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (lg *linkGroup) addConn(c *Conn) {
+	lg.mu.Lock()
+	lg.conns[c.token] = c
+	lg.mu.Unlock()
+}
+
+func (lg *linkGroup) removeConn(c *Conn) {
+	lg.mu.Lock()
+	delete(lg.conns, c.token)
+	lg.mu.Unlock()
+}
+
+func (lg *linkGroup) conn(token uint32) *Conn {
+	lg.mu.RLock()
+	c := lg.conns[token]
+	lg.mu.RUnlock()
+	return c
+}
+
+func (lg *linkGroup) addPeerRKey(rkey uint32, add bool) {
+	lg.mu.Lock()
+	if add {
+		lg.peerRKeys[rkey] = true
+	} else {
+		delete(lg.peerRKeys, rkey)
+	}
+	lg.mu.Unlock()
+}
+
+func (lg *linkGroup) peerRKeyKnown(rkey uint32) bool {
+	lg.mu.RLock()
+	defer lg.mu.RUnlock()
+	return lg.peerRKeys[rkey]
+}
+
+// terminate ends the link group: every connection on it fails with err, the links
+// are torn down (with an orderly DELETE_LINK to the peer when orderly is set).
+func (lg *linkGroup) terminate(err error, orderly bool) {
+	lg.mu.Lock()
+	if lg.dead {
+		lg.mu.Unlock()
+		return
+	}
+	lg.dead, lg.deadErr = true, err
+	if lg.idle != nil {
+		lg.idle.Stop()
+	}
+	conns := make([]*Conn, 0, len(lg.conns))
+	for _, c := range lg.conns {
+		conns = append(conns, c)
+	}
+	links := slices.Clone(lg.links)
+	lg.mu.Unlock()
+	e := lg.e
+	e.mu.Lock()
+	if i := slices.Index(e.lgs, lg); i >= 0 {
+		e.lgs = slices.Delete(e.lgs, i, i+1)
+	}
+	e.mu.Unlock()
+	lg.markReady(err)
+	for _, c := range conns {
+		c.linkDown(err)
+	}
+	for _, l := range links {
+		if orderly {
+			l.sendDeleteLink()
+		}
+		l.close()
+	}
+	e.log.Info("smcr: link group terminated", "lg", lg.id, "reason", err)
+}

@@ -1,0 +1,617 @@
+// Links: one RC QP with its CQ, receive slots and send slots; the completion poller
+// that dispatches CDC by alert token and LLC to the link's worker; the LLC flows
+// (CONFIRM_LINK, CONFIRM_RKEY, TEST_LINK, DELETE_LINK).
+// RFC 7609 §3.8 (LLC) and §4.1 (RDMA work requests), after Linux's smc_llc/smc_wr.
+
+package smcr
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/smcr-io/smcr/llc"
+	"github.com/smcr-io/smcr/rmb"
+	"github.com/smcr-io/smcr/smcr/verbs"
+)
+
+const (
+	slotSize   = 48  // LLC and CDC messages are 44 bytes, received into 48-byte slots
+	nRecv      = 256 // receive slots per link: enough for 255 connections' CDCs in flight
+	nSendSlots = 128
+	maxSendWR  = 256
+	llcQueue   = 128
+
+	tagSlot  = 1 // send work request IDs: tag<<56 | slot or alert token
+	tagWrite = 2
+)
+
+var errLLCTimeout = errors.New("smcr: llc response timeout")
+
+type pendKey struct {
+	t   llc.Type
+	key uint64
+}
+
+// link is one RC queue pair of a link group.
+type link struct {
+	lg  *linkGroup
+	dev verbs.Device
+	num uint8
+	uid llc.LinkUID
+	mtu verbs.MTU
+
+	pd     verbs.PD
+	cq     verbs.CQ
+	qp     verbs.QP
+	recvMR verbs.MR
+	sendMR verbs.MR
+	peer   verbs.QPAttr
+
+	slots   chan uint16
+	credits chan struct{}
+
+	postMu sync.Mutex
+	swr    verbs.SendWR
+	sge    [1]verbs.SGE
+
+	llcIn   chan [llc.MsgLen]byte
+	ctl     chan *Conn
+	clReq   chan llc.ConfirmLink // CONFIRM_LINK requests, for the client
+	testDue chan struct{}
+
+	connected chan struct{}
+	connErr   error
+
+	pmu     sync.Mutex
+	pending map[pendKey]chan [llc.MsgLen]byte
+	testSeq uint64
+
+	ctx       context.Context
+	cancel    context.CancelFunc
+	down      atomic.Bool
+	closeOnce sync.Once
+	failOnce  sync.Once
+	wg        sync.WaitGroup
+
+	posted, polled atomic.Uint64
+}
+
+// newLink creates the QP and its buffers, posts the receive slots and starts the
+// poller and the worker.
+func newLink(lg *linkGroup, dev verbs.Device, num uint8) (_ *link, err error) {
+	l := &link{
+		lg: lg, dev: dev, num: num, mtu: dev.Port().MTU,
+		slots: make(chan uint16, nSendSlots), credits: make(chan struct{}, maxSendWR),
+		llcIn: make(chan [llc.MsgLen]byte, llcQueue), ctl: make(chan *Conn, 2*maxConnsPerLGR),
+		clReq: make(chan llc.ConfirmLink, 1), testDue: make(chan struct{}, 1),
+		connected: make(chan struct{}), pending: map[pendKey]chan [llc.MsgLen]byte{},
+	}
+	if !l.mtu.Valid() {
+		l.mtu = verbs.MTU1024
+	}
+	binary.BigEndian.PutUint32(l.uid[:], lg.id<<8|uint32(num))
+	defer func() {
+		if err != nil {
+			l.free()
+		}
+	}()
+	if l.pd, err = dev.AllocPD(); err != nil {
+		return nil, fmt.Errorf("alloc pd: %w", err)
+	}
+	if l.cq, err = dev.CreateCQ(nRecv + maxSendWR); err != nil {
+		return nil, fmt.Errorf("create cq: %w", err)
+	}
+	if l.qp, err = l.pd.CreateQP(verbs.QPConfig{SendCQ: l.cq, RecvCQ: l.cq, MaxSendWR: maxSendWR, MaxRecvWR: nRecv, RNRRetry: 7}); err != nil {
+		return nil, fmt.Errorf("create qp: %w", err)
+	}
+	if l.recvMR, err = l.pd.AllocMR(nRecv*slotSize, verbs.AccessLocalWrite); err != nil {
+		return nil, fmt.Errorf("alloc receive slots: %w", err)
+	}
+	if l.sendMR, err = l.pd.AllocMR(nSendSlots*slotSize, verbs.AccessLocalWrite); err != nil {
+		return nil, fmt.Errorf("alloc send slots: %w", err)
+	}
+	for i := range nSendSlots {
+		l.slots <- uint16(i)
+	}
+	for range maxSendWR {
+		l.credits <- struct{}{}
+	}
+	for i := range nRecv {
+		if err := l.postRecv(uint64(i)); err != nil {
+			return nil, fmt.Errorf("post receive: %w", err)
+		}
+	}
+	l.ctx, l.cancel = context.WithCancel(lg.e.ctx)
+	l.wg.Add(2)
+	go l.poll()
+	go l.work()
+	return l, nil
+}
+
+func (l *link) postRecv(slot uint64) error {
+	wr := verbs.RecvWR{ID: slot, SG: []verbs.SGE{{MR: l.recvMR, Offset: int(slot) * slotSize, Length: slotSize}}}
+	return l.qp.PostRecv(&wr)
+}
+
+// connect moves the QP to RTS towards the peer.
+func (l *link) connect(ctx context.Context, peer verbs.QPAttr) error {
+	l.peer = peer
+	if err := l.qp.Connect(ctx, peer); err != nil {
+		return fmt.Errorf("smcr: connect qp: %w", err)
+	}
+	return nil
+}
+
+// startConnect connects in the background, for the client, which must send its
+// Confirm while a provider may still be waiting for both ends to meet.
+func (l *link) startConnect(peer verbs.QPAttr) {
+	l.peer = peer
+	go func() {
+		ctx, cancel := context.WithTimeout(l.ctx, l.lg.e.cfg.CLCTimeout)
+		defer cancel()
+		l.connErr = l.connect(ctx, peer)
+		close(l.connected)
+	}()
+}
+
+func (l *link) waitConnected(ctx context.Context) error {
+	select {
+	case <-l.connected:
+		return l.connErr
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// poll is the link's one polling goroutine: it waits on the CQ when idle.
+func (l *link) poll() {
+	defer l.wg.Done()
+	wcs := make([]verbs.WorkCompletion, 32)
+	for {
+		n, err := l.cq.Poll(wcs)
+		if err != nil {
+			l.fail(fmt.Errorf("poll cq: %w", err))
+			return
+		}
+		if n == 0 {
+			if err := l.cq.Wait(l.ctx); err != nil {
+				if l.ctx.Err() == nil {
+					l.fail(fmt.Errorf("wait cq: %w", err))
+				}
+				return
+			}
+			continue
+		}
+		l.polled.Add(uint64(n))
+		for i := range wcs[:n] {
+			l.complete(&wcs[i])
+		}
+	}
+}
+
+func (l *link) complete(wc *verbs.WorkCompletion) {
+	e := l.lg.e
+	switch wc.Opcode {
+	case verbs.WCRecv, verbs.WCRecvRDMAImm:
+		if wc.Status != verbs.WCSuccess {
+			l.fail(fmt.Errorf("receive: %v", wc.Status))
+			return
+		}
+		if wc.ID >= nRecv {
+			l.fail(fmt.Errorf("receive completion for slot %d", wc.ID))
+			return
+		}
+		off := int(wc.ID) * slotSize
+		b := l.recvMR.Bytes()[off : off+llc.MsgLen]
+		switch {
+		case wc.ByteLen != llc.MsgLen:
+			e.st.protoErrors.Add(1)
+			e.log.Debug("smcr: message of wrong length", "lg", l.lg.id, "len", wc.ByteLen)
+		case b[0] == rmb.CDCType:
+			l.onCDC(b)
+		default:
+			e.st.llcRecv.Add(1)
+			select {
+			case l.llcIn <- [llc.MsgLen]byte(b):
+			default:
+				// The peer floods LLC faster than we answer: a protocol violation.
+				l.fail(errors.New("llc queue overflow"))
+				return
+			}
+		}
+		if err := l.postRecv(wc.ID); err != nil {
+			l.fail(fmt.Errorf("post receive: %w", err))
+		}
+	default:
+		tag := wc.ID >> 56
+		switch tag {
+		case tagSlot:
+			l.slots <- uint16(wc.ID)
+			l.credits <- struct{}{}
+		case tagWrite:
+			l.credits <- struct{}{}
+			if c := l.lg.conn(uint32(wc.ID)); c != nil {
+				c.writeDone()
+			}
+		}
+		if wc.Status != verbs.WCSuccess {
+			l.fail(fmt.Errorf("send completion: %v", wc.Status))
+		}
+	}
+}
+
+// onCDC validates and dispatches one CDC message, in the poller.
+func (l *link) onCDC(b []byte) {
+	e := l.lg.e
+	m, err := rmb.ParseCDC(b)
+	if err != nil {
+		e.st.protoErrors.Add(1)
+		return
+	}
+	e.st.cdcRecv.Add(1)
+	c := l.lg.conn(m.Token)
+	if c == nil {
+		e.st.protoErrors.Add(1)
+		e.log.Debug("smcr: cdc for unknown alert token", "lg", l.lg.id, "token", m.Token)
+		return
+	}
+	c.onCDC(&m)
+}
+
+// acquire takes a send slot and a work-request credit.
+func (l *link) acquire() (uint16, error) {
+	var s uint16
+	select {
+	case s = <-l.slots:
+	case <-l.ctx.Done():
+		return 0, ErrLinkDown
+	}
+	select {
+	case <-l.credits:
+		return s, nil
+	case <-l.ctx.Done():
+		l.slots <- s
+		return 0, ErrLinkDown
+	}
+}
+
+// postSlot sends the 44 bytes already encoded in slot s.
+func (l *link) postSlot(s uint16) error {
+	l.postMu.Lock()
+	l.sge[0] = verbs.SGE{MR: l.sendMR, Offset: int(s) * slotSize, Length: llc.MsgLen}
+	l.swr = verbs.SendWR{ID: tagSlot<<56 | uint64(s), Opcode: verbs.OpSend, SG: l.sge[:], Signaled: true}
+	err := l.qp.PostSend(&l.swr)
+	l.postMu.Unlock()
+	if err != nil {
+		l.slots <- s
+		l.credits <- struct{}{}
+		l.fail(fmt.Errorf("post send: %w", err))
+		return ErrLinkDown
+	}
+	l.posted.Add(1)
+	return nil
+}
+
+func (l *link) sendCDC(m *rmb.CDC) error {
+	s, err := l.acquire()
+	if err != nil {
+		return err
+	}
+	m.Encode(l.sendMR.Bytes()[int(s)*slotSize:])
+	l.lg.e.st.cdcSent.Add(1)
+	return l.postSlot(s)
+}
+
+func (l *link) sendLLC(m llc.Message) error {
+	s, err := l.acquire()
+	if err != nil {
+		return err
+	}
+	if err := m.Encode(l.sendMR.Bytes()[int(s)*slotSize:]); err != nil {
+		l.slots <- s
+		l.credits <- struct{}{}
+		return err
+	}
+	l.lg.e.st.llcSent.Add(1)
+	return l.postSlot(s)
+}
+
+// postWrite RDMA-WRITEs n bytes at off of c's send buffer to the same offset of the
+// peer's RMBE.
+func (l *link) postWrite(c *Conn, off, n int) error {
+	select {
+	case <-l.credits:
+	case <-l.ctx.Done():
+		return ErrLinkDown
+	}
+	c.wrOut.Add(1)
+	l.postMu.Lock()
+	l.sge[0] = verbs.SGE{MR: c.snd, Offset: off, Length: n}
+	l.swr = verbs.SendWR{ID: tagWrite<<56 | uint64(c.token), Opcode: verbs.OpWrite, SG: l.sge[:],
+		RemoteAddr: c.peerAddr + uint64(off), RKey: c.peerRKey, Signaled: true}
+	err := l.qp.PostSend(&l.swr)
+	l.postMu.Unlock()
+	if err != nil {
+		c.wrOut.Add(-1)
+		l.credits <- struct{}{}
+		l.fail(fmt.Errorf("post write: %w", err))
+		return ErrLinkDown
+	}
+	l.posted.Add(1)
+	return nil
+}
+
+// work runs the LLC flows and the connections' control messages, off the poller.
+func (l *link) work() {
+	defer l.wg.Done()
+	l.armTestLink()
+	for {
+		select {
+		case <-l.ctx.Done():
+			return
+		case b := <-l.llcIn:
+			l.handleLLC(b[:])
+		case c := <-l.ctl:
+			c.runCtl()
+		case <-l.testDue:
+			go l.testLink()
+		}
+	}
+}
+
+func (l *link) armTestLink() {
+	if iv := l.lg.e.cfg.TestLinkInterval; iv > 0 {
+		l.lg.e.cfg.Clock.AfterFunc(iv, func() {
+			select {
+			case l.testDue <- struct{}{}:
+			default:
+			}
+		})
+	}
+}
+
+func (l *link) register(k pendKey) chan [llc.MsgLen]byte {
+	ch := make(chan [llc.MsgLen]byte, 1)
+	l.pmu.Lock()
+	l.pending[k] = ch
+	l.pmu.Unlock()
+	return ch
+}
+
+func (l *link) unregister(k pendKey) {
+	l.pmu.Lock()
+	delete(l.pending, k)
+	l.pmu.Unlock()
+}
+
+func (l *link) deliver(k pendKey, b []byte) bool {
+	l.pmu.Lock()
+	ch := l.pending[k]
+	delete(l.pending, k)
+	l.pmu.Unlock()
+	if ch == nil {
+		return false
+	}
+	ch <- [llc.MsgLen]byte(b)
+	return true
+}
+
+// request sends m and waits for the response registered under k.
+func (l *link) request(ctx context.Context, k pendKey, m llc.Message, timeout time.Duration) ([llc.MsgLen]byte, error) {
+	ch := l.register(k)
+	defer l.unregister(k)
+	if err := l.sendLLC(m); err != nil {
+		return [llc.MsgLen]byte{}, err
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case b := <-ch:
+		return b, nil
+	case <-t.C:
+		return [llc.MsgLen]byte{}, errLLCTimeout
+	case <-ctx.Done():
+		return [llc.MsgLen]byte{}, ctx.Err()
+	case <-l.ctx.Done():
+		return [llc.MsgLen]byte{}, ErrLinkDown
+	}
+}
+
+func (l *link) confirmLinkMsg(resp bool) *llc.ConfirmLink {
+	qa := l.qp.Attr()
+	m := &llc.ConfirmLink{MAC: qa.MAC, GID: qa.GID, QPN: llc.QPN(qa.QPN), Link: llc.LinkID(l.num), LinkUID: l.uid, MaxLinks: maxLinks}
+	if resp {
+		m.Flags |= llc.FlagResponse
+	}
+	return m
+}
+
+// confirmLinkServer runs CONFIRM_LINK as the server: request, then the client's answer.
+func (l *link) confirmLinkServer(ctx context.Context) error {
+	b, err := l.request(ctx, pendKey{t: llc.TypeConfirmLink}, l.confirmLinkMsg(false), 2*l.lg.e.cfg.LLCTimeout)
+	if err != nil {
+		return fmt.Errorf("smcr: confirm link: %w", err)
+	}
+	var m llc.ConfirmLink
+	if err := m.Decode(b[:]); err != nil {
+		return fmt.Errorf("smcr: confirm link response: %w", err)
+	}
+	if uint32(m.QPN) != l.peer.QPN {
+		return fmt.Errorf("smcr: confirm link response from qp %d, want %d", m.QPN, l.peer.QPN)
+	}
+	return nil
+}
+
+// confirmLinkClient waits for the server's CONFIRM_LINK and answers it.
+func (l *link) confirmLinkClient(ctx context.Context) error {
+	t := time.NewTimer(2 * l.lg.e.cfg.LLCTimeout)
+	defer t.Stop()
+	select {
+	case m := <-l.clReq:
+		if uint32(m.QPN) != l.peer.QPN {
+			return fmt.Errorf("smcr: confirm link from qp %d, want %d", m.QPN, l.peer.QPN)
+		}
+	case <-t.C:
+		return fmt.Errorf("smcr: confirm link: %w", errLLCTimeout)
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-l.ctx.Done():
+		return ErrLinkDown
+	}
+	return l.sendLLC(l.confirmLinkMsg(true))
+}
+
+// confirmRKey announces a new RMB on the link and waits for the peer's answer.
+func (l *link) confirmRKey(ctx context.Context, mr verbs.MR) error {
+	m := &llc.ConfirmRkey{RKey: mr.RKey(), Addr: mr.Addr()}
+	b, err := l.request(ctx, pendKey{t: llc.TypeConfirmRkey, key: uint64(mr.RKey())}, m, l.lg.e.cfg.LLCTimeout)
+	if err != nil {
+		return err
+	}
+	var r llc.ConfirmRkey
+	if err := r.Decode(b[:]); err != nil {
+		return err
+	}
+	if r.Negative() {
+		return errors.New("smcr: peer refused rkey")
+	}
+	return nil
+}
+
+// deleteRKey tells the peer an RMB is gone (best effort, no wait).
+func (l *link) deleteRKey(rkey uint32) {
+	m := &llc.DeleteRkey{Count: 1}
+	m.RKeys[0] = rkey
+	select {
+	case <-l.ctx.Done():
+	default:
+		l.sendLLC(m)
+	}
+}
+
+func (l *link) testLink() {
+	l.pmu.Lock()
+	l.testSeq++
+	seq := l.testSeq
+	l.pmu.Unlock()
+	m := &llc.TestLink{}
+	binary.BigEndian.PutUint64(m.Data[:], seq)
+	if _, err := l.request(l.ctx, pendKey{t: llc.TypeTestLink, key: seq}, m, l.lg.e.cfg.LLCTimeout); err != nil {
+		if l.ctx.Err() == nil {
+			l.fail(fmt.Errorf("test link: %w", err))
+		}
+		return
+	}
+	l.armTestLink()
+}
+
+func (l *link) sendDeleteLink() {
+	if l.down.Load() {
+		return
+	}
+	// Non-blocking: a dead peer must not hold up our teardown.
+	select {
+	case s := <-l.slots:
+		select {
+		case <-l.credits:
+			m := &llc.DeleteLink{Flags: llc.FlagDeleteLinkAll | llc.FlagDeleteOrderly, Reason: 0x00030000}
+			m.Encode(l.sendMR.Bytes()[int(s)*slotSize:])
+			l.postSlot(s)
+		default:
+			l.slots <- s
+		}
+	default:
+	}
+}
+
+// handleLLC runs in the worker: requests are answered, responses delivered.
+func (l *link) handleLLC(b []byte) {
+	lg := l.lg
+	m, err := llc.Parse(b)
+	if err != nil {
+		lg.e.st.protoErrors.Add(1)
+		lg.e.log.Debug("smcr: bad llc message", "lg", lg.id, "err", err)
+		return
+	}
+	if m.Response() {
+		var key uint64
+		switch r := m.(type) {
+		case *llc.ConfirmRkey:
+			key = uint64(r.RKey)
+		case *llc.TestLink:
+			key = binary.BigEndian.Uint64(r.Data[:])
+		}
+		if !l.deliver(pendKey{t: m.Type(), key: key}, b) {
+			lg.e.log.Debug("smcr: unexpected llc response", "lg", lg.id, "type", m.Type())
+		}
+		return
+	}
+	switch r := m.(type) {
+	case *llc.ConfirmLink:
+		select {
+		case l.clReq <- *r:
+		default:
+		}
+	case *llc.ConfirmRkey:
+		lg.addPeerRKey(r.RKey, true)
+		r.Flags |= llc.FlagResponse
+		l.sendLLC(r)
+	case *llc.DeleteRkey:
+		for _, k := range r.Entries() {
+			lg.addPeerRKey(k, false)
+		}
+		r.Flags |= llc.FlagResponse
+		l.sendLLC(r)
+	case *llc.TestLink:
+		r.Flags |= llc.FlagResponse
+		l.sendLLC(r)
+	case *llc.DeleteLink:
+		go lg.terminate(fmt.Errorf("%w: peer deleted the link (%v)", ErrLinkDown, r.Reason), false)
+	case *llc.AddLink:
+		// One link per group for now: refuse, so the peer keeps its single link.
+		r.Flags |= llc.FlagResponse | llc.FlagAddLinkRejected
+		l.sendLLC(r)
+	}
+}
+
+// fail marks the link down after an error; with one link the group goes too.
+func (l *link) fail(err error) {
+	l.failOnce.Do(func() {
+		l.down.Store(true)
+		if l.ctx != nil && l.ctx.Err() != nil {
+			return // we are closing: flushes are expected
+		}
+		l.lg.e.log.Warn("smcr: link failed", "lg", l.lg.id, "link", l.num, "err", err)
+		go l.lg.terminate(fmt.Errorf("%w: %v", ErrLinkDown, err), false)
+	})
+}
+
+// close tears the link down; the goroutines exit and the buffers are freed after.
+func (l *link) close() {
+	l.closeOnce.Do(func() {
+		l.down.Store(true)
+		if l.cancel != nil {
+			l.cancel()
+		}
+		if l.qp != nil {
+			l.qp.Close()
+		}
+		go func() {
+			l.wg.Wait()
+			l.free()
+		}()
+	})
+}
+
+func (l *link) free() {
+	for _, c := range []interface{ Close() error }{l.recvMR, l.sendMR, l.cq, l.pd} {
+		if c != nil && c != (interface{ Close() error })(nil) {
+			c.Close()
+		}
+	}
+}

@@ -1,0 +1,67 @@
+// Receiving: bytes read from our RMBE between the consumer and producer cursors;
+// the consumer cursor goes back to the peer once 10% of the RMBE is free again.
+// RFC 7609 §4.2 and §4.5 (window updates), after smc_rx.
+
+package smcr
+
+import (
+	"io"
+	"net"
+)
+
+// smcRead is Read over SMC-R.
+func (c *Conn) smcRead(p []byte) (int, error) {
+	c.rxMu.Lock()
+	defer c.rxMu.Unlock()
+	for {
+		if isClosed(c.readDL.wait()) {
+			return 0, timeoutError{}
+		}
+		c.mu.Lock()
+		avail := c.rxProd - c.rxCons
+		if avail > 0 && len(p) > 0 && !c.appClosed {
+			off := c.rxCons % c.rmbSize
+			c.mu.Unlock()
+			// The peer does not write [rxCons, rxProd) again until we move rxCons.
+			buf := c.rmb.Bytes()
+			n := copy(p, buf[off:min(off+avail, c.rmbSize)])
+			if uint64(n) < avail && n < len(p) {
+				n += copy(p[n:], buf[:avail-uint64(n)])
+			}
+			c.mu.Lock()
+			c.rxCons += uint64(n)
+			update := c.rxCons-c.rxConfirmed >= max(c.rmbSize/10, 1)
+			c.mu.Unlock()
+			if update {
+				c.cs.updates.Add(1)
+				c.sendCDC(0)
+			}
+			c.cs.rx.Add(uint64(n))
+			c.e.st.rxBytes.Add(uint64(n))
+			return n, nil
+		}
+		var err error
+		switch {
+		case c.appClosed:
+			err = net.ErrClosed
+		case c.peerAbort:
+			err = ErrReset
+		case c.peerDone:
+			err = io.EOF
+		case c.err != nil:
+			err = c.err
+		case len(p) == 0:
+			c.mu.Unlock()
+			return 0, nil
+		}
+		c.mu.Unlock()
+		if err != nil {
+			return 0, err
+		}
+		select {
+		case <-c.rxWake:
+		case <-c.readDL.wait():
+		case <-c.done:
+		}
+	}
+}

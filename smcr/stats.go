@@ -1,0 +1,125 @@
+// Stats: engine and connection counters that smcrctl shows.
+// RFC 7609 has no counters; these follow the Linux smc_stats split (handshakes,
+// fallbacks by reason and side, bytes, buffer use).
+
+package smcr
+
+import (
+	"maps"
+	"sync"
+	"sync/atomic"
+)
+
+// Side says which end of a connection decided a fallback.
+type Side uint8
+
+const (
+	SideLocal Side = iota + 1 // this endpoint declined (or gave up)
+	SidePeer                  // the peer sent a Decline
+)
+
+func (s Side) String() string {
+	switch s {
+	case SideLocal:
+		return "local"
+	case SidePeer:
+		return "peer"
+	}
+	return "unknown"
+}
+
+// FallbackKey indexes Stats.Fallback.
+type FallbackKey struct {
+	Code DeclineCode
+	Side Side
+}
+
+// Stats is a snapshot of an Engine's counters.
+type Stats struct {
+	Handled      uint64                 // connections that ran (or tried) CLC
+	SMC          uint64                 // connections that went SMC-R
+	Fallback     map[FallbackKey]uint64 // connections that became plain TCP, by reason and side
+	FirstContact uint64                 // link groups created
+	Reused       uint64                 // SMC-R connections that reused a link group
+	Active       int64                  // SMC-R connections open now
+	TxBytes      uint64                 // bytes sent over RDMA
+	RxBytes      uint64                 // bytes received over RDMA
+	FallbackTx   uint64                 // bytes sent over TCP after a fallback
+	FallbackRx   uint64                 // bytes received over TCP after a fallback
+	CDCSent      uint64
+	CDCReceived  uint64
+	LLCSent      uint64
+	LLCReceived  uint64
+	WriteBlocked uint64 // times a writer found the peer's RMBE full
+	ProtoErrors  uint64 // peer protocol violations (bad cursor, unknown token, …)
+	Aborts       uint64 // connections ended by abnormal close
+	MemoryInUse  int64  // bytes of RMBs and send buffers held now
+	MemoryPeak   int64
+	LinkGroups   int // link groups alive now
+}
+
+type stats struct {
+	handled, smc, firstContact, reused atomic.Uint64
+	active                             atomic.Int64
+	txBytes, rxBytes, fbTx, fbRx       atomic.Uint64
+	cdcSent, cdcRecv, llcSent, llcRecv atomic.Uint64
+	writeBlocked, protoErrors, aborts  atomic.Uint64
+	mu                                 sync.Mutex
+	fallback                           map[FallbackKey]uint64
+}
+
+func (s *stats) countFallback(code DeclineCode, side Side) {
+	s.mu.Lock()
+	if s.fallback == nil {
+		s.fallback = make(map[FallbackKey]uint64)
+	}
+	s.fallback[FallbackKey{code, side}]++
+	s.mu.Unlock()
+}
+
+func (s *stats) snapshot() Stats {
+	s.mu.Lock()
+	fb := maps.Clone(s.fallback)
+	s.mu.Unlock()
+	if fb == nil {
+		fb = map[FallbackKey]uint64{}
+	}
+	return Stats{
+		Handled:      s.handled.Load(),
+		SMC:          s.smc.Load(),
+		Fallback:     fb,
+		FirstContact: s.firstContact.Load(),
+		Reused:       s.reused.Load(),
+		Active:       s.active.Load(),
+		TxBytes:      s.txBytes.Load(),
+		RxBytes:      s.rxBytes.Load(),
+		FallbackTx:   s.fbTx.Load(),
+		FallbackRx:   s.fbRx.Load(),
+		CDCSent:      s.cdcSent.Load(),
+		CDCReceived:  s.cdcRecv.Load(),
+		LLCSent:      s.llcSent.Load(),
+		LLCReceived:  s.llcRecv.Load(),
+		WriteBlocked: s.writeBlocked.Load(),
+		ProtoErrors:  s.protoErrors.Load(),
+		Aborts:       s.aborts.Load(),
+	}
+}
+
+func (s *stats) reset() {
+	for _, c := range []*atomic.Uint64{&s.handled, &s.smc, &s.firstContact, &s.reused,
+		&s.txBytes, &s.rxBytes, &s.fbTx, &s.fbRx, &s.cdcSent, &s.cdcRecv, &s.llcSent,
+		&s.llcRecv, &s.writeBlocked, &s.protoErrors, &s.aborts} {
+		c.Store(0)
+	}
+	s.mu.Lock()
+	s.fallback = nil
+	s.mu.Unlock()
+}
+
+// ConnStats are one connection's counters.
+type ConnStats struct {
+	TxBytes, RxBytes uint64
+	CDCSent, CDCRecv uint64
+	WriteBlocked     uint64
+	ConsumerUpdates  uint64 // CDCs sent only to report freed RMBE space
+}
