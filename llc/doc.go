@@ -125,6 +125,10 @@
 //
 //	flags   0x80 response
 //
+// The pairs start at 8, after two reserved bytes, as in Linux's packed struct
+// smc_llc_msg_add_link_cont; Wireshark 4.0 reads them from 6 and so shows them
+// shifted.
+//
 // # DELETE_LINK (type 0x04)
 //
 //	+---------------+---------------+---------------+---------------+

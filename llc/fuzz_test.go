@@ -5,6 +5,7 @@ package llc
 import (
 	"bytes"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -59,7 +60,7 @@ func BenchmarkEncode(b *testing.B) {
 	dst := make([]byte, SlotLen)
 	for _, g := range goldens {
 		m := g.want
-		b.Run(m.Type().String(), func(b *testing.B) {
+		b.Run(strings.ReplaceAll(g.name, " ", "_"), func(b *testing.B) {
 			b.ReportAllocs()
 			b.SetBytes(MsgLen)
 			for b.Loop() {
