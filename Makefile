@@ -19,7 +19,7 @@ test: deps ## the whole suite: lint, generated-code freshness, unit + privileged
 	$(MAKE) lint
 	$(MAKE) check-generate
 	$(MAKE) test-unit
-	$(MAKE) fuzz FUZZTIME=$(if $(CI),5s,$(FUZZTIME))
+	$(MAKE) fuzz FUZZTIME=$(if $(CI),10s,$(FUZZTIME))
 
 test-unit: ## go test, race detector on the pure packages
 	$(GO) test -count=1 -timeout 30m $(PKGS)
