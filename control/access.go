@@ -1,0 +1,113 @@
+// Access control for the control socket: root, smcrd's own user, or the control
+// group, decided from the caller's SO_PEERCRED credentials. Not part of RFC 7609.
+
+package control
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"net"
+	"os"
+	"os/user"
+	"slices"
+	"strconv"
+	"syscall"
+)
+
+// access decides who may use the socket.
+type access struct {
+	self      int    // smcrd's effective uid: it may always talk to itself
+	gid       int    // the control group, -1 for none
+	groupName string // for messages
+	// groupsOf returns the supplementary groups of a process (SO_PEERCRED carries
+	// only the primary gid). Replaced in tests.
+	groupsOf func(pid int32) ([]int, error)
+}
+
+func newAccess(group string) (access, error) {
+	a := access{self: os.Geteuid(), gid: -1, groupsOf: procGroups}
+	if group == "" {
+		return a, nil
+	}
+	gid, err := lookupGroup(group)
+	if err != nil {
+		return a, err
+	}
+	a.gid, a.groupName = gid, group
+	return a, nil
+}
+
+func lookupGroup(group string) (int, error) {
+	if n, err := strconv.Atoi(group); err == nil && n >= 0 {
+		return n, nil
+	}
+	g, err := user.LookupGroup(group)
+	if err != nil {
+		return 0, fmt.Errorf("control: group %q: %w", group, err)
+	}
+	return strconv.Atoi(g.Gid)
+}
+
+// check admits root, smcrd's own uid and members of the control group.
+func (a access) check(c syscall.Ucred) error {
+	if c.Uid == 0 || int(c.Uid) == a.self {
+		return nil
+	}
+	if a.gid >= 0 {
+		if int(c.Gid) == a.gid {
+			return nil
+		}
+		if gs, err := a.groupsOf(c.Pid); err == nil && slices.Contains(gs, a.gid) {
+			return nil
+		}
+		return fmt.Errorf("%w: uid %d is neither root nor in group %s", ErrPermission, c.Uid, a.groupName)
+	}
+	return fmt.Errorf("%w: uid %d is not root (smcrd has no control_group)", ErrPermission, c.Uid)
+}
+
+// peerCred reads the credentials the kernel recorded when the caller connected.
+func peerCred(c net.Conn) (syscall.Ucred, error) {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return syscall.Ucred{}, fmt.Errorf("control: %T is not a Unix socket", c)
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return syscall.Ucred{}, fmt.Errorf("control: peer credentials: %w", err)
+	}
+	var cred *syscall.Ucred
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, serr = syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED)
+	}); err != nil {
+		return syscall.Ucred{}, fmt.Errorf("control: peer credentials: %w", err)
+	}
+	if serr != nil {
+		return syscall.Ucred{}, fmt.Errorf("control: peer credentials: %w", serr)
+	}
+	return *cred, nil
+}
+
+// procGroups reads the supplementary groups from /proc/PID/status ("Groups:").
+func procGroups(pid int32) ([]int, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return nil, err
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		rest, ok := bytes.CutPrefix(sc.Bytes(), []byte("Groups:"))
+		if !ok {
+			continue
+		}
+		var out []int
+		for _, f := range bytes.Fields(rest) {
+			if n, err := strconv.Atoi(string(f)); err == nil {
+				out = append(out, n)
+			}
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("no Groups line in /proc/%d/status", pid)
+}

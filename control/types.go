@@ -1,0 +1,272 @@
+// The control API's data: what smcrd reports and accepts, as JSON-tagged structs.
+// Not part of RFC 7609; the counters follow Linux smc-tools (smcss, smcr stats,
+// smcr linkgroup, smcr device) so operators find what they know.
+
+package control
+
+import (
+	"fmt"
+
+	"github.com/smcr-io/smcr/config"
+)
+
+// Status is smcrd's overall state (GET /v1/status).
+type Status struct {
+	Version       string   `json:"version"`        // smcrd's version
+	PID           int      `json:"pid"`            // smcrd's process id
+	UptimeSeconds float64  `json:"uptime_seconds"` // since smcrd started
+	Enabled       bool     `json:"enabled"`        // redirecting matching connections now
+	Providers     []string `json:"providers"`      // RDMA providers in use, in order of preference
+	ConfigFile    string   `json:"config_file"`    // "" when running on the embedded default
+	Connections   int      `json:"connections"`    // SMC-R connections open now
+	LinkGroups    int      `json:"link_groups"`    // link groups alive now
+}
+
+// Attribute is one configuration attribute with its current value, default and
+// description, as `smcrctl show config` prints it (like AIX lsattr -E).
+type Attribute = config.Attribute
+
+// SetConfigRequest changes attributes (POST /v1/config). Every assignment is
+// validated before any is applied. Persist also writes the configuration file, like
+// AIX chdev -P; without it the change lasts until smcrd restarts.
+type SetConfigRequest struct {
+	Assignments []string `json:"assignments"` // attribute=value
+	Persist     bool     `json:"persist"`
+}
+
+// SetConfigResult says what a SetConfigRequest changed.
+type SetConfigResult struct {
+	Changed   []Attribute `json:"changed"`   // the attributes whose value changed, with the new value
+	Persisted bool        `json:"persisted"` // the file was written
+	File      string      `json:"file"`      // the file written, when Persisted
+}
+
+// EnableRequest turns redirection on or off (POST /v1/enable, /v1/disable).
+type EnableRequest struct {
+	Persist bool `json:"persist"`
+}
+
+// Stats is the connection summary and traffic counters (GET /v1/stats), after
+// `smcr stats` of smc-tools.
+type Stats struct {
+	SinceResetSeconds float64 `json:"since_reset_seconds"` // counters cover this long
+
+	Connections ConnCounts      `json:"connections"`
+	Fallbacks   []FallbackCount `json:"fallbacks"` // by decline reason and side, sorted by count
+	RX          Direction       `json:"rx"`
+	TX          Direction       `json:"tx"`
+
+	MemoryInUse    int64  `json:"memory_in_use_bytes"` // RMBs and send buffers held now
+	MemoryPeak     int64  `json:"memory_peak_bytes"`
+	ProtocolErrors uint64 `json:"protocol_errors"` // peer protocol violations (bad cursor, unknown token …)
+	Aborts         uint64 `json:"aborts"`          // connections ended by abnormal close
+}
+
+// ConnCounts summarise how connections went.
+type ConnCounts struct {
+	Handled         uint64 `json:"handled"`          // connections that ran (or tried) the CLC handshake
+	SMCR            uint64 `json:"smcr"`             // that went SMC-R
+	Fallback        uint64 `json:"fallback"`         // that became plain TCP (sum of Fallbacks)
+	HandshakeErrors uint64 `json:"handshake_errors"` // CLC failures: timeouts, malformed messages
+	FirstContact    uint64 `json:"first_contact"`    // SMC-R connections that created a link group
+	Reused          uint64 `json:"reused"`           // SMC-R connections that reused a link group
+	Active          int64  `json:"active"`           // SMC-R connections open now
+}
+
+// Side names which end decided a fallback.
+const (
+	SideLocal = "local" // this host declined (or gave up)
+	SidePeer  = "peer"  // the peer sent a Decline
+)
+
+// FallbackCount is the number of fallbacks for one decline code from one side.
+type FallbackCount struct {
+	Code   uint32 `json:"code"`   // CLC decline code (PROTOCOL.md), 0 for "no CLC at all"
+	Reason string `json:"reason"` // its meaning, as smcrd names it
+	Side   string `json:"side"`   // SideLocal or SidePeer
+	Count  uint64 `json:"count"`
+}
+
+// Direction is one direction's traffic over SMC-R.
+type Direction struct {
+	Bytes          uint64 `json:"bytes"`            // payload moved over RDMA
+	Requests       uint64 `json:"requests"`         // send/receive calls that moved it
+	FallbackBytes  uint64 `json:"fallback_bytes"`   // payload over TCP after a fallback
+	BufferFull     uint64 `json:"buffer_full"`      // a writer found the ring full (TX: peer's RMBE; RX: ours)
+	BufferTooSmall uint64 `json:"buffer_too_small"` // a request larger than the whole buffer
+	Downgrades     uint64 `json:"downgrades"`       // a buffer smaller than configured was used (memory short)
+	Reuses         uint64 `json:"reuses"`           // a buffer taken from the free pool instead of allocated
+
+	BufferSizes  Histogram `json:"buffer_sizes"`  // buffers used, by size
+	RequestSizes Histogram `json:"request_sizes"` // requests, by payload size
+}
+
+// Histogram counts values in buckets with increasing upper bounds; the last bucket
+// has UpTo 0 and counts everything above the previous bound.
+type Histogram []Bucket
+
+// Bucket is one bar of a Histogram.
+type Bucket struct {
+	UpTo  uint64 `json:"up_to"` // inclusive upper bound in bytes; 0: no bound
+	Count uint64 `json:"count"`
+}
+
+// Label names the bucket as smc-tools does: "8K", "512K", ">512K".
+func (h Histogram) Label(i int) string {
+	if b := h[i]; b.UpTo != 0 {
+		return FormatSize(b.UpTo)
+	}
+	if i == 0 {
+		return "any"
+	}
+	return ">" + FormatSize(h[i-1].UpTo)
+}
+
+// SizeBuckets are the bounds smc-tools uses for its size histograms.
+var SizeBuckets = []uint64{8 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10, 512 << 10}
+
+// NewHistogram returns empty buckets for the given bounds plus the unbounded one.
+func NewHistogram(bounds []uint64) Histogram {
+	h := make(Histogram, 0, len(bounds)+1)
+	for _, b := range bounds {
+		h = append(h, Bucket{UpTo: b})
+	}
+	return append(h, Bucket{})
+}
+
+// Observe counts v in its bucket.
+func (h Histogram) Observe(v uint64) {
+	for i := range h {
+		if h[i].UpTo == 0 || v <= h[i].UpTo {
+			h[i].Count++
+			return
+		}
+	}
+}
+
+// FormatSize writes a byte count in K/M/G when it divides evenly.
+func FormatSize(n uint64) string {
+	switch {
+	case n >= 1<<30 && n%(1<<30) == 0:
+		return fmt.Sprintf("%dG", n>>30)
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%dM", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%dK", n>>10)
+	}
+	return fmt.Sprint(n)
+}
+
+// LinkGroup is the set of links to one peer that its connections share
+// (GET /v1/linkgroups), after `smcr linkgroup`.
+type LinkGroup struct {
+	ID       uint32 `json:"id"`
+	Role     string `json:"role"`      // "client" or "server"
+	Peer     string `json:"peer"`      // the peer's SMC peer ID, hex
+	PeerAddr string `json:"peer_addr"` // the peer's IP address of first contact
+	Provider string `json:"provider"`  // rdma, shm or soft
+	State    string `json:"state"`     // "active", "inactive", "deleting"
+	Conns    int    `json:"conns"`     // connections on it now
+	Links    []Link `json:"links"`
+}
+
+// Link is one RC queue pair of a link group (GET /v1/links), after
+// `smcr linkgroup link-show`.
+type Link struct {
+	LinkGroup uint32 `json:"link_group"` // the group's ID
+	Num       uint8  `json:"num"`        // link number within the group
+	Role      string `json:"role"`       // the group's role, repeated for the flat view
+	Peer      string `json:"peer"`       // the group's peer ID, repeated for the flat view
+	State     string `json:"state"`      // "active", "activating", "inactive"…
+	Interface string `json:"interface"`  // network interface it runs over
+	Device    string `json:"device"`     // RDMA device (rxe0, mlx5_0) or shm/soft endpoint
+	Port      int    `json:"port"`       // device port
+	LocalGID  string `json:"local_gid"`
+	PeerGID   string `json:"peer_gid"`
+	LocalQPN  uint32 `json:"local_qpn"`
+	PeerQPN   uint32 `json:"peer_qpn"`
+	Conns     int    `json:"conns"` // connections using it
+
+	TX LinkTraffic `json:"tx"`
+	RX LinkTraffic `json:"rx"`
+
+	Errors      uint64  `json:"errors"`                // work completions in error, remote access errors
+	RTTMicros   float64 `json:"rtt_us"`                // last TEST_LINK round trip; 0 before the first
+	TestLinkAgo float64 `json:"test_link_ago_seconds"` // since the last TEST_LINK answer
+}
+
+// LinkTraffic is one direction of a link.
+type LinkTraffic struct {
+	Bytes        uint64 `json:"bytes"`
+	WorkRequests uint64 `json:"work_requests"`
+}
+
+// Connection modes.
+const (
+	ModeSMCR = "SMCR"
+	ModeTCP  = "TCP"
+)
+
+// Conn is one connection smcrd handles (GET /v1/conns), after smcss.
+type Conn struct {
+	ID     uint32 `json:"id"`     // local alert token
+	Local  string `json:"local"`  // address:port as the application sees it
+	Remote string `json:"remote"` // address:port
+	Role   string `json:"role"`   // "client" or "server"
+	State  string `json:"state"`  // kernel smc_state names: ACTIVE, APPCLOSEWAIT1, …
+	Mode   string `json:"mode"`   // ModeSMCR or ModeTCP
+	// For ModeTCP: which side declined and why; empty for SMC-R.
+	DeclineSide   string `json:"decline_side,omitempty"`
+	DeclineCode   uint32 `json:"decline_code,omitempty"`
+	DeclineReason string `json:"decline_reason,omitempty"`
+
+	LinkGroup   uint32 `json:"link_group,omitempty"`
+	SndBufSize  int    `json:"sndbuf_size,omitempty"`   // our send buffer
+	RMBSize     int    `json:"rmb_size,omitempty"`      // our receive buffer (RMBE)
+	PeerRMBSize int    `json:"peer_rmb_size,omitempty"` // the peer's RMBE we write into
+
+	TxBytes uint64 `json:"tx_bytes"`
+	RxBytes uint64 `json:"rx_bytes"`
+
+	// Cursors (RFC 7609 §4.4.2), shown by `conns -d`.
+	TxProd Cursor `json:"tx_prod"` // how far we wrote into the peer's RMBE
+	TxCons Cursor `json:"tx_cons"` // how far the peer says it consumed
+	RxProd Cursor `json:"rx_prod"` // how far the peer wrote into ours
+	RxCons Cursor `json:"rx_cons"` // how far we consumed
+}
+
+// Cursor is an RMBE position with its wrap count.
+type Cursor struct {
+	Wrap  uint16 `json:"wrap"`
+	Count uint32 `json:"count"`
+}
+
+func (c Cursor) String() string { return fmt.Sprintf("%d:%d", c.Wrap, c.Count) }
+
+// Peer is one entry of the peer capability cache (GET /v1/peers).
+type Peer struct {
+	Addr             string  `json:"addr"`               // peer IP address
+	Capable          bool    `json:"capable"`            // the last handshake with it went SMC-R
+	Reason           string  `json:"reason,omitempty"`   // why not, when not capable
+	ExpiresInSeconds float64 `json:"expires_in_seconds"` // until the entry is forgotten and tried again
+	Hits             uint64  `json:"hits"`               // connections decided by this entry
+}
+
+// Device is an RDMA device smcrd can use (GET /v1/devices), after `smcr device`.
+type Device struct {
+	Name       string `json:"name"`     // rxe0, mlx5_0, shm, soft
+	Provider   string `json:"provider"` // rdma, shm or soft
+	Port       int    `json:"port"`
+	State      string `json:"state"`     // "active", "down"
+	Interface  string `json:"interface"` // its network interface
+	GID        string `json:"gid"`
+	MAC        string `json:"mac"`
+	MTU        int    `json:"mtu"` // path MTU in bytes
+	LinkGroups int    `json:"link_groups"`
+	Links      int    `json:"links"`
+}
+
+// Error is the body of every non-2xx answer.
+type Error struct {
+	Error string `json:"error"`
+}
