@@ -1,0 +1,177 @@
+// Completion queues: a local ring of work completions, polled by the caller, whose
+// Poll and Wait also drive the shared queues of the QPs attached to them (busy-poll),
+// before Wait sleeps until a QP's doorbell goroutine signals. Stands in for the RNIC
+// CQ that the SMC-R work-request layer (RFC 7609 §4.2, Linux smc_wr) polls.
+
+package shm
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/smcr-io/smcr/smcr/verbs"
+)
+
+type cq struct {
+	dev *device
+
+	mu      sync.Mutex
+	buf     []verbs.WorkCompletion // ring; grows when full rather than lose a completion
+	head, n int
+	closed  bool
+
+	qps      atomic.Pointer[[]*qp] // attached QPs, copy on write
+	sleepers atomic.Int32
+	wake     chan struct{}
+	done     chan struct{}
+	spin     atomic.Int64 // current busy-poll budget in ns (adaptive)
+}
+
+func newCQ(d *device, depth int) *cq {
+	c := &cq{dev: d, buf: make([]verbs.WorkCompletion, depth), wake: make(chan struct{}, 1), done: make(chan struct{})}
+	empty := []*qp{}
+	c.qps.Store(&empty)
+	c.spin.Store(int64(d.cfg.SpinMax))
+	return c
+}
+
+func (c *cq) attach(q *qp) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	old := *c.qps.Load()
+	for _, o := range old {
+		if o == q {
+			return
+		}
+	}
+	next := append(append([]*qp(nil), old...), q)
+	c.qps.Store(&next)
+}
+
+func (c *cq) detach(q *qp) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	old := *c.qps.Load()
+	next := make([]*qp, 0, len(old))
+	for _, o := range old {
+		if o != q {
+			next = append(next, o)
+		}
+	}
+	c.qps.Store(&next)
+}
+
+// push appends a completion and wakes a sleeping waiter.
+func (c *cq) push(wc verbs.WorkCompletion) {
+	c.mu.Lock()
+	if c.n == len(c.buf) {
+		grown := make([]verbs.WorkCompletion, 2*len(c.buf))
+		for i := 0; i < c.n; i++ {
+			grown[i] = c.buf[(c.head+i)%len(c.buf)]
+		}
+		c.buf, c.head = grown, 0
+	}
+	c.buf[(c.head+c.n)%len(c.buf)] = wc
+	c.n++
+	c.mu.Unlock()
+	if c.sleepers.Load() > 0 {
+		select {
+		case c.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Poll drives the attached QPs' shared queues, then moves completions into wc.
+func (c *cq) Poll(wc []verbs.WorkCompletion) (int, error) {
+	for _, q := range *c.qps.Load() {
+		q.poll()
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return 0, verbs.ErrClosed
+	}
+	k := 0
+	for k < len(wc) && c.n > 0 {
+		wc[k] = c.buf[c.head]
+		c.head = (c.head + 1) % len(c.buf)
+		c.n--
+		k++
+	}
+	c.mu.Unlock()
+	return k, nil
+}
+
+func (c *cq) ready() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n > 0 || c.closed
+}
+
+// Wait busy-polls the attached QPs for up to the adaptive spin budget, then arms
+// their doorbells and sleeps until a completion is pushed, ctx ends or Close.
+func (c *cq) Wait(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	budget := time.Duration(c.spin.Load())
+	start := time.Now()
+	for i := 0; ; i++ {
+		for _, q := range *c.qps.Load() {
+			q.poll()
+		}
+		if c.ready() {
+			return c.closedErr()
+		}
+		// Reading the clock every few rounds keeps the spin cheap.
+		if i&15 == 15 && time.Since(start) > budget {
+			break
+		}
+	}
+	c.sleepers.Add(1)
+	defer c.sleepers.Add(-1)
+	for _, q := range *c.qps.Load() {
+		q.arm()
+	}
+	if c.ready() {
+		return c.closedErr()
+	}
+	slept := time.Now()
+	select {
+	case <-c.wake:
+	case <-c.done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	// Adapt: a wake-up soon after we gave up spinning says spinning longer would
+	// have caught it; a long sleep says spinning was wasted.
+	if d := time.Since(slept); d < c.dev.cfg.SpinMax {
+		c.spin.Store(int64(min(c.dev.cfg.SpinMax, 2*budget)))
+	} else {
+		c.spin.Store(int64(max(2*time.Microsecond, budget/2)))
+	}
+	return c.closedErr()
+}
+
+func (c *cq) closedErr() error {
+	select {
+	case <-c.done:
+		return verbs.ErrClosed
+	default:
+		return nil
+	}
+}
+
+func (c *cq) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil
+	}
+	c.closed = true
+	close(c.done)
+	return nil
+}
