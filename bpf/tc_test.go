@@ -1,0 +1,148 @@
+package bpf
+
+import (
+	"encoding/binary"
+	"errors"
+	"os"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+)
+
+// tcObjects loads the programs unpinned and unattached, with port 7002 listed and
+// smcrd alive, for running the tc program on crafted packets (BPF_PROG_TEST_RUN).
+func tcObjects(tb testing.TB) *smcrObjects {
+	tb.Helper()
+	if os.Geteuid() != 0 {
+		tb.Skip("needs root (CAP_BPF) to load eBPF programs")
+	}
+	var o smcrObjects
+	spec, err := loadSmcr()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, m := range spec.Maps {
+		m.Pinning = ebpf.PinNone
+	}
+	if err := spec.LoadAndAssign(&o, nil); err != nil {
+		if errors.Is(err, ebpf.ErrNotSupported) {
+			tb.Skipf("kernel lacks a BPF feature smcr needs: %v", err)
+		}
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { o.Close() })
+	l := &Loader{objs: o}
+	must2(tb, l.SetPorts([]PortRange{{portSteered, portSteered}}))
+	must2(tb, l.SetAlive(1<<40))
+	return &o
+}
+
+func must2(tb testing.TB, err error) {
+	tb.Helper()
+	if err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// synWithOptions builds an Ethernet/IPv4/TCP SYN from 198.18.0.1:40000 to
+// 198.18.0.2:7002 with opts (padded with EOL to a multiple of 4, at most 40 bytes).
+func synWithOptions(opts []byte) []byte {
+	opts = opts[:min(len(opts), 40)]
+	olen := (len(opts) + 3) &^ 3
+	f := make([]byte, 14+20+20+olen)
+	binary.BigEndian.PutUint16(f[12:], unix.ETH_P_IP)
+	ip := f[14:]
+	ip[0] = 0x45
+	binary.BigEndian.PutUint16(ip[2:], uint16(20+20+olen))
+	ip[8], ip[9] = 64, unix.IPPROTO_TCP
+	copy(ip[12:], []byte{198, 18, 0, 1, 198, 18, 0, 2})
+	th := ip[20:]
+	binary.BigEndian.PutUint16(th[0:], 40000)
+	binary.BigEndian.PutUint16(th[2:], portSteered)
+	th[12] = byte((20+olen)/4) << 4
+	th[13] = 0x02 // SYN
+	copy(th[20:], opts)
+	return f
+}
+
+var synKey = smcrTuple{
+	Family: unix.AF_INET,
+	Laddr:  [4]uint32{binary.NativeEndian.Uint32([]byte{198, 18, 0, 2})},
+	Raddr:  [4]uint32{binary.NativeEndian.Uint32([]byte{198, 18, 0, 1})},
+	Lport:  portSteered, Rport: 40000,
+}
+
+// marked runs the tc program on a SYN with opts and reports whether it marked it.
+func marked(tb testing.TB, o *smcrObjects, opts []byte) bool {
+	tb.Helper()
+	o.SmcrSynmark.Delete(synKey)
+	ret, err := o.SmcrTcIngress.Run(&ebpf.RunOptions{Data: synWithOptions(opts)})
+	if err != nil {
+		tb.Fatalf("run tc program: %v", err)
+	}
+	if int32(ret) != -1 { // TC_ACT_UNSPEC: the packet always goes on
+		tb.Fatalf("tc program returned %d, want TC_ACT_UNSPEC", int32(ret))
+	}
+	var ts uint64
+	return o.SmcrSynmark.Lookup(synKey, &ts) == nil
+}
+
+var smcOpt = []byte{254, 6, 0xe2, 0xd4, 0xc3, 0xd9}
+
+var optionCases = []struct {
+	name string
+	opts []byte
+	want bool
+}{
+	{"none", nil, false},
+	{"smc alone", smcOpt, true},
+	{"linux SYN then smc", append([]byte{2, 4, 5, 0xb4, 4, 2, 8, 10, 0, 0, 0, 1, 0, 0, 0, 0, 1, 3, 3, 7}, smcOpt...), true},
+	{"nops then smc", append([]byte{1, 1, 1}, smcOpt...), true},
+	{"smc at the very end", append(make([]byte, 0), append([]byte{1, 1}, append([]byte{254, 34}, make([]byte, 32)...)...)...), false},
+	{"smc in the last 6 bytes", append(append([]byte{254, 34}, make([]byte, 32)...), smcOpt...), true},
+	{"other ExID", []byte{254, 6, 0xe2, 0xd4, 0xc3, 0xda}, false},
+	{"16-bit ExID form", []byte{254, 4, 0xe2, 0xd4}, false},
+	{"wrong length", []byte{254, 8, 0xe2, 0xd4, 0xc3, 0xd9, 0, 0}, false},
+	{"after EOL", append([]byte{0, 1}, smcOpt...), false},
+	{"zero length before", append([]byte{8, 0}, smcOpt...), false},
+	{"length past end", []byte{254, 6, 0xe2, 0xd4}, false},
+	{"inside another option", []byte{253, 8, 254, 6, 0xe2, 0xd4, 0xc3, 0xd9}, false},
+}
+
+func TestTCOptionWalk(t *testing.T) {
+	o := tcObjects(t)
+	for _, c := range optionCases {
+		if ref := hasSMCOption(padOpts(c.opts)); ref != c.want {
+			t.Fatalf("%s: reference walk says %v, case says %v", c.name, ref, c.want)
+		}
+		if got := marked(t, o, c.opts); got != c.want {
+			t.Errorf("%s: marked %v, want %v", c.name, got, c.want)
+		}
+	}
+	// Not a SYN to a listed port, or smcrd dead: never marked.
+	must2(t, (&Loader{objs: *o}).SetAlive(0))
+	if marked(t, o, smcOpt) {
+		t.Error("smcrd dead: SYN marked")
+	}
+}
+
+func padOpts(opts []byte) []byte {
+	opts = opts[:min(len(opts), 40)]
+	return append(append([]byte(nil), opts...), make([]byte, (4-len(opts)%4)%4)...)
+}
+
+// FuzzTCOptions: the tc program's option walk agrees with the reference walk on
+// any option bytes, and the program always passes the packet on.
+func FuzzTCOptions(f *testing.F) {
+	for _, c := range optionCases {
+		f.Add(c.opts)
+	}
+	o := tcObjects(f)
+	f.Fuzz(func(t *testing.T, opts []byte) {
+		want := hasSMCOption(padOpts(opts))
+		if got := marked(t, o, opts); got != want {
+			t.Errorf("options %x: marked %v, reference %v", opts, got, want)
+		}
+	})
+}
