@@ -312,6 +312,8 @@ func remAccess(t *testing.T, env Env, o opts, wr func(a *side) verbs.SendWR) {
 	a, b := newPair(t, env, o)
 	fill(b.mr.Bytes(), 0xA5)
 	pattern(a.mr.Bytes(), 1)
+	// A RECV for WRITE WITH IMM: without one the responder answers RNR first.
+	postRecv(t, b.qp, 1, b.mr, 0, 0)
 	w := wr(a)
 	w.ID, w.Signaled = 1, true
 	postSend(t, a.qp, &w)

@@ -1,0 +1,177 @@
+// The responder side of a QP: executes the peer's requests in PSN order, checking
+// remote access as an RNIC does (rkey in this QP's PD, bounds, permission) before a
+// byte lands, so a peer reaches only what was registered for it (RFC 7609 §4.3).
+
+package soft
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+
+	"github.com/smcr-io/smcr/smcr/verbs"
+)
+
+// errStopped ends a responder whose QP left RTS under it.
+var errStopped = errors.New("soft: qp stopped")
+
+// respond executes requests from the peer's stream c until it ends or fails.
+func (q *qp) respond(c net.Conn) {
+	defer c.Close()
+	select {
+	case <-q.connected:
+	case <-q.done:
+		return
+	}
+	q.mu.Lock()
+	if q.inSrc != q.remote.QPN || q.inPSN != q.remote.PSN {
+		// A stream from some QP we are not connected to: refuse it, keep ours.
+		q.log.Warn("soft: inbound stream from the wrong qp", "from", q.inSrc, "psn", q.inPSN, "want", q.remote.QPN)
+		if q.in == c {
+			q.in = nil
+		}
+		q.mu.Unlock()
+		return
+	}
+	expected := q.remote.PSN
+	q.mu.Unlock()
+
+	br, bw := bufio.NewReaderSize(c, bufSize), bufio.NewWriterSize(c, 4096)
+	hb := make([]byte, headerLen)
+	var h header
+	rnrPending := false
+	for {
+		if br.Buffered() == 0 && bw.Buffered() > 0 {
+			if bw.Flush() != nil {
+				return // the peer's requester side is gone; our ackLoop reports it
+			}
+		}
+		if _, err := io.ReadFull(br, hb); err != nil {
+			return
+		}
+		if err := parseHeader(hb, &h); err != nil || !isRequest(h.typ) {
+			q.fail(verbs.WCWRFlushErr, verbs.WCWRFlushErr, fmt.Errorf("soft: bad request (type %d): %v", h.typ, err), false)
+			return
+		}
+		if h.psn != expected {
+			if rnrPending {
+				// Go-back-N after an RNR NAK: drop until the refused PSN comes again.
+				if _, err := br.Discard(int(h.length)); err != nil {
+					return
+				}
+				continue
+			}
+			q.fail(verbs.WCWRFlushErr, verbs.WCWRFlushErr, fmt.Errorf("soft: request psn %#x, expected %#x", h.psn, expected), false)
+			return
+		}
+		rnrPending = false
+		syndrome, err := q.execute(br, &h)
+		if err != nil {
+			if !errors.Is(err, errStopped) {
+				q.fail(verbs.WCWRFlushErr, verbs.WCWRFlushErr, fmt.Errorf("soft: inbound stream: %w", err), false)
+			}
+			return
+		}
+		resp := header{typ: frameAck, psn: h.psn}
+		if syndrome != 0 {
+			resp.typ, resp.syndrome = frameNak, syndrome
+		}
+		resp.put(hb)
+		if _, err := bw.Write(hb); err != nil {
+			return
+		}
+		switch syndrome {
+		case 0:
+			expected = (expected + 1) & psnMask
+			continue
+		case nakRNR:
+			rnrPending = true
+			continue
+		}
+		// Access and length errors put this QP in ERROR as an RNIC's responder
+		// does; the stream is drained so the NAK is read before it closes.
+		bw.Flush()
+		recvSt := verbs.WCWRFlushErr
+		if syndrome == nakInvReq {
+			recvSt = verbs.WCLocLenErr
+		}
+		q.fail(verbs.WCWRFlushErr, recvSt, fmt.Errorf("soft: refused request psn %#x (nak %d)", h.psn, syndrome), true)
+		for {
+			if _, err := br.Discard(bufSize); err != nil {
+				return
+			}
+		}
+	}
+}
+
+// execute performs one request whose header is h and whose payload follows in br.
+// It returns 0 to ACK, a NAK syndrome (the payload then discarded), or an error
+// when the stream broke or the QP stopped.
+func (q *qp) execute(br *bufio.Reader, h *header) (uint8, error) {
+	var recv recvSlot
+	var ridx uint64
+	if h.typ != frameWrite {
+		q.mu.Lock()
+		if q.state != verbs.QPRTS {
+			q.mu.Unlock()
+			return 0, errStopped
+		}
+		if q.rqHead == q.rqTail {
+			q.mu.Unlock()
+			return nakRNR, discard(br, h.length)
+		}
+		ridx = q.rqHead
+		recv = q.rq[ridx%uint64(len(q.rq))]
+		q.mu.Unlock()
+	}
+	switch h.typ {
+	case frameWrite, frameWriteImm:
+		// A zero-length write names no memory, so its rkey is not checked (as IB).
+		if h.length > 0 {
+			dst, ok := q.pd.lookup(h.rkey, h.addr, h.length)
+			if !ok {
+				return nakRemAccess, discard(br, h.length)
+			}
+			if _, err := io.ReadFull(br, dst); err != nil {
+				return 0, err
+			}
+		}
+	case frameSend:
+		if int(h.length) > recv.length {
+			return nakInvReq, discard(br, h.length)
+		}
+		left := int(h.length)
+		for _, s := range recv.sg {
+			if left == 0 {
+				break
+			}
+			k := min(left, s.Length)
+			if _, err := io.ReadFull(br, s.MR.(*mr).buf[s.Offset:s.Offset+k]); err != nil {
+				return 0, err
+			}
+			left -= k
+		}
+	}
+	if h.typ == frameWrite {
+		return 0, nil
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.state != verbs.QPRTS || q.rqHead != ridx {
+		return 0, errStopped // flushed meanwhile
+	}
+	wc := verbs.WorkCompletion{ID: recv.id, Status: verbs.WCSuccess, Opcode: verbs.WCRecv, ByteLen: h.length, QPN: q.qpn}
+	if h.typ == frameWriteImm {
+		wc.Opcode, wc.Imm, wc.HasImm = verbs.WCRecvRDMAImm, h.imm, true
+	}
+	q.rcq.push(wc)
+	q.rqHead++
+	return 0, nil
+}
+
+func discard(br *bufio.Reader, n uint32) error {
+	_, err := br.Discard(int(n))
+	return err
+}

@@ -1,0 +1,394 @@
+// Tests of the soft provider: the conformance suite over loopback and across two
+// network namespaces, a misbehaving peer, the frame codec and its fuzz target.
+
+package soft
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"errors"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/smcr-io/smcr/internal/nstest"
+	"github.com/smcr-io/smcr/smcr/verbs"
+	"github.com/smcr-io/smcr/smcr/verbs/verbstest"
+)
+
+func open(t testing.TB, cfg Config) verbs.Device {
+	t.Helper()
+	d, err := Open(cfg)
+	if err != nil {
+		t.Fatalf("open soft device: %v", err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+var loopback = verbstest.Env{
+	Open: func(t testing.TB) (a, b verbs.Device) {
+		return open(t, Config{}), open(t, Config{})
+	},
+}
+
+func TestConformance(t *testing.T) { verbstest.Run(t, loopback) }
+
+// nsEnv runs each device inside its own namespace of p, listening on its veth
+// address and dialling from there.
+func nsEnv(p *nstest.Pair) verbstest.Env {
+	openIn := func(t testing.TB, ns *nstest.NS) verbs.Device {
+		var d verbs.Device
+		err := ns.Do(func() error {
+			var err error
+			d, err = Open(Config{
+				ListenAddr: netip.AddrPortFrom(ns.Addr4(), 0).String(),
+				Netdev:     ns.Links[0].Name,
+				Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+					var c net.Conn
+					err := ns.Do(func() error {
+						var d net.Dialer
+						var err error
+						c, err = d.DialContext(ctx, network, addr)
+						return err
+					})
+					return c, err
+				},
+			})
+			return err
+		})
+		if err != nil {
+			t.Fatalf("open soft device in %s: %v", ns.Name, err)
+		}
+		t.Cleanup(func() { d.Close() })
+		return d
+	}
+	return verbstest.Env{
+		Open:            func(t testing.TB) (a, b verbs.Device) { return openIn(t, p.A), openIn(t, p.B) },
+		SkipPeerProcess: "the peer-process test runs in TestConformance over loopback",
+	}
+}
+
+func TestConformanceNetns(t *testing.T) {
+	if verbstest.InPeer() {
+		t.Skip("not the peer's test")
+	}
+	verbstest.Run(t, nsEnv(nstest.NewPair(t)))
+}
+
+func TestPortAttr(t *testing.T) {
+	if verbstest.InPeer() {
+		t.Skip("not the peer's test")
+	}
+	p := nstest.NewPair(t)
+	env := nsEnv(p)
+	a, _ := env.Open(t)
+	port := a.Port()
+	want := netip.AddrFrom16(port.GID)
+	if want != netip.AddrFrom16(p.A.Addr4().As16()) || !want.Is4In6() {
+		t.Fatalf("GID %v, want the IPv4-mapped form of %v", want, p.A.Addr4())
+	}
+	ifi := p.A.Links[0].Name
+	if port.Netdev != ifi || port.MAC == ([6]byte{}) {
+		t.Fatalf("netdev %q MAC %x, want %s's MAC", port.Netdev, port.MAC, ifi)
+	}
+	if ep := string(a.Endpoint()); ep != netip.AddrPortFrom(p.A.Addr4(), 0).Addr().String()+ep[len(p.A.Addr4().String()):] {
+		t.Fatalf("endpoint %q does not carry %v", ep, p.A.Addr4())
+	}
+	if a.Kind() != verbs.KindSoft {
+		t.Fatalf("kind %v", a.Kind())
+	}
+}
+
+// connectedQP returns a device with a connected QP whose peer is a raw TCP
+// connection the test drives, and the region the peer is entitled to write.
+func connectedQP(t *testing.T) (q verbs.QP, rcq, scq verbs.CQ, peer net.Conn, m verbs.MR, other verbs.MR) {
+	d := open(t, Config{RNRTimer: time.Millisecond})
+	pd, _ := d.AllocPD()
+	scq, _ = d.CreateCQ(16)
+	rcq, _ = d.CreateCQ(16)
+	m, _ = pd.AllocMR(4096, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
+	// A region of another PD on the same device: never reachable through q.
+	pd2, _ := d.AllocPD()
+	other, _ = pd2.AllocMR(4096, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
+	q, err := pd.CreateQP(verbs.QPConfig{SendCQ: scq, RecvCQ: rcq, RNRRetry: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The fake peer: a listener for q's requests, and a stream to q.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		t.Cleanup(func() { c.Close() })
+		var b [headerLen]byte
+		if _, err := readFull(c, b[:]); err != nil {
+			return
+		}
+		var h header
+		parseHeader(b[:], &h)
+		(&header{typ: frameHelloOK, psn: h.psn}).put(b[:])
+		c.Write(b[:])
+	}()
+	const peerQPN, peerPSN = 0x123, 0x777
+	peer, err = net.Dial("tcp", string(d.Endpoint()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { peer.Close() })
+	var b [headerLen]byte
+	(&header{typ: frameHello, psn: peerPSN, addr: peerQPN<<32 | uint64(q.Attr().QPN), rkey: helloMagic, imm: helloVersion}).put(b[:])
+	peer.Write(b[:])
+	if _, err := readFull(peer, b[:]); err != nil {
+		t.Fatalf("hello reply: %v", err)
+	}
+	err = q.Connect(context.Background(), verbs.QPAttr{QPN: peerQPN, PSN: peerPSN, MTU: verbs.MTU1024, Endpoint: []byte(ln.Addr().String())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q, rcq, scq, peer, m, other
+}
+
+func frame(h header, payload []byte) []byte {
+	h.length = uint32(len(payload))
+	b := make([]byte, headerLen, headerLen+len(payload))
+	h.put(b)
+	return append(b, payload...)
+}
+
+func readResp(t *testing.T, c net.Conn) (header, error) {
+	t.Helper()
+	var b [headerLen]byte
+	var h header
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := readFull(c, b[:]); err != nil {
+		return h, err
+	}
+	return h, parseHeader(b[:], &h)
+}
+
+func TestBadPeer(t *testing.T) {
+	if verbstest.InPeer() {
+		t.Skip("not the peer's test")
+	}
+	cases := []struct {
+		name  string
+		frame func(m, other verbs.MR) []byte
+		nak   uint8 // 0: the stream is simply dropped
+	}{
+		{"garbage", func(m, other verbs.MR) []byte { return bytes.Repeat([]byte{0xff}, 64) }, 0},
+		{"unknown type", func(m, other verbs.MR) []byte { return frame(header{typ: 9, psn: 0x777}, nil) }, 0},
+		{"wrong psn", func(m, other verbs.MR) []byte {
+			return frame(header{typ: frameWrite, psn: 0x778, addr: m.Addr(), rkey: m.RKey()}, []byte("x"))
+		}, 0},
+		{"other pd's rkey", func(m, other verbs.MR) []byte {
+			return frame(header{typ: frameWrite, psn: 0x777, addr: other.Addr(), rkey: other.RKey()}, []byte("evil"))
+		}, nakRemAccess},
+		{"address wraps", func(m, other verbs.MR) []byte {
+			return frame(header{typ: frameWrite, psn: 0x777, addr: ^uint64(0) - 1, rkey: m.RKey()}, []byte("evil"))
+		}, nakRemAccess},
+		{"one past the end", func(m, other verbs.MR) []byte {
+			return frame(header{typ: frameWrite, psn: 0x777, addr: m.Addr() + 4093, rkey: m.RKey()}, []byte("evil"))
+		}, nakRemAccess},
+		{"ack on a request stream", func(m, other verbs.MR) []byte { return frame(header{typ: frameAck, psn: 0x777}, nil) }, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			q, rcq, _, peer, m, other := connectedQP(t)
+			if err := q.PostRecv(&verbs.RecvWR{ID: 5, SG: []verbs.SGE{{MR: m, Length: 64}}}); err != nil {
+				t.Fatal(err)
+			}
+			peer.Write(tc.frame(m, other))
+			h, err := readResp(t, peer)
+			if tc.nak != 0 {
+				if err != nil || h.typ != frameNak || h.syndrome != tc.nak {
+					t.Fatalf("response %+v, %v: want NAK %d", h, err, tc.nak)
+				}
+				peer.Close() // the requester gives up on a NAK
+			} else if err == nil {
+				t.Fatalf("garbage answered with %+v", h)
+			}
+			var wc [1]verbs.WorkCompletion
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			for n := 0; n == 0; {
+				if n, _ = rcq.Poll(wc[:]); n == 0 {
+					if err := rcq.Wait(ctx); err != nil {
+						t.Fatalf("no flush after bad input: %v", err)
+					}
+				}
+			}
+			if wc[0].ID != 5 || wc[0].Status != verbs.WCWRFlushErr {
+				t.Fatalf("completion %+v, want the RECV flushed", wc[0])
+			}
+			if q.State() != verbs.QPError {
+				t.Fatalf("state %v, want ERROR", q.State())
+			}
+			if untouchedZero(m.Bytes()) >= 0 || untouchedZero(other.Bytes()) >= 0 {
+				t.Fatalf("bad input changed memory")
+			}
+		})
+	}
+}
+
+func untouchedZero(b []byte) int {
+	for i, x := range b {
+		if x != 0 {
+			return i
+		}
+	}
+	return -1
+}
+
+// A peer that garbles one QP's stream leaves the device's other QPs working.
+func TestBadPeerIsolated(t *testing.T) {
+	if verbstest.InPeer() {
+		t.Skip("not the peer's test")
+	}
+	a, b := open(t, Config{}), open(t, Config{})
+	// A stream naming no QP, and a garbage hello: both refused, nothing else hurt.
+	for _, junk := range [][]byte{
+		frame(header{typ: frameHello, addr: 1<<32 | 0xfffffe, rkey: helloMagic, imm: helloVersion}, nil),
+		bytes.Repeat([]byte("GET / HTTP/1.1\r\n"), 4),
+	} {
+		c, err := net.Dial("tcp", string(b.Endpoint()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write(junk)
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if n, err := c.Read(make([]byte, 64)); err == nil {
+			t.Fatalf("refused stream answered %d bytes", n)
+		}
+		c.Close()
+	}
+	pa, _ := a.AllocPD()
+	pb, _ := b.AllocPD()
+	cq, _ := a.CreateCQ(8)
+	cqb, _ := b.CreateCQ(8)
+	mb, _ := pb.AllocMR(64, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
+	ma, _ := pa.AllocMR(64, verbs.AccessLocalWrite)
+	qa, _ := pa.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: cq})
+	qb, _ := pb.CreateQP(verbs.QPConfig{SendCQ: cqb, RecvCQ: cqb})
+	ctx := context.Background()
+	errc := make(chan error, 1)
+	go func() { errc <- qb.Connect(ctx, qa.Attr()) }()
+	if err := qa.Connect(ctx, qb.Attr()); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	copy(ma.Bytes(), "fine")
+	if err := qa.PostSend(&verbs.SendWR{ID: 1, Opcode: verbs.OpWrite, Signaled: true, SG: []verbs.SGE{{MR: ma, Length: 4}},
+		RemoteAddr: mb.Addr(), RKey: mb.RKey()}); err != nil {
+		t.Fatal(err)
+	}
+	var wc [1]verbs.WorkCompletion
+	for n := 0; n == 0; {
+		n, _ = cq.Poll(wc[:])
+		if n == 0 {
+			cq.Wait(ctx)
+		}
+	}
+	if wc[0].Status != verbs.WCSuccess || string(mb.Bytes()[:4]) != "fine" {
+		t.Fatalf("write after garbage: %+v, region %q", wc[0], mb.Bytes()[:4])
+	}
+}
+
+// Golden frames: the header layout of the package doc, byte for byte.
+var golden = []struct {
+	name string
+	h    header
+	hex  string
+}{
+	{"write", header{typ: frameWrite, psn: 0xabcdef, addr: 0x7f0000001000, rkey: 0x11223344, length: 5},
+		"01000000" + "00abcdef" + "00007f0000001000" + "11223344" + "00000000" + "00000005"},
+	{"write imm", header{typ: frameWriteImm, psn: 1, addr: 2, rkey: 3, imm: 0xdeadbeef, length: 0},
+		"02000000" + "00000001" + "0000000000000002" + "00000003" + "deadbeef" + "00000000"},
+	{"send", header{typ: frameSend, psn: 0xffffff, length: 64},
+		"03000000" + "00ffffff" + "0000000000000000" + "00000000" + "00000000" + "00000040"},
+	{"ack", header{typ: frameAck, psn: 7}, "10000000" + "00000007" + "0000000000000000" + "00000000" + "00000000" + "00000000"},
+	{"nak rnr", header{typ: frameNak, syndrome: nakRNR, psn: 7},
+		"11010000" + "00000007" + "0000000000000000" + "00000000" + "00000000" + "00000000"},
+	{"hello", header{typ: frameHello, psn: 0x777, addr: 0x123<<32 | 0x456, rkey: helloMagic, imm: helloVersion},
+		"20000000" + "00000777" + "0000012300000456" + "534f4654" + "00000001" + "00000000"},
+	{"hello ok", header{typ: frameHelloOK, psn: 0x777},
+		"21000000" + "00000777" + "0000000000000000" + "00000000" + "00000000" + "00000000"},
+}
+
+func TestHeaderGolden(t *testing.T) {
+	for _, g := range golden {
+		b := make([]byte, headerLen)
+		g.h.put(b)
+		if got := hex.EncodeToString(b); got != g.hex {
+			t.Errorf("%s: encoded %s, want %s", g.name, got, g.hex)
+		}
+		var h header
+		raw, _ := hex.DecodeString(g.hex)
+		if err := parseHeader(raw, &h); err != nil || h != g.h {
+			t.Errorf("%s: parsed %+v, %v; want %+v", g.name, h, err, g.h)
+		}
+	}
+}
+
+func TestHeaderRejects(t *testing.T) {
+	bad := map[string]header{
+		"psn over 24 bits":  {typ: frameAck, psn: 1 << 24},
+		"unknown type":      {typ: 4},
+		"syndrome on ack":   {typ: frameAck, syndrome: 1},
+		"nak syndrome 0":    {typ: frameNak},
+		"nak syndrome 9":    {typ: frameNak, syndrome: 9},
+		"payload on ack":    {typ: frameAck, length: 1},
+		"imm on write":      {typ: frameWrite, imm: 1},
+		"rkey on send":      {typ: frameSend, rkey: 1},
+		"hello bad magic":   {typ: frameHello, addr: 1<<32 | 1, rkey: 1, imm: helloVersion},
+		"hello version 2":   {typ: frameHello, addr: 1<<32 | 1, rkey: helloMagic, imm: 2},
+		"hello zero qpn":    {typ: frameHello, addr: 1, rkey: helloMagic, imm: helloVersion},
+		"length over bound": {typ: frameSend, length: maxMessage + 1},
+	}
+	for name, h := range bad {
+		b := make([]byte, headerLen)
+		h.put(b)
+		var got header
+		if err := parseHeader(b, &got); !errors.Is(err, errFrame) {
+			t.Errorf("%s: parse gave %v, want errFrame", name, err)
+		}
+	}
+	if err := parseHeader(make([]byte, headerLen-1), new(header)); !errors.Is(err, errFrame) {
+		t.Errorf("short header: %v", err)
+	}
+	b := make([]byte, headerLen)
+	(&header{typ: frameAck}).put(b)
+	b[offReserved] = 1
+	if err := parseHeader(b, new(header)); !errors.Is(err, errFrame) {
+		t.Errorf("reserved byte set: %v", err)
+	}
+}
+
+// FuzzParseHeader: a header either fails to parse or re-encodes to the same bytes.
+func FuzzParseHeader(f *testing.F) {
+	for _, g := range golden {
+		raw, _ := hex.DecodeString(g.hex)
+		f.Add(raw)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var h header
+		if parseHeader(b, &h) != nil {
+			return
+		}
+		out := make([]byte, headerLen)
+		h.put(out)
+		if !bytes.Equal(out, b[:headerLen]) {
+			t.Fatalf("re-encoded %x, parsed from %x", out, b[:headerLen])
+		}
+	})
+}
