@@ -100,7 +100,8 @@ type qp struct {
 	bellFD     int
 	bell       [ctlBellLen]byte
 	readerDone chan struct{}
-	gone       chan struct{}
+	gone       chan struct{} // closed when the peer's socket or the QP closes
+	goneOnce   sync.Once
 	mapReply   chan mapResult
 
 	// Send side, under sqMu.
@@ -630,6 +631,11 @@ func (q *qp) deliverSQ() {
 			default:
 				return
 			}
+		} else if e.status == verbs.WCSuccess && !e.msg && q.State() == verbs.QPError {
+			// A WRITE queued behind a request that failed or was flushed: hardware
+			// would not have executed it. Its bytes did land (it was copied when
+			// posted), which only a responder reading memory unprompted could see.
+			e.status = verbs.WCWRFlushErr
 		}
 		if e.signaled || e.status != verbs.WCSuccess {
 			q.sendCQ.push(verbs.WorkCompletion{ID: e.id, Status: e.status, Opcode: e.op, QPN: q.qpn})
@@ -1001,11 +1007,7 @@ func (q *qp) timer() {
 
 // peerGone: the socket closed. Take what the peer completed, then flush the rest.
 func (q *qp) peerGone() {
-	select {
-	case <-q.gone:
-	default:
-		close(q.gone)
-	}
+	q.goneOnce.Do(func() { close(q.gone) })
 	q.kickAcks()
 	q.kickReqs()
 	q.fail("peer closed")
@@ -1047,11 +1049,7 @@ func (q *qp) Close() error {
 		return nil
 	}
 	q.transition(verbs.QPError, "closed")
-	select {
-	case <-q.gone:
-	default:
-		close(q.gone)
-	}
+	q.goneOnce.Do(func() { close(q.gone) })
 	q.connMu.Lock() // wait for a Connect in progress
 	conn := q.conn
 	q.connMu.Unlock()
