@@ -81,10 +81,48 @@ func NewPair(t testing.TB) *Pair {
 	return p
 }
 
+// OpenPair is NewPair for programs that have no testing.TB (cmd/smcrbench): it
+// returns an error instead of failing a test, and the caller must Close the pair.
+func OpenPair() (*Pair, error) {
+	if os.Geteuid() != 0 {
+		return nil, errors.New("nstest: needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN) to create network namespaces")
+	}
+	id := randomID()
+	p := &Pair{}
+	var err error
+	if p.A, err = newNS("smcr-" + id + "-a"); err != nil {
+		return nil, fmt.Errorf("nstest: %w", err)
+	}
+	if p.B, err = newNS("smcr-" + id + "-b"); err != nil {
+		p.A.remove()
+		return nil, fmt.Errorf("nstest: %w", err)
+	}
+	if _, _, err := p.addLink(); err != nil {
+		p.Close()
+		return nil, err
+	}
+	return p, nil
+}
+
+// Close removes a pair made by OpenPair (NewPair's pairs are removed by t.Cleanup).
+func (p *Pair) Close() error {
+	p.A.remove()
+	p.B.remove()
+	return nil
+}
+
 // AddLink joins A and B by another veth pair, in subnet 198.(18+n).0.0/24 and
 // fd00:534d:4352:n::/64 for the n-th link (counting from 0), and returns the new ends.
 func (p *Pair) AddLink() (a, b Link) {
 	p.t.Helper()
+	a, b, err := p.addLink()
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	return a, b
+}
+
+func (p *Pair) addLink() (a, b Link, err error) {
 	n := len(p.A.Links)
 	id := randomID()
 	a = Link{
@@ -98,11 +136,11 @@ func (p *Pair) AddLink() (a, b Link) {
 		Addr6: netip.PrefixFrom(ula(n, 2), 64),
 	}
 	if err := addVeth(p.A, a, p.B, b); err != nil {
-		p.t.Fatalf("nstest: add link: %v", err)
+		return a, b, fmt.Errorf("nstest: add link: %w", err)
 	}
 	p.A.Links = append(p.A.Links, a)
 	p.B.Links = append(p.B.Links, b)
-	return a, b
+	return a, b, nil
 }
 
 // Addr4 is the IPv4 address of the namespace's first link.

@@ -3,6 +3,7 @@ package nstest
 import (
 	"io"
 	"net/netip"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -109,5 +110,34 @@ func TestPercentile(t *testing.T) {
 	}
 	if Percentile(nil, 50) != 0 {
 		t.Error("empty percentile")
+	}
+}
+
+func TestOpenPairWithoutTB(t *testing.T) {
+	Require(t)
+	p, err := OpenPair()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := p.B.Listen("tcp", netip.AddrPortFrom(p.B.Addr4(), 0).String())
+	if err != nil {
+		p.Close()
+		t.Fatal(err)
+	}
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			c.Close()
+		}
+	}()
+	c, err := p.A.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Errorf("dial across the pair: %v", err)
+	} else {
+		c.Close()
+	}
+	ln.Close()
+	p.Close()
+	if _, err := os.Stat("/run/netns/" + p.A.Name); !os.IsNotExist(err) {
+		t.Errorf("namespace %s still there after Close (stat: %v)", p.A.Name, err)
 	}
 }
