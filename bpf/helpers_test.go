@@ -34,7 +34,7 @@ func randHex() string {
 
 // testCgroup moves the test process into a fresh cgroup v2 for the test's
 // duration, so the programs attached there see only this test's sockets.
-func testCgroup(t *testing.T) string {
+func testCgroup(t testing.TB) string {
 	t.Helper()
 	nstest.Require(t)
 	mnt, err := CgroupV2Mount()
@@ -71,7 +71,7 @@ func testCgroup(t *testing.T) string {
 
 // loadIn loads the programs inside ns, with a pin directory of the test's own;
 // the test's cleanup removes everything.
-func loadIn(t *testing.T, ns *nstest.NS, opts Options) *Loader {
+func loadIn(t testing.TB, ns *nstest.NS, opts Options) *Loader {
 	t.Helper()
 	if opts.PinDir == "" {
 		opts.PinDir = "/sys/fs/bpf/smcr-test-" + randHex()
@@ -94,14 +94,14 @@ func loadIn(t *testing.T, ns *nstest.NS, opts Options) *Loader {
 	return l
 }
 
-func skipIfUnsupported(t *testing.T, err error) {
+func skipIfUnsupported(t testing.TB, err error) {
 	t.Helper()
 	if errors.Is(err, ebpf.ErrNotSupported) || errors.Is(err, syscall.Errno(524) /* ENOTSUPP */) || errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOSYS) {
 		t.Skipf("kernel lacks a BPF feature smcr needs: %v", err)
 	}
 }
 
-func must(t *testing.T, err error) {
+func must(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
@@ -109,7 +109,7 @@ func must(t *testing.T, err error) {
 }
 
 // listen opens a listener in ns, tagged by l when tag is non-nil; MPTCP off.
-func listen(t *testing.T, ns *nstest.NS, addr string, l *Loader, tag *Tag) net.Listener {
+func listen(t testing.TB, ns *nstest.NS, addr string, l *Loader, tag *Tag) net.Listener {
 	t.Helper()
 	var ln net.Listener
 	err := ns.Do(func() error {
@@ -128,7 +128,7 @@ func listen(t *testing.T, ns *nstest.NS, addr string, l *Loader, tag *Tag) net.L
 }
 
 // dial connects from ns, tagged by l when tag is non-nil.
-func dial(t *testing.T, ns *nstest.NS, addr string, l *Loader, tag *Tag) net.Conn {
+func dial(t testing.TB, ns *nstest.NS, addr string, l *Loader, tag *Tag) net.Conn {
 	t.Helper()
 	var c net.Conn
 	err := ns.Do(func() error {
@@ -147,7 +147,7 @@ func dial(t *testing.T, ns *nstest.NS, addr string, l *Loader, tag *Tag) net.Con
 }
 
 // acceptWithin returns the next connection ln accepts within d, or nil.
-func acceptWithin(t *testing.T, ln net.Listener, d time.Duration) net.Conn {
+func acceptWithin(t testing.TB, ln net.Listener, d time.Duration) net.Conn {
 	t.Helper()
 	tl := ln.(*net.TCPListener)
 	tl.SetDeadline(time.Now().Add(d))
@@ -165,7 +165,7 @@ func acceptWithin(t *testing.T, ln net.Listener, d time.Duration) net.Conn {
 }
 
 // whoAccepts dials addr from ns and reports which of the listeners took it.
-func whoAccepts(t *testing.T, ns *nstest.NS, addr string, lns ...net.Listener) (int, net.Conn, net.Conn) {
+func whoAccepts(t testing.TB, ns *nstest.NS, addr string, lns ...net.Listener) (int, net.Conn, net.Conn) {
 	t.Helper()
 	c := dial(t, ns, addr, nil, nil)
 	for i, ln := range lns {
@@ -193,7 +193,7 @@ func (s segment) String() string {
 }
 
 // capture records SYN and SYN-ACK segments on ifname inside ns until stop.
-func capture(t *testing.T, ns *nstest.NS, ifname string) (stop func() []segment) {
+func capture(t testing.TB, ns *nstest.NS, ifname string) (stop func() []segment) {
 	t.Helper()
 	var fd int
 	err := ns.Do(func() error {
