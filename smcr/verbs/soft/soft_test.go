@@ -392,3 +392,9 @@ func FuzzParseHeader(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkLoopback: both devices in this process, over loopback TCP.
+func BenchmarkLoopback(b *testing.B) { verbstest.Bench(b, loopback) }
+
+// BenchmarkNetns: each device listening inside its own namespace, across a veth pair.
+func BenchmarkNetns(b *testing.B) { verbstest.Bench(b, nsEnv(nstest.NewPair(b))) }

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"testing"
 	"time"
 
@@ -26,7 +27,20 @@ const writeWindow = 16
 
 // Bench runs the standard benchmarks for env, and the memcpy and TCP-over-veth
 // baselines, reporting "MB/s", "p50-ns" and "p99-ns" with b.ReportMetric.
+//
+// The TCP baselines need a pair of network namespaces (nstest, as root); without
+// them those sub-benchmarks are skipped.
 func Bench(b *testing.B, env Env) {
+	var base *nstest.Pair
+	if os.Geteuid() == 0 {
+		base = nstest.NewPair(b)
+	}
+	tcp := func(b *testing.B) *nstest.Pair {
+		if base == nil {
+			b.Skip("TCP baseline: needs root to create network namespaces")
+		}
+		return base
+	}
 	for _, size := range WriteSizes {
 		b.Run("memcpy/"+sizeName(size), func(b *testing.B) { benchMemcpy(b, size) })
 		b.Run("write/"+sizeName(size), func(b *testing.B) {
@@ -40,7 +54,7 @@ func Bench(b *testing.B, env Env) {
 	}
 	for _, size := range WriteSizes {
 		b.Run("tcp-veth/"+sizeName(size), func(b *testing.B) {
-			p := nstest.NewPair(b)
+			p := tcp(b)
 			bps, err := p.TCPThroughput(size, int64(b.N)*int64(size))
 			if err != nil {
 				b.Fatal(err)
@@ -64,7 +78,7 @@ func Bench(b *testing.B, env Env) {
 		reportLatency(b, rtts)
 	})
 	b.Run(fmt.Sprintf("tcp-veth-pingpong/%dB", PingPongSize), func(b *testing.B) {
-		p := nstest.NewPair(b)
+		p := tcp(b)
 		rtts, err := p.TCPPingPong(PingPongSize, b.N)
 		if err != nil {
 			b.Fatal(err)
