@@ -203,10 +203,12 @@ func (c *Conn) freeResources() {
 		c.e.freeToken(c.token)
 	}
 	if c.rmb != nil {
-		if c.lnk != nil && !c.lnkErr {
-			c.lnk.deleteRKey(c.rmb.RKey())
-		}
+		// No DELETE_RKEY: the peer forgets our rkey when it releases its end, which
+		// keeps LLC traffic per connection bounded (one CONFIRM_RKEY each way).
 		c.rmb.Close()
+	}
+	if c.lg != nil && c.peerRKey != 0 {
+		c.lg.addPeerRKey(c.peerRKey, false)
 	}
 	if c.snd != nil {
 		c.snd.Close()

@@ -24,7 +24,7 @@ const (
 	nRecv      = 256 // receive slots per link: enough for 255 connections' CDCs in flight
 	nSendSlots = 128
 	maxSendWR  = 256
-	llcQueue   = 128
+	llcQueue   = 4 * maxConnsPerLGR // each connection has at most one LLC request and one response in flight
 
 	tagSlot  = 1 // send work request IDs: tag<<56 | slot or alert token
 	tagWrite = 2
@@ -444,6 +444,7 @@ func (l *link) confirmLinkServer(ctx context.Context) error {
 	if uint32(m.QPN) != l.peer.QPN {
 		return fmt.Errorf("smcr: confirm link response from qp %d, want %d", m.QPN, l.peer.QPN)
 	}
+	l.lg.e.st.linkConfirms.Add(1)
 	return nil
 }
 
@@ -463,7 +464,11 @@ func (l *link) confirmLinkClient(ctx context.Context) error {
 	case <-l.ctx.Done():
 		return ErrLinkDown
 	}
-	return l.sendLLC(l.confirmLinkMsg(true))
+	if err := l.sendLLC(l.confirmLinkMsg(true)); err != nil {
+		return err
+	}
+	l.lg.e.st.linkConfirms.Add(1)
+	return nil
 }
 
 // confirmRKey announces a new RMB on the link and waits for the peer's answer.
@@ -481,17 +486,6 @@ func (l *link) confirmRKey(ctx context.Context, mr verbs.MR) error {
 		return errors.New("smcr: peer refused rkey")
 	}
 	return nil
-}
-
-// deleteRKey tells the peer an RMB is gone (best effort, no wait).
-func (l *link) deleteRKey(rkey uint32) {
-	m := &llc.DeleteRkey{Count: 1}
-	m.RKeys[0] = rkey
-	select {
-	case <-l.ctx.Done():
-	default:
-		l.sendLLC(m)
-	}
 }
 
 func (l *link) testLink() {

@@ -40,6 +40,7 @@ type Stats struct {
 	SMC          uint64                 // connections that went SMC-R
 	Fallback     map[FallbackKey]uint64 // connections that became plain TCP, by reason and side
 	FirstContact uint64                 // link groups created
+	LinkConfirms uint64                 // CONFIRM_LINK exchanges completed
 	Reused       uint64                 // SMC-R connections that reused a link group
 	Active       int64                  // SMC-R connections open now
 	TxBytes      uint64                 // bytes sent over RDMA
@@ -59,13 +60,13 @@ type Stats struct {
 }
 
 type stats struct {
-	handled, smc, firstContact, reused atomic.Uint64
-	active                             atomic.Int64
-	txBytes, rxBytes, fbTx, fbRx       atomic.Uint64
-	cdcSent, cdcRecv, llcSent, llcRecv atomic.Uint64
-	writeBlocked, protoErrors, aborts  atomic.Uint64
-	mu                                 sync.Mutex
-	fallback                           map[FallbackKey]uint64
+	handled, smc, firstContact, reused, linkConfirms atomic.Uint64
+	active                                           atomic.Int64
+	txBytes, rxBytes, fbTx, fbRx                     atomic.Uint64
+	cdcSent, cdcRecv, llcSent, llcRecv               atomic.Uint64
+	writeBlocked, protoErrors, aborts                atomic.Uint64
+	mu                                               sync.Mutex
+	fallback                                         map[FallbackKey]uint64
 }
 
 func (s *stats) countFallback(code DeclineCode, side Side) {
@@ -89,6 +90,7 @@ func (s *stats) snapshot() Stats {
 		SMC:          s.smc.Load(),
 		Fallback:     fb,
 		FirstContact: s.firstContact.Load(),
+		LinkConfirms: s.linkConfirms.Load(),
 		Reused:       s.reused.Load(),
 		Active:       s.active.Load(),
 		TxBytes:      s.txBytes.Load(),
@@ -106,7 +108,7 @@ func (s *stats) snapshot() Stats {
 }
 
 func (s *stats) reset() {
-	for _, c := range []*atomic.Uint64{&s.handled, &s.smc, &s.firstContact, &s.reused,
+	for _, c := range []*atomic.Uint64{&s.handled, &s.smc, &s.firstContact, &s.reused, &s.linkConfirms,
 		&s.txBytes, &s.rxBytes, &s.fbTx, &s.fbRx, &s.cdcSent, &s.cdcRecv, &s.llcSent,
 		&s.llcRecv, &s.writeBlocked, &s.protoErrors, &s.aborts} {
 		c.Store(0)

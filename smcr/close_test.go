@@ -1,0 +1,152 @@
+package smcr
+
+import (
+	"errors"
+	"io"
+	"net"
+	"testing"
+	"time"
+)
+
+// eventually polls cond for up to 5 s.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatalf("timed out waiting for %s", what)
+}
+
+func TestHalfCloseBothWays(t *testing.T) {
+	p := memPair(t)
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	if _, err := c.Write([]byte("request")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write([]byte("x")); !errors.Is(err, ErrWriteClosed) {
+		t.Fatalf("write after CloseWrite: %v", err)
+	}
+	b, err := io.ReadAll(s)
+	if err != nil || string(b) != "request" {
+		t.Fatalf("server read %q %v", b, err)
+	}
+	// The server can still answer after the client's half-close.
+	if _, err := s.Write([]byte("response")); err != nil {
+		t.Fatal(err)
+	}
+	s.CloseWrite()
+	b, err = io.ReadAll(c)
+	if err != nil || string(b) != "response" {
+		t.Fatalf("client read %q %v", b, err)
+	}
+	c.Close()
+	s.Close()
+	eventually(t, "buffers released", func() bool {
+		return p.cli.Stats().MemoryInUse == 0 && p.srv.Stats().MemoryInUse == 0 &&
+			len(p.cli.Conns()) == 0 && len(p.srv.Conns()) == 0
+	})
+	// The TCP connection goes after the SMC-R connection.
+	if _, err := c.TCP().Write([]byte{0}); err == nil {
+		t.Fatal("tcp still open after close")
+	}
+}
+
+func TestCloseDeliversAllDataBeforeEOF(t *testing.T) {
+	p := memPair(t)
+	c, s := p.connect(t)
+	data := make([]byte, 1<<20)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	go func() {
+		c.Write(data)
+		c.Close()
+	}()
+	b, err := io.ReadAll(s)
+	if err != nil || len(b) != len(data) || b[len(b)-1] != data[len(data)-1] {
+		t.Fatalf("read %d bytes, %v", len(b), err)
+	}
+	s.Close()
+	eventually(t, "release", func() bool { return p.cli.Stats().Active == 0 && p.srv.Stats().Active == 0 })
+}
+
+func TestAbort(t *testing.T) {
+	p := memPair(t)
+	c, s := p.connect(t)
+	c.Write([]byte("partial"))
+	if err := c.Abort(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "reset seen", func() bool {
+		s.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
+		buf := make([]byte, 64)
+		_, err := s.Read(buf)
+		return errors.Is(err, ErrReset)
+	})
+	if _, err := s.Write([]byte("x")); !errors.Is(err, ErrReset) {
+		t.Fatalf("write after reset: %v", err)
+	}
+	s.Close()
+	eventually(t, "release", func() bool {
+		return p.cli.Stats().MemoryInUse == 0 && p.srv.Stats().MemoryInUse == 0
+	})
+	if p.srv.Stats().Aborts != 1 {
+		t.Fatalf("aborts %d", p.srv.Stats().Aborts)
+	}
+}
+
+func TestDeadlines(t *testing.T) {
+	p := newPair(t, Config{Devices: memDevices(t, 3), RMBSize: 16 << 10}, Config{Devices: memDevices(t, 3), RMBSize: 16 << 10})
+	c, s := p.connect(t)
+	s.SetReadDeadline(time.Now().Add(30 * time.Millisecond))
+	start := time.Now()
+	_, err := s.Read(make([]byte, 10))
+	var ne net.Error
+	if !errors.As(err, &ne) || !ne.Timeout() || time.Since(start) < 25*time.Millisecond {
+		t.Fatalf("read: %v after %v", err, time.Since(start))
+	}
+	s.SetReadDeadline(time.Time{})
+	// Nobody reads: the peer's 16 KiB RMBE fills and Write times out.
+	c.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
+	n, err := c.Write(make([]byte, 64<<10))
+	if !errors.As(err, &ne) || !ne.Timeout() || n != 16<<10 {
+		t.Fatalf("write: %d %v", n, err)
+	}
+	c.SetWriteDeadline(time.Time{})
+	// Both still work after the deadlines are cleared.
+	go io.Copy(io.Discard, s)
+	if _, err := c.Write(make([]byte, 64<<10)); err != nil {
+		t.Fatal(err)
+	}
+	// A deadline interrupts a Read already blocked.
+	done := make(chan error, 1)
+	go func() { _, err := c.Read(make([]byte, 1)); done <- err }()
+	time.Sleep(10 * time.Millisecond)
+	c.SetReadDeadline(time.Now())
+	if err := <-done; !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("blocked read: %v", err)
+	}
+}
+
+func TestCloseUnblocksReadAndWrite(t *testing.T) {
+	p := memPair(t)
+	c, s := p.connect(t)
+	done := make(chan error, 1)
+	go func() { _, err := c.Read(make([]byte, 1)); done <- err }()
+	time.Sleep(10 * time.Millisecond)
+	c.Close()
+	if err := <-done; !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("read after close: %v", err)
+	}
+	b, err := io.ReadAll(s)
+	if err != nil || len(b) != 0 {
+		t.Fatalf("peer read %q %v", b, err)
+	}
+	s.Close()
+}

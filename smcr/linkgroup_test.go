@@ -1,0 +1,269 @@
+package smcr
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/smcr-io/smcr/rmb"
+	"github.com/smcr-io/smcr/smcr/internal/memverbs"
+	"github.com/smcr-io/smcr/smcr/verbs"
+)
+
+// TestLinkGroupReuse opens 1000 connections, up to 128 at a time, each exchanging
+// data: one link group, one CONFIRM_LINK on each side, every other connection reuses.
+func TestLinkGroupReuse(t *testing.T) {
+	// A generous CLC timeout: 128 handshakes at once on a loaded 2-core machine.
+	cfg := func() Config {
+		return Config{Devices: memDevices(t, verbs.KindSoft), RMBSize: 16 << 10, CLCTimeout: 10 * time.Second}
+	}
+	p := newPair(t, cfg(), cfg())
+	const total, workers = 1000, 128
+	var wg sync.WaitGroup
+	jobs := make(chan int)
+	errc := make(chan error, total)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range jobs {
+				c, err := p.cli.Dial(ctx, "tcp", p.ln.Addr().String())
+				if err != nil {
+					errc <- err
+					continue
+				}
+				if c.Mode() != ModeSMCR {
+					errc <- c.Decline()
+					continue
+				}
+				msg := []byte{byte(i), byte(i >> 8)}
+				c.Write(msg)
+				got := make([]byte, 2)
+				if _, err := io.ReadFull(c, got); err != nil || got[0] != msg[0] || got[1] != msg[1] {
+					errc <- errors.New("echo mismatch")
+				}
+				c.Close()
+			}
+		}()
+	}
+	go func() {
+		for {
+			s, err := p.ln.AcceptSMC()
+			if err != nil {
+				return
+			}
+			go func() {
+				io.Copy(s, s)
+				s.Close()
+			}()
+		}
+	}()
+	for i := range total {
+		jobs <- i
+	}
+	close(jobs)
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		t.Fatal(err)
+	}
+	cs, ss := p.cli.Stats(), p.srv.Stats()
+	if cs.SMC != total || ss.SMC != total {
+		t.Fatalf("smc connections: client %d server %d", cs.SMC, ss.SMC)
+	}
+	if cs.FirstContact != 1 || ss.FirstContact != 1 || cs.LinkConfirms != 1 || ss.LinkConfirms != 1 {
+		t.Fatalf("link groups: client %d/%d server %d/%d", cs.FirstContact, cs.LinkConfirms, ss.FirstContact, ss.LinkConfirms)
+	}
+	if cs.Reused != total-1 {
+		t.Fatalf("reused %d", cs.Reused)
+	}
+	eventually(t, "all released", func() bool {
+		return p.cli.Stats().MemoryInUse == 0 && p.srv.Stats().MemoryInUse == 0
+	})
+}
+
+// TestLinkGroupLimit holds 300 connections open: at most 255 share a link group.
+func TestLinkGroupLimit(t *testing.T) {
+	cfg := func() Config { return Config{Devices: memDevices(t, verbs.KindSoft), RMBSize: 16 << 10} }
+	p := newPair(t, cfg(), cfg())
+	var conns []*Conn
+	for range 300 {
+		c, s := p.connect(t)
+		mustSMC(t, c, s)
+		conns = append(conns, c, s)
+	}
+	lgs := p.srv.LinkGroups()
+	if len(lgs) != 2 || lgs[0].Conns+lgs[1].Conns != 300 || max(lgs[0].Conns, lgs[1].Conns) != maxConnsPerLGR {
+		t.Fatalf("link groups %+v", lgs)
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+}
+
+type fakeClock struct {
+	mu     sync.Mutex
+	now    time.Duration
+	timers []*fakeTimer
+}
+
+type fakeTimer struct {
+	c    *fakeClock
+	at   time.Duration
+	f    func()
+	dead bool
+}
+
+func (c *fakeClock) Now() time.Time { return time.Now() }
+func (c *fakeClock) AfterFunc(d time.Duration, f func()) Timer {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t := &fakeTimer{c: c, at: c.now + d, f: f}
+	c.timers = append(c.timers, t)
+	return t
+}
+func (t *fakeTimer) Stop() bool {
+	t.c.mu.Lock()
+	defer t.c.mu.Unlock()
+	was := !t.dead
+	t.dead = true
+	return was
+}
+
+// Advance moves virtual time on and runs the timers that came due.
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now += d
+	var due []*fakeTimer
+	for _, t := range c.timers {
+		if !t.dead && t.at <= c.now {
+			t.dead = true
+			due = append(due, t)
+		}
+	}
+	c.mu.Unlock()
+	for _, t := range due {
+		t.f()
+	}
+}
+
+func TestIdleLinkGroupFreed(t *testing.T) {
+	clk := &fakeClock{}
+	cfg := func() Config {
+		return Config{Devices: memDevices(t, verbs.KindSoft), Clock: clk, LinkGroupIdle: time.Minute, TestLinkInterval: -1}
+	}
+	p := newPair(t, cfg(), cfg())
+	c, s := p.connect(t)
+	c.Close()
+	s.Close()
+	eventually(t, "released", func() bool { return p.cli.Stats().Active == 0 && p.srv.Stats().Active == 0 })
+	if n := len(p.cli.LinkGroups()); n != 1 {
+		t.Fatalf("%d link groups before idle expiry", n)
+	}
+	clk.Advance(30 * time.Second)
+	if n := len(p.cli.LinkGroups()); n != 1 {
+		t.Fatalf("%d link groups before idle expiry", n)
+	}
+	clk.Advance(31 * time.Second)
+	eventually(t, "link groups freed", func() bool { return len(p.cli.LinkGroups()) == 0 && len(p.srv.LinkGroups()) == 0 })
+	// A new connection makes a new link group.
+	c, s = p.connect(t)
+	mustSMC(t, c, s)
+	if p.cli.Stats().FirstContact != 2 {
+		t.Fatalf("first contacts %d", p.cli.Stats().FirstContact)
+	}
+}
+
+func TestTestLinkKeepalive(t *testing.T) {
+	clk := &fakeClock{}
+	d1, d2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
+	t.Cleanup(func() { d1.Close(); d2.Close() })
+	p := newPair(t, Config{Devices: []verbs.Device{d1}, Clock: clk, TestLinkInterval: time.Second},
+		Config{Devices: []verbs.Device{d2}, Clock: clk, TestLinkInterval: time.Second})
+	c, s := p.connect(t)
+	before := p.cli.Stats().LLCReceived
+	clk.Advance(time.Second)
+	eventually(t, "test link answered", func() bool { return p.cli.Stats().LLCReceived >= before+2 })
+	echoOK(t, c, s)
+}
+
+func echoOK(t *testing.T, c, s *Conn) {
+	t.Helper()
+	go func() {
+		b := make([]byte, 4)
+		io.ReadFull(s, b)
+		s.Write(b)
+	}()
+	c.Write([]byte("ping"))
+	b := make([]byte, 4)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(c, b); err != nil || string(b) != "ping" {
+		t.Fatalf("echo %q %v", b, err)
+	}
+	c.SetReadDeadline(time.Time{})
+}
+
+// TestHostilePeer sends broken CDCs and LLC from the server's side: each ends only
+// the connection it names, and the other connection on the link group carries on.
+func TestHostilePeer(t *testing.T) {
+	p := memPair(t)
+	victim, vs := p.connect(t)
+	other, os := p.connect(t)
+	mustSMC(t, victim, vs, other, os)
+	if victim.lg != other.lg {
+		t.Fatal("connections not on one link group")
+	}
+	lnk := vs.lnk
+	send := func(m rmb.CDC) {
+		t.Helper()
+		if err := lnk.sendCDC(&m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := p.cli.Stats().ProtoErrors
+	// Unknown alert token: counted, ignored.
+	send(rmb.CDC{Token: 0xdeadbeef, Prod: rmb.Cursor{Count: 100}})
+	// Wrong length: a 20-byte SEND.
+	s, _ := lnk.acquire()
+	lnk.postMu.Lock()
+	lnk.sge[0] = verbs.SGE{MR: lnk.sendMR, Offset: int(s) * slotSize, Length: 20}
+	lnk.swr = verbs.SendWR{ID: tagSlot<<56 | uint64(s), Opcode: verbs.OpSend, SG: lnk.sge[:], Signaled: true}
+	lnk.qp.PostSend(&lnk.swr)
+	lnk.postMu.Unlock()
+	eventually(t, "protocol errors counted", func() bool { return p.cli.Stats().ProtoErrors >= before+2 })
+	echoOK(t, victim, vs)
+
+	// A producer cursor past the ring: the victim connection is aborted.
+	send(rmb.CDC{Token: victim.token, Prod: rmb.Cursor{Wrap: 3, Count: 5}})
+	victim.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := victim.Read(make([]byte, 10)); !errors.Is(err, ErrProtocol) {
+		t.Fatalf("victim read: %v", err)
+	}
+	// Its peer gets the abort.
+	vs.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadAll(vs); !errors.Is(err, ErrReset) {
+		t.Fatalf("victim's peer read: %v", err)
+	}
+	// The other connection is untouched.
+	echoOK(t, other, os)
+
+	// A count beyond the RMBE and a consumer cursor past what was written.
+	v2, v2s := p.connect(t)
+	send(rmb.CDC{Token: v2.token, Prod: rmb.Cursor{Count: uint32(v2.rmbSize)}})
+	if _, err := v2.Read(make([]byte, 1)); !errors.Is(err, ErrProtocol) {
+		t.Fatalf("count beyond rmbe: %v", err)
+	}
+	v3, _ := p.connect(t)
+	send(rmb.CDC{Token: v3.token, Cons: rmb.Cursor{Count: 1000}})
+	eventually(t, "consumer cursor past producer rejected", func() bool {
+		_, err := v3.Write([]byte("x"))
+		return errors.Is(err, ErrProtocol)
+	})
+	echoOK(t, other, os)
+	_ = v2s
+}
