@@ -8,6 +8,9 @@ import (
 	"errors"
 )
 
+// APIVersion is the version in the paths this package serves and calls (/v1/...).
+const APIVersion = "v1"
+
 // Backend is the daemon side of the API. Every method returns a snapshot the
 // server may encode at leisure: the daemon must not hand out slices it keeps
 // changing. Methods are called concurrently.

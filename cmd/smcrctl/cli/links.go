@@ -1,0 +1,63 @@
+// links: every link (RC queue pair) of every link group with its traffic, errors
+// and TEST_LINK round trip (RFC 7609 §3.3, §3.6 keepalive), after
+// `smcr linkgroup link-show`.
+
+package cli
+
+import (
+	"fmt"
+	"strconv"
+)
+
+var linksCmd = &command{
+	name:     "links",
+	synopsis: "[--json]",
+	short:    "list links: state, interface, device, GIDs, QPNs, traffic, errors, RTT",
+	long: `Lists every link of every link group. A link is one RC queue pair between a local
+and a peer RDMA device; a link group has one or two.
+
+Columns: LG (link group ID), LINK (number), ROLE, STATE, IF (network interface),
+DEVICE, GID and PEER-GID, QPN and PEER-QPN, CONNS, TX-BYTES, TX-WR (work requests),
+RX-BYTES, RX-WR, ERRORS (failed work completions, remote access errors) and RTT
+(the last TEST_LINK round trip; "-" before the first).
+
+Options:
+  --json  print the links as JSON
+
+Examples:
+  smcrctl links
+  smcrctl links --json | jq '.[] | select(.errors > 0)'`,
+	flags: jsonFlag,
+	run: func(e *env, o *options, args []string) error {
+		if err := noArgs(args); err != nil {
+			return err
+		}
+		links, err := e.client.Links(e.ctx)
+		if err != nil {
+			return err
+		}
+		if o.json {
+			return writeJSON(e.stdout, links)
+		}
+		tw := table(e.stdout)
+		row(tw, "LG", "LINK", "ROLE", "STATE", "IF", "DEVICE", "GID", "PEER-GID", "QPN", "PEER-QPN", "CONNS",
+			"TX-BYTES", "TX-WR", "RX-BYTES", "RX-WR", "ERRORS", "RTT")
+		for _, l := range links {
+			row(tw, l.LinkGroup, l.Num, l.Role, l.State, orDash(l.Interface), orDash(l.Device), orDash(l.LocalGID), orDash(l.PeerGID),
+				qpn(l.LocalQPN), qpn(l.PeerQPN), l.Conns, l.TX.Bytes, l.TX.WorkRequests, l.RX.Bytes, l.RX.WorkRequests, l.Errors, rtt(l.RTTMicros))
+		}
+		return tw.Flush()
+	},
+}
+
+// qpn prints a queue pair number as ibv_devinfo and rdma-core tools do.
+func qpn(n uint32) string { return fmt.Sprintf("%#06x", n) }
+
+func rtt(us float64) string {
+	if us <= 0 {
+		return "-"
+	}
+	return strconv.FormatFloat(us, 'f', 1, 64) + "us"
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }

@@ -1,0 +1,63 @@
+// set: change configuration attributes at run time, all or none, optionally
+// persisted (AIX chdev, with and without -P).
+
+package cli
+
+import (
+	"flag"
+	"fmt"
+	"strings"
+
+	"github.com/smcr-io/smcr/control"
+)
+
+var setCmd = &command{
+	name:     "set",
+	synopsis: "ATTRIBUTE=VALUE... [-P]",
+	short:    "change configuration attributes (like AIX chdev)",
+	long: `Changes one or more attributes. Every value is checked first: if any is wrong,
+nothing changes and the error names the attribute and the problem. Changes apply to
+new connections at once. Without -P they last until smcrd restarts; with -P they
+are also written to the configuration file. 'smcrctl show config' lists the
+attributes.
+
+Options:
+  -P  also write the change to the configuration file (like AIX chdev -P)
+
+Examples:
+  smcrctl set port_range_list=5201,6379
+  smcrctl set ip_addr_list=eth0,eth1 max_memory=512 -P
+  smcrctl set enabled=no`,
+	flags: func(fs *flag.FlagSet, o *options) { persistFlag(fs, o) },
+	run: func(e *env, o *options, args []string) error {
+		if len(args) == 0 {
+			return usagef("no ATTRIBUTE=VALUE given")
+		}
+		for _, a := range args {
+			if !strings.Contains(a, "=") {
+				return usagef("%q is not ATTRIBUTE=VALUE", a)
+			}
+		}
+		res, err := e.client.SetConfig(e.ctx, control.SetConfigRequest{Assignments: args, Persist: o.persist})
+		if err != nil {
+			return err
+		}
+		if len(res.Changed) == 0 {
+			fmt.Fprintln(e.stdout, "nothing changed: the attributes already have these values")
+		}
+		tw := table(e.stdout)
+		for _, a := range res.Changed {
+			row(tw, a.Name, "=", a.Value)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		switch {
+		case res.Persisted:
+			fmt.Fprintf(e.stdout, "written to %s\n", res.File)
+		case len(res.Changed) > 0:
+			fmt.Fprintln(e.stdout, "in effect until smcrd restarts (-P to write the configuration file)")
+		}
+		return nil
+	},
+}

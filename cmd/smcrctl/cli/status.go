@@ -1,0 +1,47 @@
+// status: is smcrd running, since when, enabled or not, with which providers.
+
+package cli
+
+import "strings"
+
+var statusCmd = &command{
+	name:  "status",
+	short: "show whether smcrd runs, is enabled, and with which providers",
+	long: `Prints smcrd's version, process id, uptime, whether matching connections are
+redirected (enabled), the RDMA providers in use, the configuration file and how
+many SMC-R connections and link groups are open.
+
+Options:
+  --json  print the status as JSON
+
+Examples:
+  smcrctl status
+  smcrctl status --json | jq .enabled`,
+	flags: jsonFlag,
+	run: func(e *env, o *options, args []string) error {
+		if err := noArgs(args); err != nil {
+			return err
+		}
+		st, err := e.client.Status(e.ctx)
+		if err != nil {
+			return err
+		}
+		if o.json {
+			return writeJSON(e.stdout, st)
+		}
+		enabled := "no (new connections are plain TCP)"
+		if st.Enabled {
+			enabled = "yes"
+		}
+		tw := table(e.stdout)
+		row(tw, "smcrd:", st.Version)
+		row(tw, "pid:", st.PID)
+		row(tw, "uptime:", seconds(st.UptimeSeconds))
+		row(tw, "enabled:", enabled)
+		row(tw, "providers:", orDash(strings.Join(st.Providers, ",")))
+		row(tw, "config file:", orDash(st.ConfigFile))
+		row(tw, "connections:", st.Connections)
+		row(tw, "link groups:", st.LinkGroups)
+		return tw.Flush()
+	},
+}
