@@ -74,30 +74,33 @@ func (q *qp) respond(c net.Conn) {
 			}
 			return
 		}
-		resp := header{typ: frameAck, psn: h.psn}
-		if syndrome != 0 {
-			resp.typ, resp.syndrome = frameNak, syndrome
-		}
-		resp.put(hb)
-		if _, err := bw.Write(hb); err != nil {
-			return
-		}
-		switch syndrome {
-		case 0:
-			expected = (expected + 1) & psnMask
-			continue
-		case nakRNR:
-			rnrPending = true
+		if syndrome == 0 || syndrome == nakRNR {
+			resp := header{typ: frameAck, psn: h.psn}
+			if syndrome == nakRNR {
+				resp.typ, resp.syndrome = frameNak, nakRNR
+				rnrPending = true
+			} else {
+				expected = (expected + 1) & psnMask
+			}
+			resp.put(hb)
+			if _, err := bw.Write(hb); err != nil {
+				return
+			}
 			continue
 		}
 		// Access and length errors put this QP in ERROR as an RNIC's responder
-		// does; the stream is drained so the NAK is read before it closes.
-		bw.Flush()
+		// does: first, so its completions carry this cause and not the peer's
+		// reaction; then the NAK goes out, and the stream is drained so the NAK is
+		// read before the connection closes.
 		recvSt := verbs.WCWRFlushErr
 		if syndrome == nakInvReq {
 			recvSt = verbs.WCLocLenErr
 		}
 		q.fail(verbs.WCWRFlushErr, recvSt, fmt.Errorf("soft: refused request psn %#x (nak %d)", h.psn, syndrome), true)
+		(&header{typ: frameNak, syndrome: syndrome, psn: h.psn}).put(hb)
+		if _, err := bw.Write(hb); err != nil || bw.Flush() != nil {
+			return
+		}
 		for {
 			if _, err := br.Discard(bufSize); err != nil {
 				return

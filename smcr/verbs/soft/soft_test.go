@@ -398,3 +398,58 @@ func BenchmarkLoopback(b *testing.B) { verbstest.Bench(b, loopback) }
 
 // BenchmarkNetns: each device listening inside its own namespace, across a veth pair.
 func BenchmarkNetns(b *testing.B) { verbstest.Bench(b, nsEnv(nstest.NewPair(b))) }
+
+// The hot path allocates nothing: posting a WRITE and a SEND, executing them,
+// acknowledging them and polling their completions.
+func TestNoAllocPerMessage(t *testing.T) {
+	if verbstest.InPeer() {
+		t.Skip("not the peer's test")
+	}
+	a, b := open(t, Config{}), open(t, Config{})
+	pa, _ := a.AllocPD()
+	pb, _ := b.AllocPD()
+	cqa, _ := a.CreateCQ(64)
+	cqb, _ := b.CreateCQ(64)
+	ma, _ := pa.AllocMR(64<<10, verbs.AccessLocalWrite)
+	mb, _ := pb.AllocMR(64<<10, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
+	qa, _ := pa.CreateQP(verbs.QPConfig{SendCQ: cqa, RecvCQ: cqa})
+	qb, _ := pb.CreateQP(verbs.QPConfig{SendCQ: cqb, RecvCQ: cqb})
+	ctx := context.Background()
+	errc := make(chan error, 1)
+	go func() { errc <- qb.Connect(ctx, qa.Attr()) }()
+	if err := qa.Connect(ctx, qb.Attr()); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	write := &verbs.SendWR{ID: 1, Opcode: verbs.OpWrite, SG: []verbs.SGE{{MR: ma, Length: 32 << 10}}, RemoteAddr: mb.Addr(), RKey: mb.RKey()}
+	send := &verbs.SendWR{ID: 2, Opcode: verbs.OpSend, Signaled: true, SG: []verbs.SGE{{MR: ma, Length: 64}}}
+	recv := &verbs.RecvWR{ID: 3, SG: []verbs.SGE{{MR: mb, Offset: 60000, Length: 64}}}
+	wc := make([]verbs.WorkCompletion, 4)
+	wait := func(cq verbs.CQ) {
+		for {
+			n, err := cq.Poll(wc)
+			if err != nil || (n == 1 && wc[0].Status != verbs.WCSuccess) {
+				t.Fatalf("poll: %v %+v", err, wc[0])
+			}
+			if n == 1 {
+				return
+			}
+			cq.Wait(ctx)
+		}
+	}
+	round := func() {
+		if qb.PostRecv(recv) != nil || qa.PostSend(write) != nil || qa.PostSend(send) != nil {
+			t.Fatal("post failed")
+		}
+		wait(cqa)
+		wait(cqb)
+	}
+	for range 100 {
+		round() // warm up buffers, rings and timers
+	}
+	if allocs := testing.AllocsPerRun(200, round); allocs >= 1 {
+		t.Fatalf("%.1f allocations per WRITE+SEND round trip, want 0", allocs)
+	}
+}
