@@ -1,0 +1,151 @@
+// Command smcrd is the smcr daemon: it gives unmodified TCP applications SMC-R
+// (RFC 7609) through eBPF redirection and steering. The logic is in package daemon;
+// this is flags, logging, the control socket, signals and sd_notify.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/smcr-io/smcr/bpf"
+	"github.com/smcr-io/smcr/config"
+	"github.com/smcr-io/smcr/control"
+	"github.com/smcr-io/smcr/daemon"
+	"github.com/smcr-io/smcr/internal/sdnotify"
+)
+
+// version is set at build time: -ldflags "-X main.version=…".
+var version = "dev"
+
+const usage = `smcrd: transparent SMC-R (RFC 7609) for unmodified TCP applications.
+
+smcrd loads smcr's eBPF programs into a cgroup v2 (the root by default), so that
+TCP connections to the ports in port_range_list are tried over SMC-R: the client
+side is redirected through smcrd, which proposes SMC-R to the peer's smcrd; peers
+without SMC-R get plain TCP and are remembered for peer_cache_ttl. If smcrd stops,
+connections go direct again within the liveness TTL. Operate it with smcrctl.
+
+Usage:
+  smcrd [-config FILE] [flags]
+
+Examples:
+  smcrd                                 # embedded defaults (see -print-default-config)
+  smcrd -config /etc/smcr/smcrd.conf    # a configuration file; smcrctl set -P writes it
+  smcrd -print-default-config > /etc/smcr/smcrd.conf
+
+Signals: SIGTERM/SIGINT drain established connections and exit; SIGUSR1 logs the
+link groups, links and connections.
+
+Flags:
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("smcrd", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usage)
+		fs.PrintDefaults()
+	}
+	cfgFile := fs.String("config", "", "configuration `file` (default: the embedded defaults)")
+	printDefault := fs.Bool("print-default-config", false, "print the embedded default configuration and exit")
+	pinDir := fs.String("pin-dir", bpf.DefaultPinDir, "bpf filesystem `directory` for the pinned programs and maps (one per network namespace)")
+	shmDir := fs.String("shm-dir", "", "`directory` of the shm provider's rendezvous sockets, shared by the smcrds of one host (default $TMPDIR/smcr-shm)")
+	liveness := fs.Duration("liveness-ttl", 3*time.Second, "after a crash, connections go direct again within this `duration`")
+	drain := fs.Duration("drain-timeout", 10*time.Second, "on SIGTERM, wait this `duration` for established connections before aborting them")
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "smcrd: unexpected argument %q (see smcrd -help)\n", fs.Arg(0))
+		return 2
+	}
+	if *showVersion {
+		fmt.Fprintln(stdout, "smcrd", version)
+		return 0
+	}
+	if *printDefault {
+		stdout.Write(config.Default().Format())
+		return 0
+	}
+	cfg, err := config.Load(*cfgFile)
+	if err != nil {
+		fmt.Fprintf(stderr, "smcrd: %v\n", err)
+		return 2
+	}
+	log := newLogger(cfg, stderr)
+
+	d, err := daemon.New(daemon.Options{
+		Config: cfg, ConfigFile: *cfgFile, PinDir: *pinDir, ShmDir: *shmDir,
+		LivenessTTL: *liveness, DrainTimeout: *drain, Version: version, Logger: log,
+	})
+	if err != nil {
+		log.Error("smcrd cannot start", "err", err)
+		return 1
+	}
+	srv, err := control.NewServer(cfg.ControlSocket, cfg.ControlGroup, d, log)
+	if err != nil {
+		log.Error("control socket", "err", err)
+		return 1
+	}
+	go func() {
+		if err := srv.Serve(); err != nil {
+			log.Error("control socket", "err", err)
+		}
+	}()
+	stopMetrics := serveMetrics(cfg.MetricsAddress, d, log)
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	usr1 := make(chan os.Signal, 1)
+	signal.Notify(usr1, syscall.SIGUSR1)
+	go func() {
+		for range usr1 {
+			d.LogState()
+		}
+	}()
+	go func() {
+		<-ctx.Done()
+		sdnotify.Notify(sdnotify.Stopping)
+	}()
+	err = d.Run(ctx, func() {
+		if _, err := sdnotify.Notify(sdnotify.Ready, sdnotify.Status("serving")); err != nil {
+			log.Warn("sd_notify", "err", err)
+		}
+	})
+	cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	srv.Close(cctx)
+	stopMetrics(cctx)
+	cancel()
+	if err != nil {
+		log.Error("shutdown", "err", err)
+		return 1
+	}
+	log.Info("smcrd stopped")
+	return 0
+}
+
+func newLogger(cfg config.Config, w io.Writer) *slog.Logger {
+	var lvl slog.Level
+	lvl.UnmarshalText([]byte(cfg.LogLevel)) // validated by config
+	opts := &slog.HandlerOptions{Level: lvl}
+	if cfg.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}

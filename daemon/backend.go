@@ -1,0 +1,246 @@
+// Backend: the daemon's answers to the control API (smcrctl): status, configuration,
+// statistics, link groups, connections, peers and devices. Not part of RFC 7609;
+// the views follow Linux smc-tools (smcss, smcr stats, smcr linkgroup, smcr device).
+
+package daemon
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/smcr-io/smcr/control"
+	"github.com/smcr-io/smcr/smcr"
+	"github.com/smcr-io/smcr/smcr/verbs"
+)
+
+var _ control.Backend = (*Daemon)(nil)
+
+// Status reports smcrd's overall state.
+func (d *Daemon) Status(context.Context) (control.Status, error) {
+	s := d.engine.Stats()
+	return control.Status{
+		Version:       d.opts.Version,
+		PID:           os.Getpid(),
+		UptimeSeconds: time.Since(d.start).Seconds(),
+		Enabled:       d.CurrentConfig().Enabled,
+		Providers:     d.providerNames(),
+		ConfigFile:    d.opts.ConfigFile,
+		Connections:   int(s.Active),
+		LinkGroups:    s.LinkGroups,
+	}, nil
+}
+
+// Config lists every attribute with its current value.
+func (d *Daemon) Config(context.Context) ([]control.Attribute, error) {
+	return d.CurrentConfig().Attributes(), nil
+}
+
+// Stats returns the counters since start or the last reset.
+func (d *Daemon) Stats(context.Context) (control.Stats, error) {
+	return d.stats(d.engine.Stats()), nil
+}
+
+// ResetStats zeroes the counters and returns their values just before.
+func (d *Daemon) ResetStats(context.Context) (control.Stats, error) {
+	s := d.stats(d.engine.Stats())
+	d.engine.ResetStats()
+	for _, c := range []interface{ Store(uint64) }{&d.st.redirected, &d.st.steered, &d.st.noOption, &d.st.setupErrors} {
+		c.Store(0)
+	}
+	d.st.resetAt.Store(time.Now().UnixNano())
+	return s, nil
+}
+
+// reasonNoCLC names the fallbacks that never reached CLC (code 0).
+const reasonNoCLC = "no SMC option from the peer (plain TCP, no CLC)"
+
+func (d *Daemon) stats(s smcr.Stats) control.Stats {
+	plain := d.st.noOption.Load()
+	out := control.Stats{
+		SinceResetSeconds: time.Since(time.Unix(0, d.st.resetAt.Load())).Seconds(),
+		Connections: control.ConnCounts{
+			Handled:         s.Handled + plain,
+			SMCR:            s.SMC,
+			HandshakeErrors: d.st.setupErrors.Load(),
+			FirstContact:    s.FirstContact,
+			Reused:          s.Reused,
+			Active:          s.Active,
+		},
+		RX: control.Direction{Bytes: s.RxBytes, Requests: s.CDCReceived, FallbackBytes: s.FallbackRx,
+			BufferSizes: control.NewHistogram(control.SizeBuckets), RequestSizes: control.NewHistogram(control.SizeBuckets)},
+		TX: control.Direction{Bytes: s.TxBytes, Requests: s.CDCSent, FallbackBytes: s.FallbackTx, BufferFull: s.WriteBlocked,
+			BufferSizes: control.NewHistogram(control.SizeBuckets), RequestSizes: control.NewHistogram(control.SizeBuckets)},
+		MemoryInUse:    s.MemoryInUse,
+		MemoryPeak:     s.MemoryPeak,
+		ProtocolErrors: s.ProtoErrors,
+		Aborts:         s.Aborts,
+	}
+	for k, n := range s.Fallback {
+		out.Fallbacks = append(out.Fallbacks, control.FallbackCount{Code: uint32(k.Code), Reason: k.Code.String(), Side: k.Side.String(), Count: n})
+		out.Connections.Fallback += n
+		if k.Code.Class() == uint8(smcr.DeclineTimeoutCLC>>24) {
+			out.Connections.HandshakeErrors += n
+		}
+	}
+	if plain > 0 {
+		out.Fallbacks = append(out.Fallbacks, control.FallbackCount{Reason: reasonNoCLC, Side: control.SidePeer, Count: plain})
+		out.Connections.Fallback += plain
+	}
+	slices.SortFunc(out.Fallbacks, func(a, b control.FallbackCount) int {
+		if a.Count != b.Count {
+			return int(b.Count) - int(a.Count)
+		}
+		return int(a.Code) - int(b.Code)
+	})
+	return out
+}
+
+// LinkGroups lists the link groups with their links.
+func (d *Daemon) LinkGroups(context.Context) ([]control.LinkGroup, error) {
+	var out []control.LinkGroup
+	for _, g := range d.engine.LinkGroups() {
+		lg := control.LinkGroup{ID: g.ID, Role: g.Role, Peer: g.Peer, Provider: g.Provider, State: "active", Conns: g.Conns}
+		for _, l := range g.Links {
+			lk := control.Link{LinkGroup: g.ID, Num: l.Num, Role: g.Role, Peer: g.Peer, State: l.State,
+				Device: l.Device, Port: 1, LocalQPN: l.QPN, PeerQPN: l.PeerQPN, Conns: g.Conns,
+				TX: control.LinkTraffic{WorkRequests: l.Sent}, RX: control.LinkTraffic{WorkRequests: l.Completed}}
+			if dev := d.device(l.Device); dev != nil {
+				p := dev.Port()
+				lk.Interface = p.Netdev
+				lk.LocalGID = netip.AddrFrom16(p.GID).String()
+			}
+			lg.Links = append(lg.Links, lk)
+		}
+		out = append(out, lg)
+	}
+	return out, nil
+}
+
+func (d *Daemon) device(name string) verbs.Device {
+	for _, dev := range d.devs {
+		if dev.Name() == name {
+			return dev
+		}
+	}
+	return nil
+}
+
+// Conns lists the connections: those the engine runs (SMC-R or fallen back after
+// CLC) and those carried as plain TCP without CLC.
+func (d *Daemon) Conns(context.Context) ([]control.Conn, error) {
+	var out []control.Conn
+	inEngine := map[string]bool{}
+	for _, c := range d.engine.Conns() {
+		cc := control.Conn{ID: c.Token, Local: addrString(c.Local), Remote: addrString(c.Remote),
+			Role: role(c.Client), State: trimSMC(c.State), Mode: control.ModeSMCR,
+			LinkGroup: c.LinkGroup, RMBSize: c.RMBSize, PeerRMBSize: c.PeerRMB, SndBufSize: c.PeerRMB,
+			TxBytes: c.Stats.TxBytes, RxBytes: c.Stats.RxBytes}
+		if cc.ID == 0 {
+			cc.ID = uint32(c.ID)
+		}
+		if c.Mode != smcr.ModeSMCR {
+			cc.Mode, cc.State = control.ModeTCP, "ACTIVE"
+			if dc := c.Decline; dc != nil {
+				cc.DeclineSide, cc.DeclineCode, cc.DeclineReason = dc.Side.String(), uint32(dc.Code), dc.Code.String()
+			}
+		}
+		inEngine[cc.Local+" "+cc.Remote] = true
+		out = append(out, cc)
+	}
+	d.connMu.Lock()
+	for _, t := range d.conns {
+		if t.reason == "" || inEngine[t.local.String()+" "+t.remote.String()] {
+			continue
+		}
+		out = append(out, control.Conn{ID: uint32(t.id), Local: t.local.String(), Remote: t.remote.String(),
+			Role: role(t.client), State: "ACTIVE", Mode: control.ModeTCP, DeclineSide: control.SidePeer,
+			DeclineReason: t.reason, TxBytes: t.bytes.tx.Load(), RxBytes: t.bytes.rx.Load()})
+	}
+	d.connMu.Unlock()
+	return out, nil
+}
+
+func role(client bool) string {
+	if client {
+		return "client"
+	}
+	return "server"
+}
+
+func trimSMC(s string) string {
+	if len(s) > 4 && s[:4] == "SMC_" {
+		return s[4:]
+	}
+	return s
+}
+
+func addrString(a net.Addr) string {
+	if t, ok := a.(*net.TCPAddr); ok {
+		return unmapAP(t.AddrPort()).String()
+	}
+	if a == nil {
+		return ""
+	}
+	return a.String()
+}
+
+// Peers lists the peer capability cache.
+func (d *Daemon) Peers(context.Context) ([]control.Peer, error) { return d.peers.list(), nil }
+
+// Devices lists the devices the engine uses.
+func (d *Daemon) Devices(context.Context) ([]control.Device, error) {
+	lgs := d.engine.LinkGroups()
+	out := make([]control.Device, 0, len(d.devs))
+	for _, dev := range d.devs {
+		p := dev.Port()
+		cd := control.Device{Name: dev.Name(), Provider: dev.Kind().String(), Port: 1, State: "down",
+			Interface: p.Netdev, GID: netip.AddrFrom16(p.GID).String(), MAC: net.HardwareAddr(p.MAC[:]).String(),
+			MTU: p.MTU.Bytes()}
+		if p.LinkUp {
+			cd.State = "active"
+		}
+		for _, g := range lgs {
+			used := false
+			for _, l := range g.Links {
+				if l.Device == dev.Name() {
+					cd.Links++
+					used = true
+				}
+			}
+			if used {
+				cd.LinkGroups++
+			}
+		}
+		out = append(out, cd)
+	}
+	return out, nil
+}
+
+// LogState writes the link groups, links and connections to the log (SIGUSR1).
+func (d *Daemon) LogState() {
+	ctx := context.Background()
+	lgs, _ := d.LinkGroups(ctx)
+	conns, _ := d.Conns(ctx)
+	st, _ := d.Stats(ctx)
+	d.log.Info("state", "link_groups", len(lgs), "connections", len(conns), "handled", st.Connections.Handled,
+		"smcr", st.Connections.SMCR, "fallback", st.Connections.Fallback)
+	for _, g := range lgs {
+		d.log.Info("link group", "id", g.ID, "role", g.Role, "peer", g.Peer, "provider", g.Provider, "conns", g.Conns)
+		for _, l := range g.Links {
+			d.log.Info("link", "group", g.ID, "num", l.Num, "state", l.State, "device", l.Device,
+				"qpn", l.LocalQPN, "peer_qpn", l.PeerQPN, "tx_wr", l.TX.WorkRequests, "rx_wr", l.RX.WorkRequests)
+		}
+	}
+	for _, c := range conns {
+		attrs := []any{"id", c.ID, "mode", c.Mode, "role", c.Role, "local", c.Local, "remote", c.Remote,
+			"state", c.State, "tx_bytes", c.TxBytes, "rx_bytes", c.RxBytes}
+		if c.Mode == control.ModeTCP {
+			attrs = append(attrs, "reason", c.DeclineReason)
+		}
+		d.log.Info("connection", attrs...)
+	}
+}

@@ -1,0 +1,420 @@
+// Package daemon is smcrd's logic: the transparent path that gives unmodified TCP
+// applications SMC-R (RFC 7609) through eBPF redirection and steering.
+//
+//	client host                                    server host
+//	app ─connect(S:P)─▶ redirect listener          steering listener (sk_lookup)
+//	                     │ SO_ORIGINAL_DST               │ local address S:P
+//	                     ▼                               ▼
+//	                   dial S:P, SYN+option ────────▶ Engine.Server (CLC)
+//	                   Engine.Client (CLC)               │ dial the app at S:P,
+//	                     │                               │ showing it the client
+//	app ◀──relay──▶ smcr.Conn ◀═══ RDMA / shm ═══▶ smcr.Conn ◀──relay──▶ app
+//
+// A peer whose SYN-ACK lacks the SMC option, or that declines, is carried as plain
+// TCP (spliced) and put into the programs' negative cache, so the next connections
+// to it do not come through smcrd at all. If smcrd stops, its liveness heartbeat
+// lapses and the programs redirect and steer nothing: everything fails open.
+//
+// Files:
+//
+//	daemon.go     Daemon: setup, the listeners, liveness, shutdown and drain
+//	redirect.go   client side: redirected connections
+//	steer.go      server side: steered connections
+//	relay.go      the byte carrier, splice or copy, half-close
+//	peers.go      the peer capability cache
+//	policy.go     configuration into the programs' maps, at start and at runtime
+//	backend.go    the control API's Backend (smcrctl)
+//	providers.go  RDMA devices from the configuration
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/smcr-io/smcr/bpf"
+	"github.com/smcr-io/smcr/config"
+	"github.com/smcr-io/smcr/smcr"
+	"github.com/smcr-io/smcr/smcr/verbs"
+)
+
+// Options configure a Daemon.
+type Options struct {
+	// Config is the configuration to run with; ConfigFile is where it came from
+	// ("" for the embedded default) and where SetConfig with persist writes.
+	Config     config.Config
+	ConfigFile string
+	// PinDir is the bpf filesystem directory of this smcrd's programs and maps
+	// (default bpf.DefaultPinDir); one per network namespace.
+	PinDir string
+	// ShmDir is where the shm provider puts its rendezvous socket (default: the
+	// provider's own, under $TMPDIR).
+	ShmDir string
+	// LivenessTTL is how long the programs keep redirecting after the last
+	// heartbeat (default 3s): after a crash, connections go direct this soon.
+	LivenessTTL time.Duration
+	// DrainTimeout bounds how long shutdown waits for established connections
+	// (default 10s); those still open are then aborted.
+	DrainTimeout time.Duration
+	// Version is reported by the control API.
+	Version string
+	// Logger receives everything (default: discard).
+	Logger *slog.Logger
+}
+
+// Daemon is one running smcrd.
+type Daemon struct {
+	opts   Options
+	log    *slog.Logger
+	start  time.Time
+	loader *bpf.Loader
+	engine *smcr.Engine
+	devs   []verbs.Device
+	peers  *peerCache
+
+	redirect []net.Listener // IPv4, IPv6 (loopback)
+	steering []net.Listener
+
+	cfgMu  sync.Mutex // serialises configuration changes
+	cfg    atomic.Pointer[config.Config]
+	ifaces []string // interfaces the programs are attached to now
+
+	ctx    context.Context // cancelled when shutdown begins
+	cancel context.CancelFunc
+	stopCh chan struct{} // closed when the drain time is up: relays abort
+
+	connMu sync.Mutex
+	conns  map[uint64]*tracked
+	connID atomic.Uint64
+	wg     sync.WaitGroup // accept loops and connection handlers
+
+	st daemonStats
+}
+
+// daemonStats counts what the engine does not see: connections carried as plain
+// TCP without any CLC, because the peer did not echo the option.
+type daemonStats struct {
+	redirected, steered, noOption, setupErrors atomic.Uint64
+	resetAt                                    atomic.Int64 // unix nanoseconds
+}
+
+// tracked is one connection the daemon carries, for drain and for smcrctl conns.
+type tracked struct {
+	id     uint64
+	client bool
+	local  netip.AddrPort // as the application sees it
+	remote netip.AddrPort
+	conn   *smcr.Conn // nil while setting up and for connections without CLC
+	reason string     // why a connection without CLC is plain TCP
+	bytes  struct{ tx, rx atomic.Uint64 }
+}
+
+// New sets smcrd up: loads and attaches the programs, opens the devices and the
+// engine, and opens the listeners. Nothing is redirected before Run. Call it from
+// a thread in the network namespace smcrd serves.
+func New(opts Options) (*Daemon, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.PinDir == "" {
+		opts.PinDir = bpf.DefaultPinDir
+	}
+	if opts.LivenessTTL <= 0 {
+		opts.LivenessTTL = 3 * time.Second
+	}
+	if opts.DrainTimeout <= 0 {
+		opts.DrainTimeout = 10 * time.Second
+	}
+	d := &Daemon{opts: opts, log: opts.Logger, start: time.Now(), conns: map[uint64]*tracked{},
+		stopCh: make(chan struct{})}
+	d.st.resetAt.Store(d.start.UnixNano())
+	d.ctx, d.cancel = context.WithCancel(context.Background())
+	cfg := opts.Config
+	d.cfg.Store(&cfg)
+
+	ifaces, err := resolveInterfaces(cfg.Interfaces)
+	if err != nil {
+		return nil, err
+	}
+	cgroup, err := cgroupPath(cfg.Cgroup)
+	if err != nil {
+		return nil, err
+	}
+	d.loader, err = bpf.Load(bpf.Options{CgroupPath: cgroup, PinDir: opts.PinDir, Logger: d.log})
+	if err != nil {
+		return nil, fmt.Errorf("daemon: %w", err)
+	}
+	// Until Run, and again from shutdown on, the programs must not send anything here.
+	if err := d.loader.SetAlive(0); err != nil {
+		d.loader.Close()
+		return nil, fmt.Errorf("daemon: %w", err)
+	}
+	inCgroup(cgroup, d.log)
+	d.peers = newPeerCache(time.Now, d.loader.AddNegative)
+	d.devs = openDevices(cfg.Providers, ifaces, opts.ShmDir, d.loader.Control(bpf.Tag{}), d.log)
+	d.engine, err = smcr.NewEngine(smcr.Config{
+		Devices:     d.devs,
+		MaxMemory:   cfg.MaxMemory,
+		RMBSize:     cfg.RMBSize,
+		SendBufSize: cfg.SendBufSize,
+		CLCTimeout:  cfg.CLCTimeout,
+		Logger:      d.log,
+	})
+	if err != nil {
+		d.closeSetup()
+		return nil, fmt.Errorf("daemon: engine: %w", err)
+	}
+	if err := d.listen(); err != nil {
+		d.closeSetup()
+		return nil, err
+	}
+	if err := d.applyPolicy(cfg, ifaces); err != nil {
+		d.closeSetup()
+		return nil, err
+	}
+	return d, nil
+}
+
+func (d *Daemon) closeSetup() {
+	for _, ln := range append(d.redirect, d.steering...) {
+		ln.Close()
+	}
+	if d.engine != nil {
+		d.engine.Close()
+	}
+	closeDevices(d.devs)
+	d.loader.Close()
+}
+
+// listen opens the redirect listeners (loopback, where connect4/6 send the
+// applications) and the steering listeners (in the SOCKMAP sk_lookup assigns from).
+// All are smcrd's own sockets; the steering ones echo the SMC option. MPTCP is off:
+// a SOCKMAP refuses MPTCP sockets.
+func (d *Daemon) listen() error {
+	var v4, v6 netip.AddrPort
+	for _, addr := range []string{"127.0.0.1:0", "[::1]:0"} {
+		lc := net.ListenConfig{Control: d.loader.Control(bpf.Tag{})}
+		lc.SetMultipathTCP(false)
+		ln, err := lc.Listen(context.Background(), "tcp", addr)
+		if err != nil {
+			d.log.Warn("redirect listener not available", "addr", addr, "err", err)
+			continue
+		}
+		d.redirect = append(d.redirect, ln)
+		ap := ln.Addr().(*net.TCPAddr).AddrPort()
+		if ap.Addr().Unmap().Is4() {
+			v4 = ap
+		} else {
+			v6 = ap
+		}
+	}
+	if len(d.redirect) == 0 {
+		return errors.New("daemon: no redirect listener")
+	}
+	if err := d.loader.SetRedirect(v4, v6); err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	for _, addr := range []string{"127.0.0.1:0", "[::1]:0"} {
+		lc := net.ListenConfig{Control: d.loader.Control(bpf.Tag{SMCOption: true})}
+		lc.SetMultipathTCP(false)
+		ln, err := lc.Listen(context.Background(), "tcp", addr)
+		if err != nil {
+			d.log.Warn("steering listener not available", "addr", addr, "err", err)
+			continue
+		}
+		if err := d.loader.RegisterSteering(ln.(*net.TCPListener)); err != nil {
+			ln.Close()
+			return fmt.Errorf("daemon: %w", err)
+		}
+		d.steering = append(d.steering, ln)
+	}
+	if len(d.steering) == 0 {
+		return errors.New("daemon: no steering listener")
+	}
+	d.log.Info("listening", "redirect4", v4, "redirect6", v6)
+	return nil
+}
+
+// Run serves until ctx is done, then shuts down: it stops accepting, declares
+// smcrd dead to the programs (new connections go direct), waits up to
+// DrainTimeout for established connections, aborts the rest and releases
+// everything. ready, when set, is called once smcrd serves (sd_notify READY=1).
+func (d *Daemon) Run(ctx context.Context, ready func()) error {
+	for _, ln := range d.redirect {
+		d.wg.Add(1)
+		go d.acceptLoop(ln, d.serveRedirected)
+	}
+	for _, ln := range d.steering {
+		d.wg.Add(1)
+		go d.acceptLoop(ln, d.serveSteered)
+	}
+	if err := d.loader.SetAlive(d.opts.LivenessTTL); err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	hbDone := make(chan struct{})
+	go d.heartbeat(hbDone)
+	d.log.Info("smcrd serving", "providers", d.providerNames(), "liveness_ttl", d.opts.LivenessTTL)
+	if ready != nil {
+		ready()
+	}
+	<-ctx.Done()
+	d.log.Info("shutting down: no new connections, draining established ones", "conns", d.connCount(), "timeout", d.opts.DrainTimeout)
+	d.cancel()
+	<-hbDone
+	err := d.loader.SetAlive(0)
+	for _, ln := range append(d.redirect, d.steering...) {
+		ln.Close()
+	}
+	drained := make(chan struct{})
+	go func() { d.wg.Wait(); close(drained) }()
+	select {
+	case <-drained:
+	case <-time.After(d.opts.DrainTimeout):
+		d.log.Warn("drain timed out: aborting connections still open", "conns", d.connCount())
+		close(d.stopCh)
+		<-drained
+	}
+	d.engine.Close()
+	return errors.Join(err, closeDevices(d.devs), d.loader.Close())
+}
+
+// heartbeat keeps the programs' liveness ahead of the clock; a crashed or hung
+// smcrd stops moving it, and the programs then fail open within LivenessTTL.
+func (d *Daemon) heartbeat(done chan struct{}) {
+	defer close(done)
+	t := time.NewTicker(d.opts.LivenessTTL / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-d.ctx.Done():
+			return
+		case <-t.C:
+			if err := d.loader.SetAlive(d.opts.LivenessTTL); err != nil {
+				d.log.Error("liveness heartbeat", "err", err)
+			}
+		}
+	}
+}
+
+func (d *Daemon) acceptLoop(ln net.Listener, serve func(*net.TCPConn)) {
+	defer d.wg.Done()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if d.ctx.Err() == nil && !errors.Is(err, net.ErrClosed) {
+				d.log.Error("accept", "addr", ln.Addr(), "err", err)
+				time.Sleep(10 * time.Millisecond) // EMFILE and the like: do not spin
+				continue
+			}
+			return
+		}
+		d.wg.Add(1)
+		go func() {
+			defer d.wg.Done()
+			serve(c.(*net.TCPConn))
+		}()
+	}
+}
+
+func (d *Daemon) track(t *tracked) {
+	t.id = d.connID.Add(1)
+	d.connMu.Lock()
+	d.conns[t.id] = t
+	d.connMu.Unlock()
+}
+
+func (d *Daemon) untrack(t *tracked) {
+	d.connMu.Lock()
+	delete(d.conns, t.id)
+	d.connMu.Unlock()
+}
+
+func (d *Daemon) connCount() int {
+	d.connMu.Lock()
+	defer d.connMu.Unlock()
+	return len(d.conns)
+}
+
+func (d *Daemon) providerNames() []string {
+	out := make([]string, 0, len(d.devs))
+	for _, dev := range d.devs {
+		out = append(out, dev.Kind().String())
+	}
+	return out
+}
+
+// CurrentConfig returns the configuration in effect.
+func (d *Daemon) CurrentConfig() config.Config { return *d.cfg.Load() }
+
+// Engine is the SMC-R engine the daemon runs (for metrics and tests).
+func (d *Daemon) Engine() *smcr.Engine { return d.engine }
+
+// Loader is the daemon's eBPF loader.
+func (d *Daemon) Loader() *bpf.Loader { return d.loader }
+
+// resolveInterfaces maps ip_addr_list to this namespace's interfaces.
+func resolveInterfaces(list []string) ([]config.Interface, error) {
+	host, err := config.HostInterfaces()
+	if err != nil {
+		return nil, fmt.Errorf("daemon: %w", err)
+	}
+	ifs, err := config.ResolveInterfaces(list, host)
+	if err != nil {
+		return nil, fmt.Errorf("daemon: %w", err)
+	}
+	return ifs, nil
+}
+
+func ifaceNames(ifs []config.Interface) []string {
+	out := make([]string, len(ifs))
+	for i, f := range ifs {
+		out[i] = f.Name
+	}
+	return out
+}
+
+// cgroupPath is the configured cgroup under the cgroup2 mount found in /proc/mounts.
+func cgroupPath(rel string) (string, error) {
+	mnt, err := bpf.CgroupV2Mount()
+	if err != nil {
+		return "", fmt.Errorf("daemon: %w", err)
+	}
+	p := filepath.Join(mnt, rel)
+	if st, err := os.Stat(p); err != nil || !st.IsDir() {
+		return "", fmt.Errorf("daemon: cgroup %q: not a directory under %s", rel, mnt)
+	}
+	return p, nil
+}
+
+// inCgroup warns when smcrd itself runs outside the cgroup its programs serve:
+// sockops then never sees smcrd's sockets, so its SYNs carry no SMC option and
+// every connection is carried as plain TCP.
+func inCgroup(cgroup string, log *slog.Logger) {
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return
+	}
+	mnt, err := bpf.CgroupV2Mount()
+	if err != nil {
+		return
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "0::"); ok {
+			self := filepath.Join(mnt, rest)
+			if rel, err := filepath.Rel(cgroup, self); err == nil && rel != ".." && !strings.HasPrefix(rel, "../") {
+				return
+			}
+			log.Warn("smcrd runs outside the cgroup it serves: its connections cannot carry the SMC option",
+				"smcrd_cgroup", self, "cgroup", cgroup)
+		}
+	}
+}

@@ -1,0 +1,99 @@
+// Peer cache: which peers answered with SMC-R and which did not, for how long. A
+// peer without SMC-R goes into the programs' negative cache so the next connections
+// to it are not redirected at all (RFC 7609 §4.3 fallback, made cheap).
+
+package daemon
+
+import (
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/smcr-io/smcr/control"
+)
+
+// maxPeers bounds the Go-side view; the bpf map is an LRU of its own.
+const maxPeers = 4096
+
+type peerEntry struct {
+	capable bool
+	reason  string
+	expires time.Time
+	hits    uint64
+}
+
+// peerCache is the daemon's view of its peers. negative, when set, also puts a
+// non-capable peer into the programs' negative cache for the same TTL.
+type peerCache struct {
+	now      func() time.Time
+	negative func(netip.Addr, time.Duration) error
+
+	mu    sync.Mutex
+	peers map[netip.Addr]*peerEntry
+}
+
+func newPeerCache(now func() time.Time, negative func(netip.Addr, time.Duration) error) *peerCache {
+	return &peerCache{now: now, negative: negative, peers: map[netip.Addr]*peerEntry{}}
+}
+
+// capable records that a connection to peer went SMC-R.
+func (p *peerCache) capable(peer netip.Addr, ttl time.Duration) {
+	p.set(peer, &peerEntry{capable: true, expires: p.now().Add(ttl)})
+}
+
+// incapable records that peer did not speak SMC-R and tells the programs to connect
+// to it directly until ttl passes.
+func (p *peerCache) incapable(peer netip.Addr, reason string, ttl time.Duration) error {
+	p.set(peer, &peerEntry{reason: reason, expires: p.now().Add(ttl)})
+	if p.negative != nil {
+		return p.negative(peer, ttl)
+	}
+	return nil
+}
+
+func (p *peerCache) set(peer netip.Addr, e *peerEntry) {
+	peer = peer.Unmap()
+	now := p.now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if old, ok := p.peers[peer]; ok {
+		e.hits = old.hits + 1
+	} else {
+		e.hits = 1
+		if len(p.peers) >= maxPeers {
+			p.expireLocked(now)
+		}
+		if len(p.peers) >= maxPeers {
+			return // full of live entries: the bpf LRU still has the negative ones
+		}
+	}
+	p.peers[peer] = e
+}
+
+func (p *peerCache) expireLocked(now time.Time) {
+	for a, e := range p.peers {
+		if !now.Before(e.expires) {
+			delete(p.peers, a)
+		}
+	}
+}
+
+// list returns the live entries, sorted by address.
+func (p *peerCache) list() []control.Peer {
+	now := p.now()
+	p.mu.Lock()
+	p.expireLocked(now)
+	out := make([]control.Peer, 0, len(p.peers))
+	for a, e := range p.peers {
+		out = append(out, control.Peer{Addr: a.String(), Capable: e.capable, Reason: e.reason,
+			ExpiresInSeconds: e.expires.Sub(now).Seconds(), Hits: e.hits})
+	}
+	p.mu.Unlock()
+	slices.SortFunc(out, func(a, b control.Peer) int {
+		x, _ := netip.ParseAddr(a.Addr)
+		y, _ := netip.ParseAddr(b.Addr)
+		return x.Compare(y)
+	})
+	return out
+}

@@ -1,0 +1,142 @@
+// Client side of the transparent path: an application's connection that connect4/6
+// redirected to smcrd. smcrd connects to the original destination with the SMC
+// option on its SYN (RFC 7609 §3.3), runs CLC as the client when the peer echoed
+// it (§3.5), and carries the bytes; a peer without SMC-R is carried as plain TCP
+// and goes into the negative cache (§4.3).
+
+package daemon
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"time"
+
+	"github.com/smcr-io/smcr/bpf"
+	"github.com/smcr-io/smcr/smcr"
+)
+
+// dialTimeout bounds smcrd's TCP connect to the original destination; the kernel's
+// own SYN retries would otherwise hold the application for minutes.
+const dialTimeout = 30 * time.Second
+
+// Reasons a connection is carried as plain TCP without CLC.
+const (
+	reasonNoEcho    = "peer did not echo the SMC option"
+	reasonNoOption  = "SMC option not seen on smcrd's SYN"
+	reasonNoDevices = "no SMC-R device"
+)
+
+func (d *Daemon) serveRedirected(app *net.TCPConn) {
+	d.st.redirected.Add(1)
+	t := &tracked{client: true}
+	t.local = app.RemoteAddr().(*net.TCPAddr).AddrPort() // the application's own end
+	orig, err := d.originalDst(app)
+	if err != nil {
+		d.st.setupErrors.Add(1)
+		d.log.Error("redirected connection without original destination", "app", t.local, "err", err)
+		abort(app)
+		return
+	}
+	t.remote = orig
+	d.track(t)
+	defer d.untrack(t)
+
+	ctx, cancel := context.WithTimeout(d.ctx, dialTimeout)
+	defer cancel()
+	dl := net.Dialer{Control: d.loader.Control(bpf.Tag{SMCOption: true})}
+	dl.SetMultipathTCP(false)
+	c, err := dl.DialContext(ctx, "tcp", orig.String())
+	if err != nil {
+		// The application sees a reset where it would have seen a refusal.
+		d.log.Debug("connect to original destination", "dst", orig, "err", err)
+		abort(app)
+		return
+	}
+	tcp := c.(*net.TCPConn)
+	d.connMu.Lock()
+	t.local = unmapAP(tcp.LocalAddr().(*net.TCPAddr).AddrPort()) // the connection on the wire
+	d.connMu.Unlock()
+	ttl := d.CurrentConfig().PeerCacheTTL
+	seen, err := d.loader.Seen(tcp.LocalAddr().(*net.TCPAddr).AddrPort(), tcp.RemoteAddr().(*net.TCPAddr).AddrPort())
+	switch {
+	case err != nil || seen&bpf.SeenSentSYNOption == 0:
+		// sockops did not tag our SYN (smcrd outside the cgroup, or no option
+		// space): the peer cannot have seen it, so CLC would only confuse it.
+		// Not the peer's fault: no negative entry.
+		d.direct(t, app, tcp, reasonNoOption)
+		return
+	case !seen.PeerSupportsSMC():
+		if err := d.peers.incapable(orig.Addr(), reasonNoEcho, ttl); err != nil {
+			d.log.Warn("negative cache", "peer", orig.Addr(), "err", err)
+		}
+		d.direct(t, app, tcp, reasonNoEcho)
+		return
+	}
+	conn, err := d.engine.Client(d.ctx, tcp)
+	if err != nil {
+		d.st.setupErrors.Add(1)
+		d.log.Info("clc as client", "dst", orig, "err", err)
+		abort(tcp)
+		abort(app)
+		return
+	}
+	d.settle(t, conn, orig.Addr(), ttl)
+	d.carry(t, app, conn)
+}
+
+// settle records how the handshake went: the connection in the table, the peer in
+// the cache (a peer that declined is tried again only after the TTL).
+func (d *Daemon) settle(t *tracked, conn *smcr.Conn, peer netip.Addr, ttl time.Duration) {
+	d.connMu.Lock()
+	t.conn = conn
+	d.connMu.Unlock()
+	if conn.Mode() == smcr.ModeSMCR {
+		d.peers.capable(peer, ttl)
+		return
+	}
+	reason := "fallback"
+	if dc := conn.Decline(); dc != nil {
+		reason = dc.Code.String()
+	}
+	if t.client {
+		if err := d.peers.incapable(peer, reason, ttl); err != nil {
+			d.log.Warn("negative cache", "peer", peer, "err", err)
+		}
+	}
+}
+
+// direct carries a connection as plain TCP without any CLC: both ends are
+// *net.TCPConn, so the relay splices.
+func (d *Daemon) direct(t *tracked, app, tcp *net.TCPConn, reason string) {
+	d.st.noOption.Add(1)
+	d.connMu.Lock()
+	t.reason = reason
+	d.connMu.Unlock()
+	d.log.Debug("plain tcp", "dst", t.remote, "reason", reason)
+	d.carry(t, app, tcp)
+}
+
+func (d *Daemon) carry(t *tracked, app, peer net.Conn) {
+	res := relay(app, peer, d.stopCh)
+	t.bytes.tx.Add(uint64(res.AtoB))
+	t.bytes.rx.Add(uint64(res.BtoA))
+	if res.Err != nil && !errors.Is(res.Err, net.ErrClosed) {
+		d.log.Debug("connection ended abnormally", "local", t.local, "remote", t.remote, "err", res.Err)
+	}
+}
+
+// originalDst is what the application connected to: from SO_ORIGINAL_DST, which
+// the getsockopt program answers, else from the map it reads.
+func (d *Daemon) originalDst(app *net.TCPConn) (netip.AddrPort, error) {
+	if ap, err := bpf.OriginalDst(app); err == nil {
+		return unmapAP(ap), nil
+	}
+	ap, err := d.loader.OriginalDstOf(app.LocalAddr().(*net.TCPAddr).AddrPort(), app.RemoteAddr().(*net.TCPAddr).AddrPort())
+	return unmapAP(ap), err
+}
+
+func unmapAP(ap netip.AddrPort) netip.AddrPort {
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+}

@@ -1,0 +1,133 @@
+// Relay: carries the bytes between an application's TCP socket and the connection
+// smcrd made for it (an SMC-R connection or plain TCP), both ways, with half-close
+// propagated, so the application sees exactly the byte stream TCP would have given
+// it. RFC 7609 §4.4 (close ordering: all data before EOF), §4.3 (fallback over TCP).
+
+package daemon
+
+import (
+	"errors"
+	"io"
+	"net"
+	"sync"
+)
+
+// relayBuf is the copy buffer of one direction when splice(2) cannot be used. An
+// SMC-R read drains the RMBE in pieces of this size; 256 KiB matches the default
+// rmb_size, so one read can empty a full ring.
+const relayBuf = 256 << 10
+
+var bufPool = sync.Pool{New: func() any { b := make([]byte, relayBuf); return &b }}
+
+// closeWriter is implemented by *net.TCPConn and *smcr.Conn.
+type closeWriter interface{ CloseWrite() error }
+
+// aborter is implemented by *smcr.Conn: the SMC-R form of a TCP RST.
+type aborter interface{ Abort() error }
+
+// relayResult says how a relay ended.
+type relayResult struct {
+	AtoB, BtoA int64 // bytes carried each way
+	Err        error // the first error other than EOF, nil for an orderly close
+}
+
+// relay copies a→b and b→a until both directions reached EOF, then closes both.
+// EOF in one direction half-closes the other side (CloseWrite), so protocols that
+// shut down writing and then read the answer work. An error in either direction
+// (a reset) aborts both connections at once: neither side waits forever for bytes
+// that cannot come. stop, when closed, aborts the relay too.
+func relay(a, b net.Conn, stop <-chan struct{}) relayResult {
+	var res relayResult
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	done := make(chan struct{})
+	var once sync.Once
+	fail := func(err error) {
+		mu.Lock()
+		if res.Err == nil {
+			res.Err = err
+		}
+		mu.Unlock()
+		once.Do(func() { close(done) })
+	}
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		n, err := copyHalf(b, a)
+		res.AtoB = n
+		if err != nil {
+			fail(err)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		n, err := copyHalf(a, b)
+		res.BtoA = n
+		if err != nil {
+			fail(err)
+		}
+	}()
+	finished := make(chan struct{})
+	go func() { wg.Wait(); close(finished) }()
+	select {
+	case <-finished:
+	case <-done:
+		abort(a)
+		abort(b)
+		<-finished
+	case <-stop:
+		fail(errStopped)
+		abort(a)
+		abort(b)
+		<-finished
+	}
+	a.Close()
+	b.Close()
+	return res
+}
+
+var errStopped = errors.New("daemon: relay stopped")
+
+// copyHalf copies src to dst until EOF, then half-closes dst. Between two
+// *net.TCPConn, io.Copy splices (no copy through user space).
+func copyHalf(dst, src net.Conn) (int64, error) {
+	var n int64
+	var err error
+	_, dstTCP := dst.(*net.TCPConn)
+	_, srcTCP := src.(*net.TCPConn)
+	if dstTCP && srcTCP {
+		n, err = io.Copy(dst, src)
+	} else {
+		bp := bufPool.Get().(*[]byte)
+		n, err = io.CopyBuffer(onlyWriter{dst}, onlyReader{src}, *bp)
+		bufPool.Put(bp)
+	}
+	if err != nil {
+		return n, err
+	}
+	if cw, ok := dst.(closeWriter); ok {
+		if err := cw.CloseWrite(); err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// abort ends c abnormally: the peer sees a reset, not an orderly EOF, so it knows
+// bytes may be missing.
+func abort(c net.Conn) {
+	switch c := c.(type) {
+	case aborter:
+		c.Abort()
+	case *net.TCPConn:
+		c.SetLinger(0)
+		c.Close()
+	default:
+		c.Close()
+	}
+}
+
+// onlyWriter and onlyReader hide ReadFrom/WriteTo so io.CopyBuffer uses our buffer
+// instead of a 32 KiB one of its own.
+type onlyWriter struct{ io.Writer }
+type onlyReader struct{ io.Reader }
