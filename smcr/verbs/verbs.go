@@ -111,16 +111,16 @@ const (
 type WCStatus uint8
 
 const (
-	WCSuccess          WCStatus = iota
-	WCLocLenErr                 // local length error (receive buffer too small)
-	WCLocProtErr                // local protection error (bad lkey / SGE outside its MR)
-	WCWRFlushErr                // flushed: the QP entered the error state
-	WCRemAccessErr              // remote access error: bad rkey, bounds or permission
-	WCRemOpErr                  // remote operation error
-	WCRemInvReqErr              // remote invalid request
-	WCRetryExcErr               // transport retry counter exceeded (peer gone)
-	WCRNRRetryExcErr            // receiver-not-ready retry counter exceeded
-	WCGeneralErr                // anything else
+	WCSuccess        WCStatus = iota
+	WCLocLenErr               // local length error (receive buffer too small)
+	WCLocProtErr              // local protection error (bad lkey / SGE outside its MR)
+	WCWRFlushErr              // flushed: the QP entered the error state
+	WCRemAccessErr            // remote access error: bad rkey, bounds or permission
+	WCRemOpErr                // remote operation error
+	WCRemInvReqErr            // remote invalid request
+	WCRetryExcErr             // transport retry counter exceeded (peer gone)
+	WCRNRRetryExcErr          // receiver-not-ready retry counter exceeded
+	WCGeneralErr              // anything else
 )
 
 var wcStatusNames = [...]string{
