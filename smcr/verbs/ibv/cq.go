@@ -96,6 +96,8 @@ type cq struct {
 
 	closed  atomic.Bool
 	waitErr error // set by the Read callback
+	users   int   // queue pairs still attached, guarded by mu
+	gone    bool  // destroyed, guarded by mu
 }
 
 var aLongTimeAgo = time.Unix(1, 0)
@@ -285,20 +287,51 @@ func (c *cq) fileErr(ctx context.Context, err error) error {
 	return fmt.Errorf("ibv: wait cq: %w", err)
 }
 
+// Close makes Wait and Poll fail with ErrClosed at once; libibverbs refuses to
+// destroy a CQ that queue pairs still use, so the last of them destroys it.
 func (c *cq) Close() error {
 	if c.closed.Swap(true) {
-		return verbs.ErrClosed
+		return nil
 	}
 	// Close returns once no Wait is inside readEvent.
 	c.file.Close()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.users > 0 {
+		return nil
+	}
+	return c.destroyLocked()
+}
+
+func (c *cq) destroyLocked() error {
+	if c.gone {
+		return nil
+	}
+	c.gone = true
 	if rc := C.ibv_destroy_cq(c.cq); rc != 0 {
-		return fmt.Errorf("ibv: destroy cq (queue pairs still use it?): %w", syscall.Errno(rc))
+		return fmt.Errorf("ibv: destroy cq: %w", syscall.Errno(rc))
 	}
 	C.ibv_destroy_comp_channel(c.ch)
 	C.free(unsafe.Pointer(c.wcs))
 	return nil
+}
+
+// attach and detach count the queue pairs using c.
+func (c *cq) attach() {
+	c.mu.Lock()
+	c.users++
+	c.mu.Unlock()
+}
+
+func (c *cq) detach() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.users--
+	if c.users == 0 && c.closed.Load() {
+		if err := c.destroyLocked(); err != nil {
+			c.dev.log.Warn("ibv: deferred cq destroy", "err", err)
+		}
+	}
 }
 
 func wcStatus(s C.uint32_t) verbs.WCStatus {
@@ -306,6 +339,11 @@ func wcStatus(s C.uint32_t) verbs.WCStatus {
 	case C.IBV_WC_SUCCESS:
 		return verbs.WCSuccess
 	case C.IBV_WC_LOC_LEN_ERR:
+		return verbs.WCLocLenErr
+	case C.IBV_WC_LOC_QP_OP_ERR:
+		// rxe reports a SEND longer than its RECV buffer as a malformed
+		// receive WQE; hardware as a length error. This provider never posts
+		// a malformed WQE otherwise (SGE count and sizes are checked first).
 		return verbs.WCLocLenErr
 	case C.IBV_WC_LOC_PROT_ERR:
 		return verbs.WCLocProtErr

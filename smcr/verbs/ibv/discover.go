@@ -148,12 +148,13 @@ func readPort(dir, dev string, port int) (PortInfo, error) {
 	return pi, nil
 }
 
-// RoCEMTU returns the largest IB path MTU whose RoCE v2 packets fit an Ethernet MTU
-// of netMTU bytes (headers: IP 20/40, UDP 8, BTH 12, ICRC 4 and up to 28 of
-// extended headers; the kernel's ib_mtu_int_to_enum applies the same cut-offs).
+// RoCEMTU returns the largest IB path MTU whose RoCE packets fit an Ethernet MTU
+// of netMTU bytes, as the kernel's iboe_get_mtu computes it: GRH 40, UDP 8, BTH 12,
+// XRC 4, atomic extension 28 and ICRC 4 bytes of headers.
 func RoCEMTU(netMTU int) verbs.MTU {
+	const headers = 40 + 8 + 12 + 4 + 28 + 4
 	for m := verbs.MTU4096; m > verbs.MTU256; m-- {
-		if netMTU >= m.Bytes() {
+		if netMTU-headers >= m.Bytes() {
 			return m
 		}
 	}

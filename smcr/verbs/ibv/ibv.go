@@ -262,7 +262,7 @@ func (d *device) Close() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
-		return verbs.ErrClosed
+		return nil
 	}
 	d.closed = true
 	if rc := C.ibv_close_device(d.ctx); rc != 0 {
@@ -322,7 +322,7 @@ func (p *pd) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
-		return verbs.ErrClosed
+		return nil
 	}
 	p.closed = true
 	if rc := C.ibv_dealloc_pd(p.pd); rc != 0 {
@@ -353,7 +353,7 @@ func (m *mr) Close() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
-		return verbs.ErrClosed
+		return nil
 	}
 	m.closed = true
 	if rc := C.ibv_dereg_mr(m.mr); rc != 0 {

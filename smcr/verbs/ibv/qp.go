@@ -165,9 +165,13 @@ func (p *pd) createQP(cfg verbs.QPConfig) (*qp, error) {
 		return nil, fmt.Errorf("ibv: create qp: %w", errnoOr(err))
 	}
 	q := &qp{pd: p, dev: p.dev, qp: h, sendCQ: scq, recvCQ: rcq, rnrRetry: cfg.RNRRetry}
+	scq.attach()
+	rcq.attach()
 	// Straight to INIT: RECVs may be posted before the peer's attributes arrive.
 	if rc := C.smcr_to_init(h, C.int(p.dev.port)); rc != 0 {
 		C.ibv_destroy_qp(h)
+		scq.detach()
+		rcq.detach()
 		return nil, fmt.Errorf("ibv: qp to INIT: %w", syscall.Errno(rc))
 	}
 	q.state.Store(uint32(verbs.QPInit))
@@ -334,7 +338,7 @@ func (q *qp) State() verbs.QPState {
 // completions wait in the CQs for the owner's next Poll.
 func (q *qp) Close() error {
 	if q.closed.Swap(true) {
-		return verbs.ErrClosed
+		return nil
 	}
 	if rc := C.smcr_to_err(q.qp); rc == 0 {
 		q.state.Store(uint32(verbs.QPError))
@@ -348,6 +352,8 @@ func (q *qp) Close() error {
 	}
 	C.free(unsafe.Pointer(q.ssge))
 	C.free(unsafe.Pointer(q.rsge))
+	q.sendCQ.detach()
+	q.recvCQ.detach()
 	return nil
 }
 
