@@ -1,0 +1,223 @@
+// Command testapp is the static Go program the end-to-end tests run unmodified
+// through smcrd's transparent path (RFC 7609 SMC-R underneath, plain TCP to it):
+// a server that sinks or echoes, and a client that checks content hashes and
+// measures throughput and request/response latency.
+//
+// Protocol on each connection: the client's first byte picks the mode.
+//
+//	'S' sink: the server reads to EOF, answers "<bytes> <sha256> <peer>\n", closes
+//	'E' echo: the server writes back everything it reads, half-closes at EOF
+package main
+
+import (
+	"bufio"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"slices"
+	"sync"
+	"time"
+)
+
+func main() {
+	listen := flag.String("listen", "", "serve on this address")
+	connect := flag.String("connect", "", "connect to this address")
+	mode := flag.String("mode", "sink", "client mode: sink, echo or pingpong")
+	size := flag.Int64("bytes", 1<<20, "bytes per connection (sink, echo); message size (pingpong)")
+	conns := flag.Int("conns", 1, "concurrent connections")
+	rounds := flag.Int("n", 1000, "pingpong round trips")
+	timeout := flag.Duration("timeout", 60*time.Second, "give up after this long")
+	flag.Parse()
+	if *listen != "" {
+		serve(*listen)
+		return
+	}
+	time.AfterFunc(*timeout, func() { fmt.Fprintln(os.Stderr, "testapp: timeout"); os.Exit(3) })
+	res := client(*connect, *mode, *size, *conns, *rounds)
+	json.NewEncoder(os.Stdout).Encode(res)
+	if res.Errors > 0 {
+		os.Exit(1)
+	}
+}
+
+func serve(addr string) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "testapp:", err)
+		os.Exit(2)
+	}
+	fmt.Println("listening", ln.Addr())
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "testapp: accept:", err)
+			os.Exit(2)
+		}
+		go handle(c)
+	}
+}
+
+func handle(c net.Conn) {
+	defer c.Close()
+	var m [1]byte
+	if _, err := io.ReadFull(c, m[:]); err != nil {
+		return
+	}
+	switch m[0] {
+	case 'S':
+		h := sha256.New()
+		n, err := io.Copy(h, c)
+		if err != nil {
+			return
+		}
+		fmt.Fprintf(c, "%d %x %s\n", n, h.Sum(nil), c.RemoteAddr())
+	case 'E':
+		io.Copy(c, c)
+		c.(*net.TCPConn).CloseWrite()
+	}
+}
+
+// Result is what the client prints, as JSON.
+type Result struct {
+	OK, Errors int
+	Bytes      int64
+	Seconds    float64
+	MBps       float64
+	Peers      []string // the address each sink connection's server saw
+	Local      []string // each connection's local address as getsockname shows it
+	P50us      float64
+	P99us      float64
+	Err        string `json:",omitempty"`
+}
+
+func client(addr, mode string, size int64, conns, rounds int) Result {
+	var res Result
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			peer, local, lat, err := one(addr, mode, size, rounds, uint64(i))
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				res.Errors++
+				res.Err = err.Error()
+				return
+			}
+			res.OK++
+			res.Bytes += size
+			res.Local = append(res.Local, local)
+			if peer != "" {
+				res.Peers = append(res.Peers, peer)
+			}
+			if lat != nil {
+				slices.Sort(lat)
+				res.P50us = float64(lat[len(lat)/2].Nanoseconds()) / 1e3
+				res.P99us = float64(lat[len(lat)*99/100].Nanoseconds()) / 1e3
+			}
+		}()
+	}
+	wg.Wait()
+	res.Seconds = time.Since(start).Seconds()
+	res.MBps = float64(res.Bytes) / res.Seconds / 1e6
+	return res
+}
+
+// payload is a deterministic pseudo-random stream per connection.
+func payload(seed uint64) io.Reader {
+	return &prng{r: rand.New(rand.NewPCG(seed, 42))}
+}
+
+type prng struct{ r *rand.Rand }
+
+func (p *prng) Read(b []byte) (int, error) {
+	for i := 0; i+8 <= len(b); i += 8 {
+		v := p.r.Uint64()
+		for j := range 8 {
+			b[i+j] = byte(v >> (8 * j))
+		}
+	}
+	return len(b) &^ 7, nil
+}
+
+func one(addr, mode string, size int64, rounds int, seed uint64) (peer, local string, lat []time.Duration, err error) {
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		return "", "", nil, err
+	}
+	defer c.Close()
+	local = c.LocalAddr().String()
+	tc := c.(*net.TCPConn)
+	switch mode {
+	case "sink":
+		h := sha256.New()
+		if _, err := c.Write([]byte{'S'}); err != nil {
+			return "", local, nil, err
+		}
+		buf := make([]byte, 256<<10)
+		if _, err := io.CopyBuffer(io.MultiWriter(c, h), io.LimitReader(payload(seed), size), buf); err != nil {
+			return "", local, nil, fmt.Errorf("send: %w", err)
+		}
+		tc.CloseWrite()
+		var n int64
+		var sum, p string
+		if _, err := fmt.Fscan(bufio.NewReader(c), &n, &sum, &p); err != nil {
+			return "", local, nil, fmt.Errorf("read answer: %w", err)
+		}
+		if want := hex.EncodeToString(h.Sum(nil)); n != size || sum != want {
+			return p, local, nil, fmt.Errorf("server got %d bytes %s, sent %d %s", n, sum, size, want)
+		}
+		return p, local, nil, nil
+	case "echo":
+		if _, err := c.Write([]byte{'E'}); err != nil {
+			return "", local, nil, err
+		}
+		sent := sha256.New()
+		errc := make(chan error, 1)
+		go func() {
+			_, err := io.Copy(io.MultiWriter(c, sent), io.LimitReader(payload(seed), size))
+			tc.CloseWrite()
+			errc <- err
+		}()
+		got := sha256.New()
+		n, rerr := io.Copy(got, c)
+		if err := <-errc; err != nil {
+			return "", local, nil, fmt.Errorf("send: %w", err)
+		}
+		if rerr != nil {
+			return "", local, nil, fmt.Errorf("receive: %w", rerr)
+		}
+		if n != size || !slices.Equal(got.Sum(nil), sent.Sum(nil)) {
+			return "", local, nil, fmt.Errorf("echo returned %d bytes of %d, or other content", n, size)
+		}
+		return "", local, nil, nil
+	case "pingpong":
+		if _, err := c.Write([]byte{'E'}); err != nil {
+			return "", local, nil, err
+		}
+		msg := make([]byte, size)
+		back := make([]byte, size)
+		lat = make([]time.Duration, 0, rounds)
+		for range rounds {
+			t := time.Now()
+			if _, err := c.Write(msg); err != nil {
+				return "", local, nil, err
+			}
+			if _, err := io.ReadFull(c, back); err != nil {
+				return "", local, nil, err
+			}
+			lat = append(lat, time.Since(t))
+		}
+		return "", local, lat, nil
+	}
+	return "", "", nil, fmt.Errorf("unknown mode %q", mode)
+}

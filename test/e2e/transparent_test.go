@@ -1,0 +1,280 @@
+// End-to-end: unmodified programs exchange data through two smcrds over SMC-R
+// (RFC 7609), checked by content hashes and by smcrd's own connection table and
+// counters; a peer without smcrd, a port outside port_range_list, and smcrd
+// killed on either side.
+
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/smcr-io/smcr/control"
+)
+
+const ports = "port_range_list = 5200-5299"
+
+// TestTransparent runs once per provider that can run here.
+func TestTransparent(t *testing.T) {
+	for _, p := range []string{"shm", "soft"} {
+		t.Run(p, func(t *testing.T) { testTransparent(t, p) })
+	}
+}
+
+func testTransparent(t *testing.T, provider string) {
+	a, b := hosts(t)
+	a.start("providers = "+provider, ports)
+	b.start("providers = "+provider, ports)
+	b.serve(5201)
+	a.serve(5201)
+
+	// The static Go binary, many concurrent connections, both directions, IPv4
+	// and IPv6; the server must see the client's real address.
+	const conns, size = 12, 2 << 20
+	for _, tc := range []struct {
+		from, to *host
+		addr     netip.Addr
+		client   netip.Addr
+	}{
+		{a, b, b.ns.Addr4(), a.ns.Addr4()},
+		{b, a, a.ns.Addr4(), b.ns.Addr4()},
+		{a, b, b.ns.Addr6(), a.ns.Addr6()},
+	} {
+		dst := netip.AddrPortFrom(tc.addr, 5201).String()
+		r, err := tc.from.client(dst, "-mode", "sink", "-bytes", fmt.Sprint(size), "-conns", fmt.Sprint(conns))
+		if err != nil || r.OK != conns {
+			t.Fatalf("sink to %s: %+v: %v", dst, r, err)
+		}
+		for _, p := range r.Peers {
+			ap, err := netip.ParseAddrPort(p)
+			if err != nil || ap.Addr().Unmap() != tc.client {
+				t.Errorf("server application saw peer %s, want the client %s", p, tc.client)
+			}
+		}
+		r, err = tc.from.client(dst, "-mode", "echo", "-bytes", fmt.Sprint(size/2), "-conns", fmt.Sprint(conns))
+		if err != nil || r.OK != conns {
+			t.Fatalf("echo to %s: %+v: %v", dst, r, err)
+		}
+	}
+	// Every one of those went SMC-R, on both sides (each counts the client and the
+	// server connections it carried), and the bytes went over it.
+	wantSMC := uint64(3 * 2 * conns)
+	sa, sb := a.stats(), b.stats()
+	if sa.Connections.SMCR != wantSMC || sb.Connections.SMCR != wantSMC {
+		t.Errorf("SMC-R connections: A %d, B %d, want %d each (A fallbacks %+v, B %+v)",
+			sa.Connections.SMCR, sb.Connections.SMCR, wantSMC, sa.Fallbacks, sb.Fallbacks)
+	}
+	if sa.Connections.Fallback+sb.Connections.Fallback != 0 {
+		t.Errorf("fallbacks: A %+v, B %+v", sa.Fallbacks, sb.Fallbacks)
+	}
+	if min := uint64(2*conns*size + 2*conns*size/2); sa.TX.Bytes < min || sb.RX.Bytes < min {
+		t.Errorf("A sent %d bytes over SMC-R, B received %d; want at least %d", sa.TX.Bytes, sb.RX.Bytes, min)
+	}
+
+	// socat, from a Debian package, the other way round: B's client, A's server
+	// that answers the sha256 of what it got.
+	a.background("socat", "TCP-LISTEN:5203,fork,reuseaddr", "SYSTEM:sha256sum")
+	a.waitListening(5203)
+	data := make([]byte, 3<<20)
+	rand.Read(data)
+	sum := sha256.Sum256(data)
+	cmd := b.command("socat", "-t", "20", "-T", "30", "-", fmt.Sprintf("TCP:%s:5203", a.ns.Addr4()))
+	cmd.Stdin = bytes.NewReader(data)
+	out, err := cmd.Output()
+	if err != nil || !strings.HasPrefix(string(out), hex.EncodeToString(sum[:])) {
+		t.Fatalf("socat: %v: got %q, want %x", err, out, sum)
+	}
+
+	// iperf3: while it runs, smcrd lists its connections as SMC-R with a link.
+	b.background("iperf3", "-s", "-p", "5202")
+	b.waitListening(5202)
+	ip := a.command("iperf3", "-c", b.ns.Addr4().String(), "-p", "5202", "-t", "2", "-J")
+	var ipOut bytes.Buffer
+	ip.Stdout = &ipOut
+	if err := ip.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var smcConns []control.Conn
+	for range 40 {
+		time.Sleep(50 * time.Millisecond)
+		smcConns = smcConns[:0]
+		for _, c := range a.conns() {
+			if c.Mode == control.ModeSMCR && strings.HasSuffix(c.Remote, ":5202") {
+				smcConns = append(smcConns, c)
+			}
+		}
+		if len(smcConns) >= 2 { // iperf3's control and data connections
+			break
+		}
+	}
+	if err := ip.Wait(); err != nil {
+		t.Fatalf("iperf3: %v\n%s", err, ipOut.String())
+	}
+	if len(smcConns) < 2 {
+		t.Errorf("smcrd listed %d SMC-R connections to iperf3's port during the run, want 2: %+v", len(smcConns), a.conns())
+	}
+	links, err := a.ctl.Links(context.Background())
+	if err != nil || len(links) == 0 {
+		t.Errorf("links: %v %+v", err, links)
+	}
+	var ipr struct {
+		End struct {
+			SumReceived struct {
+				Bytes         int64   `json:"bytes"`
+				BitsPerSecond float64 `json:"bits_per_second"`
+			} `json:"sum_received"`
+		} `json:"end"`
+	}
+	if err := json.Unmarshal(ipOut.Bytes(), &ipr); err != nil || ipr.End.SumReceived.Bytes == 0 {
+		t.Fatalf("iperf3 output: %v\n%s", err, ipOut.String())
+	}
+	t.Logf("iperf3 through smcrd (%s): %.0f Mbit/s", provider, ipr.End.SumReceived.BitsPerSecond/1e6)
+}
+
+// TestFallbackAndNegativeCache: the server host has no smcrd. The first
+// connection is carried as plain TCP by the client's smcrd, the peer goes into
+// the negative cache, and the next connections go direct.
+func TestFallbackAndNegativeCache(t *testing.T) {
+	a, b := hosts(t)
+	a.start("providers = shm", ports)
+	b.serve(5201)
+	dst := fmt.Sprintf("%s:5201", b.ns.Addr4())
+	r, err := a.client(dst, "-mode", "sink", "-bytes", "1000000")
+	if err != nil {
+		t.Fatalf("first connection: %v", err)
+	}
+	s := a.stats()
+	if s.Connections.Handled != 1 || s.Connections.Fallback != 1 || s.Connections.SMCR != 0 {
+		t.Fatalf("after the first connection: %+v", s.Connections)
+	}
+	peers, err := a.ctl.Peers(context.Background())
+	if err != nil || len(peers) != 1 || peers[0].Addr != b.ns.Addr4().String() || peers[0].Capable {
+		t.Fatalf("peer cache: %v %+v", err, peers)
+	}
+	if ap, _ := netip.ParseAddrPort(r.Peers[0]); ap.Addr() != a.ns.Addr4() {
+		t.Errorf("server saw %s, want %s", r.Peers[0], a.ns.Addr4())
+	}
+	r, err = a.client(dst, "-mode", "echo", "-bytes", "1000000", "-conns", "4")
+	if err != nil || r.OK != 4 {
+		t.Fatalf("later connections: %+v %v", r, err)
+	}
+	if s := a.stats(); s.Connections.Handled != 1 {
+		t.Errorf("later connections went through smcrd: %+v", s.Connections)
+	}
+}
+
+// TestPortNotListed: a port outside port_range_list is never touched.
+func TestPortNotListed(t *testing.T) {
+	a, b := hosts(t)
+	a.start("providers = shm", ports)
+	b.start("providers = shm", ports)
+	b.serve(6001)
+	r, err := a.client(fmt.Sprintf("%s:6001", b.ns.Addr4()), "-mode", "echo", "-bytes", "100000", "-conns", "3")
+	if err != nil || r.OK != 3 {
+		t.Fatalf("%+v %v", r, err)
+	}
+	for _, h := range []*host{a, b} {
+		if s := h.stats(); s.Connections.Handled != 0 {
+			t.Errorf("smcrd on %s handled a connection to an unlisted port: %+v", h.name, s.Connections)
+		}
+	}
+}
+
+// TestKill: smcrd killed on either side, during and between transfers. The
+// applications never hang, and new connections work as plain TCP.
+func TestKill(t *testing.T) {
+	a, b := hosts(t)
+	conf := []string{"providers = shm", ports, "peer_cache_ttl = 1s"}
+	a.start(conf...)
+	b.start(conf...)
+	b.serve(5201)
+	dst := fmt.Sprintf("%s:5201", b.ns.Addr4())
+
+	during := func(victim *host) {
+		t.Helper()
+		cmd := a.command(bins.testapp, "-connect", dst, "-mode", "echo", "-bytes", "2000000000", "-conns", "2", "-timeout", "60s")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(500 * time.Millisecond)
+		if s := victim.stats(); s.Connections.Active != 2 {
+			t.Fatalf("smcrd on %s carries %d SMC-R connections before the kill, want 2", victim.name, s.Connections.Active)
+		}
+		victim.kill()
+		waited := make(chan error, 1)
+		go func() { waited <- cmd.Wait() }()
+		select {
+		case err := <-waited:
+			t.Logf("application after smcrd on %s was killed: %v", victim.name, err)
+		case <-time.After(20 * time.Second):
+			cmd.Process.Kill()
+			t.Fatalf("application hung after smcrd on %s was killed", victim.name)
+		}
+	}
+	check := func(what string) {
+		t.Helper()
+		r, err := a.client(dst, "-mode", "echo", "-bytes", "500000", "-conns", "3", "-timeout", "20s")
+		if err != nil || r.OK != 3 {
+			t.Fatalf("%s: %+v %v", what, r, err)
+		}
+	}
+
+	during(b)
+	check("new connections with the server's smcrd dead")
+	b.start(conf...)
+	time.Sleep(1500 * time.Millisecond) // A's negative entry for B expires
+	during(a)
+	time.Sleep(1500 * time.Millisecond) // the liveness TTL (1s) lapses
+	check("new connections with the client's smcrd dead")
+	a.start(conf...)
+	a.kill() // between transfers
+	time.Sleep(1500 * time.Millisecond)
+	check("new connections after the client's smcrd was killed idle")
+}
+
+// TestRuntimeConfig: smcrctl-style changes take effect for the next connection,
+// and persist writes the file.
+func TestRuntimeConfig(t *testing.T) {
+	a, b := hosts(t)
+	a.start("providers = shm", ports)
+	b.start("providers = shm", ports)
+	b.serve(5201)
+	dst := fmt.Sprintf("%s:5201", b.ns.Addr4())
+	ctx := context.Background()
+	if err := a.ctl.Disable(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.client(dst, "-mode", "echo", "-bytes", "10000"); err != nil {
+		t.Fatal(err)
+	}
+	if s := a.stats(); s.Connections.Handled != 0 {
+		t.Fatalf("disabled smcrd handled a connection: %+v", s.Connections)
+	}
+	if _, err := a.ctl.SetConfig(ctx, control.SetConfigRequest{Assignments: []string{"enabled=yes", "port_range_list=5201"}, Persist: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.client(dst, "-mode", "echo", "-bytes", "10000"); err != nil {
+		t.Fatal(err)
+	}
+	if s := a.stats(); s.Connections.SMCR != 1 {
+		t.Fatalf("after enable: %+v", s.Connections)
+	}
+	file, _ := os.ReadFile(filepath.Join(a.dir, "smcrd.conf"))
+	if !strings.Contains(string(file), "port_range_list = 5201\n") {
+		t.Errorf("persisted file:\n%s", file)
+	}
+	if _, err := a.ctl.SetConfig(ctx, control.SetConfigRequest{Assignments: []string{"port_range_list=20-1"}}); err == nil {
+		t.Error("a bad range was accepted")
+	}
+}
