@@ -4,9 +4,11 @@
 package shm
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/smcr-io/smcr/internal/nstest"
 	"github.com/smcr-io/smcr/smcr/verbs"
@@ -22,7 +24,11 @@ func openIn(t testing.TB, ns *nstest.NS) verbs.Device {
 	var d verbs.Device
 	open := func() error {
 		var err error
-		d, err = Open(Config{Dir: testDir})
+		cfg := Config{Dir: testDir}
+		if v, err := time.ParseDuration(os.Getenv("SHM_SPIN")); err == nil {
+			cfg.SpinMax = v
+		}
+		d, err = Open(cfg)
 		return err
 	}
 	var err error
@@ -67,4 +73,102 @@ func BenchmarkVerbs(b *testing.B) {
 	verbstest.Bench(b, verbstest.Env{
 		Open: func(t testing.TB) (a, bb verbs.Device) { return openIn(t, p.A), openIn(t, p.B) },
 	})
+}
+
+// BenchmarkBusyPoll is the SEND ping-pong of 64 bytes with both ends busy-polling
+// their CQs (Poll only, never Wait), the ends in two network namespaces, beside TCP
+// over the veth pair between them measured in the same run.
+func BenchmarkBusyPoll(b *testing.B) {
+	p := nstest.NewPair(b)
+	const size = 64
+	b.Run("shm-pingpong/64B", func(b *testing.B) {
+		b.ReportAllocs()
+		x := newEnd(b, openIn(b, p.A), verbs.QPConfig{})
+		y := newEnd(b, openIn(b, p.B), verbs.QPConfig{})
+		connect(b, x, y)
+		n := b.N
+		done := make(chan error, 1)
+		go func() { done <- busyEcho(y, size, n) }()
+		rtts := make([]time.Duration, 0, n)
+		send := &verbs.SendWR{Opcode: verbs.OpSend, Signaled: true, SG: []verbs.SGE{{MR: x.buf, Length: size}}}
+		recv := &verbs.RecvWR{SG: []verbs.SGE{{MR: x.buf, Offset: size, Length: size}}}
+		var wc [1]verbs.WorkCompletion
+		b.ResetTimer()
+		for i := range n {
+			if err := x.qp.PostRecv(recv); err != nil {
+				b.Fatal(err)
+			}
+			x.buf.Bytes()[0] = byte(i)
+			start := time.Now()
+			if err := x.qp.PostSend(send); err != nil {
+				b.Fatal(err)
+			}
+			if err := spinOne(x.rcq, wc[:]); err != nil {
+				b.Fatal(err)
+			}
+			rtts = append(rtts, time.Since(start))
+			if x.buf.Bytes()[size] != byte(i) {
+				b.Fatalf("pong %d carried %d", i, x.buf.Bytes()[size])
+			}
+			if err := spinOne(x.scq, wc[:]); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.StopTimer()
+		if err := <-done; err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(float64(nstest.Percentile(rtts, 50).Nanoseconds()), "p50-ns")
+		b.ReportMetric(float64(nstest.Percentile(rtts, 99).Nanoseconds()), "p99-ns")
+	})
+	b.Run("tcp-veth-pingpong/64B", func(b *testing.B) {
+		rtts, err := p.TCPPingPong(size, b.N)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(float64(nstest.Percentile(rtts, 50).Nanoseconds()), "p50-ns")
+		b.ReportMetric(float64(nstest.Percentile(rtts, 99).Nanoseconds()), "p99-ns")
+	})
+}
+
+func busyEcho(e *end, size, n int) error {
+	send := &verbs.SendWR{Opcode: verbs.OpSend, Signaled: true, SG: []verbs.SGE{{MR: e.buf, Length: size}}}
+	recv := &verbs.RecvWR{SG: []verbs.SGE{{MR: e.buf, Length: size}}}
+	var wc [1]verbs.WorkCompletion
+	if err := e.qp.PostRecv(recv); err != nil {
+		return err
+	}
+	for i := range n {
+		if err := spinOne(e.rcq, wc[:]); err != nil {
+			return err
+		}
+		if i+1 < n {
+			if err := e.qp.PostRecv(recv); err != nil {
+				return err
+			}
+		}
+		if err := e.qp.PostSend(send); err != nil {
+			return err
+		}
+		if err := spinOne(e.scq, wc[:]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// spinOne polls cq until one successful completion arrives, never sleeping.
+func spinOne(cq verbs.CQ, wc []verbs.WorkCompletion) error {
+	for {
+		n, err := cq.Poll(wc[:1])
+		if err != nil {
+			return err
+		}
+		if n == 1 {
+			if wc[0].Status != verbs.WCSuccess {
+				return errors.New(wc[0].Status.String())
+			}
+			return nil
+		}
+	}
 }

@@ -14,6 +14,11 @@ import (
 	"github.com/smcr-io/smcr/smcr/verbs"
 )
 
+const (
+	minSpin    = 2 * time.Microsecond // the least a Wait spins
+	probeEvery = 32                   // every so many Waits spin the full SpinMax
+)
+
 type cq struct {
 	dev *device
 
@@ -27,6 +32,7 @@ type cq struct {
 	wake     chan struct{}
 	done     chan struct{}
 	spin     atomic.Int64 // current busy-poll budget in ns (adaptive)
+	waits    atomic.Uint32
 }
 
 func newCQ(d *device, depth int) *cq {
@@ -118,12 +124,18 @@ func (c *cq) Wait(ctx context.Context) error {
 		return err
 	}
 	budget := time.Duration(c.spin.Load())
+	if c.waits.Add(1)%probeEvery == 0 {
+		budget = c.dev.cfg.SpinMax // probe: the peer may be back on a CPU
+	}
 	start := time.Now()
 	for i := 0; ; i++ {
 		for _, q := range *c.qps.Load() {
 			q.poll()
 		}
 		if c.ready() {
+			if budget < c.dev.cfg.SpinMax {
+				c.spin.Store(int64(min(c.dev.cfg.SpinMax, 2*budget)))
+			}
 			return c.closedErr()
 		}
 		// Reading the clock every few rounds keeps the spin cheap.
@@ -139,20 +151,16 @@ func (c *cq) Wait(ctx context.Context) error {
 	if c.ready() {
 		return c.closedErr()
 	}
-	slept := time.Now()
 	select {
 	case <-c.wake:
 	case <-c.done:
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	// Adapt: a wake-up soon after we gave up spinning says spinning longer would
-	// have caught it; a long sleep says spinning was wasted.
-	if d := time.Since(slept); d < c.dev.cfg.SpinMax {
-		c.spin.Store(int64(min(c.dev.cfg.SpinMax, 2*budget)))
-	} else {
-		c.spin.Store(int64(max(2*time.Microsecond, budget/2)))
-	}
+	// Adapt as an adaptive mutex does: a spin that had to give up halves the next
+	// one (on an overcommitted machine the peer is off-CPU and spinning only delays
+	// it), a spin that found work (above) doubles it, up to SpinMax.
+	c.spin.Store(int64(max(minSpin, budget/2)))
 	return c.closedErr()
 }
 
