@@ -143,7 +143,10 @@ func (s *Server) Handler() http.Handler {
 	}
 	get("/v1/status", func(ctx context.Context) (any, error) { return s.b.Status(ctx) })
 	get("/v1/config", func(ctx context.Context) (any, error) { return nonNil(s.b.Config(ctx)) })
-	get("/v1/stats", func(ctx context.Context) (any, error) { return s.b.Stats(ctx) })
+	get("/v1/stats", func(ctx context.Context) (any, error) {
+		st, err := s.b.Stats(ctx)
+		return fixStats(st), err
+	})
 	get("/v1/linkgroups", func(ctx context.Context) (any, error) { return nonNil(s.b.LinkGroups(ctx)) })
 	get("/v1/links", func(ctx context.Context) (any, error) {
 		lgs, err := s.b.LinkGroups(ctx)
@@ -185,7 +188,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/stats/reset", func(w http.ResponseWriter, r *http.Request) {
 		st, err := s.b.ResetStats(r.Context())
 		s.log.Info("statistics reset", "uid", uidOf(r), "err", err)
-		s.reply(w, r, st, err)
+		s.reply(w, r, fixStats(st), err)
 	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusNotFound, Error{Error: fmt.Sprintf("no such call: %s %s (this smcrd speaks API v1)", r.Method, r.URL.Path)})
@@ -222,6 +225,16 @@ func nonNil[T any](v []T, err error) ([]T, error) {
 		v = []T{}
 	}
 	return v, err
+}
+
+// fixStats makes empty lists encode as [] rather than null, for scripts.
+func fixStats(st Stats) Stats {
+	st.Fallbacks, _ = nonNil(st.Fallbacks, nil)
+	for _, d := range []*Direction{&st.RX, &st.TX} {
+		d.BufferSizes, _ = nonNil(d.BufferSizes, nil)
+		d.RequestSizes, _ = nonNil(d.RequestSizes, nil)
+	}
+	return st
 }
 
 // Links flattens link groups into their links, each carrying its group's ID, role
