@@ -46,7 +46,9 @@ static int smcr_to_rts(struct ibv_qp *qp, uint32_t sq_psn, int rnr_retry) {
 	memset(&a, 0, sizeof a);
 	a.qp_state = IBV_QPS_RTS;
 	a.timeout = 14; // 4.096 µs << 14 = 67 ms per try
-	a.retry_cnt = 7;
+	// 6, not 7: rxe treats a retry count of 7 as "retry forever", so a dead
+	// peer would never fail the queue pair (hardware stops after 7).
+	a.retry_cnt = 6;
 	a.rnr_retry = rnr_retry;
 	a.sq_psn = sq_psn;
 	a.max_rd_atomic = 1;
