@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# The main job (make demo): two network namespaces joined by a veth pair, an smcrd
+# in each on its embedded default configuration (only its control socket, the
+# demo's cgroup and the shm provider's directory set apart), and an unmodified
+# iperf3 between them: first through SMC-R (RFC 7609, shared memory provider),
+# then as plain TCP over the same veth, measured in the same run. Cleans up after
+# itself. Run as root from the repository root, after make build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bin=$PWD/bin
+[ -x "$bin/smcrd" ] && [ -x "$bin/smcrctl" ] || { echo "demo: run make build first" >&2; exit 1; }
+[ "$(id -u)" -eq 0 ] || { echo "demo: run as root (namespaces, cgroups, BPF)" >&2; exit 1; }
+
+id=$$
+work=$(mktemp -d /tmp/smcr-demo.XXXXXX)
+cgroot=$(awk '$3 == "cgroup2" { print $2; exit }' /proc/mounts)
+[ -n "$cgroot" ] || { echo "demo: no cgroup2 mount in /proc/mounts" >&2; exit 1; }
+port=5201       # in the default port_range_list (1024-65535)
+plain=80        # outside it: the plain TCP baseline over the same veth
+pids=()
+
+cleanup() {
+	set +e
+	for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+	wait 2>/dev/null
+	for h in a b; do
+		ip netns del "smcr-demo-$id-$h" 2>/dev/null
+		rm -rf "/sys/fs/bpf/smcr-demo-$id-$h"
+		rmdir "$cgroot/smcr-demo-$id/$h" 2>/dev/null
+	done
+	rmdir "$cgroot/smcr-demo-$id" 2>/dev/null
+	rm -rf "$work"
+}
+trap cleanup EXIT INT TERM
+
+say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+
+say "two hosts: namespaces smcr-demo-$id-a (198.18.0.1) and -b (198.18.0.2), one veth"
+for h in a b; do
+	ip netns add "smcr-demo-$id-$h"
+	ip -n "smcr-demo-$id-$h" link set lo up
+	mkdir -p "$cgroot/smcr-demo-$id/$h"
+done
+ip link add "smd$id"a netns "smcr-demo-$id-a" type veth peer name "smd$id"b netns "smcr-demo-$id-b"
+ip -n "smcr-demo-$id-a" addr add 198.18.0.1/24 dev "smd$id"a
+ip -n "smcr-demo-$id-b" addr add 198.18.0.2/24 dev "smd$id"b
+ip -n "smcr-demo-$id-a" link set "smd$id"a up
+ip -n "smcr-demo-$id-b" link set "smd$id"b up
+sleep 1 # addresses leave tentative state
+
+# on HOST CMD...: run CMD in the host's namespace and cgroup. nsenter joins only
+# the network namespace, so the cgroup and bpf mounts stay visible to smcrd.
+on() {
+	local h=$1; shift
+	sh -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$cgroot/smcr-demo-$id/$h" \
+		nsenter --net="/run/netns/smcr-demo-$id-$h" "$@"
+}
+ctl() { local h=$1; shift; "$bin/smcrctl" --socket "$work/$h.sock" "$@"; }
+
+say "smcrd in each host: the embedded default configuration, plus where to put things"
+for h in a b; do
+	{
+		"$bin/smcrd" -print-default-config | grep -v -e '^cgroup =' -e '^control_socket =' -e '^providers ='
+		echo "cgroup = smcr-demo-$id/$h"
+		echo "control_socket = $work/$h.sock"
+		echo "providers = shm,soft"
+	} > "$work/$h.conf"
+	on "$h" "$bin/smcrd" -config "$work/$h.conf" -pin-dir "/sys/fs/bpf/smcr-demo-$id-$h" \
+		-shm-dir "$work/shm" > "$work/smcrd-$h.log" 2>&1 &
+	pids+=($!)
+done
+for h in a b; do
+	for _ in $(seq 100); do ctl "$h" status > /dev/null 2>&1 && break; sleep 0.1; done
+	ctl "$h" status
+done
+
+say "unmodified iperf3 server in host b, on port $port (SMC-R) and $plain (plain TCP)"
+on b iperf3 -s -p "$port" > /dev/null 2>&1 & pids+=($!)
+on b iperf3 -s -p "$plain" > /dev/null 2>&1 & pids+=($!)
+sleep 0.5
+
+rate() { python3 -c 'import json,sys; print("%.0f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"] / 1e6))'; }
+
+say "iperf3 -c 198.18.0.2 -p $port from host a, through smcrd"
+on a iperf3 -c 198.18.0.2 -p "$port" -t 5 -J > "$work/smcr.json" &
+ipf=$!
+sleep 2
+say "smcrctl conns (host a) while it runs"
+ctl a conns
+say "smcrctl links (host a)"
+ctl a links
+wait "$ipf"
+smcr=$(rate < "$work/smcr.json")
+
+say "iperf3 -c 198.18.0.2 -p $plain from host a: plain TCP over the same veth"
+on a iperf3 -c 198.18.0.2 -p "$plain" -t 5 -J > "$work/tcp.json"
+tcp=$(rate < "$work/tcp.json")
+
+say "smcrctl stats (host a)"
+ctl a stats
+
+say "result"
+printf '  through SMC-R (smcrd, shm provider): %6s Mbit/s\n' "$smcr"
+printf '  plain TCP over the veth:             %6s Mbit/s\n' "$tcp"
