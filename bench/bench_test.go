@@ -1,0 +1,249 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"image/png"
+	"math"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestMain(m *testing.M) {
+	if IsPeer() {
+		RunPeer() // the test binary re-executed as a benchmark peer
+	}
+	os.Exit(m.Run())
+}
+
+// TestQuick runs the CI form of the benchmark end to end and checks only that it
+// produced well-formed output: the figures themselves are the machine's business.
+func TestQuick(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the quick benchmark takes about a minute; skipped under -short")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: network namespaces, cgroups and BPF")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	start := time.Now()
+	rep, err := Run(ctx, Options{Quick: true, Command: "go test -run TestQuick ./bench"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("quick run took %v", time.Since(start).Round(time.Second))
+	for _, u := range rep.Unavailable {
+		t.Logf("not available: %s: %s", u.Scenario, u.Reason)
+	}
+	dir := t.TempDir()
+	files, err := WriteAll(rep, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"report.md", "report.json", "throughput.png", "latency.png", "setup.png"}
+	if len(files) != len(want) {
+		t.Fatalf("wrote %v, want %v", files, want)
+	}
+
+	b, err := os.ReadFile(filepath.Join(dir, "report.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Machine struct {
+			Cores  int
+			Kernel string
+			Go     string
+		}
+		Figures []struct {
+			Scenario, Metric, Case, Unit string
+			Median                       *float64
+			Runs                         []float64
+		}
+	}
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatalf("report.json: %v", err)
+	}
+	if got.Machine.Cores < 1 || got.Machine.Kernel == "" || got.Machine.Go == "" {
+		t.Errorf("machine description incomplete: %+v", got.Machine)
+	}
+	// The baselines run on any machine with namespaces: their figures must be there.
+	for _, k := range []struct{ scen, metric, cas string }{
+		{"memcpy", "throughput", "1MiB"},
+		{"tcp-loopback", "throughput", "64KiB"},
+		{"tcp-veth", "throughput", "4KiB"},
+		{"tcp-veth", "latency-p99.9", "64B"},
+		{"tcp-veth", "setup", "connect"},
+		{"tcp-veth", "cpu", "1MiB"},
+	} {
+		found := false
+		for _, f := range got.Figures {
+			if f.Scenario == k.scen && f.Metric == k.metric && f.Case == k.cas {
+				found = true
+				if f.Median == nil || *f.Median <= 0 || len(f.Runs) != rep.Repeats {
+					t.Errorf("%v: median %v from %d runs, want a positive median of %d", k, f.Median, len(f.Runs), rep.Repeats)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("report.json has no figure %v", k)
+		}
+	}
+
+	md, err := os.ReadFile(filepath.Join(dir, "report.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"## Throughput", "## Request/response latency, 64B", "## Connection setup", "| tcp-veth |"} {
+		if !bytes.Contains(md, []byte(s)) {
+			t.Errorf("report.md lacks %q", s)
+		}
+	}
+	for _, name := range want[2:] {
+		f, err := os.Open(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		img, err := png.Decode(f)
+		f.Close()
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+		} else if r := img.Bounds(); r.Dx() < 400 || r.Dy() < 300 {
+			t.Errorf("%s is %dx%d, too small to read", name, r.Dx(), r.Dy())
+		}
+	}
+}
+
+func TestFigureSummary(t *testing.T) {
+	for _, tc := range []struct {
+		runs          []float64
+		med, min, max float64
+	}{
+		{[]float64{3, 1, 2}, 2, 1, 3},
+		{[]float64{4, 1, 3, 2}, 2.5, 1, 4},
+		{[]float64{7}, 7, 7, 7},
+	} {
+		f := newFigure("s", "m", "c", "u", tc.runs)
+		if f.Median != tc.med || f.Min != tc.min || f.Max != tc.max {
+			t.Errorf("%v: median %v [%v–%v], want %v [%v–%v]", tc.runs, f.Median, f.Min, f.Max, tc.med, tc.min, tc.max)
+		}
+	}
+	f := newFigure("s", "m", "c", "u", nil)
+	if !math.IsNaN(f.Median) {
+		t.Errorf("no runs: median %v, want NaN", f.Median)
+	}
+	b, err := json.Marshal(f)
+	if err != nil {
+		t.Fatalf("a figure without runs must still encode: %v", err)
+	}
+	if !strings.Contains(string(b), `"Median":null`) {
+		t.Errorf("no runs encoded as %s, want a null median", b)
+	}
+}
+
+func TestRatiosAndMarkdown(t *testing.T) {
+	r := &Report{Repeats: 2, Figures: []Figure{
+		newFigure("tcp-veth", "throughput", "4KiB", "MB/s", []float64{100, 200}),
+		newFigure("smcr-shm", "throughput", "4KiB", "MB/s", []float64{300, 600}),
+		newFigure("tcp-veth", "setup", "connect", "conn/s", []float64{1000}),
+		newFigure("smcr-shm", "setup", "reuse", "conn/s", []float64{250}),
+	}}
+	r.addRatios(map[string][]string{"throughput": {"tcp-veth"}, "setup": {"tcp-veth"}})
+	if got := r.find("smcr-shm", "throughput", "4KiB").Ratios["tcp-veth"]; got != 3 {
+		t.Errorf("throughput ratio %v, want 450/150 = 3", got)
+	}
+	if got := r.find("smcr-shm", "setup", "reuse").Ratios["tcp-veth"]; got != 0.25 {
+		t.Errorf("setup ratio %v, want 250/1000 against TCP connect", got)
+	}
+	if _, ok := r.find("tcp-veth", "throughput", "4KiB").Ratios["tcp-veth"]; ok {
+		t.Error("a baseline has a ratio to itself")
+	}
+	var b strings.Builder
+	if err := r.WriteMarkdown(&b); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "| smcr-shm | 450 [300–600] ×3.00 |") {
+		t.Errorf("markdown row missing or wrong:\n%s", b.String())
+	}
+}
+
+func TestProcParsers(t *testing.T) {
+	// The command name may hold spaces and parentheses; fields count from the last ")".
+	stat := "1234 (a (b) c) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0 20 0 1 0 100 0 0"
+	if got := parseStatCPU([]byte(stat)); got != 3 {
+		t.Errorf("cpu %v s, want (250+50)/100 = 3", got)
+	}
+	if got := parseStatCPU([]byte("garbage")); got != 0 {
+		t.Errorf("garbage: %v, want 0", got)
+	}
+	status := "Name:\tx\nVmPeak:\t  9000 kB\nVmRSS:\t    1536 kB\nThreads: 3\n"
+	if got := parseVmRSS([]byte(status)); got != 1536<<10 {
+		t.Errorf("rss %d, want %d", got, 1536<<10)
+	}
+	if rssOf([]int{os.Getpid()}) <= 0 || cpuOf([]int{os.Getpid()}) < 0 {
+		t.Error("own /proc entries unreadable")
+	}
+}
+
+// TestWorkloads drives every workload against serve over loopback TCP, so a
+// broken request or timing shows up without namespaces or root.
+func TestWorkloads(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go serve(c)
+		}
+	}()
+	ctx := context.Background()
+	dial := func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", ln.Addr().String())
+	}
+	if d, err := throughput(ctx, dial, 4096, 1<<20+7); err != nil || d <= 0 {
+		t.Errorf("throughput: %v %v", d, err)
+	}
+	rtts, err := latency(ctx, dial, 64, 20)
+	if err != nil || len(rtts) != 20 {
+		t.Errorf("latency: %d round trips, %v", len(rtts), err)
+	}
+	fresh := 0
+	times, err := setup(ctx, nil, func() (dialer, func(), error) {
+		fresh++
+		return dial, func() {}, nil
+	}, 5)
+	if err != nil || len(times) != 5 || fresh != 5 {
+		t.Errorf("setup: %d times, %d fresh dialers, %v", len(times), fresh, err)
+	}
+	sampled := false
+	r := scale(ctx, dial, 10, 4, 100<<10, func() { sampled = true })
+	if r.Opened != 10 || r.Failed != 0 || r.Bytes != 10*100<<10 || !sampled {
+		t.Errorf("scale: %+v, sampled %v", r, sampled)
+	}
+	// A server refusing a bad request must say so, not hang.
+	c, err := dial(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := request(c, 'X', 0); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := c.Read(make([]byte, 1)); n != 0 || err == nil {
+		t.Errorf("bad request answered %d bytes, %v; want the connection closed", n, err)
+	}
+}
