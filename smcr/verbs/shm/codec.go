@@ -152,6 +152,9 @@ func parseCtl(b []byte) (ctl, error) {
 	if len(b) != want {
 		return c, fmt.Errorf("%w: control message type %d of %d bytes, want %d", errPeer, c.typ, len(b), want)
 	}
+	if b[1]|b[2]|b[3] != 0 || ((c.typ == ctlHello || c.typ == ctlHelloAck) && b[25]|b[26]|b[27] != 0) || (c.typ == ctlMapRep && b[10]|b[11] != 0) {
+		return c, fmt.Errorf("%w: reserved bytes set in control message type %d", errPeer, c.typ)
+	}
 	switch c.typ {
 	case ctlHello, ctlHelloAck:
 		c.dstQPN = binary.BigEndian.Uint32(b[4:])

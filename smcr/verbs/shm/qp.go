@@ -17,6 +17,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/smcr-io/smcr/smcr/verbs"
 	"golang.org/x/sys/unix"
@@ -915,8 +916,14 @@ func (q *qp) arm() {
 // re-arms the doorbell when polling stopped. EOF means the peer is gone.
 func (q *qp) reader() {
 	defer close(q.readerDone)
-	buf := make([]byte, maxCtlLen+1)
-	oob := make([]byte, unix.CmsgSpace(4*4))
+	rc, err := q.conn.SyscallConn()
+	if err != nil {
+		q.peerGone()
+		return
+	}
+	r := newRx()
+	expired := time.Unix(1, 0)
+	cur := expired
 	for {
 		q.dlMu.Lock()
 		var dl time.Time
@@ -928,23 +935,33 @@ func (q *qp) reader() {
 				dl = g
 			}
 		}
-		q.conn.SetReadDeadline(dl)
+		if !dl.Equal(cur) {
+			q.conn.SetReadDeadline(dl)
+			cur = dl
+		}
 		q.lastPol = q.polls.Load()
 		q.dlMu.Unlock()
 
-		n, oobn, flags, _, err := q.conn.ReadMsgUnix(buf, oob)
-		fds := parseRights(oob[:oobn])
+		err := rc.Read(r.fn)
+		if err == nil {
+			err = r.err
+		}
 		if err != nil {
-			closeFDs(fds)
 			if errors.Is(err, os.ErrDeadlineExceeded) {
+				cur = expired // the socket keeps the passed deadline until reset
 				q.timer()
 				continue
 			}
 			q.peerGone()
 			return
 		}
-		m, err := parseCtl(buf[:n])
-		if err == nil && flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 {
+		if r.n == 0 && r.oobn == 0 {
+			q.peerGone() // orderly shutdown
+			return
+		}
+		fds := parseRights(r.oob[:r.oobn])
+		m, err := parseCtl(r.buf[:r.n])
+		if err == nil && r.flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 {
 			err = fmt.Errorf("%w: truncated control message", errPeer)
 		}
 		if err != nil {
@@ -952,41 +969,83 @@ func (q *qp) reader() {
 			q.fail(err.Error())
 			continue
 		}
-		switch m.typ {
-		case ctlDoorbell:
+		q.dispatch(m, fds)
+	}
+}
+
+func (q *qp) dispatch(m ctl, fds []int) {
+	switch m.typ {
+	case ctlDoorbell:
+		closeFDs(fds)
+		q.kickAcks()
+		q.kickReqs()
+	case ctlMapReq:
+		closeFDs(fds)
+		q.serveMap(m.rkey)
+	case ctlMapRep:
+		if (m.status == mapOK) != (len(fds) == 1) {
 			closeFDs(fds)
-			q.kickAcks()
-			q.kickReqs()
-		case ctlMapReq:
-			closeFDs(fds)
-			q.serveMap(m.rkey)
-		case ctlMapRep:
-			if (m.status == mapOK) != (len(fds) == 1) {
-				closeFDs(fds)
-				q.fail("map reply with wrong descriptors")
-				continue
-			}
-			fd := -1
-			if len(fds) == 1 {
-				fd = fds[0]
-			}
-			select {
-			case q.mapReply <- mapResult{msg: m, fd: fd}:
-			default:
-				closeFDs(fds)
-			}
-		case ctlRevoke:
-			closeFDs(fds)
-			q.revMu.Lock()
-			q.revoked = append(q.revoked, m.rkey)
-			q.hasRev.Store(true)
-			q.revMu.Unlock()
-			q.kickAcks()
+			q.fail("map reply with wrong descriptors")
+			return
+		}
+		fd := -1
+		if len(fds) == 1 {
+			fd = fds[0]
+		}
+		select {
+		case q.mapReply <- mapResult{msg: m, fd: fd}:
 		default:
 			closeFDs(fds)
-			q.fail("unexpected control message")
 		}
+	case ctlRevoke:
+		closeFDs(fds)
+		q.revMu.Lock()
+		q.revoked = append(q.revoked, m.rkey)
+		q.hasRev.Store(true)
+		q.revMu.Unlock()
+		q.kickAcks()
+	default:
+		closeFDs(fds)
+		q.fail("unexpected control message")
 	}
+}
+
+// rx receives one control message with recvmsg(2) into buffers it owns, so that a
+// doorbell costs no allocation (net.UnixConn.ReadMsgUnix allocates an address).
+type rx struct {
+	buf   [maxCtlLen + 1]byte // one more than the largest message: longer ones are truncated
+	oob   [64]byte
+	iov   unix.Iovec
+	hdr   unix.Msghdr
+	n     int
+	oobn  int
+	flags int
+	err   error
+	fn    func(fd uintptr) bool
+}
+
+func newRx() *rx {
+	r := &rx{}
+	r.iov.Base = &r.buf[0]
+	r.iov.SetLen(len(r.buf))
+	r.hdr.Iov = &r.iov
+	r.hdr.Iovlen = 1
+	r.hdr.Control = &r.oob[0]
+	r.fn = func(fd uintptr) bool {
+		r.hdr.SetControllen(len(r.oob))
+		r.hdr.Flags = 0
+		n, _, e := unix.Syscall(unix.SYS_RECVMSG, fd, uintptr(unsafe.Pointer(&r.hdr)), unix.MSG_CMSG_CLOEXEC|unix.MSG_DONTWAIT)
+		if e == unix.EAGAIN {
+			return false // wait in the netpoller
+		}
+		r.err = nil
+		if e != 0 {
+			r.err = e
+		}
+		r.n, r.oobn, r.flags = int(n), int(r.hdr.Controllen), int(r.hdr.Flags)
+		return true
+	}
+	return r
 }
 
 // timer runs when the read deadline passed: RNR retries, and re-arming the doorbell
