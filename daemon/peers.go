@@ -47,7 +47,7 @@ func (p *peerCache) capable(peer netip.Addr, ttl time.Duration) {
 func (p *peerCache) incapable(peer netip.Addr, reason string, ttl time.Duration) error {
 	p.set(peer, &peerEntry{reason: reason, expires: p.now().Add(ttl)})
 	if p.negative != nil {
-		return p.negative(peer, ttl)
+		return p.negative(peer.Unmap(), ttl)
 	}
 	return nil
 }

@@ -1,0 +1,175 @@
+// Tests of the relay (half-close, reset, stop: RFC 7609 §4.4 close ordering as the
+// application sees it) and of the peer cache.
+
+package daemon
+
+import (
+	"bytes"
+	"crypto/rand"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+)
+
+// tcpPair returns both ends of a loopback TCP connection.
+func tcpPair(t *testing.T) (*net.TCPConn, *net.TCPConn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(); s.Close() })
+	return c.(*net.TCPConn), s.(*net.TCPConn)
+}
+
+// pipeConn is a net.Pipe end with CloseWrite, standing in for an smcr.Conn (not a
+// *net.TCPConn, so the relay copies through its buffer instead of splicing).
+type pipeConn struct {
+	net.Conn
+	w *io.PipeWriter
+	r *io.PipeReader
+}
+
+func (p *pipeConn) Read(b []byte) (int, error)  { return p.r.Read(b) }
+func (p *pipeConn) Write(b []byte) (int, error) { return p.w.Write(b) }
+func (p *pipeConn) CloseWrite() error           { return p.w.Close() }
+func (p *pipeConn) Close() error {
+	p.w.CloseWithError(net.ErrClosed)
+	p.r.CloseWithError(net.ErrClosed)
+	return nil
+}
+
+func halfPipes() (*pipeConn, *pipeConn) {
+	r1, w1 := io.Pipe()
+	r2, w2 := io.Pipe()
+	a, b := net.Pipe()
+	a.Close()
+	b.Close()
+	return &pipeConn{Conn: a, r: r1, w: w2}, &pipeConn{Conn: b, r: r2, w: w1}
+}
+
+// TestRelayHalfClose: each side writes, half-closes, and still reads everything
+// the other side sends after that; no byte is lost, in either relay mode.
+func TestRelayHalfClose(t *testing.T) {
+	for _, mode := range []string{"splice", "copy"} {
+		t.Run(mode, func(t *testing.T) {
+			app, appSide := tcpPair(t)
+			var peer, peerSide net.Conn
+			if mode == "splice" {
+				peer, peerSide = tcpPair(t)
+			} else {
+				peer, peerSide = halfPipes()
+			}
+			up := make([]byte, 3<<20)
+			down := make([]byte, 1<<20+17)
+			rand.Read(up)
+			rand.Read(down)
+			done := make(chan relayResult, 1)
+			go func() { done <- relay(appSide, peer, nil) }()
+
+			// The application sends everything and half-closes first; the peer
+			// answers only after it has seen EOF, as request/response protocols do.
+			go func() {
+				app.Write(up)
+				app.CloseWrite()
+			}()
+			got, err := io.ReadAll(peerSide)
+			if err != nil || !bytes.Equal(got, up) {
+				t.Fatalf("peer got %d bytes (%v), want %d identical", len(got), err, len(up))
+			}
+			peerSide.Write(down)
+			peerSide.(closeWriter).CloseWrite()
+			back, err := io.ReadAll(app)
+			if err != nil || !bytes.Equal(back, down) {
+				t.Fatalf("application got %d bytes (%v), want %d identical", len(back), err, len(down))
+			}
+			select {
+			case res := <-done:
+				if res.Err != nil || res.AtoB != int64(len(up)) || res.BtoA != int64(len(down)) {
+					t.Fatalf("relay result %+v", res)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("relay did not end after both half-closes")
+			}
+		})
+	}
+}
+
+// TestRelayResetAborts: a reset on one side aborts the other instead of leaving it
+// waiting for bytes that cannot come.
+func TestRelayResetAborts(t *testing.T) {
+	app, appSide := tcpPair(t)
+	peer, peerSide := tcpPair(t)
+	done := make(chan relayResult, 1)
+	go func() { done <- relay(appSide, peer, nil) }()
+	peerSide.SetLinger(0)
+	peerSide.Close() // RST
+	app.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err := io.ReadAll(app)
+	var ne net.Error
+	if err == nil || errors.As(err, &ne) && ne.Timeout() {
+		t.Fatalf("application read ended with %v, want a reset", err)
+	}
+	if res := <-done; res.Err == nil {
+		t.Fatal("relay reported an orderly close after a reset")
+	}
+}
+
+// TestRelayStop: closing stop aborts a relay whose ends are idle (drain timeout).
+func TestRelayStop(t *testing.T) {
+	_, appSide := tcpPair(t)
+	peer, _ := tcpPair(t)
+	stop := make(chan struct{})
+	done := make(chan relayResult, 1)
+	go func() { done <- relay(appSide, peer, stop) }()
+	close(stop)
+	select {
+	case res := <-done:
+		if !errors.Is(res.Err, errStopped) {
+			t.Fatalf("relay ended with %v, want errStopped", res.Err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("relay ignored stop")
+	}
+}
+
+func TestPeerCache(t *testing.T) {
+	now := time.Unix(1000, 0)
+	var neg []netip.Addr
+	p := newPeerCache(func() time.Time { return now }, func(a netip.Addr, ttl time.Duration) error {
+		if ttl != time.Minute {
+			t.Errorf("negative ttl %v", ttl)
+		}
+		neg = append(neg, a)
+		return nil
+	})
+	x := netip.MustParseAddr("198.18.0.2")
+	y := netip.MustParseAddr("::ffff:198.18.0.3")
+	p.capable(x, time.Minute)
+	p.incapable(y, reasonNoEcho, time.Minute)
+	p.incapable(y, reasonNoEcho, time.Minute)
+	if len(neg) != 2 || neg[0] != y.Unmap() {
+		t.Fatalf("negative cache got %v", neg)
+	}
+	l := p.list()
+	if len(l) != 2 || l[0].Addr != "198.18.0.2" || !l[0].Capable || l[1].Addr != "198.18.0.3" || l[1].Capable ||
+		l[1].Hits != 2 || l[1].Reason != reasonNoEcho || l[0].ExpiresInSeconds != 60 {
+		t.Fatalf("list %+v", l)
+	}
+	now = now.Add(61 * time.Second)
+	if l := p.list(); len(l) != 0 {
+		t.Fatalf("expired entries listed: %+v", l)
+	}
+}
