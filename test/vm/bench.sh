@@ -22,9 +22,9 @@ perf() {
 	wait
 }
 echo "== perftest"
-perf ib_write_bw -s 65536 -n 20000
-perf ib_send_lat -s 8 -n 20000
-perf ib_write_lat -s 4 -n 20000
+perf ib_write_bw -s 65536 -n 2000
+perf ib_send_lat -F -s 8 -n 2000
+perf ib_write_lat -F -s 4 -n 2000
 echo "== ibv provider"
 SMCR_IBV_INTERFACE=dummy0 SMCR_IBV_REQUIRE=1 $bin/ibv.test -test.run '^\$' -test.bench . -test.benchtime $benchtime -test.count 3
 GUEST
