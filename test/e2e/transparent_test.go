@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -277,4 +278,39 @@ func TestRuntimeConfig(t *testing.T) {
 	if _, err := a.ctl.SetConfig(ctx, control.SetConfigRequest{Assignments: []string{"port_range_list=20-1"}}); err == nil {
 		t.Error("a bad range was accepted")
 	}
+}
+
+// TestDrainOnSIGTERM: SIGTERM lets established connections finish with every
+// byte, and new connections meanwhile go direct.
+func TestDrainOnSIGTERM(t *testing.T) {
+	a, b := hosts(t)
+	a.start("providers = shm", ports)
+	b.start("providers = shm", ports)
+	b.serve(5201)
+	dst := fmt.Sprintf("%s:5201", b.ns.Addr4())
+	cmd := a.command(bins.testapp, "-connect", dst, "-mode", "echo", "-bytes", "100000000", "-conns", "2", "-timeout", "30s")
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if s := a.stats(); s.Connections.Active != 2 {
+		t.Fatalf("before SIGTERM: %+v", s.Connections)
+	}
+	a.smcrd.Process.Signal(syscall.SIGTERM)
+	// While it drains, a new connection does not go through it.
+	time.Sleep(100 * time.Millisecond)
+	if _, err := a.client(dst, "-mode", "sink", "-bytes", "10000", "-timeout", "10s"); err != nil {
+		t.Errorf("new connection while draining: %v", err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("established connections lost bytes on SIGTERM: %v %s", err, out.String())
+	}
+	select {
+	case <-a.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("smcrd did not exit after draining")
+	}
+	a.smcrd = nil
 }
