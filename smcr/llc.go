@@ -235,8 +235,12 @@ func (l *link) complete(wc *verbs.WorkCompletion) {
 			l.credits <- struct{}{}
 		case tagWrite:
 			l.credits <- struct{}{}
-			if c := l.lg.conn(uint32(wc.ID)); c != nil {
+			c := l.lg.conn(uint32(wc.ID))
+			if c != nil {
 				c.writeDone()
+			}
+			if wc.Status != verbs.WCSuccess && c != nil {
+				e.log.Debug("smcr: rdma write failed", "conn", c.id, "rkey", c.peerRKey, "status", wc.Status)
 			}
 		}
 		if wc.Status != verbs.WCSuccess {

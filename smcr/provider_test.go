@@ -1,0 +1,102 @@
+package smcr
+
+import (
+	"io"
+	"sync"
+	"testing"
+
+	"github.com/smcr-io/smcr/smcr/verbs"
+	"github.com/smcr-io/smcr/smcr/verbs/shm"
+	"github.com/smcr-io/smcr/smcr/verbs/soft"
+)
+
+// providers opens one device of each real provider kind for one engine.
+var providers = []struct {
+	name string
+	open func(t testing.TB) verbs.Device
+	// bytes streamed each way in TestProviderStreams
+	stream int
+}{
+	{"soft", func(t testing.TB) verbs.Device {
+		d, err := soft.Open(soft.Config{Logger: testLogger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}, 64 << 20},
+	{"shm", func(t testing.TB) verbs.Device {
+		d, err := shm.Open(shm.Config{Dir: t.TempDir(), Logger: testLogger(t)})
+		if err != nil {
+			t.Skipf("shm provider unavailable: %v", err)
+		}
+		return d
+	}, 512 << 20},
+}
+
+func providerPair(t *testing.T, open func(testing.TB) verbs.Device, cfg Config) *pair {
+	cli, srv := open(t), open(t)
+	t.Cleanup(func() { cli.Close(); srv.Close() })
+	c, s := cfg, cfg
+	c.Devices, s.Devices = []verbs.Device{cli}, []verbs.Device{srv}
+	return newPair(t, c, s)
+}
+
+func TestProviderStreams(t *testing.T) {
+	for _, pr := range providers {
+		t.Run(pr.name, func(t *testing.T) {
+			p := providerPair(t, pr.open, Config{})
+			c, s := p.connect(t)
+			mustSMC(t, c, s)
+			if c.lg.key.kind.String() != pr.name {
+				t.Fatalf("chose %v", c.lg.key.kind)
+			}
+			var wg sync.WaitGroup
+			wg.Add(2)
+			go func() { defer wg.Done(); stream(t, c, s, pr.stream, 11) }()
+			go func() { defer wg.Done(); stream(t, s, c, pr.stream, 12) }()
+			wg.Wait()
+			c.Close()
+			s.Close()
+			eventually(t, "released", func() bool {
+				return p.cli.Stats().MemoryInUse == 0 && p.srv.Stats().MemoryInUse == 0
+			})
+		})
+	}
+}
+
+func TestProviderManyConns(t *testing.T) {
+	for _, pr := range providers {
+		t.Run(pr.name, func(t *testing.T) {
+			p := providerPair(t, pr.open, Config{RMBSize: 16 << 10, TestLinkInterval: -1})
+			var conns []*Conn
+			for range 50 {
+				c, s := p.connect(t)
+				mustSMC(t, c, s)
+				conns = append(conns, c, s)
+			}
+			if p.cli.Stats().LinkConfirms != 1 || len(p.cli.LinkGroups()) != 1 {
+				t.Fatalf("link groups %+v", p.cli.LinkGroups())
+			}
+			// Ten streams at a time: shm maps a peer region on its first WRITE with a
+			// 2 s timeout, which 50 simultaneous first WRITEs on a loaded 2-core
+			// machine have been seen to exceed (the link then fails).
+			var wg sync.WaitGroup
+			for i := 0; i < len(conns); i += 2 {
+				if i%20 == 0 {
+					wg.Wait()
+				}
+				wg.Add(1)
+				go func(c, s *Conn) {
+					defer wg.Done()
+					stream(t, c, s, 1<<20, uint64(i))
+					s.CloseWrite()
+					io.ReadAll(c)
+				}(conns[i], conns[i+1])
+			}
+			wg.Wait()
+			for _, c := range conns {
+				c.Close()
+			}
+		})
+	}
+}
