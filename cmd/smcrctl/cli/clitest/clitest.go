@@ -28,10 +28,13 @@ type Case struct {
 
 // Harness runs cases against one socket.
 type Harness struct {
-	Dir       string            // where the golden files are, usually "testdata"
-	Socket    string            // the control socket; shown as SOCKET in golden files
-	Replace   map[string]string // further literal replacements (temporary paths)
-	Normalize func(string) string
+	Dir    string // where the golden files are, usually "testdata"
+	Socket string // the control socket
+	// SocketName is what the golden files show for Socket ("SOCKET" when empty).
+	// One of the same length keeps tables that print the path aligned.
+	SocketName string
+	Replace    map[string]string // further literal replacements (temporary paths)
+	Normalize  func(string) string
 }
 
 // Result is what one run printed.
@@ -81,7 +84,11 @@ func (h Harness) render(c Case, r Result) string {
 		b.WriteString("--- stderr\n" + r.Stderr)
 	}
 	b.WriteString("--- exit " + strconv.Itoa(r.Exit) + "\n")
-	s := strings.ReplaceAll(b.String(), h.Socket, "SOCKET")
+	name := h.SocketName
+	if name == "" {
+		name = "SOCKET"
+	}
+	s := strings.ReplaceAll(b.String(), h.Socket, name)
 	for old, repl := range h.Replace {
 		s = strings.ReplaceAll(s, old, repl)
 	}
