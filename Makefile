@@ -4,7 +4,7 @@ FUZZTIME  ?= 20s
 BENCHTIME ?= 1s
 PKGS      := ./...
 
-.PHONY: help deps build test test-unit lint fmt vet generate check-generate fuzz bench demo install clean
+.PHONY: help deps build test test-unit test-vm bench-vm lint fmt vet generate check-generate fuzz bench demo install clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -40,6 +40,12 @@ fuzz: ## run every fuzz target for FUZZTIME each
 
 bench: ## run the benchmarks beside their baselines
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) $(PKGS)
+
+test-vm: ## only the real-RDMA tests: ibv provider + verbstest on soft-RoCE in qemu (~3-4 min)
+	$(GO) test -count=1 -timeout 15m -v ./test/vm/...
+
+bench-vm: ## ibv benchmarks beside ib_write_bw/ib_write_lat in one VM boot
+	./test/vm/bench.sh $(BENCHTIME)
 
 demo: deps build ## the main job: smcrd accelerating an unmodified program between two namespaces
 	./scripts/demo.sh
