@@ -1,18 +1,40 @@
-// Metrics: the Prometheus listener at metrics_address. The collector lives in
-// package metrics; until it is wired here the listener is not opened.
+// Metrics: the Prometheus listener at metrics_address, serving package metrics'
+// collector over the daemon's control snapshots at /metrics.
 
 package main
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+	"net"
+	"net/http"
+	"time"
 
 	"github.com/smcr-io/smcr/daemon"
+	"github.com/smcr-io/smcr/metrics"
 )
 
-func serveMetrics(addr string, _ *daemon.Daemon, log *slog.Logger) func(context.Context) {
-	if addr != "" {
-		log.Debug("metrics listener not built into this smcrd", "address", addr)
+// serveMetrics opens the listener (nothing when addr is empty) and returns the
+// function that closes it. A listener that cannot open is logged, not fatal: the
+// data path matters more than its metrics.
+func serveMetrics(addr string, d *daemon.Daemon, log *slog.Logger) func(context.Context) {
+	if addr == "" {
+		return func(context.Context) {}
 	}
-	return func(context.Context) {}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		log.Warn("metrics listener not opened", "address", addr, "err", err)
+		return func(context.Context) {}
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", metrics.Handler(d, log))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics listener", "err", err)
+		}
+	}()
+	log.Info("metrics listening", "address", ln.Addr().String())
+	return func(ctx context.Context) { srv.Shutdown(ctx) }
 }

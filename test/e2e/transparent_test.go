@@ -13,6 +13,8 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -248,7 +250,7 @@ func TestKill(t *testing.T) {
 // and persist writes the file.
 func TestRuntimeConfig(t *testing.T) {
 	a, b := hosts(t)
-	a.start("providers = shm", ports)
+	a.start("providers = shm", ports, "metrics_address = 127.0.0.1:9464")
 	b.start("providers = shm", ports)
 	b.serve(5201)
 	dst := fmt.Sprintf("%s:5201", b.ns.Addr4())
@@ -277,6 +279,22 @@ func TestRuntimeConfig(t *testing.T) {
 	}
 	if _, err := a.ctl.SetConfig(ctx, control.SetConfigRequest{Assignments: []string{"port_range_list=20-1"}}); err == nil {
 		t.Error("a bad range was accepted")
+	}
+
+	// The metrics listener (inside A's namespace) counts the same connection.
+	var body []byte
+	err := a.ns.Do(func() error {
+		c, err := net.Dial("tcp", "127.0.0.1:9464")
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		fmt.Fprint(c, "GET /metrics HTTP/1.0\r\n\r\n")
+		body, err = io.ReadAll(c)
+		return err
+	})
+	if err != nil || !bytes.Contains(body, []byte("smcr_")) {
+		t.Errorf("metrics: %v\n%.500s", err, body)
 	}
 }
 
