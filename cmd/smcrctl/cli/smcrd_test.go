@@ -10,6 +10,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -111,6 +112,14 @@ func startSmcrd(t *testing.T, conf string) (sock, file string) {
 	// stay as they are; the process starts inside its cgroup.
 	cmd := exec.Command("nsenter", "--net=/run/netns/"+ns.Name, bin, "-config", file, "-pin-dir", pin,
 		"-shm-dir", filepath.Join(dir, "shm"), "-liveness-ttl", "1s", "-drain-timeout", "1s")
+	// smcrd runs as a systemd Type=notify service (configs/smcrd.service): check that
+	// it says READY=1 on $NOTIFY_SOCKET, as systemd would receive it.
+	notify, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: filepath.Join(dir, "notify"), Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer notify.Close()
+	cmd.Env = append(os.Environ(), "NOTIFY_SOCKET="+filepath.Join(dir, "notify"))
 	log := &lockedBuffer{}
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cgFD.Fd()), Setpgid: true}
@@ -142,6 +151,12 @@ func startSmcrd(t *testing.T, conf string) (sock, file string) {
 		_, err := c.Status(ctx)
 		cancel()
 		if err == nil {
+			notify.SetReadDeadline(time.Now().Add(10 * time.Second))
+			buf := make([]byte, 1024)
+			n, err := notify.Read(buf)
+			if err != nil || !strings.Contains(string(buf[:n]), "READY=1") {
+				t.Fatalf("smcrd's sd_notify: %q, %v; want READY=1", buf[:n], err)
+			}
 			return sock, file
 		}
 		select {
