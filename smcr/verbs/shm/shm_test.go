@@ -469,3 +469,83 @@ func TestHostilePeerRing(t *testing.T) {
 		})
 	}
 }
+
+// TestRevoke: a WRITE after the peer deregistered the region fails, writing nothing.
+func TestRevoke(t *testing.T) {
+	a, b := pair(t, verbs.QPConfig{})
+	wr := verbs.SendWR{ID: 1, Opcode: verbs.OpWrite, Signaled: true, RKey: b.rmb.RKey(), RemoteAddr: b.rmb.Addr(),
+		SG: []verbs.SGE{{MR: a.buf, Length: 64}}}
+	if err := a.qp.PostSend(&wr); err != nil {
+		t.Fatal(err)
+	}
+	if wc := next(t, a.scq); wc.Status != verbs.WCSuccess {
+		t.Fatalf("first write %+v", wc)
+	}
+	b.rmb.Close()
+	// The revoke travels on the socket; the requester drops the mapping when it
+	// next looks at its queues.
+	deadline := time.Now().Add(5 * time.Second)
+	q := a.qp.(*qp)
+	for {
+		q.poll()
+		q.sqMu.Lock()
+		_, mapped := q.remote[b.rmb.RKey()]
+		q.sqMu.Unlock()
+		if !mapped {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("mapping not revoked")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	wr.ID = 2
+	if err := a.qp.PostSend(&wr); err != nil {
+		t.Fatal(err)
+	}
+	if wc := next(t, a.scq); wc.ID != 2 || wc.Status != verbs.WCRemAccessErr {
+		t.Fatalf("write to a deregistered region: %+v", wc)
+	}
+}
+
+// TestHostileControl: garbage on the rendezvous socket and on a QP's socket.
+func TestHostileControl(t *testing.T) {
+	dir := t.TempDir()
+	da, db := openDev(t, dir), openDev(t, dir)
+	a, b := newEnd(t, da, verbs.QPConfig{}), newEnd(t, db, verbs.QPConfig{})
+	a2, b2 := newEnd(t, da, verbs.QPConfig{}), newEnd(t, db, verbs.QPConfig{})
+	// A stranger dials the device and sends nonsense, then a hello for a QP that
+	// does not exist: both are dropped.
+	ep, _ := parseEndpoint(da.Endpoint())
+	for _, msg := range [][]byte{{0xff, 1, 2}, (&ctl{typ: ctlHello, dstQPN: 1, srcQPN: 2}).append(nil)} {
+		c, err := dialPeer(context.Background(), ep.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write(msg)
+		c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		if n, err := c.Read(make([]byte, 64)); err == nil && n > 0 {
+			t.Fatalf("device answered garbage with %d bytes", n)
+		}
+		c.Close()
+	}
+	connect(t, a, b)
+	connect(t, a2, b2)
+	// a's peer sends an unknown control message type on the QP socket.
+	qb := b.qp.(*qp)
+	qb.bellMu.RLock()
+	unix.Sendto(qb.bellFD, []byte{0x7f, 0, 0, 0}, 0, nil)
+	qb.bellMu.RUnlock()
+	deadline := time.Now().Add(3 * time.Second)
+	for a.qp.State() != verbs.QPError && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if a.qp.State() != verbs.QPError {
+		t.Fatalf("state %v after a bad control message", a.qp.State())
+	}
+	b2.qp.PostRecv(&verbs.RecvWR{ID: 3, SG: []verbs.SGE{{MR: b2.buf, Length: 64}}})
+	a2.qp.PostSend(&verbs.SendWR{ID: 4, Opcode: verbs.OpSend, SG: []verbs.SGE{{MR: a2.buf, Length: 10}}})
+	if wc := next(t, b2.rcq); wc.ID != 3 || wc.Status != verbs.WCSuccess {
+		t.Fatalf("other qp: %+v", wc)
+	}
+}
