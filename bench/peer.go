@@ -24,6 +24,9 @@ import (
 	"github.com/smcr-io/smcr/smcr/verbs/soft"
 )
 
+// scaleDialers is how many connections a scale run sets up at once.
+const scaleDialers = 32
+
 // peerEnv carries a peer's spec (JSON) to the re-executed binary.
 const peerEnv = "SMCRBENCH_PEER"
 
@@ -43,6 +46,7 @@ type peerSpec struct {
 	ShmDir    string // shm rendezvous directory, seen by both ends
 	Jobs      []job  // client only
 	PeerPIDs  []int  // client only: processes whose CPU and memory count with ours
+	MemPIDs   []int  // client only: when set, the processes whose memory counts instead
 }
 
 // job is one measurement a client makes.
@@ -264,10 +268,12 @@ func (ep *endpoint) run(ctx context.Context, j job) jobResult {
 		r.Samples, err = setup(ctx, nil, ep.fresh, j.Count)
 	case "scale":
 		runtimeGC()
-		r.RSSBefore = rssOf(append([]int{os.Getpid()}, ep.spec.PeerPIDs...))
-		sr := scale(ctx, ep.dial, j.Size, 32, j.Total, func() {
-			r.RSSAfter = rssOf(append([]int{os.Getpid()}, ep.spec.PeerPIDs...))
-		})
+		mem := append([]int{os.Getpid()}, ep.spec.PeerPIDs...)
+		if ep.spec.MemPIDs != nil {
+			mem = ep.spec.MemPIDs
+		}
+		r.RSSBefore = rssOf(mem)
+		sr := scale(ctx, ep.dial, j.Size, scaleDialers, j.Total, func() { r.RSSAfter = rssOf(mem) })
 		r.Scale = &sr
 	default:
 		err = fmt.Errorf("bench: unknown job %q", j.Kind)

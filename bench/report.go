@@ -168,8 +168,18 @@ func (r *Report) tables() []table {
 	if len(scaleCols) > 0 {
 		out = append(out,
 			table{title: "Scale: all connections sending at once, aggregate", unit: "MB/s", cols: scaleCols},
+			table{title: fmt.Sprintf("Scale: setup rate, %d dialing at once", scaleDialers), unit: "conn/s", cols: colsFor(scaleCols, "scale-setup")},
 			table{title: "Scale: connections opened", unit: "conns", cols: colsFor(scaleCols, "scale-opened")},
 			table{title: "Scale: resident memory per connection (both ends, or the smcrds)", unit: "KiB/conn", cols: memCols, lower: true})
+	}
+	var memCheck []col
+	for _, f := range r.Figures {
+		if f.Metric == "max-memory-smcr" && !slices.ContainsFunc(memCheck, func(c col) bool { return c.cas == f.Case }) {
+			memCheck = append(memCheck, col{f.Metric, f.Case, f.Case})
+		}
+	}
+	if len(memCheck) > 0 {
+		out = append(out, table{title: "max_memory: connections that went SMC-R (the rest must fall back)", unit: "conns", cols: memCheck})
 	}
 	return out
 }

@@ -294,12 +294,21 @@ func (e *runEnv) startServerCmd(cmd *exec.Cmd) (*server, error) {
 
 // runClient runs a client peer in namespace A and returns its results.
 func (e *runEnv) runClient(ctx context.Context, transport, addr string, peers []int, jobs []job) ([]jobResult, error) {
+	return e.runClientIn(ctx, nil, transport, addr, peers, nil, jobs)
+}
+
+// runClientIn is runClient inside h's cgroup (when h is not nil), counting the
+// memory of memPIDs (when set) instead of the client's and its peers'.
+func (e *runEnv) runClientIn(ctx context.Context, h *host, transport, addr string, peers, memPIDs []int, jobs []job) ([]jobResult, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	cmd, err := e.peerCmd(ctx, e.pair.A, peerSpec{Role: "client", Transport: transport, Addr: addr,
-		LocalIP: e.pair.A.Addr4().String(), ShmDir: e.shmDir, Jobs: jobs, PeerPIDs: peers})
+		LocalIP: e.pair.A.Addr4().String(), ShmDir: e.shmDir, Jobs: jobs, PeerPIDs: peers, MemPIDs: memPIDs})
 	if err != nil {
 		return nil, err
+	}
+	if h != nil {
+		h.inCgroup(cmd)
 	}
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
