@@ -25,6 +25,7 @@ func openIn(t testing.TB, ns *nstest.NS) verbs.Device {
 	open := func() error {
 		var err error
 		cfg := Config{Dir: testDir}
+		// SHM_SPIN=2us (say) overrides SpinMax, to measure the sleep path.
 		if v, err := time.ParseDuration(os.Getenv("SHM_SPIN")); err == nil {
 			cfg.SpinMax = v
 		}
@@ -69,6 +70,7 @@ func TestConformanceNetns(t *testing.T) {
 // BenchmarkVerbs: RDMA WRITE throughput, SEND ping-pong, and the memcpy and TCP
 // over veth baselines, the two shm ends in two network namespaces.
 func BenchmarkVerbs(b *testing.B) {
+	b.ReportAllocs()
 	p := nstest.NewPair(b)
 	verbstest.Bench(b, verbstest.Env{
 		Open: func(t testing.TB) (a, bb verbs.Device) { return openIn(t, p.A), openIn(t, p.B) },
