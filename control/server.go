@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -265,16 +266,19 @@ func (s *Server) reply(w http.ResponseWriter, r *http.Request, v any, err error)
 		return
 	}
 	code := http.StatusInternalServerError
+	msg := err.Error()
 	var cfgErr *config.Error
 	switch {
 	case errors.Is(err, ErrInvalid), errors.As(err, &cfgErr):
 		code = http.StatusBadRequest
+		// The status already says "invalid"; the operator wants what and why.
+		msg = strings.TrimPrefix(msg, ErrInvalid.Error()+": ")
 	case errors.Is(err, ErrPermission):
 		code = http.StatusForbidden
 	default:
 		s.log.Error("control call failed", "path", r.URL.Path, "err", err)
 	}
-	writeJSON(w, code, Error{Error: err.Error()})
+	writeJSON(w, code, Error{Error: msg})
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
