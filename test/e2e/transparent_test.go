@@ -210,10 +210,14 @@ func TestKill(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(500 * time.Millisecond)
-		if s := victim.stats(); s.Connections.Active != 2 {
-			t.Fatalf("smcrd on %s carries %d SMC-R connections before the kill, want 2", victim.name, s.Connections.Active)
+		// Both connections set up (a loaded machine may take a while), then the kill.
+		for i := 0; victim.stats().Connections.Active != 2; i++ {
+			if i == 100 {
+				t.Fatalf("smcrd on %s carries %d SMC-R connections before the kill, want 2", victim.name, victim.stats().Connections.Active)
+			}
+			time.Sleep(50 * time.Millisecond)
 		}
+		time.Sleep(200 * time.Millisecond)
 		victim.kill()
 		waited := make(chan error, 1)
 		go func() { waited <- cmd.Wait() }()
@@ -312,9 +316,11 @@ func TestDrainOnSIGTERM(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond)
-	if s := a.stats(); s.Connections.Active != 2 {
-		t.Fatalf("before SIGTERM: %+v", s.Connections)
+	for i := 0; a.stats().Connections.Active != 2; i++ {
+		if i == 100 {
+			t.Fatalf("before SIGTERM: %+v", a.stats().Connections)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	a.smcrd.Process.Signal(syscall.SIGTERM)
 	// While it drains, a new connection does not go through it.
