@@ -51,6 +51,10 @@ func (c *Conn) onCDC(m *rmb.CDC) {
 		return
 	}
 	c.cs.cdcRecv.Add(1)
+	if c.fo {
+		c.mu.Unlock()
+		return // cursors are frozen at what the resync reported
+	}
 	err := c.applyCursors(m)
 	if err != nil {
 		c.e.st.protoErrors.Add(1)
@@ -158,7 +162,7 @@ func (c *Conn) runCtl() {
 // sendCDC sends our cursors and connection state with flags.
 func (c *Conn) sendCDC(flags rmb.ProdFlags) error {
 	c.mu.Lock()
-	if c.peerSize == 0 || c.released || c.lnkErr {
+	if c.peerSize == 0 || c.released || c.lnkErr || c.fo {
 		c.mu.Unlock()
 		return ErrLinkDown
 	}

@@ -274,6 +274,7 @@ func (e *Engine) serverProposal(ctx context.Context, c *Conn, prop *clc.Proposal
 			return clc.DeclineConfigError, err
 		}
 		ext = true
+		c.smcx = true
 	} else if errors.Is(err, clc.ErrNoEnvelope) {
 		// A plain version-1 peer: real RDMA, addressed by the Proposal's GID/MAC.
 		offers = []offer{{Kind: verbs.KindRDMA, GID: prop.GID, MAC: prop.MAC, MTU: verbs.MTU1024}}
@@ -391,6 +392,7 @@ func (e *Engine) clientAccept(ctx context.Context, c *Conn, acc *clc.Accept) (De
 		if kind, endpoint, err = parseChosen(v); err != nil {
 			return clc.DeclineConfigError, err
 		}
+		c.smcx = true
 	} else if !errors.Is(err, clc.ErrNoEnvelope) {
 		return clc.DeclineConfigError, err
 	}

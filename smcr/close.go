@@ -55,6 +55,15 @@ func (c *Conn) CloseWrite() error {
 	c.txMu.Lock() // after any Write in progress
 	defer c.txMu.Unlock()
 	c.mu.Lock()
+	if c.fo {
+		c.localDone = true
+		c.mu.Unlock()
+		<-c.foDone
+		if c.continued() {
+			return closeWrite(c.tcp)
+		}
+		return c.linkError(ErrLinkDown)
+	}
 	if c.localDone || c.localTerm || c.err != nil {
 		err := c.err
 		c.mu.Unlock()
@@ -80,7 +89,7 @@ func (c *Conn) Close() error {
 	}
 	c.mu.Lock()
 	c.appClosed = true
-	send := !c.localTerm && !c.lnkErr
+	send := !c.localTerm && !c.lnkErr && !c.fo
 	if send {
 		c.localTerm, c.localDone = true, true
 	}
@@ -147,6 +156,11 @@ func (c *Conn) abortLocked(err error) {
 func (c *Conn) linkDown(err error) {
 	c.mu.Lock()
 	c.lnkErr = true
+	if c.canContinue() {
+		c.startFailoverLocked()
+		c.mu.Unlock()
+		return
+	}
 	if c.err == nil {
 		c.err = err
 	}
@@ -177,6 +191,9 @@ func (c *Conn) maybeRelease() bool {
 		return true
 	}
 	ok := c.appClosed && (c.lnkErr || (c.localTerm && c.peerClosed && c.wrOut.Load() == 0))
+	if c.fo && !isClosed(c.foDone) {
+		ok = false // failover still needs the send buffer; it releases when done
+	}
 	if !ok {
 		c.mu.Unlock()
 		return false
@@ -249,6 +266,9 @@ func (c *Conn) activate() {
 	c.mu.Unlock()
 	c.e.st.smc.Add(1)
 	c.e.st.active.Add(1)
+	if c.smcx {
+		go c.watchTCP()
+	}
 	c.e.log.Debug("smcr: connection up", "conn", c.id, "lg", c.lg.id, "token", c.token, "peer_token", c.peerToken)
 }
 

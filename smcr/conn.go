@@ -148,12 +148,17 @@ type Conn struct {
 	ctlPending  ctlBits
 	err         error // terminal error for Read and Write
 	lnkErr      bool  // the link group is gone: nothing more can be sent
+	smcx        bool  // the peer speaks our extensions (continuation over TCP)
+	fo          bool  // continuation over TCP started: cursors frozen
+	foReady     bool  // continuation done: the TCP connection carries the bytes
 	closeTimer  Timer
 
 	wrOut atomic.Int32 // RDMA WRITEs posted and not completed
 
 	rxWake, txWake chan struct{}
-	done           chan struct{} // closed by Close
+	foDone         chan struct{}     // closed when the continuation ended
+	peerResync     chan resyncResult // the peer's resync, from watchTCP
+	done           chan struct{}     // closed by Close
 	readDL         deadline
 	writeDL        deadline
 	closeOnce      sync.Once
@@ -235,7 +240,17 @@ func (c *Conn) SetDeadline(t time.Time) error {
 	}
 	c.readDL.set(t)
 	c.writeDL.set(t)
+	if c.continued() {
+		c.tcp.SetDeadline(t)
+	}
 	return nil
+}
+
+// continued reports whether the connection now runs over TCP after its link failed.
+func (c *Conn) continued() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.foReady
 }
 
 // SetReadDeadline sets the deadline for Read.
@@ -244,6 +259,9 @@ func (c *Conn) SetReadDeadline(t time.Time) error {
 		return c.fb.SetReadDeadline(t)
 	}
 	c.readDL.set(t)
+	if c.continued() {
+		c.tcp.SetReadDeadline(t)
+	}
 	return nil
 }
 
@@ -253,6 +271,9 @@ func (c *Conn) SetWriteDeadline(t time.Time) error {
 		return c.fb.SetWriteDeadline(t)
 	}
 	c.writeDL.set(t)
+	if c.continued() {
+		c.tcp.SetWriteDeadline(t)
+	}
 	return nil
 }
 

@@ -148,6 +148,7 @@ func (e *Engine) newConn(tcp net.Conn, client bool) *Conn {
 	c := &Conn{
 		e: e, tcp: tcp, client: client, id: e.connSeq.Add(1),
 		rxWake: make(chan struct{}, 1), txWake: make(chan struct{}, 1), done: make(chan struct{}),
+		foDone: make(chan struct{}), peerResync: make(chan resyncResult, 1),
 	}
 	e.mu.Lock()
 	e.conns[c.id] = c

@@ -40,6 +40,22 @@ func (c *Conn) smcRead(p []byte) (int, error) {
 			c.e.st.rxBytes.Add(uint64(n))
 			return n, nil
 		}
+		if c.fo && !c.appClosed && avail == 0 && c.foReady {
+			c.mu.Unlock()
+			n, err := c.tcp.Read(p)
+			c.cs.rx.Add(uint64(n))
+			c.e.st.fbRx.Add(uint64(n))
+			return n, err
+		}
+		if c.fo && !c.appClosed && !isClosed(c.foDone) {
+			c.mu.Unlock()
+			select {
+			case <-c.foDone:
+			case <-c.readDL.wait():
+			case <-c.done:
+			}
+			continue
+		}
 		var err error
 		switch {
 		case c.appClosed:

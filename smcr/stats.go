@@ -54,6 +54,7 @@ type Stats struct {
 	WriteBlocked uint64 // times a writer found the peer's RMBE full
 	ProtoErrors  uint64 // peer protocol violations (bad cursor, unknown token, …)
 	Aborts       uint64 // connections ended by abnormal close
+	Continued    uint64 // connections that went on over TCP after their link group failed
 	MemoryInUse  int64  // bytes of RMBs and send buffers held now
 	MemoryPeak   int64
 	LinkGroups   int // link groups alive now
@@ -64,7 +65,7 @@ type stats struct {
 	active                                           atomic.Int64
 	txBytes, rxBytes, fbTx, fbRx                     atomic.Uint64
 	cdcSent, cdcRecv, llcSent, llcRecv               atomic.Uint64
-	writeBlocked, protoErrors, aborts                atomic.Uint64
+	writeBlocked, protoErrors, aborts, continued     atomic.Uint64
 	mu                                               sync.Mutex
 	fallback                                         map[FallbackKey]uint64
 }
@@ -104,13 +105,14 @@ func (s *stats) snapshot() Stats {
 		WriteBlocked: s.writeBlocked.Load(),
 		ProtoErrors:  s.protoErrors.Load(),
 		Aborts:       s.aborts.Load(),
+		Continued:    s.continued.Load(),
 	}
 }
 
 func (s *stats) reset() {
 	for _, c := range []*atomic.Uint64{&s.handled, &s.smc, &s.firstContact, &s.reused, &s.linkConfirms,
 		&s.txBytes, &s.rxBytes, &s.fbTx, &s.fbRx, &s.cdcSent, &s.cdcRecv, &s.llcSent,
-		&s.llcRecv, &s.writeBlocked, &s.protoErrors, &s.aborts} {
+		&s.llcRecv, &s.writeBlocked, &s.protoErrors, &s.aborts, &s.continued} {
 		c.Store(0)
 	}
 	s.mu.Lock()

@@ -21,6 +21,23 @@ func (c *Conn) smcWrite(p []byte) (int, error) {
 			return total, timeoutError{}
 		}
 		c.mu.Lock()
+		if c.fo && !c.appClosed {
+			c.mu.Unlock()
+			select {
+			case <-c.foDone:
+			case <-c.writeDL.wait():
+				continue
+			case <-c.done:
+				continue
+			}
+			if !c.continued() {
+				return total, c.linkError(ErrLinkDown)
+			}
+			n, err := c.tcp.Write(p[total:])
+			c.cs.tx.Add(uint64(n))
+			c.e.st.fbTx.Add(uint64(n))
+			return total + n, err
+		}
 		switch {
 		case c.err != nil:
 			err := c.err
@@ -57,12 +74,19 @@ func (c *Conn) smcWrite(p []byte) (int, error) {
 		first := min(n, c.peerSize-off)
 		copy(buf[off:off+first], p[total:])
 		if err := c.lnk.postWrite(c, int(off), int(first)); err != nil {
-			return total, c.linkError(err)
+			c.awaitLinkDown()
+			continue // the bytes were not counted: the continuation or the error path
 		}
 		if first < n {
 			copy(buf[:n-first], p[total+int(first):])
 			if err := c.lnk.postWrite(c, 0, int(n-first)); err != nil {
-				return total, c.linkError(err)
+				// The first part may have landed: count only it, the resync sorts it out.
+				c.mu.Lock()
+				c.txProd += first
+				c.mu.Unlock()
+				total += int(first)
+				c.awaitLinkDown()
+				continue
 			}
 		}
 		c.mu.Lock()
@@ -72,12 +96,13 @@ func (c *Conn) smcWrite(p []byte) (int, error) {
 			flags = rmb.FlagWriteBlocked
 		}
 		c.mu.Unlock()
-		if err := c.sendCDC(flags); err != nil {
-			return total, c.linkError(err)
-		}
 		total += int(n)
 		c.cs.tx.Add(n)
 		c.e.st.txBytes.Add(n)
+		if err := c.sendCDC(flags); err != nil {
+			// The bytes are in txProd: the resync resends them if the peer lacks them.
+			c.awaitLinkDown()
+		}
 	}
 	return total, nil
 }
@@ -90,4 +115,14 @@ func (c *Conn) linkError(err error) error {
 		return c.err
 	}
 	return err
+}
+
+// awaitLinkDown waits, after a failed post, until the link group has told the
+// connection (continuation started or error set): the link's context ends only
+// after every connection's linkDown ran.
+func (c *Conn) awaitLinkDown() {
+	select {
+	case <-c.lnk.ctx.Done():
+	case <-c.done:
+	}
 }

@@ -1,0 +1,186 @@
+// Continuation over TCP: when the last link of a link group fails, each active
+// connection resynchronises with its peer on its TCP connection and goes on there
+// from the last byte the receiver holds, no byte lost or duplicated. This project's
+// extension beyond RFC 7609 §4.3 (the RFC and Linux fail over to another link or
+// abort); the message is drawn in docs/protocol.md.
+
+package smcr
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+)
+
+// The resync message, sent once by each end on the TCP connection:
+//
+//	0  magic "SMCZ" (4)
+//	4  version 1 (1)
+//	5  flags (1): 0x80 we had sent sending-done, 0x40 we had closed
+//	6  reserved (2)
+//	8  received (8): bytes of the peer's stream we hold (our producer cursor, absolute)
+const (
+	resyncLen     = 16
+	resyncVersion = 1
+	resyncOffRecv = 8
+)
+
+var resyncMagic = [4]byte{'S', 'M', 'C', 'Z'}
+
+var errResync = errors.New("smcr: bad resync message")
+
+type resync struct {
+	flags    uint8
+	received uint64
+}
+
+func (r resync) encode() [resyncLen]byte {
+	var b [resyncLen]byte
+	copy(b[:4], resyncMagic[:])
+	b[4], b[5] = resyncVersion, r.flags
+	binary.BigEndian.PutUint64(b[resyncOffRecv:], r.received)
+	return b
+}
+
+func parseResync(b []byte) (resync, error) {
+	if len(b) != resyncLen || [4]byte(b[:4]) != resyncMagic || b[4] != resyncVersion {
+		return resync{}, fmt.Errorf("%w: % x", errResync, b)
+	}
+	return resync{flags: b[5], received: binary.BigEndian.Uint64(b[resyncOffRecv:])}, nil
+}
+
+// watchTCP reads the peer's resync: nothing else arrives on the TCP connection of
+// an SMC-R connection. It runs for the connection's life and ends with the TCP
+// connection.
+func (c *Conn) watchTCP() {
+	var b [resyncLen]byte
+	if _, err := io.ReadFull(c.tcp, b[:]); err != nil {
+		return
+	}
+	r, err := parseResync(b[:])
+	if err != nil {
+		c.e.st.protoErrors.Add(1)
+	}
+	c.peerResync <- resyncResult{r, err}
+	c.mu.Lock()
+	c.startFailoverLocked()
+	c.mu.Unlock()
+}
+
+type resyncResult struct {
+	r   resync
+	err error
+}
+
+// canContinue reports whether a link failure should continue over TCP. The caller
+// holds c.mu.
+func (c *Conn) canContinue() bool {
+	return c.smcx && c.st != stateInit && !c.released && !c.peerAbort && !c.localAbort && c.err == nil
+}
+
+// startFailoverLocked freezes the cursors and starts the resync. Caller holds c.mu.
+func (c *Conn) startFailoverLocked() {
+	if c.fo || !c.canContinue() {
+		return
+	}
+	c.fo = true
+	go c.failover()
+}
+
+// failover runs the resync: both ends say how much of the other's stream they
+// hold; each resends the rest from its send buffer (which still holds every byte
+// the peer has not consumed), then the connection is plain TCP.
+func (c *Conn) failover() {
+	err := c.resync()
+	c.mu.Lock()
+	if err != nil {
+		if c.err == nil {
+			c.err = fmt.Errorf("%w: continuation over tcp failed: %v", ErrLinkDown, err)
+		}
+		c.lnkErr = true
+	}
+	c.foReady = err == nil
+	appClosed := c.appClosed
+	c.updateState("continued over tcp")
+	c.mu.Unlock()
+	close(c.foDone)
+	wake(c.rxWake)
+	wake(c.txWake)
+	if err != nil {
+		c.e.log.Warn("smcr: continuation over tcp failed", "conn", c.id, "err", err)
+		c.tcp.Close()
+	} else {
+		c.e.st.continued.Add(1)
+		c.e.log.Info("smcr: connection continues over tcp", "conn", c.id)
+	}
+	if appClosed {
+		c.maybeRelease()
+	}
+}
+
+func (c *Conn) resync() error {
+	c.mu.Lock()
+	var flags uint8
+	if c.localDone {
+		flags |= 0x80
+	}
+	if c.appClosed {
+		flags |= 0x40
+	}
+	mine := resync{flags: flags, received: c.rxProd}
+	c.mu.Unlock()
+	dl := c.e.cfg.Clock.Now().Add(c.e.cfg.CLCTimeout)
+	c.tcp.SetWriteDeadline(dl)
+	b := mine.encode()
+	if _, err := c.tcp.Write(b[:]); err != nil {
+		return fmt.Errorf("send resync: %w", err)
+	}
+	var peer resyncResult
+	t := timeAfter(c.e.cfg.CLCTimeout)
+	defer t.Stop()
+	select {
+	case peer = <-c.peerResync:
+	case <-t.C:
+		return errors.New("no resync from the peer")
+	}
+	if peer.err != nil {
+		return peer.err
+	}
+	// Stop the watcher from reading application bytes: it has read its 16.
+	c.mu.Lock()
+	from, to, cons := peer.r.received, c.txProd, c.txCons
+	c.mu.Unlock()
+	if from < cons || from > to {
+		return fmt.Errorf("%w: peer holds %d, we wrote %d and it consumed %d", errResync, from, to, cons)
+	}
+	// Resend [from, to) from the send buffer, which mirrors the peer's RMBE.
+	buf := c.snd.Bytes()
+	for from < to {
+		off := from % c.peerSize
+		n := min(to-from, c.peerSize-off)
+		if _, err := c.tcp.Write(buf[off : off+n]); err != nil {
+			return fmt.Errorf("resend: %w", err)
+		}
+		from += n
+	}
+	c.tcp.SetWriteDeadline(noDeadline)
+	c.mu.Lock()
+	done := c.localDone && !c.appClosed
+	c.mu.Unlock()
+	if done {
+		closeWrite(c.tcp)
+	}
+	return nil
+}
+
+func closeWrite(tcp any) error {
+	if cw, ok := tcp.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
+// timeAfter is a stoppable real-time timer (the continuation's bound is real time).
+func timeAfter(d time.Duration) *time.Timer { return time.NewTimer(d) }

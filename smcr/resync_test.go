@@ -1,0 +1,83 @@
+package smcr
+
+import (
+	"bytes"
+	"io"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/smcr-io/smcr/smcr/internal/memverbs"
+	"github.com/smcr-io/smcr/smcr/verbs"
+)
+
+func TestResyncCodec(t *testing.T) {
+	r := resync{flags: 0x80, received: 0x0102030405060708}
+	b := r.encode()
+	want := []byte{'S', 'M', 'C', 'Z', 1, 0x80, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8}
+	if !bytes.Equal(b[:], want) {
+		t.Fatalf("% x", b)
+	}
+	got, err := parseResync(b[:])
+	if err != nil || got != r {
+		t.Fatalf("%+v %v", got, err)
+	}
+	b[4] = 2
+	if _, err := parseResync(b[:]); err == nil {
+		t.Fatal("version 2 accepted")
+	}
+}
+
+// TestContinuationOverTCP fails the only link in the middle of streams in both
+// directions: the connections go on over TCP with every byte, once.
+func TestContinuationOverTCP(t *testing.T) {
+	d1, d2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
+	t.Cleanup(func() { d1.Close(); d2.Close() })
+	p := newPair(t, Config{Devices: []verbs.Device{d1}, RMBSize: 16 << 10}, Config{Devices: []verbs.Device{d2}, RMBSize: 16 << 10})
+	c, s := p.connect(t)
+	c2, s2 := p.connect(t)
+	mustSMC(t, c, s, c2, s2)
+	var wg sync.WaitGroup
+	wg.Add(3)
+	go func() { defer wg.Done(); stream(t, c, s, 32<<20, 21) }()
+	go func() { defer wg.Done(); stream(t, s, c, 32<<20, 22) }()
+	go func() { defer wg.Done(); stream(t, c2, s2, 32<<20, 23) }()
+	eventually(t, "streams under way", func() bool { return p.cli.Stats().RxBytes > 4<<20 })
+	d1.Fail()
+	wg.Wait()
+	if n := p.cli.Stats().Continued + p.srv.Stats().Continued; n != 4 {
+		t.Fatalf("continued %d connections, want 4", n)
+	}
+	if !c.continued() || !s.continued() {
+		t.Fatal("connections not marked continued")
+	}
+	// Half-close and close still work over TCP.
+	s2.CloseWrite()
+	if b, err := io.ReadAll(c2); err != nil || len(b) != 0 {
+		t.Fatalf("c2 after half-close: %q %v", b, err)
+	}
+	for _, x := range []*Conn{c, s, c2, s2} {
+		x.Close()
+	}
+	eventually(t, "released", func() bool {
+		return p.cli.Stats().MemoryInUse == 0 && p.srv.Stats().MemoryInUse == 0
+	})
+}
+
+// TestContinuationIdle fails the link of an idle connection with unread data.
+func TestContinuationIdle(t *testing.T) {
+	d1, d2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
+	t.Cleanup(func() { d1.Close(); d2.Close() })
+	p := newPair(t, Config{Devices: []verbs.Device{d1}}, Config{Devices: []verbs.Device{d2}})
+	c, s := p.connect(t)
+	c.Write([]byte("before"))
+	d2.Fail()
+	eventually(t, "continued", func() bool { return c.continued() && s.continued() })
+	c.Write([]byte(" after"))
+	c.CloseWrite()
+	s.SetReadDeadline(time.Now().Add(5 * time.Second))
+	b, err := io.ReadAll(s)
+	if err != nil || string(b) != "before after" {
+		t.Fatalf("%q %v", b, err)
+	}
+}
