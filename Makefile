@@ -3,8 +3,10 @@ GO        ?= go
 FUZZTIME  ?= 20s
 BENCHTIME ?= 1s
 PKGS      := ./...
+PREFIX    ?= /usr/local
+DESTDIR   ?=
 
-.PHONY: help deps build test test-unit test-vm bench-vm lint fmt vet generate check-generate fuzz bench demo install clean
+.PHONY: help deps build install test test-unit test-vm bench-vm lint fmt vet generate check-generate fuzz bench demo install clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -12,8 +14,9 @@ help: ## list the targets
 deps: ## install every system package and Go module the project needs (Debian, as root)
 	./scripts/deps.sh
 
-build: ## build smcrd and smcrctl into bin/
-	$(GO) build -o bin/ ./cmd/...
+build: ## build smcrd, smcrctl (static, no cgo) and the tools into bin/
+	$(GO) build -o bin/ ./cmd/smcrd ./cmd/smcrbench ./cmd/verbsbench
+	CGO_ENABLED=0 $(GO) build -o bin/smcrctl ./cmd/smcrctl
 
 test: deps ## the whole suite: lint, generated-code freshness, unit + privileged + VM tests, short fuzzing
 	$(MAKE) lint
@@ -49,6 +52,16 @@ bench-vm: ## ibv benchmarks beside ib_write_bw/ib_write_lat in one VM boot
 
 demo: deps build ## the main job: smcrd accelerating an unmodified program between two namespaces
 	./scripts/demo.sh
+
+install: build ## install smcrd, smcrctl, the systemd unit and /etc/smcr/smcrd.conf (as root; PREFIX, DESTDIR)
+	install -D -m 0755 bin/smcrd $(DESTDIR)$(PREFIX)/sbin/smcrd
+	install -D -m 0755 bin/smcrctl $(DESTDIR)$(PREFIX)/bin/smcrctl
+	sed 's#/usr/local/#$(PREFIX)/#g' configs/smcrd.service > bin/smcrd.service
+	install -D -m 0644 bin/smcrd.service $(DESTDIR)/etc/systemd/system/smcrd.service
+	[ -e $(DESTDIR)/etc/smcr/smcrd.conf ] || install -D -m 0644 configs/smcrd.conf $(DESTDIR)/etc/smcr/smcrd.conf
+	install -D -m 0644 configs/grafana-smcr.json $(DESTDIR)$(PREFIX)/share/smcr/grafana-smcr.json
+	install -D -m 0644 docs/operations.md $(DESTDIR)$(PREFIX)/share/doc/smcr/operations.md
+	if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
 
 clean: ## remove build output
 	rm -rf bin
