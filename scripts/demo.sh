@@ -24,6 +24,7 @@ cleanup() {
 	set +e
 	for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
 	wait 2>/dev/null
+	sleep 0.2
 	for h in a b; do
 		ip netns del "smcr-demo-$id-$h" 2>/dev/null
 		rm -rf "/sys/fs/bpf/smcr-demo-$id-$h"
@@ -51,11 +52,14 @@ sleep 1 # addresses leave tentative state
 
 # on HOST CMD...: run CMD in the host's namespace and cgroup. nsenter joins only
 # the network namespace, so the cgroup and bpf mounts stay visible to smcrd.
+# It execs: call it in a subshell, ( on ... ), so that in the background $! is
+# CMD itself and cleanup can stop it.
 on() {
 	local h=$1; shift
-	sh -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$cgroot/smcr-demo-$id/$h" \
+	exec sh -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$cgroot/smcr-demo-$id/$h" \
 		nsenter --net="/run/netns/smcr-demo-$id-$h" "$@"
 }
+bg() { ("$@") & pids+=($!); }
 ctl() { local h=$1; shift; "$bin/smcrctl" --socket "$work/$h.sock" "$@"; }
 
 say "smcrd in each host: the embedded default configuration, plus where to put things"
@@ -66,9 +70,8 @@ for h in a b; do
 		echo "control_socket = $work/$h.sock"
 		echo "providers = shm,soft"
 	} > "$work/$h.conf"
-	on "$h" "$bin/smcrd" -config "$work/$h.conf" -pin-dir "/sys/fs/bpf/smcr-demo-$id-$h" \
-		-shm-dir "$work/shm" > "$work/smcrd-$h.log" 2>&1 &
-	pids+=($!)
+	bg on "$h" "$bin/smcrd" -config "$work/$h.conf" -pin-dir "/sys/fs/bpf/smcr-demo-$id-$h" \
+		-shm-dir "$work/shm" > "$work/smcrd-$h.log" 2>&1
 done
 for h in a b; do
 	for _ in $(seq 100); do ctl "$h" status > /dev/null 2>&1 && break; sleep 0.1; done
@@ -76,14 +79,14 @@ for h in a b; do
 done
 
 say "unmodified iperf3 server in host b, on port $port (SMC-R) and $plain (plain TCP)"
-on b iperf3 -s -p "$port" > /dev/null 2>&1 & pids+=($!)
-on b iperf3 -s -p "$plain" > /dev/null 2>&1 & pids+=($!)
+bg on b iperf3 -s -p "$port" > /dev/null 2>&1
+bg on b iperf3 -s -p "$plain" > /dev/null 2>&1
 sleep 0.5
 
 rate() { python3 -c 'import json,sys; print("%.0f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"] / 1e6))'; }
 
 say "iperf3 -c 198.18.0.2 -p $port from host a, through smcrd"
-on a iperf3 -c 198.18.0.2 -p "$port" -t 5 -J > "$work/smcr.json" &
+(on a iperf3 -c 198.18.0.2 -p "$port" -t 5 -J > "$work/smcr.json") &
 ipf=$!
 sleep 2
 say "smcrctl conns (host a) while it runs"
@@ -94,7 +97,7 @@ wait "$ipf"
 smcr=$(rate < "$work/smcr.json")
 
 say "iperf3 -c 198.18.0.2 -p $plain from host a: plain TCP over the same veth"
-on a iperf3 -c 198.18.0.2 -p "$plain" -t 5 -J > "$work/tcp.json"
+(on a iperf3 -c 198.18.0.2 -p "$plain" -t 5 -J > "$work/tcp.json")
 tcp=$(rate < "$work/tcp.json")
 
 say "smcrctl stats (host a)"
