@@ -5,6 +5,7 @@ package shm
 
 import (
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
@@ -28,6 +29,9 @@ func openIn(t testing.TB, ns *nstest.NS) verbs.Device {
 		// SHM_SPIN=2us (say) overrides SpinMax, to measure the sleep path.
 		if v, err := time.ParseDuration(os.Getenv("SHM_SPIN")); err == nil {
 			cfg.SpinMax = v
+		}
+		if os.Getenv("SHM_DEBUG") != "" {
+			cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 		}
 		d, err = Open(cfg)
 		return err

@@ -131,7 +131,10 @@ type qp struct {
 	reqKick  atomic.Uint64
 	reqDone  atomic.Uint64
 
-	// Doorbell arming.
+	// Doorbell arming. flagMu (never held while waiting) keeps seg mapped while
+	// the sleeping flag is written: the QP goroutine must never wait for sqMu,
+	// which PostSend holds while the goroutine fetches a region for it.
+	flagMu  sync.Mutex
 	armed   atomic.Bool
 	polls   atomic.Uint32
 	dlMu    sync.Mutex
@@ -577,6 +580,7 @@ func (q *qp) mapRemote(rkey uint32) (*remoteMR, verbs.WCStatus) {
 		}
 		break
 	}
+	q.dev.log.Debug("shm: send map request", "qpn", q.qpn, "rkey", rkey)
 	if err := q.sendCtl(&ctl{typ: ctlMapReq, rkey: rkey}, -1); err != nil {
 		return nil, verbs.WCRetryExcErr
 	}
@@ -883,15 +887,14 @@ func (q *qp) unlockRQ() {
 func (q *qp) poll() {
 	q.polls.Add(1)
 	if q.armed.Load() && q.State() == verbs.QPRTS {
-		q.sqMu.Lock()
-		seg := q.seg
-		if seg != nil && q.armed.Swap(false) {
-			u32(seg.mem, segOffSleep).Store(0)
+		q.flagMu.Lock()
+		if q.seg != nil && q.armed.Swap(false) {
+			u32(q.seg.mem, segOffSleep).Store(0)
 			q.dlMu.Lock()
 			q.conn.SetReadDeadline(time.Now().Add(grace))
 			q.dlMu.Unlock()
 		}
-		q.unlockSQ()
+		q.flagMu.Unlock()
 	}
 	q.kickAcks()
 	q.kickReqs()
@@ -901,11 +904,11 @@ func (q *qp) poll() {
 // produced before it saw the flag).
 func (q *qp) arm() {
 	if !q.armed.Load() {
-		q.sqMu.Lock()
+		q.flagMu.Lock()
 		if q.seg != nil && !q.armed.Swap(true) {
 			u32(q.seg.mem, segOffSleep).Store(1)
 		}
-		q.unlockSQ()
+		q.flagMu.Unlock()
 	}
 	q.kickAcks()
 	q.kickReqs()
@@ -1077,6 +1080,7 @@ func (q *qp) peerGone() {
 // serveMap answers a peer's request for a region: only one of this QP's PD with
 // remote access, and writable only with remote write.
 func (q *qp) serveMap(rkey uint32) {
+	q.dev.log.Debug("shm: map request", "qpn", q.qpn, "rkey", rkey)
 	rep := ctl{typ: ctlMapRep, rkey: rkey, status: mapNoAccess}
 	fd := -1
 	if m := q.dev.lookupMR(rkey); m != nil {
@@ -1132,10 +1136,12 @@ func (q *qp) Close() error {
 		r.reg.close()
 		delete(q.remote, k)
 	}
+	q.flagMu.Lock()
 	if q.seg != nil {
 		q.seg.close()
 		q.seg = nil
 	}
+	q.flagMu.Unlock()
 	if q.pseg != nil {
 		q.pseg.close()
 		q.pseg = nil
