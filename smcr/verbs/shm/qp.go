@@ -1084,16 +1084,18 @@ func (q *qp) serveMap(rkey uint32) {
 	rep := ctl{typ: ctlMapRep, rkey: rkey, status: mapNoAccess}
 	fd := -1
 	if m := q.dev.lookupMR(rkey); m != nil {
-		var ok bool
+		var ok, first bool
 		var err error
-		fd, ok, err = m.grant(q)
+		fd, ok, first, err = m.grant(q)
 		if err != nil {
 			q.dev.log.Error("shm: grant region", "rkey", rkey, "err", err)
 		}
 		if ok {
 			rep.status, rep.access, rep.addr, rep.size = mapOK, m.access, m.addr, uint64(m.size)
+		}
+		if first {
 			q.grantMu.Lock()
-			q.granted = append(q.granted, m)
+			q.granted = append(q.granted, m) // once: repeated requests must not grow it
 			q.grantMu.Unlock()
 		}
 	}

@@ -454,12 +454,13 @@ func (m *mr) Close() error {
 }
 
 // grant returns a descriptor of the region for q's peer: read-write only when the
-// region allows remote write. ok is false when the peer may not map it at all.
-func (m *mr) grant(q *qp) (fd int, ok bool, err error) {
+// region allows remote write. ok is false when the peer may not map it at all;
+// first is true the first time q is granted it.
+func (m *mr) grant(q *qp) (fd int, ok, first bool, err error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed || m.pd != q.pd || m.access&(verbs.AccessRemoteWrite|verbs.AccessRemoteRead) == 0 {
-		return -1, false, nil
+		return -1, false, false, nil
 	}
 	if m.access&verbs.AccessRemoteWrite != 0 {
 		fd, err = unix.Dup(m.reg.fd)
@@ -467,13 +468,14 @@ func (m *mr) grant(q *qp) (fd int, ok bool, err error) {
 		fd, err = m.reg.readOnlyFD()
 	}
 	if err != nil {
-		return -1, false, err
+		return -1, false, false, err
 	}
 	if m.granted == nil {
 		m.granted = make(map[*qp]struct{})
 	}
+	_, had := m.granted[q]
 	m.granted[q] = struct{}{}
-	return fd, true, nil
+	return fd, true, !had, nil
 }
 
 func (m *mr) ungrant(q *qp) {

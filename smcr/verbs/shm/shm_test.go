@@ -379,7 +379,7 @@ func TestGrantedAccess(t *testing.T) {
 		m         verbs.MR
 		ok, write bool
 	}{{b.rmb, true, true}, {b.ronl, true, false}, {b.buf, false, false}} {
-		fd, ok, err := c.m.(*mr).grant(q)
+		fd, ok, _, err := c.m.(*mr).grant(q)
 		if err != nil || ok != c.ok {
 			t.Fatalf("grant %v: ok %v err %v", c.m.Access(), ok, err)
 		}
@@ -400,7 +400,7 @@ func TestGrantedAccess(t *testing.T) {
 	}
 	// A region of another PD is never handed out.
 	other := newEnd(t, b.dev, verbs.QPConfig{})
-	if _, ok, _ := other.rmb.(*mr).grant(q); ok {
+	if _, ok, _, _ := other.rmb.(*mr).grant(q); ok {
 		t.Fatal("region of another PD granted")
 	}
 }
