@@ -54,6 +54,8 @@ type link struct {
 
 	slots   chan uint16
 	credits chan struct{}
+	rwr     [nRecv]verbs.RecvWR // one per receive slot, reposted without allocating
+	rsge    [nRecv][1]verbs.SGE
 
 	postMu sync.Mutex
 	swr    verbs.SendWR
@@ -134,8 +136,9 @@ func newLink(lg *linkGroup, dev verbs.Device, num uint8) (_ *link, err error) {
 }
 
 func (l *link) postRecv(slot uint64) error {
-	wr := verbs.RecvWR{ID: slot, SG: []verbs.SGE{{MR: l.recvMR, Offset: int(slot) * slotSize, Length: slotSize}}}
-	return l.qp.PostRecv(&wr)
+	l.rsge[slot][0] = verbs.SGE{MR: l.recvMR, Offset: int(slot) * slotSize, Length: slotSize}
+	l.rwr[slot] = verbs.RecvWR{ID: slot, SG: l.rsge[slot][:]}
+	return l.qp.PostRecv(&l.rwr[slot])
 }
 
 // connect moves the QP to RTS towards the peer.

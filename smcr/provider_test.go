@@ -100,3 +100,28 @@ func TestProviderManyConns(t *testing.T) {
 		})
 	}
 }
+
+// TestHotPathAllocations counts heap allocations per 64 KiB Write and the Reads
+// that take it, on shm, the whole process included (provider and both engines).
+func TestHotPathAllocations(t *testing.T) {
+	p := providerPair(t, providers[1].open, Config{TestLinkInterval: -1})
+	c, s := p.connect(t)
+	buf := make([]byte, 64<<10)
+	rbuf := make([]byte, 64<<10)
+	step := func() {
+		if _, err := c.Write(buf); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(s, rbuf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 100 {
+		step() // warm up: first-WRITE region mapping, pools
+	}
+	allocs := testing.AllocsPerRun(200, step)
+	t.Logf("%.1f allocations per 64 KiB write+read", allocs)
+	if allocs >= 0.5 {
+		t.Errorf("%.1f allocations per 64 KiB write+read, want none", allocs)
+	}
+}

@@ -1,0 +1,213 @@
+package smcr
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/smcr-io/smcr/internal/nstest"
+	"github.com/smcr-io/smcr/smcr/verbs"
+	"github.com/smcr-io/smcr/smcr/verbs/shm"
+	"github.com/smcr-io/smcr/smcr/verbs/soft"
+)
+
+// nsSetup is an engine in each of two namespaces, the server's listener in B.
+type nsSetup struct {
+	pair     *nstest.Pair
+	cli, srv *Engine
+	ln       *Listener
+	addr     string
+	newCli   func() *Engine // another client engine on A's device, for first contact
+}
+
+func openDevice(b *testing.B, kind string, ns *nstest.NS, dir string) verbs.Device {
+	var d verbs.Device
+	err := ns.Do(func() error {
+		var err error
+		switch kind {
+		case "shm":
+			d, err = shm.Open(shm.Config{Dir: dir})
+		case "soft":
+			var ln net.Listener
+			ln, err = net.Listen("tcp", netip.AddrPortFrom(ns.Addr4(), 0).String())
+			if err != nil {
+				return err
+			}
+			d, err = soft.Open(soft.Config{Listener: ln, Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+				var c net.Conn
+				err := ns.Do(func() error {
+					var err error
+					c, err = (&net.Dialer{}).DialContext(ctx, network, addr)
+					return err
+				})
+				return c, err
+			}})
+		}
+		return err
+	})
+	if err != nil {
+		b.Skipf("%s provider unavailable: %v", kind, err)
+	}
+	b.Cleanup(func() { d.Close() })
+	return d
+}
+
+func newNSSetup(b *testing.B, kind string) *nsSetup {
+	p := nstest.NewPair(b)
+	dir := b.TempDir()
+	da, db := openDevice(b, kind, p.A, dir), openDevice(b, kind, p.B, dir)
+	s := &nsSetup{pair: p}
+	// The largest RMBE Linux uses: fewer consumer-cursor round trips per byte.
+	const rmb = 512 << 10
+	s.newCli = func() *Engine {
+		return newEngine(b, Config{Devices: []verbs.Device{da}, TestLinkInterval: -1, RMBSize: rmb})
+	}
+	s.cli = s.newCli()
+	s.srv = newEngine(b, Config{Devices: []verbs.Device{db}, TestLinkInterval: -1, RMBSize: rmb})
+	err := p.B.Do(func() error {
+		var err error
+		s.ln, err = s.srv.Listen("tcp", netip.AddrPortFrom(p.B.Addr4(), 0).String())
+		return err
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.ln.Close() })
+	s.addr = s.ln.Addr().String()
+	return s
+}
+
+func (s *nsSetup) dial(b *testing.B, e *Engine) *Conn {
+	var c *Conn
+	err := s.pair.A.Do(func() error {
+		var err error
+		c, err = e.Dial(context.Background(), "tcp", s.addr)
+		return err
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if c.Mode() != ModeSMCR {
+		b.Fatalf("fell back: %v", c.Decline())
+	}
+	return c
+}
+
+// BenchmarkNamespaces measures the engine between two network namespaces beside
+// TCP over their veth pair in the same run. Figures: MB/s and the ratio to TCP;
+// p50/p99 round trips in µs; connections per second.
+func BenchmarkNamespaces(b *testing.B) {
+	for _, kind := range []string{"shm", "soft"} {
+		for _, size := range []int{64 << 10, 1 << 20} {
+			b.Run(fmt.Sprintf("%s/throughput/%dKiB", kind, size>>10), func(b *testing.B) {
+				s := newNSSetup(b, kind)
+				total := int64(256 << 20)
+				tcp, err := s.pair.TCPThroughput(size, total)
+				if err != nil {
+					b.Fatal(err)
+				}
+				c := s.dial(b, s.cli)
+				sc, err := s.ln.AcceptSMC()
+				if err != nil {
+					b.Fatal(err)
+				}
+				buf := make([]byte, size)
+				b.SetBytes(total)
+				b.ResetTimer()
+				var smc float64
+				for range b.N {
+					done := make(chan struct{})
+					go func() {
+						io.CopyN(io.Discard, sc, total)
+						sc.Write([]byte{1})
+						close(done)
+					}()
+					start := time.Now()
+					for sent := int64(0); sent < total; sent += int64(size) {
+						if _, err := c.Write(buf); err != nil {
+							b.Fatal(err)
+						}
+					}
+					io.ReadFull(c, buf[:1])
+					<-done
+					smc = float64(total) / time.Since(start).Seconds()
+				}
+				b.ReportMetric(smc/1e6, "smcr-MB/s")
+				b.ReportMetric(tcp/1e6, "tcp-MB/s")
+				b.ReportMetric(smc/tcp, "x-tcp")
+			})
+		}
+		b.Run(kind+"/rr64", func(b *testing.B) {
+			s := newNSSetup(b, kind)
+			const n = 2000
+			tcp, err := s.pair.TCPPingPong(64, n)
+			if err != nil {
+				b.Fatal(err)
+			}
+			c := s.dial(b, s.cli)
+			sc, err := s.ln.AcceptSMC()
+			if err != nil {
+				b.Fatal(err)
+			}
+			go io.Copy(sc, sc)
+			b.ResetTimer()
+			var rtts []time.Duration
+			for range b.N {
+				if rtts, err = nstest.PingPong(c, 64, n); err != nil {
+					b.Fatal(err)
+				}
+			}
+			us := func(d time.Duration) float64 { return float64(d) / 1e3 }
+			b.ReportMetric(us(nstest.Percentile(rtts, 50)), "smcr-p50-µs")
+			b.ReportMetric(us(nstest.Percentile(rtts, 99)), "smcr-p99-µs")
+			b.ReportMetric(us(nstest.Percentile(tcp, 50)), "tcp-p50-µs")
+			b.ReportMetric(us(nstest.Percentile(tcp, 99)), "tcp-p99-µs")
+		})
+		b.Run(kind+"/connect", func(b *testing.B) {
+			s := newNSSetup(b, kind)
+			go func() {
+				for {
+					c, err := s.ln.AcceptSMC()
+					if err != nil {
+						return
+					}
+					go func() { io.Copy(io.Discard, c); c.Close() }()
+				}
+			}()
+			const n = 50
+			rate := func(f func()) float64 {
+				start := time.Now()
+				for range n {
+					f()
+				}
+				return n / time.Since(start).Seconds()
+			}
+			b.ResetTimer()
+			var tcp, first, reuse float64
+			for range b.N {
+				tcp = rate(func() {
+					c, err := s.pair.A.Dial("tcp", s.addr)
+					if err != nil {
+						b.Fatal(err)
+					}
+					c.Close()
+				})
+				first = rate(func() {
+					e := s.newCli()
+					s.dial(b, e).Close()
+					e.Close()
+				})
+				keep := s.dial(b, s.cli) // holds the link group
+				reuse = rate(func() { s.dial(b, s.cli).Close() })
+				keep.Close()
+			}
+			b.ReportMetric(tcp, "tcp-conn/s")
+			b.ReportMetric(first, "first-contact-conn/s")
+			b.ReportMetric(reuse, "reuse-conn/s")
+		})
+	}
+}
