@@ -304,7 +304,11 @@ func (q *qp) Connect(ctx context.Context, remote verbs.QPAttr) error {
 	}
 	q.sqMu.Lock()
 	q.rqMu.Lock()
+	q.flagMu.Lock()
+	q.bellMu.Lock()
 	q.seg, q.pseg, q.conn, q.bellFD, q.peerRNR = seg, pseg, conn, bell, int(peer.rnr)
+	q.bellMu.Unlock()
+	q.flagMu.Unlock()
 	q.rqMu.Unlock()
 	q.sqMu.Unlock()
 	if q.closed.Load() || !q.transition(verbs.QPRTS, "ready") {
