@@ -200,7 +200,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		"memory-per-conn":  {"tcp-veth"},
 	})
 	rep.Notes = append(rep.Notes,
-		"Throughput is timed until the receiver has read the last byte; scale throughput until every sender's writes returned.",
+		"Throughput, also at scale, is timed until the receiving application has read the last byte.",
 		"CPU counts user+system time of every process on the path (client, server, and the smcrds on the transparent path), from getrusage and /proc/<pid>/stat (10 ms ticks).",
 		"Setup: each connection timed from dial to the server's one-byte answer. First contact uses a fresh client engine per connection (new link group, QPs, CONFIRM_LINK); reuse dials from one engine.",
 		"Scale runs once per scenario, not repeated; memory per connection is the VmRSS growth of both ends (transparent path: of both smcrds) with all connections open, divided by the connections.")
@@ -458,6 +458,9 @@ func scaleFigures(name, cas string, n int, res []jobResult, err error, daemonRSS
 	var notes []string
 	if s.Failed > 0 {
 		notes = append(notes, fmt.Sprintf("%d of %d dials failed: %s", s.Failed, n, s.FirstErr))
+	}
+	if want := int64(s.Opened) * r.Job.Total; s.Bytes < want && s.Failed == 0 {
+		notes = append(notes, fmt.Sprintf("%d of %d bytes delivered: %s", s.Bytes, want, s.FirstErr))
 	}
 	if r.Fallback > 0 {
 		notes = append(notes, fmt.Sprintf("%d of %d connections fell back to TCP (%s)", r.Fallback, r.Fallback+r.SMC, declineText(r.Declines)))

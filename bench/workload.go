@@ -27,12 +27,10 @@ import (
 //	op 'T' sink:  the server reads argument bytes, then answers one byte
 //	   'E' echo:  the server echoes every byte until EOF (argument unused)
 //	   'S' setup: the server answers one byte, then waits for EOF
-//	   'H' hold:  the server reads and discards until EOF (scale runs)
 const (
 	opSink   = 'T'
 	opEcho   = 'E'
 	opSetup  = 'S'
-	opHold   = 'H'
 	hdrLen   = 9
 	argOff   = 1
 	copyBuf  = 256 << 10
@@ -66,10 +64,6 @@ func serve(c net.Conn) error {
 			return err
 		}
 		_, err := io.Copy(io.Discard, c)
-		return err
-	case opHold:
-		buf := make([]byte, 64<<10)
-		_, err := io.CopyBuffer(io.Discard, c, buf)
 		return err
 	}
 	return fmt.Errorf("%w %q", errBadOp, hdr[0])
@@ -180,8 +174,11 @@ type scaleResult struct {
 }
 
 // scale opens n connections (at most par dials at once), then has every one of
-// them send per bytes at the same time, and closes them. between runs after the
-// connections are open and before they send (to sample memory).
+// them send per bytes at the same time, timed until every server has read its
+// share (on the transparent path a write returns once the local smcrd has the
+// bytes, so the writes alone would time nothing but a socket buffer), and closes
+// them. between runs after the connections are open and before they send (to
+// sample memory).
 func scale(ctx context.Context, dial dialer, n, par int, per int64, between func()) scaleResult {
 	var r scaleResult
 	conns := make([]net.Conn, n)
@@ -196,7 +193,7 @@ func scale(ctx context.Context, dial dialer, n, par int, per int64, between func
 			defer func() { <-sem; wg.Done() }()
 			c, err := dial(ctx)
 			if err == nil {
-				err = request(c, opHold, 0)
+				err = request(c, opSink, uint64(per))
 				if err != nil {
 					c.Close()
 				}
@@ -230,15 +227,21 @@ func scale(ctx context.Context, dial dialer, n, par int, per int64, between func
 		go func() {
 			defer wg.Done()
 			var sent int64
-			for sent < per {
-				k, err := c.Write(buf[:min(int64(len(buf)), per-sent)])
+			var err error
+			for sent < per && err == nil {
+				var k int
+				k, err = c.Write(buf[:min(int64(len(buf)), per-sent)])
 				sent += int64(k)
-				if err != nil {
-					break
-				}
+			}
+			if err == nil {
+				_, err = io.ReadFull(c, make([]byte, 1)) // the server has it all
 			}
 			mu.Lock()
-			r.Bytes += sent
+			if err == nil {
+				r.Bytes += sent
+			} else if r.FirstErr == "" {
+				r.FirstErr = err.Error()
+			}
 			mu.Unlock()
 		}()
 	}
