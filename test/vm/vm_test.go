@@ -1,5 +1,6 @@
-// The VM tests: the ibv provider's own suite (and verbstest once it lands) on
-// soft-RoCE inside qemu, run by plain `go test ./...` on the host.
+// The VM tests: the ibv provider's own suite (verbstest included) and two smcr
+// engines over the provider, on soft-RoCE inside qemu, run by plain `go test
+// ./...` on the host.
 
 package vm
 
@@ -84,6 +85,23 @@ func TestIBVProviderOnSoftRoCE(t *testing.T) {
 	out := runSuite(t, bin)
 	t.Logf("%d tests passed on rxe", len(passRE.FindAll(out, -1)))
 }
+
+// TestEngineOnSoftRoCE runs two smcr engines over rxe in the guest (package
+// test/vm/engine): SMC-R agreed, data both ways, half-close, link-group reuse.
+func TestEngineOnSoftRoCE(t *testing.T) {
+	requireVM(t)
+	bin := buildTest(t, "./test/vm/engine", "-tags", "ibv")
+	out := runSuite(t, bin, "-test.run", "^TestEngineOverRDMA$")
+	if !bytes.Contains(out, []byte("--- PASS: TestEngineOverRDMA")) {
+		t.Fatalf("TestEngineOverRDMA did not pass in the guest:\n%s", out)
+	}
+	for _, l := range engineRE.FindAll(out, -1) {
+		t.Logf("guest: %s", bytes.TrimSpace(l))
+	}
+}
+
+// engineRE picks the guest test's own summary lines.
+var engineRE = regexp.MustCompile(`(?m)^.*(connection: |connection in |link group \d+ over ).*$`)
 
 // TestRunReportsExitCode checks the harness itself: the guest's status comes back.
 func TestRunReportsExitCode(t *testing.T) {

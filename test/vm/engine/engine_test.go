@@ -1,0 +1,380 @@
+//go:build ibv
+
+// Two engines, server and client, each on its own context of the same rxe device
+// (QPs on one device reach each other through it, as on a fabric), connect over
+// TCP on the device's interface address: RFC 7609 §3.5 (CLC), §3.3 (link group
+// and its reuse), §4 (data through the RMBEs) and §4.4 (half-close).
+
+package engine
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/smcr-io/smcr/smcr"
+	"github.com/smcr-io/smcr/smcr/verbs"
+	"github.com/smcr-io/smcr/smcr/verbs/ibv"
+)
+
+// Bounded for a 2-vCPU TCG guest: a few MB each way is enough to wrap the 64 KiB
+// RMBEs many times over.
+const (
+	toServer = 3 << 20
+	toClient = 2 << 20
+)
+
+// trailer is what the server sends after it read the client's EOF: bytes that
+// can only arrive if the half-closed connection still carries the other way.
+var trailer = []byte("after your sending-done, still mine to send")
+
+// iface is the interface whose RDMA device the engines use (the VM: dummy0,
+// carrying rxe0). Without one the test skips, unless SMCR_IBV_REQUIRE=1 (set by
+// the VM harness) makes that a failure.
+func iface(t *testing.T) string {
+	t.Helper()
+	if ifc := os.Getenv("SMCR_IBV_INTERFACE"); ifc != "" {
+		return ifc
+	}
+	ports, err := ibv.Devices()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range ports {
+		if p.Active() && p.Netdev != "" {
+			return p.Netdev
+		}
+	}
+	if os.Getenv("SMCR_IBV_REQUIRE") == "1" {
+		t.Fatal("no active RDMA port, and SMCR_IBV_REQUIRE=1")
+	}
+	t.Skip("no active RDMA port on this machine (kernel without rdma_rxe or RDMA hardware); test/vm runs this test on soft-RoCE")
+	return ""
+}
+
+// ipv4Of returns the first IPv4 address of the interface: the address the
+// device's RoCE v2 GID encodes and the engines dial.
+func ipv4Of(t *testing.T, name string) net.IP {
+	t.Helper()
+	ifc, err := net.InterfaceByName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs, err := ifc.Addrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range addrs {
+		if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil {
+			return ipn.IP
+		}
+	}
+	t.Fatalf("%s has no IPv4 address", name)
+	return nil
+}
+
+// testWriter sends log lines to t.Log while the test runs and to stderr after:
+// an engine's teardown goroutines may still log once the test has ended.
+type testWriter struct {
+	t    *testing.T
+	mu   sync.Mutex
+	done bool
+}
+
+func newTestWriter(t *testing.T) *testWriter {
+	w := &testWriter{t: t}
+	t.Cleanup(func() { w.mu.Lock(); w.done = true; w.mu.Unlock() })
+	return w
+}
+
+func (w *testWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.done {
+		return os.Stderr.Write(p)
+	}
+	w.t.Log(string(bytes.TrimRight(p, "\n")))
+	return len(p), nil
+}
+
+// countingDevice counts the protection domains the engine holds. The engine
+// closes a link's QP, CQ and MRs and then its PD in a goroutine that may outlive
+// Engine.Close; closing the device under them would free the verbs context they
+// still use, so the cleanup waits for the count to reach zero (and fails the
+// test if it never does: the engine leaked its verbs resources).
+type countingDevice struct {
+	verbs.Device
+	open atomic.Int64
+}
+
+type countedPD struct {
+	verbs.PD
+	d    *countingDevice
+	once sync.Once
+}
+
+func (d *countingDevice) AllocPD() (verbs.PD, error) {
+	pd, err := d.Device.AllocPD()
+	if err != nil {
+		return nil, err
+	}
+	d.open.Add(1)
+	return &countedPD{PD: pd, d: d}, nil
+}
+
+func (p *countedPD) Close() error {
+	err := p.PD.Close()
+	p.once.Do(func() { p.d.open.Add(-1) })
+	return err
+}
+
+func newEngine(t *testing.T, name, ifc string, id byte) *smcr.Engine {
+	t.Helper()
+	log := slog.New(slog.NewTextHandler(newTestWriter(t), nil)).With("engine", name)
+	raw, err := ibv.Open(ibv.Config{Interface: ifc, GIDIndex: -1, Logger: log})
+	if err != nil {
+		t.Fatalf("open rdma device of %s: %v", ifc, err)
+	}
+	dev := &countingDevice{Device: raw}
+	e, err := smcr.NewEngine(smcr.Config{
+		Devices: []verbs.Device{dev},
+		// Distinct peer IDs: both engines sit on the same device (same MAC).
+		PeerID: [8]byte{0x53, 0x4d, 0x43, id},
+		// Soft-RoCE under TCG on a loaded host can stall for tens of ms per
+		// step; the defaults (6 s, 2 s) are for hardware.
+		CLCTimeout: 60 * time.Second,
+		LLCTimeout: 30 * time.Second,
+		Logger:     log,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The engine first, then its verbs objects, then the device context.
+	t.Cleanup(func() {
+		e.Close()
+		deadline := time.Now().Add(30 * time.Second)
+		for dev.open.Load() > 0 && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if n := dev.open.Load(); n > 0 {
+			// Closing the device now would crash the goroutines still using it.
+			t.Errorf("%s engine: %d protection domains still open 30s after Close", name, n)
+			return
+		}
+		raw.Close()
+	})
+	return e
+}
+
+// source is a reproducible random byte stream, written in random-size chunks.
+type source struct {
+	rng *rand.Rand
+	buf []byte
+}
+
+func newSource(seed uint64) *source {
+	s := &source{rng: rand.New(rand.NewPCG(seed, 1)), buf: make([]byte, 256<<10)}
+	for i := range s.buf {
+		s.buf[i] = byte(s.rng.Uint32())
+	}
+	return s
+}
+
+// send writes total bytes in chunks of 1 B..200 KiB (crossing the RMBE size both
+// ways) and returns their hash.
+func (s *source) send(w io.Writer, total int) ([32]byte, error) {
+	h := sha256.New()
+	for sent := 0; sent < total; {
+		n := min(1+s.rng.IntN(200<<10), total-sent)
+		off := s.rng.IntN(len(s.buf) - n + 1)
+		h.Write(s.buf[off : off+n])
+		if _, err := w.Write(s.buf[off : off+n]); err != nil {
+			return [32]byte{}, err
+		}
+		sent += n
+	}
+	return [32]byte(h.Sum(nil)), nil
+}
+
+// drain reads to EOF with random-size reads and returns the count and hash.
+func drain(r io.Reader, seed uint64) (int, [32]byte, error) {
+	rng := rand.New(rand.NewPCG(seed, 2))
+	h := sha256.New()
+	buf := make([]byte, 300<<10)
+	n := 0
+	for {
+		k, err := r.Read(buf[:1+rng.IntN(len(buf)-1)])
+		h.Write(buf[:k])
+		n += k
+		if errors.Is(err, io.EOF) {
+			return n, [32]byte(h.Sum(nil)), nil
+		}
+		if err != nil {
+			return n, [32]byte{}, err
+		}
+	}
+}
+
+func mustSMC(t *testing.T, who string, c *smcr.Conn) {
+	t.Helper()
+	if c.Mode() != smcr.ModeSMCR {
+		t.Fatalf("%s connection is %v, not SMC-R: %v", who, c.Mode(), c.Decline())
+	}
+}
+
+// exchange runs one connection: the client sends toCli bytes and half-closes; the
+// server, concurrently, sends toSrv bytes and, once it has read the client's EOF,
+// the trailer, then closes. Both sides compare hashes.
+func exchange(t *testing.T, ln *smcr.Listener, cli *smcr.Engine, addr string, toSrv, toCli int, seed uint64) (c, s *smcr.Conn) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	type accepted struct {
+		c   *smcr.Conn
+		err error
+	}
+	acc := make(chan accepted, 1)
+	go func() {
+		c, err := ln.AcceptSMC()
+		acc <- accepted{c, err}
+	}()
+	c, err := cli.Dial(ctx, "tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := <-acc
+	if a.err != nil {
+		t.Fatal(a.err)
+	}
+	s = a.c
+	mustSMC(t, "client", c)
+	mustSMC(t, "server", s)
+	// A stuck transfer fails the test in the guest instead of running into the
+	// VM's timeout with nothing said.
+	dl := time.Now().Add(4 * time.Minute)
+	c.SetDeadline(dl)
+	s.SetDeadline(dl)
+
+	type result struct {
+		n    int
+		sum  [32]byte
+		sent [32]byte
+		err  error
+	}
+	srvDone := make(chan result, 1)
+	go func() {
+		var r result
+		sentc := make(chan [32]byte, 1)
+		errc := make(chan error, 1)
+		go func() {
+			h, err := newSource(seed+1).send(s, toCli)
+			sentc <- h
+			errc <- err
+		}()
+		r.n, r.sum, r.err = drain(s, seed+2)
+		if err := <-errc; r.err == nil {
+			r.err = err
+		}
+		r.sent = <-sentc
+		if r.err == nil {
+			// The client's sending-done arrived; our direction must still work.
+			_, r.err = s.Write(trailer)
+		}
+		if err := s.Close(); r.err == nil {
+			r.err = err
+		}
+		srvDone <- r
+	}()
+
+	sentc := make(chan [32]byte, 1)
+	errc := make(chan error, 1)
+	go func() {
+		h, err := newSource(seed).send(c, toSrv)
+		if err == nil {
+			err = c.CloseWrite()
+		}
+		sentc <- h
+		errc <- err
+	}()
+	// The client reads the server's stream plus the trailer up to the EOF of the
+	// server's Close.
+	want := sha256.New()
+	src := newSource(seed + 1)
+	if _, err := src.send(want, toCli); err != nil {
+		t.Fatal(err)
+	}
+	want.Write(trailer)
+	n, got, err := drain(c, seed+3)
+	if err != nil {
+		t.Fatalf("client read after %d bytes: %v", n, err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatalf("client send: %v", err)
+	}
+	sent := <-sentc
+	r := <-srvDone
+	if r.err != nil {
+		t.Fatalf("server: %v", r.err)
+	}
+	if n != toCli+len(trailer) || got != [32]byte(want.Sum(nil)) {
+		t.Fatalf("client got %d bytes (want %d), hash match %v", n, toCli+len(trailer), got == [32]byte(want.Sum(nil)))
+	}
+	if r.n != toSrv || r.sum != sent {
+		t.Fatalf("server got %d bytes (want %d), hash match %v", r.n, toSrv, r.sum == sent)
+	}
+	return c, s
+}
+
+func TestEngineOverRDMA(t *testing.T) {
+	ifc := iface(t)
+	ip := ipv4Of(t, ifc)
+	srv := newEngine(t, "server", ifc, 1)
+	cli := newEngine(t, "client", ifc, 2)
+	ln, err := srv.Listen("tcp", net.JoinHostPort(ip.String(), "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	addr := ln.Addr().String()
+
+	start := time.Now()
+	c1, _ := exchange(t, ln, cli, addr, toServer, toClient, 100)
+	t.Logf("first connection: %d + %d bytes in %v", toServer, toClient, time.Since(start).Round(time.Millisecond))
+	c1.Close()
+	lgs := cli.LinkGroups()
+	if len(lgs) != 1 || lgs[0].Provider != verbs.KindRDMA.String() || len(lgs[0].Links) != 1 {
+		t.Fatalf("client link groups after the first connection: %+v", lgs)
+	}
+	first := lgs[0]
+	t.Logf("link group %d over %s: QPN %d to peer QPN %d", first.ID, first.Links[0].Device, first.Links[0].QPN, first.Links[0].PeerQPN)
+
+	// The second connection must ride the same link group: no new CONFIRM_LINK.
+	start = time.Now()
+	c2, _ := exchange(t, ln, cli, addr, 256<<10, 512<<10, 200)
+	t.Logf("second connection in %v", time.Since(start).Round(time.Millisecond))
+	c2.Close()
+	lgs = cli.LinkGroups()
+	if len(lgs) != 1 || lgs[0].ID != first.ID || lgs[0].Links[0].QPN != first.Links[0].QPN {
+		t.Fatalf("second connection did not reuse link group %d: %+v", first.ID, lgs)
+	}
+	for name, e := range map[string]*smcr.Engine{"client": cli, "server": srv} {
+		st := e.Stats()
+		if st.SMC != 2 || st.FirstContact != 1 || st.LinkConfirms != 1 || st.Reused != 1 || len(st.Fallback) != 0 {
+			t.Errorf("%s stats: smc %d, first contact %d, link confirms %d, reused %d, fallbacks %v",
+				name, st.SMC, st.FirstContact, st.LinkConfirms, st.Reused, st.Fallback)
+		}
+		if want := uint64(toServer + toClient + len(trailer) + 256<<10 + 512<<10 + len(trailer)); st.TxBytes+st.RxBytes != want {
+			t.Errorf("%s moved %d+%d bytes over RDMA, want %d in all", name, st.TxBytes, st.RxBytes, want)
+		}
+	}
+}
