@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"time"
 
 	"github.com/smcr-io/smcr/smcr/clc"
 	"github.com/smcr-io/smcr/smcr/verbs"
@@ -39,6 +40,12 @@ func peekCLC(br *bufio.Reader) error {
 		}
 	}
 	return nil
+}
+
+// interruptOnCancel makes ctx's end interrupt a blocked CLC read or write; the
+// returned stop must run before the Conn is handed out.
+func interruptOnCancel(ctx context.Context, tcp net.Conn) func() bool {
+	return context.AfterFunc(ctx, func() { tcp.SetDeadline(time.Unix(1, 0)) })
 }
 
 // clcPhase arms the TCP deadline for one CLC message and makes ctx's end interrupt it.
@@ -114,6 +121,7 @@ func (e *Engine) isClosed() bool {
 
 // client runs CLC as the client. pfx is the subnet of the local address.
 func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix) (*Conn, error) {
+	defer interruptOnCancel(ctx, tcp)()
 	c := e.newConn(tcp, true)
 	br := bufio.NewReaderSize(tcp, 4096)
 	if len(e.cfg.Devices) == 0 || e.isClosed() {
@@ -183,6 +191,7 @@ func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix) (*C
 
 // server runs CLC as the server; prefixes finds the subnet of a local address.
 func (e *Engine) server(ctx context.Context, tcp net.Conn, prefixes func(netip.Addr) (netip.Prefix, bool)) (*Conn, error) {
+	defer interruptOnCancel(ctx, tcp)()
 	c := e.newConn(tcp, false)
 	br := bufio.NewReaderSize(tcp, 4096)
 	m, code, send, err := e.readCLC(ctx, c, br)
@@ -452,6 +461,9 @@ func (e *Engine) clientConfirm(ctx context.Context, c *Conn, acc *clc.Accept) (D
 		AlertToken: c.token, SizeCode: sizeCode(int(c.rmbSize)), MTU: uint8(c.lnk.mtu), RMBAddr: c.rmb.Addr(),
 		PSN: qa.PSN, FirstContact: acc.FirstContact,
 	}}
+	if testHookConfirm != nil {
+		testHookConfirm(conf)
+	}
 	e.clcPhase(ctx, c.tcp)
 	if err := e.writeCLC(c, conf); err != nil {
 		return clc.DeclineInternal, fmt.Errorf("send confirm: %w", err)
@@ -470,3 +482,6 @@ func (e *Engine) clientConfirm(ctx context.Context, c *Conn, acc *clc.Accept) (D
 	c.lg.setReady(nil)
 	return 0, nil
 }
+
+// testHookConfirm lets tests play a hostile client that lies in its Confirm.
+var testHookConfirm func(*clc.Confirm)

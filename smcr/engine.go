@@ -225,7 +225,11 @@ func (e *Engine) Dial(ctx context.Context, network, addr string) (*Conn, error) 
 	// Look the subnet up now, on the dialing thread: in a test the thread may be
 	// inside a network namespace that later goroutines are not.
 	pfx := e.localPrefix(tcp, e.cfg.Prefixes)
-	return e.client(ctx, tcp, pfx)
+	c, err := e.client(ctx, tcp, pfx)
+	if err != nil {
+		tcp.Close()
+	}
+	return c, err
 }
 
 // Client runs CLC as the client on an established TCP connection.

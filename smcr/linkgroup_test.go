@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/smcr-io/smcr/rmb"
+	"github.com/smcr-io/smcr/smcr/clc"
 	"github.com/smcr-io/smcr/smcr/internal/memverbs"
 	"github.com/smcr-io/smcr/smcr/verbs"
 )
@@ -266,4 +267,26 @@ func TestHostilePeer(t *testing.T) {
 	})
 	echoOK(t, other, os)
 	_ = v2s
+}
+
+// TestHostileRKey: a client whose Confirm names an rkey it never confirmed over
+// LLC is declined; the connection already on the link group is untouched.
+func TestHostileRKey(t *testing.T) {
+	p := memPair(t)
+	good, gs := p.connect(t)
+	mustSMC(t, good, gs)
+	testHookConfirm = func(m *clc.Confirm) { m.RKey ^= 0x5a5a }
+	c, s := p.connect(t)
+	testHookConfirm = nil
+	if s.Mode() != ModeFallback || s.Decline().Code != clc.DeclineInternalRToken {
+		t.Fatalf("server %v %+v", s.Mode(), s.Decline())
+	}
+	// The liar learns of the Decline on its TCP connection and its connection ends.
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, ErrProtocol) {
+		t.Fatalf("hostile client read: %v", err)
+	}
+	echoOK(t, good, gs)
+	c.Close()
+	s.Close()
 }

@@ -11,6 +11,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+
+	"github.com/smcr-io/smcr/smcr/clc"
 	"time"
 )
 
@@ -59,6 +61,21 @@ func (c *Conn) watchTCP() {
 	if _, err := io.ReadFull(c.tcp, b[:]); err != nil {
 		return
 	}
+	if [4]byte(b[:4]) == clc.Eyecatcher {
+		// A Decline after our Confirm: the server refused the connection after all
+		// (it found our values wrong). It never reads our RMBE: end the connection.
+		c.e.st.protoErrors.Add(1)
+		c.mu.Lock()
+		if c.err == nil {
+			c.err = fmt.Errorf("%w: peer declined after confirm", ErrProtocol)
+		}
+		c.peerClosed, c.peerDone, c.localTerm, c.lnkErr = true, true, true, true
+		c.updateState("declined after confirm")
+		c.mu.Unlock()
+		wake(c.rxWake)
+		wake(c.txWake)
+		return
+	}
 	r, err := parseResync(b[:])
 	if err != nil {
 		c.e.st.protoErrors.Add(1)
@@ -102,6 +119,7 @@ func (c *Conn) failover() {
 		c.lnkErr = true
 	}
 	c.foReady = err == nil
+	c.lnkErr = true // the link is no longer this connection's, whatever happened
 	appClosed := c.appClosed
 	c.updateState("continued over tcp")
 	c.mu.Unlock()

@@ -62,10 +62,10 @@ func (c *Conn) smcRead(p []byte) (int, error) {
 			err = net.ErrClosed
 		case c.peerAbort:
 			err = ErrReset
-		case c.peerDone:
-			err = io.EOF
 		case c.err != nil:
 			err = c.err
+		case c.peerDone:
+			err = io.EOF
 		case len(p) == 0:
 			c.mu.Unlock()
 			return 0, nil
