@@ -1,0 +1,137 @@
+package smcr
+
+import (
+	"bytes"
+	"encoding/hex"
+	"testing"
+
+	"github.com/smcr-io/smcr/rmb"
+	"github.com/smcr-io/smcr/smcr/verbs"
+)
+
+// goldenOffers is one soft offer, built by hand from docs/protocol.md §1.
+const goldenOffers = "03" + // kind soft
+	"fe800000000000000000000000000001" + // GID
+	"020000000001" + // MAC
+	"03" + // MTU 1024
+	"0e" + "3132372e302e302e313a34303030" // endpoint "127.0.0.1:4000"
+
+func TestOffersGolden(t *testing.T) {
+	b, _ := hex.DecodeString(goldenOffers)
+	got, err := parseOffers(b)
+	if err != nil || len(got) != 1 {
+		t.Fatalf("%v %v", got, err)
+	}
+	o := got[0]
+	if o.Kind != verbs.KindSoft || o.GID[0] != 0xfe || o.GID[15] != 1 || o.MAC[5] != 1 || o.MTU != verbs.MTU1024 || string(o.Endpoint) != "127.0.0.1:4000" {
+		t.Fatalf("%+v", o)
+	}
+	enc, err := appendOffers(nil, got)
+	if err != nil || !bytes.Equal(enc, b) {
+		t.Fatalf("re-encoded %x", enc)
+	}
+	if _, err := parseOffers(b[:len(b)-1]); err == nil {
+		t.Fatal("truncated endpoint accepted")
+	}
+}
+
+func TestChosenGolden(t *testing.T) {
+	b, _ := hex.DecodeString("02" + "03" + "616263")
+	k, ep, err := parseChosen(b)
+	if err != nil || k != verbs.KindSHM || string(ep) != "abc" {
+		t.Fatalf("%v %q %v", k, ep, err)
+	}
+	if !bytes.Equal(appendChosen(nil, k, ep), b) {
+		t.Fatal("round trip")
+	}
+	if _, _, err := parseChosen(b[:4]); err == nil {
+		t.Fatal("short value accepted")
+	}
+}
+
+func TestChoosePrefersFastest(t *testing.T) {
+	e := &Engine{cfg: Config{Devices: []verbs.Device{fakeDev(verbs.KindSoft), fakeDev(verbs.KindSHM)}}}
+	i, o, ok := e.choose([]offer{{Kind: verbs.KindSoft}, {Kind: verbs.KindSHM}, {Kind: verbs.KindRDMA}})
+	if !ok || i != 1 || o.Kind != verbs.KindSHM {
+		t.Fatalf("%d %v %v", i, o.Kind, ok)
+	}
+	if _, _, ok := e.choose([]offer{{Kind: verbs.KindRDMA}}); ok {
+		t.Fatal("chose a provider we lack")
+	}
+}
+
+type fakeDev verbs.Kind
+
+func (k fakeDev) Kind() verbs.Kind                   { return verbs.Kind(k) }
+func (fakeDev) Name() string                         { return "fake" }
+func (fakeDev) Port() verbs.PortAttr                 { return verbs.PortAttr{} }
+func (fakeDev) Endpoint() []byte                     { return nil }
+func (fakeDev) AllocPD() (verbs.PD, error)           { return nil, verbs.ErrUnsupported }
+func (fakeDev) CreateCQ(depth int) (verbs.CQ, error) { return nil, verbs.ErrUnsupported }
+func (fakeDev) Close() error                         { return nil }
+
+func FuzzParseOffers(f *testing.F) {
+	b, _ := hex.DecodeString(goldenOffers)
+	f.Add(b)
+	f.Add(append(b, b...))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		offers, err := parseOffers(b)
+		if err != nil {
+			return
+		}
+		if len(offers) > 8 {
+			t.Fatalf("%d offers", len(offers))
+		}
+		enc, err := appendOffers(nil, offers)
+		if err != nil || !bytes.Equal(enc, b) {
+			t.Fatalf("parse then encode: %x, want %x", enc, b)
+		}
+	})
+}
+
+func FuzzParseChosen(f *testing.F) {
+	f.Add([]byte{2, 3, 'a', 'b', 'c'})
+	f.Add([]byte{1, 0})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		k, ep, err := parseChosen(b)
+		if err == nil && !bytes.Equal(appendChosen(nil, k, ep), b) {
+			t.Fatalf("round trip of %x", b)
+		}
+	})
+}
+
+func FuzzParseResync(f *testing.F) {
+	b := resync{flags: 0x80, received: 12345}.encode()
+	f.Add(b[:])
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, err := parseResync(b)
+		if err != nil {
+			return
+		}
+		if enc := r.encode(); !bytes.Equal(enc[:6], b[:6]) || !bytes.Equal(enc[8:], b[8:]) {
+			t.Fatalf("round trip of %x", b)
+		}
+	})
+}
+
+// FuzzFromCursor checks the peer-cursor conversion: never a value behind ref, never
+// a count outside the ring, and a cursor made from an absolute value comes back.
+func FuzzFromCursor(f *testing.F) {
+	f.Add(uint16(0), uint32(100), uint64(50), uint8(0))
+	f.Add(uint16(0xffff), uint32(0), uint64(0xffff<<14), uint8(0))
+	f.Add(uint16(1), uint32(16383), uint64(1<<14), uint8(5))
+	f.Fuzz(func(t *testing.T, wrap uint16, count uint32, ref uint64, code uint8) {
+		size := uint64(sizeFromCode(code % 6))
+		ref %= 1 << 40
+		abs, stale, err := fromCursor(rmb.Cursor{Wrap: wrap, Count: count}, ref, size)
+		if err != nil || stale {
+			return
+		}
+		if abs < ref || abs%size != uint64(count) || uint16(abs/size) != wrap {
+			t.Fatalf("cursor %d:%d ref %d size %d gave %d", wrap, count, ref, size, abs)
+		}
+		if back, st, err := fromCursor(toCursor(abs, size), ref, size); err != nil || st || back != abs {
+			t.Fatalf("round trip %d → %d", abs, back)
+		}
+	})
+}
