@@ -24,7 +24,7 @@ type nsSetup struct {
 	newCli   func() *Engine // another client engine on A's device, for first contact
 }
 
-func openDevice(b *testing.B, kind string, ns *nstest.NS, dir string) verbs.Device {
+func openDevice(b testing.TB, kind string, ns *nstest.NS, dir string) verbs.Device {
 	var d verbs.Device
 	err := ns.Do(func() error {
 		var err error
@@ -56,7 +56,7 @@ func openDevice(b *testing.B, kind string, ns *nstest.NS, dir string) verbs.Devi
 	return d
 }
 
-func newNSSetup(b *testing.B, kind string) *nsSetup {
+func newNSSetup(b testing.TB, kind string) *nsSetup {
 	p := nstest.NewPair(b)
 	dir := b.TempDir()
 	da, db := openDevice(b, kind, p.A, dir), openDevice(b, kind, p.B, dir)
@@ -81,7 +81,7 @@ func newNSSetup(b *testing.B, kind string) *nsSetup {
 	return s
 }
 
-func (s *nsSetup) dial(b *testing.B, e *Engine) *Conn {
+func (s *nsSetup) dial(b testing.TB, e *Engine) *Conn {
 	var c *Conn
 	err := s.pair.A.Do(func() error {
 		var err error

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"net/netip"
 	"os"
 	"sync"
 	"testing"
@@ -399,4 +400,19 @@ func TestServerClientSilentTimeout(t *testing.T) {
 	if _, err := io.ReadFull(raw, got); err != nil || string(got) != "220\r\n" {
 		t.Fatalf("%q %v", got, err)
 	}
+}
+
+// TestFallbackSubnetMismatch: a client that proposes another subnet is declined
+// with 0x03070000, the version-1 same-subnet rule.
+func TestFallbackSubnetMismatch(t *testing.T) {
+	other := func(netip.Addr) (netip.Prefix, bool) { return netip.MustParsePrefix("10.1.0.0/16"), true }
+	p := newPair(t, Config{Devices: memDevices(t, verbs.KindSoft), Prefixes: other}, Config{Devices: memDevices(t, verbs.KindSoft)})
+	c, s := p.connect(t)
+	if d := s.Decline(); d == nil || d.Code != clc.DeclineIPSubnetMismatch || !d.Sent {
+		t.Fatalf("server %+v", d)
+	}
+	if d := c.Decline(); d == nil || d.Code != clc.DeclineIPSubnetMismatch || d.Side != SidePeer {
+		t.Fatalf("client %+v", d)
+	}
+	echoCheck(t, c, s)
 }

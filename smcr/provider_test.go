@@ -125,3 +125,29 @@ func TestHotPathAllocations(t *testing.T) {
 		t.Errorf("%.1f allocations per 64 KiB write+read, want none", allocs)
 	}
 }
+
+// TestNamespaces runs the engine between two network namespaces joined by a veth
+// pair, on each provider: the setting of the daemon and the benchmarks.
+func TestNamespaces(t *testing.T) {
+	for _, kind := range []string{"shm", "soft"} {
+		t.Run(kind, func(t *testing.T) {
+			s := newNSSetup(t, kind)
+			c := s.dial(t, s.cli)
+			sc, err := s.ln.AcceptSMC()
+			if err != nil {
+				t.Fatal(err)
+			}
+			mustSMC(t, sc)
+			if got := c.RemoteAddr().String(); got != s.addr {
+				t.Fatalf("remote address %s, want %s", got, s.addr)
+			}
+			var wg sync.WaitGroup
+			wg.Add(2)
+			go func() { defer wg.Done(); stream(t, c, sc, 32<<20, 31) }()
+			go func() { defer wg.Done(); stream(t, sc, c, 32<<20, 32) }()
+			wg.Wait()
+			c.Close()
+			sc.Close()
+		})
+	}
+}
