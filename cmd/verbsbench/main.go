@@ -1,235 +1,198 @@
 // Command verbsbench measures a verbs provider between two processes (or two
-// network namespaces, or hosts): RDMA WRITE throughput, SEND ping-pong latency and,
-// over the same path, plain TCP, beside local memcpy (the figures of verbstest.Bench).
+// network namespaces, or hosts): RDMA WRITE throughput and SEND ping-pong latency
+// (the standard benchmarks of verbstest.Bench, issue 3; RFC 7609 §4.3 fills RMBs
+// with RDMA WRITEs and §2.1 assumes RC queue pairs), beside memcpy in the client and
+// plain TCP between the same two processes over the same path.
 //
-//	verbsbench -provider soft -role server -addr 198.18.0.2:7000
-//	verbsbench -provider soft -role client -addr 198.18.0.2:7000
+//	ip netns exec B verbsbench -role server -provider shm -addr 198.18.0.2:7471
+//	ip netns exec A verbsbench -role client -provider shm -addr 198.18.0.2:7471 -baseline
 //
-// The client connects to the server's control address over TCP, the two exchange
-// QP attributes and region keys as JSON lines, then run, in this order: WRITEs of
-// each size, SEND ping-pong, TCP throughput and TCP ping-pong over the control
-// connection. The soft device of each end listens on the IP of its control socket.
+// The client connects to the server's control address over TCP; the two exchange
+// hellos (QP attributes with the device's Endpoint, region address and rkey) as JSON
+// lines and connect their QPs. The client then drives every measurement with a
+// command line on the control connection, which the server answers when its part is
+// done; the TCP baselines run on that same connection. Runs are interleaved (every
+// figure once per run), so a noisy moment of the machine hits all of them alike.
 package main
 
 import (
-	"bufio"
-	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net"
-	"net/netip"
 	"os"
-	"time"
+	"strconv"
+	"strings"
 
-	"github.com/smcr-io/smcr/internal/nstest"
 	"github.com/smcr-io/smcr/smcr/verbs"
-	"github.com/smcr-io/smcr/smcr/verbs/soft"
-	"github.com/smcr-io/smcr/smcr/verbs/verbstest"
 )
 
-// hello is what each end sends first on the control connection.
-type hello struct {
-	QP    verbs.QPAttr
-	Addr  uint64
-	RKey  uint32
-	Pings int
-	Total int64 // bytes of the TCP throughput run
+// options are the command line.
+type options struct {
+	provider   string
+	role       string
+	addr       string
+	shmDir     string
+	rdmaDevice string
+	sizes      []int
+	bytes      int64
+	pings      int
+	runs       int
+	baseline   bool
+	once       bool
 }
 
-const regionSize = 1 << 20
+const usageText = `Usage: verbsbench -role server|client [flags]
+
+verbsbench measures a verbs provider (soft, shm, or rdma when built with -tags ibv)
+between two processes: RDMA WRITE throughput for each -sizes, and SEND ping-pong
+round trips of 64 bytes, once with both ends busy-polling their completion queues
+(busy) and once waiting through CQ.Wait (wait: spin briefly, then sleep). With
+-baseline it also measures memcpy of the same sizes in the client and TCP between
+the two processes over the control connection's path. Each figure is the median
+of -runs runs, with their min and max; ratios of medians follow the table.
+
+Start the server first, then the client with the same -provider. Example: shm
+between two network namespaces joined by a veth pair (they share /tmp, where the
+shm rendezvous sockets live):
+
+  ip netns add vb-a && ip netns add vb-b
+  ip link add vb-a netns vb-a type veth peer name vb-b netns vb-b
+  ip -n vb-a addr add 198.18.0.1/24 dev vb-a && ip -n vb-a link set vb-a up
+  ip -n vb-b addr add 198.18.0.2/24 dev vb-b && ip -n vb-b link set vb-b up
+  ip netns exec vb-b verbsbench -role server -provider shm -addr 198.18.0.2:7471 &
+  ip netns exec vb-a verbsbench -role client -provider shm -addr 198.18.0.2:7471 -baseline
+  kill %1; ip netns del vb-a; ip netns del vb-b
+
+For soft, each end's device listens on the IP address of its control socket; for
+rdma, each end opens the RDMA device of that address (or -rdma-device).
+
+Flags:
+`
 
 func main() {
-	provider := flag.String("provider", "soft", "verbs provider (soft)")
-	role := flag.String("role", "", "server or client")
-	addr := flag.String("addr", "127.0.0.1:7471", "server control address (host:port)")
-	n := flag.Int("n", 2000, "WRITEs of each size, and ping-pong round trips")
-	flag.Parse()
-	if err := run(*provider, *role, *addr, *n); err != nil {
+	var o options
+	fs := flag.NewFlagSet("verbsbench", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usageText)
+		fs.PrintDefaults()
+	}
+	if err := o.parse(fs, os.Args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		os.Exit(2)
+	}
+	if err := run(o, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "verbsbench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(provider, role, addr string, n int) error {
-	if _, err := verbs.ParseKind(provider); err != nil {
+// parse fills o from args; errors have been printed with the usage.
+func (o *options) parse(fs *flag.FlagSet, args []string) error {
+	fs.StringVar(&o.provider, "provider", "soft", "verbs provider: soft, shm or rdma (rdma needs a build with -tags ibv)")
+	fs.StringVar(&o.role, "role", "", "server or client")
+	fs.StringVar(&o.addr, "addr", "127.0.0.1:7471", "the server's control address (host:port): the server listens on it, the client connects to it")
+	fs.StringVar(&o.shmDir, "shm-dir", "", "shm: rendezvous directory, the same for both ends (default $TMPDIR/smcr-shm)")
+	fs.StringVar(&o.rdmaDevice, "rdma-device", "", "rdma: device name (default: the device of the control socket's IP address)")
+	sizes := fs.String("sizes", "64KiB,1MiB", "client: WRITE (and memcpy, TCP) sizes, comma-separated, in bytes or with a KiB/MiB suffix")
+	bytes := fs.String("bytes", "256MiB", "client: bytes moved per throughput figure (the count of WRITEs is this divided by the size)")
+	fs.IntVar(&o.pings, "pings", 2000, "client: round trips per ping-pong figure")
+	fs.IntVar(&o.runs, "runs", 5, "client: runs; every figure is the median of the runs")
+	fs.BoolVar(&o.baseline, "baseline", false, "client: also measure memcpy and TCP over the same path")
+	fs.BoolVar(&o.once, "once", false, "server: exit after serving one client")
+	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if provider != "soft" {
-		return fmt.Errorf("provider %s: %w in verbsbench yet", provider, verbs.ErrUnsupported)
+	fail := func(format string, args ...any) error {
+		err := fmt.Errorf(format, args...)
+		fmt.Fprintln(fs.Output(), "verbsbench:", err)
+		fs.Usage()
+		return err
 	}
-	switch role {
-	case "server":
-		ln, err := net.Listen("tcp", addr)
+	if fs.NArg() > 0 {
+		return fail("unexpected argument %q", fs.Arg(0))
+	}
+	if o.role != "server" && o.role != "client" {
+		return fail("-role must be server or client, not %q", o.role)
+	}
+	if _, err := verbs.ParseKind(o.provider); err != nil {
+		return fail("%v", err)
+	}
+	o.sizes = nil
+	for _, s := range strings.Split(*sizes, ",") {
+		n, err := parseSize(s)
+		if err != nil || n < 1 || n > 1<<30 {
+			return fail("-sizes: bad size %q", s)
+		}
+		o.sizes = append(o.sizes, int(n))
+	}
+	n, err := parseSize(*bytes)
+	if err != nil || n < 1 {
+		return fail("-bytes: bad size %q", *bytes)
+	}
+	o.bytes = n
+	if o.pings < 1 || o.runs < 1 {
+		return fail("-pings and -runs must be at least 1")
+	}
+	return nil
+}
+
+// parseSize reads "4096", "64KiB", "64K", "1MiB", "1M" or "1GiB".
+func parseSize(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	mult := int64(1)
+	for _, u := range []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"K", 1 << 10}, {"MiB", 1 << 20}, {"M", 1 << 20}, {"GiB", 1 << 30}, {"G", 1 << 30}} {
+		if rest, ok := strings.CutSuffix(s, u.suffix); ok {
+			s, mult = rest, u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return 0, err
+	}
+	if n < 0 || n > (1<<40)/mult {
+		return 0, fmt.Errorf("size %s out of range", s)
+	}
+	return n * mult, nil
+}
+
+func run(o options, out io.Writer) error {
+	if o.provider == verbs.KindRDMA.String() && !ibvBuilt {
+		return fmt.Errorf("provider rdma: this verbsbench was built without the ibv build tag; "+
+			"rebuild it with `go build -tags ibv ./cmd/verbsbench` (needs rdma-core's libibverbs-dev): %w", verbs.ErrUnsupported)
+	}
+	if o.role == "server" {
+		ln, err := net.Listen("tcp", o.addr)
 		if err != nil {
 			return err
 		}
 		defer ln.Close()
-		fmt.Println("listening on", ln.Addr())
+		fmt.Fprintln(out, "listening on", ln.Addr())
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return err
 			}
-			if err := serve(c); err != nil {
+			err = serve(c, o)
+			if o.once {
+				return err
+			}
+			if err != nil {
 				fmt.Fprintln(os.Stderr, "verbsbench: client:", err)
 			}
 		}
-	case "client":
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		return client(c, n)
 	}
-	return fmt.Errorf("-role must be server or client, not %q", role)
-}
-
-// end is one side's verbs objects.
-type end struct {
-	dev      verbs.Device
-	qp       verbs.QP
-	scq, rcq verbs.CQ
-	mr       verbs.MR
-}
-
-// setup opens a soft device on the control socket's local IP and exchanges hellos.
-func setup(c net.Conn, br *bufio.Reader, mine hello) (*end, hello, error) {
-	local, err := netip.ParseAddrPort(c.LocalAddr().String())
+	c, err := net.Dial("tcp", o.addr)
 	if err != nil {
-		return nil, hello{}, err
+		return err
 	}
-	dev, err := soft.Open(soft.Config{ListenAddr: netip.AddrPortFrom(local.Addr(), 0).String()})
-	if err != nil {
-		return nil, hello{}, err
-	}
-	e := &end{dev: dev}
-	pd, err := dev.AllocPD()
-	if err == nil {
-		e.scq, err = dev.CreateCQ(256)
-	}
-	if err == nil {
-		e.rcq, err = dev.CreateCQ(256)
-	}
-	if err == nil {
-		e.mr, err = pd.AllocMR(regionSize, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
-	}
-	if err == nil {
-		e.qp, err = pd.CreateQP(verbs.QPConfig{SendCQ: e.scq, RecvCQ: e.rcq, RNRRetry: 7})
-	}
-	if err != nil {
-		dev.Close()
-		return nil, hello{}, err
-	}
-	mine.QP, mine.Addr, mine.RKey = e.qp.Attr(), e.mr.Addr(), e.mr.RKey()
-	var peer hello
-	if err := json.NewEncoder(c).Encode(mine); err != nil {
-		dev.Close()
-		return nil, hello{}, err
-	}
-	line, err := br.ReadBytes('\n')
-	if err == nil {
-		err = json.Unmarshal(line, &peer)
-	}
-	if err == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		err = e.qp.Connect(ctx, peer.QP)
-		cancel()
-	}
-	if err != nil {
-		dev.Close()
-		return nil, hello{}, fmt.Errorf("connect: %w", err)
-	}
-	return e, peer, nil
-}
-
-func serve(c net.Conn) error {
 	defer c.Close()
-	br := bufio.NewReader(c)
-	e, peer, err := setup(c, br, hello{})
-	if err != nil {
-		return err
-	}
-	defer e.dev.Close()
-	if err := verbstest.Echo(context.Background(), e.qp, e.scq, e.rcq, e.mr, verbstest.PingPongSize, peer.Pings); err != nil {
-		return err
-	}
-	// TCP baseline on the control connection: a sink, then an echo.
-	if _, err := io.CopyN(io.Discard, br, peer.Total); err != nil {
-		return err
-	}
-	if _, err := c.Write([]byte{1}); err != nil {
-		return err
-	}
-	buf := make([]byte, verbstest.PingPongSize)
-	for range peer.Pings {
-		if _, err := io.ReadFull(br, buf); err != nil {
-			return err
-		}
-		if _, err := c.Write(buf); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func client(c net.Conn, n int) error {
-	br := bufio.NewReader(c)
-	total := int64(n) * (64 << 10)
-	e, peer, err := setup(c, br, hello{Pings: n, Total: total})
-	if err != nil {
-		return err
-	}
-	defer e.dev.Close()
-	fmt.Printf("%-28s %12s %12s %12s\n", "benchmark", "MB/s", "p50-ns", "p99-ns")
-	for _, size := range verbstest.WriteSizes {
-		src, dst := make([]byte, size), make([]byte, size)
-		start := time.Now()
-		for range n {
-			copy(dst, src)
-		}
-		fmt.Printf("%-28s %12.0f\n", fmt.Sprintf("memcpy/%d", size), mbps(size, n, time.Since(start)))
-		start = time.Now()
-		if err := verbstest.WriteThroughput(e.qp, e.scq, e.mr, peer.Addr, peer.RKey, size, n); err != nil {
-			return err
-		}
-		fmt.Printf("%-28s %12.0f\n", fmt.Sprintf("write/%d", size), mbps(size, n, time.Since(start)))
-	}
-	rtts, err := verbstest.PingPong(e.qp, e.scq, e.rcq, e.mr, verbstest.PingPongSize, n)
-	if err != nil {
-		return err
-	}
-	printLatency("send-pingpong/64", rtts)
-
-	buf := make([]byte, 64<<10)
-	start := time.Now()
-	for sent := int64(0); sent < total; sent += int64(len(buf)) {
-		if _, err := c.Write(buf); err != nil {
-			return err
-		}
-	}
-	if _, err := io.ReadFull(br, buf[:1]); err != nil {
-		return errors.New("tcp baseline: no acknowledgement")
-	}
-	fmt.Printf("%-28s %12.0f\n", "tcp/65536", mbps(64<<10, n, time.Since(start)))
-	rtts, err = nstest.PingPong(struct {
-		io.Reader
-		io.Writer
-	}{br, c}, verbstest.PingPongSize, n)
-	if err != nil {
-		return err
-	}
-	printLatency("tcp-pingpong/64", rtts)
-	return nil
-}
-
-func mbps(size, n int, d time.Duration) float64 {
-	return float64(size) * float64(n) / d.Seconds() / 1e6
-}
-
-func printLatency(name string, rtts []time.Duration) {
-	fmt.Printf("%-28s %12s %12d %12d\n", name, "", nstest.Percentile(rtts, 50).Nanoseconds(), nstest.Percentile(rtts, 99).Nanoseconds())
+	return client(c, o, out)
 }

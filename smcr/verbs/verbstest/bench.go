@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"testing"
 	"time"
 
@@ -26,7 +27,9 @@ var (
 const writeWindow = 16
 
 // Bench runs the standard benchmarks for env, and the memcpy and TCP-over-veth
-// baselines, reporting "MB/s", "p50-ns" and "p99-ns" with b.ReportMetric.
+// baselines, reporting "MB/s", "p50-ns" and "p99-ns" with b.ReportMetric. SEND
+// ping-pong runs twice: "send-pingpong" waits through CQ.Wait (spin, then sleep),
+// "send-pingpong-busy" only polls, on both ends.
 //
 // The TCP baselines need a pair of network namespaces (nstest, as root); without
 // them those sub-benchmarks are skipped.
@@ -62,21 +65,8 @@ func Bench(b *testing.B, env Env) {
 			b.ReportMetric(bps/1e6, "MB/s")
 		})
 	}
-	b.Run(fmt.Sprintf("send-pingpong/%dB", PingPongSize), func(b *testing.B) {
-		a, bb := benchPair(b, env, 4096)
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		echoed := make(chan error, 1)
-		go func() { echoed <- Echo(ctx, bb.qp, bb.scq, bb.rcq, bb.mr, PingPongSize, b.N) }()
-		rtts, err := PingPong(a.qp, a.scq, a.rcq, a.mr, PingPongSize, b.N)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := <-echoed; err != nil {
-			b.Fatal(err)
-		}
-		reportLatency(b, rtts)
-	})
+	b.Run(fmt.Sprintf("send-pingpong/%dB", PingPongSize), func(b *testing.B) { benchPingPong(b, env, false) })
+	b.Run(fmt.Sprintf("send-pingpong-busy/%dB", PingPongSize), func(b *testing.B) { benchPingPong(b, env, true) })
 	b.Run(fmt.Sprintf("tcp-veth-pingpong/%dB", PingPongSize), func(b *testing.B) {
 		p := tcp(b)
 		rtts, err := p.TCPPingPong(PingPongSize, b.N)
@@ -112,6 +102,26 @@ func benchMemcpy(b *testing.B, size int) {
 		copy(dst, src)
 	}
 	reportMBps(b, size, time.Since(start))
+}
+
+// benchPingPong measures SEND ping-pong between two devices of env, both ends
+// waiting through CQ.Wait or, with busy, polling only.
+func benchPingPong(b *testing.B, env Env, busy bool) {
+	a, bb := benchPair(b, env, 4096)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	echoed := make(chan error, 1)
+	go func() { echoed <- echo(ctx, bb.qp, bb.scq, bb.rcq, bb.mr, PingPongSize, b.N, busy) }()
+	rtts, err := pingPong(a.qp, a.scq, a.rcq, a.mr, PingPongSize, b.N, busy)
+	if err != nil {
+		cancel()
+		<-echoed
+		b.Fatal(err)
+	}
+	if err := <-echoed; err != nil {
+		b.Fatal(err)
+	}
+	reportLatency(b, rtts)
 }
 
 // benchPair is newPair for benchmarks: regions of size bytes, a deep send queue.
@@ -166,12 +176,36 @@ func WriteThroughput(qp verbs.QP, scq verbs.CQ, src verbs.MR, addr uint64, rkey 
 }
 
 // PingPong sends n SENDs of size bytes to a peer running Echo, waiting for each
-// echo, and returns each round trip's duration. mr holds the message at offset 0
-// and the receive buffer at offset size.
+// echo with CQ.Wait between polls, and returns each round trip's duration. mr holds
+// the message at offset 0 and the receive buffer at offset size.
 func PingPong(qp verbs.QP, scq, rcq verbs.CQ, mr verbs.MR, size, n int) ([]time.Duration, error) {
+	return pingPong(qp, scq, rcq, mr, size, n, false)
+}
+
+// BusyPingPong is PingPong busy-polling its CQs (Poll only, never Wait), for a peer
+// running BusyEcho: the latency of two ends that each keep a CPU.
+func BusyPingPong(qp verbs.QP, scq, rcq verbs.CQ, mr verbs.MR, size, n int) ([]time.Duration, error) {
+	return pingPong(qp, scq, rcq, mr, size, n, true)
+}
+
+// Echo answers n messages of size bytes from PingPong with the same bytes.
+func Echo(ctx context.Context, qp verbs.QP, scq, rcq verbs.CQ, mr verbs.MR, size, n int) error {
+	return echo(ctx, qp, scq, rcq, mr, size, n, false)
+}
+
+// BusyEcho is Echo busy-polling its CQs, the peer of BusyPingPong.
+func BusyEcho(ctx context.Context, qp verbs.QP, scq, rcq verbs.CQ, mr verbs.MR, size, n int) error {
+	return echo(ctx, qp, scq, rcq, mr, size, n, true)
+}
+
+func pingPong(qp verbs.QP, scq, rcq verbs.CQ, mr verbs.MR, size, n int, busy bool) ([]time.Duration, error) {
 	rtts := make([]time.Duration, 0, n)
 	send := &verbs.SendWR{Opcode: verbs.OpSend, Signaled: true, SG: []verbs.SGE{{MR: mr, Length: size}}}
 	recv := &verbs.RecvWR{SG: []verbs.SGE{{MR: mr, Offset: size, Length: size}}}
+	// One completion buffer for the whole run: Poll is an interface call, so an
+	// array declared per wait would escape to the heap on every round trip.
+	wc := make([]verbs.WorkCompletion, 1)
+	ctx := context.Background()
 	for i := range n {
 		if err := qp.PostRecv(recv); err != nil {
 			return rtts, fmt.Errorf("verbstest: post recv: %w", err)
@@ -181,29 +215,29 @@ func PingPong(qp verbs.QP, scq, rcq verbs.CQ, mr verbs.MR, size, n int) ([]time.
 		if err := qp.PostSend(send); err != nil {
 			return rtts, fmt.Errorf("verbstest: post send: %w", err)
 		}
-		if err := waitOne(context.Background(), rcq); err != nil {
+		if err := pollOne(ctx, rcq, wc, busy); err != nil {
 			return rtts, fmt.Errorf("verbstest: pong %d: %w", i, err)
 		}
 		rtts = append(rtts, time.Since(start))
 		if got := mr.Bytes()[size]; got != byte(i) {
 			return rtts, fmt.Errorf("verbstest: pong %d carried %d", i, got)
 		}
-		if err := waitOne(context.Background(), scq); err != nil {
+		if err := pollOne(ctx, scq, wc, busy); err != nil {
 			return rtts, fmt.Errorf("verbstest: ping %d: %w", i, err)
 		}
 	}
 	return rtts, nil
 }
 
-// Echo answers n messages of size bytes from PingPong with the same bytes.
-func Echo(ctx context.Context, qp verbs.QP, scq, rcq verbs.CQ, mr verbs.MR, size, n int) error {
+func echo(ctx context.Context, qp verbs.QP, scq, rcq verbs.CQ, mr verbs.MR, size, n int, busy bool) error {
 	send := &verbs.SendWR{Opcode: verbs.OpSend, Signaled: true, SG: []verbs.SGE{{MR: mr, Length: size}}}
 	recv := &verbs.RecvWR{SG: []verbs.SGE{{MR: mr, Length: size}}}
+	wc := make([]verbs.WorkCompletion, 1)
 	if err := qp.PostRecv(recv); err != nil {
 		return fmt.Errorf("verbstest: post recv: %w", err)
 	}
 	for i := range n {
-		if err := waitOne(ctx, rcq); err != nil {
+		if err := pollOne(ctx, rcq, wc, busy); err != nil {
 			return fmt.Errorf("verbstest: ping %d: %w", i, err)
 		}
 		if i+1 < n {
@@ -216,18 +250,23 @@ func Echo(ctx context.Context, qp verbs.QP, scq, rcq verbs.CQ, mr verbs.MR, size
 		if err := qp.PostSend(send); err != nil {
 			return fmt.Errorf("verbstest: post send: %w", err)
 		}
-		if err := waitOne(ctx, scq); err != nil {
+		if err := pollOne(ctx, scq, wc, busy); err != nil {
 			return fmt.Errorf("verbstest: echo %d: %w", i, err)
 		}
 	}
 	return nil
 }
 
-// waitOne polls one successful completion from cq.
-func waitOne(ctx context.Context, cq verbs.CQ) error {
-	var wc [1]verbs.WorkCompletion
-	for {
-		n, err := cq.Poll(wc[:])
+// busyYield is how many empty polls a busy poller makes before it yields its P
+// once: providers whose completions come from goroutines (soft) need them to run,
+// and ctx is checked at the same time.
+const busyYield = 64
+
+// pollOne polls one successful completion from cq into wc[0] (len(wc) >= 1),
+// calling cq.Wait between empty polls, or with busy only polling.
+func pollOne(ctx context.Context, cq verbs.CQ, wc []verbs.WorkCompletion, busy bool) error {
+	for spins := 1; ; spins++ {
+		n, err := cq.Poll(wc[:1])
 		if err != nil {
 			return err
 		}
@@ -237,8 +276,15 @@ func waitOne(ctx context.Context, cq verbs.CQ) error {
 			}
 			return nil
 		}
-		if err := cq.Wait(ctx); err != nil {
-			return err
+		if !busy {
+			if err := cq.Wait(ctx); err != nil {
+				return err
+			}
+		} else if spins%busyYield == 0 {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			runtime.Gosched()
 		}
 	}
 }
