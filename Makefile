@@ -6,7 +6,7 @@ PKGS      := ./...
 PREFIX    ?= /usr/local
 DESTDIR   ?=
 
-.PHONY: help deps build install test test-unit test-vm bench-vm lint fmt vet generate check-generate fuzz bench demo install clean
+.PHONY: help deps build install test test-unit test-vm bench-vm bench-go lint fmt vet generate check-generate fuzz bench demo install clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -41,7 +41,10 @@ check-generate: ## fail if the committed generated code is stale
 fuzz: ## run every fuzz target for FUZZTIME each
 	./scripts/fuzz.sh $(FUZZTIME)
 
-bench: ## run the benchmarks beside their baselines
+bench: ## every benchmark beside its baselines: report.md, report.json and plots in bench-out/ (QUICK=1: the 2-minute form)
+	$(GO) run ./cmd/smcrbench -out bench-out $(if $(QUICK),-quick)
+
+bench-go: ## the packages' go test -bench benchmarks (providers, codecs, e2e)
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) $(PKGS)
 
 test-vm: ## only the real-RDMA tests: ibv provider + verbstest on soft-RoCE in qemu (~3-4 min)
