@@ -67,7 +67,11 @@ type session struct {
 
 func client(c net.Conn, o options, out io.Writer) error {
 	region := max(slices.Max(o.sizes), 4096)
-	e, err := newEnd(o, c, region)
+	local, err := localAddr(c)
+	if err != nil {
+		return err
+	}
+	e, err := newEnd(o, local, region)
 	if err != nil {
 		return err
 	}

@@ -65,19 +65,25 @@ type end struct {
 
 func (e *end) Close() error { return e.dev.Close() }
 
-// openDevice opens the provider's device for a session whose control socket is c.
-func openDevice(o options, c net.Conn) (verbs.Device, error) {
-	local, err := netip.ParseAddrPort(c.LocalAddr().String())
+// localAddr is the IP address of the control socket's end in this process: soft
+// and rdma devices use the same path as the control connection.
+func localAddr(c net.Conn) (netip.Addr, error) {
+	ap, err := netip.ParseAddrPort(c.LocalAddr().String())
 	if err != nil {
-		return nil, err
+		return netip.Addr{}, fmt.Errorf("control socket address: %w", err)
 	}
+	return ap.Addr().Unmap(), nil
+}
+
+// openDevice opens the provider's device; local is the control socket's address.
+func openDevice(o options, local netip.Addr) (verbs.Device, error) {
 	switch o.provider {
 	case verbs.KindSoft.String():
-		return soft.Open(soft.Config{ListenAddr: netip.AddrPortFrom(local.Addr(), 0).String()})
+		return soft.Open(soft.Config{ListenAddr: netip.AddrPortFrom(local, 0).String()})
 	case verbs.KindSHM.String():
 		return shm.Open(shm.Config{Dir: o.shmDir})
 	case verbs.KindRDMA.String():
-		cfg := ibv.Config{Device: o.rdmaDevice, Interface: local.Addr().Unmap().String()}
+		cfg := ibv.Config{Device: o.rdmaDevice, Interface: local.String()}
 		if cfg.Device != "" {
 			cfg.GIDIndex = -1 // the port's best RoCE v2 GID
 		}
@@ -87,8 +93,8 @@ func openDevice(o options, c net.Conn) (verbs.Device, error) {
 }
 
 // newEnd opens the device and creates a QP and a region of size bytes.
-func newEnd(o options, c net.Conn, size int) (*end, error) {
-	dev, err := openDevice(o, c)
+func newEnd(o options, local netip.Addr, size int) (*end, error) {
+	dev, err := openDevice(o, local)
 	if err != nil {
 		return nil, fmt.Errorf("open %s device: %w", o.provider, err)
 	}
@@ -158,7 +164,11 @@ func serve(c net.Conn, o options) error {
 	if peer.Region < 2*verbstest.PingPongSize || peer.Region > 1<<30 {
 		return refuse(fmt.Errorf("region size %d out of range", peer.Region))
 	}
-	e, err := newEnd(o, c, peer.Region)
+	local, err := localAddr(c)
+	if err != nil {
+		return refuse(err)
+	}
+	e, err := newEnd(o, local, peer.Region)
 	if err != nil {
 		return refuse(err)
 	}
