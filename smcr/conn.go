@@ -148,6 +148,7 @@ type Conn struct {
 	ctlPending  ctlBits
 	err         error // terminal error for Read and Write
 	lnkErr      bool  // the link group is gone: nothing more can be sent
+	txBusy      bool  // a Write is between taking space and counting it in txProd
 	smcx        bool  // the peer speaks our extensions (continuation over TCP)
 	fo          bool  // continuation over TCP started: cursors frozen
 	foReady     bool  // continuation done: the TCP connection carries the bytes

@@ -166,8 +166,15 @@ func (c *Conn) resync() error {
 	if peer.err != nil {
 		return peer.err
 	}
-	// Stop the watcher from reading application bytes: it has read its 16.
+	// A Write may have posted a chunk it has not counted yet: wait for it, so the
+	// resend covers every byte the writer will report as written. Writers start no
+	// new chunk once the continuation began, and a posted chunk is counted at once.
 	c.mu.Lock()
+	for c.txBusy {
+		c.mu.Unlock()
+		time.Sleep(50 * time.Microsecond)
+		c.mu.Lock()
+	}
 	from, to, cons := peer.r.received, c.txProd, c.txCons
 	c.mu.Unlock()
 	if from < cons || from > to {

@@ -68,12 +68,16 @@ func (c *Conn) smcWrite(p []byte) (int, error) {
 		}
 		n := min(uint64(len(p)-total), free)
 		off := c.txProd % c.peerSize
+		c.txBusy = true // a continuation must wait until txProd counts this chunk
 		c.mu.Unlock()
 
 		buf := c.snd.Bytes()
 		first := min(n, c.peerSize-off)
 		copy(buf[off:off+first], p[total:])
 		if err := c.lnk.postWrite(c, int(off), int(first)); err != nil {
+			c.mu.Lock()
+			c.txBusy = false
+			c.mu.Unlock()
 			c.awaitLinkDown()
 			continue // the bytes were not counted: the continuation or the error path
 		}
@@ -83,6 +87,7 @@ func (c *Conn) smcWrite(p []byte) (int, error) {
 				// The first part may have landed: count only it, the resync sorts it out.
 				c.mu.Lock()
 				c.txProd += first
+				c.txBusy = false
 				c.mu.Unlock()
 				total += int(first)
 				c.awaitLinkDown()
@@ -91,6 +96,7 @@ func (c *Conn) smcWrite(p []byte) (int, error) {
 		}
 		c.mu.Lock()
 		c.txProd += n
+		c.txBusy = false
 		var flags rmb.ProdFlags
 		if c.txProd-c.txCons == c.peerSize && total+int(n) < len(p) {
 			flags = rmb.FlagWriteBlocked
