@@ -15,6 +15,7 @@ import (
 
 	"github.com/smcr-io/smcr/internal/nstest"
 	"github.com/smcr-io/smcr/smcr/verbs"
+	"golang.org/x/sys/unix"
 )
 
 // Sizes the throughput benchmarks use, and the ping-pong message size.
@@ -262,6 +263,11 @@ func echo(ctx context.Context, qp verbs.QP, scq, rcq verbs.CQ, mr verbs.MR, size
 // and ctx is checked at the same time.
 const busyYield = 64
 
+// busyYieldCPU is how many empty polls a busy poller makes before it yields its OS
+// thread's CPU once: on a host with fewer CPUs than spinning threads, the peer (or
+// a provider thread) it waits for may otherwise wait out a whole time slice.
+const busyYieldCPU = 1024
+
 // pollOne polls one successful completion from cq into wc[0] (len(wc) >= 1),
 // calling cq.Wait between empty polls, or with busy only polling.
 func pollOne(ctx context.Context, cq verbs.CQ, wc []verbs.WorkCompletion, busy bool) error {
@@ -285,6 +291,9 @@ func pollOne(ctx context.Context, cq verbs.CQ, wc []verbs.WorkCompletion, busy b
 				return err
 			}
 			runtime.Gosched()
+			if spins%busyYieldCPU == 0 {
+				unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+			}
 		}
 	}
 }
