@@ -313,7 +313,7 @@ func (e *Engine) serverProposal(ctx context.Context, c *Conn, prop *clc.Proposal
 		return code, err
 	}
 	if !first {
-		if err := lnk.confirmRKey(ctx, c.rmb); err != nil {
+		if err := lnk.announceRKey(c.rmb); err != nil {
 			return clc.DeclineInternalRToken, fmt.Errorf("confirm rkey: %w", err)
 		}
 	}
@@ -376,7 +376,7 @@ func (e *Engine) serverConfirm(ctx context.Context, c *Conn, conf *clc.Confirm) 
 		if li.QPN != lnk.peer.QPN {
 			return clc.DeclineSyncError, fmt.Errorf("confirm names qp %d, link has %d", li.QPN, lnk.peer.QPN)
 		}
-		if !c.lg.peerRKeyKnown(li.RKey) {
+		if !c.lg.waitPeerRKey(ctx, li.RKey) {
 			return clc.DeclineInternalRToken, fmt.Errorf("rkey %#x never confirmed over llc", li.RKey)
 		}
 	}
@@ -435,7 +435,7 @@ func (e *Engine) clientAccept(ctx context.Context, c *Conn, acc *clc.Accept) (De
 		if c.lnk == nil {
 			return clc.DeclineNoActiveLink, errors.New("link group has no link")
 		}
-		if !lg.peerRKeyKnown(li.RKey) {
+		if !lg.waitPeerRKey(ctx, li.RKey) {
 			return clc.DeclineInternalRToken, fmt.Errorf("rkey %#x never confirmed over llc", li.RKey)
 		}
 	}
@@ -446,7 +446,7 @@ func (e *Engine) clientAccept(ctx context.Context, c *Conn, acc *clc.Accept) (De
 		return code, err
 	}
 	if !li.FirstContact {
-		if err := c.lnk.confirmRKey(ctx, c.rmb); err != nil {
+		if err := c.lnk.announceRKey(c.rmb); err != nil {
 			return clc.DeclineInternalRToken, fmt.Errorf("confirm rkey: %w", err)
 		}
 	}

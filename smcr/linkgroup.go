@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/smcr-io/smcr/smcr/verbs"
 )
@@ -41,6 +42,7 @@ type linkGroup struct {
 	reserved  int              // connections on it or setting up
 	links     []*link
 	peerRKeys map[uint32]bool // rkeys the peer confirmed over LLC
+	rkeyAdded chan struct{}   // closed and replaced whenever peerRKeys grows
 	idle      Timer
 	dead      bool
 	deadErr   error
@@ -100,7 +102,7 @@ func (e *Engine) newLinkGroup(key lgKey, di int) (*linkGroup, error) {
 	}
 	e.lgSeq++
 	lg := &linkGroup{e: e, id: e.lgSeq, key: key, dev: di, ready: make(chan struct{}),
-		conns: map[uint32]*Conn{}, peerRKeys: map[uint32]bool{}}
+		conns: map[uint32]*Conn{}, peerRKeys: map[uint32]bool{}, rkeyAdded: make(chan struct{})}
 	e.mu.Unlock()
 	l, err := newLink(lg, e.cfg.Devices[di], 1)
 	if err != nil {
@@ -282,16 +284,35 @@ func (lg *linkGroup) addPeerRKey(rkey uint32, add bool) {
 	lg.mu.Lock()
 	if add {
 		lg.peerRKeys[rkey] = true
+		close(lg.rkeyAdded)
+		lg.rkeyAdded = make(chan struct{})
 	} else {
 		delete(lg.peerRKeys, rkey)
 	}
 	lg.mu.Unlock()
 }
 
-func (lg *linkGroup) peerRKeyKnown(rkey uint32) bool {
-	lg.mu.RLock()
-	defer lg.mu.RUnlock()
-	return lg.peerRKeys[rkey]
+// waitPeerRKey waits until the peer has confirmed rkey over LLC. The CONFIRM_RKEY
+// request travels on the link, the CLC message naming the rkey on TCP: either may
+// arrive first.
+func (lg *linkGroup) waitPeerRKey(ctx context.Context, rkey uint32) bool {
+	t := time.NewTimer(lg.e.cfg.LLCTimeout)
+	defer t.Stop()
+	for {
+		lg.mu.RLock()
+		known, ch := lg.peerRKeys[rkey], lg.rkeyAdded
+		lg.mu.RUnlock()
+		if known {
+			return true
+		}
+		select {
+		case <-ch:
+		case <-t.C:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
 }
 
 // terminate ends the link group: every connection on it fails with err, the links

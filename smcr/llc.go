@@ -478,20 +478,34 @@ func (l *link) confirmLinkClient(ctx context.Context) error {
 	return nil
 }
 
-// confirmRKey announces a new RMB on the link and waits for the peer's answer.
-func (l *link) confirmRKey(ctx context.Context, mr verbs.MR) error {
-	m := &llc.ConfirmRkey{RKey: mr.RKey(), Addr: mr.Addr()}
-	b, err := l.request(ctx, pendKey{t: llc.TypeConfirmRkey, key: uint64(mr.RKey())}, m, l.lg.e.cfg.LLCTimeout)
-	if err != nil {
+// announceRKey sends CONFIRM_RKEY for a new RMB without waiting for the answer:
+// the CLC message naming the rkey follows at once, and the peer waits for the
+// request to arrive before it uses the rkey (linkGroup.waitPeerRKey). This saves a
+// round trip per connection setup on each side; the response is still sent and
+// read, and a negative one fails the link.
+func (l *link) announceRKey(mr verbs.MR) error {
+	k := pendKey{t: llc.TypeConfirmRkey, key: uint64(mr.RKey())}
+	ch := l.register(k)
+	if err := l.sendLLC(&llc.ConfirmRkey{RKey: mr.RKey(), Addr: mr.Addr()}); err != nil {
+		l.unregister(k)
 		return err
 	}
-	var r llc.ConfirmRkey
-	if err := r.Decode(b[:]); err != nil {
-		return err
-	}
-	if r.Negative() {
-		return errors.New("smcr: peer refused rkey")
-	}
+	go func() {
+		t := time.NewTimer(l.lg.e.cfg.LLCTimeout)
+		defer t.Stop()
+		select {
+		case b := <-ch:
+			var r llc.ConfirmRkey
+			if r.Decode(b[:]) != nil || r.Negative() {
+				l.fail(errors.New("peer refused our rkey"))
+			}
+		case <-t.C:
+			l.unregister(k)
+			l.fail(fmt.Errorf("confirm rkey: %w", errLLCTimeout))
+		case <-l.ctx.Done():
+			l.unregister(k)
+		}
+	}()
 	return nil
 }
 
