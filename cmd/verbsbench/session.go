@@ -116,6 +116,11 @@ func newEnd(o options, local netip.Addr, size int) (*end, error) {
 		dev.Close()
 		return nil, fmt.Errorf("%s device: %w", o.provider, err)
 	}
+	// Fill the region: WRITEs then copy real bytes from pages that exist, not from
+	// the zero page a never-written mapping may read as (memcpy fills its source too).
+	for i, b := 0, e.mr.Bytes(); i < len(b); i++ {
+		b[i] = byte(i*7 + 1)
+	}
 	return e, nil
 }
 

@@ -136,6 +136,10 @@ func benchPair(b *testing.B, env Env, size int) (a, bb *side) {
 	access := verbs.AccessLocalWrite | verbs.AccessRemoteWrite
 	a = newSide(b, da, size, access, 7, 64)
 	bb = newSide(b, db, size, access, 7, 64)
+	// Write both regions first: a never-written mapping may read as the zero page,
+	// which would make a WRITE's source cache-hot and its throughput a fiction.
+	pattern(a.mr.Bytes(), 1)
+	pattern(bb.mr.Bytes(), 2)
 	connect(b, env, a, bb)
 	b.ResetTimer()
 	return a, bb
