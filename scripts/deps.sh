@@ -10,6 +10,8 @@ packages=(
 	clang llvm libbpf-dev linux-libc-dev bpftool
 	# network namespaces, real unmodified programs for the end-to-end tests and demo
 	iproute2 iperf3 tcpdump socat ethtool
+	# interop: Wireshark's SMC dissector checks the wire formats
+	tshark
 	# real RDMA: libibverbs for the ibv provider, soft-RoCE in a qemu VM for its tests
 	libibverbs-dev ibverbs-providers ibverbs-utils perftest rdmacm-utils
 	qemu-system-x86 busybox-static kmod cpio

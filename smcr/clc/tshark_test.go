@@ -5,72 +5,16 @@ package clc
 
 import (
 	"encoding/binary"
-	"maps"
 	"net"
 	"net/netip"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/smcr-io/smcr/internal/tsharktest"
 )
 
 const smcPort = 12345
-
-// writePcap writes one Ethernet/IPv4/TCP segment per payload, client to server on
-// one connection with consecutive sequence numbers.
-func writePcap(t *testing.T, path string, payloads [][]byte) {
-	t.Helper()
-	var f []byte
-	f = binary.LittleEndian.AppendUint32(f, 0xa1b2c3d4)
-	f = binary.LittleEndian.AppendUint16(f, 2)
-	f = binary.LittleEndian.AppendUint16(f, 4)
-	f = append(f, make([]byte, 8)...) // thiszone, sigfigs
-	f = binary.LittleEndian.AppendUint32(f, 65535)
-	f = binary.LittleEndian.AppendUint32(f, 1) // LINKTYPE_ETHERNET
-	seq := uint32(1000)
-	for i, p := range payloads {
-		var pkt []byte
-		pkt = append(pkt, 0x52, 0x54, 0, 0x12, 0x34, 0x56, 0x52, 0x54, 0, 0x67, 0x89, 0xab, 0x08, 0x00)
-		ip := make([]byte, 20)
-		ip[0] = 0x45
-		binary.BigEndian.PutUint16(ip[2:], uint16(20+20+len(p)))
-		binary.BigEndian.PutUint16(ip[4:], uint16(i+1))
-		ip[8], ip[9] = 64, 6
-		copy(ip[12:], []byte{192, 168, 10, 2})
-		copy(ip[16:], []byte{192, 168, 10, 1})
-		var sum uint32
-		for j := 0; j < 20; j += 2 {
-			sum += uint32(binary.BigEndian.Uint16(ip[j:]))
-		}
-		for sum > 0xffff {
-			sum = sum&0xffff + sum>>16
-		}
-		binary.BigEndian.PutUint16(ip[10:], ^uint16(sum))
-		pkt = append(pkt, ip...)
-		tcp := make([]byte, 20)
-		binary.BigEndian.PutUint16(tcp[0:], 40000)
-		binary.BigEndian.PutUint16(tcp[2:], smcPort)
-		binary.BigEndian.PutUint32(tcp[4:], seq)
-		binary.BigEndian.PutUint32(tcp[8:], 1)
-		tcp[12], tcp[13] = 5<<4, 0x18 // header length 20, PSH|ACK
-		binary.BigEndian.PutUint16(tcp[14:], 65535)
-		pkt = append(pkt, tcp...)
-		pkt = append(pkt, p...)
-		seq += uint32(len(p))
-
-		f = binary.LittleEndian.AppendUint32(f, uint32(1700000000+i))
-		f = binary.LittleEndian.AppendUint32(f, 0)
-		f = binary.LittleEndian.AppendUint32(f, uint32(len(pkt)))
-		f = binary.LittleEndian.AppendUint32(f, uint32(len(pkt)))
-		f = append(f, pkt...)
-	}
-	if err := os.WriteFile(path, f, 0o644); err != nil {
-		t.Fatal(err)
-	}
-}
 
 // tsharkFields is what tshark's SMC dissector must show for m: field name to value,
 // numbers in any base strconv reads. The values come from the hand-written golden
@@ -138,21 +82,7 @@ func tsharkFields(m Message) map[string]string {
 	return f
 }
 
-// sameValue compares a tshark value with an expected one, numbers by value.
-func sameValue(got, want string) bool {
-	g, gerr := strconv.ParseUint(got, 0, 64)
-	w, werr := strconv.ParseUint(want, 0, 64)
-	if gerr == nil && werr == nil {
-		return g == w
-	}
-	return got == want
-}
-
 func TestTshark(t *testing.T) {
-	tshark, err := exec.LookPath("tshark")
-	if err != nil {
-		t.Skip("tshark not installed")
-	}
 	// Wireshark's dissector reads the IP area at Linux's fixed place and ignores
 	// iparea_offset, so it misreads the old form (as it would a kernel's); the
 	// codec's own tests cover that form.
@@ -162,46 +92,13 @@ func TestTshark(t *testing.T) {
 			gs = append(gs, g)
 		}
 	}
+	var names []string
 	var payloads [][]byte
+	var want []map[string]string
 	for _, g := range gs {
+		names = append(names, g.name)
 		payloads = append(payloads, unhex(t, g.hex))
+		want = append(want, tsharkFields(g.want))
 	}
-	path := filepath.Join(t.TempDir(), "clc.pcap")
-	writePcap(t, path, payloads)
-
-	fieldSet := map[string]bool{}
-	for _, g := range gs {
-		for k := range tsharkFields(g.want) {
-			fieldSet[k] = true
-		}
-	}
-	fields := slices.Sorted(maps.Keys(fieldSet))
-	args := []string{"-r", path, "-T", "fields", "-E", "occurrence=a", "-E", "aggregator=,", "-E", "separator=/t"}
-	for _, k := range fields {
-		args = append(args, "-e", k)
-	}
-	cmd := exec.Command(tshark, args...)
-	cmd.Env = append(os.Environ(), "HOME="+t.TempDir()) // no user preferences
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("tshark: %v\n%s", err, stderr.String())
-	}
-	lines := strings.Split(strings.TrimRight(string(out), "\n"), "\n")
-	if len(lines) != len(gs) {
-		t.Fatalf("tshark printed %d frames, want %d:\n%s", len(lines), len(gs), out)
-	}
-	for i, g := range gs {
-		vals := strings.Split(lines[i], "\t")
-		if len(vals) != len(fields) {
-			t.Fatalf("%s: %d values for %d fields: %q", g.name, len(vals), len(fields), lines[i])
-		}
-		for k, want := range tsharkFields(g.want) {
-			got := vals[slices.Index(fields, k)]
-			if !sameValue(got, want) {
-				t.Errorf("%s: tshark %s = %q, want %q", g.name, k, got, want)
-			}
-		}
-	}
+	tsharktest.Check(t, names, tsharktest.TCPSegments(payloads, smcPort), want)
 }

@@ -257,6 +257,17 @@ type PD interface {
 	Close() error
 }
 
+// Registrar is an optional interface of a PD: it registers memory that an MR of
+// another device of the same provider already holds, so that one buffer is
+// reachable through QPs of both devices (SMC-R's second link uses an RMB on both).
+// The result shares the bytes of mr (Bytes aliases them) and has its own lkey, rkey
+// and addr on this PD's device. mr must stay open while the result is in use;
+// closing either one leaves the other usable. An MR of another provider, or one
+// the provider cannot share, gives an error wrapping ErrInvalid.
+type Registrar interface {
+	RegisterMR(mr MR, access Access) (MR, error)
+}
+
 // MR is a registered memory region.
 type MR interface {
 	Bytes() []byte // the local mapping; valid until Close

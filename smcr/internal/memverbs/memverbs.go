@@ -108,6 +108,20 @@ func (p *pd) AllocMR(size int, access verbs.Access) (verbs.MR, error) {
 	return m, nil
 }
 
+// RegisterMR registers another memverbs region's bytes on this device (verbs.Registrar).
+func (p *pd) RegisterMR(other verbs.MR, access verbs.Access) (verbs.MR, error) {
+	o, ok := other.(*mr)
+	if !ok {
+		return nil, verbs.ErrInvalid
+	}
+	p.d.mu.Lock()
+	defer p.d.mu.Unlock()
+	k := p.d.id() << 8
+	m := &mr{d: p.d, b: o.b, key: k, access: access, addr: uint64(k) << 20}
+	p.d.mrs[k] = m
+	return m, nil
+}
+
 func (p *pd) CreateQP(cfg verbs.QPConfig) (verbs.QP, error) {
 	p.d.mu.Lock()
 	defer p.d.mu.Unlock()

@@ -25,6 +25,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -296,6 +297,46 @@ func (p *pd) AllocMR(size int, access verbs.Access) (verbs.MR, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ibv: mmap %d bytes: %w", size, err)
 	}
+	refs := new(atomic.Int32)
+	refs.Store(1)
+	m, err := p.regMR(mapped, size, refs, access)
+	if err != nil {
+		_ = unix.Munmap(mapped)
+		return nil, err
+	}
+	return m, nil
+}
+
+// RegisterMR registers the mapping of another ibv device's MR with this PD's
+// device (verbs.Registrar): ibv_reg_mr on the same pages, new lkey and rkey. The
+// pages are unmapped when the last registration closes.
+func (p *pd) RegisterMR(other verbs.MR, access verbs.Access) (verbs.MR, error) {
+	o, ok := other.(*mr)
+	if !ok {
+		return nil, fmt.Errorf("ibv: register mr: %w: region of another provider", verbs.ErrInvalid)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, verbs.ErrClosed
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.closed {
+		return nil, verbs.ErrClosed
+	}
+	o.refs.Add(1)
+	m, err := p.regMR(o.mapped, len(o.buf), o.refs, access)
+	if err != nil {
+		o.refs.Add(-1)
+		return nil, err
+	}
+	return m, nil
+}
+
+// regMR registers mapped (shared by refs registrations, this one counted) with p.
+// The caller holds p.mu.
+func (p *pd) regMR(mapped []byte, size int, refs *atomic.Int32, access verbs.Access) (*mr, error) {
 	var flags C.int
 	if access&verbs.AccessLocalWrite != 0 {
 		flags |= C.IBV_ACCESS_LOCAL_WRITE
@@ -309,10 +350,9 @@ func (p *pd) AllocMR(size int, access verbs.Access) (verbs.MR, error) {
 	}
 	m, err := C.ibv_reg_mr(p.pd, unsafe.Pointer(&mapped[0]), C.size_t(len(mapped)), flags)
 	if m == nil {
-		_ = unix.Munmap(mapped)
 		return nil, fmt.Errorf("ibv: register %d bytes: %w", size, errnoOr(err))
 	}
-	return &mr{pd: p, mr: m, mapped: mapped, buf: mapped[:size:size], access: access,
+	return &mr{pd: p, mr: m, mapped: mapped, refs: refs, buf: mapped[:size:size], access: access,
 		addr: uint64(uintptr(unsafe.Pointer(&mapped[0])))}, nil
 }
 
@@ -335,6 +375,7 @@ type mr struct {
 	pd     *pd
 	mr     *C.struct_ibv_mr
 	mapped []byte
+	refs   *atomic.Int32 // registrations of mapped (RegisterMR): the last Close unmaps
 	buf    []byte
 	access verbs.Access
 	addr   uint64
@@ -360,6 +401,9 @@ func (m *mr) Close() error {
 		// Still registered: unmapping would let the device write into
 		// whatever reuses the pages.
 		return fmt.Errorf("ibv: deregister mr: %w", syscall.Errno(rc))
+	}
+	if m.refs.Add(-1) > 0 {
+		return nil
 	}
 	if err := unix.Munmap(m.mapped); err != nil {
 		return fmt.Errorf("ibv: unmap mr: %w", err)

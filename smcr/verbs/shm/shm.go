@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -387,13 +388,55 @@ func (p *pd) AllocMR(size int, access verbs.Access) (verbs.MR, error) {
 	if err != nil {
 		return nil, fmt.Errorf("shm: alloc mr: %w", err)
 	}
-	m := &mr{pd: p, reg: r, size: size, access: access}
+	refs := new(atomic.Int32)
+	refs.Store(1)
+	m, err := p.register(r, refs, size, access)
+	if err != nil {
+		r.close()
+		return nil, err
+	}
+	return m, nil
+}
+
+// RegisterMR registers the memfd region of another shm device's MR on this PD
+// (verbs.Registrar): both MRs map the same pages, each with its own key; the
+// region is freed when the last of them closes.
+func (p *pd) RegisterMR(other verbs.MR, access verbs.Access) (verbs.MR, error) {
+	o, ok := other.(*mr)
+	if !ok {
+		return nil, fmt.Errorf("%w: region of another provider", verbs.ErrInvalid)
+	}
+	if access&^(verbs.AccessLocalWrite|verbs.AccessRemoteWrite|verbs.AccessRemoteRead) != 0 {
+		return nil, fmt.Errorf("%w: access flags %#x", verbs.ErrInvalid, access)
+	}
+	p.mu.Lock()
+	closed := p.closed
+	p.mu.Unlock()
+	if closed {
+		return nil, verbs.ErrClosed
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.closed {
+		return nil, verbs.ErrClosed
+	}
+	o.refs.Add(1)
+	m, err := p.register(o.reg, o.refs, o.size, access)
+	if err != nil {
+		o.refs.Add(-1)
+		return nil, err
+	}
+	return m, nil
+}
+
+// register makes an MR of region r (shared by refs MRs, counting this one) on p.
+func (p *pd) register(r *region, refs *atomic.Int32, size int, access verbs.Access) (*mr, error) {
+	m := &mr{pd: p, reg: r, refs: refs, size: size, access: access}
 	m.addr = uint64(uintptr(unsafe.Pointer(&r.mem[0])))
 	d := p.dev
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
-		r.close()
 		return nil, verbs.ErrClosed
 	}
 	for {
@@ -428,6 +471,7 @@ func (p *pd) Close() error {
 type mr struct {
 	pd     *pd
 	reg    *region
+	refs   *atomic.Int32 // MRs sharing reg (RegisterMR): the last Close frees it
 	size   int
 	access verbs.Access
 	addr   uint64
@@ -466,7 +510,9 @@ func (m *mr) Close() error {
 	m.closed = true
 	granted := m.granted
 	m.granted = nil
-	m.reg.close()
+	if m.refs.Add(-1) == 0 {
+		m.reg.close()
+	}
 	m.mu.Unlock()
 	for q := range granted {
 		q.sendCtl(&ctl{typ: ctlRevoke, rkey: m.key}, -1)

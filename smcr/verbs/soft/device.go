@@ -307,8 +307,30 @@ func (p *pd) AllocMR(size int, access verbs.Access) (verbs.MR, error) {
 	if p.closed.Load() {
 		return nil, verbs.ErrClosed
 	}
+	return p.register(make([]byte, size), access)
+}
+
+// RegisterMR registers the bytes of another soft device's region on this PD
+// (verbs.Registrar): both MRs alias one buffer, each with its own key and address.
+func (p *pd) RegisterMR(other verbs.MR, access verbs.Access) (verbs.MR, error) {
+	o, ok := other.(*mr)
+	if !ok {
+		return nil, fmt.Errorf("soft: %w: region of another provider", verbs.ErrInvalid)
+	}
+	if o.closed.Load() {
+		return nil, verbs.ErrClosed
+	}
+	if p.closed.Load() {
+		return nil, verbs.ErrClosed
+	}
+	return p.register(o.buf, access)
+}
+
+// register gives buf a key and an address on p's device.
+func (p *pd) register(buf []byte, access verbs.Access) (verbs.MR, error) {
+	size := len(buf)
 	d := p.dev
-	m := &mr{pd: p, buf: make([]byte, size), access: access}
+	m := &mr{pd: p, buf: buf, access: access}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {

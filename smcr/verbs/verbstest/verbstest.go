@@ -109,6 +109,7 @@ var conformance = []struct {
 	{"WrongState", testWrongState},
 	{"InvalidSGE", testInvalidSGE},
 	{"CQWait", testCQWait},
+	{"RegisterMR", testRegisterMR},
 }
 
 // side is one end of a connected pair: a device with a PD, CQs, a QP and one MR.
