@@ -72,7 +72,22 @@ func (c *Conn) CloseWrite() error {
 	c.localDone = true
 	c.updateState("close write")
 	c.mu.Unlock()
-	return c.sendCDC(0)
+	if err := c.sendCDC(0); err != nil {
+		// The link went down under us: a continuation, if there is one, carries
+		// the close (the resync says we are done).
+		c.awaitLinkDown()
+		c.mu.Lock()
+		fo := c.fo
+		c.mu.Unlock()
+		if !fo {
+			return c.linkError(err)
+		}
+		<-c.foDone
+		if !c.continued() {
+			return c.linkError(ErrLinkDown)
+		}
+	}
+	return nil
 }
 
 // Close closes the connection: the peer reads what was written, then EOF; our
@@ -156,6 +171,12 @@ func (c *Conn) abortLocked(err error) {
 func (c *Conn) linkDown(err error) {
 	c.mu.Lock()
 	c.lnkErr = true
+	if c.st == stateInit && !c.released {
+		// In setup: CLC sees the link gone and falls back, or, its last message
+		// sent, activates the connection, which then continues over TCP.
+		c.mu.Unlock()
+		return
+	}
 	if c.canContinue() {
 		c.startFailoverLocked()
 		c.mu.Unlock()
@@ -253,6 +274,13 @@ func (c *Conn) abandonSetup() {
 	c.freeResources()
 }
 
+// linkFailed reports whether the link failed during setup.
+func (c *Conn) linkFailed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.lnkErr
+}
+
 // activate makes a set-up connection usable.
 func (c *Conn) activate() {
 	c.mode = ModeSMCR
@@ -262,6 +290,13 @@ func (c *Conn) activate() {
 	c.ctlPending = 0
 	if pending != 0 {
 		c.queueCtlLocked(pending)
+	}
+	if c.lnkErr { // the link failed during setup (linkDown left it to us)
+		if c.canContinue() {
+			c.startFailoverLocked()
+		} else if c.err == nil {
+			c.err = fmt.Errorf("%w: during setup", ErrLinkDown)
+		}
 	}
 	c.mu.Unlock()
 	c.e.st.smc.Add(1)

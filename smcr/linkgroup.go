@@ -300,10 +300,13 @@ func (lg *linkGroup) waitPeerRKey(ctx context.Context, rkey uint32) bool {
 	defer t.Stop()
 	for {
 		lg.mu.RLock()
-		known, ch := lg.peerRKeys[rkey], lg.rkeyAdded
+		known, ch, dead := lg.peerRKeys[rkey], lg.rkeyAdded, lg.dead
 		lg.mu.RUnlock()
 		if known {
 			return true
+		}
+		if dead {
+			return false
 		}
 		select {
 		case <-ch:
@@ -324,6 +327,8 @@ func (lg *linkGroup) terminate(err error, orderly bool) {
 		return
 	}
 	lg.dead, lg.deadErr = true, err
+	close(lg.rkeyAdded) // wake waitPeerRKey
+	lg.rkeyAdded = make(chan struct{})
 	if lg.idle != nil {
 		lg.idle.Stop()
 	}

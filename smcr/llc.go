@@ -24,7 +24,13 @@ const (
 	nRecv      = 256 // receive slots per link: enough for 255 connections' CDCs in flight
 	nSendSlots = 128
 	maxSendWR  = 256
-	llcQueue   = 4 * maxConnsPerLGR // each connection has at most one LLC request and one response in flight
+	// LLC responses have send slots of their own, beyond maxSendWR in the send
+	// queue: under load the data slots and credits go to CDCs and WRITEs of
+	// hundreds of connections, and the worker's answer, queued behind them and
+	// behind every connection's CONFIRM_RKEY request, came later than the peer's
+	// LLC timeout (the link failed).
+	nLLCSlots = 16
+	llcQueue  = 4 * maxConnsPerLGR // each connection has at most one LLC request and one response in flight
 
 	tagSlot  = 1 // send work request IDs: tag<<56 | slot or alert token
 	tagWrite = 2
@@ -52,12 +58,16 @@ type link struct {
 	sendMR verbs.MR
 	peer   verbs.QPAttr
 
-	slots   chan uint16
-	credits chan struct{}
-	rwr     [nRecv]verbs.RecvWR // one per receive slot, reposted without allocating
-	rsge    [nRecv][1]verbs.SGE
+	slots    chan uint16
+	credits  chan struct{}
+	llcSlots chan uint16         // for LLC responses: slots nSendSlots and above, each with its own WR
+	rwr      [nRecv]verbs.RecvWR // one per receive slot, reposted without allocating
+	rsge     [nRecv][1]verbs.SGE
 
 	postMu sync.Mutex
+	// sendMu keeps the send slots' memory from being freed under a sender.
+	sendMu sync.RWMutex
+	freed  bool
 	swr    verbs.SendWR
 	sge    [1]verbs.SGE
 
@@ -89,7 +99,8 @@ func newLink(lg *linkGroup, dev verbs.Device, num uint8) (_ *link, err error) {
 	l := &link{
 		lg: lg, dev: dev, num: num, mtu: dev.Port().MTU,
 		slots: make(chan uint16, nSendSlots), credits: make(chan struct{}, maxSendWR),
-		llcIn: make(chan [llc.MsgLen]byte, llcQueue), ctl: make(chan *Conn, 2*maxConnsPerLGR),
+		llcSlots: make(chan uint16, nLLCSlots),
+		llcIn:    make(chan [llc.MsgLen]byte, llcQueue), ctl: make(chan *Conn, 2*maxConnsPerLGR),
 		clReq: make(chan llc.ConfirmLink, 1), testDue: make(chan struct{}, 1),
 		connected: make(chan struct{}), pending: map[pendKey]chan [llc.MsgLen]byte{},
 	}
@@ -105,20 +116,23 @@ func newLink(lg *linkGroup, dev verbs.Device, num uint8) (_ *link, err error) {
 	if l.pd, err = dev.AllocPD(); err != nil {
 		return nil, fmt.Errorf("alloc pd: %w", err)
 	}
-	if l.cq, err = dev.CreateCQ(nRecv + maxSendWR); err != nil {
+	if l.cq, err = dev.CreateCQ(nRecv + maxSendWR + nLLCSlots); err != nil {
 		return nil, fmt.Errorf("create cq: %w", err)
 	}
-	if l.qp, err = l.pd.CreateQP(verbs.QPConfig{SendCQ: l.cq, RecvCQ: l.cq, MaxSendWR: maxSendWR, MaxRecvWR: nRecv, RNRRetry: 7}); err != nil {
+	if l.qp, err = l.pd.CreateQP(verbs.QPConfig{SendCQ: l.cq, RecvCQ: l.cq, MaxSendWR: maxSendWR + nLLCSlots, MaxRecvWR: nRecv, RNRRetry: 7}); err != nil {
 		return nil, fmt.Errorf("create qp: %w", err)
 	}
 	if l.recvMR, err = l.pd.AllocMR(nRecv*slotSize, verbs.AccessLocalWrite); err != nil {
 		return nil, fmt.Errorf("alloc receive slots: %w", err)
 	}
-	if l.sendMR, err = l.pd.AllocMR(nSendSlots*slotSize, verbs.AccessLocalWrite); err != nil {
+	if l.sendMR, err = l.pd.AllocMR((nSendSlots+nLLCSlots)*slotSize, verbs.AccessLocalWrite); err != nil {
 		return nil, fmt.Errorf("alloc send slots: %w", err)
 	}
 	for i := range nSendSlots {
 		l.slots <- uint16(i)
+	}
+	for i := range nLLCSlots {
+		l.llcSlots <- uint16(nSendSlots + i)
 	}
 	for range maxSendWR {
 		l.credits <- struct{}{}
@@ -219,6 +233,7 @@ func (l *link) complete(wc *verbs.WorkCompletion) {
 			l.onCDC(b)
 		default:
 			e.st.llcRecv.Add(1)
+			l.earlyLLC(b)
 			select {
 			case l.llcIn <- [llc.MsgLen]byte(b):
 			default:
@@ -234,8 +249,7 @@ func (l *link) complete(wc *verbs.WorkCompletion) {
 		tag := wc.ID >> 56
 		switch tag {
 		case tagSlot:
-			l.slots <- uint16(wc.ID)
-			l.credits <- struct{}{}
+			l.putSlot(uint16(wc.ID))
 		case tagWrite:
 			l.credits <- struct{}{}
 			c := l.lg.conn(uint32(wc.ID))
@@ -270,6 +284,17 @@ func (l *link) onCDC(b []byte) {
 	c.onCDC(&m)
 }
 
+// earlyLLC takes a peer's new rkey in the poller, before the worker answers it: a
+// connection setup waits for it (waitPeerRKey), and the worker's queue may hold a
+// backlog of answers and control messages, each waiting for a send slot, longer
+// than the peer's CLC timeout. The worker still answers the request.
+func (l *link) earlyLLC(b []byte) {
+	var r llc.ConfirmRkey
+	if llc.Type(b[0]) == llc.TypeConfirmRkey && r.Decode(b) == nil && !r.Response() {
+		l.lg.addPeerRKey(r.RKey, true)
+	}
+}
+
 // acquire takes a send slot and a work-request credit.
 func (l *link) acquire() (uint16, error) {
 	var s uint16
@@ -295,8 +320,7 @@ func (l *link) postSlot(s uint16) error {
 	err := l.qp.PostSend(&l.swr)
 	l.postMu.Unlock()
 	if err != nil {
-		l.slots <- s
-		l.credits <- struct{}{}
+		l.putSlot(s)
 		l.fail(fmt.Errorf("post send: %w", err))
 		return ErrLinkDown
 	}
@@ -305,6 +329,11 @@ func (l *link) postSlot(s uint16) error {
 }
 
 func (l *link) sendCDC(m *rmb.CDC) error {
+	l.sendMu.RLock()
+	defer l.sendMu.RUnlock()
+	if l.freed {
+		return ErrLinkDown
+	}
 	s, err := l.acquire()
 	if err != nil {
 		return err
@@ -314,14 +343,37 @@ func (l *link) sendCDC(m *rmb.CDC) error {
 	return l.postSlot(s)
 }
 
+// putSlot gives back a send slot after its completion (or a failed post).
+func (l *link) putSlot(s uint16) {
+	if s >= nSendSlots {
+		l.llcSlots <- s
+		return
+	}
+	l.slots <- s
+	l.credits <- struct{}{}
+}
+
 func (l *link) sendLLC(m llc.Message) error {
-	s, err := l.acquire()
-	if err != nil {
-		return err
+	l.sendMu.RLock()
+	defer l.sendMu.RUnlock()
+	if l.freed {
+		return ErrLinkDown
+	}
+	var s uint16
+	if m.Response() {
+		select {
+		case s = <-l.llcSlots:
+		case <-l.ctx.Done():
+			return ErrLinkDown
+		}
+	} else {
+		var err error
+		if s, err = l.acquire(); err != nil {
+			return err
+		}
 	}
 	if err := m.Encode(l.sendMR.Bytes()[int(s)*slotSize:]); err != nil {
-		l.slots <- s
-		l.credits <- struct{}{}
+		l.putSlot(s)
 		return err
 	}
 	l.lg.e.st.llcSent.Add(1)
@@ -531,15 +583,10 @@ func (l *link) sendDeleteLink() {
 	}
 	// Non-blocking: a dead peer must not hold up our teardown.
 	select {
-	case s := <-l.slots:
-		select {
-		case <-l.credits:
-			m := &llc.DeleteLink{Flags: llc.FlagDeleteLinkAll | llc.FlagDeleteOrderly, Reason: 0x00030000}
-			m.Encode(l.sendMR.Bytes()[int(s)*slotSize:])
-			l.postSlot(s)
-		default:
-			l.slots <- s
-		}
+	case s := <-l.llcSlots:
+		m := &llc.DeleteLink{Flags: llc.FlagDeleteLinkAll | llc.FlagDeleteOrderly, Reason: 0x00030000}
+		m.Encode(l.sendMR.Bytes()[int(s)*slotSize:])
+		l.postSlot(s)
 	default:
 	}
 }
@@ -573,7 +620,7 @@ func (l *link) handleLLC(b []byte) {
 		default:
 		}
 	case *llc.ConfirmRkey:
-		lg.addPeerRKey(r.RKey, true)
+		// The poller took the rkey already (earlyLLC).
 		r.Flags |= llc.FlagResponse
 		l.sendLLC(r)
 	case *llc.DeleteRkey:
@@ -624,6 +671,9 @@ func (l *link) close() {
 }
 
 func (l *link) free() {
+	l.sendMu.Lock() // senders blocked on a slot return once the link's context ends
+	l.freed = true
+	l.sendMu.Unlock()
 	for _, c := range []interface{ Close() error }{l.recvMR, l.sendMR, l.cq, l.pd} {
 		if c != nil && c != (interface{ Close() error })(nil) {
 			c.Close()
