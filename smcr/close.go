@@ -224,9 +224,10 @@ func (c *Conn) freeResources() {
 		// keeps LLC traffic per connection bounded (one CONFIRM_RKEY each way).
 		c.rmb.Close()
 	}
-	if c.lg != nil && c.peerRKey != 0 {
-		c.lg.addPeerRKey(c.peerRKey, false)
+	if c.lg != nil && c.peerKey.rkey != 0 {
+		c.lg.delPeerRKey(c.peerKey.link, c.peerKey.rkey)
 	}
+	c.freeRegistrations()
 	if c.snd != nil {
 		c.snd.Close()
 	}
@@ -284,6 +285,9 @@ func (c *Conn) allocRMB() (DeclineCode, error) {
 		return clc.DeclineInternalRegBuf, fmt.Errorf("alloc rmb: %w", err)
 	}
 	c.rmb, c.rmbSize = mr, uint64(size)
+	c.mu.Lock()
+	c.rmbOn[c.lnk.num] = mr
+	c.mu.Unlock()
 	c.token = c.e.newToken(c)
 	c.lg.addConn(c)
 	return 0, nil
@@ -302,7 +306,9 @@ func (c *Conn) setPeer(li *clc.LinkInfo) (DeclineCode, error) {
 	}
 	c.mu.Lock()
 	c.snd, c.peerSize = mr, uint64(size)
+	c.sndOn[c.lnk.num] = mr
 	c.peerToken, c.peerRKey, c.peerAddr = li.AlertToken, li.RKey, li.RMBAddr
+	c.peerKey = rkeyOn{c.lnk.num, li.RKey}
 	c.mu.Unlock()
 	return 0, nil
 }
