@@ -24,7 +24,7 @@ type Config struct {
 	// Zero means unlimited.
 	MaxMemory int64
 	// RMBSize is the receive buffer (RMBE) of each connection, rounded up to a
-	// power of two between 16 KiB and 512 KiB. Default 64 KiB.
+	// power of two between 16 KiB and 512 KiB. Default 256 KiB, as smcrd's rmb_size.
 	RMBSize int
 	// SendBufSize is accepted for configuration compatibility; the send buffer
 	// mirrors the peer's RMBE, so its size is the peer's choice.
@@ -73,7 +73,7 @@ func (realClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterF
 const (
 	minRMB         = 16 << 10
 	maxRMB         = 512 << 10
-	defaultRMB     = 64 << 10
+	defaultRMB     = 256 << 10
 	maxLinks       = 2
 	maxConnsPerLGR = 255
 )
