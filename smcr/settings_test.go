@@ -156,6 +156,9 @@ func TestTransferCounters(t *testing.T) {
 	if err := p.srv.SetRMBSize(32 << 10); err != nil {
 		t.Fatal(err)
 	}
+	if err := p.cli.SetRMBSize(64 << 10); err != nil {
+		t.Fatal(err)
+	}
 	c, s := p.connect(t)
 	mustSMC(t, c, s)
 
