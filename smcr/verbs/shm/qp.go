@@ -237,12 +237,8 @@ func (q *qp) Connect(ctx context.Context, remote verbs.QPAttr) error {
 	if err != nil {
 		return fmt.Errorf("shm: connect: %w", err)
 	}
-	if ep.boot != q.dev.ep.boot {
-		return fmt.Errorf("shm: connect: boot id differs: %w", ErrNotSameHost)
-	}
-	var st unix.Stat_t
-	if err := unix.Stat(ep.path, &st); err != nil || st.Ino != ep.ino || st.Dev != ep.dev {
-		return fmt.Errorf("shm: connect: %s is not the peer's socket here: %w", ep.path, ErrNotSameHost)
+	if err := q.dev.sameHost(ep); err != nil {
+		return fmt.Errorf("shm: connect: %w", err)
 	}
 	if remote.QPN == 0 || remote.QPN > maxQPN {
 		return fmt.Errorf("shm: connect: remote qpn %d: %w", remote.QPN, verbs.ErrInvalid)

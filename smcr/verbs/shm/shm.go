@@ -150,6 +150,27 @@ func (d *device) Kind() verbs.Kind { return verbs.KindSHM }
 func (d *device) Name() string     { return d.cfg.Name }
 func (d *device) Endpoint() []byte { return append([]byte(nil), d.epBytes...) }
 
+// Reachable reports whether a peer's Endpoint names a device on this host that
+// this process can reach: the same boot ID, and the rendezvous path, seen from
+// here, is the very socket the peer created. The engine asks before it chooses
+// shm, so shm is never chosen for a peer on another host.
+func (d *device) Reachable(endpoint []byte) bool {
+	ep, err := parseEndpoint(endpoint)
+	return err == nil && d.sameHost(ep) == nil
+}
+
+// sameHost checks that ep is a device on this host, reachable from here.
+func (d *device) sameHost(ep endpoint) error {
+	if ep.boot != d.ep.boot {
+		return fmt.Errorf("boot id differs: %w", ErrNotSameHost)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(ep.path, &st); err != nil || st.Ino != ep.ino || st.Dev != ep.dev {
+		return fmt.Errorf("%s is not the peer's socket here: %w", ep.path, ErrNotSameHost)
+	}
+	return nil
+}
+
 func (d *device) Port() verbs.PortAttr {
 	return verbs.PortAttr{GID: d.gid, MTU: verbs.MTU4096, LinkUp: true, GIDType: "shm"}
 }

@@ -370,6 +370,36 @@ func TestNotSameHost(t *testing.T) {
 	}
 }
 
+// TestReachable is the engine's question before it chooses shm for a peer.
+func TestReachable(t *testing.T) {
+	dir := t.TempDir()
+	a, b := openDev(t, dir), openDev(t, dir)
+	r, ok := b.(interface{ Reachable([]byte) bool })
+	if !ok {
+		t.Fatal("shm device has no Reachable method")
+	}
+	if !r.Reachable(a.Endpoint()) || !r.Reachable(b.Endpoint()) {
+		t.Fatal("a device on this host is not reachable")
+	}
+	ep, err := parseEndpoint(a.Endpoint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := ep
+	other.boot[0] ^= 1
+	if r.Reachable(other.append(nil)) {
+		t.Fatal("another host's boot id is reachable")
+	}
+	other = ep
+	other.ino++
+	if r.Reachable(other.append(nil)) {
+		t.Fatal("another socket at the same path is reachable")
+	}
+	if r.Reachable([]byte("SHM1")) || r.Reachable(nil) {
+		t.Fatal("a malformed endpoint is reachable")
+	}
+}
+
 // TestGrantedAccess maps what a peer is handed, as a hostile peer would try.
 func TestGrantedAccess(t *testing.T) {
 	dir := t.TempDir()
