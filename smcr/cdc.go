@@ -44,7 +44,8 @@ func fromCursor(c rmb.Cursor, ref, size uint64) (abs uint64, stale bool, err err
 }
 
 // onCDC applies a CDC from the peer; it runs in the link's poller and never blocks.
-func (c *Conn) onCDC(m *rmb.CDC) {
+// It returns how many bytes the CDC's producer cursor announces as newly written.
+func (c *Conn) onCDC(m *rmb.CDC) (produced uint64) {
 	c.mu.Lock()
 	if c.released {
 		c.mu.Unlock()
@@ -55,7 +56,9 @@ func (c *Conn) onCDC(m *rmb.CDC) {
 		c.mu.Unlock()
 		return // cursors are frozen at what the resync reported
 	}
+	before := c.rxProd
 	err := c.applyCursors(m)
+	produced = c.rxProd - before
 	if err != nil {
 		c.e.st.protoErrors.Add(1)
 		c.e.log.Warn("smcr: peer broke the protocol, aborting connection", "conn", c.id, "err", err)
@@ -91,6 +94,7 @@ func (c *Conn) onCDC(m *rmb.CDC) {
 	c.mu.Unlock()
 	wake(c.rxWake)
 	wake(c.txWake)
+	return produced
 }
 
 // applyCursors checks both cursors before taking either.

@@ -50,7 +50,7 @@ func interruptOnCancel(ctx context.Context, tcp net.Conn) func() bool {
 
 // clcPhase arms the TCP deadline for one CLC message and makes ctx's end interrupt it.
 func (e *Engine) clcPhase(ctx context.Context, tcp net.Conn) {
-	dl := e.cfg.Clock.Now().Add(e.cfg.CLCTimeout)
+	dl := e.cfg.Clock.Now().Add(e.settings().CLCTimeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
 		dl = d
 	}

@@ -274,9 +274,9 @@ func (c *Conn) activate() {
 
 // allocRMB reserves memory for and registers our RMBE, and takes an alert token.
 func (c *Conn) allocRMB() (DeclineCode, error) {
-	size := c.e.cfg.RMBSize
+	size := c.e.settings().RMBSize
 	if !c.e.reserve(int64(size)) {
-		return clc.DeclineNoMemory, fmt.Errorf("rmb of %d bytes exceeds max memory %d", size, c.e.cfg.MaxMemory)
+		return clc.DeclineNoMemory, fmt.Errorf("rmb of %d bytes exceeds max memory %d", size, c.e.settings().MaxMemory)
 	}
 	c.memHeld += int64(size)
 	mr, err := c.lnk.pd.AllocMR(size, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
@@ -284,6 +284,7 @@ func (c *Conn) allocRMB() (DeclineCode, error) {
 		return clc.DeclineInternalRegBuf, fmt.Errorf("alloc rmb: %w", err)
 	}
 	c.rmb, c.rmbSize = mr, uint64(size)
+	c.e.st.rxBuf.observe(uint64(size))
 	c.token = c.e.newToken(c)
 	c.lg.addConn(c)
 	return 0, nil
@@ -293,7 +294,7 @@ func (c *Conn) allocRMB() (DeclineCode, error) {
 func (c *Conn) setPeer(li *clc.LinkInfo) (DeclineCode, error) {
 	size := clc.RMBESize(li.SizeCode)
 	if !c.e.reserve(int64(size)) {
-		return clc.DeclineNoMemory, fmt.Errorf("send buffer of %d bytes exceeds max memory %d", size, c.e.cfg.MaxMemory)
+		return clc.DeclineNoMemory, fmt.Errorf("send buffer of %d bytes exceeds max memory %d", size, c.e.settings().MaxMemory)
 	}
 	c.memHeld += int64(size)
 	mr, err := c.lnk.pd.AllocMR(size, verbs.AccessLocalWrite)
@@ -302,6 +303,7 @@ func (c *Conn) setPeer(li *clc.LinkInfo) (DeclineCode, error) {
 	}
 	c.mu.Lock()
 	c.snd, c.peerSize = mr, uint64(size)
+	c.e.st.txBuf.observe(uint64(size))
 	c.peerToken, c.peerRKey, c.peerAddr = li.AlertToken, li.RKey, li.RMBAddr
 	c.mu.Unlock()
 	return 0, nil

@@ -220,7 +220,11 @@ func (c *Conn) Read(p []byte) (int, error) {
 		c.e.st.fbRx.Add(uint64(n))
 		return n, err
 	}
-	return c.smcRead(p)
+	n, err := c.smcRead(p)
+	if n > 0 {
+		c.e.st.rxReq.observe(uint64(n))
+	}
+	return n, err
 }
 
 // Write writes p into the peer's RMBE (or, after a fallback, to TCP).
@@ -231,7 +235,11 @@ func (c *Conn) Write(p []byte) (int, error) {
 		c.e.st.fbTx.Add(uint64(n))
 		return n, err
 	}
-	return c.smcWrite(p)
+	n, err := c.smcWrite(p)
+	if n > 0 {
+		c.e.st.txReq.observe(uint64(n))
+	}
+	return n, err
 }
 
 // SetDeadline sets the read and write deadlines.

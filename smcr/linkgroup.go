@@ -67,6 +67,8 @@ type LinkInfo struct {
 	State     string
 	Sent      uint64 // work requests posted
 	Completed uint64 // completions polled
+	TxBytes   uint64 // payload RDMA-written to the peer
+	RxBytes   uint64 // payload the peer RDMA-wrote to us, as its CDCs announced
 }
 
 // LinkGroups lists the engine's link groups.
@@ -85,7 +87,8 @@ func (e *Engine) LinkGroups() []LinkGroupInfo {
 			Provider: lg.key.kind.String(), Conns: len(lg.conns)}
 		for _, l := range lg.links {
 			info.Links = append(info.Links, LinkInfo{Num: l.num, Device: l.dev.Name(), QPN: l.qp.Attr().QPN,
-				PeerQPN: l.peer.QPN, State: l.qp.State().String(), Sent: l.posted.Load(), Completed: l.polled.Load()})
+				PeerQPN: l.peer.QPN, State: l.qp.State().String(), Sent: l.posted.Load(), Completed: l.polled.Load(),
+				TxBytes: l.txBytes.Load(), RxBytes: l.rxBytes.Load()})
 		}
 		lg.mu.RUnlock()
 		out = append(out, info)

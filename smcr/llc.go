@@ -80,7 +80,8 @@ type link struct {
 	failOnce  sync.Once
 	wg        sync.WaitGroup
 
-	posted, polled atomic.Uint64
+	posted, polled   atomic.Uint64
+	txBytes, rxBytes atomic.Uint64 // payload RDMA-written by us, and announced by the peer's CDCs
 }
 
 // newLink creates the QP and its buffers, posts the receive slots and starts the
@@ -155,7 +156,7 @@ func (l *link) connect(ctx context.Context, peer verbs.QPAttr) error {
 func (l *link) startConnect(peer verbs.QPAttr) {
 	l.peer = peer
 	go func() {
-		ctx, cancel := context.WithTimeout(l.ctx, l.lg.e.cfg.CLCTimeout)
+		ctx, cancel := context.WithTimeout(l.ctx, l.lg.e.settings().CLCTimeout)
 		defer cancel()
 		l.connErr = l.connect(ctx, peer)
 		close(l.connected)
@@ -267,7 +268,7 @@ func (l *link) onCDC(b []byte) {
 		e.log.Debug("smcr: cdc for unknown alert token", "lg", l.lg.id, "token", m.Token)
 		return
 	}
-	c.onCDC(&m)
+	l.rxBytes.Add(c.onCDC(&m))
 }
 
 // acquire takes a send slot and a work-request credit.
@@ -350,6 +351,7 @@ func (l *link) postWrite(c *Conn, off, n int) error {
 		return ErrLinkDown
 	}
 	l.posted.Add(1)
+	l.txBytes.Add(uint64(n))
 	return nil
 }
 

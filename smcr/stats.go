@@ -56,8 +56,46 @@ type Stats struct {
 	Aborts       uint64 // connections ended by abnormal close
 	Continued    uint64 // connections that went on over TCP after their link group failed
 	MemoryInUse  int64  // bytes of RMBs and send buffers held now
-	MemoryPeak   int64
-	LinkGroups   int // link groups alive now
+	MemoryPeak   int64  // most bytes held at once since start or the last reset
+	LinkGroups   int    // link groups alive now
+
+	RxBufSizes SizeHistogram // our RMBEs, one per SMC-R connection set up
+	TxBufSizes SizeHistogram // our send buffers (the peer's RMBE size), one per connection
+	RxReqSizes SizeHistogram // Reads that returned SMC-R payload, by bytes returned
+	TxReqSizes SizeHistogram // Writes on SMC-R connections, by bytes written
+}
+
+// SizeBounds are the inclusive upper bounds in bytes of the size histograms'
+// buckets, those of smc-tools' `smcr stats`; one more bucket counts larger sizes.
+var SizeBounds = [...]uint64{8 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10, 512 << 10}
+
+// SizeHistogram counts sizes by bucket: [i] counts sizes up to SizeBounds[i] (and
+// above the bound before), the last one sizes above every bound.
+type SizeHistogram [len(SizeBounds) + 1]uint64
+
+// sizeHist is a SizeHistogram that counts concurrently.
+type sizeHist [len(SizeBounds) + 1]atomic.Uint64
+
+func (h *sizeHist) observe(n uint64) {
+	i := 0
+	for i < len(SizeBounds) && n > SizeBounds[i] {
+		i++
+	}
+	h[i].Add(1)
+}
+
+func (h *sizeHist) snapshot() SizeHistogram {
+	var out SizeHistogram
+	for i := range h {
+		out[i] = h[i].Load()
+	}
+	return out
+}
+
+func (h *sizeHist) reset() {
+	for i := range h {
+		h[i].Store(0)
+	}
 }
 
 type stats struct {
@@ -66,6 +104,7 @@ type stats struct {
 	txBytes, rxBytes, fbTx, fbRx                     atomic.Uint64
 	cdcSent, cdcRecv, llcSent, llcRecv               atomic.Uint64
 	writeBlocked, protoErrors, aborts, continued     atomic.Uint64
+	rxBuf, txBuf, rxReq, txReq                       sizeHist
 	mu                                               sync.Mutex
 	fallback                                         map[FallbackKey]uint64
 }
@@ -106,6 +145,10 @@ func (s *stats) snapshot() Stats {
 		ProtoErrors:  s.protoErrors.Load(),
 		Aborts:       s.aborts.Load(),
 		Continued:    s.continued.Load(),
+		RxBufSizes:   s.rxBuf.snapshot(),
+		TxBufSizes:   s.txBuf.snapshot(),
+		RxReqSizes:   s.rxReq.snapshot(),
+		TxReqSizes:   s.txReq.snapshot(),
 	}
 }
 
@@ -114,6 +157,9 @@ func (s *stats) reset() {
 		&s.txBytes, &s.rxBytes, &s.fbTx, &s.fbRx, &s.cdcSent, &s.cdcRecv, &s.llcSent,
 		&s.llcRecv, &s.writeBlocked, &s.protoErrors, &s.aborts, &s.continued} {
 		c.Store(0)
+	}
+	for _, h := range []*sizeHist{&s.rxBuf, &s.txBuf, &s.rxReq, &s.txReq} {
+		h.reset()
 	}
 	s.mu.Lock()
 	s.fallback = nil
