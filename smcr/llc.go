@@ -85,7 +85,12 @@ type link struct {
 	failOnce  sync.Once
 	wg        sync.WaitGroup
 
-	posted, polled   atomic.Uint64
+	posted, polled atomic.Uint64
+
+	// useMu keeps the send slots mapped while a sender encodes into one: free
+	// takes it exclusively, after which acquire fails.
+	useMu            sync.RWMutex
+	freed            bool
 	txBytes, rxBytes atomic.Uint64 // payload RDMA-written by us, and announced by the peer's CDCs
 }
 
@@ -284,7 +289,8 @@ func (l *link) onCDC(b []byte) {
 	l.rxBytes.Add(c.onCDC(&m))
 }
 
-// acquire takes a send slot and a work-request credit.
+// acquire takes a send slot and a work-request credit, and a read hold on useMu
+// that the caller releases after posting.
 func (l *link) acquire() (uint16, error) {
 	var s uint16
 	select {
@@ -294,11 +300,18 @@ func (l *link) acquire() (uint16, error) {
 	}
 	select {
 	case <-l.credits:
-		return s, nil
 	case <-l.ctx.Done():
 		l.slots <- s
 		return 0, ErrLinkDown
 	}
+	l.useMu.RLock()
+	if l.freed {
+		l.useMu.RUnlock()
+		l.slots <- s
+		l.credits <- struct{}{}
+		return 0, ErrLinkDown
+	}
+	return s, nil
 }
 
 // postSlot sends the 44 bytes already encoded in slot s.
@@ -327,6 +340,7 @@ func (l *link) sendConnCDC(c *Conn, prod uint64, m *rmb.CDC) error {
 	if err != nil {
 		return err
 	}
+	defer l.useMu.RUnlock()
 	l.slotConn[s], l.slotProd[s] = c, prod
 	m.Encode(l.sendMR.Bytes()[int(s)*slotSize:])
 	l.lg.e.st.cdcSent.Add(1)
@@ -338,6 +352,7 @@ func (l *link) sendLLC(m llc.Message) error {
 	if err != nil {
 		return err
 	}
+	defer l.useMu.RUnlock()
 	if err := m.Encode(l.sendMR.Bytes()[int(s)*slotSize:]); err != nil {
 		l.slots <- s
 		l.credits <- struct{}{}
@@ -563,9 +578,16 @@ func (l *link) sendDeleteLink() {
 	case s := <-l.slots:
 		select {
 		case <-l.credits:
-			m := &llc.DeleteLink{Flags: llc.FlagDeleteLinkAll | llc.FlagDeleteOrderly, Reason: 0x00030000}
-			m.Encode(l.sendMR.Bytes()[int(s)*slotSize:])
-			l.postSlot(s)
+			l.useMu.RLock()
+			if !l.freed {
+				m := &llc.DeleteLink{Flags: llc.FlagDeleteLinkAll | llc.FlagDeleteOrderly, Reason: 0x00030000}
+				m.Encode(l.sendMR.Bytes()[int(s)*slotSize:])
+				l.postSlot(s)
+			} else {
+				l.slots <- s
+				l.credits <- struct{}{}
+			}
+			l.useMu.RUnlock()
 		default:
 			l.slots <- s
 		}
@@ -669,6 +691,9 @@ func (l *link) close() {
 }
 
 func (l *link) free() {
+	l.useMu.Lock()
+	l.freed = true
+	l.useMu.Unlock()
 	for _, c := range []interface{ Close() error }{l.recvMR, l.sendMR, l.cq, l.pd} {
 		if c != nil && c != (interface{ Close() error })(nil) {
 			c.Close()

@@ -1,11 +1,17 @@
 package smcr
 
 import (
+	"context"
+	"net"
+	"net/netip"
 	"sync"
 	"testing"
 
+	"github.com/smcr-io/smcr/internal/nstest"
 	"github.com/smcr-io/smcr/smcr/internal/memverbs"
 	"github.com/smcr-io/smcr/smcr/verbs"
+	"github.com/smcr-io/smcr/smcr/verbs/shm"
+	"github.com/smcr-io/smcr/smcr/verbs/soft"
 )
 
 // linkCounts returns the number of links of each of e's link groups and the
@@ -124,4 +130,122 @@ func TestSecondLinkFailover(t *testing.T) {
 	eventually(t, "released", func() bool {
 		return p.cli.Stats().MemoryInUse == 0 && p.srv.Stats().MemoryInUse == 0
 	})
+}
+
+// openDeviceAt opens a device of kind in ns; soft listens on addr, the address of
+// one of the namespace's links.
+func openDeviceAt(t *testing.T, kind string, ns *nstest.NS, addr netip.Addr, dir, name string) verbs.Device {
+	var d verbs.Device
+	err := ns.Do(func() error {
+		var err error
+		switch kind {
+		case "shm":
+			d, err = shm.Open(shm.Config{Dir: dir, Name: name})
+		case "soft":
+			var ln net.Listener
+			if ln, err = net.Listen("tcp", netip.AddrPortFrom(addr, 0).String()); err != nil {
+				return err
+			}
+			d, err = soft.Open(soft.Config{Listener: ln, Dial: func(ctx context.Context, network, a string) (net.Conn, error) {
+				var c net.Conn
+				err := ns.Do(func() error {
+					var err error
+					c, err = (&net.Dialer{}).DialContext(ctx, network, a)
+					return err
+				})
+				return c, err
+			}})
+		}
+		return err
+	})
+	if err != nil {
+		t.Skipf("%s provider unavailable: %v", kind, err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+// TestSecondLinkNamespaces runs two links over two veth pairs between two network
+// namespaces, on soft and shm: ADD_LINK once, connections on both links, one
+// device closed mid-transfer (failover, DELETE_LINK), then the other (continuation
+// over TCP), every byte checked.
+func TestSecondLinkNamespaces(t *testing.T) {
+	for _, kind := range []string{"soft", "shm"} {
+		t.Run(kind, func(t *testing.T) {
+			p := nstest.NewPair(t)
+			la, lb := p.AddLink()
+			dir := t.TempDir()
+			ca1 := openDeviceAt(t, kind, p.A, p.A.Addr4(), dir, "a1")
+			ca2 := openDeviceAt(t, kind, p.A, la.Addr4.Addr(), dir, "a2")
+			sb1 := openDeviceAt(t, kind, p.B, p.B.Addr4(), dir, "b1")
+			sb2 := openDeviceAt(t, kind, p.B, lb.Addr4.Addr(), dir, "b2")
+			cfg := func(d ...verbs.Device) Config {
+				return Config{Devices: d, RMBSize: 64 << 10, TestLinkInterval: -1}
+			}
+			cli, srv := newEngine(t, cfg(ca1, ca2)), newEngine(t, cfg(sb1, sb2))
+			var ln *Listener
+			if err := p.B.Do(func() error {
+				var err error
+				ln, err = srv.Listen("tcp", netip.AddrPortFrom(p.B.Addr4(), 0).String())
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { ln.Close() })
+			s := &nsSetup{pair: p, cli: cli, srv: srv, ln: ln, addr: ln.Addr().String()}
+			connect := func() [2]*Conn {
+				c := s.dial(t, cli)
+				sc, err := ln.AcceptSMC()
+				if err != nil {
+					t.Fatal(err)
+				}
+				mustSMC(t, c, sc)
+				return [2]*Conn{c, sc}
+			}
+			conns := [][2]*Conn{connect()}
+			eventually(t, "two links on both ends", func() bool { return twoLinks(cli) && twoLinks(srv) })
+			for range 3 {
+				conns = append(conns, connect())
+			}
+			if a, b := cli.Stats().AddLinks, srv.Stats().AddLinks; a != 1 || b != 1 {
+				t.Fatalf("ADD_LINK exchanges: client %d, server %d; want 1", a, b)
+			}
+			if _, per := linkCounts(srv); per[0][0] == 0 || per[0][1] == 0 {
+				t.Fatalf("connections per link %v: one link unused", per[0])
+			}
+			streamPairs(t, conns, 16<<20, 300, func() {
+				eventually(t, "streams under way", func() bool { return cli.Stats().RxBytes > 8<<20 })
+				sb1.Close()
+				eventually(t, "one link left", func() bool {
+					l, _ := linkCounts(cli)
+					m, _ := linkCounts(srv)
+					return len(l) == 1 && l[0] == 1 && len(m) == 1 && m[0] == 1
+				})
+			})
+			cs, ss := cli.Stats(), srv.Stats()
+			if cs.MovedConns == 0 || ss.MovedConns == 0 || cs.Continued+ss.Continued != 0 {
+				t.Fatalf("moved %d/%d, continued %d/%d", cs.MovedConns, ss.MovedConns, cs.Continued, ss.Continued)
+			}
+			if cs.DeleteLinks+ss.DeleteLinks == 0 {
+				t.Errorf("no DELETE_LINK seen")
+			}
+			for _, c := range conns {
+				c[0].Close()
+				c[1].Close()
+			}
+			conns = [][2]*Conn{connect(), connect()}
+			streamPairs(t, conns, 16<<20, 400, func() {
+				base := srv.Stats().RxBytes
+				eventually(t, "streams under way", func() bool { return srv.Stats().RxBytes > base+8<<20 })
+				sb2.Close()
+			})
+			if n := cli.Stats().Continued + srv.Stats().Continued; n != 4 {
+				t.Errorf("continued %d connections over tcp, want 4", n)
+			}
+			for _, c := range conns {
+				c[0].Close()
+				c[1].Close()
+			}
+		})
+	}
 }
