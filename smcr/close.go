@@ -266,6 +266,8 @@ func (c *Conn) activate() {
 	c.mu.Unlock()
 	c.e.st.smc.Add(1)
 	c.e.st.active.Add(1)
+	c.e.st.rxBuf.observe(c.rmbSize)
+	c.e.st.txBuf.observe(c.peerSize)
 	if c.smcx {
 		go c.watchTCP()
 	}
@@ -284,7 +286,6 @@ func (c *Conn) allocRMB() (DeclineCode, error) {
 		return clc.DeclineInternalRegBuf, fmt.Errorf("alloc rmb: %w", err)
 	}
 	c.rmb, c.rmbSize = mr, uint64(size)
-	c.e.st.rxBuf.observe(uint64(size))
 	c.token = c.e.newToken(c)
 	c.lg.addConn(c)
 	return 0, nil
@@ -303,7 +304,6 @@ func (c *Conn) setPeer(li *clc.LinkInfo) (DeclineCode, error) {
 	}
 	c.mu.Lock()
 	c.snd, c.peerSize = mr, uint64(size)
-	c.e.st.txBuf.observe(uint64(size))
 	c.peerToken, c.peerRKey, c.peerAddr = li.AlertToken, li.RKey, li.RMBAddr
 	c.mu.Unlock()
 	return 0, nil

@@ -71,6 +71,18 @@ func TestSetMaxMemory(t *testing.T) {
 	c4, s4 := p.connect(t)
 	mustSMC(t, c4, s4)
 
+	// The buffer histograms count the connections that went SMC-R, not the buffers
+	// of handshakes that fell back (the server's RMB for c3 was made, then freed).
+	for _, e := range []*Engine{p.cli, p.srv} {
+		st, n := e.Stats(), uint64(0)
+		for i := range st.RxBufSizes {
+			n += st.RxBufSizes[i] + st.TxBufSizes[i]
+		}
+		if st.SMC != 2 || n != 2*st.SMC {
+			t.Errorf("%d SMC-R connections, %d buffers in the histograms, want 2 and 4", st.SMC, n)
+		}
+	}
+
 	if err := p.cli.SetMaxMemory(-1); !errors.Is(err, ErrConfig) {
 		t.Fatalf("SetMaxMemory(-1): %v, want ErrConfig", err)
 	}
