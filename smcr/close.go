@@ -224,9 +224,10 @@ func (c *Conn) freeResources() {
 		// keeps LLC traffic per connection bounded (one CONFIRM_RKEY each way).
 		c.rmb.Close()
 	}
-	if c.lg != nil && c.peerRKey != 0 {
-		c.lg.addPeerRKey(c.peerRKey, false)
+	if c.lg != nil && c.peerKey.rkey != 0 {
+		c.lg.delPeerRKey(c.peerKey.link, c.peerKey.rkey)
 	}
+	c.freeRegistrations()
 	if c.snd != nil {
 		c.snd.Close()
 	}
@@ -286,15 +287,39 @@ func (c *Conn) allocRMB() (DeclineCode, error) {
 		return clc.DeclineInternalRegBuf, fmt.Errorf("alloc rmb: %w", err)
 	}
 	c.rmb, c.rmbSize = mr, uint64(size)
+	c.mu.Lock()
+	c.rmbOn[c.lnk.num] = mr
+	c.mu.Unlock()
 	c.token = c.e.newToken(c)
 	c.lg.addConn(c)
+	return 0, nil
+}
+
+// holdSendBuffer reserves, on the server at the Proposal, memory for the send
+// buffer that mirrors the client's RMBE, whose size only the Confirm tells: as
+// much as our RMBE (the client is likely configured as we are). A server short of
+// memory must decline before its Accept: after the client's Confirm a Decline
+// comes too late, the client already writes into our RMBE.
+func (c *Conn) holdSendBuffer() (DeclineCode, error) {
+	n := int64(c.rmbSize)
+	if !c.e.reserve(n) {
+		return clc.DeclineNoMemory, fmt.Errorf("send buffer of about %d bytes exceeds max memory %d", n, c.e.settings().MaxMemory)
+	}
+	c.memHeld += n
+	c.sndHeld = n
 	return 0, nil
 }
 
 // setPeer takes the peer's RMBE from its Accept/Confirm and makes our send buffer.
 func (c *Conn) setPeer(li *clc.LinkInfo) (DeclineCode, error) {
 	size := clc.RMBESize(li.SizeCode)
-	if !c.e.reserve(int64(size)) {
+	if held := c.sndHeld; held > 0 {
+		// The server after the Confirm: what the hold lacks is taken beyond
+		// max_memory rather than refused too late; a surplus goes back.
+		c.sndHeld = 0
+		c.memHeld -= held
+		c.e.charge(int64(size) - held)
+	} else if !c.e.reserve(int64(size)) {
 		return clc.DeclineNoMemory, fmt.Errorf("send buffer of %d bytes exceeds max memory %d", size, c.e.settings().MaxMemory)
 	}
 	c.memHeld += int64(size)
@@ -304,7 +329,9 @@ func (c *Conn) setPeer(li *clc.LinkInfo) (DeclineCode, error) {
 	}
 	c.mu.Lock()
 	c.snd, c.peerSize = mr, uint64(size)
+	c.sndOn[c.lnk.num] = mr
 	c.peerToken, c.peerRKey, c.peerAddr = li.AlertToken, li.RKey, li.RMBAddr
+	c.peerKey = rkeyOn{c.lnk.num, li.RKey}
 	c.mu.Unlock()
 	return 0, nil
 }

@@ -61,6 +61,11 @@ type link struct {
 	swr    verbs.SendWR
 	sge    [1]verbs.SGE
 
+	// The connection and producer cursor of the CDC in each send slot: a CDC
+	// completed means the peer holds the bytes before it (multilink.go).
+	slotConn [nSendSlots]*Conn
+	slotProd [nSendSlots]uint64
+
 	llcIn   chan [llc.MsgLen]byte
 	ctl     chan *Conn
 	clReq   chan llc.ConfirmLink // CONFIRM_LINK requests, for the client
@@ -235,12 +240,20 @@ func (l *link) complete(wc *verbs.WorkCompletion) {
 		tag := wc.ID >> 56
 		switch tag {
 		case tagSlot:
-			l.slots <- uint16(wc.ID)
+			s := uint16(wc.ID)
+			if c := l.slotConn[s]; c != nil {
+				if wc.Status == verbs.WCSuccess {
+					c.cdcDone(l.slotProd[s])
+				}
+				l.slotConn[s] = nil
+			}
+			l.slots <- s
 			l.credits <- struct{}{}
 		case tagWrite:
 			l.credits <- struct{}{}
 			c := l.lg.conn(uint32(wc.ID))
 			if c != nil {
+				c.wrOutOn[l.num].Add(-1)
 				c.writeDone()
 			}
 			if wc.Status != verbs.WCSuccess && c != nil {
@@ -296,6 +309,7 @@ func (l *link) postSlot(s uint16) error {
 	err := l.qp.PostSend(&l.swr)
 	l.postMu.Unlock()
 	if err != nil {
+		l.slotConn[s] = nil
 		l.slots <- s
 		l.credits <- struct{}{}
 		l.fail(fmt.Errorf("post send: %w", err))
@@ -305,11 +319,15 @@ func (l *link) postSlot(s uint16) error {
 	return nil
 }
 
-func (l *link) sendCDC(m *rmb.CDC) error {
+func (l *link) sendCDC(m *rmb.CDC) error { return l.sendConnCDC(nil, 0, m) }
+
+// sendConnCDC sends c's CDC announcing producer cursor prod (absolute).
+func (l *link) sendConnCDC(c *Conn, prod uint64, m *rmb.CDC) error {
 	s, err := l.acquire()
 	if err != nil {
 		return err
 	}
+	l.slotConn[s], l.slotProd[s] = c, prod
 	m.Encode(l.sendMR.Bytes()[int(s)*slotSize:])
 	l.lg.e.st.cdcSent.Add(1)
 	return l.postSlot(s)
@@ -338,14 +356,20 @@ func (l *link) postWrite(c *Conn, off, n int) error {
 		return ErrLinkDown
 	}
 	c.wrOut.Add(1)
+	c.wrOutOn[l.num].Add(1)
+	snd := c.sndOn[l.num] // registered before c moved to l (multilink.go)
+	if snd == nil {
+		snd = c.snd
+	}
 	l.postMu.Lock()
-	l.sge[0] = verbs.SGE{MR: c.snd, Offset: off, Length: n}
+	l.sge[0] = verbs.SGE{MR: snd, Offset: off, Length: n}
 	l.swr = verbs.SendWR{ID: tagWrite<<56 | uint64(c.token), Opcode: verbs.OpWrite, SG: l.sge[:],
 		RemoteAddr: c.peerAddr + uint64(off), RKey: c.peerRKey, Signaled: true}
 	err := l.qp.PostSend(&l.swr)
 	l.postMu.Unlock()
 	if err != nil {
 		c.wrOut.Add(-1)
+		c.wrOutOn[l.num].Add(-1)
 		l.credits <- struct{}{}
 		l.fail(fmt.Errorf("post write: %w", err))
 		return ErrLinkDown
@@ -484,11 +508,14 @@ func (l *link) confirmLinkClient(ctx context.Context) error {
 // the CLC message naming the rkey follows at once, and the peer waits for the
 // request to arrive before it uses the rkey (linkGroup.waitPeerRKey). This saves a
 // round trip per connection setup on each side; the response is still sent and
-// read, and a negative one fails the link.
-func (l *link) announceRKey(mr verbs.MR) error {
+// read, and a negative one fails the link. The request carries the RMB's rkeys on
+// the group's other links too (others).
+func (l *link) announceRKey(mr verbs.MR, others ...llc.RToken) error {
 	k := pendKey{t: llc.TypeConfirmRkey, key: uint64(mr.RKey())}
 	ch := l.register(k)
-	if err := l.sendLLC(&llc.ConfirmRkey{RKey: mr.RKey(), Addr: mr.Addr()}); err != nil {
+	m := &llc.ConfirmRkey{RKey: mr.RKey(), Addr: mr.Addr(), NumOthers: uint8(len(others))}
+	copy(m.Others[:], others)
+	if err := l.sendLLC(m); err != nil {
 		l.unregister(k)
 		return err
 	}
@@ -555,6 +582,14 @@ func (l *link) handleLLC(b []byte) {
 		lg.e.log.Debug("smcr: bad llc message", "lg", lg.id, "err", err)
 		return
 	}
+	if ac, ok := m.(*llc.AddLinkCont); ok {
+		select {
+		case lg.addCont <- *ac:
+		default:
+			lg.e.st.protoErrors.Add(1)
+		}
+		return
+	}
 	if m.Response() {
 		var key uint64
 		switch r := m.(type) {
@@ -575,12 +610,12 @@ func (l *link) handleLLC(b []byte) {
 		default:
 		}
 	case *llc.ConfirmRkey:
-		lg.addPeerRKey(r.RKey, true)
+		lg.addPeerRKey(l.num, r.RKey, r.Addr, r.Entries()...)
 		r.Flags |= llc.FlagResponse
 		l.sendLLC(r)
 	case *llc.DeleteRkey:
 		for _, k := range r.Entries() {
-			lg.addPeerRKey(k, false)
+			lg.delPeerRKey(l.num, k)
 		}
 		r.Flags |= llc.FlagResponse
 		l.sendLLC(r)
@@ -588,15 +623,23 @@ func (l *link) handleLLC(b []byte) {
 		r.Flags |= llc.FlagResponse
 		l.sendLLC(r)
 	case *llc.DeleteLink:
-		go lg.terminate(fmt.Errorf("%w: peer deleted the link (%v)", ErrLinkDown, r.Reason), false)
+		err := fmt.Errorf("%w: peer deleted the link (%v)", ErrLinkDown, r.Reason)
+		if r.All() {
+			go lg.terminate(err, false)
+			return
+		}
+		lg.e.st.deleteLinks.Add(1)
+		if dl := lg.linkByNum(uint8(r.Link)); dl != nil {
+			go lg.linkFailed(dl, err, false)
+		} // else: gone already, we saw the failure too
+
 	case *llc.AddLink:
-		// One link per group for now: refuse, so the peer keeps its single link.
-		r.Flags |= llc.FlagResponse | llc.FlagAddLinkRejected
-		l.sendLLC(r)
+		lg.onAddLink(l, r)
 	}
 }
 
-// fail marks the link down after an error; with one link the group goes too.
+// fail marks the link down after an error: its connections move to the other
+// link, or with none left the group goes too (multilink.go).
 func (l *link) fail(err error) {
 	l.failOnce.Do(func() {
 		l.down.Store(true)
@@ -604,7 +647,7 @@ func (l *link) fail(err error) {
 			return // we are closing: flushes are expected
 		}
 		l.lg.e.log.Warn("smcr: link failed", "lg", l.lg.id, "link", l.num, "err", err)
-		go l.lg.terminate(fmt.Errorf("%w: %v", ErrLinkDown, err), false)
+		go l.lg.linkFailed(l, fmt.Errorf("%w: %v", ErrLinkDown, err), true)
 	})
 }
 

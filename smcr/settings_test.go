@@ -240,3 +240,24 @@ func TestTransferCounters(t *testing.T) {
 		t.Errorf("after ResetStats memory peak %d, in use %d: the peak starts again from the use", cs.MemoryPeak, cs.MemoryInUse)
 	}
 }
+
+// TestServerMemoryBeforeAccept: a server with room for its RMB but not for the
+// send buffer declines before its Accept, so the client falls back cleanly; a
+// Decline after the client's Confirm would end the client's connection instead.
+func TestServerMemoryBeforeAccept(t *testing.T) {
+	p := memPair(t)
+	if err := p.srv.SetMaxMemory(defaultRMB * 3 / 2); err != nil {
+		t.Fatal(err)
+	}
+	c, s := p.connect(t)
+	if d := c.Decline(); c.Mode() != ModeFallback || d.Code != clc.DeclineNoMemory || d.Side != SidePeer {
+		t.Fatalf("client: mode %v, decline %+v; want a fallback for the peer's insufficient memory", c.Mode(), d)
+	}
+	if d := s.Decline(); d.Code != clc.DeclineNoMemory || d.Side != SideLocal {
+		t.Fatalf("server decline %+v", d)
+	}
+	echoCheck(t, c, s)
+	if st := p.srv.Stats(); st.MemoryInUse != 0 || st.MemoryPeak != defaultRMB {
+		t.Errorf("server memory in use %d, peak %d: want 0 and the RMB alone", st.MemoryInUse, st.MemoryPeak)
+	}
+}
