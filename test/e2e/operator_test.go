@@ -8,6 +8,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"strings"
 	"testing"
@@ -44,7 +46,7 @@ func sum(h control.Histogram) uint64 {
 
 func TestOperatorView(t *testing.T) {
 	a, b := hosts(t)
-	a.start("providers = shm", ports, "rmb_size = 256K")
+	a.start("providers = shm", ports, "rmb_size = 256K", "metrics_address = 127.0.0.1:9464")
 	b.start("providers = shm", ports, "rmb_size = 256K")
 	b.serve(5201)
 	b.background("socat", "TCP-LISTEN:5204,fork,reuseaddr", "EXEC:cat")
@@ -101,6 +103,25 @@ func TestOperatorView(t *testing.T) {
 	}
 	if l := links[0]; l.TX.Bytes != n || l.RX.Bytes != n || l.TX.WorkRequests == 0 || l.RX.WorkRequests == 0 {
 		t.Errorf("A's link traffic tx %+v rx %+v, want %d bytes each way", l.TX, l.RX, n)
+	}
+
+	// The Prometheus metrics report the same link bytes.
+	var body []byte
+	err = a.ns.Do(func() error {
+		c, err := net.Dial("tcp", "127.0.0.1:9464")
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		fmt.Fprint(c, "GET /metrics HTTP/1.0\r\n\r\n")
+		body, err = io.ReadAll(c)
+		return err
+	})
+	for _, dir := range []string{"rx", "tx"} {
+		m := fmt.Sprintf("smcr_link_bytes_total{direction=%q,link=\"1\",linkgroup=\"1\"} %d\n", dir, n)
+		if err != nil || !bytes.Contains(body, []byte(m)) {
+			t.Errorf("metrics lack %q: %v\n%s", m, err, body)
+		}
 	}
 
 	// stats: one 256K buffer each way, requests counted by size.
