@@ -255,7 +255,8 @@ func (d *Daemon) LogState() {
 		d.log.Info("link group", "id", g.ID, "role", g.Role, "peer", g.Peer, "provider", g.Provider, "conns", g.Conns)
 		for _, l := range g.Links {
 			d.log.Info("link", "group", g.ID, "num", l.Num, "state", l.State, "device", l.Device,
-				"qpn", l.LocalQPN, "peer_qpn", l.PeerQPN, "tx_wr", l.TX.WorkRequests, "rx_wr", l.RX.WorkRequests)
+				"qpn", l.LocalQPN, "peer_qpn", l.PeerQPN, "tx_bytes", l.TX.Bytes, "rx_bytes", l.RX.Bytes,
+				"tx_wr", l.TX.WorkRequests, "rx_wr", l.RX.WorkRequests)
 		}
 	}
 	for _, c := range conns {

@@ -267,6 +267,8 @@ func (c *Conn) activate() {
 	c.mu.Unlock()
 	c.e.st.smc.Add(1)
 	c.e.st.active.Add(1)
+	c.e.st.rxBuf.observe(c.rmbSize)
+	c.e.st.txBuf.observe(c.peerSize)
 	if c.smcx {
 		go c.watchTCP()
 	}
@@ -288,16 +290,36 @@ func (c *Conn) allocRMB() (DeclineCode, error) {
 	c.mu.Lock()
 	c.rmbOn[c.lnk.num] = mr
 	c.mu.Unlock()
-	c.e.st.rxBuf.observe(uint64(size))
 	c.token = c.e.newToken(c)
 	c.lg.addConn(c)
+	return 0, nil
+}
+
+// holdSendBuffer reserves, on the server at the Proposal, memory for the send
+// buffer that mirrors the client's RMBE, whose size only the Confirm tells: as
+// much as our RMBE (the client is likely configured as we are). A server short of
+// memory must decline before its Accept: after the client's Confirm a Decline
+// comes too late, the client already writes into our RMBE.
+func (c *Conn) holdSendBuffer() (DeclineCode, error) {
+	n := int64(c.rmbSize)
+	if !c.e.reserve(n) {
+		return clc.DeclineNoMemory, fmt.Errorf("send buffer of about %d bytes exceeds max memory %d", n, c.e.settings().MaxMemory)
+	}
+	c.memHeld += n
+	c.sndHeld = n
 	return 0, nil
 }
 
 // setPeer takes the peer's RMBE from its Accept/Confirm and makes our send buffer.
 func (c *Conn) setPeer(li *clc.LinkInfo) (DeclineCode, error) {
 	size := clc.RMBESize(li.SizeCode)
-	if !c.e.reserve(int64(size)) {
+	if held := c.sndHeld; held > 0 {
+		// The server after the Confirm: what the hold lacks is taken beyond
+		// max_memory rather than refused too late; a surplus goes back.
+		c.sndHeld = 0
+		c.memHeld -= held
+		c.e.charge(int64(size) - held)
+	} else if !c.e.reserve(int64(size)) {
 		return clc.DeclineNoMemory, fmt.Errorf("send buffer of %d bytes exceeds max memory %d", size, c.e.settings().MaxMemory)
 	}
 	c.memHeld += int64(size)
@@ -308,7 +330,6 @@ func (c *Conn) setPeer(li *clc.LinkInfo) (DeclineCode, error) {
 	c.mu.Lock()
 	c.snd, c.peerSize = mr, uint64(size)
 	c.sndOn[c.lnk.num] = mr
-	c.e.st.txBuf.observe(uint64(size))
 	c.peerToken, c.peerRKey, c.peerAddr = li.AlertToken, li.RKey, li.RMBAddr
 	c.peerKey = rkeyOn{c.lnk.num, li.RKey}
 	c.mu.Unlock()

@@ -123,6 +123,7 @@ type Conn struct {
 	peerAddr  uint64
 	peerRKey  uint32
 	memHeld   int64
+	sndHeld   int64 // of memHeld, held by a server for the send buffer until the Confirm
 	peerOffer offer // the client's offer the server chose
 	reserved  bool  // holds a slot of lg
 

@@ -62,8 +62,8 @@ type Stats struct {
 	MemoryPeak   int64  // most bytes held at once since start or the last reset
 	LinkGroups   int    // link groups alive now
 
-	RxBufSizes SizeHistogram // our RMBEs, one per SMC-R connection set up
-	TxBufSizes SizeHistogram // our send buffers (the peer's RMBE size), one per connection
+	RxBufSizes SizeHistogram // our RMBEs, one per connection that went SMC-R
+	TxBufSizes SizeHistogram // our send buffers (the peer's RMBE size), one per such connection
 	RxReqSizes SizeHistogram // Reads that returned SMC-R payload, by bytes returned
 	TxReqSizes SizeHistogram // Writes on SMC-R connections, by bytes written
 }
