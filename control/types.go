@@ -39,6 +39,9 @@ type SetConfigResult struct {
 	Changed   []Attribute `json:"changed"`   // the attributes whose value changed, with the new value
 	Persisted bool        `json:"persisted"` // the file was written
 	File      string      `json:"file"`      // the file written, when Persisted
+	// Notes are sentences for the operator about changed attributes that do not
+	// take effect at once, e.g. "providers: applies when smcrd restarts (...)".
+	Notes []string `json:"notes,omitempty"`
 }
 
 // EnableRequest turns redirection on or off (POST /v1/enable, /v1/disable).
@@ -209,7 +212,7 @@ const (
 
 // Conn is one connection smcrd handles (GET /v1/conns), after smcss.
 type Conn struct {
-	ID     uint32 `json:"id"`     // local alert token
+	ID     uint32 `json:"id"`     // local alert token (SMC-R); a sequence number for TCP
 	Local  string `json:"local"`  // address:port as the application sees it
 	Remote string `json:"remote"` // address:port
 	Role   string `json:"role"`   // "client" or "server"
@@ -221,6 +224,7 @@ type Conn struct {
 	DeclineReason string `json:"decline_reason,omitempty"`
 
 	LinkGroup   uint32 `json:"link_group,omitempty"`
+	PeerToken   uint32 `json:"peer_token,omitempty"`    // the peer's alert token, which our CDCs carry
 	SndBufSize  int    `json:"sndbuf_size,omitempty"`   // our send buffer
 	RMBSize     int    `json:"rmb_size,omitempty"`      // our receive buffer (RMBE)
 	PeerRMBSize int    `json:"peer_rmb_size,omitempty"` // the peer's RMBE we write into

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/smcr-io/smcr/control"
+	"github.com/smcr-io/smcr/rmb"
 	"github.com/smcr-io/smcr/smcr"
 	"github.com/smcr-io/smcr/smcr/verbs"
 )
@@ -70,10 +71,10 @@ func (d *Daemon) stats(s smcr.Stats) control.Stats {
 			Reused:          s.Reused,
 			Active:          s.Active,
 		},
-		RX: control.Direction{Bytes: s.RxBytes, Requests: s.CDCReceived, FallbackBytes: s.FallbackRx,
-			BufferSizes: control.NewHistogram(control.SizeBuckets), RequestSizes: control.NewHistogram(control.SizeBuckets)},
-		TX: control.Direction{Bytes: s.TxBytes, Requests: s.CDCSent, FallbackBytes: s.FallbackTx, BufferFull: s.WriteBlocked,
-			BufferSizes: control.NewHistogram(control.SizeBuckets), RequestSizes: control.NewHistogram(control.SizeBuckets)},
+		RX: control.Direction{Bytes: s.RxBytes, Requests: total(s.RxReqSizes), FallbackBytes: s.FallbackRx,
+			BufferSizes: histogram(s.RxBufSizes), RequestSizes: histogram(s.RxReqSizes)},
+		TX: control.Direction{Bytes: s.TxBytes, Requests: total(s.TxReqSizes), FallbackBytes: s.FallbackTx, BufferFull: s.WriteBlocked,
+			BufferSizes: histogram(s.TxBufSizes), RequestSizes: histogram(s.TxReqSizes)},
 		MemoryInUse:    s.MemoryInUse,
 		MemoryPeak:     s.MemoryPeak,
 		ProtocolErrors: s.ProtoErrors,
@@ -99,6 +100,24 @@ func (d *Daemon) stats(s smcr.Stats) control.Stats {
 	return out
 }
 
+// histogram maps an engine histogram to the control API's, bucket by bucket.
+func histogram(h smcr.SizeHistogram) control.Histogram {
+	out := control.NewHistogram(smcr.SizeBounds[:])
+	for i := range out {
+		out[i].Count = h[i]
+	}
+	return out
+}
+
+// total is the number of values a histogram counted.
+func total(h smcr.SizeHistogram) uint64 {
+	var n uint64
+	for _, c := range h {
+		n += c
+	}
+	return n
+}
+
 // LinkGroups lists the link groups with their links.
 func (d *Daemon) LinkGroups(context.Context) ([]control.LinkGroup, error) {
 	var out []control.LinkGroup
@@ -107,7 +126,8 @@ func (d *Daemon) LinkGroups(context.Context) ([]control.LinkGroup, error) {
 		for _, l := range g.Links {
 			lk := control.Link{LinkGroup: g.ID, Num: l.Num, Role: g.Role, Peer: g.Peer, State: l.State,
 				Device: l.Device, Port: 1, LocalQPN: l.QPN, PeerQPN: l.PeerQPN, Conns: g.Conns,
-				TX: control.LinkTraffic{WorkRequests: l.Sent}, RX: control.LinkTraffic{WorkRequests: l.Completed}}
+				TX: control.LinkTraffic{Bytes: l.TxBytes, WorkRequests: l.Sent},
+				RX: control.LinkTraffic{Bytes: l.RxBytes, WorkRequests: l.Completed}}
 			if dev := d.device(l.Device); dev != nil {
 				p := dev.Port()
 				lk.Interface = p.Netdev
@@ -137,8 +157,9 @@ func (d *Daemon) Conns(context.Context) ([]control.Conn, error) {
 	for _, c := range d.engine.Conns() {
 		cc := control.Conn{ID: c.Token, Local: addrString(c.Local), Remote: addrString(c.Remote),
 			Role: role(c.Client), State: trimSMC(c.State), Mode: control.ModeSMCR,
-			LinkGroup: c.LinkGroup, RMBSize: c.RMBSize, PeerRMBSize: c.PeerRMB, SndBufSize: c.PeerRMB,
-			TxBytes: c.Stats.TxBytes, RxBytes: c.Stats.RxBytes}
+			LinkGroup: c.LinkGroup, PeerToken: c.PeerToken, RMBSize: c.RMBSize, PeerRMBSize: c.PeerRMB, SndBufSize: c.PeerRMB,
+			TxBytes: c.Stats.TxBytes, RxBytes: c.Stats.RxBytes,
+			TxProd: cursor(c.TxProd), TxCons: cursor(c.TxCons), RxProd: cursor(c.RxProd), RxCons: cursor(c.RxCons)}
 		if cc.ID == 0 {
 			cc.ID = uint32(c.ID)
 		}
@@ -163,6 +184,8 @@ func (d *Daemon) Conns(context.Context) ([]control.Conn, error) {
 	d.connMu.Unlock()
 	return out, nil
 }
+
+func cursor(c rmb.Cursor) control.Cursor { return control.Cursor{Wrap: c.Wrap, Count: c.Count} }
 
 func role(client bool) string {
 	if client {
@@ -232,7 +255,8 @@ func (d *Daemon) LogState() {
 		d.log.Info("link group", "id", g.ID, "role", g.Role, "peer", g.Peer, "provider", g.Provider, "conns", g.Conns)
 		for _, l := range g.Links {
 			d.log.Info("link", "group", g.ID, "num", l.Num, "state", l.State, "device", l.Device,
-				"qpn", l.LocalQPN, "peer_qpn", l.PeerQPN, "tx_wr", l.TX.WorkRequests, "rx_wr", l.RX.WorkRequests)
+				"qpn", l.LocalQPN, "peer_qpn", l.PeerQPN, "tx_bytes", l.TX.Bytes, "rx_bytes", l.RX.Bytes,
+				"tx_wr", l.TX.WorkRequests, "rx_wr", l.RX.WorkRequests)
 		}
 	}
 	for _, c := range conns {

@@ -7,17 +7,41 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/smcr-io/smcr/bpf"
 	"github.com/smcr-io/smcr/config"
 	"github.com/smcr-io/smcr/control"
+	"github.com/smcr-io/smcr/smcr"
 )
 
-// engineAttrs are read when the engine is made: a change applies at restart.
-var engineAttrs = []string{"max_memory", "rmb_size", "sndbuf_size", "providers", "clc_timeout",
-	"cgroup", "control_socket", "control_group", "metrics_address", "log_level", "log_format"}
+// atRestart are the attributes read only when smcrd starts, with why: a change is
+// kept (and persisted when asked) but applies when smcrd restarts. The others
+// apply to new connections at once: the policy ones through the programs' maps,
+// max_memory, rmb_size and clc_timeout through the engine's setters, and
+// peer_cache_ttl when the next peer is cached.
+var atRestart = map[string]string{
+	"providers":       "the RDMA devices are opened at start",
+	"cgroup":          "the programs are attached to the cgroup at start",
+	"control_socket":  "the control socket is opened at start",
+	"control_group":   "the control socket is opened at start",
+	"metrics_address": "the metrics listener is opened at start",
+	"log_level":       "the logger is made at start",
+	"log_format":      "the logger is made at start",
+}
+
+// noEffect are attributes this engine accepts but does not use, with why.
+var noEffect = map[string]string{
+	"sndbuf_size": "a send buffer mirrors the peer's RMB, so its size is the peer's rmb_size",
+}
+
+// errNoFile refuses to persist when smcrd runs without a configuration file.
+var errNoFile = errors.New("nothing to persist to: smcrd runs on its embedded default configuration, " +
+	"without a file; to keep changes, start smcrd with -config FILE " +
+	"(smcrd -print-default-config > FILE writes one to start from)")
 
 // applyPolicy writes c into the programs' maps. ifaces are c's resolved interfaces.
 // The caller holds cfgMu, or is New.
@@ -70,10 +94,15 @@ func (d *Daemon) SetEnabled(_ context.Context, enabled, persist bool) error {
 func (d *Daemon) commit(old, n config.Config, persist bool) (control.SetConfigResult, error) {
 	var res control.SetConfigResult
 	if persist && d.opts.ConfigFile == "" {
-		return res, fmt.Errorf("%w: smcrd runs on its embedded default configuration (no -config file): nothing to persist to", control.ErrInvalid)
+		return res, fmt.Errorf("%w: %w", control.ErrInvalid, errNoFile)
 	}
 	ifaces, err := resolveInterfaces(n.Interfaces)
 	if err != nil {
+		return res, fmt.Errorf("%w: %w", control.ErrInvalid, err)
+	}
+	prev := d.engine.Settings()
+	if err := applyEngine(d.engine, old, n); err != nil {
+		restoreEngine(d.engine, prev)
 		return res, fmt.Errorf("%w: %w", control.ErrInvalid, err)
 	}
 	if err := d.applyPolicy(n, ifaces); err != nil {
@@ -81,19 +110,16 @@ func (d *Daemon) commit(old, n config.Config, persist bool) (control.SetConfigRe
 		if oldIfs, rerr := resolveInterfaces(old.Interfaces); rerr == nil {
 			d.applyPolicy(old, oldIfs)
 		}
+		restoreEngine(d.engine, prev)
 		return res, err
 	}
 	d.cfg.Store(&n)
-	oldAttrs := old.Attributes()
-	for i, a := range n.Attributes() {
-		if a.Value != oldAttrs[i].Value {
-			res.Changed = append(res.Changed, a)
-			if slices.Contains(engineAttrs, a.Name) {
-				d.log.Warn("attribute changed; it takes effect when smcrd restarts", "attr", a.Name, "value", a.Value)
-			} else {
-				d.log.Info("attribute changed", "attr", a.Name, "value", a.Value)
-			}
-		}
+	res.Changed, res.Notes = changes(old, n, persist)
+	for _, a := range res.Changed {
+		d.log.Info("attribute changed", "attr", a.Name, "value", a.Value)
+	}
+	for _, note := range res.Notes {
+		d.log.Warn("attribute change not applied now", "note", note)
 	}
 	if persist {
 		if err := n.Save(d.opts.ConfigFile); err != nil {
@@ -102,4 +128,62 @@ func (d *Daemon) commit(old, n config.Config, persist bool) (control.SetConfigRe
 		res.Persisted, res.File = true, d.opts.ConfigFile
 	}
 	return res, nil
+}
+
+// engine is what SetConfig changes in the engine (an *smcr.Engine).
+type engine interface {
+	SetMaxMemory(int64) error
+	SetRMBSize(int) error
+	SetCLCTimeout(time.Duration) error
+}
+
+// applyEngine hands the engine the attributes that changed from old to n and
+// that it applies to new connections.
+func applyEngine(e engine, old, n config.Config) error {
+	if n.MaxMemory != old.MaxMemory {
+		if err := e.SetMaxMemory(n.MaxMemory); err != nil {
+			return fmt.Errorf("max_memory: %w", err)
+		}
+	}
+	if n.RMBSize != old.RMBSize {
+		if err := e.SetRMBSize(n.RMBSize); err != nil {
+			return fmt.Errorf("rmb_size: %w", err)
+		}
+	}
+	if n.CLCTimeout != old.CLCTimeout {
+		if err := e.SetCLCTimeout(n.CLCTimeout); err != nil {
+			return fmt.Errorf("clc_timeout: %w", err)
+		}
+	}
+	return nil
+}
+
+// restoreEngine puts back settings taken with Settings, which are valid.
+func restoreEngine(e engine, s smcr.Settings) {
+	e.SetMaxMemory(s.MaxMemory)
+	e.SetRMBSize(s.RMBSize)
+	e.SetCLCTimeout(s.CLCTimeout)
+}
+
+// changes lists the attributes whose value differs from old to n, and a note for
+// each of them that does not take effect at once.
+func changes(old, n config.Config, persist bool) (changed []control.Attribute, notes []string) {
+	oldAttrs := old.Attributes()
+	for i, a := range n.Attributes() {
+		if a.Value == oldAttrs[i].Value {
+			continue
+		}
+		changed = append(changed, a)
+		if why, ok := atRestart[a.Name]; ok {
+			note := fmt.Sprintf("%s: applies when smcrd restarts (%s)", a.Name, why)
+			if !persist {
+				note += "; without -P a restart also forgets it: set it with -P"
+			}
+			notes = append(notes, note)
+		}
+		if why, ok := noEffect[a.Name]; ok {
+			notes = append(notes, fmt.Sprintf("%s: kept, but no effect on connections (%s)", a.Name, why))
+		}
+	}
+	return changed, notes
 }

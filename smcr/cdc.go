@@ -44,7 +44,8 @@ func fromCursor(c rmb.Cursor, ref, size uint64) (abs uint64, stale bool, err err
 }
 
 // onCDC applies a CDC from the peer; it runs in the link's poller and never blocks.
-func (c *Conn) onCDC(m *rmb.CDC) {
+// It returns how many bytes the CDC's producer cursor announces as newly written.
+func (c *Conn) onCDC(m *rmb.CDC) (produced uint64) {
 	c.mu.Lock()
 	if c.released {
 		c.mu.Unlock()
@@ -55,7 +56,9 @@ func (c *Conn) onCDC(m *rmb.CDC) {
 		c.mu.Unlock()
 		return // cursors are frozen at what the resync reported
 	}
+	before := c.rxProd
 	err := c.applyCursors(m)
+	produced = c.rxProd - before
 	if err != nil {
 		c.e.st.protoErrors.Add(1)
 		c.e.log.Warn("smcr: peer broke the protocol, aborting connection", "conn", c.id, "err", err)
@@ -65,7 +68,7 @@ func (c *Conn) onCDC(m *rmb.CDC) {
 		wake(c.txWake)
 		return
 	}
-	if m.Flags&rmb.FlagUpdateRequested != 0 {
+	if m.Flags&(rmb.FlagUpdateRequested|rmb.FlagFailoverValidation) != 0 {
 		c.queueCtlLocked(ctlUpdate)
 	}
 	if m.State&rmb.StateAbnormalClose != 0 && !c.peerAbort {
@@ -91,6 +94,7 @@ func (c *Conn) onCDC(m *rmb.CDC) {
 	c.mu.Unlock()
 	wake(c.rxWake)
 	wake(c.txWake)
+	return produced
 }
 
 // applyCursors checks both cursors before taking either.
@@ -179,7 +183,8 @@ func (c *Conn) sendCDC(flags rmb.ProdFlags) error {
 		m.State |= rmb.StateAbnormalClose
 	}
 	c.rxConfirmed = c.rxCons
+	lnk, prod := c.lnk, c.txProd
 	c.mu.Unlock()
 	c.cs.cdcSent.Add(1)
-	return c.lnk.sendCDC(&m)
+	return lnk.sendConnCDC(c, prod, &m)
 }

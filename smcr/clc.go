@@ -51,7 +51,7 @@ func interruptOnCancel(ctx context.Context, tcp net.Conn) func() bool {
 
 // clcPhase arms the TCP deadline for one CLC message and makes ctx's end interrupt it.
 func (e *Engine) clcPhase(ctx context.Context, tcp net.Conn) {
-	e.clcPhaseFor(ctx, tcp, e.cfg.CLCTimeout)
+	e.clcPhaseFor(ctx, tcp, e.settings().CLCTimeout)
 }
 
 // clcPhaseFor is clcPhase with a bound of d.
@@ -65,7 +65,7 @@ func (e *Engine) clcPhaseFor(ctx context.Context, tcp net.Conn, d time.Duration)
 
 // readCLC reads one CLC message, classifying failures for the fallback decision.
 func (e *Engine) readCLC(ctx context.Context, c *Conn, br *bufio.Reader) (clc.Message, DeclineCode, bool, error) {
-	return e.readCLCWithin(ctx, c, br, e.cfg.CLCTimeout)
+	return e.readCLCWithin(ctx, c, br, e.settings().CLCTimeout)
 }
 
 // readCLCWithin is readCLC waiting up to d.
@@ -287,7 +287,7 @@ func (e *Engine) server(ctx context.Context, tcp net.Conn, prefixes func(netip.A
 	// timeout: wait that long. A Decline sent while its Confirm is on the way would
 	// reach it after it began sending over SMC-R, and our fallback would hand the
 	// Confirm to the application as data.
-	wait := e.cfg.CLCTimeout
+	wait := e.settings().CLCTimeout
 	if c.smcx && c.lg.firstConn != c {
 		wait += e.cfg.LLCTimeout
 	}
@@ -380,10 +380,12 @@ func (e *Engine) serverProposal(ctx context.Context, c *Conn, prop *clc.Proposal
 	}
 	c.lg, c.reserved = lg, true
 	c.peerOffer = o
+	lnk := lg.pick()
 	if first {
 		lg.firstConn = c
+		lg.peerOffers = offers
+		lnk = lg.primary()
 	}
-	lnk := lg.primary()
 	if lnk == nil {
 		return clc.DeclineNoActiveLink, errors.New("link group has no link")
 	}
@@ -391,8 +393,11 @@ func (e *Engine) serverProposal(ctx context.Context, c *Conn, prop *clc.Proposal
 	if code, err := c.allocRMB(); err != nil {
 		return code, err
 	}
+	if code, err := c.holdSendBuffer(); err != nil {
+		return code, err
+	}
 	if !first {
-		if err := lnk.announceRKey(c.rmb); err != nil {
+		if err := c.announceRMB(); err != nil {
 			return clc.DeclineInternalRToken, fmt.Errorf("confirm rkey: %w", err)
 		}
 	}
@@ -405,6 +410,14 @@ func (e *Engine) serverProposal(ctx context.Context, c *Conn, prop *clc.Proposal
 	}}
 	if ext {
 		env := clc.Envelope{TLVs: []clc.TLV{{Type: tlvChosen, Value: appendChosen(nil, o.Kind, dev.Endpoint())}}}
+		if len(e.cfg.Devices) > 1 {
+			// Our devices, so the client can reach the second link's (multilink.go).
+			val, err := appendOffers(nil, e.offers())
+			if err != nil {
+				return clc.DeclineInternal, err
+			}
+			env.TLVs = append(env.TLVs, clc.TLV{Type: tlvProviders, Value: val})
+		}
 		if acc.Ext, err = env.AppendTo(nil); err != nil {
 			return clc.DeclineInternal, err
 		}
@@ -451,11 +464,12 @@ func (e *Engine) serverConfirm(ctx context.Context, c *Conn, conf *clc.Confirm) 
 			return clc.DeclineTimeoutConfirmLink, err
 		}
 		c.lg.setReady(nil)
+		go c.lg.serverAddLink()
 	} else {
 		if li.QPN != lnk.peer.QPN {
 			return clc.DeclineSyncError, fmt.Errorf("confirm names qp %d, link has %d", li.QPN, lnk.peer.QPN)
 		}
-		if !c.lg.waitPeerRKey(ctx, li.RKey) && !c.linkFailed() {
+		if !c.lg.waitPeerRKey(ctx, lnk.num, li.RKey) && !c.linkFailed() {
 			// (With the link gone, the connection activates and continues over TCP,
 			// as the client's does: its Confirm is sent.)
 			return clc.DeclineInternalRToken, fmt.Errorf("rkey %#x never confirmed over llc", li.RKey)
@@ -474,6 +488,7 @@ func (e *Engine) clientAccept(ctx context.Context, c *Conn, acc *clc.Accept) (De
 		return clc.DeclineConfigError, fmt.Errorf("accept: %w", err)
 	}
 	kind, endpoint := verbs.KindRDMA, []byte(nil)
+	var peerOffers []offer
 	if env, err := clc.ParseEnvelope(li.Ext); err == nil {
 		v, ok := env.Find(tlvChosen)
 		if !ok {
@@ -481,6 +496,11 @@ func (e *Engine) clientAccept(ctx context.Context, c *Conn, acc *clc.Accept) (De
 		}
 		if kind, endpoint, err = parseChosen(v); err != nil {
 			return clc.DeclineConfigError, err
+		}
+		if v, ok := env.Find(tlvProviders); ok {
+			if peerOffers, err = parseOffers(v); err != nil {
+				return clc.DeclineConfigError, err
+			}
 		}
 		c.smcx = true
 	} else if !errors.Is(err, clc.ErrNoEnvelope) {
@@ -506,17 +526,18 @@ func (e *Engine) clientAccept(ctx context.Context, c *Conn, acc *clc.Accept) (De
 		lg.reserve()
 		c.lg, c.lnk, c.reserved = lg, lg.primary(), true
 		lg.firstConn = c
+		lg.peerOffers = peerOffers
 		c.lnk.startConnect(peer)
 	} else {
 		lg, err := e.clientLinkGroup(ctx, key, li.QPN)
 		if err != nil {
 			return clc.DeclineSyncError, err
 		}
-		c.lg, c.lnk, c.reserved = lg, lg.primary(), true
+		c.lg, c.lnk, c.reserved = lg, lg.linkByPeer(li.GID, li.QPN), true
 		if c.lnk == nil {
 			return clc.DeclineNoActiveLink, errors.New("link group has no link")
 		}
-		if !lg.waitPeerRKey(ctx, li.RKey) {
+		if !lg.waitPeerRKey(ctx, c.lnk.num, li.RKey) {
 			return clc.DeclineInternalRToken, fmt.Errorf("rkey %#x never confirmed over llc", li.RKey)
 		}
 	}
@@ -527,7 +548,7 @@ func (e *Engine) clientAccept(ctx context.Context, c *Conn, acc *clc.Accept) (De
 		return code, err
 	}
 	if !li.FirstContact {
-		if err := c.lnk.announceRKey(c.rmb); err != nil {
+		if err := c.announceRMB(); err != nil {
 			return clc.DeclineInternalRToken, fmt.Errorf("confirm rkey: %w", err)
 		}
 	}

@@ -72,20 +72,24 @@ func (c *Conn) CloseWrite() error {
 	c.localDone = true
 	c.updateState("close write")
 	c.mu.Unlock()
+	c.mu.Lock()
+	lnk := c.lnk
+	c.mu.Unlock()
 	if err := c.sendCDC(0); err != nil {
-		// The link went down under us: a continuation, if there is one, carries
-		// the close (the resync says we are done).
-		c.awaitLinkDown()
+		// The link went down under us: the move to another link (its CDC) or the
+		// continuation over TCP (the resync) carries the close.
+		c.awaitLinkDown(lnk)
 		c.mu.Lock()
-		fo := c.fo
+		fo, cerr := c.fo, c.err
 		c.mu.Unlock()
-		if !fo {
-			return c.linkError(err)
+		if fo {
+			<-c.foDone
+			if !c.continued() {
+				return c.linkError(ErrLinkDown)
+			}
+			return nil
 		}
-		<-c.foDone
-		if !c.continued() {
-			return c.linkError(ErrLinkDown)
-		}
+		return cerr
 	}
 	return nil
 }
@@ -245,9 +249,10 @@ func (c *Conn) freeResources() {
 		// keeps LLC traffic per connection bounded (one CONFIRM_RKEY each way).
 		c.rmb.Close()
 	}
-	if c.lg != nil && c.peerRKey != 0 {
-		c.lg.addPeerRKey(c.peerRKey, false)
+	if c.lg != nil && c.peerKey.rkey != 0 {
+		c.lg.delPeerRKey(c.peerKey.link, c.peerKey.rkey)
 	}
+	c.freeRegistrations()
 	if c.snd != nil {
 		c.snd.Close()
 	}
@@ -301,6 +306,8 @@ func (c *Conn) activate() {
 	c.mu.Unlock()
 	c.e.st.smc.Add(1)
 	c.e.st.active.Add(1)
+	c.e.st.rxBuf.observe(c.rmbSize)
+	c.e.st.txBuf.observe(c.peerSize)
 	if c.smcx {
 		go c.watchTCP()
 	}
@@ -309,9 +316,9 @@ func (c *Conn) activate() {
 
 // allocRMB reserves memory for and registers our RMBE, and takes an alert token.
 func (c *Conn) allocRMB() (DeclineCode, error) {
-	size := c.e.cfg.RMBSize
+	size := c.e.settings().RMBSize
 	if !c.e.reserve(int64(size)) {
-		return clc.DeclineNoMemory, fmt.Errorf("rmb of %d bytes exceeds max memory %d", size, c.e.cfg.MaxMemory)
+		return clc.DeclineNoMemory, fmt.Errorf("rmb of %d bytes exceeds max memory %d", size, c.e.settings().MaxMemory)
 	}
 	c.memHeld += int64(size)
 	mr, err := c.lnk.pd.AllocMR(size, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
@@ -319,16 +326,40 @@ func (c *Conn) allocRMB() (DeclineCode, error) {
 		return clc.DeclineInternalRegBuf, fmt.Errorf("alloc rmb: %w", err)
 	}
 	c.rmb, c.rmbSize = mr, uint64(size)
+	c.mu.Lock()
+	c.rmbOn[c.lnk.num] = mr
+	c.mu.Unlock()
 	c.token = c.e.newToken(c)
 	c.lg.addConn(c)
+	return 0, nil
+}
+
+// holdSendBuffer reserves, on the server at the Proposal, memory for the send
+// buffer that mirrors the client's RMBE, whose size only the Confirm tells: as
+// much as our RMBE (the client is likely configured as we are). A server short of
+// memory must decline before its Accept: after the client's Confirm a Decline
+// comes too late, the client already writes into our RMBE.
+func (c *Conn) holdSendBuffer() (DeclineCode, error) {
+	n := int64(c.rmbSize)
+	if !c.e.reserve(n) {
+		return clc.DeclineNoMemory, fmt.Errorf("send buffer of about %d bytes exceeds max memory %d", n, c.e.settings().MaxMemory)
+	}
+	c.memHeld += n
+	c.sndHeld = n
 	return 0, nil
 }
 
 // setPeer takes the peer's RMBE from its Accept/Confirm and makes our send buffer.
 func (c *Conn) setPeer(li *clc.LinkInfo) (DeclineCode, error) {
 	size := clc.RMBESize(li.SizeCode)
-	if !c.e.reserve(int64(size)) {
-		return clc.DeclineNoMemory, fmt.Errorf("send buffer of %d bytes exceeds max memory %d", size, c.e.cfg.MaxMemory)
+	if held := c.sndHeld; held > 0 {
+		// The server after the Confirm: what the hold lacks is taken beyond
+		// max_memory rather than refused too late; a surplus goes back.
+		c.sndHeld = 0
+		c.memHeld -= held
+		c.e.charge(int64(size) - held)
+	} else if !c.e.reserve(int64(size)) {
+		return clc.DeclineNoMemory, fmt.Errorf("send buffer of %d bytes exceeds max memory %d", size, c.e.settings().MaxMemory)
 	}
 	c.memHeld += int64(size)
 	mr, err := c.lnk.pd.AllocMR(size, verbs.AccessLocalWrite)
@@ -337,7 +368,9 @@ func (c *Conn) setPeer(li *clc.LinkInfo) (DeclineCode, error) {
 	}
 	c.mu.Lock()
 	c.snd, c.peerSize = mr, uint64(size)
+	c.sndOn[c.lnk.num] = mr
 	c.peerToken, c.peerRKey, c.peerAddr = li.AlertToken, li.RKey, li.RMBAddr
+	c.peerKey = rkeyOn{c.lnk.num, li.RKey}
 	c.mu.Unlock()
 	return 0, nil
 }

@@ -24,7 +24,7 @@ type Config struct {
 	// Zero means unlimited.
 	MaxMemory int64
 	// RMBSize is the receive buffer (RMBE) of each connection, rounded up to a
-	// power of two between 16 KiB and 512 KiB. Default 64 KiB.
+	// power of two between 16 KiB and 512 KiB. Default 256 KiB, as smcrd's rmb_size.
 	RMBSize int
 	// SendBufSize is accepted for configuration compatibility; the send buffer
 	// mirrors the peer's RMBE, so its size is the peer's choice.
@@ -73,7 +73,7 @@ func (realClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterF
 const (
 	minRMB         = 16 << 10
 	maxRMB         = 512 << 10
-	defaultRMB     = 64 << 10
+	defaultRMB     = 256 << 10
 	maxLinks       = 2
 	maxConnsPerLGR = 255
 )
@@ -91,19 +91,14 @@ func (c *Config) withDefaults() (Config, error) {
 			return out, fmt.Errorf("%w: device %d is nil", ErrConfig, i)
 		}
 	}
-	if out.RMBSize == 0 {
-		out.RMBSize = defaultRMB
+	var err error
+	if out.RMBSize, err = rmbSize(out.RMBSize); err != nil {
+		return out, err
 	}
-	if out.RMBSize < 0 || out.RMBSize > maxRMB {
-		return out, fmt.Errorf("%w: rmb size %d outside 16 KiB..512 KiB", ErrConfig, out.RMBSize)
-	}
-	out.RMBSize = sizeFromCode(sizeCode(out.RMBSize))
 	if out.MaxMemory < 0 {
 		return out, fmt.Errorf("%w: negative max memory", ErrConfig)
 	}
-	if out.CLCTimeout <= 0 {
-		out.CLCTimeout = 6 * time.Second
-	}
+	out.CLCTimeout = clcTimeout(out.CLCTimeout)
 	if out.LLCTimeout <= 0 {
 		out.LLCTimeout = 2 * time.Second
 	}
@@ -126,6 +121,26 @@ func (c *Config) withDefaults() (Config, error) {
 		out.Prefixes = interfacePrefix
 	}
 	return out, nil
+}
+
+// rmbSize applies RMBSize's default and rounding: 0 is the default, a size within
+// 16 KiB..512 KiB rounds up to a power of two.
+func rmbSize(n int) (int, error) {
+	if n == 0 {
+		n = defaultRMB
+	}
+	if n < 0 || n > maxRMB {
+		return 0, fmt.Errorf("%w: rmb size %d outside 16 KiB..512 KiB", ErrConfig, n)
+	}
+	return sizeFromCode(sizeCode(n)), nil
+}
+
+// clcTimeout applies CLCTimeout's default.
+func clcTimeout(d time.Duration) time.Duration {
+	if d <= 0 {
+		return 6 * time.Second
+	}
+	return d
 }
 
 // sizeCode returns the RMBE size code for at least n bytes: size = 16 KiB << code.

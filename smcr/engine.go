@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/smcr-io/smcr/rmb"
 	"github.com/smcr-io/smcr/smcr/clc"
 )
 
@@ -36,6 +37,9 @@ type Engine struct {
 	memPeak atomic.Int64
 	connSeq atomic.Uint64
 
+	setMu sync.Mutex // serialises the setters
+	set   atomic.Pointer[Settings]
+
 	mu     sync.Mutex
 	closed bool
 	lgs    []*linkGroup
@@ -54,6 +58,7 @@ func NewEngine(cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{cfg: c, log: c.Logger, peerID: c.PeerID, conns: map[uint64]*Conn{}, tokens: map[uint32]*Conn{}}
+	e.set.Store(&Settings{MaxMemory: c.MaxMemory, RMBSize: c.RMBSize, CLCTimeout: c.CLCTimeout})
 	if e.peerID == (clc.PeerID{}) {
 		rand.Read(e.peerID[:2])
 		if len(c.Devices) > 0 {
@@ -100,14 +105,80 @@ func (e *Engine) Stats() Stats {
 	return s
 }
 
-// ResetStats zeroes the counters (not the gauges: active connections, memory).
-func (e *Engine) ResetStats() { e.st.reset() }
+// ResetStats zeroes the counters (not the gauges: active connections, memory in
+// use); the memory peak starts again from the memory in use.
+func (e *Engine) ResetStats() {
+	e.st.reset()
+	e.memPeak.Store(e.mem.Load())
+}
+
+// Settings are the Config fields an operator may change while the engine runs.
+// A change applies to connections set up afterwards; established connections keep
+// the buffers and memory they hold.
+type Settings struct {
+	MaxMemory  int64         // Config.MaxMemory: bytes of buffers at once, 0 unlimited
+	RMBSize    int           // Config.RMBSize, rounded up to a power of two
+	CLCTimeout time.Duration // Config.CLCTimeout
+}
+
+// Settings returns the settings in effect.
+func (e *Engine) Settings() Settings { return *e.set.Load() }
+
+// settings is the snapshot a connection reads its settings from.
+func (e *Engine) settings() *Settings { return e.set.Load() }
+
+// update stores a modified copy of the settings.
+func (e *Engine) update(f func(*Settings)) {
+	e.setMu.Lock()
+	defer e.setMu.Unlock()
+	s := *e.set.Load()
+	f(&s)
+	e.set.Store(&s)
+}
+
+// SetMaxMemory bounds the bytes of RMBs and send buffers held at once, as
+// Config.MaxMemory (0: unlimited). Buffers already held are kept even when they
+// exceed the new bound; new connections that do not fit fall back with
+// "insufficient memory".
+func (e *Engine) SetMaxMemory(n int64) error {
+	if n < 0 {
+		return fmt.Errorf("%w: negative max memory", ErrConfig)
+	}
+	e.update(func(s *Settings) { s.MaxMemory = n })
+	e.log.Info("smcr: max memory set", "bytes", n)
+	return nil
+}
+
+// SetRMBSize sets the RMBE size of new connections, as Config.RMBSize (0: the
+// default; rounded up to a power of two within 16 KiB..512 KiB).
+func (e *Engine) SetRMBSize(n int) error {
+	size, err := rmbSize(n)
+	if err != nil {
+		return err
+	}
+	e.update(func(s *Settings) { s.RMBSize = size })
+	e.log.Info("smcr: rmb size set", "bytes", size)
+	return nil
+}
+
+// SetCLCTimeout sets the wait for each CLC message of new handshakes, as
+// Config.CLCTimeout (0: the default).
+func (e *Engine) SetCLCTimeout(d time.Duration) error {
+	if d < 0 {
+		return fmt.Errorf("%w: negative clc timeout", ErrConfig)
+	}
+	d = clcTimeout(d)
+	e.update(func(s *Settings) { s.CLCTimeout = d })
+	e.log.Info("smcr: clc timeout set", "timeout", d)
+	return nil
+}
 
 // reserve accounts n bytes against MaxMemory; false when they do not fit.
 func (e *Engine) reserve(n int64) bool {
+	limit := e.settings().MaxMemory
 	for {
 		cur := e.mem.Load()
-		if e.cfg.MaxMemory > 0 && cur+n > e.cfg.MaxMemory {
+		if limit > 0 && cur+n > limit {
 			return false
 		}
 		if e.mem.CompareAndSwap(cur, cur+n) {
@@ -122,6 +193,18 @@ func (e *Engine) reserve(n int64) bool {
 }
 
 func (e *Engine) unreserve(n int64) { e.mem.Add(-n) }
+
+// charge accounts n bytes (or gives -n back) whatever MaxMemory says, for memory
+// that can no longer be refused.
+func (e *Engine) charge(n int64) {
+	cur := e.mem.Add(n)
+	for {
+		p := e.memPeak.Load()
+		if cur <= p || e.memPeak.CompareAndSwap(p, cur) {
+			return
+		}
+	}
+}
 
 // newToken returns an alert token unique in this engine (never 0).
 func (e *Engine) newToken(c *Conn) uint32 {
@@ -180,11 +263,17 @@ type ConnInfo struct {
 	State     string
 	Decline   *Decline
 	LinkGroup uint32 // 0 for fallback connections
-	Token     uint32
-	PeerToken uint32
-	RMBSize   int
-	PeerRMB   int
+	Token     uint32 // our alert token: the peer's CDCs carry it
+	PeerToken uint32 // the peer's alert token: our CDCs carry it
+	RMBSize   int    // our RMBE
+	PeerRMB   int    // the peer's RMBE, which our send buffer mirrors
 	Stats     ConnStats
+
+	// Cursors (RFC 7609 §4.4.2) as wrap:count in their ring; zero for fallbacks.
+	TxProd rmb.Cursor // how far we wrote into the peer's RMBE
+	TxCons rmb.Cursor // how far the peer says it consumed there
+	RxProd rmb.Cursor // how far the peer says it wrote into ours
+	RxCons rmb.Cursor // how far we consumed
 }
 
 // Conns lists the engine's open connections.
@@ -202,11 +291,15 @@ func (e *Engine) Conns() []ConnInfo {
 			Remote: c.tcp.RemoteAddr(), Decline: c.decline, Stats: c.Stats()}
 		c.mu.Lock()
 		ci.State = c.st.String()
-		c.mu.Unlock()
 		if c.mode == ModeSMCR {
 			ci.LinkGroup, ci.Token, ci.PeerToken = c.lg.id, c.token, c.peerToken
 			ci.RMBSize, ci.PeerRMB = int(c.rmbSize), int(c.peerSize)
+			if c.peerSize > 0 && c.rmbSize > 0 {
+				ci.TxProd, ci.TxCons = toCursor(c.txProd, c.peerSize), toCursor(c.txCons, c.peerSize)
+				ci.RxProd, ci.RxCons = toCursor(c.rxProd, c.rmbSize), toCursor(c.rxCons, c.rmbSize)
+			}
 		}
+		c.mu.Unlock()
 		out = append(out, ci)
 	}
 	return out

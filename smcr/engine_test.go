@@ -248,7 +248,7 @@ func TestFallbackProviderMismatch(t *testing.T) {
 }
 
 func TestFallbackMaxMemory(t *testing.T) {
-	p := newPair(t, Config{Devices: memDevices(t, verbs.KindSoft)},
+	p := newPair(t, Config{Devices: memDevices(t, verbs.KindSoft), RMBSize: 64 << 10},
 		Config{Devices: memDevices(t, verbs.KindSoft), MaxMemory: 150 << 10, RMBSize: 64 << 10})
 	c1, s1 := p.connect(t)
 	mustSMC(t, c1, s1)

@@ -57,7 +57,7 @@ func (e *Engine) fallback(c *Conn, code DeclineCode, side Side, send bool, cause
 		msg := clc.Decline{PeerID: e.peerID, Code: code, OutOfSync: code == clc.DeclineSyncError}
 		b, _ := msg.AppendTo(make([]byte, 0, clc.DeclineLen))
 		// A fresh deadline: the CLC one may be what just expired.
-		c.tcp.SetWriteDeadline(e.cfg.Clock.Now().Add(e.cfg.CLCTimeout))
+		c.tcp.SetWriteDeadline(e.cfg.Clock.Now().Add(e.settings().CLCTimeout))
 		if _, err := c.tcp.Write(b); err == nil {
 			d.Sent = true
 		}

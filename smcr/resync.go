@@ -150,14 +150,14 @@ func (c *Conn) resync() error {
 	}
 	mine := resync{flags: flags, received: c.rxProd}
 	c.mu.Unlock()
-	dl := c.e.cfg.Clock.Now().Add(c.e.cfg.CLCTimeout)
+	dl := c.e.cfg.Clock.Now().Add(c.e.settings().CLCTimeout)
 	c.tcp.SetWriteDeadline(dl)
 	b := mine.encode()
 	if _, err := c.tcp.Write(b[:]); err != nil {
 		return fmt.Errorf("send resync: %w", err)
 	}
 	var peer resyncResult
-	t := timeAfter(c.e.cfg.CLCTimeout)
+	t := timeAfter(c.e.settings().CLCTimeout)
 	defer t.Stop()
 	select {
 	case peer = <-c.peerResync:

@@ -55,9 +55,50 @@ type Stats struct {
 	ProtoErrors  uint64 // peer protocol violations (bad cursor, unknown token, …)
 	Aborts       uint64 // connections ended by abnormal close
 	Continued    uint64 // connections that went on over TCP after their link group failed
+	AddLinks     uint64 // second links added (ADD_LINK exchanges completed)
+	DeleteLinks  uint64 // single links the peer deleted (DELETE_LINK received)
+	MovedConns   uint64 // connections moved to the surviving link after theirs failed
 	MemoryInUse  int64  // bytes of RMBs and send buffers held now
-	MemoryPeak   int64
-	LinkGroups   int // link groups alive now
+	MemoryPeak   int64  // most bytes held at once since start or the last reset
+	LinkGroups   int    // link groups alive now
+
+	RxBufSizes SizeHistogram // our RMBEs, one per connection that went SMC-R
+	TxBufSizes SizeHistogram // our send buffers (the peer's RMBE size), one per such connection
+	RxReqSizes SizeHistogram // Reads that returned SMC-R payload, by bytes returned
+	TxReqSizes SizeHistogram // Writes on SMC-R connections, by bytes written
+}
+
+// SizeBounds are the inclusive upper bounds in bytes of the size histograms'
+// buckets, those of smc-tools' `smcr stats`; one more bucket counts larger sizes.
+var SizeBounds = [...]uint64{8 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10, 512 << 10}
+
+// SizeHistogram counts sizes by bucket: [i] counts sizes up to SizeBounds[i] (and
+// above the bound before), the last one sizes above every bound.
+type SizeHistogram [len(SizeBounds) + 1]uint64
+
+// sizeHist is a SizeHistogram that counts concurrently.
+type sizeHist [len(SizeBounds) + 1]atomic.Uint64
+
+func (h *sizeHist) observe(n uint64) {
+	i := 0
+	for i < len(SizeBounds) && n > SizeBounds[i] {
+		i++
+	}
+	h[i].Add(1)
+}
+
+func (h *sizeHist) snapshot() SizeHistogram {
+	var out SizeHistogram
+	for i := range h {
+		out[i] = h[i].Load()
+	}
+	return out
+}
+
+func (h *sizeHist) reset() {
+	for i := range h {
+		h[i].Store(0)
+	}
 }
 
 type stats struct {
@@ -66,6 +107,8 @@ type stats struct {
 	txBytes, rxBytes, fbTx, fbRx                     atomic.Uint64
 	cdcSent, cdcRecv, llcSent, llcRecv               atomic.Uint64
 	writeBlocked, protoErrors, aborts, continued     atomic.Uint64
+	addLinks, deleteLinks, movedConns                atomic.Uint64
+	rxBuf, txBuf, rxReq, txReq                       sizeHist
 	mu                                               sync.Mutex
 	fallback                                         map[FallbackKey]uint64
 }
@@ -106,14 +149,25 @@ func (s *stats) snapshot() Stats {
 		ProtoErrors:  s.protoErrors.Load(),
 		Aborts:       s.aborts.Load(),
 		Continued:    s.continued.Load(),
+		AddLinks:     s.addLinks.Load(),
+		DeleteLinks:  s.deleteLinks.Load(),
+		MovedConns:   s.movedConns.Load(),
+		RxBufSizes:   s.rxBuf.snapshot(),
+		TxBufSizes:   s.txBuf.snapshot(),
+		RxReqSizes:   s.rxReq.snapshot(),
+		TxReqSizes:   s.txReq.snapshot(),
 	}
 }
 
 func (s *stats) reset() {
 	for _, c := range []*atomic.Uint64{&s.handled, &s.smc, &s.firstContact, &s.reused, &s.linkConfirms,
 		&s.txBytes, &s.rxBytes, &s.fbTx, &s.fbRx, &s.cdcSent, &s.cdcRecv, &s.llcSent,
-		&s.llcRecv, &s.writeBlocked, &s.protoErrors, &s.aborts, &s.continued} {
+		&s.llcRecv, &s.writeBlocked, &s.protoErrors, &s.aborts, &s.continued,
+		&s.addLinks, &s.deleteLinks, &s.movedConns} {
 		c.Store(0)
+	}
+	for _, h := range []*sizeHist{&s.rxBuf, &s.txBuf, &s.rxReq, &s.txReq} {
+		h.reset()
 	}
 	s.mu.Lock()
 	s.fallback = nil

@@ -63,11 +63,11 @@ func NewFake(file string) *Fake {
 	}
 	f.Cs = []control.Conn{
 		{ID: 0x101, Local: "198.18.0.1:40312", Remote: "198.18.0.2:5201", Role: "client", State: "ACTIVE", Mode: control.ModeSMCR,
-			LinkGroup: 1, SndBufSize: 256 << 10, RMBSize: 256 << 10, PeerRMBSize: 512 << 10, TxBytes: 1 << 30, RxBytes: 4096,
+			LinkGroup: 1, PeerToken: 0x2a01, SndBufSize: 256 << 10, RMBSize: 256 << 10, PeerRMBSize: 512 << 10, TxBytes: 1 << 30, RxBytes: 4096,
 			TxProd: control.Cursor{Wrap: 2048, Count: 0}, TxCons: control.Cursor{Wrap: 2047, Count: 393216},
 			RxProd: control.Cursor{Wrap: 0, Count: 4096}, RxCons: control.Cursor{Wrap: 0, Count: 4096}},
 		{ID: 0x102, Local: "198.18.0.1:6379", Remote: "198.18.0.3:51000", Role: "server", State: "APPCLOSEWAIT1", Mode: control.ModeSMCR,
-			LinkGroup: 2, SndBufSize: 64 << 10, RMBSize: 128 << 10, PeerRMBSize: 64 << 10, TxBytes: 65536, RxBytes: 987654321,
+			LinkGroup: 2, PeerToken: 0x7c05, SndBufSize: 64 << 10, RMBSize: 128 << 10, PeerRMBSize: 64 << 10, TxBytes: 65536, RxBytes: 987654321,
 			TxProd: control.Cursor{Wrap: 1, Count: 0}, TxCons: control.Cursor{Wrap: 1, Count: 0},
 			RxProd: control.Cursor{Wrap: 7535, Count: 51729}, RxCons: control.Cursor{Wrap: 7535, Count: 12000}},
 		{ID: 0, Local: "198.18.0.1:40400", Remote: "198.18.0.9:5201", Role: "client", State: "ACTIVE", Mode: control.ModeTCP,
@@ -145,7 +145,7 @@ func (f *Fake) SetConfig(_ context.Context, req control.SetConfigRequest) (contr
 		return control.SetConfigResult{}, err
 	}
 	if req.Persist && f.file == "" {
-		return control.SetConfigResult{}, errors.New("no configuration file to persist to: smcrd runs on its embedded default")
+		return control.SetConfigResult{}, errors.New("nothing to persist to: smcrd runs on its embedded default configuration, without a file; to keep changes, start smcrd with -config FILE")
 	}
 	if req.Persist {
 		if err := n.Save(f.file); err != nil {
@@ -157,6 +157,15 @@ func (f *Fake) SetConfig(_ context.Context, req control.SetConfigRequest) (contr
 	for i, a := range n.Attributes() {
 		if a.Value != old[i].Value {
 			res.Changed = append(res.Changed, a)
+		}
+	}
+	for _, a := range res.Changed {
+		if a.Name == "providers" { // as smcrd: the devices are opened at start
+			note := "providers: applies when smcrd restarts (the RDMA devices are opened at start)"
+			if !req.Persist {
+				note += "; without -P a restart also forgets it: set it with -P"
+			}
+			res.Notes = append(res.Notes, note)
 		}
 	}
 	f.cfg, f.lastPersist = n, req.Persist

@@ -36,6 +36,7 @@ func TestGolden(t *testing.T) {
 		{Name: "set", Args: []string{"set", "port_range_list=5201,6379", "max_memory=512"}},
 		{Name: "set_persist", Args: []string{"set", "rmb_size=64K", "-P"}},
 		{Name: "set_unchanged", Args: []string{"set", "enabled=yes"}},
+		{Name: "set_restart", Args: []string{"set", "providers=soft", "rmb_size=128K"}},
 		{Name: "set_bad", Args: []string{"set", "port_range_list=20-1", "ip_addr_list=a,b,c", "max_memory=lots"}, Exit: 1},
 		{Name: "set_unknown", Args: []string{"set", "mtu=9000"}, Exit: 1},
 		{Name: "set_noargs", Args: []string{"set"}, Exit: 2},

@@ -20,8 +20,11 @@ the CLC decline code and its meaning. SNDBUF and RMB are the local send and rece
 buffer sizes.
 
 Options:
-  -d      details: the peer's RMB size, bytes each way, and the cursors
-          (wrap:count) TX-PROD, TX-CONS (peer's RMB) and RX-PROD, RX-CONS (ours)
+  -d      details: the alert tokens (TOKEN ours, PEER-TOKEN the peer's), the
+          peer's RMB size, bytes each way, and the cursors (wrap:count):
+          TX-PROD how far we wrote into the peer's RMB, TX-CONS how far the peer
+          says it read there; RX-PROD how far the peer wrote into ours, RX-CONS
+          how far we read
   --json  print the connections as JSON (cursors always included)
 
 Examples:
@@ -46,14 +49,14 @@ Examples:
 		tw := table(e.stdout)
 		head := []any{"STATE", "ROLE", "LOCAL", "REMOTE", "MODE", "LG", "SNDBUF", "RMB"}
 		if o.detail {
-			head = append(head, "PEER-RMB", "TX-BYTES", "RX-BYTES", "TX-PROD", "TX-CONS", "RX-PROD", "RX-CONS")
+			head = append(head, "TOKEN", "PEER-TOKEN", "PEER-RMB", "TX-BYTES", "RX-BYTES", "TX-PROD", "TX-CONS", "RX-PROD", "RX-CONS")
 		}
 		row(tw, append(head, "REASON")...)
 		for _, c := range cs {
 			cells := []any{c.State, c.Role, c.Local, c.Remote, c.Mode, lg(c), size(c.SndBufSize), size(c.RMBSize)}
 			if o.detail {
 				smc := c.Mode == control.ModeSMCR
-				cells = append(cells, size(c.PeerRMBSize), c.TxBytes, c.RxBytes,
+				cells = append(cells, token(smc, c.ID), token(smc, c.PeerToken), size(c.PeerRMBSize), c.TxBytes, c.RxBytes,
 					cursor(smc, c.TxProd), cursor(smc, c.TxCons), cursor(smc, c.RxProd), cursor(smc, c.RxCons))
 			}
 			row(tw, append(cells, reason(c))...)
@@ -74,6 +77,13 @@ func size(n int) string {
 		return "-"
 	}
 	return control.FormatSize(uint64(n))
+}
+
+func token(smc bool, t uint32) string {
+	if !smc {
+		return "-"
+	}
+	return hexCode(t)
 }
 
 func cursor(smc bool, c control.Cursor) string {

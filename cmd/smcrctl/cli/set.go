@@ -17,9 +17,12 @@ var setCmd = &command{
 	short:    "change configuration attributes (like AIX chdev)",
 	long: `Changes one or more attributes. Every value is checked first: if any is wrong,
 nothing changes and the error names the attribute and the problem. Changes apply to
-new connections at once. Without -P they last until smcrd restarts; with -P they
-are also written to the configuration file. 'smcrctl show config' lists the
-attributes.
+new connections at once, except those smcrd reads only at start (providers,
+cgroup, control_socket, control_group, metrics_address, log_level, log_format):
+for these a note says they apply when smcrd restarts, so set them with -P.
+Without -P changes last until smcrd restarts; with -P they are also written to the
+configuration file, which needs an smcrd started with -config FILE.
+'smcrctl show config' lists the attributes.
 
 Options:
   -P  also write the change to the configuration file (like AIX chdev -P)
@@ -51,6 +54,9 @@ Examples:
 		}
 		if err := tw.Flush(); err != nil {
 			return err
+		}
+		for _, n := range res.Notes {
+			fmt.Fprintln(e.stdout, "note:", n)
 		}
 		switch {
 		case res.Persisted:

@@ -202,6 +202,7 @@ func TestGoldenRealSmcrd(t *testing.T) {
 		{Name: "stats", Args: []string{"stats", "-d"}},
 		{Name: "set_bad", Args: []string{"set", "port_range_list=20-1", "max_memory=64"}, Exit: cli.ExitError},
 		{Name: "set_persist", Args: []string{"set", "port_range_list=5201,6379", "max_memory=64", "-P"}},
+		{Name: "set_restart", Args: []string{"set", "providers=soft", "rmb_size=128K", "clc_timeout=3s"}},
 		{Name: "disable", Args: []string{"disable"}},
 		{Name: "status_disabled", Args: []string{"status"}},
 		{Name: "enable", Args: []string{"enable"}},

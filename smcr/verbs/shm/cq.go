@@ -7,6 +7,7 @@ package shm
 
 import (
 	"context"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -138,9 +139,14 @@ func (c *cq) Wait(ctx context.Context) error {
 			}
 			return c.closedErr()
 		}
-		// Reading the clock every few rounds keeps the spin cheap.
-		if i&15 == 15 && time.Since(start) > budget {
-			break
+		// Reading the clock every few rounds keeps the spin cheap. Yielding there
+		// lets a goroutine the caller just woke (a reader its completion made
+		// runnable) run on this CPU now instead of after the spin.
+		if i&15 == 15 {
+			if time.Since(start) > budget {
+				break
+			}
+			runtime.Gosched()
 		}
 	}
 	c.sleepers.Add(1)

@@ -1,0 +1,123 @@
+// Tests of SetConfig's engine side: which attributes reach the engine at once,
+// which say they apply at restart, and the refusal to persist without a file.
+
+package daemon
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/smcr-io/smcr/config"
+	"github.com/smcr-io/smcr/control"
+	"github.com/smcr-io/smcr/smcr"
+)
+
+// atOnce are the attributes that apply to new connections without a restart.
+var atOnce = []string{"enabled", "port_range_list", "ip_addr_list", "max_memory", "rmb_size", "clc_timeout", "peer_cache_ttl"}
+
+// TestEveryAttributeClassified: a new attribute must be decided on (at once, at
+// restart, or no effect), or SetConfig would silently pretend it applies.
+func TestEveryAttributeClassified(t *testing.T) {
+	for _, a := range config.Default().Attributes() {
+		n := 0
+		for _, name := range atOnce {
+			if name == a.Name {
+				n++
+			}
+		}
+		if _, ok := atRestart[a.Name]; ok {
+			n++
+		}
+		if _, ok := noEffect[a.Name]; ok {
+			n++
+		}
+		if n != 1 {
+			t.Errorf("attribute %s is in %d of: applies at once, at restart, no effect; want exactly 1", a.Name, n)
+		}
+	}
+}
+
+func TestApplyEngine(t *testing.T) {
+	e, err := smcr.NewEngine(smcr.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	old := config.Default()
+	n, err := old.Set("max_memory=3", "rmb_size=32K", "clc_timeout=1500ms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := applyEngine(e, old, n); err != nil {
+		t.Fatal(err)
+	}
+	want := smcr.Settings{MaxMemory: 3 << 20, RMBSize: 32 << 10, CLCTimeout: 1500 * time.Millisecond}
+	if got := e.Settings(); got != want {
+		t.Fatalf("engine settings %+v, want %+v", got, want)
+	}
+	// Attributes that did not change leave the engine alone.
+	n2, err := n.Set("port_range_list=5201")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.SetMaxMemory(7)
+	if err := applyEngine(e, n, n2); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.Settings().MaxMemory; got != 7 {
+		t.Fatalf("an unrelated change reset max memory to %d", got)
+	}
+	restoreEngine(e, want)
+	if got := e.Settings(); got != want {
+		t.Fatalf("restored %+v, want %+v", got, want)
+	}
+}
+
+func TestChangesNotes(t *testing.T) {
+	old := config.Default()
+	n, err := old.Set("providers=soft", "sndbuf_size=64K", "max_memory=64", "log_level=debug")
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed, notes := changes(old, n, true)
+	var names []string
+	for _, a := range changed {
+		names = append(names, a.Name)
+	}
+	if got := strings.Join(names, ","); got != "max_memory,sndbuf_size,providers,log_level" {
+		t.Errorf("changed %s", got)
+	}
+	want := []string{
+		"sndbuf_size: kept, but no effect on connections (a send buffer mirrors the peer's RMB, so its size is the peer's rmb_size)",
+		"providers: applies when smcrd restarts (the RDMA devices are opened at start)",
+		"log_level: applies when smcrd restarts (the logger is made at start)",
+	}
+	if strings.Join(notes, "\n") != strings.Join(want, "\n") {
+		t.Errorf("notes:\n%s\nwant:\n%s", strings.Join(notes, "\n"), strings.Join(want, "\n"))
+	}
+	// Without persist, a restart-only change never applies: the note says so.
+	if _, notes := changes(old, n, false); len(notes) != 3 || !strings.HasSuffix(notes[1], "without -P a restart also forgets it: set it with -P") {
+		t.Errorf("notes without persist: %q", notes)
+	}
+}
+
+// TestPersistWithoutFile: an smcrd on the embedded default refuses -P with a
+// message that says what to do, and changes nothing.
+func TestPersistWithoutFile(t *testing.T) {
+	d := &Daemon{}
+	cfg := config.Default()
+	d.cfg.Store(&cfg)
+	_, err := d.SetConfig(context.Background(), control.SetConfigRequest{Assignments: []string{"max_memory=64"}, Persist: true})
+	if !errors.Is(err, control.ErrInvalid) || !strings.Contains(err.Error(), "start smcrd with -config FILE") {
+		t.Fatalf("persist without a file: %v", err)
+	}
+	if d.CurrentConfig().MaxMemory != cfg.MaxMemory {
+		t.Fatal("a refused persist changed the configuration")
+	}
+	if err := d.SetEnabled(context.Background(), false, true); !errors.Is(err, errNoFile) {
+		t.Fatalf("disable -P without a file: %v", err)
+	}
+}
