@@ -451,7 +451,8 @@ func (c *Conn) moveTo(old, nw *link) {
 	tok, ok := c.lg.peerToken(c.peerKey.link, c.peerKey.rkey, nw.num)
 	regErr := c.registerSnd(nw)
 	c.mu.Lock()
-	if c.released || c.lnk != old {
+	if c.released || c.lnk != old || c.fo {
+		// Gone, moved already, or continuing over TCP with frozen cursors.
 		c.moving = false
 		c.mu.Unlock()
 		wake(c.txWake)

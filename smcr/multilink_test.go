@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/smcr-io/smcr/internal/nstest"
 	"github.com/smcr-io/smcr/smcr/internal/memverbs"
@@ -215,12 +216,14 @@ func TestSecondLinkNamespaces(t *testing.T) {
 			}
 			streamPairs(t, conns, 16<<20, 300, func() {
 				eventually(t, "streams under way", func() bool { return cli.Stats().RxBytes > 8<<20 })
+				start := time.Now()
 				sb1.Close()
 				eventually(t, "one link left", func() bool {
 					l, _ := linkCounts(cli)
 					m, _ := linkCounts(srv)
 					return len(l) == 1 && l[0] == 1 && len(m) == 1 && m[0] == 1
 				})
+				t.Logf("both ends down to one link %v after the device closed", time.Since(start))
 			})
 			cs, ss := cli.Stats(), srv.Stats()
 			if cs.MovedConns == 0 || ss.MovedConns == 0 || cs.Continued+ss.Continued != 0 {
