@@ -252,3 +252,66 @@ func TestSecondLinkNamespaces(t *testing.T) {
 		})
 	}
 }
+
+// TestSecondLinkNeedsBothEnds: a second device on one end only adds no link, and
+// the one link carries the connections.
+func TestSecondLinkNeedsBothEnds(t *testing.T) {
+	for _, srvTwo := range []bool{true, false} {
+		c1, c2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
+		s1, s2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
+		t.Cleanup(func() { c1.Close(); c2.Close(); s1.Close(); s2.Close() })
+		cli, srv := Config{Devices: []verbs.Device{c1, c2}}, Config{Devices: []verbs.Device{s1}}
+		if srvTwo {
+			cli, srv = Config{Devices: []verbs.Device{c1}}, Config{Devices: []verbs.Device{s1, s2}}
+		}
+		p := newPair(t, cli, srv)
+		c, s := p.connect(t)
+		mustSMC(t, c, s)
+		echoOK(t, c, s)
+		time.Sleep(50 * time.Millisecond) // an ADD_LINK would be done by now
+		for _, e := range []*Engine{p.cli, p.srv} {
+			if l, _ := linkCounts(e); len(l) != 1 || l[0] != 1 || e.Stats().AddLinks != 0 {
+				t.Fatalf("server with two devices %v: links %v, add links %d", srvTwo, l, e.Stats().AddLinks)
+			}
+		}
+	}
+}
+
+// TestFailoverManyConns moves 60 busy connections at once.
+func TestFailoverManyConns(t *testing.T) {
+	c1, c2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
+	s1, s2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
+	t.Cleanup(func() { c1.Close(); c2.Close(); s1.Close(); s2.Close() })
+	cfg := func(d ...verbs.Device) Config {
+		return Config{Devices: d, RMBSize: 16 << 10, TestLinkInterval: -1}
+	}
+	p := newPair(t, cfg(c1, c2), cfg(s1, s2))
+	c, s := p.connect(t)
+	conns := [][2]*Conn{{c, s}}
+	eventually(t, "two links", func() bool { return twoLinks(p.cli) && twoLinks(p.srv) })
+	for range 59 {
+		c, s := p.connect(t)
+		mustSMC(t, c, s)
+		conns = append(conns, [2]*Conn{c, s})
+	}
+	var onFailed int
+	streamPairs(t, conns, 1<<20, 500, func() {
+		eventually(t, "streams under way", func() bool { return p.cli.Stats().RxBytes > 20<<20 })
+		_, per := linkCounts(p.cli)
+		onFailed = per[0][1]
+		c2.Fail() // the client's second device this time
+	})
+	if a, b := p.cli.Stats().MovedConns, p.srv.Stats().MovedConns; a != uint64(onFailed) || b != a || a < 25 {
+		t.Errorf("moved %d connections (client) and %d (server), want the %d of the failed link", a, b, onFailed)
+	}
+	if n := p.cli.Stats().Continued + p.srv.Stats().Continued; n != 0 {
+		t.Errorf("%d connections continued over tcp", n)
+	}
+	for _, cs := range conns {
+		cs[0].Close()
+		cs[1].Close()
+	}
+	eventually(t, "released", func() bool {
+		return p.cli.Stats().MemoryInUse == 0 && p.srv.Stats().MemoryInUse == 0
+	})
+}
