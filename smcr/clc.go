@@ -175,6 +175,7 @@ func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix) (*C
 		return e.fallback(c, m.Code, SidePeer, false, nil, br), nil
 	case *clc.Accept:
 		acc = m
+		c.clcPeer = m.PeerID
 	default:
 		return e.fallback(c, clc.DeclineConfigError, SideLocal, true, fmt.Errorf("clc: %v instead of accept", m.Type()), br), nil
 	}
@@ -271,6 +272,7 @@ func (e *Engine) server(ctx context.Context, tcp net.Conn, prefixes func(netip.A
 	switch m := m.(type) {
 	case *clc.Proposal:
 		prop = m
+		c.clcPeer = m.PeerID
 	case *clc.Decline:
 		return e.fallback(c, m.Code, SidePeer, false, nil, br), nil
 	default:

@@ -363,12 +363,17 @@ func (c *Conn) setPeer(li *clc.LinkInfo) (DeclineCode, error) {
 	}
 	c.memHeld += int64(size)
 	mr, err := c.lnk.pd.AllocMR(size, verbs.AccessLocalWrite)
-	if err != nil {
+	if err != nil && !c.linkFailed() {
 		return clc.DeclineInternalRegBuf, fmt.Errorf("alloc send buffer: %w", err)
 	}
+	// (With the link gone during setup there may be no buffer: the connection
+	// continues over TCP at once and never writes through the link.)
 	c.mu.Lock()
-	c.snd, c.peerSize = mr, uint64(size)
-	c.sndOn[c.lnk.num] = mr
+	if err == nil {
+		c.snd = mr
+		c.sndOn[c.lnk.num] = mr
+	}
+	c.peerSize = uint64(size)
 	c.peerToken, c.peerRKey, c.peerAddr = li.AlertToken, li.RKey, li.RMBAddr
 	c.peerKey = rkeyOn{c.lnk.num, li.RKey}
 	c.mu.Unlock()

@@ -110,6 +110,7 @@ type Conn struct {
 	mode    Mode
 	decline *Decline
 	fb      net.Conn // fallback data path: tcp with the bytes CLC read ahead first
+	clcPeer [8]byte  // the peer's ID from its Proposal or Accept (fallback.go)
 
 	// SMC-R resources, fixed once the Conn is returned.
 	lg        *linkGroup

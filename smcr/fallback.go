@@ -6,6 +6,7 @@ package smcr
 
 import (
 	"bufio"
+	"encoding/binary"
 	"fmt"
 	"net"
 
@@ -66,7 +67,14 @@ func (e *Engine) fallback(c *Conn, code DeclineCode, side Side, send bool, cause
 	c.tcp.SetDeadline(noDeadline)
 	c.mode, c.decline = ModeFallback, d
 	c.fb = c.tcp
-	if br != nil && br.Buffered() > 0 {
+	if d.Sent {
+		// The peer may have answered or given up at the same time: its Accept or
+		// Decline crosses ours.
+		if br == nil {
+			br = bufio.NewReaderSize(c.tcp, 64)
+		}
+		c.fb = &readAheadConn{Conn: c.tcp, r: br, crossing: true, peer: c.clcPeer}
+	} else if br != nil && br.Buffered() > 0 {
 		c.fb = &readAheadConn{Conn: c.tcp, r: br}
 	}
 	e.st.countFallback(code, side)
@@ -79,12 +87,23 @@ func (e *Engine) fallback(c *Conn, code DeclineCode, side Side, send bool, cause
 }
 
 // readAheadConn returns the bytes CLC read past its messages before reading on.
+// With crossing set (we sent a Decline), it first drops an Accept or a Decline the
+// peer (of ID peer, when known) sent while ours was on the way: its application
+// would not have written it.
 type readAheadConn struct {
 	net.Conn
-	r *bufio.Reader
+	r        *bufio.Reader
+	crossing bool
+	peer     [8]byte
 }
 
 func (c *readAheadConn) Read(p []byte) (int, error) {
+	if c.crossing {
+		c.crossing = false
+		if n := crossingCLC(c.r, c.peer); n > 0 {
+			c.r.Discard(n)
+		}
+	}
 	if c.r != nil {
 		if c.r.Buffered() > 0 {
 			return c.r.Read(p[:min(len(p), c.r.Buffered())])
@@ -92,6 +111,38 @@ func (c *readAheadConn) Read(p []byte) (int, error) {
 		c.r = nil // drained: read the socket directly from now on
 	}
 	return c.Conn.Read(p)
+}
+
+// crossingCLC reports the length of the Accept or Decline from peer (any peer
+// when zero) that br starts with, or 0. It stops waiting at the first byte that
+// cannot belong to one, so application bytes are never waited on longer than they
+// look like a CLC message.
+func crossingCLC(br *bufio.Reader, peer [8]byte) int {
+	n := 0 // the message length, once its header is read
+	for i := 0; n == 0 || i < n; i++ {
+		got, _ := br.Peek(i + 1)
+		if len(got) <= i {
+			return 0
+		}
+		ok := true
+		switch x := got[i]; {
+		case i < 4:
+			ok = x == clc.Eyecatcher[i]
+		case i == 4:
+			ok = clc.MsgType(x) == clc.TypeAccept || clc.MsgType(x) == clc.TypeDecline
+		case i == 6:
+			n = int(binary.BigEndian.Uint16(got[5:7]))
+			ok = n >= clc.DeclineLen && n <= clcMaxLen && (clc.MsgType(got[4]) != clc.TypeDecline || n == clc.DeclineLen)
+		case i >= 8 && i < 16 && peer != [8]byte{}:
+			ok = x == peer[i-8]
+		case n > 0 && i >= n-4:
+			ok = x == clc.Eyecatcher[i-(n-4)]
+		}
+		if !ok {
+			return 0
+		}
+	}
+	return n
 }
 
 // CloseWrite half-closes the TCP connection, so io.Copy-style proxies work.

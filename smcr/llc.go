@@ -242,7 +242,9 @@ func (l *link) complete(wc *verbs.WorkCompletion) {
 			l.onCDC(b)
 		default:
 			e.st.llcRecv.Add(1)
-			l.earlyLLC(b)
+			if l.earlyLLC(b) {
+				break
+			}
 			select {
 			case l.llcIn <- [llc.MsgLen]byte(b):
 			default:
@@ -306,15 +308,38 @@ func (l *link) onCDC(b []byte) {
 	l.rxBytes.Add(c.onCDC(&m))
 }
 
-// earlyLLC takes a peer's new rkey in the poller, before the worker answers it: a
-// connection setup waits for it (waitPeerRKey), and the worker's queue may hold a
-// backlog of answers and control messages, each waiting for a send slot, longer
-// than the peer's CLC timeout. The worker takes it again (no change) and answers.
-func (l *link) earlyLLC(b []byte) {
-	var r llc.ConfirmRkey
-	if llc.Type(b[0]) == llc.TypeConfirmRkey && r.Decode(b) == nil && !r.Response() {
-		l.lg.addPeerRKey(l.num, r.RKey, r.Addr, r.Entries()...)
+// earlyLLC does in the poller what must not wait behind the worker, whose queue
+// may hold a backlog of answers and control messages, each waiting for a send
+// slot, longer than the peer's timeouts: it takes a peer's new rkey (a connection
+// setup waits for it in waitPeerRKey; the worker takes it again, no change, and
+// answers), and hands over the responses to CONFIRM_RKEY and TEST_LINK, whose
+// timers fail the link. It reports whether the message is done with.
+func (l *link) earlyLLC(b []byte) bool {
+	switch llc.Type(b[0]) {
+	case llc.TypeConfirmRkey:
+		var r llc.ConfirmRkey
+		if r.Decode(b) != nil {
+			return false
+		}
+		if !r.Response() {
+			l.lg.addPeerRKey(l.num, r.RKey, r.Addr, r.Entries()...)
+			return false
+		}
+		if !l.deliver(pendKey{t: llc.TypeConfirmRkey, key: uint64(r.RKey)}, b) {
+			l.lg.e.log.Debug("smcr: unexpected llc response", "lg", l.lg.id, "type", r.Type())
+		}
+		return true
+	case llc.TypeTestLink:
+		var r llc.TestLink
+		if r.Decode(b) != nil || !r.Response() {
+			return false
+		}
+		if !l.deliver(pendKey{t: llc.TypeTestLink, key: binary.BigEndian.Uint64(r.Data[:])}, b) {
+			l.lg.e.log.Debug("smcr: unexpected llc response", "lg", l.lg.id, "type", r.Type())
+		}
+		return true
 	}
+	return false
 }
 
 // acquire takes a send slot and a work-request credit, and a read hold on useMu

@@ -182,8 +182,8 @@ func (c *Conn) resync() error {
 		return fmt.Errorf("%w: peer holds %d, we wrote %d and it consumed %d", errResync, from, to, cons)
 	}
 	// Resend [from, to) from the send buffer, which mirrors the peer's RMBE.
-	buf := c.snd.Bytes()
 	for from < to {
+		buf := c.snd.Bytes()
 		off := from % c.peerSize
 		n := min(to-from, c.peerSize-off)
 		if _, err := c.tcp.Write(buf[off : off+n]); err != nil {

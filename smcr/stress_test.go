@@ -1,6 +1,7 @@
 package smcr
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -8,9 +9,12 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/smcr-io/smcr/smcr/clc"
 )
 
 var stressConns = flag.Int("smcr.stress", 512, "connections TestStress starts at once")
@@ -25,15 +29,21 @@ func TestStress(t *testing.T) {
 			s := newNSSetup(t, kind)
 			n := *stressConns
 			const size = 256 << 10
+			errs := make(chan error, 2*n)
+			var echoes sync.WaitGroup
 			go func() {
 				for {
 					c, err := s.ln.AcceptSMC()
 					if err != nil {
 						return
 					}
+					echoes.Add(1)
 					go func() {
+						defer echoes.Done()
 						defer c.Close()
-						io.Copy(c, c)
+						if _, err := io.Copy(c, c); err != nil {
+							errs <- fmt.Errorf("server echo: %w", err)
+						}
 						c.CloseWrite()
 					}()
 				}
@@ -41,7 +51,6 @@ func TestStress(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 			defer cancel()
 			start := make(chan struct{})
-			errs := make(chan error, n)
 			modes := make(chan string, n)
 			var wg sync.WaitGroup
 			for i := range n {
@@ -58,6 +67,7 @@ func TestStress(t *testing.T) {
 			}
 			close(start)
 			wg.Wait()
+			echoes.Wait() // every client closed: the echoes end
 			close(errs)
 			close(modes)
 			count := map[string]int{}
@@ -115,7 +125,47 @@ func stressEcho(ctx context.Context, s *nsSetup, seed uint64, size int) (string,
 		return mode, fmt.Errorf("read after %d bytes: %w", len(got), rerr)
 	}
 	if want := sha256.Sum256(src); sha256.Sum256(got) != want || !bytes.Equal(got, src) {
-		return mode, fmt.Errorf("echo of %d bytes came back as %d different bytes", size, len(got))
+		i := 0
+		for i < min(len(got), len(src)) && got[i] == src[i] {
+			i++
+		}
+		return mode, fmt.Errorf("echo of %d bytes came back as %d different bytes, from byte %d: % x", size, len(got), i, got[i:min(len(got), i+64)])
 	}
 	return mode, nil
+}
+
+// TestCrossingDecline: after our Decline, an Accept or a Decline the peer sent at
+// the same time is dropped, and application bytes that merely begin like one are kept.
+func TestCrossingDecline(t *testing.T) {
+	peer := clc.PeerID{1, 2, 3, 4, 5, 6, 7, 8}
+	dec, _ := (&clc.Decline{PeerID: peer, Code: DeclineTimeoutCLC}).AppendTo(nil)
+	other, _ := (&clc.Decline{PeerID: clc.PeerID{9}, Code: DeclineTimeoutCLC}).AppendTo(nil)
+	acc := make([]byte, 48) // an Accept's frame: header, peer ID, body, trailer
+	copy(acc, clc.Eyecatcher[:])
+	acc[4], acc[6], acc[7] = byte(clc.TypeAccept), 48, 0x10
+	copy(acc[8:], peer[:])
+	copy(acc[44:], clc.Eyecatcher[:])
+	for _, tc := range []struct {
+		name string
+		in   []byte
+		want []byte
+	}{
+		{"decline then data", append(append([]byte{}, dec...), "data"...), []byte("data")},
+		{"data only", []byte("data"), []byte("data")},
+		{"another peer's decline", append(append([]byte{}, other...), 'x'), append(append([]byte{}, other...), 'x')},
+		{"eyecatcher then data", append(append([]byte{}, dec[:6]...), "data"...), append(append([]byte{}, dec[:6]...), "data"...)},
+		{"nothing", nil, []byte{}},
+		{"accept then data", append(append([]byte{}, acc...), "data"...), []byte("data")},
+		{"short accept", acc[:40], acc[:40]},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := net.Pipe()
+			go func() { a.Write(tc.in); a.Close() }()
+			c := &readAheadConn{Conn: b, r: bufio.NewReader(b), crossing: true, peer: peer}
+			got, err := io.ReadAll(c)
+			if err != nil || !bytes.Equal(got, tc.want) {
+				t.Fatalf("read %q, %v; want %q", got, err, tc.want)
+			}
+		})
+	}
 }
