@@ -72,7 +72,26 @@ func (c *Conn) CloseWrite() error {
 	c.localDone = true
 	c.updateState("close write")
 	c.mu.Unlock()
-	return c.sendCDC(0)
+	c.mu.Lock()
+	lnk := c.lnk
+	c.mu.Unlock()
+	if err := c.sendCDC(0); err != nil {
+		// The link went down under us: the move to another link (its CDC) or the
+		// continuation over TCP (the resync) carries the close.
+		c.awaitLinkDown(lnk)
+		c.mu.Lock()
+		fo, cerr := c.fo, c.err
+		c.mu.Unlock()
+		if fo {
+			<-c.foDone
+			if !c.continued() {
+				return c.linkError(ErrLinkDown)
+			}
+			return nil
+		}
+		return cerr
+	}
+	return nil
 }
 
 // Close closes the connection: the peer reads what was written, then EOF; our
@@ -156,6 +175,12 @@ func (c *Conn) abortLocked(err error) {
 func (c *Conn) linkDown(err error) {
 	c.mu.Lock()
 	c.lnkErr = true
+	if c.st == stateInit && !c.released {
+		// In setup: CLC sees the link gone and falls back, or, its last message
+		// sent, activates the connection, which then continues over TCP.
+		c.mu.Unlock()
+		return
+	}
 	if c.canContinue() {
 		c.startFailoverLocked()
 		c.mu.Unlock()
@@ -254,6 +279,13 @@ func (c *Conn) abandonSetup() {
 	c.freeResources()
 }
 
+// linkFailed reports whether the link failed during setup.
+func (c *Conn) linkFailed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.lnkErr
+}
+
 // activate makes a set-up connection usable.
 func (c *Conn) activate() {
 	c.mode = ModeSMCR
@@ -263,6 +295,13 @@ func (c *Conn) activate() {
 	c.ctlPending = 0
 	if pending != 0 {
 		c.queueCtlLocked(pending)
+	}
+	if c.lnkErr { // the link failed during setup (linkDown left it to us)
+		if c.canContinue() {
+			c.startFailoverLocked()
+		} else if c.err == nil {
+			c.err = fmt.Errorf("%w: during setup", ErrLinkDown)
+		}
 	}
 	c.mu.Unlock()
 	c.e.st.smc.Add(1)

@@ -415,10 +415,13 @@ func (lg *linkGroup) waitPeerRKey(ctx context.Context, num uint8, rkey uint32) b
 	defer t.Stop()
 	for {
 		lg.mu.RLock()
-		known, ch := lg.peerRMBs[rkeyOn{num, rkey}] != nil, lg.rkeyAdded
+		known, ch, dead := lg.peerRMBs[rkeyOn{num, rkey}] != nil, lg.rkeyAdded, lg.dead
 		lg.mu.RUnlock()
 		if known {
 			return true
+		}
+		if dead {
+			return false
 		}
 		select {
 		case <-ch:
@@ -439,6 +442,8 @@ func (lg *linkGroup) terminate(err error, orderly bool) {
 		return
 	}
 	lg.dead, lg.deadErr = true, err
+	close(lg.rkeyAdded) // wake waitPeerRKey
+	lg.rkeyAdded = make(chan struct{})
 	if lg.idle != nil {
 		lg.idle.Stop()
 	}

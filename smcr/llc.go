@@ -24,7 +24,13 @@ const (
 	nRecv      = 256 // receive slots per link: enough for 255 connections' CDCs in flight
 	nSendSlots = 128
 	maxSendWR  = 256
-	llcQueue   = 4 * maxConnsPerLGR // each connection has at most one LLC request and one response in flight
+	// LLC responses have send slots of their own, beyond maxSendWR in the send
+	// queue: under load the data slots and credits go to CDCs and WRITEs of
+	// hundreds of connections, and the worker's answer, queued behind them and
+	// behind every connection's CONFIRM_RKEY request, came later than the peer's
+	// LLC timeout (the link failed).
+	nLLCSlots = 16
+	llcQueue  = 4 * maxConnsPerLGR // each connection has at most one LLC request and one response in flight
 
 	tagSlot  = 1 // send work request IDs: tag<<56 | slot or alert token
 	tagWrite = 2
@@ -54,8 +60,10 @@ type link struct {
 
 	slots   chan uint16
 	credits chan struct{}
-	rwr     [nRecv]verbs.RecvWR // one per receive slot, reposted without allocating
-	rsge    [nRecv][1]verbs.SGE
+	// for LLC responses: slots nSendSlots and above, each with its own WR
+	llcSlots chan uint16
+	rwr      [nRecv]verbs.RecvWR // one per receive slot, reposted without allocating
+	rsge     [nRecv][1]verbs.SGE
 
 	postMu sync.Mutex
 	swr    verbs.SendWR
@@ -100,7 +108,8 @@ func newLink(lg *linkGroup, dev verbs.Device, num uint8) (_ *link, err error) {
 	l := &link{
 		lg: lg, dev: dev, num: num, mtu: dev.Port().MTU,
 		slots: make(chan uint16, nSendSlots), credits: make(chan struct{}, maxSendWR),
-		llcIn: make(chan [llc.MsgLen]byte, llcQueue), ctl: make(chan *Conn, 2*maxConnsPerLGR),
+		llcSlots: make(chan uint16, nLLCSlots),
+		llcIn:    make(chan [llc.MsgLen]byte, llcQueue), ctl: make(chan *Conn, 2*maxConnsPerLGR),
 		clReq: make(chan llc.ConfirmLink, 1), testDue: make(chan struct{}, 1),
 		connected: make(chan struct{}), pending: map[pendKey]chan [llc.MsgLen]byte{},
 	}
@@ -116,20 +125,23 @@ func newLink(lg *linkGroup, dev verbs.Device, num uint8) (_ *link, err error) {
 	if l.pd, err = dev.AllocPD(); err != nil {
 		return nil, fmt.Errorf("alloc pd: %w", err)
 	}
-	if l.cq, err = dev.CreateCQ(nRecv + maxSendWR); err != nil {
+	if l.cq, err = dev.CreateCQ(nRecv + maxSendWR + nLLCSlots); err != nil {
 		return nil, fmt.Errorf("create cq: %w", err)
 	}
-	if l.qp, err = l.pd.CreateQP(verbs.QPConfig{SendCQ: l.cq, RecvCQ: l.cq, MaxSendWR: maxSendWR, MaxRecvWR: nRecv, RNRRetry: 7}); err != nil {
+	if l.qp, err = l.pd.CreateQP(verbs.QPConfig{SendCQ: l.cq, RecvCQ: l.cq, MaxSendWR: maxSendWR + nLLCSlots, MaxRecvWR: nRecv, RNRRetry: 7}); err != nil {
 		return nil, fmt.Errorf("create qp: %w", err)
 	}
 	if l.recvMR, err = l.pd.AllocMR(nRecv*slotSize, verbs.AccessLocalWrite); err != nil {
 		return nil, fmt.Errorf("alloc receive slots: %w", err)
 	}
-	if l.sendMR, err = l.pd.AllocMR(nSendSlots*slotSize, verbs.AccessLocalWrite); err != nil {
+	if l.sendMR, err = l.pd.AllocMR((nSendSlots+nLLCSlots)*slotSize, verbs.AccessLocalWrite); err != nil {
 		return nil, fmt.Errorf("alloc send slots: %w", err)
 	}
 	for i := range nSendSlots {
 		l.slots <- uint16(i)
+	}
+	for i := range nLLCSlots {
+		l.llcSlots <- uint16(nSendSlots + i)
 	}
 	for range maxSendWR {
 		l.credits <- struct{}{}
@@ -230,6 +242,7 @@ func (l *link) complete(wc *verbs.WorkCompletion) {
 			l.onCDC(b)
 		default:
 			e.st.llcRecv.Add(1)
+			l.earlyLLC(b)
 			select {
 			case l.llcIn <- [llc.MsgLen]byte(b):
 			default:
@@ -246,6 +259,10 @@ func (l *link) complete(wc *verbs.WorkCompletion) {
 		switch tag {
 		case tagSlot:
 			s := uint16(wc.ID)
+			if s >= nSendSlots {
+				l.llcSlots <- s
+				break
+			}
 			if c := l.slotConn[s]; c != nil {
 				if wc.Status == verbs.WCSuccess {
 					c.cdcDone(l.slotProd[s])
@@ -289,6 +306,17 @@ func (l *link) onCDC(b []byte) {
 	l.rxBytes.Add(c.onCDC(&m))
 }
 
+// earlyLLC takes a peer's new rkey in the poller, before the worker answers it: a
+// connection setup waits for it (waitPeerRKey), and the worker's queue may hold a
+// backlog of answers and control messages, each waiting for a send slot, longer
+// than the peer's CLC timeout. The worker takes it again (no change) and answers.
+func (l *link) earlyLLC(b []byte) {
+	var r llc.ConfirmRkey
+	if llc.Type(b[0]) == llc.TypeConfirmRkey && r.Decode(b) == nil && !r.Response() {
+		l.lg.addPeerRKey(l.num, r.RKey, r.Addr, r.Entries()...)
+	}
+}
+
 // acquire takes a send slot and a work-request credit, and a read hold on useMu
 // that the caller releases after posting.
 func (l *link) acquire() (uint16, error) {
@@ -322,9 +350,7 @@ func (l *link) postSlot(s uint16) error {
 	err := l.qp.PostSend(&l.swr)
 	l.postMu.Unlock()
 	if err != nil {
-		l.slotConn[s] = nil
-		l.slots <- s
-		l.credits <- struct{}{}
+		l.putSlot(s)
 		l.fail(fmt.Errorf("post send: %w", err))
 		return ErrLinkDown
 	}
@@ -347,15 +373,46 @@ func (l *link) sendConnCDC(c *Conn, prod uint64, m *rmb.CDC) error {
 	return l.postSlot(s)
 }
 
+// putSlot gives back a send slot after a failed post or encoding.
+func (l *link) putSlot(s uint16) {
+	if s >= nSendSlots {
+		l.llcSlots <- s
+		return
+	}
+	l.slotConn[s] = nil
+	l.slots <- s
+	l.credits <- struct{}{}
+}
+
+// acquireLLC takes a slot for an LLC response, and a read hold on useMu.
+func (l *link) acquireLLC() (uint16, error) {
+	var s uint16
+	select {
+	case s = <-l.llcSlots:
+	case <-l.ctx.Done():
+		return 0, ErrLinkDown
+	}
+	l.useMu.RLock()
+	if l.freed {
+		l.useMu.RUnlock()
+		l.llcSlots <- s
+		return 0, ErrLinkDown
+	}
+	return s, nil
+}
+
 func (l *link) sendLLC(m llc.Message) error {
-	s, err := l.acquire()
+	acquire := l.acquire
+	if m.Response() {
+		acquire = l.acquireLLC
+	}
+	s, err := acquire()
 	if err != nil {
 		return err
 	}
 	defer l.useMu.RUnlock()
 	if err := m.Encode(l.sendMR.Bytes()[int(s)*slotSize:]); err != nil {
-		l.slots <- s
-		l.credits <- struct{}{}
+		l.putSlot(s)
 		return err
 	}
 	l.lg.e.st.llcSent.Add(1)
