@@ -125,7 +125,7 @@ func (d *Daemon) LinkGroups(context.Context) ([]control.LinkGroup, error) {
 		lg := control.LinkGroup{ID: g.ID, Role: g.Role, Peer: g.Peer, Provider: g.Provider, State: "active", Conns: g.Conns}
 		for _, l := range g.Links {
 			lk := control.Link{LinkGroup: g.ID, Num: l.Num, Role: g.Role, Peer: g.Peer, State: l.State,
-				Device: l.Device, Port: 1, LocalQPN: l.QPN, PeerQPN: l.PeerQPN, Conns: g.Conns,
+				Device: l.Device, Port: 1, LocalQPN: l.QPN, PeerQPN: l.PeerQPN, Conns: l.Conns,
 				TX: control.LinkTraffic{Bytes: l.TxBytes, WorkRequests: l.Sent},
 				RX: control.LinkTraffic{Bytes: l.RxBytes, WorkRequests: l.Completed}}
 			if dev := d.device(l.Device); dev != nil {
@@ -255,7 +255,8 @@ func (d *Daemon) LogState() {
 		d.log.Info("link group", "id", g.ID, "role", g.Role, "peer", g.Peer, "provider", g.Provider, "conns", g.Conns)
 		for _, l := range g.Links {
 			d.log.Info("link", "group", g.ID, "num", l.Num, "state", l.State, "device", l.Device,
-				"qpn", l.LocalQPN, "peer_qpn", l.PeerQPN, "tx_wr", l.TX.WorkRequests, "rx_wr", l.RX.WorkRequests)
+				"qpn", l.LocalQPN, "peer_qpn", l.PeerQPN, "tx_bytes", l.TX.Bytes, "rx_bytes", l.RX.Bytes,
+				"tx_wr", l.TX.WorkRequests, "rx_wr", l.RX.WorkRequests)
 		}
 	}
 	for _, c := range conns {

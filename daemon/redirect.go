@@ -15,6 +15,7 @@ import (
 
 	"github.com/smcr-io/smcr/bpf"
 	"github.com/smcr-io/smcr/smcr"
+	"github.com/smcr-io/smcr/smcr/clc"
 )
 
 // dialTimeout bounds smcrd's TCP connect to the original destination; the kernel's
@@ -97,10 +98,13 @@ func (d *Daemon) settle(t *tracked, conn *smcr.Conn, peer netip.Addr, ttl time.D
 		return
 	}
 	reason := "fallback"
-	if dc := conn.Decline(); dc != nil {
+	dc := conn.Decline()
+	if dc != nil {
 		reason = dc.Code.String()
 	}
-	if t.client {
+	// Memory short on either side is no reason to stop trying the peer: max_memory
+	// may be raised (smcrctl set) or freed at any time, and applies at once.
+	if t.client && (dc == nil || dc.Code != clc.DeclineNoMemory) {
 		if err := d.peers.incapable(peer, reason, ttl); err != nil {
 			d.log.Warn("negative cache", "peer", peer, "err", err)
 		}

@@ -68,7 +68,7 @@ func (c *Conn) onCDC(m *rmb.CDC) (produced uint64) {
 		wake(c.txWake)
 		return
 	}
-	if m.Flags&rmb.FlagUpdateRequested != 0 {
+	if m.Flags&(rmb.FlagUpdateRequested|rmb.FlagFailoverValidation) != 0 {
 		c.queueCtlLocked(ctlUpdate)
 	}
 	if m.State&rmb.StateAbnormalClose != 0 && !c.peerAbort {
@@ -183,7 +183,8 @@ func (c *Conn) sendCDC(flags rmb.ProdFlags) error {
 		m.State |= rmb.StateAbnormalClose
 	}
 	c.rxConfirmed = c.rxCons
+	lnk, prod := c.lnk, c.txProd
 	c.mu.Unlock()
 	c.cs.cdcSent.Add(1)
-	return c.lnk.sendCDC(&m)
+	return lnk.sendConnCDC(c, prod, &m)
 }

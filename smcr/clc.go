@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"syscall"
 	"time"
 
 	"github.com/smcr-io/smcr/smcr/clc"
@@ -50,7 +51,12 @@ func interruptOnCancel(ctx context.Context, tcp net.Conn) func() bool {
 
 // clcPhase arms the TCP deadline for one CLC message and makes ctx's end interrupt it.
 func (e *Engine) clcPhase(ctx context.Context, tcp net.Conn) {
-	dl := e.cfg.Clock.Now().Add(e.settings().CLCTimeout)
+	e.clcPhaseFor(ctx, tcp, e.settings().CLCTimeout)
+}
+
+// clcPhaseFor is clcPhase with a bound of d.
+func (e *Engine) clcPhaseFor(ctx context.Context, tcp net.Conn, d time.Duration) {
+	dl := e.cfg.Clock.Now().Add(d)
 	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
 		dl = d
 	}
@@ -59,7 +65,12 @@ func (e *Engine) clcPhase(ctx context.Context, tcp net.Conn) {
 
 // readCLC reads one CLC message, classifying failures for the fallback decision.
 func (e *Engine) readCLC(ctx context.Context, c *Conn, br *bufio.Reader) (clc.Message, DeclineCode, bool, error) {
-	e.clcPhase(ctx, c.tcp)
+	return e.readCLCWithin(ctx, c, br, e.settings().CLCTimeout)
+}
+
+// readCLCWithin is readCLC waiting up to d.
+func (e *Engine) readCLCWithin(ctx context.Context, c *Conn, br *bufio.Reader, d time.Duration) (clc.Message, DeclineCode, bool, error) {
+	e.clcPhaseFor(ctx, c.tcp, d)
 	if err := peekCLC(br); err != nil {
 		switch {
 		case errors.Is(err, errNoCLC):
@@ -171,7 +182,15 @@ func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix) (*C
 		if ctx.Err() != nil {
 			return ctxErr(ctx, c)
 		}
+		if d, derr := e.declinedMeanwhile(ctx, c, br); d != nil && derr == nil {
+			return e.fallback(c, d.Code, SidePeer, false, err, br), nil
+		}
 		return e.fallback(c, code, SideLocal, true, err, br), nil
+	}
+	if d, err := e.declinedMeanwhile(ctx, c, br); err != nil {
+		return e.fallback(c, clc.DeclineSyncError, SideLocal, true, err, br), nil
+	} else if d != nil {
+		return e.fallback(c, d.Code, SidePeer, false, nil, br), nil
 	}
 	if br.Buffered() > 0 {
 		// Bytes after a Confirm on the TCP stream: the peer is out of step.
@@ -187,6 +206,52 @@ func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix) (*C
 	tcp.SetDeadline(noDeadline)
 	c.activate()
 	return c, nil
+}
+
+// declinedMeanwhile looks, without waiting, for a Decline the server sent after
+// its Accept (it gave up waiting for our Confirm): then the server is plain TCP
+// already, and a Confirm or a Decline from us would reach its application as data.
+// It returns nil, nil when the server sent nothing, and an error when it sent
+// something else.
+func (e *Engine) declinedMeanwhile(ctx context.Context, c *Conn, br *bufio.Reader) (*clc.Decline, error) {
+	if br.Buffered() == 0 && !pendingInput(c.tcp) {
+		return nil, nil
+	}
+	m, _, _, err := e.readCLC(ctx, c, br)
+	if err != nil {
+		return nil, fmt.Errorf("bytes after accept: %w", err)
+	}
+	d, ok := m.(*clc.Decline)
+	if !ok {
+		return nil, fmt.Errorf("clc: %v after accept", m.Type())
+	}
+	return d, nil
+}
+
+// pendingInput reports, without waiting, whether the peer sent bytes not read yet.
+func pendingInput(conn net.Conn) bool {
+	sc, ok := conn.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	n := 0
+	rc.Read(func(fd uintptr) bool {
+		var b [1]byte
+		n, _, _ = syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		return true
+	})
+	return n > 0
+}
+
+// resyncFollows reports whether the bytes buffered after a Confirm start a resync
+// message (the client continues over TCP already).
+func resyncFollows(br *bufio.Reader) bool {
+	b, _ := br.Peek(min(br.Buffered(), len(resyncMagic)))
+	return len(b) > 0 && string(b) == string(resyncMagic[:len(b)])
 }
 
 // server runs CLC as the server; prefixes finds the subnet of a local address.
@@ -217,7 +282,16 @@ func (e *Engine) server(ctx context.Context, tcp net.Conn, prefixes func(netip.A
 		}
 		return e.fallback(c, code, SideLocal, true, err, br), nil
 	}
-	m, code, send, err = e.readCLC(ctx, c, br)
+	// A client of this engine that joins a link group may wait up to LLCTimeout for
+	// our CONFIRM_RKEY before it answers (waitPeerRKey), then answers within a CLC
+	// timeout: wait that long. A Decline sent while its Confirm is on the way would
+	// reach it after it began sending over SMC-R, and our fallback would hand the
+	// Confirm to the application as data.
+	wait := e.settings().CLCTimeout
+	if c.smcx && c.lg.firstConn != c {
+		wait += e.cfg.LLCTimeout
+	}
+	m, code, send, err = e.readCLCWithin(ctx, c, br, wait)
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctxErr(ctx, c)
@@ -234,7 +308,12 @@ func (e *Engine) server(ctx context.Context, tcp net.Conn, prefixes func(netip.A
 		return e.fallback(c, clc.DeclineConfigError, SideLocal, true, fmt.Errorf("clc: %v instead of confirm", m.Type()), br), nil
 	}
 	if br.Buffered() > 0 {
-		return e.fallback(c, clc.DeclineSyncError, SideLocal, true, errors.New("bytes after confirm"), br), nil
+		if !resyncFollows(br) {
+			return e.fallback(c, clc.DeclineSyncError, SideLocal, true, errors.New("bytes after confirm"), br), nil
+		}
+		// The client's link failed after it sent the Confirm: it activated and
+		// began to continue over TCP. Activate too and read its resync.
+		c.tcp = &readAheadConn{Conn: c.tcp, r: br}
 	}
 	if code, err := e.serverConfirm(ctx, c, conf); err != nil {
 		if ctx.Err() != nil {
@@ -301,10 +380,12 @@ func (e *Engine) serverProposal(ctx context.Context, c *Conn, prop *clc.Proposal
 	}
 	c.lg, c.reserved = lg, true
 	c.peerOffer = o
+	lnk := lg.pick()
 	if first {
 		lg.firstConn = c
+		lg.peerOffers = offers
+		lnk = lg.primary()
 	}
-	lnk := lg.primary()
 	if lnk == nil {
 		return clc.DeclineNoActiveLink, errors.New("link group has no link")
 	}
@@ -312,8 +393,11 @@ func (e *Engine) serverProposal(ctx context.Context, c *Conn, prop *clc.Proposal
 	if code, err := c.allocRMB(); err != nil {
 		return code, err
 	}
+	if code, err := c.holdSendBuffer(); err != nil {
+		return code, err
+	}
 	if !first {
-		if err := lnk.announceRKey(c.rmb); err != nil {
+		if err := c.announceRMB(); err != nil {
 			return clc.DeclineInternalRToken, fmt.Errorf("confirm rkey: %w", err)
 		}
 	}
@@ -326,6 +410,14 @@ func (e *Engine) serverProposal(ctx context.Context, c *Conn, prop *clc.Proposal
 	}}
 	if ext {
 		env := clc.Envelope{TLVs: []clc.TLV{{Type: tlvChosen, Value: appendChosen(nil, o.Kind, dev.Endpoint())}}}
+		if len(e.cfg.Devices) > 1 {
+			// Our devices, so the client can reach the second link's (multilink.go).
+			val, err := appendOffers(nil, e.offers())
+			if err != nil {
+				return clc.DeclineInternal, err
+			}
+			env.TLVs = append(env.TLVs, clc.TLV{Type: tlvProviders, Value: val})
+		}
 		if acc.Ext, err = env.AppendTo(nil); err != nil {
 			return clc.DeclineInternal, err
 		}
@@ -372,11 +464,14 @@ func (e *Engine) serverConfirm(ctx context.Context, c *Conn, conf *clc.Confirm) 
 			return clc.DeclineTimeoutConfirmLink, err
 		}
 		c.lg.setReady(nil)
+		go c.lg.serverAddLink()
 	} else {
 		if li.QPN != lnk.peer.QPN {
 			return clc.DeclineSyncError, fmt.Errorf("confirm names qp %d, link has %d", li.QPN, lnk.peer.QPN)
 		}
-		if !c.lg.waitPeerRKey(ctx, li.RKey) {
+		if !c.lg.waitPeerRKey(ctx, lnk.num, li.RKey) && !c.linkFailed() {
+			// (With the link gone, the connection activates and continues over TCP,
+			// as the client's does: its Confirm is sent.)
 			return clc.DeclineInternalRToken, fmt.Errorf("rkey %#x never confirmed over llc", li.RKey)
 		}
 	}
@@ -393,6 +488,7 @@ func (e *Engine) clientAccept(ctx context.Context, c *Conn, acc *clc.Accept) (De
 		return clc.DeclineConfigError, fmt.Errorf("accept: %w", err)
 	}
 	kind, endpoint := verbs.KindRDMA, []byte(nil)
+	var peerOffers []offer
 	if env, err := clc.ParseEnvelope(li.Ext); err == nil {
 		v, ok := env.Find(tlvChosen)
 		if !ok {
@@ -400,6 +496,11 @@ func (e *Engine) clientAccept(ctx context.Context, c *Conn, acc *clc.Accept) (De
 		}
 		if kind, endpoint, err = parseChosen(v); err != nil {
 			return clc.DeclineConfigError, err
+		}
+		if v, ok := env.Find(tlvProviders); ok {
+			if peerOffers, err = parseOffers(v); err != nil {
+				return clc.DeclineConfigError, err
+			}
 		}
 		c.smcx = true
 	} else if !errors.Is(err, clc.ErrNoEnvelope) {
@@ -425,17 +526,18 @@ func (e *Engine) clientAccept(ctx context.Context, c *Conn, acc *clc.Accept) (De
 		lg.reserve()
 		c.lg, c.lnk, c.reserved = lg, lg.primary(), true
 		lg.firstConn = c
+		lg.peerOffers = peerOffers
 		c.lnk.startConnect(peer)
 	} else {
 		lg, err := e.clientLinkGroup(ctx, key, li.QPN)
 		if err != nil {
 			return clc.DeclineSyncError, err
 		}
-		c.lg, c.lnk, c.reserved = lg, lg.primary(), true
+		c.lg, c.lnk, c.reserved = lg, lg.linkByPeer(li.GID, li.QPN), true
 		if c.lnk == nil {
 			return clc.DeclineNoActiveLink, errors.New("link group has no link")
 		}
-		if !lg.waitPeerRKey(ctx, li.RKey) {
+		if !lg.waitPeerRKey(ctx, c.lnk.num, li.RKey) {
 			return clc.DeclineInternalRToken, fmt.Errorf("rkey %#x never confirmed over llc", li.RKey)
 		}
 	}
@@ -446,7 +548,7 @@ func (e *Engine) clientAccept(ctx context.Context, c *Conn, acc *clc.Accept) (De
 		return code, err
 	}
 	if !li.FirstContact {
-		if err := c.lnk.announceRKey(c.rmb); err != nil {
+		if err := c.announceRMB(); err != nil {
 			return clc.DeclineInternalRToken, fmt.Errorf("confirm rkey: %w", err)
 		}
 	}

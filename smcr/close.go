@@ -72,7 +72,26 @@ func (c *Conn) CloseWrite() error {
 	c.localDone = true
 	c.updateState("close write")
 	c.mu.Unlock()
-	return c.sendCDC(0)
+	c.mu.Lock()
+	lnk := c.lnk
+	c.mu.Unlock()
+	if err := c.sendCDC(0); err != nil {
+		// The link went down under us: the move to another link (its CDC) or the
+		// continuation over TCP (the resync) carries the close.
+		c.awaitLinkDown(lnk)
+		c.mu.Lock()
+		fo, cerr := c.fo, c.err
+		c.mu.Unlock()
+		if fo {
+			<-c.foDone
+			if !c.continued() {
+				return c.linkError(ErrLinkDown)
+			}
+			return nil
+		}
+		return cerr
+	}
+	return nil
 }
 
 // Close closes the connection: the peer reads what was written, then EOF; our
@@ -156,6 +175,12 @@ func (c *Conn) abortLocked(err error) {
 func (c *Conn) linkDown(err error) {
 	c.mu.Lock()
 	c.lnkErr = true
+	if c.st == stateInit && !c.released {
+		// In setup: CLC sees the link gone and falls back, or, its last message
+		// sent, activates the connection, which then continues over TCP.
+		c.mu.Unlock()
+		return
+	}
 	if c.canContinue() {
 		c.startFailoverLocked()
 		c.mu.Unlock()
@@ -224,9 +249,10 @@ func (c *Conn) freeResources() {
 		// keeps LLC traffic per connection bounded (one CONFIRM_RKEY each way).
 		c.rmb.Close()
 	}
-	if c.lg != nil && c.peerRKey != 0 {
-		c.lg.addPeerRKey(c.peerRKey, false)
+	if c.lg != nil && c.peerKey.rkey != 0 {
+		c.lg.delPeerRKey(c.peerKey.link, c.peerKey.rkey)
 	}
+	c.freeRegistrations()
 	if c.snd != nil {
 		c.snd.Close()
 	}
@@ -253,6 +279,13 @@ func (c *Conn) abandonSetup() {
 	c.freeResources()
 }
 
+// linkFailed reports whether the link failed during setup.
+func (c *Conn) linkFailed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.lnkErr
+}
+
 // activate makes a set-up connection usable.
 func (c *Conn) activate() {
 	c.mode = ModeSMCR
@@ -263,9 +296,18 @@ func (c *Conn) activate() {
 	if pending != 0 {
 		c.queueCtlLocked(pending)
 	}
+	if c.lnkErr { // the link failed during setup (linkDown left it to us)
+		if c.canContinue() {
+			c.startFailoverLocked()
+		} else if c.err == nil {
+			c.err = fmt.Errorf("%w: during setup", ErrLinkDown)
+		}
+	}
 	c.mu.Unlock()
 	c.e.st.smc.Add(1)
 	c.e.st.active.Add(1)
+	c.e.st.rxBuf.observe(c.rmbSize)
+	c.e.st.txBuf.observe(c.peerSize)
 	if c.smcx {
 		go c.watchTCP()
 	}
@@ -284,16 +326,39 @@ func (c *Conn) allocRMB() (DeclineCode, error) {
 		return clc.DeclineInternalRegBuf, fmt.Errorf("alloc rmb: %w", err)
 	}
 	c.rmb, c.rmbSize = mr, uint64(size)
-	c.e.st.rxBuf.observe(uint64(size))
+	c.mu.Lock()
+	c.rmbOn[c.lnk.num] = mr
+	c.mu.Unlock()
 	c.token = c.e.newToken(c)
 	c.lg.addConn(c)
+	return 0, nil
+}
+
+// holdSendBuffer reserves, on the server at the Proposal, memory for the send
+// buffer that mirrors the client's RMBE, whose size only the Confirm tells: as
+// much as our RMBE (the client is likely configured as we are). A server short of
+// memory must decline before its Accept: after the client's Confirm a Decline
+// comes too late, the client already writes into our RMBE.
+func (c *Conn) holdSendBuffer() (DeclineCode, error) {
+	n := int64(c.rmbSize)
+	if !c.e.reserve(n) {
+		return clc.DeclineNoMemory, fmt.Errorf("send buffer of about %d bytes exceeds max memory %d", n, c.e.settings().MaxMemory)
+	}
+	c.memHeld += n
+	c.sndHeld = n
 	return 0, nil
 }
 
 // setPeer takes the peer's RMBE from its Accept/Confirm and makes our send buffer.
 func (c *Conn) setPeer(li *clc.LinkInfo) (DeclineCode, error) {
 	size := clc.RMBESize(li.SizeCode)
-	if !c.e.reserve(int64(size)) {
+	if held := c.sndHeld; held > 0 {
+		// The server after the Confirm: what the hold lacks is taken beyond
+		// max_memory rather than refused too late; a surplus goes back.
+		c.sndHeld = 0
+		c.memHeld -= held
+		c.e.charge(int64(size) - held)
+	} else if !c.e.reserve(int64(size)) {
 		return clc.DeclineNoMemory, fmt.Errorf("send buffer of %d bytes exceeds max memory %d", size, c.e.settings().MaxMemory)
 	}
 	c.memHeld += int64(size)
@@ -303,8 +368,9 @@ func (c *Conn) setPeer(li *clc.LinkInfo) (DeclineCode, error) {
 	}
 	c.mu.Lock()
 	c.snd, c.peerSize = mr, uint64(size)
-	c.e.st.txBuf.observe(uint64(size))
+	c.sndOn[c.lnk.num] = mr
 	c.peerToken, c.peerRKey, c.peerAddr = li.AlertToken, li.RKey, li.RMBAddr
+	c.peerKey = rkeyOn{c.lnk.num, li.RKey}
 	c.mu.Unlock()
 	return 0, nil
 }

@@ -123,8 +123,16 @@ type Conn struct {
 	peerAddr  uint64
 	peerRKey  uint32
 	memHeld   int64
+	sndHeld   int64 // of memHeld, held by a server for the send buffer until the Confirm
 	peerOffer offer // the client's offer the server chose
 	reserved  bool  // holds a slot of lg
+
+	// Second link (multilink.go): our RMB and send buffer registered on each link
+	// by link number, and the peer RMB's rkey on the link CLC named.
+	rmbOn, sndOn [maxLinks + 1]verbs.MR
+	peerKey      rkeyOn
+	wrOutOn      [maxLinks + 1]atomic.Int32 // wrOut by link number
+	txAcked      atomic.Uint64              // producer cursor of our last CDC that completed
 
 	rxMu sync.Mutex // one Read at a time
 	txMu sync.Mutex // one Write at a time
@@ -152,6 +160,7 @@ type Conn struct {
 	smcx        bool  // the peer speaks our extensions (continuation over TCP)
 	fo          bool  // continuation over TCP started: cursors frozen
 	foReady     bool  // continuation done: the TCP connection carries the bytes
+	moving      bool  // moving to another link after ours failed: writers wait
 	closeTimer  Timer
 
 	wrOut atomic.Int32 // RDMA WRITEs posted and not completed

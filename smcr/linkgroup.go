@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/smcr-io/smcr/llc"
 	"github.com/smcr-io/smcr/smcr/verbs"
 )
 
@@ -37,16 +38,39 @@ type linkGroup struct {
 
 	firstConn *Conn // the connection doing first contact, until ready
 
+	// flow serialises the ADD_LINK exchange with the registration and announcement
+	// of new RMBs, so every RMB reaches the peer with its rkey on every link.
+	flow       sync.Mutex
+	peerOffers []offer              // the peer's devices, for the endpoint of a second link
+	addCont    chan llc.AddLinkCont // ADD_LINK_CONT messages, for the ADD_LINK flow
+
 	mu        sync.RWMutex
 	conns     map[uint32]*Conn // by our alert token
 	reserved  int              // connections on it or setting up
 	links     []*link
-	peerRKeys map[uint32]bool // rkeys the peer confirmed over LLC
-	rkeyAdded chan struct{}   // closed and replaced whenever peerRKeys grows
+	rr        int                     // round robin over the links for new connections
+	peerRMBs  map[rkeyOn]*peerRTokens // the peer's RMBs we know over LLC, by rkey on each link
+	rkeyAdded chan struct{}           // closed and replaced whenever peerRMBs grows
 	idle      Timer
 	dead      bool
 	deadErr   error
 }
+
+// rkeyOn names a peer RMB by its rkey on one link (rkeys of two devices may clash).
+type rkeyOn struct {
+	link uint8
+	rkey uint32
+}
+
+// rtoken is where one RMB of the peer is reached through one link.
+type rtoken struct {
+	rkey uint32
+	addr uint64
+	ok   bool
+}
+
+// peerRTokens are one peer RMB's rtokens, indexed by link number.
+type peerRTokens [maxLinks + 1]rtoken
 
 // LinkGroupInfo describes a link group for smcrctl.
 type LinkGroupInfo struct {
@@ -61,6 +85,7 @@ type LinkGroupInfo struct {
 // LinkInfo describes one link of a link group.
 type LinkInfo struct {
 	Num       uint8
+	Conns     int // connections sending on this link
 	Device    string
 	QPN       uint32
 	PeerQPN   uint32
@@ -85,8 +110,14 @@ func (e *Engine) LinkGroups() []LinkGroupInfo {
 		lg.mu.RLock()
 		info := LinkGroupInfo{ID: lg.id, Role: role, Peer: fmt.Sprintf("%x", lg.key.peer[:]),
 			Provider: lg.key.kind.String(), Conns: len(lg.conns)}
+		perLink := map[*link]int{}
+		for _, c := range lg.conns {
+			c.mu.Lock()
+			perLink[c.lnk]++
+			c.mu.Unlock()
+		}
 		for _, l := range lg.links {
-			info.Links = append(info.Links, LinkInfo{Num: l.num, Device: l.dev.Name(), QPN: l.qp.Attr().QPN,
+			info.Links = append(info.Links, LinkInfo{Num: l.num, Conns: perLink[l], Device: l.dev.Name(), QPN: l.qp.Attr().QPN,
 				PeerQPN: l.peer.QPN, State: l.qp.State().String(), Sent: l.posted.Load(), Completed: l.polled.Load(),
 				TxBytes: l.txBytes.Load(), RxBytes: l.rxBytes.Load()})
 		}
@@ -105,7 +136,8 @@ func (e *Engine) newLinkGroup(key lgKey, di int) (*linkGroup, error) {
 	}
 	e.lgSeq++
 	lg := &linkGroup{e: e, id: e.lgSeq, key: key, dev: di, ready: make(chan struct{}),
-		conns: map[uint32]*Conn{}, peerRKeys: map[uint32]bool{}, rkeyAdded: make(chan struct{})}
+		conns: map[uint32]*Conn{}, peerRMBs: map[rkeyOn]*peerRTokens{}, rkeyAdded: make(chan struct{}),
+		addCont: make(chan llc.AddLinkCont, maxConnsPerLGR)}
 	e.mu.Unlock()
 	l, err := newLink(lg, e.cfg.Devices[di], 1)
 	if err != nil {
@@ -158,7 +190,11 @@ func (e *Engine) clientLinkGroup(ctx context.Context, key lgKey, qpn uint32) (*l
 	e.mu.Lock()
 	var found *linkGroup
 	for _, lg := range e.lgs {
-		if lg.key == key && lg.hasPeerQPN(qpn) && lg.tryReserve() {
+		// The Accept names the GID and QP of the link the server picked, which
+		// may be the second one: match the peer by any of its links.
+		k := lg.key
+		k.peerGID = key.peerGID
+		if k == key && lg.hasPeer(key.peerGID, qpn) && lg.tryReserve() {
 			found = lg
 			break
 		}
@@ -175,11 +211,11 @@ func (e *Engine) clientLinkGroup(ctx context.Context, key lgKey, qpn uint32) (*l
 	return found, nil
 }
 
-func (lg *linkGroup) hasPeerQPN(qpn uint32) bool {
+func (lg *linkGroup) hasPeer(gid [16]byte, qpn uint32) bool {
 	lg.mu.RLock()
 	defer lg.mu.RUnlock()
 	for _, l := range lg.links {
-		if l.peer.QPN == qpn {
+		if l.peer.QPN == qpn && l.peer.GID == gid {
 			return true
 		}
 	}
@@ -191,6 +227,44 @@ func (lg *linkGroup) primary() *link {
 	defer lg.mu.RUnlock()
 	for _, l := range lg.links {
 		if !l.down.Load() {
+			return l
+		}
+	}
+	return nil
+}
+
+// pick chooses the link for a new connection: round robin over the live links,
+// which spreads the connections (load balancing, as Linux's smc_llc_usable_link).
+func (lg *linkGroup) pick() *link {
+	lg.mu.Lock()
+	defer lg.mu.Unlock()
+	for range lg.links {
+		lg.rr++
+		if l := lg.links[lg.rr%len(lg.links)]; !l.down.Load() {
+			return l
+		}
+	}
+	return nil
+}
+
+// linkByPeer returns the live link whose peer end is QP qpn on the device gid.
+func (lg *linkGroup) linkByPeer(gid [16]byte, qpn uint32) *link {
+	lg.mu.RLock()
+	defer lg.mu.RUnlock()
+	for _, l := range lg.links {
+		if l.peer.QPN == qpn && l.peer.GID == gid && !l.down.Load() {
+			return l
+		}
+	}
+	return nil
+}
+
+// linkByNum returns the link numbered num, live or not.
+func (lg *linkGroup) linkByNum(num uint8) *link {
+	lg.mu.RLock()
+	defer lg.mu.RUnlock()
+	for _, l := range lg.links {
+		if l.num == num {
 			return l
 		}
 	}
@@ -283,30 +357,71 @@ func (lg *linkGroup) conn(token uint32) *Conn {
 	return c
 }
 
-func (lg *linkGroup) addPeerRKey(rkey uint32, add bool) {
+// addPeerRKey records a peer RMB known by rkey on link num and its rtokens on other
+// links (CONFIRM_RKEY, ADD_LINK_CONT). Entries merge: every rkey names the same set.
+func (lg *linkGroup) addPeerRKey(num uint8, rkey uint32, addr uint64, others ...llc.RToken) {
 	lg.mu.Lock()
-	if add {
-		lg.peerRKeys[rkey] = true
-		close(lg.rkeyAdded)
-		lg.rkeyAdded = make(chan struct{})
-	} else {
-		delete(lg.peerRKeys, rkey)
+	t := lg.peerRMBs[rkeyOn{num, rkey}]
+	if t == nil {
+		t = new(peerRTokens)
+	}
+	if int(num) < len(t) && (!t[num].ok || t[num].rkey != rkey || addr != 0) {
+		t[num] = rtoken{rkey: rkey, addr: addr, ok: true} // ADD_LINK_CONT names no address
+	}
+	for _, o := range others {
+		if n := uint8(o.Link); n != 0 && int(n) < len(t) {
+			t[n] = rtoken{rkey: o.RKey, addr: o.Addr, ok: true}
+		}
+	}
+	for n, tok := range t {
+		if tok.ok {
+			lg.peerRMBs[rkeyOn{uint8(n), tok.rkey}] = t
+		}
+	}
+	close(lg.rkeyAdded)
+	lg.rkeyAdded = make(chan struct{})
+	lg.mu.Unlock()
+}
+
+// delPeerRKey forgets a peer RMB under all its rkeys.
+func (lg *linkGroup) delPeerRKey(num uint8, rkey uint32) {
+	lg.mu.Lock()
+	if t := lg.peerRMBs[rkeyOn{num, rkey}]; t != nil {
+		for n, tok := range t {
+			if tok.ok && lg.peerRMBs[rkeyOn{uint8(n), tok.rkey}] == t {
+				delete(lg.peerRMBs, rkeyOn{uint8(n), tok.rkey})
+			}
+		}
 	}
 	lg.mu.Unlock()
 }
 
-// waitPeerRKey waits until the peer has confirmed rkey over LLC. The CONFIRM_RKEY
-// request travels on the link, the CLC message naming the rkey on TCP: either may
-// arrive first.
-func (lg *linkGroup) waitPeerRKey(ctx context.Context, rkey uint32) bool {
+// peerToken returns the rtoken on link to of the peer RMB known as rkey on link from.
+func (lg *linkGroup) peerToken(from uint8, rkey uint32, to uint8) (rtoken, bool) {
+	lg.mu.RLock()
+	defer lg.mu.RUnlock()
+	t := lg.peerRMBs[rkeyOn{from, rkey}]
+	if t == nil || int(to) >= len(t) || !t[to].ok {
+		return rtoken{}, false
+	}
+	return t[to], true
+}
+
+// waitPeerRKey waits until the peer has confirmed rkey on link num over LLC. The
+// CONFIRM_RKEY request travels on the link, the CLC message naming the rkey on TCP:
+// either may arrive first.
+func (lg *linkGroup) waitPeerRKey(ctx context.Context, num uint8, rkey uint32) bool {
 	t := time.NewTimer(lg.e.cfg.LLCTimeout)
 	defer t.Stop()
 	for {
 		lg.mu.RLock()
-		known, ch := lg.peerRKeys[rkey], lg.rkeyAdded
+		known, ch, dead := lg.peerRMBs[rkeyOn{num, rkey}] != nil, lg.rkeyAdded, lg.dead
 		lg.mu.RUnlock()
 		if known {
 			return true
+		}
+		if dead {
+			return false
 		}
 		select {
 		case <-ch:
@@ -327,6 +442,8 @@ func (lg *linkGroup) terminate(err error, orderly bool) {
 		return
 	}
 	lg.dead, lg.deadErr = true, err
+	close(lg.rkeyAdded) // wake waitPeerRKey
+	lg.rkeyAdded = make(chan struct{})
 	if lg.idle != nil {
 		lg.idle.Stop()
 	}

@@ -236,6 +236,7 @@ func TestHostilePeer(t *testing.T) {
 	lnk.swr = verbs.SendWR{ID: tagSlot<<56 | uint64(s), Opcode: verbs.OpSend, SG: lnk.sge[:], Signaled: true}
 	lnk.qp.PostSend(&lnk.swr)
 	lnk.postMu.Unlock()
+	lnk.useMu.RUnlock()
 	eventually(t, "protocol errors counted", func() bool { return p.cli.Stats().ProtoErrors >= before+2 })
 	echoOK(t, victim, vs)
 

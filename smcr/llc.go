@@ -24,7 +24,13 @@ const (
 	nRecv      = 256 // receive slots per link: enough for 255 connections' CDCs in flight
 	nSendSlots = 128
 	maxSendWR  = 256
-	llcQueue   = 4 * maxConnsPerLGR // each connection has at most one LLC request and one response in flight
+	// LLC responses have send slots of their own, beyond maxSendWR in the send
+	// queue: under load the data slots and credits go to CDCs and WRITEs of
+	// hundreds of connections, and the worker's answer, queued behind them and
+	// behind every connection's CONFIRM_RKEY request, came later than the peer's
+	// LLC timeout (the link failed).
+	nLLCSlots = 16
+	llcQueue  = 4 * maxConnsPerLGR // each connection has at most one LLC request and one response in flight
 
 	tagSlot  = 1 // send work request IDs: tag<<56 | slot or alert token
 	tagWrite = 2
@@ -54,12 +60,19 @@ type link struct {
 
 	slots   chan uint16
 	credits chan struct{}
-	rwr     [nRecv]verbs.RecvWR // one per receive slot, reposted without allocating
-	rsge    [nRecv][1]verbs.SGE
+	// for LLC responses: slots nSendSlots and above, each with its own WR
+	llcSlots chan uint16
+	rwr      [nRecv]verbs.RecvWR // one per receive slot, reposted without allocating
+	rsge     [nRecv][1]verbs.SGE
 
 	postMu sync.Mutex
 	swr    verbs.SendWR
 	sge    [1]verbs.SGE
+
+	// The connection and producer cursor of the CDC in each send slot: a CDC
+	// completed means the peer holds the bytes before it (multilink.go).
+	slotConn [nSendSlots]*Conn
+	slotProd [nSendSlots]uint64
 
 	llcIn   chan [llc.MsgLen]byte
 	ctl     chan *Conn
@@ -80,7 +93,12 @@ type link struct {
 	failOnce  sync.Once
 	wg        sync.WaitGroup
 
-	posted, polled   atomic.Uint64
+	posted, polled atomic.Uint64
+
+	// useMu keeps the send slots mapped while a sender encodes into one: free
+	// takes it exclusively, after which acquire fails.
+	useMu            sync.RWMutex
+	freed            bool
 	txBytes, rxBytes atomic.Uint64 // payload RDMA-written by us, and announced by the peer's CDCs
 }
 
@@ -90,7 +108,8 @@ func newLink(lg *linkGroup, dev verbs.Device, num uint8) (_ *link, err error) {
 	l := &link{
 		lg: lg, dev: dev, num: num, mtu: dev.Port().MTU,
 		slots: make(chan uint16, nSendSlots), credits: make(chan struct{}, maxSendWR),
-		llcIn: make(chan [llc.MsgLen]byte, llcQueue), ctl: make(chan *Conn, 2*maxConnsPerLGR),
+		llcSlots: make(chan uint16, nLLCSlots),
+		llcIn:    make(chan [llc.MsgLen]byte, llcQueue), ctl: make(chan *Conn, 2*maxConnsPerLGR),
 		clReq: make(chan llc.ConfirmLink, 1), testDue: make(chan struct{}, 1),
 		connected: make(chan struct{}), pending: map[pendKey]chan [llc.MsgLen]byte{},
 	}
@@ -106,20 +125,23 @@ func newLink(lg *linkGroup, dev verbs.Device, num uint8) (_ *link, err error) {
 	if l.pd, err = dev.AllocPD(); err != nil {
 		return nil, fmt.Errorf("alloc pd: %w", err)
 	}
-	if l.cq, err = dev.CreateCQ(nRecv + maxSendWR); err != nil {
+	if l.cq, err = dev.CreateCQ(nRecv + maxSendWR + nLLCSlots); err != nil {
 		return nil, fmt.Errorf("create cq: %w", err)
 	}
-	if l.qp, err = l.pd.CreateQP(verbs.QPConfig{SendCQ: l.cq, RecvCQ: l.cq, MaxSendWR: maxSendWR, MaxRecvWR: nRecv, RNRRetry: 7}); err != nil {
+	if l.qp, err = l.pd.CreateQP(verbs.QPConfig{SendCQ: l.cq, RecvCQ: l.cq, MaxSendWR: maxSendWR + nLLCSlots, MaxRecvWR: nRecv, RNRRetry: 7}); err != nil {
 		return nil, fmt.Errorf("create qp: %w", err)
 	}
 	if l.recvMR, err = l.pd.AllocMR(nRecv*slotSize, verbs.AccessLocalWrite); err != nil {
 		return nil, fmt.Errorf("alloc receive slots: %w", err)
 	}
-	if l.sendMR, err = l.pd.AllocMR(nSendSlots*slotSize, verbs.AccessLocalWrite); err != nil {
+	if l.sendMR, err = l.pd.AllocMR((nSendSlots+nLLCSlots)*slotSize, verbs.AccessLocalWrite); err != nil {
 		return nil, fmt.Errorf("alloc send slots: %w", err)
 	}
 	for i := range nSendSlots {
 		l.slots <- uint16(i)
+	}
+	for i := range nLLCSlots {
+		l.llcSlots <- uint16(nSendSlots + i)
 	}
 	for range maxSendWR {
 		l.credits <- struct{}{}
@@ -220,6 +242,7 @@ func (l *link) complete(wc *verbs.WorkCompletion) {
 			l.onCDC(b)
 		default:
 			e.st.llcRecv.Add(1)
+			l.earlyLLC(b)
 			select {
 			case l.llcIn <- [llc.MsgLen]byte(b):
 			default:
@@ -235,12 +258,24 @@ func (l *link) complete(wc *verbs.WorkCompletion) {
 		tag := wc.ID >> 56
 		switch tag {
 		case tagSlot:
-			l.slots <- uint16(wc.ID)
+			s := uint16(wc.ID)
+			if s >= nSendSlots {
+				l.llcSlots <- s
+				break
+			}
+			if c := l.slotConn[s]; c != nil {
+				if wc.Status == verbs.WCSuccess {
+					c.cdcDone(l.slotProd[s])
+				}
+				l.slotConn[s] = nil
+			}
+			l.slots <- s
 			l.credits <- struct{}{}
 		case tagWrite:
 			l.credits <- struct{}{}
 			c := l.lg.conn(uint32(wc.ID))
 			if c != nil {
+				c.wrOutOn[l.num].Add(-1)
 				c.writeDone()
 			}
 			if wc.Status != verbs.WCSuccess && c != nil {
@@ -271,7 +306,19 @@ func (l *link) onCDC(b []byte) {
 	l.rxBytes.Add(c.onCDC(&m))
 }
 
-// acquire takes a send slot and a work-request credit.
+// earlyLLC takes a peer's new rkey in the poller, before the worker answers it: a
+// connection setup waits for it (waitPeerRKey), and the worker's queue may hold a
+// backlog of answers and control messages, each waiting for a send slot, longer
+// than the peer's CLC timeout. The worker takes it again (no change) and answers.
+func (l *link) earlyLLC(b []byte) {
+	var r llc.ConfirmRkey
+	if llc.Type(b[0]) == llc.TypeConfirmRkey && r.Decode(b) == nil && !r.Response() {
+		l.lg.addPeerRKey(l.num, r.RKey, r.Addr, r.Entries()...)
+	}
+}
+
+// acquire takes a send slot and a work-request credit, and a read hold on useMu
+// that the caller releases after posting.
 func (l *link) acquire() (uint16, error) {
 	var s uint16
 	select {
@@ -281,11 +328,18 @@ func (l *link) acquire() (uint16, error) {
 	}
 	select {
 	case <-l.credits:
-		return s, nil
 	case <-l.ctx.Done():
 		l.slots <- s
 		return 0, ErrLinkDown
 	}
+	l.useMu.RLock()
+	if l.freed {
+		l.useMu.RUnlock()
+		l.slots <- s
+		l.credits <- struct{}{}
+		return 0, ErrLinkDown
+	}
+	return s, nil
 }
 
 // postSlot sends the 44 bytes already encoded in slot s.
@@ -296,8 +350,7 @@ func (l *link) postSlot(s uint16) error {
 	err := l.qp.PostSend(&l.swr)
 	l.postMu.Unlock()
 	if err != nil {
-		l.slots <- s
-		l.credits <- struct{}{}
+		l.putSlot(s)
 		l.fail(fmt.Errorf("post send: %w", err))
 		return ErrLinkDown
 	}
@@ -305,24 +358,61 @@ func (l *link) postSlot(s uint16) error {
 	return nil
 }
 
-func (l *link) sendCDC(m *rmb.CDC) error {
+func (l *link) sendCDC(m *rmb.CDC) error { return l.sendConnCDC(nil, 0, m) }
+
+// sendConnCDC sends c's CDC announcing producer cursor prod (absolute).
+func (l *link) sendConnCDC(c *Conn, prod uint64, m *rmb.CDC) error {
 	s, err := l.acquire()
 	if err != nil {
 		return err
 	}
+	defer l.useMu.RUnlock()
+	l.slotConn[s], l.slotProd[s] = c, prod
 	m.Encode(l.sendMR.Bytes()[int(s)*slotSize:])
 	l.lg.e.st.cdcSent.Add(1)
 	return l.postSlot(s)
 }
 
+// putSlot gives back a send slot after a failed post or encoding.
+func (l *link) putSlot(s uint16) {
+	if s >= nSendSlots {
+		l.llcSlots <- s
+		return
+	}
+	l.slotConn[s] = nil
+	l.slots <- s
+	l.credits <- struct{}{}
+}
+
+// acquireLLC takes a slot for an LLC response, and a read hold on useMu.
+func (l *link) acquireLLC() (uint16, error) {
+	var s uint16
+	select {
+	case s = <-l.llcSlots:
+	case <-l.ctx.Done():
+		return 0, ErrLinkDown
+	}
+	l.useMu.RLock()
+	if l.freed {
+		l.useMu.RUnlock()
+		l.llcSlots <- s
+		return 0, ErrLinkDown
+	}
+	return s, nil
+}
+
 func (l *link) sendLLC(m llc.Message) error {
-	s, err := l.acquire()
+	acquire := l.acquire
+	if m.Response() {
+		acquire = l.acquireLLC
+	}
+	s, err := acquire()
 	if err != nil {
 		return err
 	}
+	defer l.useMu.RUnlock()
 	if err := m.Encode(l.sendMR.Bytes()[int(s)*slotSize:]); err != nil {
-		l.slots <- s
-		l.credits <- struct{}{}
+		l.putSlot(s)
 		return err
 	}
 	l.lg.e.st.llcSent.Add(1)
@@ -338,14 +428,20 @@ func (l *link) postWrite(c *Conn, off, n int) error {
 		return ErrLinkDown
 	}
 	c.wrOut.Add(1)
+	c.wrOutOn[l.num].Add(1)
+	snd := c.sndOn[l.num] // registered before c moved to l (multilink.go)
+	if snd == nil {
+		snd = c.snd
+	}
 	l.postMu.Lock()
-	l.sge[0] = verbs.SGE{MR: c.snd, Offset: off, Length: n}
+	l.sge[0] = verbs.SGE{MR: snd, Offset: off, Length: n}
 	l.swr = verbs.SendWR{ID: tagWrite<<56 | uint64(c.token), Opcode: verbs.OpWrite, SG: l.sge[:],
 		RemoteAddr: c.peerAddr + uint64(off), RKey: c.peerRKey, Signaled: true}
 	err := l.qp.PostSend(&l.swr)
 	l.postMu.Unlock()
 	if err != nil {
 		c.wrOut.Add(-1)
+		c.wrOutOn[l.num].Add(-1)
 		l.credits <- struct{}{}
 		l.fail(fmt.Errorf("post write: %w", err))
 		return ErrLinkDown
@@ -484,11 +580,14 @@ func (l *link) confirmLinkClient(ctx context.Context) error {
 // the CLC message naming the rkey follows at once, and the peer waits for the
 // request to arrive before it uses the rkey (linkGroup.waitPeerRKey). This saves a
 // round trip per connection setup on each side; the response is still sent and
-// read, and a negative one fails the link.
-func (l *link) announceRKey(mr verbs.MR) error {
+// read, and a negative one fails the link. The request carries the RMB's rkeys on
+// the group's other links too (others).
+func (l *link) announceRKey(mr verbs.MR, others ...llc.RToken) error {
 	k := pendKey{t: llc.TypeConfirmRkey, key: uint64(mr.RKey())}
 	ch := l.register(k)
-	if err := l.sendLLC(&llc.ConfirmRkey{RKey: mr.RKey(), Addr: mr.Addr()}); err != nil {
+	m := &llc.ConfirmRkey{RKey: mr.RKey(), Addr: mr.Addr(), NumOthers: uint8(len(others))}
+	copy(m.Others[:], others)
+	if err := l.sendLLC(m); err != nil {
 		l.unregister(k)
 		return err
 	}
@@ -536,9 +635,16 @@ func (l *link) sendDeleteLink() {
 	case s := <-l.slots:
 		select {
 		case <-l.credits:
-			m := &llc.DeleteLink{Flags: llc.FlagDeleteLinkAll | llc.FlagDeleteOrderly, Reason: 0x00030000}
-			m.Encode(l.sendMR.Bytes()[int(s)*slotSize:])
-			l.postSlot(s)
+			l.useMu.RLock()
+			if !l.freed {
+				m := &llc.DeleteLink{Flags: llc.FlagDeleteLinkAll | llc.FlagDeleteOrderly, Reason: 0x00030000}
+				m.Encode(l.sendMR.Bytes()[int(s)*slotSize:])
+				l.postSlot(s)
+			} else {
+				l.slots <- s
+				l.credits <- struct{}{}
+			}
+			l.useMu.RUnlock()
 		default:
 			l.slots <- s
 		}
@@ -553,6 +659,14 @@ func (l *link) handleLLC(b []byte) {
 	if err != nil {
 		lg.e.st.protoErrors.Add(1)
 		lg.e.log.Debug("smcr: bad llc message", "lg", lg.id, "err", err)
+		return
+	}
+	if ac, ok := m.(*llc.AddLinkCont); ok {
+		select {
+		case lg.addCont <- *ac:
+		default:
+			lg.e.st.protoErrors.Add(1)
+		}
 		return
 	}
 	if m.Response() {
@@ -575,12 +689,12 @@ func (l *link) handleLLC(b []byte) {
 		default:
 		}
 	case *llc.ConfirmRkey:
-		lg.addPeerRKey(r.RKey, true)
+		lg.addPeerRKey(l.num, r.RKey, r.Addr, r.Entries()...)
 		r.Flags |= llc.FlagResponse
 		l.sendLLC(r)
 	case *llc.DeleteRkey:
 		for _, k := range r.Entries() {
-			lg.addPeerRKey(k, false)
+			lg.delPeerRKey(l.num, k)
 		}
 		r.Flags |= llc.FlagResponse
 		l.sendLLC(r)
@@ -588,15 +702,23 @@ func (l *link) handleLLC(b []byte) {
 		r.Flags |= llc.FlagResponse
 		l.sendLLC(r)
 	case *llc.DeleteLink:
-		go lg.terminate(fmt.Errorf("%w: peer deleted the link (%v)", ErrLinkDown, r.Reason), false)
+		err := fmt.Errorf("%w: peer deleted the link (%v)", ErrLinkDown, r.Reason)
+		if r.All() {
+			go lg.terminate(err, false)
+			return
+		}
+		lg.e.st.deleteLinks.Add(1)
+		if dl := lg.linkByNum(uint8(r.Link)); dl != nil {
+			go lg.linkFailed(dl, err, false)
+		} // else: gone already, we saw the failure too
+
 	case *llc.AddLink:
-		// One link per group for now: refuse, so the peer keeps its single link.
-		r.Flags |= llc.FlagResponse | llc.FlagAddLinkRejected
-		l.sendLLC(r)
+		lg.onAddLink(l, r)
 	}
 }
 
-// fail marks the link down after an error; with one link the group goes too.
+// fail marks the link down after an error: its connections move to the other
+// link, or with none left the group goes too (multilink.go).
 func (l *link) fail(err error) {
 	l.failOnce.Do(func() {
 		l.down.Store(true)
@@ -604,7 +726,7 @@ func (l *link) fail(err error) {
 			return // we are closing: flushes are expected
 		}
 		l.lg.e.log.Warn("smcr: link failed", "lg", l.lg.id, "link", l.num, "err", err)
-		go l.lg.terminate(fmt.Errorf("%w: %v", ErrLinkDown, err), false)
+		go l.lg.linkFailed(l, fmt.Errorf("%w: %v", ErrLinkDown, err), true)
 	})
 }
 
@@ -626,6 +748,9 @@ func (l *link) close() {
 }
 
 func (l *link) free() {
+	l.useMu.Lock()
+	l.freed = true
+	l.useMu.Unlock()
 	for _, c := range []interface{ Close() error }{l.recvMR, l.sendMR, l.cq, l.pd} {
 		if c != nil && c != (interface{ Close() error })(nil) {
 			c.Close()

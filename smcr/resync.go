@@ -11,9 +11,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"syscall"
+	"time"
 
 	"github.com/smcr-io/smcr/smcr/clc"
-	"time"
 )
 
 // The resync message, sent once by each end on the TCP connection:
@@ -200,9 +201,14 @@ func (c *Conn) resync() error {
 	return nil
 }
 
+// closeWrite half-closes the TCP connection. The continuation and CloseWrite may
+// both do it; the second finds the socket shut down (ENOTCONN once the peer
+// closed too), which is no error.
 func closeWrite(tcp any) error {
 	if cw, ok := tcp.(interface{ CloseWrite() error }); ok {
-		return cw.CloseWrite()
+		if err := cw.CloseWrite(); err != nil && !errors.Is(err, syscall.ENOTCONN) {
+			return err
+		}
 	}
 	return nil
 }

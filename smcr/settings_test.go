@@ -71,6 +71,18 @@ func TestSetMaxMemory(t *testing.T) {
 	c4, s4 := p.connect(t)
 	mustSMC(t, c4, s4)
 
+	// The buffer histograms count the connections that went SMC-R, not the buffers
+	// of handshakes that fell back (the server's RMB for c3 was made, then freed).
+	for _, e := range []*Engine{p.cli, p.srv} {
+		st, n := e.Stats(), uint64(0)
+		for i := range st.RxBufSizes {
+			n += st.RxBufSizes[i] + st.TxBufSizes[i]
+		}
+		if st.SMC != 2 || n != 2*st.SMC {
+			t.Errorf("%d SMC-R connections, %d buffers in the histograms, want 2 and 4", st.SMC, n)
+		}
+	}
+
 	if err := p.cli.SetMaxMemory(-1); !errors.Is(err, ErrConfig) {
 		t.Fatalf("SetMaxMemory(-1): %v, want ErrConfig", err)
 	}
@@ -226,5 +238,26 @@ func TestTransferCounters(t *testing.T) {
 	}
 	if cs.MemoryPeak != cs.MemoryInUse || cs.MemoryInUse == 0 {
 		t.Errorf("after ResetStats memory peak %d, in use %d: the peak starts again from the use", cs.MemoryPeak, cs.MemoryInUse)
+	}
+}
+
+// TestServerMemoryBeforeAccept: a server with room for its RMB but not for the
+// send buffer declines before its Accept, so the client falls back cleanly; a
+// Decline after the client's Confirm would end the client's connection instead.
+func TestServerMemoryBeforeAccept(t *testing.T) {
+	p := memPair(t)
+	if err := p.srv.SetMaxMemory(defaultRMB * 3 / 2); err != nil {
+		t.Fatal(err)
+	}
+	c, s := p.connect(t)
+	if d := c.Decline(); c.Mode() != ModeFallback || d.Code != clc.DeclineNoMemory || d.Side != SidePeer {
+		t.Fatalf("client: mode %v, decline %+v; want a fallback for the peer's insufficient memory", c.Mode(), d)
+	}
+	if d := s.Decline(); d.Code != clc.DeclineNoMemory || d.Side != SideLocal {
+		t.Fatalf("server decline %+v", d)
+	}
+	echoCheck(t, c, s)
+	if st := p.srv.Stats(); st.MemoryInUse != 0 || st.MemoryPeak != defaultRMB {
+		t.Errorf("server memory in use %d, peak %d: want 0 and the RMB alone", st.MemoryInUse, st.MemoryPeak)
 	}
 }

@@ -55,12 +55,15 @@ type Stats struct {
 	ProtoErrors  uint64 // peer protocol violations (bad cursor, unknown token, …)
 	Aborts       uint64 // connections ended by abnormal close
 	Continued    uint64 // connections that went on over TCP after their link group failed
+	AddLinks     uint64 // second links added (ADD_LINK exchanges completed)
+	DeleteLinks  uint64 // single links the peer deleted (DELETE_LINK received)
+	MovedConns   uint64 // connections moved to the surviving link after theirs failed
 	MemoryInUse  int64  // bytes of RMBs and send buffers held now
 	MemoryPeak   int64  // most bytes held at once since start or the last reset
 	LinkGroups   int    // link groups alive now
 
-	RxBufSizes SizeHistogram // our RMBEs, one per SMC-R connection set up
-	TxBufSizes SizeHistogram // our send buffers (the peer's RMBE size), one per connection
+	RxBufSizes SizeHistogram // our RMBEs, one per connection that went SMC-R
+	TxBufSizes SizeHistogram // our send buffers (the peer's RMBE size), one per such connection
 	RxReqSizes SizeHistogram // Reads that returned SMC-R payload, by bytes returned
 	TxReqSizes SizeHistogram // Writes on SMC-R connections, by bytes written
 }
@@ -104,6 +107,7 @@ type stats struct {
 	txBytes, rxBytes, fbTx, fbRx                     atomic.Uint64
 	cdcSent, cdcRecv, llcSent, llcRecv               atomic.Uint64
 	writeBlocked, protoErrors, aborts, continued     atomic.Uint64
+	addLinks, deleteLinks, movedConns                atomic.Uint64
 	rxBuf, txBuf, rxReq, txReq                       sizeHist
 	mu                                               sync.Mutex
 	fallback                                         map[FallbackKey]uint64
@@ -145,6 +149,9 @@ func (s *stats) snapshot() Stats {
 		ProtoErrors:  s.protoErrors.Load(),
 		Aborts:       s.aborts.Load(),
 		Continued:    s.continued.Load(),
+		AddLinks:     s.addLinks.Load(),
+		DeleteLinks:  s.deleteLinks.Load(),
+		MovedConns:   s.movedConns.Load(),
 		RxBufSizes:   s.rxBuf.snapshot(),
 		TxBufSizes:   s.txBuf.snapshot(),
 		RxReqSizes:   s.rxReq.snapshot(),
@@ -155,7 +162,8 @@ func (s *stats) snapshot() Stats {
 func (s *stats) reset() {
 	for _, c := range []*atomic.Uint64{&s.handled, &s.smc, &s.firstContact, &s.reused, &s.linkConfirms,
 		&s.txBytes, &s.rxBytes, &s.fbTx, &s.fbRx, &s.cdcSent, &s.cdcRecv, &s.llcSent,
-		&s.llcRecv, &s.writeBlocked, &s.protoErrors, &s.aborts, &s.continued} {
+		&s.llcRecv, &s.writeBlocked, &s.protoErrors, &s.aborts, &s.continued,
+		&s.addLinks, &s.deleteLinks, &s.movedConns} {
 		c.Store(0)
 	}
 	for _, h := range []*sizeHist{&s.rxBuf, &s.txBuf, &s.rxReq, &s.txReq} {

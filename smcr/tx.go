@@ -21,6 +21,15 @@ func (c *Conn) smcWrite(p []byte) (int, error) {
 			return total, timeoutError{}
 		}
 		c.mu.Lock()
+		if c.moving && !c.fo && c.err == nil {
+			c.mu.Unlock()
+			select { // the connection moves to another link (multilink.go)
+			case <-c.txWake:
+			case <-c.writeDL.wait():
+			case <-c.done:
+			}
+			continue
+		}
 		if c.fo && !c.appClosed {
 			c.mu.Unlock()
 			select {
@@ -69,28 +78,29 @@ func (c *Conn) smcWrite(p []byte) (int, error) {
 		n := min(uint64(len(p)-total), free)
 		off := c.txProd % c.peerSize
 		c.txBusy = true // a continuation must wait until txProd counts this chunk
+		lnk := c.lnk
 		c.mu.Unlock()
 
 		buf := c.snd.Bytes()
 		first := min(n, c.peerSize-off)
 		copy(buf[off:off+first], p[total:])
-		if err := c.lnk.postWrite(c, int(off), int(first)); err != nil {
+		if err := lnk.postWrite(c, int(off), int(first)); err != nil {
 			c.mu.Lock()
 			c.txBusy = false
 			c.mu.Unlock()
-			c.awaitLinkDown()
+			c.awaitLinkDown(lnk)
 			continue // the bytes were not counted: the continuation or the error path
 		}
 		if first < n {
 			copy(buf[:n-first], p[total+int(first):])
-			if err := c.lnk.postWrite(c, 0, int(n-first)); err != nil {
+			if err := lnk.postWrite(c, 0, int(n-first)); err != nil {
 				// The first part may have landed: count only it, the resync sorts it out.
 				c.mu.Lock()
 				c.txProd += first
 				c.txBusy = false
 				c.mu.Unlock()
 				total += int(first)
-				c.awaitLinkDown()
+				c.awaitLinkDown(lnk)
 				continue
 			}
 		}
@@ -107,7 +117,7 @@ func (c *Conn) smcWrite(p []byte) (int, error) {
 		c.e.st.txBytes.Add(n)
 		if err := c.sendCDC(flags); err != nil {
 			// The bytes are in txProd: the resync resends them if the peer lacks them.
-			c.awaitLinkDown()
+			c.awaitLinkDown(lnk)
 		}
 	}
 	return total, nil
@@ -123,12 +133,12 @@ func (c *Conn) linkError(err error) error {
 	return err
 }
 
-// awaitLinkDown waits, after a failed post, until the link group has told the
-// connection (continuation started or error set): the link's context ends only
-// after every connection's linkDown ran.
-func (c *Conn) awaitLinkDown() {
+// awaitLinkDown waits, after a failed post on l, until the link group has told the
+// connection (moving to another link, continuation started or error set): the
+// link's context ends only after every connection's linkDown ran.
+func (c *Conn) awaitLinkDown(l *link) {
 	select {
-	case <-c.lnk.ctx.Done():
+	case <-l.ctx.Done():
 	case <-c.done:
 	}
 }

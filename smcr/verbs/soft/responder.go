@@ -115,7 +115,16 @@ func (q *qp) respond(c net.Conn) {
 func (q *qp) execute(br *bufio.Reader, h *header) (uint8, error) {
 	var recv recvSlot
 	var ridx uint64
-	if h.typ != frameWrite {
+	if h.typ == frameWrite {
+		// A QP that left RTS executes nothing more, WRITEs still buffered from the
+		// stream included, as an RNIC's: the engine relies on it when it moves a
+		// connection to another link and rewrites the bytes.
+		select {
+		case <-q.done:
+			return 0, errStopped
+		default:
+		}
+	} else {
 		q.mu.Lock()
 		if q.state != verbs.QPRTS {
 			q.mu.Unlock()

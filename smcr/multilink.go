@@ -1,0 +1,516 @@
+// The second link: with two devices configured the server adds a link after first
+// contact (ADD_LINK, ADD_LINK_CONT with the rkeys of every RMB on the new link,
+// CONFIRM_LINK on the new QP); new connections are spread over the links; when a
+// link fails its connections move to the surviving one without losing or
+// duplicating a byte, and DELETE_LINK tells the peer. RFC 7609 §3.3.2 (link groups
+// with several links), §3.8 (ADD_LINK, DELETE_LINK), after Linux's
+// smc_llc_srv_add_link, smc_llc_cli_add_link and smc_switch_conns.
+
+package smcr
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/smcr-io/smcr/llc"
+	"github.com/smcr-io/smcr/rmb"
+	"github.com/smcr-io/smcr/smcr/verbs"
+)
+
+// secondDevice returns the index of a configured device of the group's kind that
+// no link of lg uses, or -1.
+func (lg *linkGroup) secondDevice() int {
+	lg.mu.RLock()
+	defer lg.mu.RUnlock()
+	for i, d := range lg.e.cfg.Devices {
+		if d.Kind() != lg.key.kind {
+			continue
+		}
+		if !slices.ContainsFunc(lg.links, func(l *link) bool { return l.dev == d }) {
+			return i
+		}
+	}
+	return -1
+}
+
+// otherPeerOffer returns the peer device a second link beside l1 reaches: of the
+// group's kind, not l1's peer, with gid when one is given.
+func (lg *linkGroup) otherPeerOffer(gid *[16]byte, l1 *link) (offer, bool) {
+	var alt *offer
+	for i := range lg.peerOffers {
+		o := &lg.peerOffers[i]
+		if o.Kind != lg.key.kind || (o.GID == l1.peer.GID && string(o.Endpoint) == string(l1.peer.Endpoint)) {
+			continue
+		}
+		if gid == nil || o.GID == *gid {
+			return *o, true
+		}
+		if alt == nil {
+			alt = o
+		}
+	}
+	if alt != nil {
+		return *alt, true
+	}
+	return offer{}, false
+}
+
+func canRegister(l *link) bool {
+	_, ok := l.pd.(verbs.Registrar)
+	return ok
+}
+
+// serverAddLink adds the second link after first contact when both ends have a
+// second device of the group's provider (smc_llc_srv_add_link). Failure leaves the
+// group with its one link.
+func (lg *linkGroup) serverAddLink() {
+	e := lg.e
+	if len(e.cfg.Devices) < 2 {
+		return
+	}
+	lg.flow.Lock()
+	defer lg.flow.Unlock()
+	l1 := lg.primary()
+	if l1 == nil || !canRegister(l1) {
+		return
+	}
+	di := lg.secondDevice()
+	po, ok := lg.otherPeerOffer(nil, l1)
+	if di < 0 || !ok {
+		return
+	}
+	l2, err := newLink(lg, e.cfg.Devices[di], l1.num%maxLinks+1)
+	if err != nil {
+		e.log.Warn("smcr: add link", "lg", lg.id, "err", err)
+		return
+	}
+	if err := lg.serverAddLinkOn(l1, l2, po); err != nil {
+		e.log.Warn("smcr: add link failed", "lg", lg.id, "err", err)
+		lg.dropLink(l2, err)
+		return
+	}
+	e.st.addLinks.Add(1)
+	e.log.Info("smcr: second link up", "lg", lg.id, "link", l2.num, "device", l2.dev.Name())
+}
+
+func (lg *linkGroup) serverAddLinkOn(l1, l2 *link, po offer) error {
+	cfg := lg.e.cfg
+	ctx, cancel := context.WithTimeout(l1.ctx, cfg.CLCTimeout+4*cfg.LLCTimeout)
+	defer cancel()
+	drain(lg.addCont)
+	qa := l2.qp.Attr()
+	req := &llc.AddLink{MAC: qa.MAC, GID: qa.GID, QPN: llc.QPN(qa.QPN), Link: llc.LinkID(l2.num), MTU: l2.mtu, PSN: llc.PSN(qa.PSN)}
+	b, err := l1.request(ctx, pendKey{t: llc.TypeAddLink}, req, 2*cfg.LLCTimeout)
+	if err != nil {
+		return fmt.Errorf("add link: %w", err)
+	}
+	var resp llc.AddLink
+	if err := resp.Decode(b[:]); err != nil {
+		return fmt.Errorf("add link response: %w", err)
+	}
+	if resp.Rejected() {
+		return fmt.Errorf("peer rejected the link: %v", resp.RejectReason)
+	}
+	peer := verbs.QPAttr{QPN: uint32(resp.QPN), PSN: uint32(resp.PSN), GID: resp.GID, MAC: resp.MAC, MTU: resp.MTU, Endpoint: po.Endpoint}
+	if err := l2.connect(ctx, peer); err != nil {
+		return err
+	}
+	if err := lg.sendRKeys(l1, l2, false); err != nil {
+		return err
+	}
+	if err := lg.recvRKeys(ctx, l1, l2, true); err != nil {
+		return err
+	}
+	if err := l2.confirmLinkServer(ctx); err != nil {
+		return err
+	}
+	return lg.appendLink(l2)
+}
+
+// onAddLink answers an ADD_LINK request in the link worker: the client builds the
+// link off the worker, whose LLC messages the exchange needs.
+func (lg *linkGroup) onAddLink(l *link, r *llc.AddLink) {
+	if !lg.key.client {
+		// Only the server adds links (RFC 7609 §3.8, asymmetric roles).
+		l.sendLLC(&llc.AddLink{Flags: llc.FlagResponse | llc.FlagAddLinkRejected, RejectReason: llc.RejectNoAltPath, Link: r.Link})
+		return
+	}
+	go lg.clientAddLink(l, *r)
+}
+
+// clientAddLink is the client's side of ADD_LINK (smc_llc_cli_add_link).
+func (lg *linkGroup) clientAddLink(l1 *link, req llc.AddLink) {
+	e := lg.e
+	lg.flow.Lock()
+	defer lg.flow.Unlock()
+	reject := func() {
+		l1.sendLLC(&llc.AddLink{Flags: llc.FlagResponse | llc.FlagAddLinkRejected, RejectReason: llc.RejectNoAltPath, Link: req.Link})
+	}
+	di := lg.secondDevice()
+	po, ok := lg.otherPeerOffer((*[16]byte)(&req.GID), l1)
+	num := uint8(req.Link)
+	if di < 0 || !ok || !canRegister(l1) || !req.MTU.Valid() || num == 0 || num > maxLinks || lg.linkByNum(num) != nil {
+		reject()
+		return
+	}
+	drain(lg.addCont)
+	l2, err := newLink(lg, e.cfg.Devices[di], num)
+	if err != nil {
+		e.log.Warn("smcr: add link", "lg", lg.id, "err", err)
+		reject()
+		return
+	}
+	if err := lg.clientAddLinkOn(l1, l2, req, po); err != nil {
+		e.log.Warn("smcr: add link failed", "lg", lg.id, "err", err)
+		lg.dropLink(l2, err)
+		return
+	}
+	e.st.addLinks.Add(1)
+	e.log.Info("smcr: second link up", "lg", lg.id, "link", l2.num, "device", l2.dev.Name())
+}
+
+func (lg *linkGroup) clientAddLinkOn(l1, l2 *link, req llc.AddLink, po offer) error {
+	cfg := lg.e.cfg
+	ctx, cancel := context.WithTimeout(l1.ctx, cfg.CLCTimeout+4*cfg.LLCTimeout)
+	defer cancel()
+	l2.startConnect(verbs.QPAttr{QPN: uint32(req.QPN), PSN: uint32(req.PSN), GID: req.GID, MAC: req.MAC, MTU: req.MTU, Endpoint: po.Endpoint})
+	qa := l2.qp.Attr()
+	resp := &llc.AddLink{Flags: llc.FlagResponse, MAC: qa.MAC, GID: qa.GID, QPN: llc.QPN(qa.QPN), Link: req.Link, MTU: l2.mtu, PSN: llc.PSN(qa.PSN)}
+	if err := l1.sendLLC(resp); err != nil {
+		return err
+	}
+	if err := lg.recvRKeys(ctx, l1, l2, false); err != nil {
+		return err
+	}
+	if err := lg.sendRKeys(l1, l2, true); err != nil {
+		return err
+	}
+	if err := l2.waitConnected(ctx); err != nil {
+		return err
+	}
+	// In the group before the answer: the server places connections on the link as
+	// soon as it has the answer, and our CLC finds the link by its peer QP.
+	if err := lg.appendLink(l2); err != nil {
+		return err
+	}
+	return l2.confirmLinkClient(ctx)
+}
+
+func (lg *linkGroup) appendLink(l *link) error {
+	lg.mu.Lock()
+	defer lg.mu.Unlock()
+	if lg.dead {
+		return ErrLinkDown
+	}
+	lg.links = append(lg.links, l)
+	return nil
+}
+
+// dropLink undoes a link that did not come up.
+func (lg *linkGroup) dropLink(l *link, err error) {
+	lg.mu.RLock()
+	in := slices.Contains(lg.links, l)
+	lg.mu.RUnlock()
+	if in {
+		lg.linkFailed(l, err, true)
+		return
+	}
+	l.close()
+}
+
+func drain(ch chan llc.AddLinkCont) {
+	for {
+		select {
+		case <-ch:
+		default:
+			return
+		}
+	}
+}
+
+// sendRKeys registers every RMB of the group on l2 and sends the rkeys in
+// ADD_LINK_CONT messages on l1: requests from the server, responses from the
+// client. At least one message goes, with Remaining 0 when there is no RMB.
+func (lg *linkGroup) sendRKeys(l1, l2 *link, resp bool) error {
+	lg.mu.RLock()
+	conns := make([]*Conn, 0, len(lg.conns))
+	for _, c := range lg.conns {
+		conns = append(conns, c)
+	}
+	lg.mu.RUnlock()
+	var pairs []llc.RkeyPair
+	for _, c := range conns {
+		old, nw, err := c.registerRMB(l1, l2)
+		if err != nil {
+			return err
+		}
+		if old != nil && nw != nil {
+			pairs = append(pairs, llc.RkeyPair{RKey: old.RKey(), NewRKey: nw.RKey(), NewAddr: nw.Addr()})
+		}
+	}
+	for first := true; first || len(pairs) > 0; first = false {
+		m := &llc.AddLinkCont{Link: llc.LinkID(l2.num), Remaining: uint8(len(pairs))}
+		if resp {
+			m.Flags |= llc.FlagResponse
+		}
+		n := copy(m.Pairs[:], pairs)
+		pairs = pairs[n:]
+		if err := l1.sendLLC(m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// recvRKeys takes the peer's ADD_LINK_CONT messages until the last one.
+func (lg *linkGroup) recvRKeys(ctx context.Context, l1, l2 *link, resp bool) error {
+	t := time.NewTimer(2 * lg.e.cfg.LLCTimeout)
+	defer t.Stop()
+	for {
+		select {
+		case m := <-lg.addCont:
+			if m.Response() != resp || uint8(m.Link) != l2.num {
+				return fmt.Errorf("%w: unexpected add link cont for link %d", ErrProtocol, m.Link)
+			}
+			for _, p := range m.Entries() {
+				lg.addPeerRKey(l1.num, p.RKey, 0, llc.RToken{Link: llc.LinkID(l2.num), RKey: p.NewRKey, Addr: p.NewAddr})
+			}
+			if m.Remaining <= llc.AddLinkContPairs {
+				return nil
+			}
+		case <-t.C:
+			return fmt.Errorf("add link cont: %w", errLLCTimeout)
+		case <-ctx.Done():
+			return fmt.Errorf("add link cont: %w", ctx.Err())
+		}
+	}
+}
+
+// registerRMB registers c's RMB on l2 unless it is already, and returns its
+// registrations on l1 and l2 (nil once c is released).
+func (c *Conn) registerRMB(l1, l2 *link) (old, nw verbs.MR, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.released || c.rmb == nil {
+		return nil, nil, nil
+	}
+	if c.rmbOn[l2.num] == nil {
+		r, ok := l2.pd.(verbs.Registrar)
+		if !ok {
+			return nil, nil, fmt.Errorf("smcr: device %s cannot register an rmb twice", l2.dev.Name())
+		}
+		mr, err := r.RegisterMR(c.rmb, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
+		if err != nil {
+			return nil, nil, fmt.Errorf("smcr: register rmb on link %d: %w", l2.num, err)
+		}
+		c.rmbOn[l2.num] = mr
+	}
+	return c.rmbOn[l1.num], c.rmbOn[l2.num], nil
+}
+
+// registerSnd registers c's send buffer on l, the source of WRITEs on it.
+func (c *Conn) registerSnd(l *link) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.released || c.snd == nil || c.sndOn[l.num] != nil {
+		return nil
+	}
+	r, ok := l.pd.(verbs.Registrar)
+	if !ok {
+		return fmt.Errorf("smcr: device %s cannot register a send buffer twice", l.dev.Name())
+	}
+	mr, err := r.RegisterMR(c.snd, verbs.AccessLocalWrite)
+	if err != nil {
+		return fmt.Errorf("smcr: register send buffer on link %d: %w", l.num, err)
+	}
+	c.sndOn[l.num] = mr
+	return nil
+}
+
+// announceRMB registers a new connection's RMB on the group's other links and
+// sends CONFIRM_RKEY on its own link with those rkeys too.
+func (c *Conn) announceRMB() error {
+	lg := c.lg
+	lg.flow.Lock()
+	defer lg.flow.Unlock()
+	lg.mu.RLock()
+	links := slices.Clone(lg.links)
+	lg.mu.RUnlock()
+	var others []llc.RToken
+	for _, l := range links {
+		if l == c.lnk || l.down.Load() || len(others) == llc.ConfirmRkeyOthers {
+			continue
+		}
+		_, mr, err := c.registerRMB(c.lnk, l)
+		if err != nil {
+			return err
+		}
+		if mr != nil {
+			others = append(others, llc.RToken{Link: llc.LinkID(l.num), RKey: mr.RKey(), Addr: mr.Addr()})
+		}
+	}
+	return c.lnk.announceRKey(c.rmb, others...)
+}
+
+// cdcDone records that a CDC announcing prod completed; it runs in the poller.
+func (c *Conn) cdcDone(prod uint64) {
+	for {
+		old := c.txAcked.Load()
+		if prod <= old || c.txAcked.CompareAndSwap(old, prod) {
+			return
+		}
+	}
+}
+
+// freeRegistrations closes the second-link registrations of the RMB and send buffer.
+func (c *Conn) freeRegistrations() {
+	var regs []verbs.MR
+	c.mu.Lock()
+	for n := range c.rmbOn {
+		if m := c.rmbOn[n]; m != nil && m != c.rmb {
+			regs = append(regs, m)
+		}
+		if m := c.sndOn[n]; m != nil && m != c.snd {
+			regs = append(regs, m)
+		}
+		c.rmbOn[n], c.sndOn[n] = nil, nil
+	}
+	c.mu.Unlock()
+	for _, m := range regs {
+		m.Close()
+	}
+}
+
+// linkFailed takes a failed link out of the group: its connections move to the
+// surviving link and the peer hears DELETE_LINK (when notify); with no link left
+// the group terminates and its connections continue over TCP (resync.go).
+func (lg *linkGroup) linkFailed(l *link, err error, notify bool) {
+	lg.mu.Lock()
+	i := slices.Index(lg.links, l)
+	if lg.dead || i < 0 {
+		lg.mu.Unlock()
+		l.close() // gone already, or a link still being added
+		return
+	}
+	var alive *link
+	for _, o := range lg.links {
+		if o != l && !o.down.Load() {
+			alive = o
+			break
+		}
+	}
+	if alive == nil {
+		lg.mu.Unlock()
+		lg.terminate(err, false)
+		return
+	}
+	lg.links = slices.Delete(lg.links, i, i+1)
+	conns := make([]*Conn, 0, len(lg.conns))
+	for _, c := range lg.conns {
+		conns = append(conns, c)
+	}
+	lg.mu.Unlock()
+	lg.e.log.Warn("smcr: link removed, moving its connections", "lg", lg.id, "link", l.num, "to", alive.num, "err", err)
+	// Writers wait while their connection moves: mark them before the link's
+	// context ends, which wakes those blocked on it.
+	var mine []*Conn
+	for _, c := range conns {
+		c.mu.Lock()
+		if c.lnk == l && !c.released {
+			c.moving = true
+			mine = append(mine, c)
+		}
+		c.mu.Unlock()
+	}
+	l.close()
+	l.wg.Wait() // its poller is gone: writes it did not complete never will
+	for _, c := range mine {
+		for n := c.wrOutOn[l.num].Swap(0); n > 0; n-- {
+			c.writeDone()
+		}
+	}
+	if notify {
+		alive.sendLLC(&llc.DeleteLink{Link: llc.LinkID(l.num), Reason: llc.ReasonLostPath})
+	}
+	for _, c := range mine {
+		c.moveTo(l, alive)
+	}
+}
+
+// moveTo moves c from the failed link old to nw (smc_switch_conns): it resends
+// every byte the peer has not confirmed consuming, [txCons, txProd), from the send
+// buffer, which mirrors the peer's RMBE, to the same offsets through nw, then a
+// CDC with the cursors and the failover-validation flag. Bytes the peer already
+// holds are overwritten with themselves; the regions it consumed but we do not
+// know of are not reused before its next consumer cursor. The peer answers the
+// flag with its cursors, so nothing waits on a CDC lost with old.
+func (c *Conn) moveTo(old, nw *link) {
+	tok, ok := c.lg.peerToken(c.peerKey.link, c.peerKey.rkey, nw.num)
+	regErr := c.registerSnd(nw)
+	c.mu.Lock()
+	if c.released || c.lnk != old || c.fo {
+		// Gone, moved already, or continuing over TCP with frozen cursors.
+		c.moving = false
+		c.mu.Unlock()
+		wake(c.txWake)
+		return
+	}
+	if c.st == stateInit || c.peerSize == 0 {
+		// Still in CLC on the failed link: it cannot finish there.
+		c.moving, c.lnkErr = false, true
+		if c.err == nil {
+			c.err = ErrLinkDown
+		}
+		c.mu.Unlock()
+		wake(c.rxWake)
+		wake(c.txWake)
+		return
+	}
+	if !ok || regErr != nil {
+		c.moving = false
+		c.mu.Unlock()
+		c.e.log.Warn("smcr: cannot move connection", "conn", c.id, "link", nw.num, "rkey_known", ok, "err", regErr)
+		c.linkDown(fmt.Errorf("%w: cannot move to link %d", ErrLinkDown, nw.num))
+		return
+	}
+	for c.txBusy {
+		c.mu.Unlock()
+		time.Sleep(50 * time.Microsecond)
+		c.mu.Lock()
+	}
+	c.lnk = nw
+	c.peerRKey, c.peerAddr = tok.rkey, tok.addr
+	// The peer holds every byte before the cursor of our last completed CDC (RC
+	// order: the WRITEs went before it), and may be reading them: resend after it.
+	from, to := max(c.txCons, c.txAcked.Load()), c.txProd
+	pend := c.ctlPending &^ ctlQueued // a queue entry on old died with its worker
+	c.ctlPending = 0
+	c.mu.Unlock()
+	resent := to - from
+	var err error
+	for from < to && err == nil {
+		off := from % c.peerSize
+		n := min(to-from, c.peerSize-off)
+		err = nw.postWrite(c, int(off), int(n))
+		from += n
+	}
+	if err == nil {
+		err = c.sendCDC(rmb.FlagFailoverValidation)
+	}
+	c.mu.Lock()
+	c.moving = false
+	if pend != 0 {
+		c.queueCtlLocked(pend)
+	}
+	c.mu.Unlock()
+	wake(c.rxWake)
+	wake(c.txWake)
+	if err != nil && !errors.Is(err, ErrLinkDown) {
+		c.e.log.Warn("smcr: moving connection", "conn", c.id, "err", err)
+	}
+	c.e.st.movedConns.Add(1)
+	c.e.log.Debug("smcr: connection moved", "conn", c.id, "from", old.num, "to", nw.num, "resent", resent)
+}

@@ -1,0 +1,317 @@
+package smcr
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/smcr-io/smcr/internal/nstest"
+	"github.com/smcr-io/smcr/smcr/internal/memverbs"
+	"github.com/smcr-io/smcr/smcr/verbs"
+	"github.com/smcr-io/smcr/smcr/verbs/shm"
+	"github.com/smcr-io/smcr/smcr/verbs/soft"
+)
+
+// linkCounts returns the number of links of each of e's link groups and the
+// connections on each link.
+func linkCounts(e *Engine) (links []int, conns [][]int) {
+	for _, lg := range e.LinkGroups() {
+		links = append(links, len(lg.Links))
+		var cs []int
+		for _, l := range lg.Links {
+			cs = append(cs, l.Conns)
+		}
+		conns = append(conns, cs)
+	}
+	return links, conns
+}
+
+func twoLinks(e *Engine) bool {
+	links, _ := linkCounts(e)
+	return len(links) == 1 && links[0] == 2
+}
+
+// streamPairs streams total bytes each way on every pair of connections while
+// during() runs, and checks every byte by hash.
+func streamPairs(t *testing.T, conns [][2]*Conn, total int, seed uint64, during func()) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for i, cs := range conns {
+		wg.Add(2)
+		go func() { defer wg.Done(); stream(t, cs[0], cs[1], total, seed+uint64(2*i)) }()
+		go func() { defer wg.Done(); stream(t, cs[1], cs[0], total, seed+uint64(2*i+1)) }()
+	}
+	during()
+	wg.Wait()
+}
+
+// TestSecondLinkFailover brings up a second link (ADD_LINK), spreads connections
+// over both, fails one device mid-transfer (the connections move to the other link
+// with every byte once), then fails the last one (continuation over TCP).
+func TestSecondLinkFailover(t *testing.T) {
+	c1, c2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
+	s1, s2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
+	t.Cleanup(func() { c1.Close(); c2.Close(); s1.Close(); s2.Close() })
+	cfg := func(d ...verbs.Device) Config {
+		return Config{Devices: d, RMBSize: 16 << 10, TestLinkInterval: -1}
+	}
+	p := newPair(t, cfg(c1, c2), cfg(s1, s2))
+	var conns [][2]*Conn
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	conns = append(conns, [2]*Conn{c, s})
+	eventually(t, "two links on both ends", func() bool { return twoLinks(p.cli) && twoLinks(p.srv) })
+	for range 5 {
+		c, s := p.connect(t)
+		mustSMC(t, c, s)
+		conns = append(conns, [2]*Conn{c, s})
+	}
+	for _, e := range []*Engine{p.cli, p.srv} {
+		st := e.Stats()
+		if st.AddLinks != 1 || st.FirstContact != 1 || st.LinkConfirms != 2 {
+			t.Fatalf("add links %d, first contacts %d, link confirms %d; want 1, 1, 2", st.AddLinks, st.FirstContact, st.LinkConfirms)
+		}
+		if _, per := linkCounts(e); per[0][0] == 0 || per[0][1] == 0 {
+			t.Fatalf("connections per link %v: one link unused", per[0])
+		}
+	}
+
+	// One device fails mid-transfer: the connections on its link move.
+	streamPairs(t, conns, 8<<20, 100, func() {
+		eventually(t, "streams under way", func() bool { return p.cli.Stats().RxBytes > 8<<20 })
+		s1.Fail()
+		eventually(t, "one link left", func() bool {
+			l, _ := linkCounts(p.cli)
+			m, _ := linkCounts(p.srv)
+			return len(l) == 1 && l[0] == 1 && len(m) == 1 && m[0] == 1
+		})
+	})
+	cs, ss := p.cli.Stats(), p.srv.Stats()
+	if cs.DeleteLinks != 1 {
+		t.Errorf("client saw %d DELETE_LINK, want 1", cs.DeleteLinks)
+	}
+	if cs.MovedConns == 0 || ss.MovedConns == 0 || cs.MovedConns != ss.MovedConns {
+		t.Errorf("moved connections: client %d, server %d", cs.MovedConns, ss.MovedConns)
+	}
+	if cs.Continued+ss.Continued != 0 {
+		t.Errorf("%d connections continued over tcp with a link left", cs.Continued+ss.Continued)
+	}
+	if _, per := linkCounts(p.srv); per[0][0] != len(conns) {
+		t.Errorf("connections on the surviving link: %v, want %d", per, len(conns))
+	}
+
+	// New connections after the failover still work, on the surviving link.
+	for _, cs := range conns {
+		cs[0].Close()
+		cs[1].Close()
+	}
+	var fresh [][2]*Conn
+	for range 3 {
+		c, s := p.connect(t)
+		mustSMC(t, c, s)
+		fresh = append(fresh, [2]*Conn{c, s})
+	}
+
+	// The last link fails mid-transfer: continuation over TCP, still every byte.
+	streamPairs(t, fresh, 8<<20, 200, func() {
+		base := p.srv.Stats().RxBytes
+		eventually(t, "streams under way", func() bool { return p.srv.Stats().RxBytes > base+4<<20 })
+		s2.Fail()
+	})
+	if n := p.cli.Stats().Continued + p.srv.Stats().Continued; n != uint64(2*len(fresh)) {
+		t.Errorf("continued %d connections, want %d", n, 2*len(fresh))
+	}
+	for _, cs := range fresh {
+		cs[0].Close()
+		cs[1].Close()
+	}
+	eventually(t, "released", func() bool {
+		return p.cli.Stats().MemoryInUse == 0 && p.srv.Stats().MemoryInUse == 0
+	})
+}
+
+// openDeviceAt opens a device of kind in ns; soft listens on addr, the address of
+// one of the namespace's links.
+func openDeviceAt(t *testing.T, kind string, ns *nstest.NS, addr netip.Addr, dir, name string) verbs.Device {
+	var d verbs.Device
+	err := ns.Do(func() error {
+		var err error
+		switch kind {
+		case "shm":
+			d, err = shm.Open(shm.Config{Dir: dir, Name: name})
+		case "soft":
+			var ln net.Listener
+			if ln, err = net.Listen("tcp", netip.AddrPortFrom(addr, 0).String()); err != nil {
+				return err
+			}
+			d, err = soft.Open(soft.Config{Listener: ln, Dial: func(ctx context.Context, network, a string) (net.Conn, error) {
+				var c net.Conn
+				err := ns.Do(func() error {
+					var err error
+					c, err = (&net.Dialer{}).DialContext(ctx, network, a)
+					return err
+				})
+				return c, err
+			}})
+		}
+		return err
+	})
+	if err != nil {
+		t.Skipf("%s provider unavailable: %v", kind, err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+// TestSecondLinkNamespaces runs two links over two veth pairs between two network
+// namespaces, on soft and shm: ADD_LINK once, connections on both links, one
+// device closed mid-transfer (failover, DELETE_LINK), then the other (continuation
+// over TCP), every byte checked.
+func TestSecondLinkNamespaces(t *testing.T) {
+	for _, kind := range []string{"soft", "shm"} {
+		t.Run(kind, func(t *testing.T) {
+			p := nstest.NewPair(t)
+			la, lb := p.AddLink()
+			dir := t.TempDir()
+			ca1 := openDeviceAt(t, kind, p.A, p.A.Addr4(), dir, "a1")
+			ca2 := openDeviceAt(t, kind, p.A, la.Addr4.Addr(), dir, "a2")
+			sb1 := openDeviceAt(t, kind, p.B, p.B.Addr4(), dir, "b1")
+			sb2 := openDeviceAt(t, kind, p.B, lb.Addr4.Addr(), dir, "b2")
+			cfg := func(d ...verbs.Device) Config {
+				return Config{Devices: d, RMBSize: 64 << 10, TestLinkInterval: -1}
+			}
+			cli, srv := newEngine(t, cfg(ca1, ca2)), newEngine(t, cfg(sb1, sb2))
+			var ln *Listener
+			if err := p.B.Do(func() error {
+				var err error
+				ln, err = srv.Listen("tcp", netip.AddrPortFrom(p.B.Addr4(), 0).String())
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { ln.Close() })
+			s := &nsSetup{pair: p, cli: cli, srv: srv, ln: ln, addr: ln.Addr().String()}
+			connect := func() [2]*Conn {
+				c := s.dial(t, cli)
+				sc, err := ln.AcceptSMC()
+				if err != nil {
+					t.Fatal(err)
+				}
+				mustSMC(t, c, sc)
+				return [2]*Conn{c, sc}
+			}
+			conns := [][2]*Conn{connect()}
+			eventually(t, "two links on both ends", func() bool { return twoLinks(cli) && twoLinks(srv) })
+			for range 3 {
+				conns = append(conns, connect())
+			}
+			if a, b := cli.Stats().AddLinks, srv.Stats().AddLinks; a != 1 || b != 1 {
+				t.Fatalf("ADD_LINK exchanges: client %d, server %d; want 1", a, b)
+			}
+			if _, per := linkCounts(srv); per[0][0] == 0 || per[0][1] == 0 {
+				t.Fatalf("connections per link %v: one link unused", per[0])
+			}
+			streamPairs(t, conns, 16<<20, 300, func() {
+				eventually(t, "streams under way", func() bool { return cli.Stats().RxBytes > 8<<20 })
+				start := time.Now()
+				sb1.Close()
+				eventually(t, "one link left", func() bool {
+					l, _ := linkCounts(cli)
+					m, _ := linkCounts(srv)
+					return len(l) == 1 && l[0] == 1 && len(m) == 1 && m[0] == 1
+				})
+				t.Logf("both ends down to one link %v after the device closed", time.Since(start))
+			})
+			cs, ss := cli.Stats(), srv.Stats()
+			if cs.MovedConns == 0 || ss.MovedConns == 0 || cs.Continued+ss.Continued != 0 {
+				t.Fatalf("moved %d/%d, continued %d/%d", cs.MovedConns, ss.MovedConns, cs.Continued, ss.Continued)
+			}
+			if cs.DeleteLinks+ss.DeleteLinks == 0 {
+				t.Errorf("no DELETE_LINK seen")
+			}
+			for _, c := range conns {
+				c[0].Close()
+				c[1].Close()
+			}
+			conns = [][2]*Conn{connect(), connect()}
+			streamPairs(t, conns, 16<<20, 400, func() {
+				base := srv.Stats().RxBytes
+				eventually(t, "streams under way", func() bool { return srv.Stats().RxBytes > base+8<<20 })
+				sb2.Close()
+			})
+			if n := cli.Stats().Continued + srv.Stats().Continued; n != 4 {
+				t.Errorf("continued %d connections over tcp, want 4", n)
+			}
+			for _, c := range conns {
+				c[0].Close()
+				c[1].Close()
+			}
+		})
+	}
+}
+
+// TestSecondLinkNeedsBothEnds: a second device on one end only adds no link, and
+// the one link carries the connections.
+func TestSecondLinkNeedsBothEnds(t *testing.T) {
+	for _, srvTwo := range []bool{true, false} {
+		c1, c2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
+		s1, s2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
+		t.Cleanup(func() { c1.Close(); c2.Close(); s1.Close(); s2.Close() })
+		cli, srv := Config{Devices: []verbs.Device{c1, c2}}, Config{Devices: []verbs.Device{s1}}
+		if srvTwo {
+			cli, srv = Config{Devices: []verbs.Device{c1}}, Config{Devices: []verbs.Device{s1, s2}}
+		}
+		p := newPair(t, cli, srv)
+		c, s := p.connect(t)
+		mustSMC(t, c, s)
+		echoOK(t, c, s)
+		time.Sleep(50 * time.Millisecond) // an ADD_LINK would be done by now
+		for _, e := range []*Engine{p.cli, p.srv} {
+			if l, _ := linkCounts(e); len(l) != 1 || l[0] != 1 || e.Stats().AddLinks != 0 {
+				t.Fatalf("server with two devices %v: links %v, add links %d", srvTwo, l, e.Stats().AddLinks)
+			}
+		}
+	}
+}
+
+// TestFailoverManyConns moves 20 busy connections at once.
+func TestFailoverManyConns(t *testing.T) {
+	c1, c2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
+	s1, s2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
+	t.Cleanup(func() { c1.Close(); c2.Close(); s1.Close(); s2.Close() })
+	cfg := func(d ...verbs.Device) Config {
+		return Config{Devices: d, RMBSize: 16 << 10, TestLinkInterval: -1}
+	}
+	p := newPair(t, cfg(c1, c2), cfg(s1, s2))
+	c, s := p.connect(t)
+	conns := [][2]*Conn{{c, s}}
+	eventually(t, "two links", func() bool { return twoLinks(p.cli) && twoLinks(p.srv) })
+	for range 39 {
+		c, s := p.connect(t)
+		mustSMC(t, c, s)
+		conns = append(conns, [2]*Conn{c, s})
+	}
+	var onFailed int
+	streamPairs(t, conns, 1<<20, 500, func() {
+		eventually(t, "streams under way", func() bool { return p.cli.Stats().RxBytes > 2<<20 })
+		_, per := linkCounts(p.cli)
+		onFailed = per[0][1]
+		c2.Fail() // the client's second device this time
+	})
+	if a, b := p.cli.Stats().MovedConns, p.srv.Stats().MovedConns; a != uint64(onFailed) || b != a || a < 15 {
+		t.Errorf("moved %d connections (client) and %d (server), want the %d of the failed link", a, b, onFailed)
+	}
+	if n := p.cli.Stats().Continued + p.srv.Stats().Continued; n != 0 {
+		t.Errorf("%d connections continued over tcp", n)
+	}
+	for _, cs := range conns {
+		cs[0].Close()
+		cs[1].Close()
+	}
+	eventually(t, "released", func() bool {
+		return p.cli.Stats().MemoryInUse == 0 && p.srv.Stats().MemoryInUse == 0
+	})
+}

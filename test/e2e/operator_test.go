@@ -1,0 +1,192 @@
+// End-to-end: what an operator sees and changes through smcrd's control API while
+// SMC-R (RFC 7609) connections run: cursors, tokens, link bytes and size
+// histograms; max_memory and rmb_size changed at run time; stats -r.
+
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/smcr-io/smcr/control"
+)
+
+// smcConn waits for the SMC-R connection of h whose local or remote address ends
+// in suffix, until ok accepts it.
+func (h *host) smcConn(t *testing.T, suffix string, ok func(control.Conn) bool) control.Conn {
+	t.Helper()
+	var last []control.Conn
+	for range 100 {
+		last = h.conns()
+		for _, c := range last {
+			if c.Mode == control.ModeSMCR && (strings.HasSuffix(c.Local, suffix) || strings.HasSuffix(c.Remote, suffix)) && ok(c) {
+				return c
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("%s: no SMC-R connection at %s as wanted: %+v", h.name, suffix, last)
+	return control.Conn{}
+}
+
+func sum(h control.Histogram) uint64 {
+	var n uint64
+	for _, b := range h {
+		n += b.Count
+	}
+	return n
+}
+
+func TestOperatorView(t *testing.T) {
+	a, b := hosts(t)
+	a.start("providers = shm", ports, "rmb_size = 256K", "metrics_address = 127.0.0.1:9464")
+	b.start("providers = shm", ports, "rmb_size = 256K")
+	b.serve(5201)
+	b.background("socat", "TCP-LISTEN:5204,fork,reuseaddr", "EXEC:cat")
+	b.waitListening(5204)
+	ctx := context.Background()
+
+	// One connection held open by socat, echoing 1000 bytes.
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := a.command("socat", "-", fmt.Sprintf("TCP:%s:5204", b.ns.Addr4()))
+	var echoed syncWriter
+	echoed.w = &bytes.Buffer{}
+	held.Stdin, held.Stdout = pr, &echoed
+	if err := held.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pr.Close()
+	t.Cleanup(func() { pw.Close(); held.Process.Kill(); held.Wait() })
+	const n = 1000
+	pw.Write(bytes.Repeat([]byte("x"), n))
+	for i := 0; ; i++ {
+		echoed.mu.Lock()
+		got := echoed.w.Len()
+		echoed.mu.Unlock()
+		if got == n {
+			break
+		}
+		if i == 200 {
+			t.Fatalf("socat echoed %d of %d bytes", got, n)
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+
+	// conns: both ends' cursors and tokens agree with the 1000 bytes each way.
+	want := control.Cursor{Count: n}
+	ca := a.smcConn(t, ":5204", func(c control.Conn) bool { return c.TxProd == want && c.RxProd == want && c.RxCons == want })
+	cb := b.smcConn(t, ":5204", func(c control.Conn) bool { return c.TxProd == want && c.RxProd == want && c.RxCons == want })
+	if ca.TxCons.Wrap != 0 || ca.TxCons.Count > n {
+		t.Errorf("A's view of B's consumer cursor %v is past %v", ca.TxCons, want)
+	}
+	if ca.ID == 0 || ca.PeerToken != cb.ID || cb.PeerToken != ca.ID {
+		t.Errorf("tokens: A %#x peer %#x, B %#x peer %#x", ca.ID, ca.PeerToken, cb.ID, cb.PeerToken)
+	}
+	if ca.RMBSize != 256<<10 || ca.PeerRMBSize != 256<<10 || ca.SndBufSize != 256<<10 {
+		t.Errorf("A's buffers: rmb %d, peer rmb %d, sndbuf %d", ca.RMBSize, ca.PeerRMBSize, ca.SndBufSize)
+	}
+
+	// links: the bytes each way, beside the work requests.
+	links, err := a.ctl.Links(ctx)
+	if err != nil || len(links) != 1 {
+		t.Fatalf("links: %v %+v", err, links)
+	}
+	if l := links[0]; l.TX.Bytes != n || l.RX.Bytes != n || l.TX.WorkRequests == 0 || l.RX.WorkRequests == 0 {
+		t.Errorf("A's link traffic tx %+v rx %+v, want %d bytes each way", l.TX, l.RX, n)
+	}
+
+	// The Prometheus metrics report the same link bytes.
+	var body []byte
+	err = a.ns.Do(func() error {
+		c, err := net.Dial("tcp", "127.0.0.1:9464")
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		fmt.Fprint(c, "GET /metrics HTTP/1.0\r\n\r\n")
+		body, err = io.ReadAll(c)
+		return err
+	})
+	for _, dir := range []string{"rx", "tx"} {
+		m := fmt.Sprintf("smcr_link_bytes_total{direction=%q,link=\"1\",linkgroup=\"1\"} %d\n", dir, n)
+		if err != nil || !bytes.Contains(body, []byte(m)) {
+			t.Errorf("metrics lack %q: %v\n%s", m, err, body)
+		}
+	}
+
+	// stats: one 256K buffer each way, requests counted by size.
+	st := a.stats()
+	if st.RX.BufferSizes[5].Count != 1 || st.TX.BufferSizes[5].Count != 1 || sum(st.RX.BufferSizes) != 1 {
+		t.Errorf("A's buffer sizes: rx %+v tx %+v, want one 256K each", st.RX.BufferSizes, st.TX.BufferSizes)
+	}
+	if st.TX.Requests == 0 || st.TX.Requests != sum(st.TX.RequestSizes) || st.RX.Requests != sum(st.RX.RequestSizes) {
+		t.Errorf("A's requests: tx %d %+v, rx %d %+v", st.TX.Requests, st.TX.RequestSizes, st.RX.Requests, st.RX.RequestSizes)
+	}
+
+	// max_memory and rmb_size changed at run time apply to B's next connection:
+	// 1 MB cannot hold the held connection's 512K and a new 512K RMB with its
+	// 256K send buffer.
+	res, err := b.ctl.SetConfig(ctx, control.SetConfigRequest{Assignments: []string{"max_memory=1", "rmb_size=512K"}})
+	if err != nil || len(res.Changed) != 2 || len(res.Notes) != 0 {
+		t.Fatalf("set: %+v, %v", res, err)
+	}
+	dst := fmt.Sprintf("%s:5201", b.ns.Addr4())
+	if _, err := a.client(dst, "-mode", "echo", "-bytes", "10000"); err != nil {
+		t.Fatal(err)
+	}
+	noMem := func(s control.Stats, side string) uint64 {
+		for _, f := range s.Fallbacks {
+			if f.Code == 0x01010000 && f.Side == side {
+				return f.Count
+			}
+		}
+		return 0
+	}
+	if sb, sa := b.stats(), a.stats(); noMem(sb, control.SideLocal) != 1 || noMem(sa, control.SidePeer) != 1 {
+		t.Fatalf("after max_memory=1: B fallbacks %+v, A fallbacks %+v; want one insufficient memory", sb.Fallbacks, sa.Fallbacks)
+	}
+	if _, err := b.ctl.SetConfig(ctx, control.SetConfigRequest{Assignments: []string{"max_memory=256"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.client(dst, "-mode", "echo", "-bytes", "10000"); err != nil {
+		t.Fatal(err)
+	}
+	sb := b.stats()
+	if sb.Connections.SMCR != 2 || sb.RX.BufferSizes[6].Count != 1 {
+		t.Errorf("after max_memory=256: B went SMC-R %d times (want 2), its RMB sizes %+v (want one 512K)", sb.Connections.SMCR, sb.RX.BufferSizes)
+	}
+	if sa := a.stats(); sa.TX.BufferSizes[6].Count != 1 {
+		t.Errorf("A's send buffer sizes %+v, want one 512K mirroring B's new RMB", sa.TX.BufferSizes)
+	}
+
+	// stats -r: the values before come back, and the counters are zero after, in
+	// the engine as in smcrd; the held connection is still counted as open.
+	before, err := a.ctl.ResetStats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if before.Connections.Handled < 3 || before.TX.Bytes < n || sum(before.TX.RequestSizes) == 0 {
+		t.Errorf("stats -r returned %+v, want the counters before the reset", before.Connections)
+	}
+	after := a.stats()
+	zero := control.Direction{BufferSizes: control.NewHistogram(control.SizeBuckets), RequestSizes: control.NewHistogram(control.SizeBuckets)}
+	c := after.Connections
+	if c.Handled != 0 || c.SMCR != 0 || c.Fallback != 0 || c.FirstContact != 0 || c.Reused != 0 || len(after.Fallbacks) != 0 ||
+		fmt.Sprint(after.RX) != fmt.Sprint(zero) || fmt.Sprint(after.TX) != fmt.Sprint(zero) || after.ProtocolErrors != 0 || after.Aborts != 0 {
+		t.Errorf("after stats -r: %+v", after)
+	}
+	if c.Active < 1 || after.MemoryInUse == 0 || after.MemoryPeak < after.MemoryInUse || after.MemoryPeak > before.MemoryPeak {
+		t.Errorf("after stats -r: active %d, memory %d, peak %d (before %d): the gauges stay, the peak restarts",
+			c.Active, after.MemoryInUse, after.MemoryPeak, before.MemoryPeak)
+	}
+}
