@@ -125,7 +125,7 @@ func (d *Daemon) LinkGroups(context.Context) ([]control.LinkGroup, error) {
 		lg := control.LinkGroup{ID: g.ID, Role: g.Role, Peer: g.Peer, Provider: g.Provider, State: "active", Conns: g.Conns}
 		for _, l := range g.Links {
 			lk := control.Link{LinkGroup: g.ID, Num: l.Num, Role: g.Role, Peer: g.Peer, State: l.State,
-				Device: l.Device, Port: 1, LocalQPN: l.QPN, PeerQPN: l.PeerQPN, Conns: g.Conns,
+				Device: l.Device, Port: 1, LocalQPN: l.QPN, PeerQPN: l.PeerQPN, Conns: l.Conns,
 				TX: control.LinkTraffic{Bytes: l.TxBytes, WorkRequests: l.Sent},
 				RX: control.LinkTraffic{Bytes: l.RxBytes, WorkRequests: l.Completed}}
 			if dev := d.device(l.Device); dev != nil {

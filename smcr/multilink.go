@@ -459,14 +459,11 @@ func (c *Conn) moveTo(old, nw *link) {
 		return
 	}
 	if c.st == stateInit || c.peerSize == 0 {
-		// Still in CLC on the failed link: it cannot finish there.
-		c.moving, c.lnkErr = false, true
-		if c.err == nil {
-			c.err = ErrLinkDown
-		}
+		// Still in CLC on the failed link: it falls back, or continues over TCP
+		// once active, as with a group's last link (linkDown).
+		c.moving = false
 		c.mu.Unlock()
-		wake(c.rxWake)
-		wake(c.txWake)
+		c.linkDown(fmt.Errorf("%w: link %d failed during setup", ErrLinkDown, old.num))
 		return
 	}
 	if !ok || regErr != nil {
