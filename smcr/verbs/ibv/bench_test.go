@@ -20,7 +20,13 @@ package ibv
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
 	"slices"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -59,7 +65,7 @@ var waits = []struct {
 }{{"spin", spin}, {"wait", block}}
 
 // BenchmarkWrite is ib_write_bw's method: 64 KiB RDMA WRITEs, 128 outstanding,
-// every 16th signaled; the target does nothing.
+// every 100th signaled (its defaults); the target does nothing.
 func BenchmarkWrite(b *testing.B) {
 	for _, w := range waits {
 		b.Run(w.name, func(b *testing.B) { benchWrite(b, w.fn) })
@@ -67,7 +73,7 @@ func BenchmarkWrite(b *testing.B) {
 }
 
 func benchWrite(b *testing.B, wait waitFn) {
-	const size, depth, every = 65536, 128, 16
+	const size, depth, every = 65536, 128, 100
 	a, p := pair(b, size, verbs.QPConfig{MaxSendWR: depth})
 	wr := &verbs.SendWR{Opcode: verbs.OpWrite, SG: []verbs.SGE{{MR: a.mr, Length: size}},
 		RemoteAddr: p.mr.Addr(), RKey: p.mr.RKey()}
@@ -126,140 +132,162 @@ func latencies(b *testing.B, rtt []time.Duration) {
 
 // BenchmarkSendPingPong is ib_send_lat's method: an 8-byte SEND answered by an
 // 8-byte SEND, every 32nd signaled so the send queue drains. The sub-benchmarks
-// name how the initiator and the responder wait: spin-spin is perftest's.
+// name how the initiator and the responder wait (spin-spin is perftest's) and,
+// with "proc", run the responder in a child process, as perftest's two processes:
+// run with GOMAXPROCS=1 that is perftest's shape exactly.
 func BenchmarkSendPingPong(b *testing.B) {
-	for _, ini := range waits {
-		for _, resp := range waits {
-			if ini.name == "wait" && resp.name == "spin" {
-				continue // the mirror of spin-wait
+	for _, proc := range []bool{false, true} {
+		for _, ini := range waits {
+			for _, resp := range waits {
+				if ini.name == "wait" && resp.name == "spin" {
+					continue // the mirror of spin-wait
+				}
+				name := ini.name + "-" + resp.name
+				if proc {
+					name = "proc-" + name
+				}
+				b.Run(name, func(b *testing.B) { benchSendPingPong(b, ini.fn, resp.name, proc) })
 			}
-			b.Run(ini.name+"-"+resp.name, func(b *testing.B) { benchSendPingPong(b, ini.fn, resp.fn) })
 		}
 	}
 }
 
-func benchSendPingPong(b *testing.B, iniWait, respWait waitFn) {
-	const size = 8
-	a, p := pair(b, 4096, verbs.QPConfig{MaxSendWR: 256, MaxRecvWR: 256})
-	for _, s := range []*side{a, p} {
-		for i := 0; i < 64; i++ {
-			if err := s.qp.PostRecv(&verbs.RecvWR{SG: []verbs.SGE{{MR: s.mr, Offset: 2048, Length: size}}}); err != nil {
+const pingSize = 8
+
+// pingSide wraps a side with the reusable work requests of a ping-pong.
+type pingSide struct {
+	*side
+	send *verbs.SendWR
+	recv *verbs.RecvWR
+}
+
+func newPingSide(s *side, op verbs.Opcode, remoteAddr uint64, rkey uint32) *pingSide {
+	ps := &pingSide{side: s,
+		send: &verbs.SendWR{Opcode: op, SG: []verbs.SGE{{MR: s.mr, Length: pingSize}}, RemoteAddr: remoteAddr, RKey: rkey},
+		recv: &verbs.RecvWR{SG: []verbs.SGE{{MR: s.mr, Offset: 2048, Length: pingSize}}},
+	}
+	if op == verbs.OpWrite {
+		// The counter travels from offset 0 to the peer's offset 64.
+		ps.send.SG[0].Length = 4
+		ps.send.RemoteAddr += 64
+	}
+	return ps
+}
+
+func (s *pingSide) postRecvs() error {
+	for i := 0; i < 64; i++ {
+		if err := s.qp.PostRecv(s.recv); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// post posts the side's SEND or WRITE and, every 32nd time, waits for its
+// completion so the send queue drains.
+func (s *pingSide) post(i int, wait waitFn) error {
+	s.send.Signaled = i%32 == 31
+	if err := s.qp.PostSend(s.send); err != nil {
+		return err
+	}
+	if s.send.Signaled {
+		n, err := wait(s.scq, s.wc[:1])
+		if err == nil && n == 1 && s.wc[0].Status != verbs.WCSuccess {
+			err = fmt.Errorf("send completion %+v", s.wc[0])
+		}
+		return err
+	}
+	return nil
+}
+
+// await waits for the peer's SEND and reposts the receive.
+func (s *pingSide) await(wait waitFn) error {
+	if _, err := wait(s.rcq, s.wc[:1]); err != nil {
+		return err
+	}
+	if s.wc[0].Status != verbs.WCSuccess {
+		return fmt.Errorf("recv completion %+v", s.wc[0])
+	}
+	return s.qp.PostRecv(s.recv)
+}
+
+func (s *pingSide) counter(off int) *uint32 {
+	return (*uint32)(unsafe.Pointer(&s.mr.Bytes()[off]))
+}
+
+// awaitWrite spins until the peer's WRITE has put i in our counter.
+func (s *pingSide) awaitWrite(i int) {
+	for atomic.LoadUint32(s.counter(64)) != uint32(i) {
+	}
+}
+
+// respond is the responder's loop for n round trips: "send-spin", "send-wait"
+// or "write".
+func (s *pingSide) respond(role string, n int) error {
+	for i := 1; i <= n; i++ {
+		switch role {
+		case "write":
+			s.awaitWrite(i)
+			atomic.StoreUint32(s.counter(0), uint32(i))
+			if err := s.post(i, spin); err != nil {
+				return err
+			}
+		default:
+			wait := spin
+			if role == "send-wait" {
+				wait = block
+			}
+			if err := s.await(wait); err != nil {
+				return err
+			}
+			if err := s.post(i, wait); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// pingPong connects an initiator to a responder playing role, in this process
+// or a child, times b.N round trips and reports their latencies.
+func pingPong(b *testing.B, role string, proc bool, iniWait waitFn) {
+	op := verbs.OpSend
+	if role == "write" {
+		op = verbs.OpWrite
+	}
+	cfg := verbs.QPConfig{MaxSendWR: 256, MaxRecvWR: 256}
+	n := b.N
+	var (
+		a    *pingSide
+		done = make(chan error, 1)
+	)
+	if proc {
+		a = startPeer(b, role, n, cfg, op, done)
+	} else {
+		sa, sp := pair(b, 4096, cfg)
+		a = newPingSide(sa, op, sp.mr.Addr(), sp.mr.RKey())
+		p := newPingSide(sp, op, sa.mr.Addr(), sa.mr.RKey())
+		for _, s := range []*pingSide{a, p} {
+			if err := s.postRecvs(); err != nil {
 				b.Fatal(err)
 			}
 		}
+		go func() { done <- p.respond(role, n) }()
 	}
-	// send posts one SEND and, when it is signaled, waits for its completion;
-	// recv waits for one RECV and reposts it.
-	send := func(s *side, wr *verbs.SendWR, i int, wait waitFn) error {
-		wr.Signaled = i%32 == 31
-		if err := s.qp.PostSend(wr); err != nil {
-			return err
-		}
-		if wr.Signaled {
-			if _, err := wait(s.scq, s.wc[:1]); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	recv := func(s *side, rwr *verbs.RecvWR, wc []verbs.WorkCompletion, wait waitFn) error {
-		if _, err := wait(s.rcq, wc); err != nil {
-			return err
-		}
-		if wc[0].Status != verbs.WCSuccess {
-			b.Errorf("recv %+v", wc[0])
-		}
-		return s.qp.PostRecv(rwr)
-	}
-	mk := func(s *side) (*verbs.SendWR, *verbs.RecvWR, []verbs.WorkCompletion) {
-		return &verbs.SendWR{Opcode: verbs.OpSend, SG: []verbs.SGE{{MR: s.mr, Length: size}}},
-			&verbs.RecvWR{SG: []verbs.SGE{{MR: s.mr, Offset: 2048, Length: size}}},
-			make([]verbs.WorkCompletion, 1)
-	}
-	n := b.N
-	done := make(chan error, 1)
-	go func() {
-		wr, rwr, wc := mk(p)
-		for i := 0; i < n; i++ {
-			if err := recv(p, rwr, wc, respWait); err != nil {
-				done <- err
-				return
-			}
-			if err := send(p, wr, i, respWait); err != nil {
-				done <- err
-				return
-			}
-		}
-		done <- nil
-	}()
-	wr, rwr, wc := mk(a)
-	rtt := make([]time.Duration, n)
-	b.ResetTimer()
-	for i := 0; i < n; i++ {
-		start := time.Now()
-		if err := send(a, wr, i, iniWait); err != nil {
-			b.Fatal(err)
-		}
-		if err := recv(a, rwr, wc, iniWait); err != nil {
-			b.Fatal(err)
-		}
-		rtt[i] = time.Since(start)
-	}
-	b.StopTimer()
-	if err := <-done; err != nil {
-		b.Fatal(err)
-	}
-	latencies(b, rtt)
-}
-
-// BenchmarkWritePingPong is ib_write_lat's method: each side WRITEs a counter
-// into the other's buffer and busy-polls its own buffer for the peer's, with no
-// receive completions involved, so both sides necessarily spin.
-func BenchmarkWritePingPong(b *testing.B) {
-	a, p := pair(b, 4096, verbs.QPConfig{MaxSendWR: 256})
-	// The counter sits at offset 64 of each region; 4 bytes sent from offset 0.
-	watch := func(s *side) *uint32 { return (*uint32)(unsafe.Pointer(&s.mr.Bytes()[64])) }
-	src := func(s *side) *uint32 { return (*uint32)(unsafe.Pointer(&s.mr.Bytes()[0])) }
-	mk := func(from, to *side) *verbs.SendWR {
-		return &verbs.SendWR{Opcode: verbs.OpWrite, SG: []verbs.SGE{{MR: from.mr, Length: 4}},
-			RemoteAddr: to.mr.Addr() + 64, RKey: to.mr.RKey()}
-	}
-	post := func(s *side, wr *verbs.SendWR, i int) error {
-		atomic.StoreUint32(src(s), uint32(i))
-		wr.Signaled = i%32 == 31
-		if err := s.qp.PostSend(wr); err != nil {
-			return err
-		}
-		if wr.Signaled {
-			if _, err := spin(s.scq, s.wc[:1]); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	n := b.N
-	done := make(chan error, 1)
-	go func() {
-		wr := mk(p, a)
-		for i := 1; i <= n; i++ {
-			for atomic.LoadUint32(watch(p)) != uint32(i) {
-			}
-			if err := post(p, wr, i); err != nil {
-				done <- err
-				return
-			}
-		}
-		done <- nil
-	}()
-	wr := mk(a, p)
 	rtt := make([]time.Duration, n)
 	b.ResetTimer()
 	for i := 1; i <= n; i++ {
 		start := time.Now()
-		if err := post(a, wr, i); err != nil {
+		if op == verbs.OpWrite {
+			atomic.StoreUint32(a.counter(0), uint32(i))
+		}
+		if err := a.post(i, iniWait); err != nil {
 			b.Fatal(err)
 		}
-		for atomic.LoadUint32(watch(a)) != uint32(i) {
+		if op == verbs.OpWrite {
+			a.awaitWrite(i)
+		} else if err := a.await(iniWait); err != nil {
+			b.Fatal(err)
 		}
 		rtt[i-1] = time.Since(start)
 	}
@@ -268,4 +296,160 @@ func BenchmarkWritePingPong(b *testing.B) {
 		b.Fatal(err)
 	}
 	latencies(b, rtt)
+}
+
+func benchSendPingPong(b *testing.B, iniWait waitFn, resp string, proc bool) {
+	pingPong(b, "send-"+resp, proc, iniWait)
+}
+
+// BenchmarkWritePingPong is ib_write_lat's method: each side WRITEs a counter
+// into the other's buffer and busy-polls its own buffer for the peer's, with no
+// receive completions involved, so both sides necessarily spin. "proc" runs the
+// responder in a child process, as perftest does.
+func BenchmarkWritePingPong(b *testing.B) {
+	b.Run("spin-spin", func(b *testing.B) { pingPong(b, "write", false, spin) })
+	b.Run("proc-spin-spin", func(b *testing.B) { pingPong(b, "write", true, spin) })
+}
+
+// The responder in a child process: the test binary run again with peerEnv set
+// to its role. The two ends exchange their QP attributes and RDMA addresses as
+// JSON lines over the child's stdin and stdout, as perftest does over TCP.
+
+const peerEnv = "SMCR_IBV_BENCH_PEER"
+
+type peerInfo struct {
+	QP   verbs.QPAttr
+	Addr uint64
+	RKey uint32
+}
+
+func TestMain(m *testing.M) {
+	if role := os.Getenv(peerEnv); role != "" {
+		if err := runPeer(role); err != nil {
+			fmt.Fprintln(os.Stderr, "bench peer:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// startPeer starts the child, connects to it and returns the initiator's side;
+// done receives the child's outcome.
+func startPeer(b *testing.B, role string, n int, cfg verbs.QPConfig, op verbs.Opcode, done chan<- error) *pingSide {
+	b.Helper()
+	s := newSide(b, openDev(b), 4096, cfg)
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), peerEnv+"="+role, "SMCR_IBV_BENCH_N="+strconv.Itoa(n),
+		"SMCR_IBV_BENCH_DEVICE="+s.dev.Name())
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	dec := json.NewDecoder(out)
+	var peer peerInfo
+	if err := dec.Decode(&peer); err != nil {
+		b.Fatalf("peer attributes: %v", err)
+	}
+	if err := json.NewEncoder(in).Encode(peerInfo{QP: s.qp.Attr(), Addr: s.mr.Addr(), RKey: s.mr.RKey()}); err != nil {
+		b.Fatal(err)
+	}
+	a := newPingSide(s, op, peer.Addr, peer.RKey)
+	if err := a.postRecvs(); err != nil {
+		b.Fatal(err)
+	}
+	if err := s.qp.Connect(context.Background(), peer.QP); err != nil {
+		b.Fatal(err)
+	}
+	// The child says ready once its QP is connected and its receives posted.
+	var ready string
+	if err := dec.Decode(&ready); err != nil {
+		b.Fatalf("peer ready: %v", err)
+	}
+	go func() {
+		var res string
+		if err := dec.Decode(&res); err != nil {
+			res = fmt.Sprintf("peer result: %v", err)
+		}
+		if err := cmd.Wait(); err != nil && res == "" {
+			res = err.Error()
+		}
+		if res != "" {
+			done <- errors.New(res)
+			return
+		}
+		done <- nil
+	}()
+	return a
+}
+
+// runPeer is the child: one side on the configured device, answering n round
+// trips in role.
+func runPeer(role string) error {
+	n, err := strconv.Atoi(os.Getenv("SMCR_IBV_BENCH_N"))
+	if err != nil {
+		return err
+	}
+	dev, err := Open(Config{Device: os.Getenv("SMCR_IBV_BENCH_DEVICE"), GIDIndex: -1})
+	if err != nil {
+		return err
+	}
+	defer dev.Close()
+	s := &side{dev: dev, wc: make([]verbs.WorkCompletion, 16)}
+	if s.pd, err = dev.AllocPD(); err != nil {
+		return err
+	}
+	defer s.pd.Close()
+	if s.scq, err = dev.CreateCQ(256); err != nil {
+		return err
+	}
+	defer s.scq.Close()
+	if s.rcq, err = dev.CreateCQ(256); err != nil {
+		return err
+	}
+	defer s.rcq.Close()
+	if s.mr, err = s.pd.AllocMR(4096, verbs.AccessLocalWrite|verbs.AccessRemoteWrite); err != nil {
+		return err
+	}
+	defer s.mr.Close()
+	if s.qp, err = s.pd.CreateQP(verbs.QPConfig{SendCQ: s.scq, RecvCQ: s.rcq, MaxSendWR: 256, MaxRecvWR: 256}); err != nil {
+		return err
+	}
+	defer s.qp.Close()
+	enc, dec := json.NewEncoder(os.Stdout), json.NewDecoder(os.Stdin)
+	if err := enc.Encode(peerInfo{QP: s.qp.Attr(), Addr: s.mr.Addr(), RKey: s.mr.RKey()}); err != nil {
+		return err
+	}
+	var peer peerInfo
+	if err := dec.Decode(&peer); err != nil {
+		return err
+	}
+	op := verbs.OpSend
+	if role == "write" {
+		op = verbs.OpWrite
+	}
+	p := newPingSide(s, op, peer.Addr, peer.RKey)
+	if err := p.postRecvs(); err != nil {
+		return err
+	}
+	if err := s.qp.Connect(context.Background(), peer.QP); err != nil {
+		return err
+	}
+	if err := enc.Encode("ready"); err != nil {
+		return err
+	}
+	res := ""
+	if err := p.respond(role, n); err != nil {
+		res = err.Error()
+	}
+	return enc.Encode(res)
 }
