@@ -24,12 +24,13 @@ const (
 	nRecv      = 256 // receive slots per link: enough for 255 connections' CDCs in flight
 	nSendSlots = 128
 	maxSendWR  = 256
-	// LLC responses have send slots of their own, beyond maxSendWR in the send
-	// queue: under load the data slots and credits go to CDCs and WRITEs of
-	// hundreds of connections, and the worker's answer, queued behind them and
-	// behind every connection's CONFIRM_RKEY request, came later than the peer's
-	// LLC timeout (the link failed).
-	nLLCSlots = 16
+	// LLC messages have send slots of their own, beyond maxSendWR in the send
+	// queue, half for responses and half for requests: under load the data slots
+	// and credits go to CDCs and WRITEs of hundreds of connections, and an LLC
+	// message queued behind them (a worker's answer behind every connection's
+	// CONFIRM_RKEY request, too) came later than the peer's timeouts: the link
+	// failed, or the server gave up waiting for a Confirm.
+	nLLCSlots = 32
 	llcQueue  = 4 * maxConnsPerLGR // each connection has at most one LLC request and one response in flight
 
 	tagSlot  = 1 // send work request IDs: tag<<56 | slot or alert token
@@ -60,10 +61,11 @@ type link struct {
 
 	slots   chan uint16
 	credits chan struct{}
-	// for LLC responses: slots nSendSlots and above, each with its own WR
-	llcSlots chan uint16
-	rwr      [nRecv]verbs.RecvWR // one per receive slot, reposted without allocating
-	rsge     [nRecv][1]verbs.SGE
+	// LLC slots (nSendSlots and above, each with its own WR): for responses and
+	// for requests
+	llcSlots, reqSlots chan uint16
+	rwr                [nRecv]verbs.RecvWR // one per receive slot, reposted without allocating
+	rsge               [nRecv][1]verbs.SGE
 
 	postMu sync.Mutex
 	swr    verbs.SendWR
@@ -108,8 +110,8 @@ func newLink(lg *linkGroup, dev verbs.Device, num uint8) (_ *link, err error) {
 	l := &link{
 		lg: lg, dev: dev, num: num, mtu: dev.Port().MTU,
 		slots: make(chan uint16, nSendSlots), credits: make(chan struct{}, maxSendWR),
-		llcSlots: make(chan uint16, nLLCSlots),
-		llcIn:    make(chan [llc.MsgLen]byte, llcQueue), ctl: make(chan *Conn, 2*maxConnsPerLGR),
+		llcSlots: make(chan uint16, nLLCSlots/2), reqSlots: make(chan uint16, nLLCSlots/2),
+		llcIn: make(chan [llc.MsgLen]byte, llcQueue), ctl: make(chan *Conn, 2*maxConnsPerLGR),
 		clReq: make(chan llc.ConfirmLink, 1), testDue: make(chan struct{}, 1),
 		connected: make(chan struct{}), pending: map[pendKey]chan [llc.MsgLen]byte{},
 	}
@@ -141,7 +143,7 @@ func newLink(lg *linkGroup, dev verbs.Device, num uint8) (_ *link, err error) {
 		l.slots <- uint16(i)
 	}
 	for i := range nLLCSlots {
-		l.llcSlots <- uint16(nSendSlots + i)
+		l.llcPool(uint16(nSendSlots + i)) <- uint16(nSendSlots + i)
 	}
 	for range maxSendWR {
 		l.credits <- struct{}{}
@@ -262,7 +264,7 @@ func (l *link) complete(wc *verbs.WorkCompletion) {
 		case tagSlot:
 			s := uint16(wc.ID)
 			if s >= nSendSlots {
-				l.llcSlots <- s
+				l.llcPool(s) <- s
 				break
 			}
 			if c := l.slotConn[s]; c != nil {
@@ -311,9 +313,9 @@ func (l *link) onCDC(b []byte) {
 // earlyLLC does in the poller what must not wait behind the worker, whose queue
 // may hold a backlog of answers and control messages, each waiting for a send
 // slot, longer than the peer's timeouts: it takes a peer's new rkey (a connection
-// setup waits for it in waitPeerRKey; the worker takes it again, no change, and
-// answers), and hands over the responses to CONFIRM_RKEY and TEST_LINK, whose
-// timers fail the link. It reports whether the message is done with.
+// setup waits for it in waitPeerRKey) and answers CONFIRM_RKEY and TEST_LINK when
+// a response slot is free (else the worker does), and hands over their responses,
+// whose timers fail the link. It reports whether the message is done with.
 func (l *link) earlyLLC(b []byte) bool {
 	switch llc.Type(b[0]) {
 	case llc.TypeConfirmRkey:
@@ -323,7 +325,8 @@ func (l *link) earlyLLC(b []byte) bool {
 		}
 		if !r.Response() {
 			l.lg.addPeerRKey(l.num, r.RKey, r.Addr, r.Entries()...)
-			return false
+			r.Flags |= llc.FlagResponse
+			return l.tryRespond(&r)
 		}
 		if !l.deliver(pendKey{t: llc.TypeConfirmRkey, key: uint64(r.RKey)}, b) {
 			l.lg.e.log.Debug("smcr: unexpected llc response", "lg", l.lg.id, "type", r.Type())
@@ -331,8 +334,12 @@ func (l *link) earlyLLC(b []byte) bool {
 		return true
 	case llc.TypeTestLink:
 		var r llc.TestLink
-		if r.Decode(b) != nil || !r.Response() {
+		if r.Decode(b) != nil {
 			return false
+		}
+		if !r.Response() {
+			r.Flags |= llc.FlagResponse
+			return l.tryRespond(&r)
 		}
 		if !l.deliver(pendKey{t: llc.TypeTestLink, key: binary.BigEndian.Uint64(r.Data[:])}, b) {
 			l.lg.e.log.Debug("smcr: unexpected llc response", "lg", l.lg.id, "type", r.Type())
@@ -401,7 +408,7 @@ func (l *link) sendConnCDC(c *Conn, prod uint64, m *rmb.CDC) error {
 // putSlot gives back a send slot after a failed post or encoding.
 func (l *link) putSlot(s uint16) {
 	if s >= nSendSlots {
-		l.llcSlots <- s
+		l.llcPool(s) <- s
 		return
 	}
 	l.slotConn[s] = nil
@@ -409,29 +416,58 @@ func (l *link) putSlot(s uint16) {
 	l.credits <- struct{}{}
 }
 
-// acquireLLC takes a slot for an LLC response, and a read hold on useMu.
-func (l *link) acquireLLC() (uint16, error) {
+// tryRespond sends an LLC response from the poller if a response slot is free at
+// once; otherwise the worker answers. The worker may be waiting for a data slot
+// (runCtl), behind which an answer would miss the peer's LLC timeout.
+func (l *link) tryRespond(m llc.Message) bool {
 	var s uint16
 	select {
 	case s = <-l.llcSlots:
+	default:
+		return false
+	}
+	l.useMu.RLock()
+	defer l.useMu.RUnlock()
+	if l.freed || m.Encode(l.sendMR.Bytes()[int(s)*slotSize:]) != nil {
+		l.llcSlots <- s
+		return false
+	}
+	l.lg.e.st.llcSent.Add(1)
+	l.postSlot(s)
+	return true
+}
+
+// llcPool is the pool LLC slot s belongs to.
+func (l *link) llcPool(s uint16) chan uint16 {
+	if s < nSendSlots+nLLCSlots/2 {
+		return l.llcSlots
+	}
+	return l.reqSlots
+}
+
+// acquireLLC takes a slot from an LLC pool, and a read hold on useMu.
+func (l *link) acquireLLC(pool chan uint16) (uint16, error) {
+	var s uint16
+	select {
+	case s = <-pool:
 	case <-l.ctx.Done():
 		return 0, ErrLinkDown
 	}
 	l.useMu.RLock()
 	if l.freed {
 		l.useMu.RUnlock()
-		l.llcSlots <- s
+		pool <- s
 		return 0, ErrLinkDown
 	}
 	return s, nil
 }
 
 func (l *link) sendLLC(m llc.Message) error {
-	acquire := l.acquire
+	pool := l.reqSlots
 	if m.Response() {
-		acquire = l.acquireLLC
+		pool = l.llcSlots
 	}
-	s, err := acquire()
+	s, err := l.acquireLLC(pool)
 	if err != nil {
 		return err
 	}
