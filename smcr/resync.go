@@ -60,6 +60,7 @@ func parseResync(b []byte) (resync, error) {
 func (c *Conn) watchTCP() {
 	var b [resyncLen]byte
 	if _, err := io.ReadFull(c.tcp, b[:]); err != nil {
+		c.tcpEnded(err)
 		return
 	}
 	if [4]byte(b[:4]) == clc.Eyecatcher {
@@ -85,6 +86,23 @@ func (c *Conn) watchTCP() {
 	c.mu.Lock()
 	c.startFailoverLocked()
 	c.mu.Unlock()
+}
+
+// tcpEnded answers a continuation when the TCP connection ends without the peer's
+// resync: a peer that had closed (its last CDC said so) and consumed everything we
+// wrote released its end and closed TCP, and owes nothing; the continuation goes on
+// with what we hold (then EOF). Otherwise it fails now rather than at its timeout.
+func (c *Conn) tcpEnded(err error) {
+	c.mu.Lock()
+	r := resyncResult{err: fmt.Errorf("tcp ended without a resync: %w", err)}
+	if c.peerClosed && !c.peerAbort && c.txCons == c.txProd {
+		r = resyncResult{r: resync{flags: 0xc0, received: c.txProd}}
+	}
+	c.mu.Unlock()
+	select {
+	case c.peerResync <- r:
+	default:
+	}
 }
 
 type resyncResult struct {

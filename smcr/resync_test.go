@@ -81,3 +81,24 @@ func TestContinuationIdle(t *testing.T) {
 		t.Fatalf("%q %v", b, err)
 	}
 }
+
+// TestContinuationPeerTCPGone: when the peer's TCP connection is gone, a
+// continuation fails at once instead of waiting for a resync that cannot come.
+func TestContinuationPeerTCPGone(t *testing.T) {
+	d1, d2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
+	t.Cleanup(func() { d1.Close(); d2.Close() })
+	p := newPair(t, Config{Devices: []verbs.Device{d1}, CLCTimeout: 10 * time.Second}, Config{Devices: []verbs.Device{d2}, CLCTimeout: 10 * time.Second})
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	s.TCP().Close()
+	time.Sleep(50 * time.Millisecond) // the client's watcher sees the end
+	start := time.Now()
+	d1.Fail()
+	c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil {
+		t.Fatal("read succeeded over a connection whose peer is gone")
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("the continuation took %v to fail, as long as the CLC timeout", d)
+	}
+}
