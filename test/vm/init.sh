@@ -39,7 +39,14 @@ mount -t devtmpfs dev $h/dev
 mkdir -p $h/dev/pts $h/dev/shm 2>/dev/null
 mount -t devpts devpts $h/dev/pts
 mount -t tmpfs shm $h/dev/shm
+# A fresh /tmp, with the host's /tmp paths the job needs bound back (run.sh).
+mkdir -p /hosttmp
+mount --bind $h/tmp /hosttmp || fail "bind host /tmp"
 mount -t tmpfs tmp $h/tmp
+for d in $(echo "${smcr_keep:-}" | tr , ' '); do
+	mkdir -p "$h$d"
+	mount --bind "/hosttmp${d#/tmp}" "$h$d" || fail "bind $d"
+done
 mount -t tmpfs run $h/run
 mkdir -p "$h$smcr_job" 2>/dev/null
 mount -t 9p -o trans=virtio,version=9p2000.L,rw,msize=524288 job "$h$smcr_job" || fail "mount job"

@@ -62,6 +62,20 @@ rm -rf "$stage"
 	echo
 } >"$job/cmd.sh"
 
+# The guest gets a fresh /tmp; what the job needs from the host's /tmp (this
+# repository and the working directory, when they lie there, as in a CI clone)
+# is bound back into it, read-only like the rest of the host.
+keep=()
+for d in "$(cd "$here/../.." && pwd)" "$PWD"; do
+	case $d in /tmp/*) keep+=("$d") ;; esac
+done
+keep_arg=
+if [ ${#keep[@]} -gt 0 ]; then
+	keep_arg=$(IFS=,; echo "${keep[*]}")
+	case $keep_arg in *[[:space:]]*) echo "vm: cannot share $keep_arg: a path with spaces under /tmp" >&2; exit 125 ;; esac
+	keep_arg="smcr_keep=$keep_arg"
+fi
+
 # TCG is the only accelerator here (no KVM); -cpu max gives the guest PCLMUL for
 # crc32_pclmul. TCG's TSC is the host's, one clock for all vCPUs, but the guest
 # calls it unsynchronized and falls back to hpet, whose reads trap into qemu
@@ -71,7 +85,7 @@ set +e
 timeout --kill-after=10 "$timeout_s" qemu-system-x86_64 -accel tcg -cpu max -smp 2 -m "$mem" \
 	-nodefaults -display none -serial stdio -no-reboot \
 	-kernel "$kroot/boot/vmlinuz-$release" -initrd "$job/initramfs.gz" \
-	-append "console=ttyS0 quiet loglevel=3 panic=-1 tsc=reliable clocksource=tsc smcr_job=$job smcr_modules=$kroot/lib/modules" \
+	-append "console=ttyS0 quiet loglevel=3 panic=-1 tsc=reliable clocksource=tsc smcr_job=$job smcr_modules=$kroot/lib/modules $keep_arg" \
 	-virtfs "local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap" \
 	-virtfs "local,path=$job,mount_tag=job,security_model=none,multidevs=remap" </dev/null
 qrc=$?

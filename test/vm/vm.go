@@ -37,7 +37,8 @@ var ErrTimeout = errors.New("vm: timed out")
 
 // Options describe one command to run in the guest.
 type Options struct {
-	// Args is the command and its arguments. Binaries must lie outside /tmp,
+	// Args is the command and its arguments. Binaries must lie in this repository
+	// (bound into the guest even when it is checked out under /tmp) or outside /tmp,
 	// /run and /dev, which the guest mounts afresh (see BinDir).
 	Args []string
 	// Dir is the working directory, a host path; the caller's by default.
