@@ -244,18 +244,12 @@ func (c *Conn) freeResources() {
 	if c.token != 0 {
 		c.e.freeToken(c.token)
 	}
-	if c.rmb != nil {
-		// No DELETE_RKEY: the peer forgets our rkey when it releases its end, which
-		// keeps LLC traffic per connection bounded (one CONFIRM_RKEY each way).
-		c.rmb.Close()
-	}
 	if c.lg != nil && c.peerKey.rkey != 0 {
 		c.lg.delPeerRKey(c.peerKey.link, c.peerKey.rkey)
 	}
+	// No DELETE_RKEY for our RMB: the peer forgets our rkey when it releases its
+	// end, which keeps LLC traffic per connection bounded (one CONFIRM_RKEY each way).
 	c.freeRegistrations()
-	if c.snd != nil {
-		c.snd.Close()
-	}
 	c.e.unreserve(c.memHeld)
 	c.memHeld = 0
 	if c.reserved {
@@ -328,7 +322,9 @@ func (c *Conn) allocRMB() (DeclineCode, error) {
 	c.rmb, c.rmbSize = mr, uint64(size)
 	c.mu.Lock()
 	c.rmbOn[c.lnk.num] = mr
+	c.regLink[c.lnk.num] = c.lnk
 	c.mu.Unlock()
+	c.lnk.holdPD()
 	c.token = c.e.newToken(c)
 	c.lg.addConn(c)
 	return 0, nil
@@ -372,6 +368,8 @@ func (c *Conn) setPeer(li *clc.LinkInfo) (DeclineCode, error) {
 	if err == nil {
 		c.snd = mr
 		c.sndOn[c.lnk.num] = mr
+		c.regLink[c.lnk.num] = c.lnk
+		c.lnk.holdPD()
 	}
 	c.peerSize = uint64(size)
 	c.peerToken, c.peerRKey, c.peerAddr = li.AlertToken, li.RKey, li.RMBAddr

@@ -6,6 +6,9 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/smcr-io/smcr/smcr/internal/memverbs"
+	"github.com/smcr-io/smcr/smcr/verbs"
 )
 
 // eventually polls cond for up to 5 s.
@@ -149,4 +152,45 @@ func TestCloseUnblocksReadAndWrite(t *testing.T) {
 		t.Fatalf("peer read %q %v", b, err)
 	}
 	s.Close()
+}
+
+// TestEngineCloseFreesVerbs checks the order the engine frees verbs resources
+// in, which real devices enforce: Close returns with every link's QP and CQ
+// gone; a connection the application closed frees its buffers; one it still
+// holds keeps them, and the PD they are registered in, until it is closed; then
+// nothing is left.
+func TestEngineCloseFreesVerbs(t *testing.T) {
+	dc, ds := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
+	t.Cleanup(func() { closeChecked(t, dc, ds) })
+	p := newPair(t, Config{Devices: []verbs.Device{dc}}, Config{Devices: []verbs.Device{ds}})
+	var held [2]*Conn
+	for i := range 3 {
+		c, s := p.connect(t)
+		mustSMC(t, c, s)
+		go io.Copy(s, s)
+		echoCheck(t, c, s)
+		if i == 0 {
+			held = [2]*Conn{c, s}
+			continue
+		}
+		c.Close()
+		s.Close()
+	}
+	p.cli.Close()
+	p.srv.Close()
+	for _, d := range []*memverbs.Device{dc, ds} {
+		live := d.Live()
+		if live.QPs != 0 || live.CQs != 0 {
+			t.Errorf("%s after Engine.Close: %+v; want no QP or CQ", d.Name(), live)
+		}
+		// The closed connections release their buffers as the link goes.
+		eventually(t, d.Name()+": the held connection's RMB and send buffer in one PD", func() bool {
+			return d.Live() == memverbs.Resources{PDs: 1, MRs: 2}
+		})
+	}
+	held[0].Close()
+	held[1].Close()
+	for _, d := range []*memverbs.Device{dc, ds} {
+		eventually(t, d.Name()+" freed", func() bool { return d.Live() == memverbs.Resources{} })
+	}
 }

@@ -131,6 +131,7 @@ type Conn struct {
 	// Second link (multilink.go): our RMB and send buffer registered on each link
 	// by link number, and the peer RMB's rkey on the link CLC named.
 	rmbOn, sndOn [maxLinks + 1]verbs.MR
+	regLink      [maxLinks + 1]*link // whose PD holds rmbOn[n] and sndOn[n]
 	peerKey      rkeyOn
 	wrOutOn      [maxLinks + 1]atomic.Int32 // wrOut by link number
 	txAcked      atomic.Uint64              // producer cursor of our last CDC that completed

@@ -48,7 +48,7 @@ type Engine struct {
 	lgSeq  uint32
 	ctx    context.Context
 	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	links  sync.WaitGroup // links not yet freed (trackLink): Close waits for them
 }
 
 // NewEngine checks cfg and returns an Engine.
@@ -90,9 +90,40 @@ func (e *Engine) Close() error {
 		lg.terminate(ErrEngineClosed, true)
 	}
 	e.cancel()
-	e.wg.Wait()
+	// The links free their QPs, CQs and buffers once their goroutines are gone;
+	// a caller may close the devices next. Connection buffers the application
+	// still holds stay registered until it closes those connections.
+	freed := make(chan struct{})
+	go func() {
+		e.links.Wait()
+		close(freed)
+	}()
+	select {
+	case <-freed:
+	case <-time.After(closeWait):
+		e.log.Warn("smcr: engine closed with links not yet freed", "waited", closeWait)
+	}
 	return nil
 }
+
+// closeWait bounds Close's wait for the links' goroutines, which end within a
+// CQ wake-up once the engine's context is cancelled.
+const closeWait = 10 * time.Second
+
+// trackLink counts a link being created, which Close then waits for; after
+// Close no link is created.
+func (e *Engine) trackLink() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return ErrEngineClosed
+	}
+	e.links.Add(1)
+	return nil
+}
+
+// linkFreed ends trackLink's count for one link.
+func (e *Engine) linkFreed() { e.links.Done() }
 
 // Stats returns a snapshot of the engine's counters.
 func (e *Engine) Stats() Stats {

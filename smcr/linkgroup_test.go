@@ -183,7 +183,7 @@ func TestIdleLinkGroupFreed(t *testing.T) {
 func TestTestLinkKeepalive(t *testing.T) {
 	clk := &fakeClock{}
 	d1, d2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
-	t.Cleanup(func() { d1.Close(); d2.Close() })
+	t.Cleanup(func() { closeChecked(t, d1, d2) })
 	p := newPair(t, Config{Devices: []verbs.Device{d1}, Clock: clk, TestLinkInterval: time.Second},
 		Config{Devices: []verbs.Device{d2}, Clock: clk, TestLinkInterval: time.Second})
 	c, s := p.connect(t)

@@ -99,8 +99,13 @@ type link struct {
 
 	// useMu keeps the send slots mapped while a sender encodes into one: free
 	// takes it exclusively, after which acquire fails.
-	useMu            sync.RWMutex
-	freed            bool
+	useMu sync.RWMutex
+	freed bool
+	// pdRefs counts the link's own hold on pd plus the connection buffers
+	// registered in it. Buffers outlive their link (a reader drains its RMB after
+	// the link is gone), so pd closes with the last of them (holdPD).
+	pdMu             sync.Mutex
+	pdRefs           int
 	txBytes, rxBytes atomic.Uint64 // payload RDMA-written by us, and announced by the peer's CDCs
 }
 
@@ -119,6 +124,9 @@ func newLink(lg *linkGroup, dev verbs.Device, num uint8) (_ *link, err error) {
 		l.mtu = verbs.MTU1024
 	}
 	binary.BigEndian.PutUint32(l.uid[:], lg.id<<8|uint32(num))
+	if err := lg.e.trackLink(); err != nil {
+		return nil, err
+	}
 	defer func() {
 		if err != nil {
 			l.free()
@@ -127,6 +135,7 @@ func newLink(lg *linkGroup, dev verbs.Device, num uint8) (_ *link, err error) {
 	if l.pd, err = dev.AllocPD(); err != nil {
 		return nil, fmt.Errorf("alloc pd: %w", err)
 	}
+	l.pdRefs = 1
 	if l.cq, err = dev.CreateCQ(nRecv + maxSendWR + nLLCSlots); err != nil {
 		return nil, fmt.Errorf("create cq: %w", err)
 	}
@@ -808,13 +817,47 @@ func (l *link) close() {
 	})
 }
 
+// free closes the link's verbs resources, once its goroutines are gone; the
+// engine's Close waits for it.
 func (l *link) free() {
+	defer l.lg.e.linkFreed()
 	l.useMu.Lock()
 	l.freed = true
 	l.useMu.Unlock()
-	for _, c := range []interface{ Close() error }{l.recvMR, l.sendMR, l.cq, l.pd} {
-		if c != nil && c != (interface{ Close() error })(nil) {
-			c.Close()
+	if l.qp != nil {
+		l.qp.Close() // destroyed before the CQ it completes on
+	}
+	if l.recvMR != nil {
+		l.recvMR.Close()
+	}
+	if l.sendMR != nil {
+		l.sendMR.Close()
+	}
+	if l.cq != nil {
+		l.cq.Close()
+	}
+	if l.pd != nil {
+		l.releasePD()
+	}
+}
+
+// holdPD counts a connection buffer registered in l's protection domain.
+func (l *link) holdPD() {
+	l.pdMu.Lock()
+	l.pdRefs++
+	l.pdMu.Unlock()
+}
+
+// releasePD drops a hold on pd (a buffer's, or the link's own in free) and
+// closes it with the last: a PD must outlive the MRs registered in it.
+func (l *link) releasePD() {
+	l.pdMu.Lock()
+	l.pdRefs--
+	last := l.pdRefs == 0
+	l.pdMu.Unlock()
+	if last {
+		if err := l.pd.Close(); err != nil {
+			l.lg.e.log.Warn("smcr: close protection domain", "lg", l.lg.id, "link", l.num, "err", err)
 		}
 	}
 }

@@ -307,6 +307,8 @@ func (c *Conn) registerRMB(l1, l2 *link) (old, nw verbs.MR, err error) {
 			return nil, nil, fmt.Errorf("smcr: register rmb on link %d: %w", l2.num, err)
 		}
 		c.rmbOn[l2.num] = mr
+		c.regLink[l2.num] = l2
+		l2.holdPD()
 	}
 	return c.rmbOn[l1.num], c.rmbOn[l2.num], nil
 }
@@ -327,6 +329,8 @@ func (c *Conn) registerSnd(l *link) error {
 		return fmt.Errorf("smcr: register send buffer on link %d: %w", l.num, err)
 	}
 	c.sndOn[l.num] = mr
+	c.regLink[l.num] = l
+	l.holdPD()
 	return nil
 }
 
@@ -365,22 +369,34 @@ func (c *Conn) cdcDone(prod uint64) {
 	}
 }
 
-// freeRegistrations closes the second-link registrations of the RMB and send buffer.
+// freeRegistrations closes the RMB and the send buffer on every link, the
+// second links' registrations before the memory they map, and drops their holds
+// on the links' protection domains.
 func (c *Conn) freeRegistrations() {
-	var regs []verbs.MR
+	type reg struct {
+		mr verbs.MR
+		l  *link
+	}
+	var seconds, owners []reg
 	c.mu.Lock()
 	for n := range c.rmbOn {
-		if m := c.rmbOn[n]; m != nil && m != c.rmb {
-			regs = append(regs, m)
+		for _, m := range []verbs.MR{c.rmbOn[n], c.sndOn[n]} {
+			switch {
+			case m == nil:
+			case m == c.rmb || m == c.snd:
+				owners = append(owners, reg{m, c.regLink[n]})
+			default:
+				seconds = append(seconds, reg{m, c.regLink[n]})
+			}
 		}
-		if m := c.sndOn[n]; m != nil && m != c.snd {
-			regs = append(regs, m)
-		}
-		c.rmbOn[n], c.sndOn[n] = nil, nil
+		c.rmbOn[n], c.sndOn[n], c.regLink[n] = nil, nil, nil
 	}
 	c.mu.Unlock()
-	for _, m := range regs {
-		m.Close()
+	for _, r := range append(seconds, owners...) {
+		r.mr.Close()
+		if r.l != nil {
+			r.l.releasePD()
+		}
 	}
 }
 

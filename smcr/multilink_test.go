@@ -54,7 +54,7 @@ func streamPairs(t *testing.T, conns [][2]*Conn, total int, seed uint64, during 
 func TestSecondLinkFailover(t *testing.T) {
 	c1, c2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
 	s1, s2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
-	t.Cleanup(func() { c1.Close(); c2.Close(); s1.Close(); s2.Close() })
+	t.Cleanup(func() { closeChecked(t, c1, c2, s1, s2) })
 	cfg := func(d ...verbs.Device) Config {
 		return Config{Devices: d, RMBSize: 16 << 10, TestLinkInterval: -1}
 	}
@@ -259,7 +259,7 @@ func TestSecondLinkNeedsBothEnds(t *testing.T) {
 	for _, srvTwo := range []bool{true, false} {
 		c1, c2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
 		s1, s2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
-		t.Cleanup(func() { c1.Close(); c2.Close(); s1.Close(); s2.Close() })
+		t.Cleanup(func() { closeChecked(t, c1, c2, s1, s2) })
 		cli, srv := Config{Devices: []verbs.Device{c1, c2}}, Config{Devices: []verbs.Device{s1}}
 		if srvTwo {
 			cli, srv = Config{Devices: []verbs.Device{c1}}, Config{Devices: []verbs.Device{s1, s2}}
@@ -281,7 +281,7 @@ func TestSecondLinkNeedsBothEnds(t *testing.T) {
 func TestFailoverManyConns(t *testing.T) {
 	c1, c2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
 	s1, s2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
-	t.Cleanup(func() { c1.Close(); c2.Close(); s1.Close(); s2.Close() })
+	t.Cleanup(func() { closeChecked(t, c1, c2, s1, s2) })
 	cfg := func(d ...verbs.Device) Config {
 		return Config{Devices: d, RMBSize: 16 << 10, TestLinkInterval: -1}
 	}

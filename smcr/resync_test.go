@@ -32,7 +32,7 @@ func TestResyncCodec(t *testing.T) {
 // directions: the connections go on over TCP with every byte, once.
 func TestContinuationOverTCP(t *testing.T) {
 	d1, d2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
-	t.Cleanup(func() { d1.Close(); d2.Close() })
+	t.Cleanup(func() { closeChecked(t, d1, d2) })
 	p := newPair(t, Config{Devices: []verbs.Device{d1}, RMBSize: 16 << 10}, Config{Devices: []verbs.Device{d2}, RMBSize: 16 << 10})
 	c, s := p.connect(t)
 	c2, s2 := p.connect(t)
@@ -67,7 +67,7 @@ func TestContinuationOverTCP(t *testing.T) {
 // TestContinuationIdle fails the link of an idle connection with unread data.
 func TestContinuationIdle(t *testing.T) {
 	d1, d2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
-	t.Cleanup(func() { d1.Close(); d2.Close() })
+	t.Cleanup(func() { closeChecked(t, d1, d2) })
 	p := newPair(t, Config{Devices: []verbs.Device{d1}}, Config{Devices: []verbs.Device{d2}})
 	c, s := p.connect(t)
 	c.Write([]byte("before"))
@@ -86,7 +86,7 @@ func TestContinuationIdle(t *testing.T) {
 // continuation fails at once instead of waiting for a resync that cannot come.
 func TestContinuationPeerTCPGone(t *testing.T) {
 	d1, d2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
-	t.Cleanup(func() { d1.Close(); d2.Close() })
+	t.Cleanup(func() { closeChecked(t, d1, d2) })
 	p := newPair(t, Config{Devices: []verbs.Device{d1}, CLCTimeout: 10 * time.Second}, Config{Devices: []verbs.Device{d2}, CLCTimeout: 10 * time.Second})
 	c, s := p.connect(t)
 	mustSMC(t, c, s)

@@ -1,7 +1,9 @@
 // Package memverbs is an in-process verbs provider for the engine's tests: queue
 // pairs of one process connected through a registry, RDMA WRITE and SEND done by
 // copying under a lock. It checks rkeys, bounds and permissions as hardware does, and
-// lets tests fail a link (Fail) or inject raw SENDs as a hostile peer would.
+// lets tests fail a link (Fail) or inject raw SENDs as a hostile peer would. Like
+// ibverbs it refuses to free a PD that still holds MRs or QPs; Live and Misuse let
+// tests check that the engine frees everything, in an order hardware accepts.
 // Not an RFC 7609 part: it stands in for the RoCE hardware of §2.
 package memverbs
 
@@ -31,6 +33,9 @@ type Device struct {
 	gid   [16]byte
 	mac   [6]byte
 	shut  bool
+	pds   int // PDs not yet freed
+	cqs   int // CQs not yet closed
+	bad   []string
 	Sends atomic.Uint64 // SEND work requests posted, for tests that count messages
 }
 
@@ -53,14 +58,48 @@ func (d *Device) Port() verbs.PortAttr {
 }
 func (d *Device) Endpoint() []byte { return []byte(d.name) }
 
-func (d *Device) AllocPD() (verbs.PD, error) { return &pd{d: d}, nil }
+func (d *Device) AllocPD() (verbs.PD, error) {
+	d.mu.Lock()
+	d.pds++
+	d.mu.Unlock()
+	return &pd{d: d}, nil
+}
 
 func (d *Device) CreateCQ(depth int) (verbs.CQ, error) {
-	return &cq{wake: make(chan struct{}, 1), done: make(chan struct{})}, nil
+	d.mu.Lock()
+	d.cqs++
+	d.mu.Unlock()
+	return &cq{d: d, wake: make(chan struct{}, 1), done: make(chan struct{})}, nil
+}
+
+// Resources counts what a device has not yet freed.
+type Resources struct{ PDs, MRs, QPs, CQs int }
+
+// Live returns what is allocated on d and not yet freed.
+func (d *Device) Live() Resources {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return Resources{PDs: d.pds, MRs: len(d.mrs), QPs: len(d.qps), CQs: d.cqs}
+}
+
+// Misuse lists the lifecycle errors seen (a PD freed before its MRs, an MR
+// closed after its PD, a device closed with resources live): what a real verbs
+// library refuses or crashes on.
+func (d *Device) Misuse() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]string(nil), d.bad...)
+}
+
+func (d *Device) misuse(format string, args ...any) {
+	d.bad = append(d.bad, fmt.Sprintf(format, args...))
 }
 
 func (d *Device) Close() error {
 	d.mu.Lock()
+	if d.pds > 0 || len(d.mrs) > 0 || d.cqs > 0 {
+		d.misuse("device closed with %d PDs, %d MRs, %d CQs live", d.pds, len(d.mrs), d.cqs)
+	}
 	qps := make([]*qp, 0, len(d.qps))
 	for _, q := range d.qps {
 		qps = append(qps, q)
@@ -94,7 +133,11 @@ func (d *Device) id() uint32 {
 	return d.next
 }
 
-type pd struct{ d *Device }
+type pd struct {
+	d        *Device
+	mrs, qps int // live children, under d.mu
+	freed    bool
+}
 
 func (p *pd) AllocMR(size int, access verbs.Access) (verbs.MR, error) {
 	if size <= 0 {
@@ -103,8 +146,9 @@ func (p *pd) AllocMR(size int, access verbs.Access) (verbs.MR, error) {
 	p.d.mu.Lock()
 	defer p.d.mu.Unlock()
 	k := p.d.id() << 8
-	m := &mr{d: p.d, b: make([]byte, size), key: k, access: access, addr: uint64(k) << 20}
+	m := &mr{d: p.d, pd: p, b: make([]byte, size), key: k, access: access, addr: uint64(k) << 20}
 	p.d.mrs[k] = m
+	p.mrs++
 	return m, nil
 }
 
@@ -117,8 +161,9 @@ func (p *pd) RegisterMR(other verbs.MR, access verbs.Access) (verbs.MR, error) {
 	p.d.mu.Lock()
 	defer p.d.mu.Unlock()
 	k := p.d.id() << 8
-	m := &mr{d: p.d, b: o.b, key: k, access: access, addr: uint64(k) << 20}
+	m := &mr{d: p.d, pd: p, b: o.b, key: k, access: access, addr: uint64(k) << 20}
 	p.d.mrs[k] = m
+	p.mrs++
 	return m, nil
 }
 
@@ -128,16 +173,33 @@ func (p *pd) CreateQP(cfg verbs.QPConfig) (verbs.QP, error) {
 	if p.d.shut {
 		return nil, verbs.ErrClosed
 	}
-	q := &qp{d: p.d, qpn: p.d.id() & 0xffffff, scq: cfg.SendCQ.(*cq), rcq: cfg.RecvCQ.(*cq), state: verbs.QPInit}
+	q := &qp{d: p.d, pd: p, qpn: p.d.id() & 0xffffff, scq: cfg.SendCQ.(*cq), rcq: cfg.RecvCQ.(*cq), state: verbs.QPInit}
 	q.psn = q.qpn * 7 & 0xffffff
 	p.d.qps[q.qpn] = q
+	p.qps++
 	return q, nil
 }
 
-func (p *pd) Close() error { return nil }
+// Close frees the PD unless MRs or QPs still use it: ibv_dealloc_pd's EBUSY.
+func (p *pd) Close() error {
+	p.d.mu.Lock()
+	defer p.d.mu.Unlock()
+	if p.freed {
+		return nil
+	}
+	if p.mrs > 0 || p.qps > 0 {
+		p.d.misuse("pd freed with %d MRs and %d QPs in it", p.mrs, p.qps)
+		return fmt.Errorf("memverbs: dealloc pd: %d MRs, %d QPs in use", p.mrs, p.qps)
+	}
+	p.freed = true
+	p.d.pds--
+	return nil
+}
 
 type mr struct {
 	d      *Device
+	pd     *pd
+	closed bool // under d.mu
 	b      []byte
 	key    uint32
 	access verbs.Access
@@ -151,12 +213,21 @@ func (m *mr) Addr() uint64         { return m.addr }
 func (m *mr) Access() verbs.Access { return m.access }
 func (m *mr) Close() error {
 	m.d.mu.Lock()
+	defer m.d.mu.Unlock()
+	if m.closed {
+		return nil
+	}
+	m.closed = true
+	if m.pd.freed {
+		m.d.misuse("mr %#x closed after its pd", m.key)
+	}
 	delete(m.d.mrs, m.key)
-	m.d.mu.Unlock()
+	m.pd.mrs--
 	return nil
 }
 
 type cq struct {
+	d    *Device
 	mu   sync.Mutex
 	q    []verbs.WorkCompletion
 	wake chan struct{}
@@ -200,12 +271,19 @@ func (c *cq) Wait(ctx context.Context) error {
 }
 
 func (c *cq) Close() error {
-	c.once.Do(func() { close(c.done) })
+	c.once.Do(func() {
+		close(c.done)
+		c.d.mu.Lock()
+		c.d.cqs--
+		c.d.mu.Unlock()
+	})
 	return nil
 }
 
 type qp struct {
 	d        *Device
+	pd       *pd
+	closed   bool // under d.mu
 	qpn, psn uint32
 	scq, rcq *cq
 	mu       sync.Mutex
@@ -392,7 +470,11 @@ func (q *qp) Close() error {
 		p.fail(verbs.WCRetryExcErr)
 	}
 	q.d.mu.Lock()
-	delete(q.d.qps, q.qpn)
+	if !q.closed {
+		q.closed = true
+		delete(q.d.qps, q.qpn)
+		q.pd.qps--
+	}
 	q.d.mu.Unlock()
 	return nil
 }
