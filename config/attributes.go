@@ -83,7 +83,7 @@ var attributes = []attribute{
 	},
 	{
 		name: "sndbuf_size", def: "256K",
-		desc: "send buffer per connection (16K to 512K)",
+		desc: "accepted for AIX compatibility, no effect: a send buffer mirrors the peer's RMB, so its size is the peer's rmb_size",
 		set:  func(c *Config, v string) (err error) { c.SendBufSize, err = parseSize(v, 16<<10, 512<<10); return },
 		get:  func(c *Config) string { return formatSize(c.SendBufSize) },
 	},
