@@ -17,7 +17,10 @@ import (
 	"github.com/smcr-io/smcr/smcr/clc"
 )
 
-var stressConns = flag.Int("smcr.stress", 512, "connections TestStress starts at once")
+var stressConns = flag.Int("smcr.stress", 512, "connections TestStress starts at once (a 16th of it under the race detector)")
+
+// raceEnabled is set in race builds (race_test.go).
+var raceEnabled bool
 
 // TestStress starts many connections at once between two namespaces, on shm and
 // on soft, and echoes hash-checked content over each: whatever a connection does
@@ -28,6 +31,9 @@ func TestStress(t *testing.T) {
 		t.Run(kind, func(t *testing.T) {
 			s := newNSSetup(t, kind)
 			n := *stressConns
+			if raceEnabled {
+				n = max(n/16, 1)
+			}
 			const size = 256 << 10
 			errs := make(chan error, 2*n)
 			var echoes sync.WaitGroup
