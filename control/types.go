@@ -59,7 +59,8 @@ type Stats struct {
 	RX          Direction       `json:"rx"`
 	TX          Direction       `json:"tx"`
 
-	MemoryInUse    int64  `json:"memory_in_use_bytes"` // RMBs and send buffers held now
+	MemoryInUse    int64  `json:"memory_in_use_bytes"` // RMBs and send buffers connections hold now
+	MemoryPooled   int64  `json:"memory_pooled_bytes"` // buffers kept for reuse by the link groups (within max_memory too)
 	MemoryPeak     int64  `json:"memory_peak_bytes"`
 	ProtocolErrors uint64 `json:"protocol_errors"` // peer protocol violations (bad cursor, unknown token …)
 	Aborts         uint64 `json:"aborts"`          // connections ended by abnormal close

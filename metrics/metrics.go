@@ -125,6 +125,8 @@ var (
 			func(s control.Stats) float64 { return float64(s.Connections.Active) }},
 		{desc("memory_in_use_bytes", "Bytes of RMBs and send buffers held now."), prometheus.GaugeValue,
 			func(s control.Stats) float64 { return float64(s.MemoryInUse) }},
+		{desc("memory_pooled_bytes", "Bytes of buffers the link groups keep for reuse (counted in max_memory too)."), prometheus.GaugeValue,
+			func(s control.Stats) float64 { return float64(s.MemoryPooled) }},
 		{desc("memory_peak_bytes", "Most bytes of buffers held at once since the last reset."), prometheus.GaugeValue,
 			func(s control.Stats) float64 { return float64(s.MemoryPeak) }},
 		{desc("protocol_errors_total", "Peer protocol violations (bad cursor, unknown alert token, ...)."), prometheus.CounterValue,

@@ -107,6 +107,7 @@ func expected(t *testing.T, statsJSON map[string]any, links []control.Link) samp
 		"connections.reused":           "smcr_connections_reused_total",
 		"connections.active":           "smcr_connections_active",
 		"memory_in_use_bytes":          "smcr_memory_in_use_bytes",
+		"memory_pooled_bytes":          "smcr_memory_pooled_bytes",
 		"memory_peak_bytes":            "smcr_memory_peak_bytes",
 		"protocol_errors":              "smcr_protocol_errors_total",
 		"aborts":                       "smcr_aborts_total",

@@ -59,6 +59,9 @@ func (c *Conn) onCDC(m *rmb.CDC) (produced uint64) {
 	before := c.rxProd
 	err := c.applyCursors(m)
 	produced = c.rxProd - before
+	if produced > 0 && c.rxProd-c.rxCons == c.rmbSize {
+		c.e.st.rxFull.Add(1)
+	}
 	if err != nil {
 		c.e.st.protoErrors.Add(1)
 		c.e.log.Warn("smcr: peer broke the protocol, aborting connection", "conn", c.id, "err", err)

@@ -245,12 +245,14 @@ func (c *Conn) freeResources() {
 		c.e.freeToken(c.token)
 	}
 	if c.lg != nil && c.peerKey.rkey != 0 {
-		c.lg.delPeerRKey(c.peerKey.link, c.peerKey.rkey)
+		c.lg.delPeerRKey(c.peerKey.link, c.peerKey.rkey, c.peerToks)
 	}
 	// No DELETE_RKEY for our RMB: the peer forgets our rkey when it releases its
-	// end, which keeps LLC traffic per connection bounded (one CONFIRM_RKEY each way).
+	// end, which keeps LLC traffic per connection bounded (one CONFIRM_RKEY each
+	// way). An RMB kept for reuse is announced again by its next connection.
+	kept := c.recycle()
 	c.freeRegistrations()
-	c.e.unreserve(c.memHeld)
+	c.e.unreserve(c.memHeld - kept)
 	c.memHeld = 0
 	if c.reserved {
 		c.reserved = false
@@ -311,20 +313,25 @@ func (c *Conn) activate() {
 // allocRMB reserves memory for and registers our RMBE, and takes an alert token.
 func (c *Conn) allocRMB() (DeclineCode, error) {
 	size := c.e.settings().RMBSize
-	if !c.e.reserve(int64(size)) {
-		return clc.DeclineNoMemory, fmt.Errorf("rmb of %d bytes exceeds max memory %d", size, c.e.settings().MaxMemory)
+	if b := c.takePooled(true, uint64(size)); b != nil {
+		c.adopt(b)
+		c.e.st.rxReuses.Add(1)
+	} else {
+		if !c.e.reserveOrTrim(int64(size)) {
+			return clc.DeclineNoMemory, fmt.Errorf("rmb of %d bytes exceeds max memory %d", size, c.e.settings().MaxMemory)
+		}
+		c.memHeld += int64(size)
+		mr, err := c.lnk.pd.AllocMR(size, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
+		if err != nil {
+			return clc.DeclineInternalRegBuf, fmt.Errorf("alloc rmb: %w", err)
+		}
+		c.rmb, c.rmbSize = mr, uint64(size)
+		c.mu.Lock()
+		c.rmbOn[c.lnk.num] = mr
+		c.regLink[c.lnk.num] = c.lnk
+		c.mu.Unlock()
+		c.lnk.holdPD()
 	}
-	c.memHeld += int64(size)
-	mr, err := c.lnk.pd.AllocMR(size, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
-	if err != nil {
-		return clc.DeclineInternalRegBuf, fmt.Errorf("alloc rmb: %w", err)
-	}
-	c.rmb, c.rmbSize = mr, uint64(size)
-	c.mu.Lock()
-	c.rmbOn[c.lnk.num] = mr
-	c.regLink[c.lnk.num] = c.lnk
-	c.mu.Unlock()
-	c.lnk.holdPD()
 	c.token = c.e.newToken(c)
 	c.lg.addConn(c)
 	return 0, nil
@@ -337,7 +344,7 @@ func (c *Conn) allocRMB() (DeclineCode, error) {
 // comes too late, the client already writes into our RMBE.
 func (c *Conn) holdSendBuffer() (DeclineCode, error) {
 	n := int64(c.rmbSize)
-	if !c.e.reserve(n) {
+	if !c.e.reserveOrTrim(n) {
 		return clc.DeclineNoMemory, fmt.Errorf("send buffer of about %d bytes exceeds max memory %d", n, c.e.settings().MaxMemory)
 	}
 	c.memHeld += n
@@ -348,13 +355,24 @@ func (c *Conn) holdSendBuffer() (DeclineCode, error) {
 // setPeer takes the peer's RMBE from its Accept/Confirm and makes our send buffer.
 func (c *Conn) setPeer(li *clc.LinkInfo) (DeclineCode, error) {
 	size := clc.RMBESize(li.SizeCode)
+	if b := c.takePooled(false, uint64(size)); b != nil {
+		if held := c.sndHeld; held > 0 {
+			c.sndHeld = 0
+			c.memHeld -= held
+			c.e.unreserve(held) // the pooled buffer brings its own share
+		}
+		c.adopt(b)
+		c.e.st.txReuses.Add(1)
+		c.setPeerKey(li)
+		return 0, nil
+	}
 	if held := c.sndHeld; held > 0 {
 		// The server after the Confirm: what the hold lacks is taken beyond
 		// max_memory rather than refused too late; a surplus goes back.
 		c.sndHeld = 0
 		c.memHeld -= held
 		c.e.charge(int64(size) - held)
-	} else if !c.e.reserve(int64(size)) {
+	} else if !c.e.reserveOrTrim(int64(size)) {
 		return clc.DeclineNoMemory, fmt.Errorf("send buffer of %d bytes exceeds max memory %d", size, c.e.settings().MaxMemory)
 	}
 	c.memHeld += int64(size)
@@ -371,9 +389,17 @@ func (c *Conn) setPeer(li *clc.LinkInfo) (DeclineCode, error) {
 		c.regLink[c.lnk.num] = c.lnk
 		c.lnk.holdPD()
 	}
-	c.peerSize = uint64(size)
-	c.peerToken, c.peerRKey, c.peerAddr = li.AlertToken, li.RKey, li.RMBAddr
-	c.peerKey = rkeyOn{c.lnk.num, li.RKey}
 	c.mu.Unlock()
+	c.setPeerKey(li)
 	return 0, nil
+}
+
+// setPeerKey records the peer's RMB from its Accept/Confirm.
+func (c *Conn) setPeerKey(li *clc.LinkInfo) {
+	toks := c.lg.peerRTokensOf(c.lnk.num, li.RKey, li.RMBAddr)
+	c.mu.Lock()
+	c.peerSize = uint64(clc.RMBESize(li.SizeCode))
+	c.peerToken, c.peerRKey, c.peerAddr = li.AlertToken, li.RKey, li.RMBAddr
+	c.peerKey, c.peerToks = rkeyOn{c.lnk.num, li.RKey}, toks
+	c.mu.Unlock()
 }

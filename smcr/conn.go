@@ -133,6 +133,7 @@ type Conn struct {
 	rmbOn, sndOn [maxLinks + 1]verbs.MR
 	regLink      [maxLinks + 1]*link // whose PD holds rmbOn[n] and sndOn[n]
 	peerKey      rkeyOn
+	peerToks     *peerRTokens               // the link group's entry for the peer's RMB
 	wrOutOn      [maxLinks + 1]atomic.Int32 // wrOut by link number
 	txAcked      atomic.Uint64              // producer cursor of our last CDC that completed
 
@@ -231,6 +232,9 @@ func (c *Conn) Read(p []byte) (int, error) {
 		c.e.st.fbRx.Add(uint64(n))
 		return n, err
 	}
+	if uint64(len(p)) > c.rmbSize {
+		c.e.st.rxTooSmall.Add(1)
+	}
 	n, err := c.smcRead(p)
 	if n > 0 {
 		c.e.st.rxReq.observe(uint64(n))
@@ -245,6 +249,9 @@ func (c *Conn) Write(p []byte) (int, error) {
 		c.cs.tx.Add(uint64(n))
 		c.e.st.fbTx.Add(uint64(n))
 		return n, err
+	}
+	if uint64(len(p)) > c.peerSize {
+		c.e.st.txTooSmall.Add(1)
 	}
 	n, err := c.smcWrite(p)
 	if n > 0 {

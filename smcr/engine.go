@@ -49,6 +49,7 @@ type Engine struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	links  sync.WaitGroup // links not yet freed (trackLink): Close waits for them
+	pooled atomic.Int64   // bytes of mem in the link groups' buffer pools
 }
 
 // NewEngine checks cfg and returns an Engine.
@@ -128,7 +129,8 @@ func (e *Engine) linkFreed() { e.links.Done() }
 // Stats returns a snapshot of the engine's counters.
 func (e *Engine) Stats() Stats {
 	s := e.st.snapshot()
-	s.MemoryInUse = e.mem.Load()
+	s.MemoryPooled = e.pooled.Load()
+	s.MemoryInUse = e.mem.Load() - s.MemoryPooled
 	s.MemoryPeak = e.memPeak.Load()
 	e.mu.Lock()
 	s.LinkGroups = len(e.lgs)

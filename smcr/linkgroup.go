@@ -51,6 +51,7 @@ type linkGroup struct {
 	rr        int                     // round robin over the links for new connections
 	peerRMBs  map[rkeyOn]*peerRTokens // the peer's RMBs we know over LLC, by rkey on each link
 	rkeyAdded chan struct{}           // closed and replaced whenever peerRMBs grows
+	pool      []*pooledBuf            // released connections' buffers (bufpool.go)
 	idle      Timer
 	dead      bool
 	deadErr   error
@@ -358,11 +359,14 @@ func (lg *linkGroup) conn(token uint32) *Conn {
 }
 
 // addPeerRKey records a peer RMB known by rkey on link num and its rtokens on other
-// links (CONFIRM_RKEY, ADD_LINK_CONT). Entries merge: every rkey names the same set.
-func (lg *linkGroup) addPeerRKey(num uint8, rkey uint32, addr uint64, others ...llc.RToken) {
+// links. ADD_LINK_CONT merges into the entry (every rkey names the same set);
+// CONFIRM_RKEY (fresh) starts a new one: the peer may announce an RMB it reuses
+// while the connection that used it before is still being released here, and
+// that release must not take the new entry with it (delPeerRKey).
+func (lg *linkGroup) addPeerRKey(fresh bool, num uint8, rkey uint32, addr uint64, others ...llc.RToken) {
 	lg.mu.Lock()
 	t := lg.peerRMBs[rkeyOn{num, rkey}]
-	if t == nil {
+	if t == nil || fresh {
 		t = new(peerRTokens)
 	}
 	if int(num) < len(t) && (!t[num].ok || t[num].rkey != rkey || addr != 0) {
@@ -383,10 +387,11 @@ func (lg *linkGroup) addPeerRKey(num uint8, rkey uint32, addr uint64, others ...
 	lg.mu.Unlock()
 }
 
-// delPeerRKey forgets a peer RMB under all its rkeys.
-func (lg *linkGroup) delPeerRKey(num uint8, rkey uint32) {
+// delPeerRKey forgets a peer RMB under all its rkeys: the entry of only when
+// given (a connection's own, peerRTokensOf), any entry when nil (DELETE_RKEY).
+func (lg *linkGroup) delPeerRKey(num uint8, rkey uint32, only *peerRTokens) {
 	lg.mu.Lock()
-	if t := lg.peerRMBs[rkeyOn{num, rkey}]; t != nil {
+	if t := lg.peerRMBs[rkeyOn{num, rkey}]; t != nil && (only == nil || t == only) {
 		for n, tok := range t {
 			if tok.ok && lg.peerRMBs[rkeyOn{uint8(n), tok.rkey}] == t {
 				delete(lg.peerRMBs, rkeyOn{uint8(n), tok.rkey})
@@ -394,6 +399,21 @@ func (lg *linkGroup) delPeerRKey(num uint8, rkey uint32) {
 		}
 	}
 	lg.mu.Unlock()
+}
+
+// peerRTokensOf returns the entry of the peer RMB known as rkey on link num,
+// creating one for an RMB no CONFIRM_RKEY announced (first contact's).
+func (lg *linkGroup) peerRTokensOf(num uint8, rkey uint32, addr uint64) *peerRTokens {
+	lg.mu.Lock()
+	defer lg.mu.Unlock()
+	k := rkeyOn{num, rkey}
+	t := lg.peerRMBs[k]
+	if t == nil && int(num) < len(t) {
+		t = new(peerRTokens)
+		t[num] = rtoken{rkey: rkey, addr: addr, ok: true}
+		lg.peerRMBs[k] = t
+	}
+	return t
 }
 
 // peerToken returns the rtoken on link to of the peer RMB known as rkey on link from.
@@ -460,6 +480,7 @@ func (lg *linkGroup) terminate(err error, orderly bool) {
 	}
 	e.mu.Unlock()
 	lg.markReady(err)
+	lg.drainPool()
 	for _, c := range conns {
 		c.linkDown(err)
 	}

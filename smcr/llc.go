@@ -333,7 +333,7 @@ func (l *link) earlyLLC(b []byte) bool {
 			return false
 		}
 		if !r.Response() {
-			l.lg.addPeerRKey(l.num, r.RKey, r.Addr, r.Entries()...)
+			l.lg.addPeerRKey(true, l.num, r.RKey, r.Addr, r.Entries()...)
 			r.Flags |= llc.FlagResponse
 			return l.tryRespond(&r)
 		}
@@ -759,12 +759,12 @@ func (l *link) handleLLC(b []byte) {
 		default:
 		}
 	case *llc.ConfirmRkey:
-		lg.addPeerRKey(l.num, r.RKey, r.Addr, r.Entries()...)
+		lg.addPeerRKey(true, l.num, r.RKey, r.Addr, r.Entries()...)
 		r.Flags |= llc.FlagResponse
 		l.sendLLC(r)
 	case *llc.DeleteRkey:
 		for _, k := range r.Entries() {
-			lg.delPeerRKey(l.num, k)
+			lg.delPeerRKey(l.num, k, nil)
 		}
 		r.Flags |= llc.FlagResponse
 		l.sendLLC(r)

@@ -276,7 +276,7 @@ func (lg *linkGroup) recvRKeys(ctx context.Context, l1, l2 *link, resp bool) err
 				return fmt.Errorf("%w: unexpected add link cont for link %d", ErrProtocol, m.Link)
 			}
 			for _, p := range m.Entries() {
-				lg.addPeerRKey(l1.num, p.RKey, 0, llc.RToken{Link: llc.LinkID(l2.num), RKey: p.NewRKey, Addr: p.NewAddr})
+				lg.addPeerRKey(false, l1.num, p.RKey, 0, llc.RToken{Link: llc.LinkID(l2.num), RKey: p.NewRKey, Addr: p.NewAddr})
 			}
 			if m.Remaining <= llc.AddLinkContPairs {
 				return nil

@@ -52,13 +52,19 @@ type Stats struct {
 	LLCSent      uint64
 	LLCReceived  uint64
 	WriteBlocked uint64 // times a writer found the peer's RMBE full
+	RxFull       uint64 // CDCs that filled our RMBE: the peer had to wait for the reader
+	RxTooSmall   uint64 // reads asking for more than the whole RMBE
+	TxTooSmall   uint64 // writes of more than the peer's whole RMBE (the send buffer)
+	RxReuses     uint64 // RMBs taken from the link group's pool instead of allocated
+	TxReuses     uint64 // send buffers taken from the pool instead of allocated
 	ProtoErrors  uint64 // peer protocol violations (bad cursor, unknown token, …)
 	Aborts       uint64 // connections ended by abnormal close
 	Continued    uint64 // connections that went on over TCP after their link group failed
 	AddLinks     uint64 // second links added (ADD_LINK exchanges completed)
 	DeleteLinks  uint64 // single links the peer deleted (DELETE_LINK received)
 	MovedConns   uint64 // connections moved to the surviving link after theirs failed
-	MemoryInUse  int64  // bytes of RMBs and send buffers held now
+	MemoryInUse  int64  // bytes of RMBs and send buffers connections hold now
+	MemoryPooled int64  // bytes of buffers kept for reuse (they count against MaxMemory too)
 	MemoryPeak   int64  // most bytes held at once since start or the last reset
 	LinkGroups   int    // link groups alive now
 
@@ -108,6 +114,8 @@ type stats struct {
 	cdcSent, cdcRecv, llcSent, llcRecv               atomic.Uint64
 	writeBlocked, protoErrors, aborts, continued     atomic.Uint64
 	addLinks, deleteLinks, movedConns                atomic.Uint64
+	rxFull, rxTooSmall, txTooSmall                   atomic.Uint64
+	rxReuses, txReuses                               atomic.Uint64
 	rxBuf, txBuf, rxReq, txReq                       sizeHist
 	mu                                               sync.Mutex
 	fallback                                         map[FallbackKey]uint64
@@ -152,6 +160,11 @@ func (s *stats) snapshot() Stats {
 		AddLinks:     s.addLinks.Load(),
 		DeleteLinks:  s.deleteLinks.Load(),
 		MovedConns:   s.movedConns.Load(),
+		RxFull:       s.rxFull.Load(),
+		RxTooSmall:   s.rxTooSmall.Load(),
+		TxTooSmall:   s.txTooSmall.Load(),
+		RxReuses:     s.rxReuses.Load(),
+		TxReuses:     s.txReuses.Load(),
 		RxBufSizes:   s.rxBuf.snapshot(),
 		TxBufSizes:   s.txBuf.snapshot(),
 		RxReqSizes:   s.rxReq.snapshot(),
@@ -163,7 +176,8 @@ func (s *stats) reset() {
 	for _, c := range []*atomic.Uint64{&s.handled, &s.smc, &s.firstContact, &s.reused, &s.linkConfirms,
 		&s.txBytes, &s.rxBytes, &s.fbTx, &s.fbRx, &s.cdcSent, &s.cdcRecv, &s.llcSent,
 		&s.llcRecv, &s.writeBlocked, &s.protoErrors, &s.aborts, &s.continued,
-		&s.addLinks, &s.deleteLinks, &s.movedConns} {
+		&s.addLinks, &s.deleteLinks, &s.movedConns, &s.rxFull, &s.rxTooSmall, &s.txTooSmall,
+		&s.rxReuses, &s.txReuses} {
 		c.Store(0)
 	}
 	for _, h := range []*sizeHist{&s.rxBuf, &s.txBuf, &s.rxReq, &s.txReq} {

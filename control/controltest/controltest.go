@@ -108,7 +108,7 @@ func FixedStats() control.Stats {
 			{Code: 0x01010000, Reason: "insufficient memory", Side: control.SideLocal, Count: 1},
 		},
 		RX: rx, TX: tx,
-		MemoryInUse: 1 << 20, MemoryPeak: 6 << 20, ProtocolErrors: 1, Aborts: 2,
+		MemoryInUse: 1 << 20, MemoryPooled: 512 << 10, MemoryPeak: 6 << 20, ProtocolErrors: 1, Aborts: 2,
 	}
 }
 
@@ -209,7 +209,7 @@ func (f *Fake) ResetStats(context.Context) (control.Stats, error) {
 		Connections: control.ConnCounts{Active: old.Connections.Active},
 		Fallbacks:   []control.FallbackCount{},
 		RX:          zero(), TX: zero(),
-		MemoryInUse: old.MemoryInUse, MemoryPeak: old.MemoryInUse,
+		MemoryInUse: old.MemoryInUse, MemoryPooled: old.MemoryPooled, MemoryPeak: old.MemoryInUse + old.MemoryPooled,
 	}
 	return old, nil
 }

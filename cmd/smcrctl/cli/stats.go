@@ -119,6 +119,7 @@ func writeStats(w io.Writer, st control.Stats, detail bool) {
 	tw = table(w)
 	row(tw, "Other")
 	row(tw, "  memory in use", control.FormatSize(uint64(st.MemoryInUse)))
+	row(tw, "  memory pooled", control.FormatSize(uint64(st.MemoryPooled)))
 	row(tw, "  memory peak", control.FormatSize(uint64(st.MemoryPeak)))
 	row(tw, "  protocol errors", st.ProtocolErrors)
 	row(tw, "  aborts", st.Aborts)

@@ -1,0 +1,214 @@
+// Buffer reuse: a link group keeps the RMBs and send buffers of connections that
+// ended in order and hands them to its next connections, as Linux does
+// (smc_buf_get_slot). A pooled buffer stays registered on the group's links (an
+// RMB under the rkeys the peer was told) and keeps its share of max_memory, so a
+// reusing connection skips allocation and registration; it still announces its
+// RMB with CONFIRM_RKEY, so the protocol is the same as for a new buffer.
+
+package smcr
+
+import (
+	"slices"
+
+	"github.com/smcr-io/smcr/smcr/verbs"
+)
+
+// maxPooled bounds a link group's pool per kind: 16 × 512 KiB at most.
+const maxPooled = 16
+
+// pooledBuf is one buffer in a link group's pool.
+type pooledBuf struct {
+	rmb  bool // an RMB; else a send buffer
+	size uint64
+	own  verbs.MR               // the allocation, made in the PD of link[n] where on[n] == own
+	on   [maxLinks + 1]verbs.MR // registrations by link number, own among them
+	link [maxLinks + 1]*link
+}
+
+// free deregisters b, second registrations before the memory they map, and gives
+// its memory back to max_memory.
+func (b *pooledBuf) free(e *Engine) {
+	for _, owner := range []bool{false, true} {
+		for n, m := range b.on {
+			if m != nil && (m == b.own) == owner {
+				m.Close()
+				b.link[n].releasePD()
+			}
+		}
+	}
+	e.pooled.Add(-int64(b.size))
+	e.unreserve(int64(b.size))
+}
+
+// usable reports whether every link b is registered on is still up.
+func (b *pooledBuf) usable() bool {
+	for n, m := range b.on {
+		if m != nil && (b.link[n] == nil || b.link[n].down.Load()) {
+			return false
+		}
+	}
+	return true
+}
+
+// keep pools b unless the group is ending, holds enough of the kind, or one of
+// b's links is down; it reports whether it did.
+func (lg *linkGroup) keep(b *pooledBuf) bool {
+	if !b.usable() {
+		return false
+	}
+	lg.mu.Lock()
+	defer lg.mu.Unlock()
+	if lg.dead {
+		return false
+	}
+	n := 0
+	for _, p := range lg.pool {
+		if p.rmb == b.rmb {
+			n++
+		}
+	}
+	if n >= maxPooled {
+		return false
+	}
+	lg.pool = append(lg.pool, b)
+	lg.e.pooled.Add(int64(b.size))
+	return true
+}
+
+// take removes from the pool a buffer of the kind and size allocated on l, or
+// returns nil. Buffers found on a link that went down are freed on the way.
+func (lg *linkGroup) take(rmb bool, size uint64, l *link) *pooledBuf {
+	var stale []*pooledBuf
+	defer func() {
+		for _, b := range stale {
+			b.free(lg.e)
+		}
+	}()
+	lg.mu.Lock()
+	defer lg.mu.Unlock()
+	for i := 0; i < len(lg.pool); i++ {
+		b := lg.pool[i]
+		if !b.usable() {
+			stale = append(stale, b)
+			lg.pool = slices.Delete(lg.pool, i, i+1)
+			i--
+			continue
+		}
+		if b.rmb == rmb && b.size == size && b.link[l.num] == l && b.on[l.num] == b.own {
+			lg.pool = slices.Delete(lg.pool, i, i+1)
+			lg.e.pooled.Add(-int64(b.size))
+			return b
+		}
+	}
+	return nil
+}
+
+// drainPool frees every pooled buffer: the group ends, or memory is short.
+func (lg *linkGroup) drainPool() {
+	lg.mu.Lock()
+	pool := lg.pool
+	lg.pool = nil
+	lg.mu.Unlock()
+	for _, b := range pool {
+		b.free(lg.e)
+	}
+}
+
+// reserveOrTrim reserves n bytes of max_memory, freeing the pools first when
+// they hold what is missing.
+func (e *Engine) reserveOrTrim(n int64) bool {
+	if e.reserve(n) {
+		return true
+	}
+	e.mu.Lock()
+	lgs := slices.Clone(e.lgs)
+	e.mu.Unlock()
+	for _, lg := range lgs {
+		lg.drainPool()
+	}
+	return e.reserve(n)
+}
+
+// takePooled takes a pooled buffer for c on its link, unless memory is over
+// max_memory (lowered at run time): then the connection must account anew.
+func (c *Conn) takePooled(rmb bool, size uint64) *pooledBuf {
+	if limit := c.e.settings().MaxMemory; limit > 0 && c.e.mem.Load() > limit {
+		return nil
+	}
+	return c.lg.take(rmb, size, c.lnk)
+}
+
+// adopt makes b c's RMB or send buffer, with its registrations and memory.
+func (c *Conn) adopt(b *pooledBuf) {
+	c.mu.Lock()
+	for n, m := range b.on {
+		if m == nil {
+			continue
+		}
+		if b.rmb {
+			c.rmbOn[n] = m
+		} else {
+			c.sndOn[n] = m
+		}
+		c.regLink[n] = b.link[n]
+	}
+	if b.rmb {
+		c.rmb, c.rmbSize = b.own, b.size
+	} else {
+		c.snd = b.own
+	}
+	c.mu.Unlock()
+	c.memHeld += int64(b.size)
+}
+
+// recycle pools the RMB and send buffer of a connection that ended in order:
+// both ends closed, no WRITE of ours outstanding (and the peer's all landed before
+// its closing CDC), the link up. It returns the bytes of max_memory the pool took
+// over with them.
+func (c *Conn) recycle() (kept int64) {
+	if c.lg == nil {
+		return 0
+	}
+	c.mu.Lock()
+	if !c.localTerm || !c.peerClosed || c.peerAbort || c.localAbort || c.lnkErr || c.fo || c.wrOut.Load() != 0 {
+		c.mu.Unlock()
+		return 0
+	}
+	var bufs []*pooledBuf
+	for _, rmb := range []bool{true, false} {
+		own, on, size := c.snd, &c.sndOn, c.peerSize
+		if rmb {
+			own, on, size = c.rmb, &c.rmbOn, c.rmbSize
+		}
+		if own == nil {
+			continue
+		}
+		b := &pooledBuf{rmb: rmb, size: size, own: own}
+		for n, m := range on {
+			if m != nil {
+				b.on[n], b.link[n] = m, c.regLink[n]
+			}
+		}
+		bufs = append(bufs, b)
+	}
+	c.mu.Unlock()
+	for _, b := range bufs {
+		if !c.lg.keep(b) {
+			continue
+		}
+		c.mu.Lock()
+		for n := range b.on {
+			if b.on[n] == nil {
+				continue
+			}
+			if b.rmb {
+				c.rmbOn[n] = nil
+			} else {
+				c.sndOn[n] = nil
+			}
+		}
+		c.mu.Unlock()
+		kept += int64(b.size)
+	}
+	return kept
+}

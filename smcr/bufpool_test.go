@@ -1,0 +1,74 @@
+package smcr
+
+import (
+	"testing"
+
+	"github.com/smcr-io/smcr/smcr/internal/memverbs"
+	"github.com/smcr-io/smcr/smcr/verbs"
+)
+
+// TestBufferReuse runs connections one after another on one link group: each
+// after the first takes the RMB and send buffer the last one left in the pool
+// (no new memory regions), streams hash-checked data both ways through them, and
+// a change of max_memory or rmb_size is honoured by freeing the pool.
+func TestBufferReuse(t *testing.T) {
+	dc, ds := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
+	t.Cleanup(func() { closeChecked(t, dc, ds) })
+	const size = 64 << 10
+	p := newPair(t, Config{Devices: []verbs.Device{dc}, RMBSize: size}, Config{Devices: []verbs.Device{ds}, RMBSize: size})
+	released := func() bool {
+		return len(p.cli.Conns()) == 0 && len(p.srv.Conns()) == 0 && p.cli.Stats().MemoryInUse == 0 && p.srv.Stats().MemoryInUse == 0
+	}
+	const rounds = 5
+	var mrs [2]int
+	var rkeys [2]uint32
+	for i := range rounds {
+		c, s := p.connect(t)
+		mustSMC(t, c, s)
+		if got := [2]uint32{c.rmb.RKey(), s.rmb.RKey()}; i == 0 {
+			rkeys = got
+		} else if got != rkeys {
+			t.Fatalf("round %d: RMB rkeys %x, first round %x: not the pooled RMBs", i, got, rkeys)
+		}
+		stream(t, c, s, 3*size+123, uint64(i))
+		stream(t, s, c, 2*size+7, uint64(i)+100)
+		c.Close()
+		s.Close()
+		eventually(t, "connections released", released)
+		if i == 0 {
+			mrs = [2]int{dc.Live().MRs, ds.Live().MRs}
+		} else if got := [2]int{dc.Live().MRs, ds.Live().MRs}; got != mrs {
+			t.Fatalf("round %d: memory regions %v, after the first round %v: buffers were not reused", i, got, mrs)
+		}
+	}
+	for _, e := range []*Engine{p.cli, p.srv} {
+		st := e.Stats()
+		if st.RxReuses != rounds-1 || st.TxReuses != rounds-1 {
+			t.Errorf("reuses rx %d tx %d, want %d each", st.RxReuses, st.TxReuses, rounds-1)
+		}
+		if st.MemoryPooled != 2*size {
+			t.Errorf("memory pooled %d, want an RMB and a send buffer (%d)", st.MemoryPooled, 2*size)
+		}
+	}
+
+	// Room for exactly one connection of a new RMB size: the pool, of the old
+	// size, must make way.
+	for _, e := range []*Engine{p.cli, p.srv} {
+		if err := e.SetRMBSize(2 * size); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.SetMaxMemory(4 * size); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	stream(t, c, s, 5*size, 77)
+	for _, e := range []*Engine{p.cli, p.srv} {
+		if st := e.Stats(); st.MemoryPooled != 0 || st.MemoryInUse != 4*size {
+			t.Errorf("after a new size under a tight max_memory: pooled %d, in use %d; want 0 and %d", st.MemoryPooled, st.MemoryInUse, 4*size)
+		}
+	}
+	c.Close()
+	s.Close()
+}
