@@ -425,6 +425,7 @@ func (e *Engine) serverProposal(ctx context.Context, c *Conn, prop *clc.Proposal
 		}
 	}
 	e.clcPhase(ctx, c.tcp)
+	c.acceptSent = true // from here the client may write into our RMB (abandonSetup)
 	if err := e.writeCLC(c, acc); err != nil {
 		return clc.DeclineInternal, fmt.Errorf("send accept: %w", err)
 	}

@@ -272,6 +272,14 @@ func (c *Conn) abandonSetup() {
 	if c.lg != nil && c.lg.firstConn == c {
 		c.lg.setReady(errors.New("smcr: first contact failed"))
 	}
+	if c.acceptSent && c.lg != nil && c.lg.firstConn != c {
+		// A Decline after our Accept: the client may have sent its Confirm and
+		// begun writing before it reads the Decline. Its writes must land (a
+		// write to a freed RMB fails the whole link) until it has stopped: it
+		// continues over TCP from its first byte (declinedAfterConfirm).
+		c.e.freeLater(c)
+		return
+	}
 	c.freeResources()
 }
 

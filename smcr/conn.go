@@ -127,6 +127,9 @@ type Conn struct {
 	sndHeld   int64 // of memHeld, held by a server for the send buffer until the Confirm
 	peerOffer offer // the client's offer the server chose
 	reserved  bool  // holds a slot of lg
+	// acceptSent: the server sent its Accept, so the client may write into our
+	// RMB as soon as its Confirm is out, even if we decline after all.
+	acceptSent bool
 
 	// Second link (multilink.go): our RMB and send buffer registered on each link
 	// by link number, and the peer RMB's rkey on the link CLC named.
@@ -171,6 +174,7 @@ type Conn struct {
 	rxWake, txWake chan struct{}
 	foDone         chan struct{}     // closed when the continuation ended
 	peerResync     chan resyncResult // the peer's resync, from watchTCP
+	declinedLate   bool              // the peer declined after our Confirm: continue from byte 0
 	done           chan struct{}     // closed by Close
 	readDL         deadline
 	writeDL        deadline

@@ -50,6 +50,9 @@ type Engine struct {
 	cancel context.CancelFunc
 	links  sync.WaitGroup // links not yet freed (trackLink): Close waits for them
 	pooled atomic.Int64   // bytes of mem in the link groups' buffer pools
+	// lateFree holds declined connections whose RMB the client may still write
+	// into (freeLater).
+	lateFree map[*Conn]*time.Timer
 }
 
 // NewEngine checks cfg and returns an Engine.
@@ -86,7 +89,14 @@ func (e *Engine) Close() error {
 	}
 	e.closed = true
 	lgs := slices.Clone(e.lgs)
+	late := e.lateFree
+	e.lateFree = nil
 	e.mu.Unlock()
+	for c, t := range late {
+		if t.Stop() {
+			c.freeResources()
+		}
+	}
 	for _, lg := range lgs {
 		lg.terminate(ErrEngineClosed, true)
 	}
@@ -105,6 +115,29 @@ func (e *Engine) Close() error {
 		e.log.Warn("smcr: engine closed with links not yet freed", "waited", closeWait)
 	}
 	return nil
+}
+
+// freeLater frees a declined connection's resources after a CLC timeout, or at
+// Close, whichever comes first (abandonSetup).
+func (e *Engine) freeLater(c *Conn) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		go c.freeResources()
+		return
+	}
+	if e.lateFree == nil {
+		e.lateFree = map[*Conn]*time.Timer{}
+	}
+	e.lateFree[c] = time.AfterFunc(e.settings().CLCTimeout, func() {
+		e.mu.Lock()
+		_, ok := e.lateFree[c]
+		delete(e.lateFree, c)
+		e.mu.Unlock()
+		if ok {
+			c.freeResources()
+		}
+	})
 }
 
 // closeWait bounds Close's wait for the links' goroutines, which end within a

@@ -87,9 +87,10 @@ func (e *Engine) fallback(c *Conn, code DeclineCode, side Side, send bool, cause
 }
 
 // readAheadConn returns the bytes CLC read past its messages before reading on.
-// With crossing set (we sent a Decline), it first drops an Accept or a Decline the
-// peer (of ID peer, when known) sent while ours was on the way: its application
-// would not have written it.
+// With crossing set (we sent a Decline), it first drops an Accept, Confirm or
+// Decline the peer (of ID peer, when known) sent while ours was on the way: its
+// application would not have written it. (A client whose Confirm crossed our
+// Decline resends its bytes over TCP after it, declinedAfterConfirm.)
 type readAheadConn struct {
 	net.Conn
 	r        *bufio.Reader
@@ -113,7 +114,7 @@ func (c *readAheadConn) Read(p []byte) (int, error) {
 	return c.Conn.Read(p)
 }
 
-// crossingCLC reports the length of the Accept or Decline from peer (any peer
+// crossingCLC reports the length of the Accept, Confirm or Decline from peer (any peer
 // when zero) that br starts with, or 0. It stops waiting at the first byte that
 // cannot belong to one, so application bytes are never waited on longer than they
 // look like a CLC message.
@@ -129,7 +130,7 @@ func crossingCLC(br *bufio.Reader, peer [8]byte) int {
 		case i < 4:
 			ok = x == clc.Eyecatcher[i]
 		case i == 4:
-			ok = clc.MsgType(x) == clc.TypeAccept || clc.MsgType(x) == clc.TypeDecline
+			ok = clc.MsgType(x) == clc.TypeAccept || clc.MsgType(x) == clc.TypeConfirm || clc.MsgType(x) == clc.TypeDecline
 		case i == 6:
 			n = int(binary.BigEndian.Uint16(got[5:7]))
 			ok = n >= clc.DeclineLen && n <= clcMaxLen && (clc.MsgType(got[4]) != clc.TypeDecline || n == clc.DeclineLen)

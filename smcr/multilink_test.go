@@ -236,6 +236,9 @@ func TestSecondLinkNamespaces(t *testing.T) {
 				c[0].Close()
 				c[1].Close()
 			}
+			// Released first: one still closing when the last link goes would
+			// continue over TCP too, and the count below is of the new ones.
+			eventually(t, "closed connections released", func() bool { return len(cli.Conns()) == 0 && len(srv.Conns()) == 0 })
 			conns = [][2]*Conn{connect(), connect()}
 			streamPairs(t, conns, 16<<20, 400, func() {
 				base := srv.Stats().RxBytes

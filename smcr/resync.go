@@ -64,18 +64,7 @@ func (c *Conn) watchTCP() {
 		return
 	}
 	if [4]byte(b[:4]) == clc.Eyecatcher {
-		// A Decline after our Confirm: the server refused the connection after all
-		// (it found our values wrong). It never reads our RMBE: end the connection.
-		c.e.st.protoErrors.Add(1)
-		c.mu.Lock()
-		if c.err == nil {
-			c.err = fmt.Errorf("%w: peer declined after confirm", ErrProtocol)
-		}
-		c.peerClosed, c.peerDone, c.localTerm, c.lnkErr = true, true, true, true
-		c.updateState("declined after confirm")
-		c.mu.Unlock()
-		wake(c.rxWake)
-		wake(c.txWake)
+		c.declinedAfterConfirm(b[:])
 		return
 	}
 	r, err := parseResync(b[:])
@@ -86,6 +75,50 @@ func (c *Conn) watchTCP() {
 	c.mu.Lock()
 	c.startFailoverLocked()
 	c.mu.Unlock()
+}
+
+// declinedAfterConfirm handles a Decline after our Confirm: the server refused
+// the connection after all (a CONFIRM_RKEY that never came, values it found
+// wrong, or its Decline crossed our Confirm) and went on as plain TCP. It never
+// read our RMBE nor wrote into ours, so a peer of this engine gets every byte we
+// wrote resent over TCP from the first, as a continuation from a resync that says
+// it holds nothing (and ours is not sent: its application would read it). Any
+// other peer, or a Decline that does not parse, ends the connection.
+func (c *Conn) declinedAfterConfirm(head []byte) {
+	msg := make([]byte, clc.DeclineLen)
+	n := copy(msg, head)
+	c.tcp.SetReadDeadline(c.e.cfg.Clock.Now().Add(c.e.settings().CLCTimeout))
+	_, err := io.ReadFull(c.tcp, msg[n:])
+	c.tcp.SetReadDeadline(noDeadline)
+	var d *clc.Decline
+	if err == nil {
+		m, perr := clc.Parse(msg)
+		d, _ = m.(*clc.Decline)
+		if perr != nil || d == nil {
+			err = fmt.Errorf("not a decline: %v", perr)
+		}
+	}
+	c.mu.Lock()
+	if err == nil && c.canContinue() && c.rxProd == 0 && !c.fo {
+		c.declinedLate = true
+		c.mu.Unlock()
+		c.e.log.Info("smcr: peer declined after confirm, continuing over tcp from the first byte",
+			"conn", c.id, "code", fmt.Sprintf("%#08x", uint32(d.Code)), "reason", d.Code.String())
+		c.peerResync <- resyncResult{}
+		c.mu.Lock()
+		c.startFailoverLocked()
+		c.mu.Unlock()
+		return
+	}
+	c.e.st.protoErrors.Add(1)
+	if c.err == nil {
+		c.err = fmt.Errorf("%w: peer declined after confirm", ErrProtocol)
+	}
+	c.peerClosed, c.peerDone, c.localTerm, c.lnkErr = true, true, true, true
+	c.updateState("declined after confirm")
+	c.mu.Unlock()
+	wake(c.rxWake)
+	wake(c.txWake)
 }
 
 // tcpEnded answers a continuation when the TCP connection ends without the peer's
@@ -167,12 +200,16 @@ func (c *Conn) resync() error {
 		flags |= 0x40
 	}
 	mine := resync{flags: flags, received: c.rxProd}
+	declined := c.declinedLate
 	c.mu.Unlock()
 	dl := c.e.cfg.Clock.Now().Add(c.e.settings().CLCTimeout)
 	c.tcp.SetWriteDeadline(dl)
-	b := mine.encode()
-	if _, err := c.tcp.Write(b[:]); err != nil {
-		return fmt.Errorf("send resync: %w", err)
+	// A peer that declined after our Confirm is plain TCP already
+	// (declinedAfterConfirm): no resync for it.
+	if b := mine.encode(); !declined {
+		if _, err := c.tcp.Write(b[:]); err != nil {
+			return fmt.Errorf("send resync: %w", err)
+		}
 	}
 	var peer resyncResult
 	t := timeAfter(c.e.settings().CLCTimeout)
