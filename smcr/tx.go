@@ -135,10 +135,12 @@ func (c *Conn) linkError(err error) error {
 
 // awaitLinkDown waits, after a failed post on l, until the link group has told the
 // connection (moving to another link, continuation started or error set): the
-// link's context ends only after every connection's linkDown ran.
+// link's context ends only after every connection's linkDown ran. A continuation
+// on a link that stays up (the peer declined after our Confirm) ends with foDone.
 func (c *Conn) awaitLinkDown(l *link) {
 	select {
 	case <-l.ctx.Done():
+	case <-c.foDone:
 	case <-c.done:
 	}
 }
