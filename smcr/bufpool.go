@@ -179,6 +179,9 @@ func (c *Conn) recycle() (kept int64) {
 		own, on, size := c.snd, &c.sndOn, c.peerSize
 		if rmb {
 			own, on, size = c.rmb, &c.rmbOn, c.rmbSize
+			if c.rkeyAnnounced != nil && !isClosed(c.rkeyAnnounced) {
+				continue // its next user would announce the rkey while ours is pending
+			}
 		}
 		if own == nil {
 			continue

@@ -1,7 +1,11 @@
 package smcr
 
 import (
+	"context"
+	"io"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/smcr-io/smcr/smcr/internal/memverbs"
 	"github.com/smcr-io/smcr/smcr/verbs"
@@ -71,4 +75,90 @@ func TestBufferReuse(t *testing.T) {
 	}
 	c.Close()
 	s.Close()
+}
+
+// TestBufferReuseChurn opens and closes short connections from 8 goroutines as
+// fast as it can: buffers go in and out of the pool concurrently, every echo is
+// checked, and no link may fail, even after the LLC timeout has passed for any
+// CONFIRM_RKEY response still pending; and the 8 first dials, concurrent, share
+// one first contact.
+func TestBufferReuseChurn(t *testing.T) {
+	cfg := func() Config {
+		return Config{Devices: memDevices(t, verbs.KindSoft), RMBSize: 16 << 10, LLCTimeout: 300 * time.Millisecond}
+	}
+	p := newPair(t, cfg(), cfg())
+	go func() {
+		for {
+			s, err := p.ln.AcceptSMC()
+			if err != nil {
+				return
+			}
+			go func() {
+				io.Copy(s, s)
+				s.Close()
+			}()
+		}
+	}()
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 100 {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				c, err := p.cli.Dial(ctx, "tcp", p.ln.Addr().String())
+				cancel()
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				b := []byte{byte(w), byte(i)}
+				c.Write(b)
+				if _, err := io.ReadFull(c, b); err != nil {
+					t.Error(err)
+				}
+				c.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	time.Sleep(600 * time.Millisecond) // past the LLC timeout of any pending response
+	for _, e := range []*Engine{p.cli, p.srv} {
+		st := e.Stats()
+		if st.FirstContact != 1 || st.LinkGroups != 1 || st.Continued != 0 {
+			t.Fatalf("first contacts %d, link groups %d, continued %d; want 1, 1, 0 (one group, no link failed)", st.FirstContact, st.LinkGroups, st.Continued)
+		}
+		if st.RxReuses == 0 {
+			t.Fatalf("no RMB reused")
+		}
+	}
+}
+
+// TestPendingRKeyNotPooled: an RMB whose CONFIRM_RKEY still awaits its response
+// is not pooled. Responses are matched by rkey: a next user announcing the same
+// rkey would take that response, and the first announcement would time out and
+// fail the link.
+func TestPendingRKeyNotPooled(t *testing.T) {
+	p := memPair(t)
+	first, fs := p.connect(t) // first contact: no CONFIRM_RKEY
+	mustSMC(t, first, fs)
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	if c.rkeyAnnounced == nil {
+		t.Fatal("a link-group reuse sent no CONFIRM_RKEY")
+	}
+	c.mu.Lock()
+	c.rkeyAnnounced = make(chan struct{}) // as if the response were still on its way
+	c.mu.Unlock()
+	c.Close()
+	s.Close()
+	eventually(t, "released", func() bool { return len(p.cli.Conns()) == 1 && len(p.srv.Conns()) == 1 })
+	if got, want := p.cli.Stats().MemoryPooled, int64(c.peerSize); got != want {
+		t.Fatalf("client pooled %d bytes, want only the send buffer (%d)", got, want)
+	}
+	if got, want := p.srv.Stats().MemoryPooled, int64(s.rmbSize+s.peerSize); got != want {
+		t.Fatalf("server pooled %d bytes, want its RMB and send buffer (%d)", got, want)
+	}
+	first.Close()
+	fs.Close()
 }

@@ -136,9 +136,12 @@ type Conn struct {
 	rmbOn, sndOn [maxLinks + 1]verbs.MR
 	regLink      [maxLinks + 1]*link // whose PD holds rmbOn[n] and sndOn[n]
 	peerKey      rkeyOn
-	peerToks     *peerRTokens               // the link group's entry for the peer's RMB
-	wrOutOn      [maxLinks + 1]atomic.Int32 // wrOut by link number
-	txAcked      atomic.Uint64              // producer cursor of our last CDC that completed
+	peerToks     *peerRTokens // the link group's entry for the peer's RMB
+	// rkeyAnnounced is closed when the peer answered our RMB's CONFIRM_RKEY
+	// (nil: none sent); until then the RMB is not pooled (bufpool.go).
+	rkeyAnnounced <-chan struct{}
+	wrOutOn       [maxLinks + 1]atomic.Int32 // wrOut by link number
+	txAcked       atomic.Uint64              // producer cursor of our last CDC that completed
 
 	rxMu sync.Mutex // one Read at a time
 	txMu sync.Mutex // one Write at a time
@@ -355,7 +358,7 @@ func (d *deadline) wait() chan struct{} {
 	return d.cancel
 }
 
-func isClosed(ch chan struct{}) bool {
+func isClosed(ch <-chan struct{}) bool {
 	select {
 	case <-ch:
 		return true

@@ -40,16 +40,17 @@ type Engine struct {
 	setMu sync.Mutex // serialises the setters
 	set   atomic.Pointer[Settings]
 
-	mu     sync.Mutex
-	closed bool
-	lgs    []*linkGroup
-	conns  map[uint64]*Conn
-	tokens map[uint32]*Conn
-	lgSeq  uint32
-	ctx    context.Context
-	cancel context.CancelFunc
-	links  sync.WaitGroup // links not yet freed (trackLink): Close waits for them
-	pooled atomic.Int64   // bytes of mem in the link groups' buffer pools
+	lgCreate sync.Mutex // serialises a server's search-or-create of link groups
+	mu       sync.Mutex
+	closed   bool
+	lgs      []*linkGroup
+	conns    map[uint64]*Conn
+	tokens   map[uint32]*Conn
+	lgSeq    uint32
+	ctx      context.Context
+	cancel   context.CancelFunc
+	links    sync.WaitGroup // links not yet freed (trackLink): Close waits for them
+	pooled   atomic.Int64   // bytes of mem in the link groups' buffer pools
 	// lateFree holds declined connections whose RMB the client may still write
 	// into (freeLater).
 	lateFree map[*Conn]*time.Timer

@@ -157,6 +157,10 @@ func (e *Engine) newLinkGroup(key lgKey, di int) (*linkGroup, error) {
 // contact). Concurrent proposals from one peer wait for its first contact.
 func (e *Engine) serverLinkGroup(ctx context.Context, key lgKey, di int) (*linkGroup, bool, error) {
 	for {
+		// One search-or-create at a time: a group is listed only once its link
+		// exists, and concurrent Proposals from one peer must find it then rather
+		// than each start a first contact of its own.
+		e.lgCreate.Lock()
 		e.mu.Lock()
 		var found *linkGroup
 		for _, lg := range e.lgs {
@@ -168,12 +172,16 @@ func (e *Engine) serverLinkGroup(ctx context.Context, key lgKey, di int) (*linkG
 		e.mu.Unlock()
 		if found == nil {
 			lg, err := e.newLinkGroup(key, di)
+			if err == nil {
+				lg.reserve()
+			}
+			e.lgCreate.Unlock()
 			if err != nil {
 				return nil, false, err
 			}
-			lg.reserve()
 			return lg, true, nil
 		}
+		e.lgCreate.Unlock()
 		if err := found.waitReady(ctx); err != nil {
 			found.unreserve()
 			if ctx.Err() != nil {

@@ -651,17 +651,21 @@ func (l *link) confirmLinkClient(ctx context.Context) error {
 // request to arrive before it uses the rkey (linkGroup.waitPeerRKey). This saves a
 // round trip per connection setup on each side; the response is still sent and
 // read, and a negative one fails the link. The request carries the RMB's rkeys on
-// the group's other links too (others).
-func (l *link) announceRKey(mr verbs.MR, others ...llc.RToken) error {
+// the group's other links too (others). done is closed once the response came
+// (or the wait ended): responses are matched by rkey, so a reused RMB must not be
+// announced again before (bufpool.go).
+func (l *link) announceRKey(mr verbs.MR, others ...llc.RToken) (done <-chan struct{}, err error) {
 	k := pendKey{t: llc.TypeConfirmRkey, key: uint64(mr.RKey())}
 	ch := l.register(k)
 	m := &llc.ConfirmRkey{RKey: mr.RKey(), Addr: mr.Addr(), NumOthers: uint8(len(others))}
 	copy(m.Others[:], others)
 	if err := l.sendLLC(m); err != nil {
 		l.unregister(k)
-		return err
+		return nil, err
 	}
+	answered := make(chan struct{})
 	go func() {
+		defer close(answered)
 		t := time.NewTimer(l.lg.e.cfg.LLCTimeout)
 		defer t.Stop()
 		select {
@@ -677,7 +681,7 @@ func (l *link) announceRKey(mr verbs.MR, others ...llc.RToken) error {
 			l.unregister(k)
 		}
 	}()
-	return nil
+	return answered, nil
 }
 
 func (l *link) testLink() {

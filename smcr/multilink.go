@@ -356,7 +356,11 @@ func (c *Conn) announceRMB() error {
 			others = append(others, llc.RToken{Link: llc.LinkID(l.num), RKey: mr.RKey(), Addr: mr.Addr()})
 		}
 	}
-	return c.lnk.announceRKey(c.rmb, others...)
+	done, err := c.lnk.announceRKey(c.rmb, others...)
+	c.mu.Lock()
+	c.rkeyAnnounced = done
+	c.mu.Unlock()
+	return err
 }
 
 // cdcDone records that a CDC announcing prod completed; it runs in the poller.
