@@ -87,18 +87,7 @@ func TestBufferReuseChurn(t *testing.T) {
 		return Config{Devices: memDevices(t, verbs.KindSoft), RMBSize: 16 << 10, LLCTimeout: 300 * time.Millisecond}
 	}
 	p := newPair(t, cfg(), cfg())
-	go func() {
-		for {
-			s, err := p.ln.AcceptSMC()
-			if err != nil {
-				return
-			}
-			go func() {
-				io.Copy(s, s)
-				s.Close()
-			}()
-		}
-	}()
+	p.echoAll()
 	var wg sync.WaitGroup
 	for w := range 8 {
 		wg.Add(1)

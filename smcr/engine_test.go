@@ -85,6 +85,23 @@ func memPair(t testing.TB) *pair {
 	return newPair(t, Config{Devices: memDevices(t, verbs.KindSoft)}, Config{Devices: memDevices(t, verbs.KindSoft)})
 }
 
+// echoAll accepts every connection and echoes what it reads, until the
+// listener closes.
+func (p *pair) echoAll() {
+	go func() {
+		for {
+			s, err := p.ln.AcceptSMC()
+			if err != nil {
+				return
+			}
+			go func() {
+				io.Copy(s, s)
+				s.Close()
+			}()
+		}
+	}()
+}
+
 // connect dials and accepts one connection.
 func (p *pair) connect(t testing.TB) (*Conn, *Conn) {
 	t.Helper()

@@ -54,18 +54,7 @@ func TestLinkGroupReuse(t *testing.T) {
 			}
 		}()
 	}
-	go func() {
-		for {
-			s, err := p.ln.AcceptSMC()
-			if err != nil {
-				return
-			}
-			go func() {
-				io.Copy(s, s)
-				s.Close()
-			}()
-		}
-	}()
+	p.echoAll()
 	for i := range total {
 		jobs <- i
 	}
