@@ -110,12 +110,43 @@ func (e *Engine) Close() error {
 		e.links.Wait()
 		close(freed)
 	}()
+	deadline := time.After(closeWait)
 	select {
 	case <-freed:
-	case <-time.After(closeWait):
+	case <-deadline:
 		e.log.Warn("smcr: engine closed with links not yet freed", "waited", closeWait)
 	}
+	// Connections the application closed release their buffers as their links
+	// go (linkDown): wait for those too.
+	for e.closedUnreleased() > 0 {
+		select {
+		case <-deadline:
+			e.log.Warn("smcr: engine closed with closed connections not yet released", "conns", e.closedUnreleased())
+			return nil
+		case <-time.After(time.Millisecond):
+		}
+	}
 	return nil
+}
+
+// closedUnreleased counts the connections the application closed whose buffers
+// are not yet released.
+func (e *Engine) closedUnreleased() int {
+	e.mu.Lock()
+	cs := make([]*Conn, 0, len(e.conns))
+	for _, c := range e.conns {
+		cs = append(cs, c)
+	}
+	e.mu.Unlock()
+	n := 0
+	for _, c := range cs {
+		c.mu.Lock()
+		if c.appClosed && !c.released {
+			n++
+		}
+		c.mu.Unlock()
+	}
+	return n
 }
 
 // freeLater frees a declined connection's resources after a CLC timeout, or at
