@@ -510,8 +510,13 @@ func (l *link) postWrite(c *Conn, off, n int) error {
 	err := l.qp.PostSend(&l.swr)
 	l.postMu.Unlock()
 	if err != nil {
-		c.wrOut.Add(-1)
-		c.wrOutOn[l.num].Add(-1)
+		// Undo the count, unless a failover already took it from wrOutOn and
+		// called writeDone for it (linkFailed, moveTo): then wrOut is settled.
+		if c.wrOutOn[l.num].Add(-1) >= 0 {
+			c.wrOut.Add(-1)
+		} else {
+			c.wrOutOn[l.num].Add(1)
+		}
 		l.credits <- struct{}{}
 		l.fail(fmt.Errorf("post write: %w", err))
 		return ErrLinkDown

@@ -506,6 +506,12 @@ func (c *Conn) moveTo(old, nw *link) {
 	pend := c.ctlPending &^ ctlQueued // a queue entry on old died with its worker
 	c.ctlPending = 0
 	c.mu.Unlock()
+	// A writer that was posting on old as it failed (txBusy, waited for above)
+	// may have counted WRITEs after linkFailed took old's count: old's poller is
+	// gone, so they complete never. Nothing posts on old any more (c.lnk is nw).
+	for n := c.wrOutOn[old.num].Swap(0); n > 0; n-- {
+		c.writeDone()
+	}
 	resent := to - from
 	var err error
 	for from < to && err == nil {
