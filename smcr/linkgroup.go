@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -203,7 +204,10 @@ func (e *Engine) clientLinkGroup(ctx context.Context, key lgKey, qpn uint32) (*l
 		// may be the second one: match the peer by any of its links.
 		k := lg.key
 		k.peerGID = key.peerGID
-		if k == key && lg.hasPeer(key.peerGID, qpn) && lg.tryReserve() {
+		// The server counts the group's connections and chose it: our own count
+		// may run ahead (connections it released still releasing here), so the
+		// 255 limit is not ours to apply.
+		if k == key && lg.hasPeer(key.peerGID, qpn) && lg.tryReserveUpTo(math.MaxInt) {
 			found = lg
 			break
 		}
@@ -281,10 +285,13 @@ func (lg *linkGroup) linkByNum(num uint8) *link {
 }
 
 // tryReserve takes a connection slot unless the group is dead or full.
-func (lg *linkGroup) tryReserve() bool {
+func (lg *linkGroup) tryReserve() bool { return lg.tryReserveUpTo(maxConnsPerLGR) }
+
+// tryReserveUpTo takes a connection slot unless the group is dead or holds max.
+func (lg *linkGroup) tryReserveUpTo(max int) bool {
 	lg.mu.Lock()
 	defer lg.mu.Unlock()
-	if lg.dead || lg.reserved >= maxConnsPerLGR {
+	if lg.dead || lg.reserved >= max {
 		return false
 	}
 	lg.reserved++
