@@ -25,17 +25,24 @@ type pooledBuf struct {
 	link [maxLinks + 1]*link
 }
 
-// free deregisters b, second registrations before the memory they map, and gives
-// its memory back to max_memory.
-func (b *pooledBuf) free(e *Engine) {
+// deregister closes b's registrations, second ones before the memory they map,
+// and drops their holds on the links' protection domains.
+func (b *pooledBuf) deregister() {
 	for _, owner := range []bool{false, true} {
 		for n, m := range b.on {
 			if m != nil && (m == b.own) == owner {
 				m.Close()
-				b.link[n].releasePD()
+				if b.link[n] != nil {
+					b.link[n].releasePD()
+				}
 			}
 		}
 	}
+}
+
+// free deregisters a pooled buffer and gives its memory back to max_memory.
+func (b *pooledBuf) free(e *Engine) {
+	b.deregister()
 	e.pooled.Add(-int64(b.size))
 	e.unreserve(int64(b.size))
 }
@@ -161,57 +168,51 @@ func (c *Conn) adopt(b *pooledBuf) {
 	c.memHeld += int64(b.size)
 }
 
-// recycle pools the RMB and send buffer of a connection that ended in order:
-// both ends closed, no WRITE of ours outstanding (and the peer's all landed before
-// its closing CDC), the link up. It returns the bytes of max_memory the pool took
-// over with them.
-func (c *Conn) recycle() (kept int64) {
-	if c.lg == nil {
-		return 0
-	}
+// releaseBuffers takes the RMB and send buffer out of a released connection and
+// pools them when it ended in order: both ends closed, no WRITE of ours
+// outstanding (and the peer's all landed before its closing CDC), the link up,
+// and for the RMB no CONFIRM_RKEY response pending (its next user would announce
+// the same rkey, and responses match by rkey). The rest is deregistered. It
+// returns the bytes of max_memory the pool took over.
+func (c *Conn) releaseBuffers() (kept int64) {
 	c.mu.Lock()
-	if !c.localTerm || !c.peerClosed || c.peerAbort || c.localAbort || c.lnkErr || c.fo || c.wrOut.Load() != 0 {
-		c.mu.Unlock()
-		return 0
+	orderly := c.lg != nil && c.localTerm && c.peerClosed && !c.peerAbort && !c.localAbort &&
+		!c.lnkErr && !c.fo && c.wrOut.Load() == 0
+	announcing := c.rkeyAnnounced != nil && !isClosed(c.rkeyAnnounced)
+	bufs := c.detachBufsLocked()
+	c.mu.Unlock()
+	for _, b := range bufs {
+		if orderly && b.own != nil && !(b.rmb && announcing) && c.lg.keep(b) {
+			kept += int64(b.size)
+			continue
+		}
+		b.deregister()
 	}
+	return kept
+}
+
+// detachBufsLocked takes c's RMB and send buffer, with their registrations on
+// every link, out of c. The caller holds c.mu.
+func (c *Conn) detachBufsLocked() []*pooledBuf {
 	var bufs []*pooledBuf
 	for _, rmb := range []bool{true, false} {
 		own, on, size := c.snd, &c.sndOn, c.peerSize
 		if rmb {
 			own, on, size = c.rmb, &c.rmbOn, c.rmbSize
-			if c.rkeyAnnounced != nil && !isClosed(c.rkeyAnnounced) {
-				continue // its next user would announce the rkey while ours is pending
-			}
-		}
-		if own == nil {
-			continue
 		}
 		b := &pooledBuf{rmb: rmb, size: size, own: own}
+		held := own != nil
 		for n, m := range on {
 			if m != nil {
 				b.on[n], b.link[n] = m, c.regLink[n]
+				on[n] = nil
+				held = true
 			}
 		}
-		bufs = append(bufs, b)
+		if held {
+			bufs = append(bufs, b)
+		}
 	}
-	c.mu.Unlock()
-	for _, b := range bufs {
-		if !c.lg.keep(b) {
-			continue
-		}
-		c.mu.Lock()
-		for n := range b.on {
-			if b.on[n] == nil {
-				continue
-			}
-			if b.rmb {
-				c.rmbOn[n] = nil
-			} else {
-				c.sndOn[n] = nil
-			}
-		}
-		c.mu.Unlock()
-		kept += int64(b.size)
-	}
-	return kept
+	c.regLink = [maxLinks + 1]*link{}
+	return bufs
 }

@@ -250,8 +250,7 @@ func (c *Conn) freeResources() {
 	// No DELETE_RKEY for our RMB: the peer forgets our rkey when it releases its
 	// end, which keeps LLC traffic per connection bounded (one CONFIRM_RKEY each
 	// way). An RMB kept for reuse is announced again by its next connection.
-	kept := c.recycle()
-	c.freeRegistrations()
+	kept := c.releaseBuffers()
 	c.e.unreserve(c.memHeld - kept)
 	c.memHeld = 0
 	if c.reserved {

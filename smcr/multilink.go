@@ -373,37 +373,6 @@ func (c *Conn) cdcDone(prod uint64) {
 	}
 }
 
-// freeRegistrations closes the RMB and the send buffer on every link, the
-// second links' registrations before the memory they map, and drops their holds
-// on the links' protection domains.
-func (c *Conn) freeRegistrations() {
-	type reg struct {
-		mr verbs.MR
-		l  *link
-	}
-	var seconds, owners []reg
-	c.mu.Lock()
-	for n := range c.rmbOn {
-		for _, m := range []verbs.MR{c.rmbOn[n], c.sndOn[n]} {
-			switch {
-			case m == nil:
-			case m == c.rmb || m == c.snd:
-				owners = append(owners, reg{m, c.regLink[n]})
-			default:
-				seconds = append(seconds, reg{m, c.regLink[n]})
-			}
-		}
-		c.rmbOn[n], c.sndOn[n], c.regLink[n] = nil, nil, nil
-	}
-	c.mu.Unlock()
-	for _, r := range append(seconds, owners...) {
-		r.mr.Close()
-		if r.l != nil {
-			r.l.releasePD()
-		}
-	}
-}
-
 // linkFailed takes a failed link out of the group: its connections move to the
 // surviving link and the peer hears DELETE_LINK (when notify); with no link left
 // the group terminates and its connections continue over TCP (resync.go).
@@ -448,15 +417,21 @@ func (lg *linkGroup) linkFailed(l *link, err error, notify bool) {
 	l.close()
 	l.wg.Wait() // its poller is gone: writes it did not complete never will
 	for _, c := range mine {
-		for n := c.wrOutOn[l.num].Swap(0); n > 0; n-- {
-			c.writeDone()
-		}
+		c.settleWrites(l)
 	}
 	if notify {
 		alive.sendLLC(&llc.DeleteLink{Link: llc.LinkID(l.num), Reason: llc.ReasonLostPath})
 	}
 	for _, c := range mine {
 		c.moveTo(l, alive)
+	}
+}
+
+// settleWrites completes c's WRITEs still counted on l, whose poller is gone:
+// they complete never (postWrite's failure path knows they may be taken).
+func (c *Conn) settleWrites(l *link) {
+	for n := c.wrOutOn[l.num].Swap(0); n > 0; n-- {
+		c.writeDone()
 	}
 }
 
@@ -507,11 +482,9 @@ func (c *Conn) moveTo(old, nw *link) {
 	c.ctlPending = 0
 	c.mu.Unlock()
 	// A writer that was posting on old as it failed (txBusy, waited for above)
-	// may have counted WRITEs after linkFailed took old's count: old's poller is
-	// gone, so they complete never. Nothing posts on old any more (c.lnk is nw).
-	for n := c.wrOutOn[old.num].Swap(0); n > 0; n-- {
-		c.writeDone()
-	}
+	// may have counted WRITEs after linkFailed settled old's: settle again.
+	// Nothing posts on old any more (c.lnk is nw).
+	c.settleWrites(old)
 	resent := to - from
 	var err error
 	for from < to && err == nil {
