@@ -20,6 +20,8 @@ func (c *Conn) updateState(why string) {
 	switch {
 	case c.released:
 		s = stateClosed
+	case !c.activated:
+		s = stateInit
 	case c.peerAbort:
 		s = stateProcessAbort
 	case c.localAbort:
@@ -200,7 +202,7 @@ func (c *Conn) linkDown(err error) {
 func (c *Conn) writeDone() {
 	if c.wrOut.Add(-1) == 0 {
 		c.mu.Lock()
-		if c.localTerm && c.peerClosed && !c.released {
+		if c.termAcked && c.peerClosed && !c.released {
 			c.queueCtlLocked(ctlRelease)
 		}
 		c.mu.Unlock()
@@ -209,13 +211,16 @@ func (c *Conn) writeDone() {
 
 // maybeRelease frees the connection's buffers once nothing can touch them: both ends
 // sent their last CDC (or the link is gone) and no WRITE reads our send buffer.
+// Ours must have completed: if it is lost with a failing link, the connection
+// moves to the other link, whose failover-validation CDC carries the close again
+// (moveTo); a released connection would not move and its peer would wait.
 func (c *Conn) maybeRelease() bool {
 	c.mu.Lock()
 	if c.released {
 		c.mu.Unlock()
 		return true
 	}
-	ok := c.appClosed && (c.lnkErr || (c.localTerm && c.peerClosed && c.wrOut.Load() == 0))
+	ok := c.appClosed && (c.lnkErr || (c.termAcked && c.peerClosed && c.wrOut.Load() == 0))
 	if c.fo && !isClosed(c.foDone) {
 		ok = false // failover still needs the send buffer; it releases when done
 	}
@@ -293,6 +298,7 @@ func (c *Conn) linkFailed() bool {
 func (c *Conn) activate() {
 	c.mode = ModeSMCR
 	c.mu.Lock()
+	c.activated = true
 	c.updateState("clc done")
 	pending := c.ctlPending
 	c.ctlPending = 0

@@ -1,8 +1,12 @@
 package smcr
 
 import (
+	"bytes"
+	"context"
+	"crypto/rand"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"testing"
 	"time"
@@ -192,5 +196,74 @@ func TestEngineCloseFreesVerbs(t *testing.T) {
 	held[1].Close()
 	for _, d := range []*memverbs.Device{dc, ds} {
 		eventually(t, d.Name()+" freed", func() bool { return d.Live() == memverbs.Resources{} })
+	}
+}
+
+// TestStateHeldUntilActivation: CDCs that reach a server's connection between the
+// client's Confirm and the server's activation set the close flags but leave it
+// INIT, so a link failure then is still a setup failure (a Decline), not a
+// continuation; activation shows the flags.
+func TestStateHeldUntilActivation(t *testing.T) {
+	c := &Conn{e: &Engine{log: slog.New(slog.DiscardHandler)}}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.peerDone, c.peerClosed = true, true
+	c.updateState("cdc")
+	if c.st != stateInit || c.canContinue() {
+		t.Fatalf("before activation: %v, can continue %v; want SMC_INIT, false", c.st, c.canContinue())
+	}
+	c.activated = true
+	c.updateState("clc done")
+	if c.st != stateAppCloseWait1 {
+		t.Fatalf("after activation: %v; want SMC_APPCLOSEWAIT1", c.st)
+	}
+}
+
+// TestEngineCloseAfterClose: a client that closes its connection and then its
+// engine (a short-lived program) finishes the close over SMC-R: no continuation,
+// no wait on a resync, every byte delivered.
+func TestEngineCloseAfterClose(t *testing.T) {
+	srv := newEngine(t, Config{Devices: memDevices(t, verbs.KindSoft)})
+	ln, err := srv.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	msg := make([]byte, 100<<10)
+	rand.Read(msg)
+	got := make(chan []byte, 1)
+	go func() {
+		for {
+			s, err := ln.AcceptSMC()
+			if err != nil {
+				return
+			}
+			b, _ := io.ReadAll(s)
+			s.Close()
+			got <- b
+		}
+	}()
+	for i := range 20 {
+		cli := newEngine(t, Config{Devices: memDevices(t, verbs.KindSoft)})
+		c, err := cli.Dial(context.Background(), "tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustSMC(t, c)
+		if _, err := c.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		c.Close()
+		start := time.Now()
+		cli.Close()
+		if d := time.Since(start); d > time.Second {
+			t.Errorf("connection %d: Engine.Close took %v", i, d)
+		}
+		if b := <-got; !bytes.Equal(b, msg) {
+			t.Fatalf("connection %d: server read %d of %d bytes", i, len(b), len(msg))
+		}
+	}
+	if n := srv.Stats().Continued; n != 0 {
+		t.Errorf("%d connections continued over TCP; want 0", n)
 	}
 }

@@ -42,6 +42,10 @@ func (m Mode) String() string {
 //	  ▼                           ▼
 //	PEERFINCLOSEWAIT ──────────▶ CLOSED ◀───── PEERABORTWAIT / PROCESSABORT (abort)
 //
+// A connection is INIT until CLC activates it, whatever CDCs arrive before: a
+// server's peer may write and close between its Confirm and the server's
+// activation. The flags they set take effect at activation.
+//
 // Buffers are released in CLOSED, once both ends sent a terminal flag (closed or
 // abnormal close) and every RDMA WRITE reading our send buffer has completed.
 type state uint8
@@ -160,8 +164,10 @@ type Conn struct {
 	localDone   bool // we sent sending-done
 	localTerm   bool // we sent closed or abort
 	localAbort  bool
+	termAcked   bool // a CDC of ours that said closed or abnormal close completed
 	appClosed   bool // Close was called
 	released    bool
+	activated   bool // CLC made it an SMC-R connection (activate)
 	ctlPending  ctlBits
 	err         error // terminal error for Read and Write
 	lnkErr      bool  // the link group is gone: nothing more can be sent

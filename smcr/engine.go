@@ -98,6 +98,17 @@ func (e *Engine) Close() error {
 			c.freeResources()
 		}
 	}
+	// Connections the application closed usually finish closing within a
+	// round trip (the peer closes in answer): let them, over SMC-R, rather than
+	// end them with the link groups and continue each over TCP.
+	grace := time.After(closeGrace)
+	for waiting := true; waiting && e.closedUnreleased() > 0; {
+		select {
+		case <-grace:
+			waiting = false
+		case <-time.After(time.Millisecond):
+		}
+	}
 	for _, lg := range lgs {
 		lg.terminate(ErrEngineClosed, true)
 	}
@@ -175,6 +186,11 @@ func (e *Engine) freeLater(c *Conn) {
 // closeWait bounds Close's wait for the links' goroutines, which end within a
 // CQ wake-up once the engine's context is cancelled.
 const closeWait = 10 * time.Second
+
+// closeGrace bounds how long Close lets closed connections finish their close
+// handshake before it ends the link groups. A peer application that keeps its end
+// open longer gets the rest of our bytes over TCP (the continuation).
+const closeGrace = 100 * time.Millisecond
 
 // trackLink counts a link being created, which Close then waits for; after
 // Close no link is created.

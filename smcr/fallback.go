@@ -71,7 +71,7 @@ func (e *Engine) fallback(c *Conn, code DeclineCode, side Side, send bool, cause
 		// The peer may have answered or given up at the same time: its Accept or
 		// Decline crosses ours.
 		if br == nil {
-			br = bufio.NewReaderSize(c.tcp, 64)
+			br = bufio.NewReaderSize(c.tcp, clcMaxLen) // room for the longest CLC message
 		}
 		c.fb = &readAheadConn{Conn: c.tcp, r: br, crossing: true, peer: c.clcPeer}
 	} else if br != nil && br.Buffered() > 0 {
@@ -88,9 +88,11 @@ func (e *Engine) fallback(c *Conn, code DeclineCode, side Side, send bool, cause
 
 // readAheadConn returns the bytes CLC read past its messages before reading on.
 // With crossing set (we sent a Decline), it first drops an Accept, Confirm or
-// Decline the peer (of ID peer, when known) sent while ours was on the way: its
-// application would not have written it. (A client whose Confirm crossed our
-// Decline resends its bytes over TCP after it, declinedAfterConfirm.)
+// Decline the peer (of ID peer, when known) sent while ours was on the way, and
+// then a resync saying it holds nothing of ours (a client whose link failed
+// before it read our Decline): its application wrote neither. (A client whose
+// Confirm crossed our Decline resends its bytes over TCP after them,
+// declinedAfterConfirm.)
 type readAheadConn struct {
 	net.Conn
 	r        *bufio.Reader
@@ -103,6 +105,9 @@ func (c *readAheadConn) Read(p []byte) (int, error) {
 		c.crossing = false
 		if n := crossingCLC(c.r, c.peer); n > 0 {
 			c.r.Discard(n)
+		}
+		if crossingResync(c.r) {
+			c.r.Discard(resyncLen)
 		}
 	}
 	if c.r != nil {
@@ -144,6 +149,33 @@ func crossingCLC(br *bufio.Reader, peer [8]byte) int {
 		}
 	}
 	return n
+}
+
+// crossingResync reports whether br starts with a resync that holds nothing of
+// ours (resync.go), the only one a peer we declined can send. Like crossingCLC it
+// stops at the first byte that cannot belong to one.
+func crossingResync(br *bufio.Reader) bool {
+	for i := 0; i < resyncLen; i++ {
+		got, _ := br.Peek(i + 1)
+		if len(got) <= i {
+			return false
+		}
+		ok := true
+		switch x := got[i]; {
+		case i < 4:
+			ok = x == resyncMagic[i]
+		case i == 4:
+			ok = x == resyncVersion
+		case i == 5:
+			ok = x&^0xc0 == 0
+		default: // reserved, and received = 0
+			ok = x == 0
+		}
+		if !ok {
+			return false
+		}
+	}
+	return true
 }
 
 // CloseWrite half-closes the TCP connection, so io.Copy-style proxies work.

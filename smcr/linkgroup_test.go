@@ -311,6 +311,33 @@ func TestHostileRKey(t *testing.T) {
 	s.Close()
 }
 
+// exchangeAll writes up random bytes from c and down from s at once, each side
+// then half-closing, and checks that each side read exactly the other's bytes.
+func exchangeAll(t *testing.T, c, s *Conn, up, down int) {
+	t.Helper()
+	bu, bd := make([]byte, up), make([]byte, down)
+	rand.Read(bu)
+	rand.Read(bd)
+	go func() {
+		c.Write(bu)
+		c.CloseWrite()
+	}()
+	go func() {
+		s.Write(bd)
+		s.CloseWrite()
+	}()
+	s.SetReadDeadline(time.Now().Add(10 * time.Second))
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	gotUp, err := io.ReadAll(s)
+	if err != nil || !bytes.Equal(gotUp, bu) {
+		t.Fatalf("server read %d of %d bytes (%v), equal %v", len(gotUp), up, err, bytes.Equal(gotUp, bu))
+	}
+	gotDown, err := io.ReadAll(c)
+	if err != nil || !bytes.Equal(gotDown, bd) {
+		t.Fatalf("client read %d of %d bytes (%v), equal %v", len(gotDown), down, err, bytes.Equal(gotDown, bd))
+	}
+}
+
 // TestDeclineCrossesConfirm: the server gives up waiting for a Confirm and
 // declines while the client's Confirm is on the way. The server drops the
 // crossing Confirm and is plain TCP; the client, which began to write over
@@ -327,28 +354,8 @@ func TestDeclineCrossesConfirm(t *testing.T) {
 	if c.Mode() != ModeSMCR || s.Mode() != ModeFallback || s.Decline().Code != DeclineTimeoutCLC {
 		t.Fatalf("client %v, server %v %+v; want SMC-R and a CLC-timeout fallback", c.Mode(), s.Mode(), s.Decline())
 	}
-	up := make([]byte, 600<<10) // more than the RMB: the writer blocks before the Decline is read
-	down := make([]byte, 100<<10)
-	rand.Read(up)
-	rand.Read(down)
-	go func() {
-		c.Write(up)
-		c.CloseWrite()
-	}()
-	go func() {
-		s.Write(down)
-		s.CloseWrite()
-	}()
-	s.SetReadDeadline(time.Now().Add(10 * time.Second))
-	c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	gotUp, err := io.ReadAll(s)
-	if err != nil || !bytes.Equal(gotUp, up) {
-		t.Fatalf("server read %d of %d bytes (%v), equal %v", len(gotUp), len(up), err, bytes.Equal(gotUp, up))
-	}
-	gotDown, err := io.ReadAll(c)
-	if err != nil || !bytes.Equal(gotDown, down) {
-		t.Fatalf("client read %d of %d bytes (%v), equal %v", len(gotDown), len(down), err, bytes.Equal(gotDown, down))
-	}
+	// More than the RMB up: the writer blocks before the Decline is read.
+	exchangeAll(t, c, s, 600<<10, 100<<10)
 	echoOK(t, good, gs)
 	c.Close()
 	s.Close()

@@ -363,13 +363,22 @@ func (c *Conn) announceRMB() error {
 	return err
 }
 
-// cdcDone records that a CDC announcing prod completed; it runs in the poller.
-func (c *Conn) cdcDone(prod uint64) {
+// cdcDone records that a CDC announcing prod completed, and whether it carried
+// our closed or abnormal-close flag; it runs in the poller.
+func (c *Conn) cdcDone(prod uint64, term bool) {
 	for {
 		old := c.txAcked.Load()
 		if prod <= old || c.txAcked.CompareAndSwap(old, prod) {
-			return
+			break
 		}
+	}
+	if term {
+		c.mu.Lock()
+		c.termAcked = true
+		if c.peerClosed && c.wrOut.Load() == 0 && !c.released {
+			c.queueCtlLocked(ctlRelease)
+		}
+		c.mu.Unlock()
 	}
 }
 

@@ -82,8 +82,11 @@ func (c *Conn) watchTCP() {
 // wrong, or its Decline crossed our Confirm) and went on as plain TCP. It never
 // read our RMBE nor wrote into ours, so a peer of this engine gets every byte we
 // wrote resent over TCP from the first, as a continuation from a resync that says
-// it holds nothing (and ours is not sent: its application would read it). Any
-// other peer, or a Decline that does not parse, ends the connection.
+// it holds nothing (and ours is not sent: its application would read it). If our
+// link failed first, our continuation is under way and its resync may be on the
+// wire: the peer drops it (readAheadConn), and the continuation takes this
+// Decline as the answer. Any other peer, or a Decline that does not parse, ends
+// the connection.
 func (c *Conn) declinedAfterConfirm(head []byte) {
 	msg := make([]byte, clc.DeclineLen)
 	n := copy(msg, head)
@@ -99,8 +102,8 @@ func (c *Conn) declinedAfterConfirm(head []byte) {
 		}
 	}
 	c.mu.Lock()
-	if err == nil && c.canContinue() && c.rxProd == 0 && !c.fo {
-		c.declinedLate = true
+	if err == nil && c.canContinue() && c.rxProd == 0 {
+		c.declinedLate = true // a continuation not yet under way sends no resync
 		c.mu.Unlock()
 		c.e.log.Info("smcr: peer declined after confirm, continuing over tcp from the first byte",
 			"conn", c.id, "code", fmt.Sprintf("%#08x", uint32(d.Code)), "reason", d.Code.String())

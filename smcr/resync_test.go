@@ -1,12 +1,15 @@
 package smcr
 
 import (
+	"bufio"
 	"bytes"
 	"io"
+	"net"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/smcr-io/smcr/smcr/clc"
 	"github.com/smcr-io/smcr/smcr/internal/memverbs"
 	"github.com/smcr-io/smcr/smcr/verbs"
 )
@@ -100,5 +103,79 @@ func TestContinuationPeerTCPGone(t *testing.T) {
 	}
 	if d := time.Since(start); d > 5*time.Second {
 		t.Fatalf("the continuation took %v to fail, as long as the CLC timeout", d)
+	}
+}
+
+// TestReadAheadDropsCrossing: after our Decline, what the peer sent before it read
+// the Decline is dropped (a Confirm, then a resync that holds nothing of ours),
+// and nothing else: application bytes that only look like the start of one are
+// delivered whole.
+func TestReadAheadDropsCrossing(t *testing.T) {
+	peer := [8]byte{1, 2, 3, 4, 5, 6, 7, 8}
+	confirm, err := (&clc.Confirm{LinkInfo: clc.LinkInfo{PeerID: peer, SizeCode: 1, MTU: 3}}).AppendTo(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	empty := resync{flags: 0xc0}.encode()
+	holds := resync{received: 1}.encode()
+	app := []byte("application bytes")
+	cat := func(bs ...[]byte) []byte { return bytes.Join(bs, nil) }
+	for _, tc := range []struct {
+		name     string
+		in, want []byte
+	}{
+		{"confirm+resync", cat(confirm, empty[:], app), app},
+		{"resync", cat(empty[:], app), app},
+		{"confirm", cat(confirm, app), app},
+		{"resync holding bytes is data", cat(holds[:], app), cat(holds[:], app)},
+		{"magic only", cat([]byte("SMCZ"), app), cat([]byte("SMCZ"), app)},
+		{"short", []byte("SMCZ\x01"), []byte("SMCZ\x01")},
+		{"data", app, app},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := net.Pipe()
+			go func() { a.Write(tc.in); a.Close() }()
+			r := &readAheadConn{Conn: b, r: bufio.NewReaderSize(b, clcMaxLen), crossing: true, peer: peer}
+			got, err := io.ReadAll(r)
+			if err != nil || !bytes.Equal(got, tc.want) {
+				t.Fatalf("read %q (%v), want %q", got, err, tc.want)
+			}
+		})
+	}
+}
+
+// TestDeclineCrossesContinuation: the server gives up waiting for the Confirm and
+// declines, and the client's link fails before it reads the Decline, so its
+// continuation (and its resync) is under way when the Decline arrives. The
+// server drops the crossing Confirm and resync; the client resends from its first
+// byte. Nothing is lost or duplicated, and the server never starts a
+// continuation of its own for a connection it declined.
+func TestDeclineCrossesContinuation(t *testing.T) {
+	d1, d2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
+	t.Cleanup(func() { closeChecked(t, d1, d2) })
+	srv := Config{Devices: []verbs.Device{d2}, CLCTimeout: 300 * time.Millisecond, LLCTimeout: 300 * time.Millisecond}
+	p := newPair(t, Config{Devices: []verbs.Device{d1}}, srv)
+	good, gs := p.connect(t)
+	mustSMC(t, good, gs)
+	testHookConfirm = func(*clc.Confirm) {
+		time.Sleep(time.Second) // past the server's 600 ms: it declines
+		d1.Fail()
+		eventually(t, "client link down", func() bool { return p.cli.Stats().LinkGroups == 0 })
+	}
+	c, s := p.connect(t)
+	testHookConfirm = nil
+	if c.Mode() != ModeSMCR || s.Mode() != ModeFallback || s.Decline().Code != DeclineTimeoutCLC {
+		t.Fatalf("client %v, server %v %+v; want SMC-R and a CLC-timeout fallback", c.Mode(), s.Mode(), s.Decline())
+	}
+	exchangeAll(t, c, s, 300<<10, 100<<10)
+	if !c.continued() {
+		t.Fatal("client connection not marked continued")
+	}
+	if n := p.srv.Stats().Continued; n != 1 {
+		t.Fatalf("server continued %d connections, want 1 (the established one)", n)
+	}
+	echoOK(t, good, gs)
+	for _, x := range []*Conn{c, s, good, gs} {
+		x.Close()
 	}
 }

@@ -60,9 +60,9 @@ func (c *Conn) smcRead(p []byte) (int, error) {
 		switch {
 		case c.appClosed:
 			err = net.ErrClosed
-		case c.peerAbort:
-			err = ErrReset
 		case c.err != nil:
+			// The first cause: ErrReset when the peer aborted first, not when
+			// its abort answers ours (a protocol error we found, say).
 			err = c.err
 		case c.peerDone:
 			err = io.EOF
