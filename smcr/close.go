@@ -173,6 +173,14 @@ func (c *Conn) abortLocked(err error) {
 	c.updateState("abort")
 }
 
+// settledLocked reports whether a connection owes its peer nothing and wants
+// nothing from it: both applications closed and the peer consumed every byte we
+// wrote. A link failure then ends it without a continuation (only the
+// completion of our closing CDC was missing). The caller holds c.mu.
+func (c *Conn) settledLocked() bool {
+	return c.appClosed && c.peerClosed && !c.peerAbort && c.txCons == c.txProd
+}
+
 // linkDown ends the connection because its link group is gone.
 func (c *Conn) linkDown(err error) {
 	c.mu.Lock()
@@ -183,7 +191,7 @@ func (c *Conn) linkDown(err error) {
 		c.mu.Unlock()
 		return
 	}
-	if c.canContinue() {
+	if c.canContinue() && !c.settledLocked() {
 		c.startFailoverLocked()
 		c.mu.Unlock()
 		return

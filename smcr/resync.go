@@ -125,13 +125,16 @@ func (c *Conn) declinedAfterConfirm(head []byte) {
 }
 
 // tcpEnded answers a continuation when the TCP connection ends without the peer's
-// resync: a peer that had closed (its last CDC said so) and consumed everything we
-// wrote released its end and closed TCP, and owes nothing; the continuation goes on
-// with what we hold (then EOF). Otherwise it fails now rather than at its timeout.
+// resync: a peer that had closed (its last CDC said so), or one whose application
+// we closed ours to, and that consumed everything we wrote, released its end and
+// closed TCP, and is owed nothing; the continuation goes on with what we hold
+// (then EOF). Otherwise it fails now rather than at its timeout.
 func (c *Conn) tcpEnded(err error) {
 	c.mu.Lock()
 	r := resyncResult{err: fmt.Errorf("tcp ended without a resync: %w", err)}
-	if c.peerClosed && !c.peerAbort && c.txCons == c.txProd {
+	// (Our application closed: whatever the peer still had for it would be
+	// dropped, so only what we owe the peer matters.)
+	if (c.peerClosed || c.appClosed) && !c.peerAbort && c.txCons == c.txProd {
 		r = resyncResult{r: resync{flags: 0xc0, received: c.txProd}}
 	}
 	c.mu.Unlock()
