@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"time"
 
@@ -46,7 +47,8 @@ type Config struct {
 	// MAC of the first device.
 	PeerID [8]byte
 	// Prefixes returns the subnet of the interface that holds the local address,
-	// for the CLC same-subnet check. Default: looked up with net.InterfaceAddrs.
+	// for the CLC same-subnet check. Default: looked up with net.InterfaceAddrs in
+	// the calling thread's network namespace, the list kept for up to a second.
 	Prefixes func(local netip.Addr) (netip.Prefix, bool)
 	// Clock supplies time; nil means the real one. Tests inject a fake.
 	Clock Clock
@@ -118,7 +120,7 @@ func (c *Config) withDefaults() (Config, error) {
 		out.Logger = slog.New(slog.DiscardHandler)
 	}
 	if out.Prefixes == nil {
-		out.Prefixes = interfacePrefix
+		out.Prefixes = newPrefixCache(net.InterfaceAddrs, time.Now).lookup
 	}
 	return out, nil
 }

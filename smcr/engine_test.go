@@ -447,3 +447,31 @@ func TestFallbackSubnetMismatch(t *testing.T) {
 	}
 	echoCheck(t, c, s)
 }
+
+// TestPrefixCache: the interface addresses are read once for a burst of
+// connections, again when the list lacks the local address (a new one) or is a
+// second old, and a changed prefix shows after that second.
+func TestPrefixCache(t *testing.T) {
+	now := time.Unix(1000, 0)
+	reads := 0
+	ifaddrs := []net.Addr{&net.IPNet{IP: net.IPv4(10, 1, 2, 3), Mask: net.CIDRMask(24, 32)}}
+	pc := newPrefixCache(func() ([]net.Addr, error) { reads++; return append([]net.Addr(nil), ifaddrs...), nil }, func() time.Time { return now })
+	check := func(local string, want string, wantReads int) {
+		t.Helper()
+		p, ok := pc.lookup(netip.MustParseAddr(local))
+		if got := p.String(); (want == "") == ok || ok && got != want || reads != wantReads {
+			t.Fatalf("lookup %s: %v %v after %d reads; want %q after %d", local, p, ok, reads, want, wantReads)
+		}
+	}
+	check("10.1.2.3", "10.1.2.0/24", 1)
+	for range 10 {
+		check("10.1.2.3", "10.1.2.0/24", 1)
+	}
+	ifaddrs = append(ifaddrs, &net.IPNet{IP: net.IPv4(10, 9, 0, 1), Mask: net.CIDRMask(16, 32)})
+	check("10.9.0.1", "10.9.0.0/16", 2) // a new address: read at once
+	check("192.0.2.1", "", 3)           // not ours: read, still not found
+	ifaddrs[0] = &net.IPNet{IP: net.IPv4(10, 1, 2, 3), Mask: net.CIDRMask(16, 32)}
+	check("10.1.2.3", "10.1.2.0/24", 3) // the old prefix, within the second
+	now = now.Add(prefixTTL)
+	check("10.1.2.3", "10.1.0.0/16", 4)
+}
