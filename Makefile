@@ -24,7 +24,7 @@ test: deps ## the whole suite: lint, generated-code freshness, unit + privileged
 	$(MAKE) test-unit
 	$(MAKE) fuzz FUZZTIME=$(if $(CI),10s,$(FUZZTIME))
 
-test-unit: ## go test, race detector on the pure packages
+test-unit: ## go test of every package (privileged and VM tests included; no race detector)
 	$(GO) test -count=1 -timeout 30m $(PKGS)
 
 lint: ## gofmt, go vet, staticcheck

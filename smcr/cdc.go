@@ -162,7 +162,11 @@ func (c *Conn) runCtl() {
 		c.sendCDC(0)
 	}
 	if b&(ctlRelease|ctlAbort) != 0 {
-		c.maybeRelease()
+		// Off the worker: a release closes the TCP connection and deregisters
+		// or pools buffers, and a worker serving every connection of the link
+		// fell behind under churn, holding closed connections' slots of the
+		// group's 255 (TestLinkGroupReuse under -race).
+		go c.maybeRelease()
 	}
 }
 

@@ -39,9 +39,10 @@ type linkGroup struct {
 
 	firstConn *Conn // the connection doing first contact, until ready
 
-	// flow serialises the ADD_LINK exchange with the registration and announcement
-	// of new RMBs, so every RMB reaches the peer with its rkey on every link.
-	flow       sync.Mutex
+	// flow serialises the ADD_LINK exchange (write lock) with the registration and
+	// announcement of new RMBs (read lock: announcements go in parallel), so every
+	// RMB reaches the peer with its rkey on every link.
+	flow       sync.RWMutex
 	peerOffers []offer              // the peer's devices, for the endpoint of a second link
 	addCont    chan llc.AddLinkCont // ADD_LINK_CONT messages, for the ADD_LINK flow
 

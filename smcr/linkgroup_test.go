@@ -16,15 +16,19 @@ import (
 	"github.com/smcr-io/smcr/smcr/verbs"
 )
 
-// TestLinkGroupReuse opens 1000 connections, up to 128 at a time, each exchanging
+// TestLinkGroupReuse opens 1000 connections, up to 100 at a time, each exchanging
 // data: one link group, one CONFIRM_LINK on each side, every other connection reuses.
 func TestLinkGroupReuse(t *testing.T) {
-	// A generous CLC timeout: 128 handshakes at once on a loaded 2-core machine.
+	// A generous CLC timeout: 100 handshakes at once on a loaded 2-core machine.
 	cfg := func() Config {
 		return Config{Devices: memDevices(t, verbs.KindSoft), RMBSize: 16 << 10, CLCTimeout: 10 * time.Second}
 	}
 	p := newPair(t, cfg(), cfg())
-	const total, workers = 1000, 128
+	// A group holds at most 255 connections, counting closed ones until they are
+	// released (about a round trip after Close): each worker has one open and up
+	// to about one releasing, so 128 workers could fill a group and rightly start
+	// a second one.
+	const total, workers = 1000, 100
 	var wg sync.WaitGroup
 	jobs := make(chan int)
 	errc := make(chan error, total)

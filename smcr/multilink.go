@@ -338,8 +338,8 @@ func (c *Conn) registerSnd(l *link) error {
 // sends CONFIRM_RKEY on its own link with those rkeys too.
 func (c *Conn) announceRMB() error {
 	lg := c.lg
-	lg.flow.Lock()
-	defer lg.flow.Unlock()
+	lg.flow.RLock()
+	defer lg.flow.RUnlock()
 	lg.mu.RLock()
 	links := slices.Clone(lg.links)
 	lg.mu.RUnlock()
