@@ -20,9 +20,9 @@ const maxPooled = 16
 type pooledBuf struct {
 	rmb  bool // an RMB; else a send buffer
 	size uint64
-	own  verbs.MR               // the allocation, made in the PD of link[n] where on[n] == own
-	on   [maxLinks + 1]verbs.MR // registrations by link number, own among them
-	link [maxLinks + 1]*link
+	own  verbs.MR                 // the allocation, made in the PD of link[n] where on[n] == own
+	on   [maxLinkNum + 1]verbs.MR // registrations by link number, own among them
+	link [maxLinkNum + 1]*link
 }
 
 // deregister closes b's registrations, second ones before the memory they map,
@@ -213,6 +213,6 @@ func (c *Conn) detachBufsLocked() []*pooledBuf {
 			bufs = append(bufs, b)
 		}
 	}
-	c.regLink = [maxLinks + 1]*link{}
+	c.regLink = [maxLinkNum + 1]*link{}
 	return bufs
 }

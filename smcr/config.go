@@ -37,6 +37,10 @@ type Config struct {
 	// LinkGroupIdle is how long a link group without connections is kept for
 	// reuse. Default 10 minutes.
 	LinkGroupIdle time.Duration
+	// LinkRetry is how long after one of a link group's two links failed the
+	// server first tries to add a link again (ADD_LINK); the wait doubles with
+	// each failed try, up to a minute. Default 1 s; negative disables it.
+	LinkRetry time.Duration
 	// TestLinkInterval is the TEST_LINK keepalive period (Linux: 30 s). Default 30 s;
 	// negative disables it.
 	TestLinkInterval time.Duration
@@ -73,10 +77,16 @@ func (realClock) Now() time.Time                            { return time.Now() 
 func (realClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
 
 const (
-	minRMB         = 16 << 10
-	maxRMB         = 512 << 10
-	defaultRMB     = 256 << 10
-	maxLinks       = 2
+	minRMB     = 16 << 10
+	maxRMB     = 512 << 10
+	defaultRMB = 256 << 10
+	maxLinks   = 2
+	// maxLinkNum bounds the link numbers a group uses over its life: a link
+	// added again after a failure takes a fresh number, so registrations under
+	// the failed link's number, which connections hold until released, never
+	// mix with the new link's.
+	maxLinkNum     = 8
+	maxLinkRetry   = time.Minute
 	maxConnsPerLGR = 255
 )
 
@@ -106,6 +116,9 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if out.LinkGroupIdle <= 0 {
 		out.LinkGroupIdle = 10 * time.Minute
+	}
+	if out.LinkRetry == 0 {
+		out.LinkRetry = time.Second
 	}
 	if out.TestLinkInterval == 0 {
 		out.TestLinkInterval = 30 * time.Second

@@ -137,15 +137,15 @@ type Conn struct {
 
 	// Second link (multilink.go): our RMB and send buffer registered on each link
 	// by link number, and the peer RMB's rkey on the link CLC named.
-	rmbOn, sndOn [maxLinks + 1]verbs.MR
-	regLink      [maxLinks + 1]*link // whose PD holds rmbOn[n] and sndOn[n]
+	rmbOn, sndOn [maxLinkNum + 1]verbs.MR
+	regLink      [maxLinkNum + 1]*link // whose PD holds rmbOn[n] and sndOn[n]
 	peerKey      rkeyOn
 	peerToks     *peerRTokens // the link group's entry for the peer's RMB
 	// rkeyAnnounced is closed when the peer answered our RMB's CONFIRM_RKEY
 	// (nil: none sent); until then the RMB is not pooled (bufpool.go).
 	rkeyAnnounced <-chan struct{}
-	wrOutOn       [maxLinks + 1]atomic.Int32 // wrOut by link number
-	txAcked       atomic.Uint64              // producer cursor of our last CDC that completed
+	wrOutOn       [maxLinkNum + 1]atomic.Int32 // wrOut by link number
+	txAcked       atomic.Uint64                // producer cursor of our last CDC that completed
 
 	rxMu sync.Mutex // one Read at a time
 	txMu sync.Mutex // one Write at a time

@@ -41,6 +41,9 @@ func newEngine(t testing.TB, cfg Config) *Engine {
 	if cfg.CLCTimeout == 0 {
 		cfg.CLCTimeout = 2 * time.Second
 	}
+	if cfg.LinkRetry == 0 {
+		cfg.LinkRetry = -1 // tests that fail a link count on one link after it
+	}
 	e, err := NewEngine(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -54,6 +54,8 @@ type linkGroup struct {
 	peerRMBs  map[rkeyOn]*peerRTokens // the peer's RMBs we know over LLC, by rkey on each link
 	rkeyAdded chan struct{}           // closed and replaced whenever peerRMBs grows
 	pool      []*pooledBuf            // released connections' buffers (bufpool.go)
+	usedNums  uint16                  // link numbers used so far: bit n for number n
+	readding  bool                    // a readdLink loop runs
 	idle      Timer
 	dead      bool
 	deadErr   error
@@ -73,7 +75,7 @@ type rtoken struct {
 }
 
 // peerRTokens are one peer RMB's rtokens, indexed by link number.
-type peerRTokens [maxLinks + 1]rtoken
+type peerRTokens [maxLinkNum + 1]rtoken
 
 // LinkGroupInfo describes a link group for smcrctl.
 type LinkGroupInfo struct {
@@ -140,7 +142,7 @@ func (e *Engine) newLinkGroup(key lgKey, di int) (*linkGroup, error) {
 	e.lgSeq++
 	lg := &linkGroup{e: e, id: e.lgSeq, key: key, dev: di, ready: make(chan struct{}),
 		conns: map[uint32]*Conn{}, peerRMBs: map[rkeyOn]*peerRTokens{}, rkeyAdded: make(chan struct{}),
-		addCont: make(chan llc.AddLinkCont, maxConnsPerLGR)}
+		addCont: make(chan llc.AddLinkCont, maxConnsPerLGR), usedNums: 1 << 1}
 	e.mu.Unlock()
 	l, err := newLink(lg, e.cfg.Devices[di], 1)
 	if err != nil {

@@ -65,35 +65,128 @@ func canRegister(l *link) bool {
 
 // serverAddLink adds the second link after first contact when both ends have a
 // second device of the group's provider (smc_llc_srv_add_link). Failure leaves the
-// group with its one link.
-func (lg *linkGroup) serverAddLink() {
+// group with its one link. It returns errNoSecondLink when no second link is
+// possible at all (so trying again is pointless), another error when this try
+// failed.
+func (lg *linkGroup) serverAddLink() error {
 	e := lg.e
 	if len(e.cfg.Devices) < 2 {
-		return
+		return errNoSecondLink
 	}
 	lg.flow.Lock()
 	defer lg.flow.Unlock()
+	if lg.liveLinks() >= maxLinks {
+		return nil
+	}
 	l1 := lg.primary()
 	if l1 == nil || !canRegister(l1) {
-		return
+		return errNoSecondLink
 	}
 	di := lg.secondDevice()
 	po, ok := lg.otherPeerOffer(nil, l1)
-	if di < 0 || !ok {
-		return
+	num := lg.freshLinkNum()
+	if di < 0 || !ok || num == 0 {
+		return errNoSecondLink
 	}
-	l2, err := newLink(lg, e.cfg.Devices[di], l1.num%maxLinks+1)
+	l2, err := newLink(lg, e.cfg.Devices[di], num)
 	if err != nil {
 		e.log.Warn("smcr: add link", "lg", lg.id, "err", err)
-		return
+		return err
 	}
 	if err := lg.serverAddLinkOn(l1, l2, po); err != nil {
 		e.log.Warn("smcr: add link failed", "lg", lg.id, "err", err)
 		lg.dropLink(l2, err)
-		return
+		return err
 	}
 	e.st.addLinks.Add(1)
 	e.log.Info("smcr: second link up", "lg", lg.id, "link", l2.num, "device", l2.dev.Name())
+	return nil
+}
+
+var errNoSecondLink = errors.New("smcr: no second link possible")
+
+// readdLink restores a group's second link after one failed, as Linux does when
+// a port comes back (smcr_port_add), here on a timer since a provider reports no
+// port events: first after LinkRetry, then at twice the wait after each failed
+// try, up to maxLinkRetry, while the group lives. Only the server adds links;
+// one loop runs per group.
+func (lg *linkGroup) readdLink() {
+	e := lg.e
+	wait := e.cfg.LinkRetry
+	if wait < 0 || lg.key.client {
+		return
+	}
+	lg.mu.Lock()
+	if lg.readding || lg.dead {
+		lg.mu.Unlock()
+		return
+	}
+	lg.readding = true
+	lg.mu.Unlock()
+	defer func() {
+		lg.mu.Lock()
+		lg.readding = false
+		lg.mu.Unlock()
+	}()
+	for {
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-e.ctx.Done():
+			t.Stop()
+			return
+		}
+		lg.mu.RLock()
+		dead := lg.dead
+		lg.mu.RUnlock()
+		if dead {
+			return
+		}
+		err := lg.serverAddLink()
+		if err == nil || errors.Is(err, errNoSecondLink) {
+			return
+		}
+		wait = min(2*wait, maxLinkRetry)
+	}
+}
+
+// liveLinks counts the group's links not known to be down.
+func (lg *linkGroup) liveLinks() int {
+	lg.mu.RLock()
+	defer lg.mu.RUnlock()
+	n := 0
+	for _, l := range lg.links {
+		if !l.down.Load() {
+			n++
+		}
+	}
+	return n
+}
+
+// freshLinkNum takes the lowest link number the group has never used, or returns
+// 0 when none is left.
+func (lg *linkGroup) freshLinkNum() uint8 {
+	lg.mu.Lock()
+	defer lg.mu.Unlock()
+	for n := uint8(1); n <= maxLinkNum; n++ {
+		if lg.usedNums&(1<<n) == 0 {
+			lg.usedNums |= 1 << n
+			return n
+		}
+	}
+	return 0
+}
+
+// takeLinkNum takes link number n for a link the server adds, unless the group
+// used it before (or n is out of range).
+func (lg *linkGroup) takeLinkNum(n uint8) bool {
+	lg.mu.Lock()
+	defer lg.mu.Unlock()
+	if n == 0 || n > maxLinkNum || lg.usedNums&(1<<n) != 0 {
+		return false
+	}
+	lg.usedNums |= 1 << n
+	return true
 }
 
 func (lg *linkGroup) serverAddLinkOn(l1, l2 *link, po offer) error {
@@ -152,7 +245,7 @@ func (lg *linkGroup) clientAddLink(l1 *link, req llc.AddLink) {
 	di := lg.secondDevice()
 	po, ok := lg.otherPeerOffer((*[16]byte)(&req.GID), l1)
 	num := uint8(req.Link)
-	if di < 0 || !ok || !canRegister(l1) || !req.MTU.Valid() || num == 0 || num > maxLinks || lg.linkByNum(num) != nil {
+	if di < 0 || !ok || !canRegister(l1) || !req.MTU.Valid() || lg.liveLinks() >= maxLinks || !lg.takeLinkNum(num) {
 		reject()
 		return
 	}
@@ -405,6 +498,7 @@ func (lg *linkGroup) linkFailed(l *link, err error, notify bool) {
 		lg.terminate(err, false)
 		return
 	}
+	defer func() { go lg.readdLink() }()
 	lg.links = slices.Delete(lg.links, i, i+1)
 	conns := make([]*Conn, 0, len(lg.conns))
 	for _, c := range lg.conns {

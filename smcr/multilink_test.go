@@ -318,3 +318,76 @@ func TestFailoverManyConns(t *testing.T) {
 		return p.cli.Stats().MemoryInUse == 0 && p.srv.Stats().MemoryInUse == 0
 	})
 }
+
+// TestSecondLinkReadded: after one of two links failed, the server adds a link
+// again (LinkRetry) with a fresh link number, over the device that failed; the
+// connections that moved off the failed link, and their RMBs' rkeys on the new
+// link, survive the failure of the other link in turn, with every byte once
+// and no continuation over TCP.
+func TestSecondLinkReadded(t *testing.T) {
+	c1, c2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
+	s1, s2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
+	t.Cleanup(func() { closeChecked(t, c1, c2, s1, s2) })
+	cfg := func(d ...verbs.Device) Config {
+		return Config{Devices: d, RMBSize: 32 << 10, LinkRetry: 20 * time.Millisecond}
+	}
+	p := newPair(t, cfg(c1, c2), cfg(s1, s2))
+	// Two sets on both links: the first streams through the first failure, the
+	// second through the second.
+	var first, second [][2]*Conn
+	for i := range 8 {
+		c, s := p.connect(t)
+		mustSMC(t, c, s)
+		if i%2 == 0 {
+			first = append(first, [2]*Conn{c, s})
+		} else {
+			second = append(second, [2]*Conn{c, s})
+		}
+		eventually(t, "two links on both ends", func() bool { return twoLinks(p.cli) && twoLinks(p.srv) })
+	}
+	linkNums := func(e *Engine) []uint8 {
+		var nums []uint8
+		for _, lg := range e.LinkGroups() {
+			for _, l := range lg.Links {
+				nums = append(nums, l.Num)
+			}
+		}
+		return nums
+	}
+	streamPairs(t, first, 4<<20, 300, func() {
+		eventually(t, "streams under way", func() bool { return p.cli.Stats().RxBytes > 2<<20 })
+		s1.Fail()
+		eventually(t, "a link added again on both ends", func() bool {
+			return p.srv.Stats().AddLinks == 2 && p.cli.Stats().AddLinks == 2 && twoLinks(p.cli) && twoLinks(p.srv)
+		})
+	})
+	if got := linkNums(p.srv); len(got) != 2 || got[0] == 1 || got[1] == 1 {
+		t.Fatalf("server links %v: want two, link 1 (failed) not among them", got)
+	}
+	// Every connection now runs on link 2 (they moved); fail it: they move to
+	// the added link, whose rkeys for their RMBs came with ADD_LINK_CONT.
+	streamPairs(t, second, 4<<20, 400, func() {
+		base := p.srv.Stats().RxBytes
+		eventually(t, "streams under way", func() bool { return p.srv.Stats().RxBytes > base+2<<20 })
+		s2.Fail()
+		eventually(t, "one link left", func() bool {
+			l, _ := linkCounts(p.cli)
+			m, _ := linkCounts(p.srv)
+			return len(l) == 1 && l[0] == 1 && len(m) == 1 && m[0] == 1
+		})
+	})
+	if n := p.cli.Stats().Continued + p.srv.Stats().Continued; n != 0 {
+		t.Errorf("%d connections continued over tcp with a link left", n)
+	}
+	// Each set had connections on each link, and the second set moved twice.
+	if cs, ss := p.cli.Stats(), p.srv.Stats(); cs.MovedConns < uint64(len(second)) || ss.MovedConns < uint64(len(second)) {
+		t.Errorf("moved connections: client %d, server %d; want at least %d each", cs.MovedConns, ss.MovedConns, len(second))
+	}
+	for _, cs := range append(first, second...) {
+		cs[0].Close()
+		cs[1].Close()
+	}
+	eventually(t, "released", func() bool {
+		return p.cli.Stats().MemoryInUse == 0 && p.srv.Stats().MemoryInUse == 0
+	})
+}
