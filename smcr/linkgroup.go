@@ -39,9 +39,13 @@ type linkGroup struct {
 
 	firstConn *Conn // the connection doing first contact, until ready
 
-	// flow serialises the ADD_LINK exchange (write lock) with the registration and
-	// announcement of new RMBs (read lock: announcements go in parallel), so every
-	// RMB reaches the peer with its rkey on every link.
+	// addMu serialises ADD_LINK exchanges. flow serialises the part of one that
+	// registers and exchanges the rkeys of every RMB and puts the new link in the
+	// group (write lock) with the registration and announcement of new RMBs (read
+	// lock: announcements go in parallel), so every RMB reaches the peer with its
+	// rkey on every link. ADD_LINK itself and the new QP's connection stay out of
+	// flow: a path that does not answer must not hold up connection setups.
+	addMu      sync.Mutex
 	flow       sync.RWMutex
 	peerOffers []offer              // the peer's devices, for the endpoint of a second link
 	addCont    chan llc.AddLinkCont // ADD_LINK_CONT messages, for the ADD_LINK flow

@@ -73,8 +73,8 @@ func (lg *linkGroup) serverAddLink() error {
 	if len(e.cfg.Devices) < 2 {
 		return errNoSecondLink
 	}
-	lg.flow.Lock()
-	defer lg.flow.Unlock()
+	lg.addMu.Lock()
+	defer lg.addMu.Unlock()
 	if lg.liveLinks() >= maxLinks {
 		return nil
 	}
@@ -211,6 +211,8 @@ func (lg *linkGroup) serverAddLinkOn(l1, l2 *link, po offer) error {
 	if err := l2.connect(ctx, peer); err != nil {
 		return err
 	}
+	lg.flow.Lock()
+	defer lg.flow.Unlock()
 	if err := lg.sendRKeys(l1, l2, false); err != nil {
 		return err
 	}
@@ -237,8 +239,8 @@ func (lg *linkGroup) onAddLink(l *link, r *llc.AddLink) {
 // clientAddLink is the client's side of ADD_LINK (smc_llc_cli_add_link).
 func (lg *linkGroup) clientAddLink(l1 *link, req llc.AddLink) {
 	e := lg.e
-	lg.flow.Lock()
-	defer lg.flow.Unlock()
+	lg.addMu.Lock()
+	defer lg.addMu.Unlock()
 	reject := func() {
 		l1.sendLLC(&llc.AddLink{Flags: llc.FlagResponse | llc.FlagAddLinkRejected, RejectReason: llc.RejectNoAltPath, Link: req.Link})
 	}
@@ -278,18 +280,27 @@ func (lg *linkGroup) clientAddLinkOn(l1, l2 *link, req llc.AddLink, po offer) er
 	if err := lg.recvRKeys(ctx, l1, l2, false); err != nil {
 		return err
 	}
-	if err := lg.sendRKeys(l1, l2, true); err != nil {
-		return err
-	}
+	// The server connected its QP before it sent its rkeys.
 	if err := l2.waitConnected(ctx); err != nil {
 		return err
 	}
-	// In the group before the answer: the server places connections on the link as
-	// soon as it has the answer, and our CLC finds the link by its peer QP.
-	if err := lg.appendLink(l2); err != nil {
+	if err := lg.sendRKeysAndAppend(l1, l2); err != nil {
 		return err
 	}
 	return l2.confirmLinkClient(ctx)
+}
+
+// sendRKeysAndAppend is the client's part under flow: our rkeys on l2, then l2 in
+// the group. In the group before the answer to CONFIRM_LINK: the server places
+// connections on the link as soon as it has the answer, and our CLC finds the
+// link by its peer QP.
+func (lg *linkGroup) sendRKeysAndAppend(l1, l2 *link) error {
+	lg.flow.Lock()
+	defer lg.flow.Unlock()
+	if err := lg.sendRKeys(l1, l2, true); err != nil {
+		return err
+	}
+	return lg.appendLink(l2)
 }
 
 func (lg *linkGroup) appendLink(l *link) error {
