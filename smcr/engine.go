@@ -161,8 +161,8 @@ func (e *Engine) closedUnreleased() int {
 	return n
 }
 
-// freeLater frees a declined connection's resources after a CLC timeout, or at
-// Close, whichever comes first (abandonSetup).
+// freeLater frees a declined connection's resources after a CLC timeout (at least
+// lateFreeMin), or at Close, whichever comes first (abandonSetup).
 func (e *Engine) freeLater(c *Conn) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -173,7 +173,7 @@ func (e *Engine) freeLater(c *Conn) {
 	if e.lateFree == nil {
 		e.lateFree = map[*Conn]*time.Timer{}
 	}
-	e.lateFree[c] = time.AfterFunc(e.settings().CLCTimeout, func() {
+	e.lateFree[c] = time.AfterFunc(max(e.settings().CLCTimeout, lateFreeMin), func() {
 		e.mu.Lock()
 		_, ok := e.lateFree[c]
 		delete(e.lateFree, c)
@@ -183,6 +183,11 @@ func (e *Engine) freeLater(c *Conn) {
 		}
 	})
 }
+
+// lateFreeMin is the least time a declined connection's RMB stays registered
+// (freeLater): the client may send its Confirm, and write, up to its own CLC
+// timeout after our Accept, which may be longer than ours.
+const lateFreeMin = 10 * time.Second
 
 // closeWait bounds Close's wait for the links' goroutines, which end within a
 // CQ wake-up once the engine's context is cancelled.

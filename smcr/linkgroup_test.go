@@ -364,3 +364,48 @@ func TestDeclineCrossesConfirm(t *testing.T) {
 	c.Close()
 	s.Close()
 }
+
+// TestLateDeclineWritesLand: the server declined (its CLC timeout is shorter
+// than the client's) and the client, Confirm sent, writes into the server's RMB
+// before it reads the Decline. The RMB is still registered, so the WRITEs land
+// and the link lives: the connection already on the group stays on SMC-R, and
+// the declined one continues over TCP from its first byte with nothing lost.
+func TestLateDeclineWritesLand(t *testing.T) {
+	srv := Config{Devices: memDevices(t, verbs.KindSoft), CLCTimeout: 300 * time.Millisecond, LLCTimeout: 300 * time.Millisecond}
+	p := newPair(t, Config{Devices: memDevices(t, verbs.KindSoft)}, srv)
+	good, gs := p.connect(t)
+	mustSMC(t, good, gs)
+	// The Confirm goes after the server's decline and after the time it kept
+	// RMBs before (its CLC timeout); the client reads the Decline only later.
+	testHookConfirm = func(*clc.Confirm) { time.Sleep(time.Second) }
+	held := make(chan struct{})
+	testHookWatch = func(c *Conn) {
+		if c.client {
+			<-held
+		}
+	}
+	t.Cleanup(func() { testHookConfirm, testHookWatch = nil, nil })
+	c, s := p.connect(t)
+	testHookConfirm = nil
+	if c.Mode() != ModeSMCR || s.Mode() != ModeFallback {
+		t.Fatalf("client %v, server %v; want SMC-R and a fallback", c.Mode(), s.Mode())
+	}
+	msg := make([]byte, 8<<10) // fits the RMB: written at once, over SMC-R
+	rand.Read(msg)
+	if _, err := c.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the write completed", func() bool { return c.wrOut.Load() == 0 })
+	close(held)
+	s.SetReadDeadline(time.Now().Add(5 * time.Second))
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(s, got); err != nil || !bytes.Equal(got, msg) {
+		t.Fatalf("server read %v, equal %v", err, bytes.Equal(got, msg))
+	}
+	echoOK(t, good, gs)
+	if good.continued() || p.cli.Stats().LinkGroups != 1 {
+		t.Fatalf("the link failed: established connection continued %v, link groups %d", good.continued(), p.cli.Stats().LinkGroups)
+	}
+	c.Close()
+	s.Close()
+}

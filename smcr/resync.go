@@ -58,6 +58,9 @@ func parseResync(b []byte) (resync, error) {
 // an SMC-R connection. It runs for the connection's life and ends with the TCP
 // connection.
 func (c *Conn) watchTCP() {
+	if testHookWatch != nil {
+		testHookWatch(c)
+	}
 	var b [resyncLen]byte
 	if _, err := io.ReadFull(c.tcp, b[:]); err != nil {
 		c.tcpEnded(err)
@@ -76,6 +79,9 @@ func (c *Conn) watchTCP() {
 	c.startFailoverLocked()
 	c.mu.Unlock()
 }
+
+// testHookWatch lets tests hold watchTCP back, as a busy machine may.
+var testHookWatch func(*Conn)
 
 // declinedAfterConfirm handles a Decline after our Confirm: the server refused
 // the connection after all (a CONFIRM_RKEY that never came, values it found
