@@ -467,7 +467,7 @@ func (e *Engine) serverConfirm(ctx context.Context, c *Conn, conf *clc.Confirm) 
 			return clc.DeclineTimeoutConfirmLink, err
 		}
 		c.lg.setReady(nil)
-		go c.lg.serverAddLink()
+		go c.lg.addSecondLink()
 	} else {
 		if li.QPN != lnk.peer.QPN {
 			return clc.DeclineSyncError, fmt.Errorf("confirm names qp %d, link has %d", li.QPN, lnk.peer.QPN)

@@ -84,8 +84,14 @@ func (lg *linkGroup) serverAddLink() error {
 	}
 	di := lg.secondDevice()
 	po, ok := lg.otherPeerOffer(nil, l1)
+	if di < 0 || !ok {
+		return errNoSecondLink
+	}
+	if !portUp(e.cfg.Devices[di]) {
+		return errPortDown
+	}
 	num := lg.freshLinkNum()
-	if di < 0 || !ok || num == 0 {
+	if num == 0 {
 		return errNoSecondLink
 	}
 	l2, err := newLink(lg, e.cfg.Devices[di], num)
@@ -103,13 +109,33 @@ func (lg *linkGroup) serverAddLink() error {
 	return nil
 }
 
-var errNoSecondLink = errors.New("smcr: no second link possible")
+var (
+	errNoSecondLink = errors.New("smcr: no second link possible")
+	errPortDown     = errors.New("smcr: the second device's port is down")
+)
+
+// portUp reports whether d's port is up now, for devices that can tell
+// (verbs.PortStater); the others count as up.
+func portUp(d verbs.Device) bool {
+	ps, ok := d.(verbs.PortStater)
+	return !ok || ps.PortUp()
+}
+
+// addSecondLink runs after first contact: the second link now, or, if that try
+// failed but may succeed later (a port down, a peer not answering), on the
+// readdLink timer.
+func (lg *linkGroup) addSecondLink() {
+	if err := lg.serverAddLink(); err != nil && !errors.Is(err, errNoSecondLink) {
+		lg.readdLink()
+	}
+}
 
 // readdLink restores a group's second link after one failed, as Linux does when
 // a port comes back (smcr_port_add), here on a timer since a provider reports no
 // port events: first after LinkRetry, then at twice the wait after each failed
-// try, up to maxLinkRetry, while the group lives. Only the server adds links;
-// one loop runs per group.
+// try, up to maxLinkRetry, while the group lives; while the device's port is
+// down (verbs.PortStater) it looks again at the same pace without trying. Only
+// the server adds links; one loop runs per group.
 func (lg *linkGroup) readdLink() {
 	e := lg.e
 	wait := e.cfg.LinkRetry
@@ -143,10 +169,12 @@ func (lg *linkGroup) readdLink() {
 			return
 		}
 		err := lg.serverAddLink()
-		if err == nil || errors.Is(err, errNoSecondLink) {
+		switch {
+		case err == nil || errors.Is(err, errNoSecondLink):
 			return
+		case !errors.Is(err, errPortDown):
+			wait = min(2*wait, maxLinkRetry)
 		}
-		wait = min(2*wait, maxLinkRetry)
 	}
 }
 
@@ -247,7 +275,8 @@ func (lg *linkGroup) clientAddLink(l1 *link, req llc.AddLink) {
 	di := lg.secondDevice()
 	po, ok := lg.otherPeerOffer((*[16]byte)(&req.GID), l1)
 	num := uint8(req.Link)
-	if di < 0 || !ok || !canRegister(l1) || !req.MTU.Valid() || lg.liveLinks() >= maxLinks || !lg.takeLinkNum(num) {
+	if di < 0 || !ok || !canRegister(l1) || !req.MTU.Valid() || lg.liveLinks() >= maxLinks ||
+		!portUp(e.cfg.Devices[di]) || !lg.takeLinkNum(num) {
 		reject()
 		return
 	}

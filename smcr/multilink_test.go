@@ -391,3 +391,39 @@ func TestSecondLinkReadded(t *testing.T) {
 		return p.cli.Stats().MemoryInUse == 0 && p.srv.Stats().MemoryInUse == 0
 	})
 }
+
+// TestSecondLinkPortDown: a link is added again only once the ports on both ends
+// are up (verbs.PortStater), as Linux waits for a port event: while the server's
+// port is down it does not try, while the client's is down the client rejects.
+func TestSecondLinkPortDown(t *testing.T) {
+	c1, c2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
+	s1, s2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
+	t.Cleanup(func() { closeChecked(t, c1, c2, s1, s2) })
+	cfg := func(d ...verbs.Device) Config {
+		return Config{Devices: d, LinkRetry: 10 * time.Millisecond}
+	}
+	p := newPair(t, cfg(c1, c2), cfg(s1, s2))
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	bothTwo := func() bool { return twoLinks(p.cli) && twoLinks(p.srv) }
+	eventually(t, "two links on both ends", bothTwo)
+	oneLeft := func() bool {
+		l, _ := linkCounts(p.cli)
+		m, _ := linkCounts(p.srv)
+		return len(l) == 1 && l[0] == 1 && len(m) == 1 && m[0] == 1
+	}
+	for i, down := range []*memverbs.Device{s1, c1} {
+		down.SetPortUp(false)
+		s1.Fail() // whichever device is down, the link over s1 and c1 goes
+		eventually(t, "one link left", oneLeft)
+		time.Sleep(300 * time.Millisecond) // thirty retry periods
+		if !oneLeft() || p.srv.Stats().AddLinks != uint64(1+i) {
+			t.Fatalf("%s down: links added %d, want %d", down.Name(), p.srv.Stats().AddLinks, 1+i)
+		}
+		down.SetPortUp(true)
+		eventually(t, "the link added again", bothTwo)
+	}
+	echoCheck(t, c, s)
+	c.Close()
+	s.Close()
+}

@@ -268,6 +268,13 @@ type Registrar interface {
 	RegisterMR(mr MR, access Access) (MR, error)
 }
 
+// PortStater is implemented by devices whose port can go down and come back
+// (real RDMA): PortUp asks the device now, where Port reports what it was at
+// Open. Devices without it are taken to be up while open.
+type PortStater interface {
+	PortUp() bool
+}
+
 // MR is a registered memory region.
 type MR interface {
 	Bytes() []byte // the local mapping; valid until Close

@@ -33,8 +33,9 @@ type Device struct {
 	gid   [16]byte
 	mac   [6]byte
 	shut  bool
-	pds   int // PDs not yet freed
-	cqs   int // CQs not yet closed
+	down  atomic.Bool // SetPortUp(false)
+	pds   int         // PDs not yet freed
+	cqs   int         // CQs not yet closed
 	bad   []string
 	Sends atomic.Uint64 // SEND work requests posted, for tests that count messages
 }
@@ -57,6 +58,13 @@ func (d *Device) Port() verbs.PortAttr {
 	return verbs.PortAttr{GID: d.gid, MAC: d.mac, MTU: verbs.MTU4096, LinkUp: true, GIDType: "mem"}
 }
 func (d *Device) Endpoint() []byte { return []byte(d.name) }
+
+// PortUp reports the state SetPortUp set (verbs.PortStater).
+func (d *Device) PortUp() bool { return !d.down.Load() }
+
+// SetPortUp takes the port down or brings it back, as a cable would; it only
+// changes what PortUp reports (Fail breaks the queue pairs).
+func (d *Device) SetPortUp(up bool) { d.down.Store(!up) }
 
 func (d *Device) AllocPD() (verbs.PD, error) {
 	d.mu.Lock()

@@ -240,9 +240,20 @@ func (d *device) query(info *PortInfo) error {
 	return nil
 }
 
-func (d *device) Kind() verbs.Kind                     { return verbs.KindRDMA }
-func (d *device) Name() string                         { return d.name }
-func (d *device) Port() verbs.PortAttr                 { return d.attr }
+func (d *device) Kind() verbs.Kind     { return verbs.KindRDMA }
+func (d *device) Name() string         { return d.name }
+func (d *device) Port() verbs.PortAttr { return d.attr }
+
+// PortUp queries the port's state now (verbs.PortStater).
+func (d *device) PortUp() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return false
+	}
+	var pa C.struct_ibv_port_attr
+	return C.smcr_query_port(d.ctx, C.uint8_t(d.port), &pa) == 0 && pa.state == C.IBV_PORT_ACTIVE
+}
 func (d *device) Endpoint() []byte                     { return nil }
 func (d *device) CreateCQ(depth int) (verbs.CQ, error) { return d.createCQ(depth) }
 

@@ -167,6 +167,11 @@ func TestDiscovery(t *testing.T) {
 	if d.Kind() != verbs.KindRDMA || d.Endpoint() != nil {
 		t.Errorf("kind %v endpoint %v", d.Kind(), d.Endpoint())
 	}
+	// The live query agrees with Open's (the engine asks it before adding a
+	// link again, multilink.go).
+	if ps, ok := d.(verbs.PortStater); !ok || !ps.PortUp() {
+		t.Errorf("PortUp: implemented %v, up %v; want an active port", ok, ok && ps.PortUp())
+	}
 }
 
 func TestSendRecv(t *testing.T) {
