@@ -91,9 +91,7 @@ func (c *Conn) onCDC(m *rmb.CDC) (produced uint64) {
 		c.peerDone = true
 	}
 	c.updateState("cdc")
-	if c.peerClosed && c.localTerm {
-		c.queueCtlLocked(ctlRelease)
-	}
+	c.queueReleaseIfDueLocked()
 	c.mu.Unlock()
 	wake(c.rxWake)
 	wake(c.txWake)

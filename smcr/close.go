@@ -210,10 +210,17 @@ func (c *Conn) linkDown(err error) {
 func (c *Conn) writeDone() {
 	if c.wrOut.Add(-1) == 0 {
 		c.mu.Lock()
-		if c.termAcked && c.peerClosed && !c.released {
-			c.queueCtlLocked(ctlRelease)
-		}
+		c.queueReleaseIfDueLocked()
 		c.mu.Unlock()
+	}
+}
+
+// queueReleaseIfDueLocked has the link worker release c once maybeRelease's
+// conditions hold on the SMC-R side: both ends sent their last CDC, ours
+// completed, and no WRITE of ours is outstanding. The caller holds c.mu.
+func (c *Conn) queueReleaseIfDueLocked() {
+	if c.termAcked && c.peerClosed && c.wrOut.Load() == 0 && !c.released {
+		c.queueCtlLocked(ctlRelease)
 	}
 }
 

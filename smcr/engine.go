@@ -102,14 +102,7 @@ func (e *Engine) Close() error {
 	// Connections the application closed usually finish closing within a
 	// round trip (the peer closes in answer): let them, over SMC-R, rather than
 	// end them with the link groups and continue each over TCP.
-	grace := time.After(closeGrace)
-	for waiting := true; waiting && e.closedUnreleased() > 0; {
-		select {
-		case <-grace:
-			waiting = false
-		case <-time.After(time.Millisecond):
-		}
-	}
+	e.awaitClosedReleased(time.After(closeGrace))
 	for _, lg := range lgs {
 		lg.terminate(ErrEngineClosed, true)
 	}
@@ -130,15 +123,23 @@ func (e *Engine) Close() error {
 	}
 	// Connections the application closed release their buffers as their links
 	// go (linkDown): wait for those too.
+	if !e.awaitClosedReleased(deadline) {
+		e.log.Warn("smcr: engine closed with closed connections not yet released", "conns", e.closedUnreleased())
+	}
+	return nil
+}
+
+// awaitClosedReleased waits until every connection the application closed has
+// released its buffers, or until deadline; it reports whether they all did.
+func (e *Engine) awaitClosedReleased(deadline <-chan time.Time) bool {
 	for e.closedUnreleased() > 0 {
 		select {
 		case <-deadline:
-			e.log.Warn("smcr: engine closed with closed connections not yet released", "conns", e.closedUnreleased())
-			return nil
+			return false
 		case <-time.After(time.Millisecond):
 		}
 	}
-	return nil
+	return true
 }
 
 // closedUnreleased counts the connections the application closed whose buffers

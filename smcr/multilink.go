@@ -194,11 +194,8 @@ func (lg *linkGroup) liveLinks() int {
 // freshLinkNum takes the lowest link number the group has never used, or returns
 // 0 when none is left.
 func (lg *linkGroup) freshLinkNum() uint8 {
-	lg.mu.Lock()
-	defer lg.mu.Unlock()
 	for n := uint8(1); n <= maxLinkNum; n++ {
-		if lg.usedNums&(1<<n) == 0 {
-			lg.usedNums |= 1 << n
+		if lg.takeLinkNum(n) {
 			return n
 		}
 	}
@@ -508,9 +505,7 @@ func (c *Conn) cdcDone(prod uint64, term bool) {
 	if term {
 		c.mu.Lock()
 		c.termAcked = true
-		if c.peerClosed && c.wrOut.Load() == 0 && !c.released {
-			c.queueCtlLocked(ctlRelease)
-		}
+		c.queueReleaseIfDueLocked()
 		c.mu.Unlock()
 	}
 }

@@ -34,6 +34,33 @@ func twoLinks(e *Engine) bool {
 	return len(links) == 1 && links[0] == 2
 }
 
+func oneLink(e *Engine) bool {
+	links, _ := linkCounts(e)
+	return len(links) == 1 && links[0] == 1
+}
+
+// closeAll closes both ends of every pair and waits until both engines released
+// all buffers.
+func (p *pair) closeAll(t *testing.T, conns [][2]*Conn) {
+	t.Helper()
+	for _, cs := range conns {
+		cs[0].Close()
+		cs[1].Close()
+	}
+	eventually(t, "released", func() bool {
+		return p.cli.Stats().MemoryInUse == 0 && p.srv.Stats().MemoryInUse == 0
+	})
+}
+
+// fourDevices returns two memverbs devices for each end, their verbs lifecycle
+// checked at cleanup.
+func fourDevices(t *testing.T) (c1, c2, s1, s2 *memverbs.Device) {
+	c1, c2 = memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
+	s1, s2 = memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
+	t.Cleanup(func() { closeChecked(t, c1, c2, s1, s2) })
+	return c1, c2, s1, s2
+}
+
 // streamPairs streams total bytes each way on every pair of connections while
 // during() runs, and checks every byte by hash.
 func streamPairs(t *testing.T, conns [][2]*Conn, total int, seed uint64, during func()) {
@@ -52,9 +79,7 @@ func streamPairs(t *testing.T, conns [][2]*Conn, total int, seed uint64, during 
 // over both, fails one device mid-transfer (the connections move to the other link
 // with every byte once), then fails the last one (continuation over TCP).
 func TestSecondLinkFailover(t *testing.T) {
-	c1, c2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
-	s1, s2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
-	t.Cleanup(func() { closeChecked(t, c1, c2, s1, s2) })
+	c1, c2, s1, s2 := fourDevices(t)
 	cfg := func(d ...verbs.Device) Config {
 		return Config{Devices: d, RMBSize: 16 << 10, TestLinkInterval: -1}
 	}
@@ -83,11 +108,7 @@ func TestSecondLinkFailover(t *testing.T) {
 	streamPairs(t, conns, 8<<20, 100, func() {
 		eventually(t, "streams under way", func() bool { return p.cli.Stats().RxBytes > 8<<20 })
 		s1.Fail()
-		eventually(t, "one link left", func() bool {
-			l, _ := linkCounts(p.cli)
-			m, _ := linkCounts(p.srv)
-			return len(l) == 1 && l[0] == 1 && len(m) == 1 && m[0] == 1
-		})
+		eventually(t, "one link left", func() bool { return oneLink(p.cli) && oneLink(p.srv) })
 	})
 	cs, ss := p.cli.Stats(), p.srv.Stats()
 	if cs.DeleteLinks != 1 {
@@ -124,13 +145,7 @@ func TestSecondLinkFailover(t *testing.T) {
 	if n := p.cli.Stats().Continued + p.srv.Stats().Continued; n != uint64(2*len(fresh)) {
 		t.Errorf("continued %d connections, want %d", n, 2*len(fresh))
 	}
-	for _, cs := range fresh {
-		cs[0].Close()
-		cs[1].Close()
-	}
-	eventually(t, "released", func() bool {
-		return p.cli.Stats().MemoryInUse == 0 && p.srv.Stats().MemoryInUse == 0
-	})
+	p.closeAll(t, fresh)
 }
 
 // openDeviceAt opens a device of kind in ns; soft listens on addr, the address of
@@ -218,11 +233,7 @@ func TestSecondLinkNamespaces(t *testing.T) {
 				eventually(t, "streams under way", func() bool { return cli.Stats().RxBytes > 8<<20 })
 				start := time.Now()
 				sb1.Close()
-				eventually(t, "one link left", func() bool {
-					l, _ := linkCounts(cli)
-					m, _ := linkCounts(srv)
-					return len(l) == 1 && l[0] == 1 && len(m) == 1 && m[0] == 1
-				})
+				eventually(t, "one link left", func() bool { return oneLink(cli) && oneLink(srv) })
 				t.Logf("both ends down to one link %v after the device closed", time.Since(start))
 			})
 			cs, ss := cli.Stats(), srv.Stats()
@@ -260,9 +271,7 @@ func TestSecondLinkNamespaces(t *testing.T) {
 // the one link carries the connections.
 func TestSecondLinkNeedsBothEnds(t *testing.T) {
 	for _, srvTwo := range []bool{true, false} {
-		c1, c2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
-		s1, s2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
-		t.Cleanup(func() { closeChecked(t, c1, c2, s1, s2) })
+		c1, c2, s1, s2 := fourDevices(t)
 		cli, srv := Config{Devices: []verbs.Device{c1, c2}}, Config{Devices: []verbs.Device{s1}}
 		if srvTwo {
 			cli, srv = Config{Devices: []verbs.Device{c1}}, Config{Devices: []verbs.Device{s1, s2}}
@@ -282,9 +291,7 @@ func TestSecondLinkNeedsBothEnds(t *testing.T) {
 
 // TestFailoverManyConns moves 20 busy connections at once.
 func TestFailoverManyConns(t *testing.T) {
-	c1, c2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
-	s1, s2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
-	t.Cleanup(func() { closeChecked(t, c1, c2, s1, s2) })
+	c1, c2, s1, s2 := fourDevices(t)
 	cfg := func(d ...verbs.Device) Config {
 		return Config{Devices: d, RMBSize: 16 << 10, TestLinkInterval: -1}
 	}
@@ -310,13 +317,7 @@ func TestFailoverManyConns(t *testing.T) {
 	if n := p.cli.Stats().Continued + p.srv.Stats().Continued; n != 0 {
 		t.Errorf("%d connections continued over tcp", n)
 	}
-	for _, cs := range conns {
-		cs[0].Close()
-		cs[1].Close()
-	}
-	eventually(t, "released", func() bool {
-		return p.cli.Stats().MemoryInUse == 0 && p.srv.Stats().MemoryInUse == 0
-	})
+	p.closeAll(t, conns)
 }
 
 // TestSecondLinkReadded: after one of two links failed, the server adds a link
@@ -325,9 +326,7 @@ func TestFailoverManyConns(t *testing.T) {
 // link, survive the failure of the other link in turn, with every byte once
 // and no continuation over TCP.
 func TestSecondLinkReadded(t *testing.T) {
-	c1, c2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
-	s1, s2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
-	t.Cleanup(func() { closeChecked(t, c1, c2, s1, s2) })
+	c1, c2, s1, s2 := fourDevices(t)
 	cfg := func(d ...verbs.Device) Config {
 		return Config{Devices: d, RMBSize: 32 << 10, LinkRetry: 20 * time.Millisecond}
 	}
@@ -370,11 +369,7 @@ func TestSecondLinkReadded(t *testing.T) {
 		base := p.srv.Stats().RxBytes
 		eventually(t, "streams under way", func() bool { return p.srv.Stats().RxBytes > base+2<<20 })
 		s2.Fail()
-		eventually(t, "one link left", func() bool {
-			l, _ := linkCounts(p.cli)
-			m, _ := linkCounts(p.srv)
-			return len(l) == 1 && l[0] == 1 && len(m) == 1 && m[0] == 1
-		})
+		eventually(t, "one link left", func() bool { return oneLink(p.cli) && oneLink(p.srv) })
 	})
 	if n := p.cli.Stats().Continued + p.srv.Stats().Continued; n != 0 {
 		t.Errorf("%d connections continued over tcp with a link left", n)
@@ -383,22 +378,14 @@ func TestSecondLinkReadded(t *testing.T) {
 	if cs, ss := p.cli.Stats(), p.srv.Stats(); cs.MovedConns < uint64(len(second)) || ss.MovedConns < uint64(len(second)) {
 		t.Errorf("moved connections: client %d, server %d; want at least %d each", cs.MovedConns, ss.MovedConns, len(second))
 	}
-	for _, cs := range append(first, second...) {
-		cs[0].Close()
-		cs[1].Close()
-	}
-	eventually(t, "released", func() bool {
-		return p.cli.Stats().MemoryInUse == 0 && p.srv.Stats().MemoryInUse == 0
-	})
+	p.closeAll(t, append(first, second...))
 }
 
 // TestSecondLinkPortDown: a link is added again only once the ports on both ends
 // are up (verbs.PortStater), as Linux waits for a port event: while the server's
 // port is down it does not try, while the client's is down the client rejects.
 func TestSecondLinkPortDown(t *testing.T) {
-	c1, c2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
-	s1, s2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
-	t.Cleanup(func() { closeChecked(t, c1, c2, s1, s2) })
+	c1, c2, s1, s2 := fourDevices(t)
 	cfg := func(d ...verbs.Device) Config {
 		return Config{Devices: d, LinkRetry: 10 * time.Millisecond}
 	}
@@ -407,11 +394,7 @@ func TestSecondLinkPortDown(t *testing.T) {
 	mustSMC(t, c, s)
 	bothTwo := func() bool { return twoLinks(p.cli) && twoLinks(p.srv) }
 	eventually(t, "two links on both ends", bothTwo)
-	oneLeft := func() bool {
-		l, _ := linkCounts(p.cli)
-		m, _ := linkCounts(p.srv)
-		return len(l) == 1 && l[0] == 1 && len(m) == 1 && m[0] == 1
-	}
+	oneLeft := func() bool { return oneLink(p.cli) && oneLink(p.srv) }
 	for i, down := range []*memverbs.Device{s1, c1} {
 		down.SetPortUp(false)
 		s1.Fail() // whichever device is down, the link over s1 and c1 goes
