@@ -379,12 +379,13 @@ func TestLateDeclineWritesLand(t *testing.T) {
 	// RMBs before (its CLC timeout); the client reads the Decline only later.
 	testHookConfirm = func(*clc.Confirm) { time.Sleep(time.Second) }
 	held := make(chan struct{})
-	testHookWatch = func(c *Conn) {
+	hold := func(c *Conn) {
 		if c.client {
 			<-held
 		}
 	}
-	t.Cleanup(func() { testHookConfirm, testHookWatch = nil, nil })
+	testHookWatch.Store(&hold)
+	t.Cleanup(func() { testHookConfirm = nil; testHookWatch.Store(nil) })
 	c, s := p.connect(t)
 	testHookConfirm = nil
 	if c.Mode() != ModeSMCR || s.Mode() != ModeFallback {

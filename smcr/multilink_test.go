@@ -364,10 +364,13 @@ func TestSecondLinkReadded(t *testing.T) {
 		t.Fatalf("server links %v: want two, link 1 (failed) not among them", got)
 	}
 	// Every connection now runs on link 2 (they moved); fail it: they move to
-	// the added link, whose rkeys for their RMBs came with ADD_LINK_CONT.
+	// the added link, whose rkeys for their RMBs came with ADD_LINK_CONT. Its
+	// port goes down with it, so no link is added back over it while the test
+	// looks for the one left.
 	streamPairs(t, second, 4<<20, 400, func() {
 		base := p.srv.Stats().RxBytes
 		eventually(t, "streams under way", func() bool { return p.srv.Stats().RxBytes > base+2<<20 })
+		s2.SetPortUp(false)
 		s2.Fail()
 		eventually(t, "one link left", func() bool { return oneLink(p.cli) && oneLink(p.srv) })
 	})

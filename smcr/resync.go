@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -58,8 +59,8 @@ func parseResync(b []byte) (resync, error) {
 // an SMC-R connection. It runs for the connection's life and ends with the TCP
 // connection.
 func (c *Conn) watchTCP() {
-	if testHookWatch != nil {
-		testHookWatch(c)
+	if h := testHookWatch.Load(); h != nil {
+		(*h)(c)
 	}
 	var b [resyncLen]byte
 	if _, err := io.ReadFull(c.tcp, b[:]); err != nil {
@@ -80,8 +81,9 @@ func (c *Conn) watchTCP() {
 	c.mu.Unlock()
 }
 
-// testHookWatch lets tests hold watchTCP back, as a busy machine may.
-var testHookWatch func(*Conn)
+// testHookWatch lets tests hold watchTCP back, as a busy machine may. Atomic:
+// connections made before a test sets it read it from their own goroutines.
+var testHookWatch atomic.Pointer[func(*Conn)]
 
 // declinedAfterConfirm handles a Decline after our Confirm: the server refused
 // the connection after all (a CONFIRM_RKEY that never came, values it found
