@@ -47,7 +47,7 @@ bench: ## every benchmark beside its baselines: report.md, report.json and plots
 bench-go: ## the packages' go test -bench benchmarks (providers, codecs, e2e)
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) $(PKGS)
 
-test-vm: ## only the real-RDMA tests: ibv provider + verbstest on soft-RoCE in qemu (~3-4 min)
+test-vm: ## only the VM tests on Debian 12's kernel: ibv provider + verbstest, engines and the transparent path on soft-RoCE, eBPF programs (~5 min)
 	$(GO) test -count=1 -timeout 15m -v ./test/vm/...
 
 bench-vm: ## ibv benchmarks beside ib_write_bw/ib_write_lat in one VM boot

@@ -18,6 +18,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -39,6 +40,9 @@ type Options struct {
 	// NetNS is the network namespace file for sk_lookup (default: the calling
 	// thread's). Load also takes the namespace's cookie from the calling thread.
 	NetNS string
+	// ClsBPF attaches tc ingress as a cls_bpf filter on the clsact qdisc even
+	// where the kernel has tcx (Linux 6.6+); older kernels always get that.
+	ClsBPF bool
 	// Logger receives attach and takeover events (default: discard).
 	Logger *slog.Logger
 }
@@ -54,6 +58,11 @@ type Loader struct {
 	mu     sync.Mutex
 	links  map[string]link.Link // by pin name
 	closed bool
+	netns  *os.File        // the namespace the programs serve
+	nl     *netlink.Handle // in netns, for the cls_bpf filters (tc.go)
+	// cls: tc ingress is a cls_bpf filter, the kernel having no tcx or
+	// Options.ClsBPF asking for it.
+	cls bool
 }
 
 // cgroupProgs: the programs attached to the cgroup, with their hooks.
@@ -163,7 +172,7 @@ func (l *Loader) setup() error {
 	if err != nil {
 		return fmt.Errorf("bpf: open netns: %w", err)
 	}
-	defer ns.Close()
+	l.netns = ns
 	nsino, err := inode(l.opts.NetNS)
 	if err != nil {
 		return fmt.Errorf("bpf: netns: %w", err)
@@ -223,23 +232,33 @@ func (l *Loader) SetInterfaces(names []string) error {
 		return net.ErrClosed
 	}
 	want := map[string]bool{}
+	wantIdx := map[int]bool{}
 	for _, n := range names {
 		iface, err := net.InterfaceByName(n)
 		if err != nil {
 			return fmt.Errorf("bpf: interface %s: %w", n, err)
 		}
-		idx := uint32(iface.Index)
 		name := "tc_" + n
 		want[name] = true
-		err = l.attach(name, l.objs.SmcrTcIngress, func(i link.Info) bool {
-			t := i.TCX()
-			return t != nil && t.Ifindex == idx
-		}, func() (link.Link, error) {
-			return link.AttachTCX(link.TCXOptions{Interface: int(idx), Program: l.objs.SmcrTcIngress, Attach: ebpf.AttachTCXIngress})
-		})
-		if err != nil {
+		wantIdx[iface.Index] = true
+		if err := l.attachTC(name, iface.Index); err != nil {
 			return fmt.Errorf("bpf: attach tc ingress to %s: %w", n, err)
 		}
+	}
+	// cls_bpf filters no longer wanted, this run's or an earlier smcrd's (an
+	// older kernel, or ClsBPF): looked for whether tcx is in use or not.
+	if !l.cls {
+		wantIdx = nil
+	}
+	if err := l.openNetlink(); err != nil {
+		return fmt.Errorf("bpf: %w", err)
+	}
+	removed, err := detachClsBPF(l.nl, wantIdx)
+	for _, n := range removed {
+		l.log.Info("bpf: detached tc ingress filter", "interface", n)
+	}
+	if err != nil {
+		return fmt.Errorf("bpf: %w", err)
 	}
 	// Interfaces no longer listed, in this run or a previous smcrd's.
 	entries, _ := os.ReadDir(l.opts.PinDir)
@@ -259,12 +278,42 @@ func (l *Loader) SetInterfaces(names []string) error {
 	}
 	var rules []PrefixRule
 	if len(names) > 0 {
-		var err error
 		if rules, err = InterfacePrefixes(names); err != nil {
 			return err
 		}
 	}
 	return l.setPrefixes(rules, len(names) > 0)
+}
+
+// attachTC attaches tc ingress to an interface: a pinned tcx link, or where the
+// kernel has no tcx (Linux before 6.6) smcr's cls_bpf filter.
+func (l *Loader) attachTC(name string, ifindex int) error {
+	if !l.cls && !l.opts.ClsBPF {
+		err := l.attach(name, l.objs.SmcrTcIngress, func(i link.Info) bool {
+			t := i.TCX()
+			return t != nil && int(t.Ifindex) == ifindex
+		}, func() (link.Link, error) {
+			return link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: l.objs.SmcrTcIngress, Attach: ebpf.AttachTCXIngress})
+		})
+		if !errors.Is(err, ebpf.ErrNotSupported) {
+			return err
+		}
+		l.log.Info("bpf: kernel has no tcx, tc ingress goes in as a cls_bpf filter", "err", err)
+	}
+	l.cls = true
+	if err := l.openNetlink(); err != nil {
+		return err
+	}
+	return attachClsBPF(l.nl, ifindex, l.objs.SmcrTcIngress)
+}
+
+func (l *Loader) openNetlink() error {
+	if l.nl != nil {
+		return nil
+	}
+	var err error
+	l.nl, err = openNetlink(l.netns)
+	return err
 }
 
 // Close releases the loader's handles. The programs stay attached and the maps
@@ -282,6 +331,12 @@ func (l *Loader) Close() error {
 		errs = append(errs, lk.Close())
 	}
 	errs = append(errs, l.objs.Close())
+	if l.nl != nil {
+		l.nl.Close()
+	}
+	if l.netns != nil {
+		errs = append(errs, l.netns.Close())
+	}
 	return errors.Join(errs...)
 }
 
@@ -294,6 +349,10 @@ func (l *Loader) Remove() error {
 		for _, lk := range l.links {
 			errs = append(errs, lk.Unpin())
 		}
+	}
+	if !l.closed && l.openNetlink() == nil {
+		_, err := detachClsBPF(l.nl, nil)
+		errs = append(errs, err)
 	}
 	l.mu.Unlock()
 	errs = append(errs, l.Close())

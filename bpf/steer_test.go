@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/smcr-io/smcr/internal/nstest"
 )
 
@@ -15,11 +17,20 @@ const portSteered = 7002
 // TestOptionAndSteering: smcrd on A connects with the SMC option; on B, tc marks the
 // SYN, sk_lookup hands it to smcrd's steering listener, which echoes the option.
 // Untagged connections carry no option and reach the application.
+// It runs with tc ingress as a tcx link and as the cls_bpf filter kernels before
+// 6.6 get.
 func TestOptionAndSteering(t *testing.T) {
+	for _, cls := range []bool{false, true} {
+		name := map[bool]string{false: "tcx", true: "cls_bpf"}[cls]
+		t.Run(name, func(t *testing.T) { testOptionAndSteering(t, cls) })
+	}
+}
+
+func testOptionAndSteering(t *testing.T, clsBPF bool) {
 	p := nstest.NewPair(t)
 	cg := testCgroup(t)
 	la := loadIn(t, p.A, Options{CgroupPath: cg})
-	lb := loadIn(t, p.B, Options{CgroupPath: cg, Interfaces: []string{p.B.Links[0].Name}})
+	lb := loadIn(t, p.B, Options{CgroupPath: cg, Interfaces: []string{p.B.Links[0].Name}, ClsBPF: clsBPF})
 	app := listen(t, p.B, ":7002", nil, nil)
 	steer4 := listen(t, p.B, "127.0.0.1:0", lb, &Tag{SMCOption: true})
 	steer6 := listen(t, p.B, "[::1]:0", lb, &Tag{SMCOption: true})
@@ -142,8 +153,12 @@ func TestPinnedTakeover(t *testing.T) {
 			t.Errorf("map %s: id %d after takeover, want %d", name, ids2[name], id)
 		}
 	}
-	if len(l2.links) != 9+1 { // 8 cgroup hooks, sk_lookup, one tc
-		t.Errorf("took over %d links, want 10", len(l2.links))
+	want := 8 + 1 + 1 // cgroup hooks, sk_lookup, tc
+	if l2.cls {
+		want-- // tc is a cls_bpf filter, not a link (no tcx)
+	}
+	if len(l2.links) != want {
+		t.Errorf("took over %d links, want %d", len(l2.links), want)
 	}
 	if who, _, _ := whoAccepts(t, h.p.A, orig, h.redir4, h.server); who != 0 {
 		t.Errorf("after takeover: connection went to listener %d, want the redirect listener", who)
@@ -157,4 +172,76 @@ func TestPinnedTakeover(t *testing.T) {
 	if who, _, _ := whoAccepts(t, h.p.A, orig, h.server, h.redir4); who != 0 {
 		t.Errorf("after Remove: connection went to listener %d, want the server", who)
 	}
+}
+
+// TestClsBPFTakeover: on kernels without tcx, tc ingress is smcr's cls_bpf filter;
+// a restarted smcrd replaces it in place instead of adding a second one, an
+// interface no longer listed loses it, Remove takes it away, and a later smcrd
+// sweeps up one a previous smcrd left on an interface it does not list.
+func TestClsBPFTakeover(t *testing.T) {
+	p := nstest.NewPair(t)
+	cg := testCgroup(t)
+	ifname := p.B.Links[0].Name
+	var idx int
+	filters := func() map[int]int {
+		t.Helper()
+		ids := map[int]int{}
+		must(t, p.B.Do(func() error {
+			i, err := net.InterfaceByName(ifname)
+			if err != nil {
+				return err
+			}
+			idx = i.Index
+			nl, err := netlink.NewHandle()
+			if err != nil {
+				return err
+			}
+			defer nl.Close()
+			fs, err := clsBPFFilters(nl)
+			for idx, f := range fs {
+				ids[idx] = f.(*netlink.BpfFilter).Id
+			}
+			return err
+		}))
+		return ids
+	}
+	l1 := loadIn(t, p.B, Options{CgroupPath: cg, Interfaces: []string{ifname}, ClsBPF: true})
+	if got := filters(); len(got) != 1 || got[idx] != progID(t, l1) {
+		t.Fatalf("filters after load: %v, want one on %s (index %d) running program %d", got, ifname, idx, progID(t, l1))
+	}
+	must(t, l1.Close())
+	l2 := loadIn(t, p.B, Options{CgroupPath: cg, Interfaces: []string{ifname}, ClsBPF: true, PinDir: l1.opts.PinDir})
+	if got := filters(); len(got) != 1 || got[idx] != progID(t, l2) {
+		t.Errorf("filters after takeover: %v, want one on index %d running the new program %d", got, idx, progID(t, l2))
+	}
+	must(t, p.B.Do(func() error { return l2.SetInterfaces(nil) }))
+	if got := filters(); len(got) != 0 {
+		t.Errorf("filters after the interface was unlisted: %v, want none", got)
+	}
+	must(t, p.B.Do(func() error { return l2.SetInterfaces([]string{ifname}) }))
+	if got := filters(); len(got) != 1 {
+		t.Errorf("filters after the interface was listed again: %v, want one", got)
+	}
+	must(t, l2.Remove())
+	if got := filters(); len(got) != 0 {
+		t.Errorf("filters after Remove: %v, want none", got)
+	}
+
+	l3 := loadIn(t, p.B, Options{CgroupPath: cg, Interfaces: []string{ifname}, ClsBPF: true})
+	must(t, l3.Close())
+	if got := filters(); len(got) != 1 {
+		t.Fatalf("filters after close: %v, want the one left in place", got)
+	}
+	loadIn(t, p.B, Options{CgroupPath: cg, PinDir: l3.opts.PinDir})
+	if got := filters(); len(got) != 0 {
+		t.Errorf("filters after a loader listing no interface: %v, want none", got)
+	}
+}
+
+func progID(t *testing.T, l *Loader) int {
+	t.Helper()
+	info, err := l.objs.SmcrTcIngress.Info()
+	must(t, err)
+	id, _ := info.ID()
+	return int(id)
 }

@@ -94,6 +94,18 @@ var attributes = []attribute{
 		get:  func(c *Config) string { return strings.Join(c.Providers, ",") },
 	},
 	{
+		name: "rdma_devices", def: "",
+		desc: "RDMA device of an interface, as eth0=mlx5_0/1,eth1=mlx5_1 (port 1 when not given), where the device's GID table does not name the interface (empty: found from the GID tables)",
+		set:  func(c *Config, v string) (err error) { c.RDMADevices, err = parseRDMADevices(v); return },
+		get: func(c *Config) string {
+			s := make([]string, len(c.RDMADevices))
+			for i, d := range c.RDMADevices {
+				s[i] = d.String()
+			}
+			return strings.Join(s, ",")
+		},
+	},
+	{
 		name: "peer_cache_ttl", def: "10m",
 		desc: "how long a peer without SMC-R is connected to directly, without trying again",
 		set: func(c *Config, v string) (err error) {
@@ -312,6 +324,37 @@ func parseInterfaces(v string) ([]string, error) {
 		}
 	}
 	return list, nil
+}
+
+func parseRDMADevices(v string) ([]RDMADevice, error) {
+	var out []RDMADevice
+	for _, e := range splitList(v) {
+		ifc, dev, ok := strings.Cut(e, "=")
+		if !ok {
+			return nil, fmt.Errorf("%q is not of the form interface=device[/port]", e)
+		}
+		ifc, dev = strings.TrimSpace(ifc), strings.TrimSpace(dev)
+		d := RDMADevice{Interface: ifc, Port: 1}
+		if name, port, ok := strings.Cut(dev, "/"); ok {
+			n, err := strconv.Atoi(port)
+			if err != nil || n < 1 || n > 255 {
+				return nil, fmt.Errorf("%q: port %q is not a number from 1 to 255", e, port)
+			}
+			dev, d.Port = name, n
+		}
+		d.Device = dev
+		if !validIfName(ifc) {
+			return nil, fmt.Errorf("%q: %q is not an interface name", e, ifc)
+		}
+		if dev == "" || len(dev) > 63 || strings.ContainsAny(dev, "/: \t") {
+			return nil, fmt.Errorf("%q: %q is not an RDMA device name", e, dev)
+		}
+		if slices.ContainsFunc(out, func(o RDMADevice) bool { return o.Interface == ifc }) {
+			return nil, fmt.Errorf("interface %s mapped twice", ifc)
+		}
+		out = append(out, d)
+	}
+	return out, nil
 }
 
 // validIfName follows the kernel's dev_valid_name: 1-15 bytes, no '/', ':' or space.

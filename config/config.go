@@ -37,6 +37,7 @@ type Config struct {
 	RMBSize        int           // receive buffer (RMBE) per connection, bytes
 	SendBufSize    int           // send buffer per connection, bytes
 	Providers      []string      // RDMA providers in order of preference: rdma, shm, soft
+	RDMADevices    []RDMADevice  // interface → RDMA device port, where the GID table cannot tell
 	PeerCacheTTL   time.Duration // how long a peer without SMC-R is connected to directly
 	CLCTimeout     time.Duration // wait for each CLC message before falling back
 	Cgroup         string        // cgroup v2 whose sockets are accelerated; empty = the root
@@ -45,6 +46,22 @@ type Config struct {
 	MetricsAddress string        // Prometheus metrics listener; empty = off
 	LogLevel       string        // debug, info, warn, error
 	LogFormat      string        // text or json
+}
+
+// RDMADevice maps an interface to the RDMA device port that carries its links (the
+// PNET table of smc-tools' smc_pnet). Without an entry the device is the one whose
+// GID table holds the interface's addresses.
+type RDMADevice struct {
+	Interface string
+	Device    string
+	Port      int // 1 when not given
+}
+
+func (d RDMADevice) String() string {
+	if d.Port == 1 {
+		return d.Interface + "=" + d.Device
+	}
+	return fmt.Sprintf("%s=%s/%d", d.Interface, d.Device, d.Port)
 }
 
 // MaxInterfaces is the number of links of a link group (PROTOCOL.md "Link groups").

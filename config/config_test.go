@@ -65,6 +65,12 @@ func TestParseErrors(t *testing.T) {
 		{"enabled = yes\nenabled = no", `line 2: enabled: set twice (first on line 1)`},
 		{"metrics_address = localhost", `"localhost" is not an address:port`},
 		{"control_socket = run/x.sock", `"run/x.sock" is not an absolute path`},
+		{"rdma_devices = eth0", `rdma_devices: "eth0" is not of the form interface=device[/port]`},
+		{"rdma_devices = eth0=mlx5_0/0", `"eth0=mlx5_0/0": port "0" is not a number from 1 to 255`},
+		{"rdma_devices = eth0=mlx5_0/x", `port "x" is not a number`},
+		{"rdma_devices = eth0=", `"eth0=": "" is not an RDMA device name`},
+		{"rdma_devices = =mlx5_0", `"" is not an interface name`},
+		{"rdma_devices = eth0=a,eth0=b", `interface eth0 mapped twice`},
 	} {
 		_, err := Parse(strings.NewReader(c.in))
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -118,13 +124,16 @@ func TestSetIsAllOrNothing(t *testing.T) {
 
 func TestFormatRoundTrip(t *testing.T) {
 	c, err := Default().Set("enabled=no", "port_range_list=1-20,23,50", "ip_addr_list=eth1", "providers=soft,shm",
-		"peer_cache_ttl=1h30m", "clc_timeout=250ms", "metrics_address=", "log_format=json", "cgroup=/smcr/apps/")
+		"peer_cache_ttl=1h30m", "clc_timeout=250ms", "rdma_devices=eth1=mlx5_0/2, veth0=rxe0", "metrics_address=", "log_format=json", "cgroup=/smcr/apps/")
 	if err != nil {
 		t.Fatal(err)
 	}
 	back, err := Parse(strings.NewReader(string(c.Format())))
 	if err != nil {
 		t.Fatalf("parse formatted: %v\n%s", err, c.Format())
+	}
+	if want := []RDMADevice{{"eth1", "mlx5_0", 2}, {"veth0", "rxe0", 1}}; !reflect.DeepEqual(c.RDMADevices, want) {
+		t.Errorf("rdma_devices = %+v, want %+v", c.RDMADevices, want)
 	}
 	if !reflect.DeepEqual(back, c) {
 		t.Fatalf("round trip:\n got %+v\nwant %+v", back, c)

@@ -160,7 +160,7 @@ func New(opts Options) (*Daemon, error) {
 	}
 	inCgroup(cgroup, d.log)
 	d.peers = newPeerCache(time.Now, d.loader.AddNegative)
-	d.devs = openDevices(cfg.Providers, ifaces, opts.ShmDir, d.loader.Control(bpf.Tag{}), d.log)
+	d.devs = openDevices(cfg.Providers, ifaces, cfg.RDMADevices, opts.ShmDir, d.loader.Control(bpf.Tag{}), d.log)
 	d.engine, err = smcr.NewEngine(smcr.Config{
 		Devices:     d.devs,
 		MaxMemory:   cfg.MaxMemory,

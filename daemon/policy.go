@@ -25,6 +25,7 @@ import (
 // peer_cache_ttl when the next peer is cached.
 var atRestart = map[string]string{
 	"providers":       "the RDMA devices are opened at start",
+	"rdma_devices":    "the RDMA devices are opened at start",
 	"cgroup":          "the programs are attached to the cgroup at start",
 	"control_socket":  "the control socket is opened at start",
 	"control_group":   "the control socket is opened at start",

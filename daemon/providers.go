@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 	"syscall"
 
 	"github.com/smcr-io/smcr/config"
@@ -29,9 +30,16 @@ const maxDevices = 2
 // connection then falls back to TCP, which the operator sees in smcrctl stats.
 // own tags the soft provider's sockets as smcrd's, so the connect hooks leave them
 // alone.
-func openDevices(providers []string, ifaces []config.Interface, shmDir string,
+// rdma maps interfaces to their devices where the GID tables cannot tell
+// (rdma_devices).
+func openDevices(providers []string, ifaces []config.Interface, rdma []config.RDMADevice, shmDir string,
 	own func(network, address string, c syscall.RawConn) error, log *slog.Logger) []verbs.Device {
 	var devs []verbs.Device
+	for _, m := range rdma {
+		if !slices.ContainsFunc(ifaces, func(i config.Interface) bool { return i.Name == m.Interface }) {
+			log.Warn("rdma_devices names an interface smcrd does not use: ignored", "entry", m.String(), "interfaces", ifaceNames(ifaces))
+		}
+	}
 	for _, p := range providers {
 		if len(devs) >= maxDevices {
 			break
@@ -42,7 +50,11 @@ func openDevices(providers []string, ifaces []config.Interface, shmDir string,
 				if len(devs) >= maxDevices {
 					break
 				}
-				d, err := ibv.Open(ibv.Config{Interface: i.Name, GIDIndex: -1, Logger: log})
+				cfg := ibv.Config{Interface: i.Name, GIDIndex: -1, Logger: log}
+				if k := slices.IndexFunc(rdma, func(m config.RDMADevice) bool { return m.Interface == i.Name }); k >= 0 {
+					cfg.Device, cfg.Port = rdma[k].Device, rdma[k].Port
+				}
+				d, err := ibv.Open(cfg)
 				if err != nil {
 					lvl := slog.LevelWarn
 					if errors.Is(err, verbs.ErrUnsupported) {

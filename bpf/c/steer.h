@@ -94,10 +94,17 @@ int smcr_tc_ingress(struct __sk_buff *skb)
 		return TC_ACT_UNSPEC;
 	optlen = th->doff * 4;
 	optlen = optlen > sizeof(*th) ? optlen - sizeof(*th) : 0;
-	if (optlen > 0 && optlen <= TCP_MAX_OPTS &&
-	    !bpf_skb_load_bytes(skb, thoff + sizeof(*th), w.buf, optlen)) {
-		w.end = optlen;
-		bpf_loop(TCP_MAX_OPTS, opt_step, &w, 0);
+	/* Two bounds, each tested on the register the helper gets: verifiers
+	 * before 6.8 learn nothing from "!= 0", and without the barrier the
+	 * compiler merges both tests into one range check on a copy, leaving the
+	 * size possibly zero or unbounded (Debian 12's 6.1 rejects the program). */
+	if (optlen >= 4) {
+		asm volatile("" : "+r"(optlen));
+		if (optlen <= TCP_MAX_OPTS &&
+		    !bpf_skb_load_bytes(skb, thoff + sizeof(*th), w.buf, optlen)) {
+			w.end = optlen;
+			bpf_loop(TCP_MAX_OPTS, opt_step, &w, 0);
+		}
 	}
 	if (w.found) {
 		__u64 now = bpf_ktime_get_ns();

@@ -34,7 +34,15 @@ var bins struct {
 	err     error
 }
 
+// SMCR_E2E_BIN names a directory holding smcrd and testapp already built: the
+// soft-RoCE VM (test/vm) runs this suite with an smcrd built with the ibv tag,
+// and with no Go toolchain cache to build one in the guest.
 func TestMain(m *testing.M) {
+	if dir := os.Getenv("SMCR_E2E_BIN"); dir != "" {
+		bins.smcrd = filepath.Join(dir, "smcrd")
+		bins.testapp = filepath.Join(dir, "testapp")
+		os.Exit(m.Run())
+	}
 	dir, err := os.MkdirTemp("", "smcr-e2e-bin")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -54,6 +62,31 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+// providers are the providers the tests run once each with: shm and soft here,
+// or SMCR_E2E_PROVIDERS (the VM: rdma).
+func providers() []string {
+	if p := os.Getenv("SMCR_E2E_PROVIDERS"); p != "" {
+		return strings.Split(p, ",")
+	}
+	return []string{"shm", "soft"}
+}
+
+// providerConf is the configuration that makes a host use provider p. For rdma
+// both hosts share the RDMA device SMCR_E2E_RDMA_DEVICE (the VM's rxe0): its
+// netdev is outside their namespaces, so rdma_devices names it, and two queue
+// pairs on one device reach each other as over a fabric.
+func (h *host) providerConf(p string) []string {
+	conf := []string{"providers = " + p}
+	if p == "rdma" {
+		dev := os.Getenv("SMCR_E2E_RDMA_DEVICE")
+		if dev == "" {
+			h.t.Fatal("provider rdma needs SMCR_E2E_RDMA_DEVICE, the RDMA device to use")
+		}
+		conf = append(conf, "rdma_devices = "+h.ns.Links[0].Name+"="+dev)
+	}
+	return conf
 }
 
 // host is one namespace of a pair with its cgroup and, once started, its smcrd.

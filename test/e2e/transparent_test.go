@@ -30,15 +30,15 @@ const ports = "port_range_list = 5200-5299"
 
 // TestTransparent runs once per provider that can run here.
 func TestTransparent(t *testing.T) {
-	for _, p := range []string{"shm", "soft"} {
+	for _, p := range providers() {
 		t.Run(p, func(t *testing.T) { testTransparent(t, p) })
 	}
 }
 
 func testTransparent(t *testing.T, provider string) {
 	a, b := hosts(t)
-	a.start("providers = "+provider, ports)
-	b.start("providers = "+provider, ports)
+	a.start(append(a.providerConf(provider), ports)...)
+	b.start(append(b.providerConf(provider), ports)...)
 	b.serve(5201)
 	a.serve(5201)
 
@@ -130,6 +130,11 @@ func testTransparent(t *testing.T, provider string) {
 	links, err := a.ctl.Links(context.Background())
 	if err != nil || len(links) == 0 {
 		t.Errorf("links: %v %+v", err, links)
+	}
+	// The links ran over the provider under test and nothing else.
+	devs, err := a.ctl.Devices(context.Background())
+	if err != nil || len(devs) != 1 || devs[0].Provider != provider || devs[0].Links == 0 {
+		t.Errorf("devices: %v %+v, want one %s device carrying the links", err, devs, provider)
 	}
 	var ipr struct {
 		End struct {

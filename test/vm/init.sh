@@ -48,6 +48,9 @@ for d in $(echo "${smcr_keep:-}" | tr , ' '); do
 	mount --bind "/hosttmp${d#/tmp}" "$h$d" || fail "bind $d"
 done
 mount -t tmpfs run $h/run
+# cgroup v2 and bpffs, for smcrd's BPF programs (the end-to-end tests in the guest).
+mount -t cgroup2 cgroup2 $h/sys/fs/cgroup || echo "vm-init: no cgroup2"
+mount -t bpf bpf $h/sys/fs/bpf || echo "vm-init: no bpffs"
 mkdir -p "$h$smcr_job" 2>/dev/null
 mount -t 9p -o trans=virtio,version=9p2000.L,rw,msize=524288 job "$h$smcr_job" || fail "mount job"
 

@@ -1,6 +1,7 @@
-// The VM tests: the ibv provider's own suite (verbstest included) and two smcr
-// engines over the provider, on soft-RoCE inside qemu, run by plain `go test
-// ./...` on the host.
+// The VM tests: the ibv provider's own suite (verbstest included), two smcr
+// engines over the provider, the transparent path end to end with smcrd on
+// rdma, and the eBPF programs on Debian's kernel, on soft-RoCE inside qemu, run
+// by plain `go test ./...` on the host.
 
 package vm
 
@@ -55,13 +56,20 @@ var (
 // test skipped.
 func runSuite(t *testing.T, bin string, args ...string) []byte {
 	t.Helper()
+	return runSuiteEnv(t, bin, nil, args...)
+}
+
+// runSuiteEnv is runSuite with VAR=value pairs added to the guest's environment.
+func runSuiteEnv(t *testing.T, bin string, env []string, args ...string) []byte {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 9*time.Minute)
 	defer cancel()
 	res, err := Run(ctx, Options{
-		Args:    append([]string{bin, "-test.v", "-test.count=1", "-test.timeout=5m"}, args...),
-		Dir:     filepath.Dir(bin),
-		Env:     []string{"SMCR_IBV_REQUIRE=1", "SMCR_IBV_INTERFACE=" + Netdev},
-		Timeout: 6 * time.Minute,
+		Args:     append([]string{bin, "-test.v", "-test.count=1", "-test.timeout=5m"}, args...),
+		Dir:      filepath.Dir(bin),
+		Env:      append([]string{"SMCR_IBV_REQUIRE=1", "SMCR_IBV_INTERFACE=" + Netdev}, env...),
+		Timeout:  6 * time.Minute,
+		MemoryMB: 3072,
 	})
 	t.Logf("guest ran %s in %v (exit %d)", filepath.Base(bin), res.Elapsed.Round(time.Second), res.ExitCode)
 	if err != nil {
@@ -102,6 +110,56 @@ func TestEngineOnSoftRoCE(t *testing.T) {
 
 // engineRE picks the guest test's own summary lines.
 var engineRE = regexp.MustCompile(`(?m)^.*(connection: |connection in |link group \d+ over ).*$`)
+
+// TestBPFOnDebianKernel runs the eBPF programs' tests on the guest's kernel,
+// Debian 12's 6.1: an older verifier than the host's, and no tcx, so tc ingress
+// goes in as a cls_bpf filter.
+func TestBPFOnDebianKernel(t *testing.T) {
+	requireVM(t)
+	bin := buildTest(t, "./bpf")
+	out := runSuite(t, bin, "-test.run", "^Test")
+	t.Logf("%d tests passed on the guest's kernel", len(passRE.FindAll(out, -1)))
+}
+
+// TestTransparentOnSoftRoCE runs the end-to-end suite of test/e2e in the guest:
+// two hosts in network namespaces, each with its own smcrd built with the ibv
+// provider, carry unmodified programs over rxe (TestTransparent on rdma), and the
+// fallback, negative cache, unlisted port, kill and runtime configuration tests
+// run their eBPF programs on Debian's kernel, older than the host's (no tcx there).
+// The tests that size their transfers for a native CPU (drain, stress) stay on
+// the host.
+func TestTransparentOnSoftRoCE(t *testing.T) {
+	requireVM(t)
+	bin := buildTest(t, "./test/e2e")
+	dir := filepath.Dir(bin)
+	root := filepath.Join(Dir(), "..", "..")
+	for _, b := range []struct {
+		out string
+		env []string
+		arg []string
+	}{
+		{"smcrd", nil, []string{"-tags", "ibv", "./cmd/smcrd"}},
+		{"testapp", []string{"CGO_ENABLED=0"}, []string{"./test/e2e/testapp"}},
+	} {
+		cmd := exec.Command("go", append([]string{"build", "-o", filepath.Join(dir, b.out)}, b.arg...)...)
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), b.env...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go build %s: %v\n%s", b.out, err, out)
+		}
+	}
+	out := runSuiteEnv(t, bin,
+		[]string{"SMCR_E2E_BIN=" + dir, "SMCR_E2E_PROVIDERS=rdma", "SMCR_E2E_RDMA_DEVICE=rxe0"},
+		"-test.run", "^(TestTransparent|TestFallbackAndNegativeCache|TestPortNotListed|TestKill|TestRuntimeConfig|TestOperatorView)$")
+	if !bytes.Contains(out, []byte("--- PASS: TestTransparent/rdma")) {
+		t.Fatalf("TestTransparent/rdma did not pass in the guest:\n%s", out)
+	}
+	for _, l := range iperfRE.FindAll(out, -1) {
+		t.Logf("guest: %s", bytes.TrimSpace(l))
+	}
+}
+
+var iperfRE = regexp.MustCompile(`(?m)^.*iperf3 through smcrd.*$`)
 
 // TestRunReportsExitCode checks the harness itself: the guest's status comes back.
 func TestRunReportsExitCode(t *testing.T) {
