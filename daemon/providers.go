@@ -50,11 +50,7 @@ func openDevices(providers []string, ifaces []config.Interface, rdma []config.RD
 				if len(devs) >= maxDevices {
 					break
 				}
-				cfg := ibv.Config{Interface: i.Name, GIDIndex: -1, Logger: log}
-				if k := slices.IndexFunc(rdma, func(m config.RDMADevice) bool { return m.Interface == i.Name }); k >= 0 {
-					cfg.Device, cfg.Port = rdma[k].Device, rdma[k].Port
-				}
-				d, err := ibv.Open(cfg)
+				d, err := ibv.Open(ibvConfig(i.Name, rdma, log))
 				if err != nil {
 					lvl := slog.LevelWarn
 					if errors.Is(err, verbs.ErrUnsupported) {
@@ -102,6 +98,16 @@ func openDevices(providers []string, ifaces []config.Interface, rdma []config.RD
 		log.Info("device open", "provider", d.Kind(), "name", d.Name(), "netdev", d.Port().Netdev)
 	}
 	return devs
+}
+
+// ibvConfig selects the RDMA device port of an interface: the one rdma_devices
+// names, else the one whose GID table holds the interface's addresses.
+func ibvConfig(iface string, rdma []config.RDMADevice, log *slog.Logger) ibv.Config {
+	cfg := ibv.Config{Interface: iface, GIDIndex: -1, Logger: log}
+	if k := slices.IndexFunc(rdma, func(m config.RDMADevice) bool { return m.Interface == iface }); k >= 0 {
+		cfg.Device, cfg.Port = rdma[k].Device, rdma[k].Port
+	}
+	return cfg
 }
 
 // firstAddr is the first IPv4 address of the interfaces (else the first global
