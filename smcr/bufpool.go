@@ -170,25 +170,45 @@ func (c *Conn) adopt(b *pooledBuf) {
 
 // releaseBuffers takes the RMB and send buffer out of a released connection and
 // pools them when it ended in order: both ends closed, no WRITE of ours
-// outstanding (and the peer's all landed before its closing CDC), the link up,
-// and for the RMB no CONFIRM_RKEY response pending (its next user would announce
-// the same rkey, and responses match by rkey). The rest is deregistered. It
-// returns the bytes of max_memory the pool took over.
+// outstanding (and the peer's all landed before its closing CDC), the link up.
+// An RMB whose CONFIRM_RKEY is still unanswered (a short connection: the answer
+// takes a few wake-ups) joins the pool once answered, since its next user
+// announces the same rkey and responses match by rkey. The rest is deregistered.
+// It returns the bytes of max_memory the pool took over, or holds until then.
 func (c *Conn) releaseBuffers() (kept int64) {
 	c.mu.Lock()
 	orderly := c.lg != nil && c.localTerm && c.peerClosed && !c.peerAbort && !c.localAbort &&
 		!c.lnkErr && !c.fo && c.wrOut.Load() == 0
-	announcing := c.rkeyAnnounced != nil && !isClosed(c.rkeyAnnounced)
+	announcing := c.rkeyAnnounced
+	if announcing != nil && isClosed(announcing) {
+		announcing = nil
+	}
 	bufs := c.detachBufsLocked()
 	c.mu.Unlock()
 	for _, b := range bufs {
-		if orderly && b.own != nil && !(b.rmb && announcing) && c.lg.keep(b) {
+		switch {
+		case !orderly || b.own == nil:
+			b.deregister()
+		case b.rmb && announcing != nil:
 			kept += int64(b.size)
-			continue
+			go c.lg.keepWhenAnswered(b, announcing)
+		case c.lg.keep(b):
+			kept += int64(b.size)
+		default:
+			b.deregister()
 		}
-		b.deregister()
 	}
 	return kept
+}
+
+// keepWhenAnswered pools b once its CONFIRM_RKEY is answered (or failed, which
+// takes the link down, so b is freed), or frees it with the memory it holds.
+func (lg *linkGroup) keepWhenAnswered(b *pooledBuf, answered <-chan struct{}) {
+	<-answered
+	if !lg.keep(b) {
+		b.deregister()
+		lg.e.unreserve(int64(b.size))
+	}
 }
 
 // detachBufsLocked takes c's RMB and send buffer, with their registrations on

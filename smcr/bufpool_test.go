@@ -123,11 +123,13 @@ func TestBufferReuseChurn(t *testing.T) {
 	}
 }
 
-// TestPendingRKeyNotPooled: an RMB whose CONFIRM_RKEY still awaits its response
-// is not pooled. Responses are matched by rkey: a next user announcing the same
-// rkey would take that response, and the first announcement would time out and
-// fail the link.
-func TestPendingRKeyNotPooled(t *testing.T) {
+// TestPendingRKeyPooledWhenAnswered: an RMB whose CONFIRM_RKEY still awaits its
+// response joins the pool only once answered. Responses are matched by rkey: a
+// next user announcing the same rkey meanwhile would take that response, and the
+// first announcement would time out and fail the link. Short connections end
+// before the answer is back (it takes a few wake-ups), so waiting, rather than
+// freeing the RMB, is what lets them reuse buffers at all.
+func TestPendingRKeyPooledWhenAnswered(t *testing.T) {
 	p := memPair(t)
 	first, fs := p.connect(t) // first contact: no CONFIRM_RKEY
 	mustSMC(t, first, fs)
@@ -136,18 +138,35 @@ func TestPendingRKeyNotPooled(t *testing.T) {
 	if c.rkeyAnnounced == nil {
 		t.Fatal("a link-group reuse sent no CONFIRM_RKEY")
 	}
+	pending := make(chan struct{}) // as if the response were still on its way
 	c.mu.Lock()
-	c.rkeyAnnounced = make(chan struct{}) // as if the response were still on its way
+	c.rkeyAnnounced = pending
 	c.mu.Unlock()
+	inUse := p.cli.Stats().MemoryInUse
 	c.Close()
 	s.Close()
 	eventually(t, "released", func() bool { return len(p.cli.Conns()) == 1 && len(p.srv.Conns()) == 1 })
 	if got, want := p.cli.Stats().MemoryPooled, int64(c.peerSize); got != want {
-		t.Fatalf("client pooled %d bytes, want only the send buffer (%d)", got, want)
+		t.Fatalf("client pooled %d bytes before the answer, want only the send buffer (%d)", got, want)
+	}
+	// In use counts what is not pooled: the send buffer went to the pool, the
+	// RMB waiting for its answer still holds its share.
+	if got, want := p.cli.Stats().MemoryInUse, inUse-int64(c.peerSize); got != want {
+		t.Errorf("client memory in use %d before the answer, want %d", got, want)
 	}
 	if got, want := p.srv.Stats().MemoryPooled, int64(s.rmbSize+s.peerSize); got != want {
 		t.Fatalf("server pooled %d bytes, want its RMB and send buffer (%d)", got, want)
 	}
-	first.Close()
-	fs.Close()
+	close(pending)
+	want := int64(c.rmbSize + c.peerSize)
+	eventually(t, "RMB pooled once answered", func() bool { return p.cli.Stats().MemoryPooled == want })
+	c2, s2 := p.connect(t)
+	mustSMC(t, c2, s2)
+	if c2.rmb.RKey() != c.rmb.RKey() {
+		t.Errorf("next connection's RMB rkey %x, want the pooled one %x", c2.rmb.RKey(), c.rmb.RKey())
+	}
+	stream(t, c2, s2, 100000, 9)
+	for _, x := range []*Conn{c2, s2, first, fs} {
+		x.Close()
+	}
 }
