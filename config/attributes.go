@@ -346,7 +346,7 @@ func parseRDMADevices(v string) ([]RDMADevice, error) {
 		if !validIfName(ifc) {
 			return nil, fmt.Errorf("%q: %q is not an interface name", e, ifc)
 		}
-		if dev == "" || len(dev) > 63 || strings.ContainsAny(dev, "/: \t") {
+		if !validDeviceName(dev) {
 			return nil, fmt.Errorf("%q: %q is not an RDMA device name", e, dev)
 		}
 		if slices.ContainsFunc(out, func(o RDMADevice) bool { return o.Interface == ifc }) {
@@ -355,6 +355,20 @@ func parseRDMADevices(v string) ([]RDMADevice, error) {
 		out = append(out, d)
 	}
 	return out, nil
+}
+
+// validDeviceName accepts what RDMA drivers name devices (mlx5_0, rxe0, irdma-x.1):
+// letters, digits, '_', '-' and '.', at most 63 bytes (IB_DEVICE_NAME_MAX).
+func validDeviceName(s string) bool {
+	if s == "" || len(s) > 63 {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-' || r == '.') {
+			return false
+		}
+	}
+	return true
 }
 
 // validIfName follows the kernel's dev_valid_name: 1-15 bytes, no '/', ':' or space.

@@ -71,6 +71,7 @@ func TestParseErrors(t *testing.T) {
 		{"rdma_devices = eth0=", `"eth0=": "" is not an RDMA device name`},
 		{"rdma_devices = =mlx5_0", `"" is not an interface name`},
 		{"rdma_devices = eth0=a,eth0=b", `interface eth0 mapped twice`},
+		{"rdma_devices = eth0=mlx5_0;rm", `"mlx5_0;rm" is not an RDMA device name`},
 	} {
 		_, err := Parse(strings.NewReader(c.in))
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -221,6 +222,7 @@ func TestResolveInterfaces(t *testing.T) {
 
 func FuzzParse(f *testing.F) {
 	f.Add("port_range_list = 1-20,23,50\nip_addr_list = eth0\n")
+	f.Add("rdma_devices = eth0=mlx5_0/2, veth1 = rxe0\n")
 	f.Add("max_memory = 12\nrmb_size=64K\n# c\n")
 	f.Fuzz(func(t *testing.T, in string) {
 		c, err := Parse(strings.NewReader(in))
