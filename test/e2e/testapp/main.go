@@ -7,6 +7,8 @@
 //
 //	'S' sink: the server reads to EOF, answers "<bytes> <sha256> <peer>\n", closes
 //	'E' echo: the server writes back everything it reads, half-closes at EOF
+//	'D' discard: the server reads to EOF and answers "<bytes>\n", closes: iperf3's
+//	    shape, for throughput (sink's hashing would bound it at the hash's speed)
 package main
 
 import (
@@ -28,12 +30,17 @@ import (
 func main() {
 	listen := flag.String("listen", "", "serve on this address")
 	connect := flag.String("connect", "", "connect to this address")
-	mode := flag.String("mode", "sink", "client mode: sink, echo or pingpong")
+	mode := flag.String("mode", "sink", "client mode: sink, echo, discard or pingpong")
 	size := flag.Int64("bytes", 1<<20, "bytes per connection (sink, echo); message size (pingpong)")
 	conns := flag.Int("conns", 1, "concurrent connections")
 	rounds := flag.Int("n", 1000, "pingpong round trips")
 	timeout := flag.Duration("timeout", 60*time.Second, "give up after this long")
+	relayTo := flag.String("relay", "", "with -listen: carry each connection to this address, as smcrd's relay does (a baseline)")
 	flag.Parse()
+	if *listen != "" && *relayTo != "" {
+		relay(*listen, *relayTo)
+		return
+	}
 	if *listen != "" {
 		serve(*listen)
 		return
@@ -80,6 +87,49 @@ func handle(c net.Conn) {
 	case 'E':
 		io.Copy(c, c)
 		c.(*net.TCPConn).CloseWrite()
+	case 'D':
+		n, err := io.CopyBuffer(io.Discard, struct{ io.Reader }{c}, make([]byte, 256<<10))
+		if err != nil {
+			return
+		}
+		fmt.Fprintf(c, "%d\n", n)
+	}
+}
+
+// relay is a user-space TCP relay shaped like smcrd's (daemon/relay.go): two
+// goroutines per connection copying through 256 KiB buffers, half-close carried.
+// Two of them in a chain are the floor for any relay in user space: the
+// benchmarks measure one beside smcrd, so what SMC-R itself adds shows.
+func relay(addr, to string) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "testapp:", err)
+		os.Exit(2)
+	}
+	fmt.Println("listening", ln.Addr())
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "testapp: accept:", err)
+			os.Exit(2)
+		}
+		go func() {
+			d, err := net.Dial("tcp", to)
+			if err != nil {
+				c.Close()
+				return
+			}
+			half := func(dst, src *net.TCPConn) {
+				io.CopyBuffer(struct{ io.Writer }{dst}, struct{ io.Reader }{src}, make([]byte, 256<<10))
+				dst.CloseWrite()
+			}
+			done := make(chan struct{})
+			go func() { half(d.(*net.TCPConn), c.(*net.TCPConn)); close(done) }()
+			half(c.(*net.TCPConn), d.(*net.TCPConn))
+			<-done
+			c.Close()
+			d.Close()
+		}()
 	}
 }
 
@@ -198,6 +248,28 @@ func one(addr, mode string, size int64, rounds int, seed uint64) (peer, local st
 		}
 		if n != size || !slices.Equal(got.Sum(nil), sent.Sum(nil)) {
 			return "", local, nil, fmt.Errorf("echo returned %d bytes of %d, or other content", n, size)
+		}
+		return "", local, nil, nil
+	case "discard":
+		if _, err := c.Write([]byte{'D'}); err != nil {
+			return "", local, nil, err
+		}
+		buf := make([]byte, 256<<10)
+		io.ReadFull(payload(seed), buf)
+		for left := size; left > 0; {
+			n, err := c.Write(buf[:min(left, int64(len(buf)))])
+			if err != nil {
+				return "", local, nil, fmt.Errorf("send: %w", err)
+			}
+			left -= int64(n)
+		}
+		tc.CloseWrite()
+		var n int64
+		if _, err := fmt.Fscan(bufio.NewReader(c), &n); err != nil {
+			return "", local, nil, fmt.Errorf("read answer: %w", err)
+		}
+		if n != size {
+			return "", local, nil, fmt.Errorf("server got %d bytes, sent %d", n, size)
 		}
 		return "", local, nil, nil
 	case "pingpong":
