@@ -38,11 +38,11 @@ func main() {
 	relayTo := flag.String("relay", "", "with -listen: carry each connection to this address, as smcrd's relay does (a baseline)")
 	flag.Parse()
 	if *listen != "" && *relayTo != "" {
-		relay(*listen, *relayTo)
+		serve(*listen, func(c net.Conn) { relay(c, *relayTo) })
 		return
 	}
 	if *listen != "" {
-		serve(*listen)
+		serve(*listen, handle)
 		return
 	}
 	time.AfterFunc(*timeout, func() { fmt.Fprintln(os.Stderr, "testapp: timeout"); os.Exit(3) })
@@ -53,7 +53,8 @@ func main() {
 	}
 }
 
-func serve(addr string) {
+// serve accepts connections on addr and runs handler on each.
+func serve(addr string, handler func(net.Conn)) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "testapp:", err)
@@ -66,7 +67,7 @@ func serve(addr string) {
 			fmt.Fprintln(os.Stderr, "testapp: accept:", err)
 			os.Exit(2)
 		}
-		go handle(c)
+		go handler(c)
 	}
 }
 
@@ -100,37 +101,22 @@ func handle(c net.Conn) {
 // goroutines per connection copying through 256 KiB buffers, half-close carried.
 // Two of them in a chain are the floor for any relay in user space: the
 // benchmarks measure one beside smcrd, so what SMC-R itself adds shows.
-func relay(addr, to string) {
-	ln, err := net.Listen("tcp", addr)
+func relay(c net.Conn, to string) {
+	d, err := net.Dial("tcp", to)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "testapp:", err)
-		os.Exit(2)
+		c.Close()
+		return
 	}
-	fmt.Println("listening", ln.Addr())
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "testapp: accept:", err)
-			os.Exit(2)
-		}
-		go func() {
-			d, err := net.Dial("tcp", to)
-			if err != nil {
-				c.Close()
-				return
-			}
-			half := func(dst, src *net.TCPConn) {
-				io.CopyBuffer(struct{ io.Writer }{dst}, struct{ io.Reader }{src}, make([]byte, 256<<10))
-				dst.CloseWrite()
-			}
-			done := make(chan struct{})
-			go func() { half(d.(*net.TCPConn), c.(*net.TCPConn)); close(done) }()
-			half(c.(*net.TCPConn), d.(*net.TCPConn))
-			<-done
-			c.Close()
-			d.Close()
-		}()
+	half := func(dst, src *net.TCPConn) {
+		io.CopyBuffer(struct{ io.Writer }{dst}, struct{ io.Reader }{src}, make([]byte, 256<<10))
+		dst.CloseWrite()
 	}
+	done := make(chan struct{})
+	go func() { half(d.(*net.TCPConn), c.(*net.TCPConn)); close(done) }()
+	half(c.(*net.TCPConn), d.(*net.TCPConn))
+	<-done
+	c.Close()
+	d.Close()
 }
 
 // Result is what the client prints, as JSON.
