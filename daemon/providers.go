@@ -69,27 +69,38 @@ func openDevices(providers []string, ifaces []config.Interface, rdma []config.RD
 			}
 			devs = append(devs, d)
 		case "soft":
-			ip, netdev, ok := firstAddr(ifaces)
-			if !ok {
+			// One emulated RNIC per interface, as rdma has one per port: two
+			// interfaces give a link group its two links.
+			opened := false
+			for _, i := range ifaces {
+				if len(devs) >= maxDevices {
+					break
+				}
+				ip, ok := listenAddr(i)
+				if !ok {
+					continue
+				}
+				d, err := soft.Open(soft.Config{
+					ListenAddr: netip.AddrPortFrom(ip, 0).String(),
+					Netdev:     i.Name,
+					Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+						var dl net.Dialer
+						dl.SetMultipathTCP(false)
+						dl.Control = own
+						return dl.DialContext(ctx, network, addr)
+					},
+					Logger: log,
+				})
+				if err != nil {
+					log.Warn("provider soft not available", "interface", i.Name, "err", err)
+					continue
+				}
+				devs = append(devs, d)
+				opened = true
+			}
+			if !opened && len(devs) < maxDevices {
 				log.Warn("provider soft not available: no interface address to listen on")
-				continue
 			}
-			d, err := soft.Open(soft.Config{
-				ListenAddr: netip.AddrPortFrom(ip, 0).String(),
-				Netdev:     netdev,
-				Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
-					var dl net.Dialer
-					dl.SetMultipathTCP(false)
-					dl.Control = own
-					return dl.DialContext(ctx, network, addr)
-				},
-				Logger: log,
-			})
-			if err != nil {
-				log.Warn("provider soft not available", "err", err)
-				continue
-			}
-			devs = append(devs, d)
 		default:
 			log.Warn("unknown provider ignored", "provider", p)
 		}
@@ -110,20 +121,18 @@ func ibvConfig(iface string, rdma []config.RDMADevice, log *slog.Logger) ibv.Con
 	return cfg
 }
 
-// firstAddr is the first IPv4 address of the interfaces (else the first global
-// IPv6 one): where the soft provider listens for its peers.
-func firstAddr(ifaces []config.Interface) (netip.Addr, string, bool) {
+// listenAddr is the interface's first IPv4 address (else its first global IPv6
+// one): where the soft provider listens for its peers.
+func listenAddr(i config.Interface) (netip.Addr, bool) {
 	for _, want4 := range []bool{true, false} {
-		for _, i := range ifaces {
-			for _, p := range i.Addrs {
-				a := p.Addr()
-				if a.Is4() == want4 && (a.Is4() || a.IsGlobalUnicast()) {
-					return a, i.Name, true
-				}
+		for _, p := range i.Addrs {
+			a := p.Addr()
+			if a.Is4() == want4 && (a.Is4() || a.IsGlobalUnicast()) {
+				return a, true
 			}
 		}
 	}
-	return netip.Addr{}, "", false
+	return netip.Addr{}, false
 }
 
 func closeDevices(devs []verbs.Device) error {

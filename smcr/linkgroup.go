@@ -98,7 +98,8 @@ type LinkInfo struct {
 	Device    string
 	QPN       uint32
 	PeerQPN   uint32
-	State     string
+	State     string // as Linux names smc_link states: active, activating, inactive
+	QPState   string // the queue pair's: RTS, ERROR, …
 	Sent      uint64 // work requests posted
 	Completed uint64 // completions polled
 	TxBytes   uint64 // payload RDMA-written to the peer
@@ -127,13 +128,25 @@ func (e *Engine) LinkGroups() []LinkGroupInfo {
 		}
 		for _, l := range lg.links {
 			info.Links = append(info.Links, LinkInfo{Num: l.num, Conns: perLink[l], Device: l.dev.Name(), QPN: l.qp.Attr().QPN,
-				PeerQPN: l.peer.QPN, State: l.qp.State().String(), Sent: l.posted.Load(), Completed: l.polled.Load(),
+				PeerQPN: l.peer.QPN, State: l.state(), QPState: l.qp.State().String(), Sent: l.posted.Load(), Completed: l.polled.Load(),
 				TxBytes: l.txBytes.Load(), RxBytes: l.rxBytes.Load()})
 		}
 		lg.mu.RUnlock()
 		out = append(out, info)
 	}
 	return out
+}
+
+// state names the link's state as Linux's smc_link does: active once its queue
+// pair is ready to send and the link is not failed, activating before that.
+func (l *link) state() string {
+	switch {
+	case l.down.Load() || l.qp.State() == verbs.QPError:
+		return "inactive"
+	case l.qp.State() == verbs.QPRTS:
+		return "active"
+	}
+	return "activating"
 }
 
 // newLinkGroup creates a link group with one link on device di and registers it.

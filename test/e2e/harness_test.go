@@ -93,6 +93,7 @@ func (h *host) providerConf(p string) []string {
 type host struct {
 	t      testing.TB
 	ns     *nstest.NS
+	pair   *nstest.Pair // both hosts'; AddLink joins them by one more veth pair
 	name   string
 	cgRel  string // relative to the cgroup2 mount
 	cgDir  string
@@ -127,7 +128,7 @@ func hosts(t testing.TB) (*host, *host) {
 	shm := t.TempDir()
 	var out [2]*host
 	for i, ns := range []*nstest.NS{pair.A, pair.B} {
-		h := &host{t: t, ns: ns, name: string(rune('a' + i)), dir: t.TempDir(), shmDir: shm}
+		h := &host{t: t, ns: ns, pair: pair, name: string(rune('a' + i)), dir: t.TempDir(), shmDir: shm}
 		h.cgRel = filepath.Join("smcr-e2e-"+id, h.name)
 		h.cgDir = filepath.Join(mnt, h.cgRel)
 		if err := os.MkdirAll(h.cgDir, 0o755); err != nil {
@@ -357,6 +358,15 @@ func (h *host) stats() control.Stats {
 		h.t.Fatal(err)
 	}
 	return s
+}
+
+func (h *host) links() []control.Link {
+	h.t.Helper()
+	l, err := h.ctl.Links(context.Background())
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return l
 }
 
 func (h *host) conns() []control.Conn {

@@ -150,6 +150,58 @@ func testTransparent(t *testing.T, provider string) {
 	t.Logf("iperf3 through smcrd (%s): %.0f Mbit/s", provider, ipr.End.SumReceived.BitsPerSecond/1e6)
 }
 
+// TestTwoInterfaces: two veth pairs join the hosts and ip_addr_list names both.
+// Each smcrd opens a device per interface, the link group gets its second link
+// (ADD_LINK) and the connections spread over both links (RFC 7609 §3.3.1: a
+// link group of two links for load balancing and failover), the bytes intact.
+func TestTwoInterfaces(t *testing.T) {
+	a, b := hosts(t)
+	la, lb := a.pair.AddLink()
+	a.start("providers = soft", ports, "ip_addr_list = "+a.ns.Links[0].Name+","+la.Name)
+	b.start("providers = soft", ports, "ip_addr_list = "+b.ns.Links[0].Name+","+lb.Name)
+	b.serve(5201)
+	dst := fmt.Sprintf("%s:5201", b.ns.Addr4())
+
+	// First contact makes the group; its second link follows.
+	if r, err := a.client(dst, "-mode", "echo", "-bytes", "1000"); err != nil || r.OK != 1 {
+		t.Fatalf("first connection: %+v %v", r, err)
+	}
+	active := func() []control.Link {
+		var out []control.Link
+		for _, l := range a.links() {
+			if l.State == "active" {
+				out = append(out, l)
+			}
+		}
+		return out
+	}
+	for i := 0; len(active()) < 2; i++ {
+		if i == 200 {
+			t.Fatalf("links on A: %+v, want two active", a.links())
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	const conns, size = 16, 1 << 20
+	if r, err := a.client(dst, "-mode", "sink", "-bytes", fmt.Sprint(size), "-conns", fmt.Sprint(conns)); err != nil || r.OK != conns {
+		t.Fatalf("sink over two links: %+v %v", r, err)
+	}
+	links := active()
+	if len(links) != 2 || links[0].LinkGroup != links[1].LinkGroup {
+		t.Fatalf("links on A: %+v, want two of one group", links)
+	}
+	for _, l := range links {
+		if l.TX.Bytes == 0 || l.Interface == "" {
+			t.Errorf("link %d on %q carried %d bytes: the connections did not spread", l.Num, l.Interface, l.TX.Bytes)
+		}
+	}
+	if links[0].Interface == links[1].Interface {
+		t.Errorf("both links on interface %s, want one per interface", links[0].Interface)
+	}
+	if st := a.stats(); st.Connections.Fallback != 0 {
+		t.Errorf("fallbacks: %+v", st.Fallbacks)
+	}
+}
+
 // TestFallbackAndNegativeCache: the server host has no smcrd. The first
 // connection is carried as plain TCP by the client's smcrd, the peer goes into
 // the negative cache, and the next connections go direct.
