@@ -64,6 +64,17 @@ type Stats struct {
 	MemoryPeak     int64  `json:"memory_peak_bytes"`
 	ProtocolErrors uint64 `json:"protocol_errors"` // peer protocol violations (bad cursor, unknown token …)
 	Aborts         uint64 `json:"aborts"`          // connections ended by abnormal close
+
+	Links LinkEvents `json:"links"`
+}
+
+// LinkEvents count what happened to the links of the link groups: second links
+// added and deleted, and where the connections of a failed link went.
+type LinkEvents struct {
+	Added          uint64 `json:"added"`           // second links added (ADD_LINK)
+	Deleted        uint64 `json:"deleted"`         // links the peer deleted (DELETE_LINK)
+	ConnsMoved     uint64 `json:"conns_moved"`     // connections moved to the surviving link (failover)
+	ConnsContinued uint64 `json:"conns_continued"` // connections that went on over TCP when their link group failed
 }
 
 // ConnCounts summarise how connections went.

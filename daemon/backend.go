@@ -82,6 +82,8 @@ func (d *Daemon) stats(s smcr.Stats) control.Stats {
 		MemoryPeak:     s.MemoryPeak,
 		ProtocolErrors: s.ProtoErrors,
 		Aborts:         s.Aborts,
+		Links: control.LinkEvents{Added: s.AddLinks, Deleted: s.DeleteLinks,
+			ConnsMoved: s.MovedConns, ConnsContinued: s.Continued},
 	}
 	for k, n := range s.Fallback {
 		out.Fallbacks = append(out.Fallbacks, control.FallbackCount{Code: uint32(k.Code), Reason: k.Code.String(), Side: k.Side.String(), Count: n})

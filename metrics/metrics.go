@@ -133,6 +133,14 @@ var (
 			func(s control.Stats) float64 { return float64(s.ProtocolErrors) }},
 		{desc("aborts_total", "Connections ended by an abnormal close."), prometheus.CounterValue,
 			func(s control.Stats) float64 { return float64(s.Aborts) }},
+		{desc("links_added_total", "Second links added to link groups (ADD_LINK)."), prometheus.CounterValue,
+			func(s control.Stats) float64 { return float64(s.Links.Added) }},
+		{desc("links_deleted_total", "Links the peer deleted (DELETE_LINK)."), prometheus.CounterValue,
+			func(s control.Stats) float64 { return float64(s.Links.Deleted) }},
+		{desc("connections_moved_total", "Connections moved to the surviving link after theirs failed."), prometheus.CounterValue,
+			func(s control.Stats) float64 { return float64(s.Links.ConnsMoved) }},
+		{desc("connections_continued_total", "Connections that went on over TCP when their link group failed."), prometheus.CounterValue,
+			func(s control.Stats) float64 { return float64(s.Links.ConnsContinued) }},
 	}
 
 	fallbackDesc = desc("connection_fallbacks_total", "Connections that fell back to TCP, by CLC decline code and the side that declined.", "code", "reason", "side")

@@ -111,6 +111,10 @@ func expected(t *testing.T, statsJSON map[string]any, links []control.Link) samp
 		"memory_peak_bytes":            "smcr_memory_peak_bytes",
 		"protocol_errors":              "smcr_protocol_errors_total",
 		"aborts":                       "smcr_aborts_total",
+		"links.added":                  "smcr_links_added_total",
+		"links.deleted":                "smcr_links_deleted_total",
+		"links.conns_moved":            "smcr_connections_moved_total",
+		"links.conns_continued":        "smcr_connections_continued_total",
 	}
 	dirNames := map[string]string{
 		"bytes": "smcr_bytes_total", "requests": "smcr_requests_total", "fallback_bytes": "smcr_fallback_bytes_total",

@@ -20,6 +20,7 @@ import (
 
 	"github.com/smcr-io/smcr/rmb"
 	"github.com/smcr-io/smcr/smcr/clc"
+	"github.com/smcr-io/smcr/smcr/verbs"
 )
 
 // ErrEngineClosed is returned by an Engine after Close.
@@ -75,7 +76,53 @@ func NewEngine(cfg Config) (*Engine, error) {
 		}
 	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
+	if slices.ContainsFunc(c.Devices, func(d verbs.Device) bool { _, ok := d.(verbs.PortStater); return ok }) {
+		go e.watchPorts()
+	}
 	return e, nil
+}
+
+// portPoll is how often the engine asks the devices that can tell
+// (verbs.PortStater) whether their port is up.
+const portPoll = 200 * time.Millisecond
+
+// watchPorts fails the links whose device's port went down, as Linux's
+// smcr_port_err does on IB_EVENT_PORT_ERR: at once, rather than when TEST_LINK or
+// the transport's retries give up. Their connections move to the group's other
+// link, or continue over TCP.
+func (e *Engine) watchPorts() {
+	t := time.NewTicker(portPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-e.ctx.Done():
+			return
+		case <-t.C:
+		}
+		var down []verbs.Device
+		for _, d := range e.cfg.Devices {
+			if !portUp(d) {
+				down = append(down, d)
+			}
+		}
+		if len(down) == 0 {
+			continue
+		}
+		e.mu.Lock()
+		lgs := slices.Clone(e.lgs)
+		e.mu.Unlock()
+		for _, lg := range lgs {
+			lg.mu.RLock()
+			links := slices.Clone(lg.links)
+			lg.mu.RUnlock()
+			for _, l := range links {
+				if slices.Contains(down, l.dev) && !l.down.Load() {
+					e.log.Warn("smcr: port down, failing its link", "lg", lg.id, "link", l.num, "device", l.dev.Name())
+					l.fail(errLinkPortDown)
+				}
+			}
+		}
+	}
 }
 
 // PeerID is the 8-byte identity this engine sends in CLC.

@@ -112,6 +112,7 @@ func (lg *linkGroup) serverAddLink() error {
 var (
 	errNoSecondLink = errors.New("smcr: no second link possible")
 	errPortDown     = errors.New("smcr: the second device's port is down")
+	errLinkPortDown = errors.New("smcr: the link's port went down")
 )
 
 // portUp reports whether d's port is up now, for devices that can tell

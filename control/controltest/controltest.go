@@ -109,6 +109,7 @@ func FixedStats() control.Stats {
 		},
 		RX: rx, TX: tx,
 		MemoryInUse: 1 << 20, MemoryPooled: 512 << 10, MemoryPeak: 6 << 20, ProtocolErrors: 1, Aborts: 2,
+		Links: control.LinkEvents{Added: 1, Deleted: 1, ConnsMoved: 3},
 	}
 }
 

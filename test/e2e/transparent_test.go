@@ -200,6 +200,47 @@ func TestTwoInterfaces(t *testing.T) {
 	if st := a.stats(); st.Connections.Fallback != 0 {
 		t.Errorf("fallbacks: %+v", st.Fallbacks)
 	}
+
+	// The second interface goes down mid-transfer: both smcrds see their port
+	// down, fail that link and move its connections to the first; every byte
+	// arrives (testapp checks each connection's hash).
+	type result struct {
+		r   appResult
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		r, err := a.client(dst, "-mode", "sink", "-bytes", fmt.Sprint(64<<20), "-conns", fmt.Sprint(conns))
+		done <- result{r, err}
+	}()
+	for i := 0; a.stats().Connections.Active < conns; i++ {
+		if i == 200 {
+			t.Fatalf("transfers did not start: %+v", a.stats().Connections)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if out, err := a.ns.Command("ip", "link", "set", la.Name, "down").CombinedOutput(); err != nil {
+		t.Fatalf("ip link set down: %v %s", err, out)
+	}
+	res := <-done
+	if res.err != nil || res.r.OK != conns {
+		t.Fatalf("sink while a link went down: %+v %v", res.r, res.err)
+	}
+	for _, h := range []*host{a, b} {
+		if l := h.links(); len(l) != 1 || l[0].Interface == la.Name || l[0].Interface == lb.Name {
+			t.Errorf("links on %s after the second interface went down: %+v, want the first only", h.name, l)
+		}
+	}
+	sa, sb := a.stats(), b.stats()
+	if sa.Connections.Fallback != 0 {
+		t.Errorf("fallbacks after the failover: %+v", sa.Fallbacks)
+	}
+	if sa.Links.Added != 1 || sb.Links.Added != 1 {
+		t.Errorf("links added: A %d, B %d; want 1 each", sa.Links.Added, sb.Links.Added)
+	}
+	if sa.Links.ConnsMoved+sb.Links.ConnsMoved == 0 || sa.Links.ConnsContinued+sb.Links.ConnsContinued != 0 {
+		t.Errorf("link events A %+v, B %+v: want connections moved to the first link, none continued over TCP", sa.Links, sb.Links)
+	}
 }
 
 // TestFallbackAndNegativeCache: the server host has no smcrd. The first

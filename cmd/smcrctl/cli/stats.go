@@ -123,6 +123,10 @@ func writeStats(w io.Writer, st control.Stats, detail bool) {
 	row(tw, "  memory peak", control.FormatSize(uint64(st.MemoryPeak)))
 	row(tw, "  protocol errors", st.ProtocolErrors)
 	row(tw, "  aborts", st.Aborts)
+	row(tw, "  links added", st.Links.Added)
+	row(tw, "  links deleted by the peer", st.Links.Deleted)
+	row(tw, "  connections moved to another link", st.Links.ConnsMoved)
+	row(tw, "  connections continued over TCP", st.Links.ConnsContinued)
 	tw.Flush()
 }
 

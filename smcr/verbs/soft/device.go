@@ -63,6 +63,7 @@ type device struct {
 	conns    map[net.Conn]struct{} // accepted, not yet attached to a QP
 	cqs      map[*cq]struct{}
 	wg       sync.WaitGroup
+	watch    *portWatch // nil: the port counts as up
 }
 
 // Open starts a soft device listening as cfg says.
@@ -121,6 +122,7 @@ func Open(cfg Config) (verbs.Device, error) {
 		d.port.GID = ip.As16() // IPv4-mapped for IPv4, as RoCE v2 derives GIDs
 	}
 	d.port.Netdev, d.port.MAC = findNetdev(cfg.Netdev, ap.Addr())
+	d.watch = openPortWatch(d.port.Netdev)
 	d.wg.Add(1)
 	go d.acceptLoop()
 	return d, nil
@@ -203,7 +205,20 @@ func (d *device) Close() error {
 		c.Close()
 	}
 	d.wg.Wait()
+	d.watch.close()
 	return nil
+}
+
+// PortUp reports whether the device's interface is up with a carrier now
+// (verbs.PortStater); a device closed, or without an interface, says so from
+// what it knows.
+func (d *device) PortUp() bool {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if d.closed {
+		return false
+	}
+	return d.watch.up(d.port.Netdev)
 }
 
 // acceptLoop takes the request streams of peer QPs.

@@ -102,6 +102,47 @@ func TestPortAttr(t *testing.T) {
 	}
 }
 
+// TestPortUp: the port follows its interface, in the namespace the device was
+// opened in (the test's own thread is elsewhere): down when either end of the
+// veth pair is set down (no carrier), up again with it, down once closed.
+func TestPortUp(t *testing.T) {
+	if verbstest.InPeer() {
+		t.Skip("not the peer's test")
+	}
+	p := nstest.NewPair(t)
+	a, _ := nsEnv(p).Open(t)
+	ps, ok := a.(verbs.PortStater)
+	if !ok {
+		t.Fatal("soft device does not say whether its port is up")
+	}
+	setLink := func(ns *nstest.NS, state string) {
+		t.Helper()
+		if out, err := ns.Command("ip", "link", "set", ns.Links[0].Name, state).CombinedOutput(); err != nil {
+			t.Fatalf("ip link set %s: %v %s", state, err, out)
+		}
+	}
+	eventuallyPort := func(want bool) {
+		t.Helper()
+		for i := 0; ps.PortUp() != want; i++ {
+			if i == 100 {
+				t.Fatalf("PortUp() = %v, want %v", !want, want)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	eventuallyPort(true)
+	for _, ns := range []*nstest.NS{p.A, p.B} { // our end, then the peer's: no carrier
+		setLink(ns, "down")
+		eventuallyPort(false)
+		setLink(ns, "up")
+		eventuallyPort(true)
+	}
+	a.Close()
+	if ps.PortUp() {
+		t.Error("closed device says its port is up")
+	}
+}
+
 // connectedQP returns a device with a connected QP whose peer is a raw TCP
 // connection the test drives, and the region the peer is entitled to write.
 func connectedQP(t *testing.T) (q verbs.QP, rcq, scq verbs.CQ, peer net.Conn, m verbs.MR, other verbs.MR) {

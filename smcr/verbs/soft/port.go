@@ -1,0 +1,60 @@
+// The port's state: up while its network interface is up and has a carrier, as
+// an RNIC's port is ACTIVE while its link is, so that smcr fails the links of an
+// interface that went down at once (verbs.PortStater) instead of when TCP gives up.
+
+package soft
+
+import (
+	"errors"
+	"net"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+// portWatch asks netlink, in the network namespace the device was opened in,
+// about its interface.
+type portWatch struct {
+	ns netns.NsHandle
+	nl *netlink.Handle
+}
+
+// openPortWatch captures the calling thread's network namespace; nil when there
+// is no interface to watch or netlink cannot be had (the port then counts as up).
+func openPortWatch(netdev string) *portWatch {
+	if netdev == "" {
+		return nil
+	}
+	ns, err := netns.Get()
+	if err != nil {
+		return nil
+	}
+	nl, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		ns.Close()
+		return nil
+	}
+	return &portWatch{ns: ns, nl: nl}
+}
+
+func (w *portWatch) close() {
+	if w != nil {
+		w.nl.Close()
+		w.ns.Close()
+	}
+}
+
+// up reports whether netdev is administratively up with a carrier. An interface
+// that is gone is down; a question netlink cannot answer counts as up.
+func (w *portWatch) up(netdev string) bool {
+	if w == nil {
+		return true
+	}
+	l, err := w.nl.LinkByName(netdev)
+	if err != nil {
+		var nf netlink.LinkNotFoundError
+		return !errors.As(err, &nf)
+	}
+	a := l.Attrs()
+	return a.Flags&net.FlagUp != 0 && (a.OperState == netlink.OperUp || a.OperState == netlink.OperUnknown)
+}
