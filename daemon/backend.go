@@ -228,7 +228,11 @@ func (d *Daemon) Devices(context.Context) ([]control.Device, error) {
 		cd := control.Device{Name: dev.Name(), Provider: dev.Kind().String(), Port: 1, State: "down",
 			Interface: p.Netdev, GID: netip.AddrFrom16(p.GID).String(), MAC: net.HardwareAddr(p.MAC[:]).String(),
 			MTU: p.MTU.Bytes()}
-		if p.LinkUp {
+		up := p.LinkUp
+		if ps, ok := dev.(verbs.PortStater); ok {
+			up = ps.PortUp() // now, not as at open
+		}
+		if up {
 			cd.State = "active"
 		}
 		for _, g := range lgs {

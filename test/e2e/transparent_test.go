@@ -231,6 +231,15 @@ func TestTwoInterfaces(t *testing.T) {
 			t.Errorf("links on %s after the second interface went down: %+v, want the first only", h.name, l)
 		}
 	}
+	devs, err := a.ctl.Devices(context.Background())
+	if err != nil || len(devs) != 2 {
+		t.Fatalf("devices on A: %+v %v", devs, err)
+	}
+	for _, d := range devs {
+		if want := map[bool]string{true: "down", false: "active"}[d.Interface == la.Name]; d.State != want {
+			t.Errorf("device %s on %s is %q, want %q", d.Name, d.Interface, d.State, want)
+		}
+	}
 	sa, sb := a.stats(), b.stats()
 	if sa.Connections.Fallback != 0 {
 		t.Errorf("fallbacks after the failover: %+v", sa.Fallbacks)
