@@ -3,7 +3,9 @@ package smcr
 import (
 	"io"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/smcr-io/smcr/smcr/verbs"
 	"github.com/smcr-io/smcr/smcr/verbs/shm"
@@ -148,6 +150,53 @@ func TestNamespaces(t *testing.T) {
 			wg.Wait()
 			c.Close()
 			sc.Close()
+		})
+	}
+}
+
+// TestIdleCostsNoCPU: connections that carry nothing cost no CPU. The pollers
+// spin for a while after the last completion (shm, soft), then sleep until a
+// doorbell; readers and writers sleep on their channels. Measured as this
+// process's CPU time (user and system) over an idle second, with connections
+// open on shm and soft and blocked in Read, after a burst of traffic.
+func TestIdleCostsNoCPU(t *testing.T) {
+	for _, kind := range []string{"shm", "soft"} {
+		t.Run(kind, func(t *testing.T) {
+			s := newNSSetup(t, kind)
+			var pairs [][2]*Conn
+			for range 8 {
+				c := s.dial(t, s.cli)
+				sc, err := s.ln.AcceptSMC()
+				if err != nil {
+					t.Fatal(err)
+				}
+				mustSMC(t, c, sc)
+				pairs = append(pairs, [2]*Conn{c, sc})
+			}
+			for _, p := range pairs {
+				echoCheck(t, p[0], p[1])
+				go io.Copy(io.Discard, p[1]) // a reader blocked with nothing to read
+			}
+			time.Sleep(200 * time.Millisecond) // spins end, doorbells arm (shm: 2 ms grace)
+			cpu := func() time.Duration {
+				var ru syscall.Rusage
+				if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+					t.Fatal(err)
+				}
+				return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+			}
+			const window = time.Second
+			before := cpu()
+			time.Sleep(window)
+			used := cpu() - before
+			t.Logf("%s: %v of CPU in an idle %v with %d connections open", kind, used, window, len(pairs))
+			if used > window/20 {
+				t.Errorf("%v of CPU in an idle %v: something spins", used, window)
+			}
+			for _, p := range pairs {
+				p[0].Close()
+				p[1].Close()
+			}
 		})
 	}
 }
