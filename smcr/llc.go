@@ -10,6 +10,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -229,6 +230,11 @@ func (l *link) poll() {
 		for i := range wcs[:n] {
 			l.complete(&wcs[i])
 		}
+		// Let what the completions woke (a reader its CDC made runnable, in
+		// this P's next slot) run now, not after another round of polling:
+		// the in-process 64 B round trip went from 4.4 to 3.35 µs (p50,
+		// medians of 10 interleaved runs), throughput unchanged.
+		runtime.Gosched()
 	}
 }
 
