@@ -6,6 +6,7 @@ package smcr
 
 import (
 	"fmt"
+	"sync/atomic"
 
 	"github.com/smcr-io/smcr/rmb"
 )
@@ -56,6 +57,32 @@ func (c *Conn) onCDC(m *rmb.CDC) (produced uint64) {
 		c.mu.Unlock()
 		return // cursors are frozen at what the resync reported
 	}
+	if h := testHookCDC.Load(); h != nil {
+		cp := *m // a copy: m itself must not escape (no allocation per CDC)
+		(*h)(c, &cp)
+	}
+	if m.Flags&rmb.FlagFailoverValidation != 0 {
+		// The peer moved us to another link. Its validation names its last
+		// completed CDC and carries no cursors to take (Linux's are zero; a
+		// normal CDC follows). Linux aborts when that number is one it never
+		// saw: ours need not, as every CDC repeats all cursors and state, so
+		// the next one brings what a lost one said. Answer with our cursors,
+		// in case a consumer update was lost with the old link.
+		if c.rxSeqSet && rmb.SeqBefore(c.rxSeq, m.Seq) {
+			c.e.log.Debug("smcr: failover validation names a CDC not seen", "conn", c.id, "seq", m.Seq, "last", c.rxSeq)
+		}
+		c.queueCtlLocked(ctlUpdate)
+		c.mu.Unlock()
+		return
+	}
+	if c.rxSeqSet && rmb.SeqBefore(m.Seq, c.rxSeq) {
+		// Overtaken by a newer one (over another link after a failover): all it
+		// says, the newer one said again. smc_cdc_rx_handler drops it too.
+		c.e.st.cdcStale.Add(1)
+		c.mu.Unlock()
+		return
+	}
+	c.rxSeq, c.rxSeqSet = m.Seq, true
 	before := c.rxProd
 	err := c.applyCursors(m)
 	produced = c.rxProd - before
@@ -168,15 +195,26 @@ func (c *Conn) runCtl() {
 	}
 }
 
-// sendCDC sends our cursors and connection state with flags.
+// sendCDC sends our cursors and connection state with flags. CDCs go out in the
+// order of their numbers: writer, reader and link worker all send them.
+//
+// A failover validation (flags has FlagFailoverValidation) carries the number of
+// our last CDC that completed, not a new one, as Linux's does: the peer checks it
+// has seen that number, and drops no later CDC for it.
 func (c *Conn) sendCDC(flags rmb.ProdFlags) error {
+	c.cdcMu.Lock()
+	defer c.cdcMu.Unlock()
 	c.mu.Lock()
 	if c.peerSize == 0 || c.released || c.lnkErr || c.fo {
 		c.mu.Unlock()
 		return ErrLinkDown
 	}
-	c.seq++
-	m := rmb.CDC{Seq: c.seq, Token: c.peerToken, Prod: toCursor(c.txProd, c.peerSize),
+	seq := uint16(c.seqAcked.Load())
+	if flags&rmb.FlagFailoverValidation == 0 {
+		c.seq++
+		seq = c.seq
+	}
+	m := rmb.CDC{Seq: seq, Token: c.peerToken, Prod: toCursor(c.txProd, c.peerSize),
 		Cons: toCursor(c.rxCons, c.rmbSize), Flags: flags}
 	if c.localDone {
 		m.State |= rmb.StateSendingDone
@@ -193,3 +231,6 @@ func (c *Conn) sendCDC(flags rmb.ProdFlags) error {
 	c.cs.cdcSent.Add(1)
 	return lnk.sendConnCDC(c, prod, &m)
 }
+
+// testHookCDC sees each CDC for a live connection before it is applied, under c.mu.
+var testHookCDC atomic.Pointer[func(*Conn, *rmb.CDC)]

@@ -146,6 +146,11 @@ type Conn struct {
 	rkeyAnnounced <-chan struct{}
 	wrOutOn       [maxLinkNum + 1]atomic.Int32 // wrOut by link number
 	txAcked       atomic.Uint64                // producer cursor of our last CDC that completed
+	seqAcked      atomic.Uint32                // sequence number of our last CDC that completed
+
+	// cdcMu keeps our CDCs on the wire in the order of their sequence numbers
+	// (Linux's receiver drops one numbered before the last it took).
+	cdcMu sync.Mutex
 
 	rxMu sync.Mutex // one Read at a time
 	txMu sync.Mutex // one Write at a time
@@ -157,7 +162,9 @@ type Conn struct {
 	rxConfirmed uint64 // consumer cursor last reported to the peer
 	txProd      uint64
 	txCons      uint64 // the peer's consumer cursor: its freed space
-	seq         uint16
+	seq         uint16 // of our last CDC
+	rxSeq       uint16 // of the peer's last CDC taken (rxSeqSet)
+	rxSeqSet    bool
 	peerDone    bool // peer sent sending-done (or closed)
 	peerClosed  bool // peer sent closed or abort: it will not write again
 	peerAbort   bool

@@ -219,6 +219,11 @@ func TestHostilePeer(t *testing.T) {
 	lnk := vs.lnk
 	send := func(m rmb.CDC) {
 		t.Helper()
+		if to := victim.lg.conn(m.Token); to != nil {
+			to.mu.Lock()
+			m.Seq = to.rxSeq + 1 // not stale: taken
+			to.mu.Unlock()
+		}
 		if err := lnk.sendCDC(&m); err != nil {
 			t.Fatal(err)
 		}

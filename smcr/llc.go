@@ -76,6 +76,7 @@ type link struct {
 	// completed means the peer holds the bytes before it (multilink.go).
 	slotConn [nSendSlots]*Conn
 	slotProd [nSendSlots]uint64
+	slotSeq  [nSendSlots]uint16
 	slotTerm [nSendSlots]bool // the CDC in the slot says closed or abnormal close
 
 	llcIn   chan [llc.MsgLen]byte
@@ -285,7 +286,7 @@ func (l *link) complete(wc *verbs.WorkCompletion) {
 			}
 			if c := l.slotConn[s]; c != nil {
 				if wc.Status == verbs.WCSuccess {
-					c.cdcDone(l.slotProd[s], l.slotTerm[s])
+					c.cdcDone(l.slotProd[s], l.slotSeq[s], l.slotTerm[s])
 				}
 				l.slotConn[s] = nil
 			}
@@ -415,7 +416,7 @@ func (l *link) sendConnCDC(c *Conn, prod uint64, m *rmb.CDC) error {
 		return err
 	}
 	defer l.useMu.RUnlock()
-	l.slotConn[s], l.slotProd[s] = c, prod
+	l.slotConn[s], l.slotProd[s], l.slotSeq[s] = c, prod, m.Seq
 	l.slotTerm[s] = m.State&(rmb.StateClosed|rmb.StateAbnormalClose) != 0
 	m.Encode(l.sendMR.Bytes()[int(s)*slotSize:])
 	l.lg.e.st.cdcSent.Add(1)

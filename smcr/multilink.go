@@ -494,9 +494,13 @@ func (c *Conn) announceRMB() error {
 	return err
 }
 
-// cdcDone records that a CDC announcing prod completed, and whether it carried
-// our closed or abnormal-close flag; it runs in the poller.
-func (c *Conn) cdcDone(prod uint64, term bool) {
+// cdcDone records that a CDC numbered seq announcing prod completed, and whether
+// it carried our closed or abnormal-close flag; it runs in the poller.
+func (c *Conn) cdcDone(prod uint64, seq uint16, term bool) {
+	// A failover validation repeats an older number: keep the newest.
+	if old := uint16(c.seqAcked.Load()); !rmb.SeqBefore(seq, old) {
+		c.seqAcked.Store(uint32(seq))
+	}
 	for {
 		old := c.txAcked.Load()
 		if prod <= old || c.txAcked.CompareAndSwap(old, prod) {
@@ -577,10 +581,10 @@ func (c *Conn) settleWrites(l *link) {
 // moveTo moves c from the failed link old to nw (smc_switch_conns): it resends
 // every byte the peer has not confirmed consuming, [txCons, txProd), from the send
 // buffer, which mirrors the peer's RMBE, to the same offsets through nw, then a
-// CDC with the cursors and the failover-validation flag. Bytes the peer already
+// failover-validation CDC and a CDC with the cursors. Bytes the peer already
 // holds are overwritten with themselves; the regions it consumed but we do not
 // know of are not reused before its next consumer cursor. The peer answers the
-// flag with its cursors, so nothing waits on a CDC lost with old.
+// validation with its cursors, so nothing waits on a CDC lost with old.
 func (c *Conn) moveTo(old, nw *link) {
 	tok, ok := c.lg.peerToken(c.peerKey.link, c.peerKey.rkey, nw.num)
 	regErr := c.registerSnd(nw)
@@ -634,6 +638,9 @@ func (c *Conn) moveTo(old, nw *link) {
 	}
 	if err == nil {
 		err = c.sendCDC(rmb.FlagFailoverValidation)
+	}
+	if err == nil {
+		err = c.sendCDC(0) // the cursors: the peer takes none from a validation
 	}
 	c.mu.Lock()
 	c.moving = false

@@ -5,11 +5,13 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/smcr-io/smcr/internal/nstest"
 	"github.com/smcr-io/smcr/internal/race"
+	"github.com/smcr-io/smcr/rmb"
 	"github.com/smcr-io/smcr/smcr/internal/memverbs"
 	"github.com/smcr-io/smcr/smcr/verbs"
 	"github.com/smcr-io/smcr/smcr/verbs/shm"
@@ -305,6 +307,19 @@ func TestFailoverManyConns(t *testing.T) {
 		return Config{Devices: d, RMBSize: 16 << 10, TestLinkInterval: -1}
 	}
 	p := newPair(t, cfg(c1, c2), cfg(s1, s2))
+	// Each moved connection's validation must name a CDC its receiver has seen:
+	// Linux's smc_cdc_msg_validate aborts the connection otherwise.
+	var validations, unseen atomic.Int64
+	hook := func(c *Conn, m *rmb.CDC) {
+		if m.Flags&rmb.FlagFailoverValidation != 0 {
+			validations.Add(1)
+			if rmb.SeqBefore(c.rxSeq, m.Seq) {
+				unseen.Add(1)
+			}
+		}
+	}
+	testHookCDC.Store(&hook)
+	t.Cleanup(func() { testHookCDC.Store(nil) })
 	c, s := p.connect(t)
 	conns := [][2]*Conn{{c, s}}
 	eventually(t, "two links", func() bool { return twoLinks(p.cli) && twoLinks(p.srv) })
@@ -325,6 +340,11 @@ func TestFailoverManyConns(t *testing.T) {
 	}
 	if n := p.cli.Stats().Continued + p.srv.Stats().Continued; n != 0 {
 		t.Errorf("%d connections continued over tcp", n)
+	}
+	moved := int64(p.cli.Stats().MovedConns + p.srv.Stats().MovedConns)
+	eventually(t, "validations received", func() bool { return validations.Load() == moved })
+	if n := unseen.Load(); n != 0 {
+		t.Errorf("%d of %d failover validations named a CDC their receiver never saw", n, moved)
 	}
 	p.closeAll(t, conns)
 }

@@ -49,6 +49,7 @@ type Stats struct {
 	FallbackRx   uint64                 // bytes received over TCP after a fallback
 	CDCSent      uint64
 	CDCReceived  uint64
+	CDCStale     uint64 // CDCs dropped for a sequence number older than one taken
 	LLCSent      uint64
 	LLCReceived  uint64
 	WriteBlocked uint64 // times a writer found the peer's RMBE full
@@ -111,7 +112,7 @@ type stats struct {
 	handled, smc, firstContact, reused, linkConfirms atomic.Uint64
 	active                                           atomic.Int64
 	txBytes, rxBytes, fbTx, fbRx                     atomic.Uint64
-	cdcSent, cdcRecv, llcSent, llcRecv               atomic.Uint64
+	cdcSent, cdcRecv, cdcStale, llcSent, llcRecv     atomic.Uint64
 	writeBlocked, protoErrors, aborts, continued     atomic.Uint64
 	addLinks, deleteLinks, movedConns                atomic.Uint64
 	rxFull, rxTooSmall, txTooSmall                   atomic.Uint64
@@ -151,6 +152,7 @@ func (s *stats) snapshot() Stats {
 		FallbackRx:   s.fbRx.Load(),
 		CDCSent:      s.cdcSent.Load(),
 		CDCReceived:  s.cdcRecv.Load(),
+		CDCStale:     s.cdcStale.Load(),
 		LLCSent:      s.llcSent.Load(),
 		LLCReceived:  s.llcRecv.Load(),
 		WriteBlocked: s.writeBlocked.Load(),
@@ -174,7 +176,7 @@ func (s *stats) snapshot() Stats {
 
 func (s *stats) reset() {
 	for _, c := range []*atomic.Uint64{&s.handled, &s.smc, &s.firstContact, &s.reused, &s.linkConfirms,
-		&s.txBytes, &s.rxBytes, &s.fbTx, &s.fbRx, &s.cdcSent, &s.cdcRecv, &s.llcSent,
+		&s.txBytes, &s.rxBytes, &s.fbTx, &s.fbRx, &s.cdcSent, &s.cdcRecv, &s.cdcStale, &s.llcSent,
 		&s.llcRecv, &s.writeBlocked, &s.protoErrors, &s.aborts, &s.continued,
 		&s.addLinks, &s.deleteLinks, &s.movedConns, &s.rxFull, &s.rxTooSmall, &s.txTooSmall,
 		&s.rxReuses, &s.txReuses} {

@@ -1,0 +1,71 @@
+package smcr
+
+import (
+	"sync/atomic"
+	"testing"
+
+	"github.com/smcr-io/smcr/rmb"
+	"github.com/smcr-io/smcr/smcr/verbs"
+)
+
+// TestCDCOrder streams both ways on each of four connections with small RMBEs, so
+// writers' CDCs and readers' consumer updates are sent at once from both ends:
+// every CDC must arrive numbered one after the last (one link: RC keeps order).
+func TestCDCOrder(t *testing.T) {
+	cfg := func() Config { return Config{Devices: memDevices(t, verbs.KindSoft), RMBSize: 16 << 10} }
+	p := newPair(t, cfg(), cfg())
+	var cdcs, gaps atomic.Int64
+	hook := func(c *Conn, m *rmb.CDC) {
+		cdcs.Add(1)
+		if c.rxSeqSet && m.Seq != c.rxSeq+1 {
+			gaps.Add(1)
+		}
+	}
+	testHookCDC.Store(&hook)
+	t.Cleanup(func() { testHookCDC.Store(nil) })
+	var conns [][2]*Conn
+	for range 4 {
+		c, s := p.connect(t)
+		mustSMC(t, c, s)
+		conns = append(conns, [2]*Conn{c, s})
+	}
+	streamPairs(t, conns, 4<<20, 7, func() {})
+	if n := gaps.Load(); n != 0 {
+		t.Errorf("%d of %d CDCs out of sequence", n, cdcs.Load())
+	}
+	for _, e := range []*Engine{p.cli, p.srv} {
+		if n := e.Stats().CDCStale; n != 0 {
+			t.Errorf("%d CDCs dropped as stale", n)
+		}
+	}
+	p.closeAll(t, conns)
+}
+
+// TestStaleCDCDropped: a CDC numbered before the last one taken is dropped, even
+// one that says abnormal close; a failover validation (Linux's: zero cursors)
+// moves no cursor and is answered with ours.
+func TestStaleCDCDropped(t *testing.T) {
+	p := memPair(t)
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	echoOK(t, c, s)
+	c.mu.Lock()
+	last := c.rxSeq
+	c.mu.Unlock()
+	before := p.cli.Stats().CDCStale
+	if err := s.lnk.sendCDC(&rmb.CDC{Seq: last - 1, Token: c.token, State: rmb.StateAbnormalClose}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "stale CDC counted", func() bool { return p.cli.Stats().CDCStale == before+1 })
+	echoOK(t, c, s)
+
+	sent := p.cli.Stats().CDCSent
+	if err := s.lnk.sendCDC(&rmb.CDC{Seq: last, Token: c.token, Flags: rmb.FlagFailoverValidation}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "validation answered", func() bool { return p.cli.Stats().CDCSent > sent })
+	echoOK(t, c, s)
+	if n := p.cli.Stats().ProtoErrors; n != 0 {
+		t.Errorf("%d protocol errors", n)
+	}
+}
