@@ -316,6 +316,9 @@ func parseInterfaces(v string) ([]string, error) {
 		if _, err := netip.ParseAddr(s); err == nil {
 			continue
 		}
+		if strings.ContainsAny(s, fileSyntax) {
+			return nil, fmt.Errorf("%q: an interface whose name has %q cannot be listed (the file format uses them); name it by its address", s, fileSyntax)
+		}
 		if !validIfName(s) {
 			return nil, fmt.Errorf("%q is neither an IP address nor an interface name", s)
 		}
@@ -343,8 +346,8 @@ func parseRDMADevices(v string) ([]RDMADevice, error) {
 			dev, d.Port = name, n
 		}
 		d.Device = dev
-		if !validIfName(ifc) {
-			return nil, fmt.Errorf("%q: %q is not an interface name", e, ifc)
+		if !validIfName(ifc) || strings.ContainsAny(ifc, fileSyntax) {
+			return nil, fmt.Errorf("%q: %q is not an interface name this file can hold", e, ifc)
 		}
 		if !validDeviceName(dev) {
 			return nil, fmt.Errorf("%q: %q is not an RDMA device name", e, dev)
@@ -370,6 +373,11 @@ func validDeviceName(s string) bool {
 	}
 	return true
 }
+
+// fileSyntax are the characters the kernel allows in an interface name that the
+// configuration file reads as syntax (comment, list and pair separators): a name
+// holding one would not read back as written.
+const fileSyntax = "#,="
 
 // validIfName follows the kernel's dev_valid_name: 1-15 bytes, no '/', ':' or space.
 func validIfName(s string) bool {

@@ -170,6 +170,11 @@ func (c Config) Set(assignments ...string) (Config, error) {
 	if len(errs) > 0 {
 		return c, errors.Join(errs...)
 	}
+	// smcrd saves what was set: refuse what the file would read back otherwise
+	// (a '#' in a path starts a comment there).
+	if back, err := Parse(bytes.NewReader(n.Format())); err != nil || !bytes.Equal(back.Format(), n.Format()) {
+		return c, &Error{Source: "set", Msg: "a value would not read back from the configuration file as given ('#' starts a comment there)"}
+	}
 	return n, nil
 }
 

@@ -52,6 +52,7 @@ func TestParseErrors(t *testing.T) {
 		{"\n\nip_addr_list = eth0,eth1,eth2", `line 3: ip_addr_list: 3 interfaces given, at most 2 (one per link of a link group)`},
 		{"ip_addr_list = eth0,eth0", `ip_addr_list: "eth0" listed twice`},
 		{"ip_addr_list = bad/name", `"bad/name" is neither an IP address nor an interface name`},
+		{"ip_addr_list = eth=1", `"eth=1": an interface whose name has "#,=" cannot be listed`},
 		{"max_memory = lots", `line 1: max_memory: "lots" is not a number`},
 		{"max_memory = 0", `max_memory: 0 is out of range 1-1048576`},
 		{"rmb_size = 1G", `rmb_size: "1G" is not a size such as 64K or 1M`},
@@ -120,6 +121,12 @@ func TestSetIsAllOrNothing(t *testing.T) {
 	}
 	if _, err := n.Set("novalue"); err == nil {
 		t.Fatal("assignment without = accepted")
+	}
+	// What smcrd would save and not read back as set is refused.
+	for _, a := range []string{"ip_addr_list=eth#1", "control_socket=/run/smcr#1.sock", "cgroup=/apps#x"} {
+		if _, err := n.Set(a); err == nil || !strings.Contains(err.Error(), "#") {
+			t.Errorf("Set(%q) = %v, want an error about '#'", a, err)
+		}
 	}
 }
 
