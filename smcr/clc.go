@@ -151,9 +151,11 @@ func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix) (*C
 		return e.fallback(c, clc.DeclineConfigError, SideLocal, false, err, nil), nil
 	}
 	env := clc.Envelope{TLVs: []clc.TLV{{Type: tlvProviders, Value: val}}}
-	if prop.Ext, err = env.AppendTo(nil); err != nil {
+	area, err := env.AppendTo(nil)
+	if err != nil {
 		return e.fallback(c, clc.DeclineConfigError, SideLocal, false, err, nil), nil
 	}
+	prop.SetEnvelope(area)
 	e.clcPhase(ctx, tcp)
 	if err := e.writeCLC(c, prop); err != nil {
 		if ctx.Err() != nil {
@@ -355,7 +357,7 @@ func (e *Engine) serverProposal(ctx context.Context, c *Conn, prop *clc.Proposal
 	}
 	var offers []offer
 	ext := false
-	if env, err := clc.ParseEnvelope(prop.Ext); err == nil {
+	if env, err := clc.ParseEnvelope(prop.EnvelopeArea()); err == nil {
 		val, ok := env.Find(tlvProviders)
 		if !ok {
 			return clc.DeclineNoSMCRDevice, errors.New("extension without providers")

@@ -5,6 +5,7 @@ package clc
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"reflect"
 	"testing"
@@ -112,5 +113,75 @@ func TestEnvelopeInMessages(t *testing.T) {
 		if _, err := ParseEnvelope(ext); err != nil {
 			t.Errorf("%s: %v", g.name, err)
 		}
+	}
+}
+
+// linuxAcceptsV1 is Linux's smc_clc_msg_prop_valid for a version-1 Proposal (5.10
+// on, with the 2024 iparea_offset bound): the length must be exactly the fixed
+// part, the skipped area, the IP area and the trailer. Linux closes the
+// connection on a Proposal that fails it.
+func linuxAcceptsV1(b []byte) bool {
+	skip := int(binary.BigEndian.Uint16(b[propOffIPAreaOffset:]))
+	if skip > LinuxIPAreaOffset || propOffSkip+skip+ipOffPrefixes > len(b) {
+		return false
+	}
+	count := int(b[propOffSkip+skip+ipOffCount])
+	return int(binary.BigEndian.Uint16(b[offLength:])) == propOffSkip+skip+ipOffPrefixes+count*ipv6PrefixLen+TrailerLen
+}
+
+// TestProposalEnvelopePlacement: an envelope of up to 40 bytes (one offer without
+// an endpoint: rdma) rides in the area iparea_offset skips, where a Linux server
+// accepts the Proposal; a longer one goes after the prefixes. Either way the
+// receiver finds it.
+func TestProposalEnvelopePlacement(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		valueLen  int
+		linuxSafe bool
+	}{
+		{"one rdma offer", 25, true},
+		{"largest in the skipped area", LinuxIPAreaOffset - EnvelopeHeaderLen - TLVHeaderLen, true},
+		{"one byte more", LinuxIPAreaOffset - EnvelopeHeaderLen - TLVHeaderLen + 1, false},
+		{"shm and soft offers", 120, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := Envelope{TLVs: []TLV{{Type: 1, Value: bytes.Repeat([]byte{0xab}, tc.valueLen)}}}
+			area, err := env.AppendTo(nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, v6 := range [][]IPv6Prefix{nil, {{Len: 64}, {Len: 48}}} {
+				p := &Proposal{SMCType: SMCTypeR, PrefixLen: 24, IPv6: v6}
+				p.SetEnvelope(area)
+				b, err := p.AppendTo(nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := linuxAcceptsV1(b); got != tc.linuxSafe {
+					t.Errorf("%d ipv6 prefixes: Linux accepts it: %v, want %v", len(v6), got, tc.linuxSafe)
+				}
+				m, err := Parse(b)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, err := ParseEnvelope(m.(*Proposal).EnvelopeArea())
+				if err != nil || !reflect.DeepEqual(got, env) {
+					t.Fatalf("envelope back: %+v, %v", got, err)
+				}
+			}
+		})
+	}
+	// Linux's own Proposal (40 zero bytes skipped, nothing after the prefixes)
+	// has no envelope, and neither has a skipped area with other bytes.
+	b, _ := (&Proposal{SMCType: SMCTypeR}).AppendTo(nil)
+	m, _ := Parse(b)
+	if !linuxAcceptsV1(b) || len(m.(*Proposal).EnvelopeArea()) != 0 {
+		t.Fatalf("plain proposal: linux %v, envelope area %x", linuxAcceptsV1(b), m.(*Proposal).EnvelopeArea())
+	}
+	skip := make([]byte, LinuxIPAreaOffset)
+	copy(skip, "SMCX\x01\x00\x07 not padding")
+	p := &Proposal{SMCType: SMCTypeR, SkipArea: skip}
+	if _, err := ParseEnvelope(p.EnvelopeArea()); err == nil {
+		t.Fatal("an envelope followed by bytes other than padding parsed")
 	}
 }

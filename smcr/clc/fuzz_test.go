@@ -62,6 +62,9 @@ func FuzzParse(f *testing.F) {
 			return
 		}
 		checkReencode(t, b, m)
+		if p, ok := m.(*Proposal); ok {
+			ParseEnvelope(p.EnvelopeArea()) // wherever the peer put it: no panic
+		}
 	})
 }
 

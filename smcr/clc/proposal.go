@@ -126,6 +126,38 @@ func (p *Proposal) AppendTo(b []byte) ([]byte, error) {
 	return appendTrailer(b), nil
 }
 
+// SetEnvelope places an encoded Envelope where a Linux server accepts it. Linux
+// (smc_clc_msg_prop_valid, from 5.10) rejects a version-1 Proposal whose length is
+// not exactly its fixed part, the skipped area, the IP area and the trailer, and
+// then closes the connection, so an envelope after the IPv6 prefixes kills the
+// connection to a Linux SMC-R server. The skipped area holds up to
+// LinuxIPAreaOffset bytes (newer kernels refuse a larger iparea_offset), which a
+// version-1 SMC-R Proposal leaves unread (it is SMC-D's): an envelope that fits
+// goes there, zero-padded; a longer one still goes after the prefixes.
+func (p *Proposal) SetEnvelope(env []byte) {
+	if len(env) <= LinuxIPAreaOffset {
+		p.SkipArea = append(env[:len(env):len(env)], make([]byte, LinuxIPAreaOffset-len(env))...)
+		p.Ext = nil
+		return
+	}
+	p.SkipArea, p.Ext = nil, env
+}
+
+// EnvelopeArea returns the area that holds p's Envelope, if it has one (see
+// SetEnvelope): the skipped area cut to the envelope's length when it starts with
+// the magic and the rest is zero padding, else the extension area.
+func (p *Proposal) EnvelopeArea() []byte {
+	a := p.SkipArea
+	if !HasEnvelope(a) || len(a) < EnvelopeHeaderLen {
+		return p.Ext
+	}
+	n := int(binary.BigEndian.Uint16(a[envOffLength:]))
+	if n < EnvelopeHeaderLen || n > len(a) || !allZero(a[n:]) {
+		return a // ParseEnvelope says what is wrong with it
+	}
+	return a[:n]
+}
+
 // parseProposal parses b, whose header, length and trailer Parse has checked.
 func parseProposal(h Header, b []byte) (*Proposal, error) {
 	p := &Proposal{
