@@ -186,10 +186,11 @@ type segment struct {
 	src, dst netip.AddrPort
 	syn, ack bool
 	smc      bool // carries kind 254, length 6, ExID E2D4C3D9
+	smcx     bool // carries kind 254, length 6, ExID "SMCX" (smcrd's SYN-ACK)
 }
 
 func (s segment) String() string {
-	return fmt.Sprintf("%s->%s syn=%v ack=%v smc=%v", s.src, s.dst, s.syn, s.ack, s.smc)
+	return fmt.Sprintf("%s->%s syn=%v ack=%v smc=%v smcx=%v", s.src, s.dst, s.syn, s.ack, s.smc, s.smcx)
 }
 
 // capture records SYN and SYN-ACK segments on ifname inside ns until stop.
@@ -282,12 +283,16 @@ func parseSegment(f []byte) (segment, bool) {
 	if hl < 20 || hl > len(p) {
 		return s, false
 	}
-	s.smc = hasSMCOption(p[20:hl])
+	s.smc = hasExpOption(p[20:hl], "\xe2\xd4\xc3\xd9")
+	s.smcx = hasExpOption(p[20:hl], "SMCX")
 	return s, true
 }
 
 // hasSMCOption is the reference walk of TCP options the tc program must agree with.
-func hasSMCOption(opts []byte) bool {
+func hasSMCOption(opts []byte) bool { return hasExpOption(opts, "\xe2\xd4\xc3\xd9") }
+
+// hasExpOption reports an experimental option (kind 254, length 6) with ExID exid.
+func hasExpOption(opts []byte, exid string) bool {
 	for i := 0; i < len(opts); {
 		switch opts[i] {
 		case 0:
@@ -303,7 +308,7 @@ func hasSMCOption(opts []byte) bool {
 		if l < 2 || i+l > len(opts) {
 			return false
 		}
-		if opts[i] == 254 && l == 6 && string(opts[i+2:i+6]) == "\xe2\xd4\xc3\xd9" {
+		if opts[i] == 254 && l == 6 && string(opts[i+2:i+6]) == exid {
 			return true
 		}
 		i += l

@@ -169,6 +169,7 @@ const (
 	SeenSentSYNACKOption Seen = 8  // our SYN-ACK echoed it
 	SeenNoSpace          Seen = 16 // no TCP option space was left for it
 	SeenEstablished      Seen = 32 // the handshake completed
+	SeenPeerSMCX         Seen = 64 // the SYN-ACK carried smcr's SMCX option too: the server is smcrd
 )
 
 // PeerSupportsSMC reports whether the option went both ways: worth a CLC

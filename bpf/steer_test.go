@@ -68,8 +68,9 @@ func testOptionAndSteering(t *testing.T, clsBPF bool) {
 			checkHandshake(t, segs, addrPort(plain.LocalAddr()), dst, false)
 
 			sa, err := la.Seen(addrPort(c.LocalAddr()), addrPort(c.RemoteAddr()))
-			if err != nil || sa&(SeenSentSYNOption|SeenPeerEchoed|SeenEstablished) != SeenSentSYNOption|SeenPeerEchoed|SeenEstablished || !sa.PeerSupportsSMC() {
-				t.Errorf("client Seen = %#x, %v; want sent, echoed, established", sa, err)
+			want := SeenSentSYNOption | SeenPeerEchoed | SeenPeerSMCX | SeenEstablished
+			if err != nil || sa&want != want || !sa.PeerSupportsSMC() {
+				t.Errorf("client Seen = %#x, %v; want sent, echoed with SMCX, established", sa, err)
 			}
 			sb, err := lb.Seen(addrPort(acc.LocalAddr()), addrPort(acc.RemoteAddr()))
 			if err != nil || sb&(SeenSYNOption|SeenSentSYNACKOption) != SeenSYNOption|SeenSentSYNACKOption || !sb.PeerSupportsSMC() {
@@ -105,7 +106,7 @@ func TestOptionNotEchoed(t *testing.T) {
 		t.Fatal("application accepted nothing")
 	}
 	s, err := la.Seen(addrPort(c.LocalAddr()), addrPort(c.RemoteAddr()))
-	if err != nil || s&SeenSentSYNOption == 0 || s&SeenPeerEchoed != 0 || s.PeerSupportsSMC() {
+	if err != nil || s&SeenSentSYNOption == 0 || s&(SeenPeerEchoed|SeenPeerSMCX) != 0 || s.PeerSupportsSMC() {
 		t.Errorf("Seen = %#x, %v; want sent and not echoed", s, err)
 	}
 }
@@ -117,13 +118,13 @@ func checkHandshake(t *testing.T, segs []segment, client, server netip.AddrPort,
 		switch {
 		case s.src == client && s.dst == server && !s.ack:
 			syn = true
-			if s.smc != smc {
-				t.Errorf("SYN %v: SMC option %v, want %v", s, s.smc, smc)
+			if s.smc != smc || s.smcx {
+				t.Errorf("SYN %v: SMC option %v, want %v, and no SMCX option", s, s.smc, smc)
 			}
 		case s.src == server && s.dst == client && s.ack:
 			synack = true
-			if s.smc != smc {
-				t.Errorf("SYN-ACK %v: SMC option %v, want %v", s, s.smc, smc)
+			if s.smc != smc || s.smcx != smc {
+				t.Errorf("SYN-ACK %v: SMC and SMCX options %v %v, want %v", s, s.smc, s.smcx, smc)
 			}
 		}
 	}

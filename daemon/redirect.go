@@ -75,7 +75,9 @@ func (d *Daemon) serveRedirected(app *net.TCPConn) {
 		d.direct(t, app, tcp, reasonNoEcho)
 		return
 	}
-	conn, err := d.engine.Client(d.ctx, tcp)
+	// A server whose SYN-ACK lacks smcrd's SMCX option is another SMC-R
+	// implementation (Linux, z/OS): propose only what it accepts.
+	conn, err := d.engine.ClientWith(d.ctx, tcp, smcr.ClientOptions{Standard: seen&bpf.SeenPeerSMCX == 0})
 	if err != nil {
 		d.st.setupErrors.Add(1)
 		d.log.Info("clc as client", "dst", orig, "err", err)

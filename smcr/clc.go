@@ -115,6 +115,21 @@ func ctxErr(ctx context.Context, c *Conn) (*Conn, error) {
 	return nil, fmt.Errorf("smcr: clc: %w", ctx.Err())
 }
 
+// standardOffers are the offers a Proposal to a standard SMC-R server carries:
+// its first rdma device, whose GID and MAC fill the Proposal's own fields, in an
+// envelope that fits the area a Linux server skips (clc.Proposal.SetEnvelope) or
+// in none.
+// shm and soft mean nothing to such a server, and more would make it close the
+// connection.
+func standardOffers(all []offer) []offer {
+	for _, o := range all {
+		if o.Kind == verbs.KindRDMA {
+			return []offer{o}
+		}
+	}
+	return nil
+}
+
 func (e *Engine) offers() []offer {
 	out := make([]offer, 0, len(e.cfg.Devices))
 	for _, d := range e.cfg.Devices {
@@ -131,22 +146,27 @@ func (e *Engine) isClosed() bool {
 }
 
 // client runs CLC as the client. pfx is the subnet of the local address.
-func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix) (*Conn, error) {
+func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix, opts ClientOptions) (*Conn, error) {
 	defer interruptOnCancel(ctx, tcp)()
 	c := e.newConn(tcp, true)
 	br := bufio.NewReaderSize(tcp, 4096)
-	if len(e.cfg.Devices) == 0 || e.isClosed() {
-		// Without a device we do not even propose: the peer sees plain TCP.
-		return e.fallback(c, clc.DeclineNoSMCRDevice, SideLocal, false, nil, nil), nil
+	offers := e.offers()
+	if opts.Standard {
+		offers = standardOffers(offers)
 	}
-	dev0 := e.cfg.Devices[0].Port()
-	prop := &clc.Proposal{PeerID: e.peerID, GID: dev0.GID, MAC: dev0.MAC}
+	if len(offers) == 0 || e.isClosed() {
+		// Without a device we do not propose. A standard server is waiting for
+		// CLC (its SYN-ACK echoed the option) and would take our bytes for it:
+		// tell it, as Linux's client does. Ours looks before it reads.
+		return e.fallback(c, clc.DeclineNoSMCRDevice, SideLocal, opts.Standard, nil, nil), nil
+	}
+	prop := &clc.Proposal{PeerID: e.peerID, GID: offers[0].GID, MAC: offers[0].MAC}
 	if pfx.IsValid() && pfx.Addr().Is4() {
 		prop.Subnet, prop.PrefixLen = pfx.Addr().As4(), uint8(pfx.Bits())
 	} else if pfx.IsValid() {
 		prop.IPv6 = []clc.IPv6Prefix{{Addr: pfx.Addr().As16(), Len: uint8(pfx.Bits())}}
 	}
-	val, err := appendOffers(nil, e.offers())
+	val, err := appendOffers(nil, offers)
 	if err != nil {
 		return e.fallback(c, clc.DeclineConfigError, SideLocal, false, err, nil), nil
 	}
@@ -154,6 +174,9 @@ func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix) (*C
 	area, err := env.AppendTo(nil)
 	if err != nil {
 		return e.fallback(c, clc.DeclineConfigError, SideLocal, false, err, nil), nil
+	}
+	if opts.Standard && len(area) > clc.LinuxIPAreaOffset {
+		area = nil // a plain version-1 Proposal: the device is in its own fields
 	}
 	prop.SetEnvelope(area)
 	e.clcPhase(ctx, tcp)

@@ -486,16 +486,32 @@ func (e *Engine) Dial(ctx context.Context, network, addr string) (*Conn, error) 
 	// Look the subnet up now, on the dialing thread: in a test the thread may be
 	// inside a network namespace that later goroutines are not.
 	pfx := e.localPrefix(tcp, e.cfg.Prefixes)
-	c, err := e.client(ctx, tcp, pfx)
+	c, err := e.client(ctx, tcp, pfx, ClientOptions{})
 	if err != nil {
 		tcp.Close()
 	}
 	return c, err
 }
 
-// Client runs CLC as the client on an established TCP connection.
+// Client runs CLC as the client on an established TCP connection, to a server
+// known to be smcr.
 func (e *Engine) Client(ctx context.Context, tcp net.Conn) (*Conn, error) {
-	return e.client(ctx, tcp, e.localPrefix(tcp, e.cfg.Prefixes))
+	return e.ClientWith(ctx, tcp, ClientOptions{})
+}
+
+// ClientOptions is what the caller knows of the server before CLC.
+type ClientOptions struct {
+	// Standard: the server may be another SMC-R implementation (Linux's AF_SMC,
+	// z/OS, AIX) rather than smcr, which smcrd learns from the SYN-ACK (the SMC
+	// option without smcrd's SMCX one). The Proposal is then one such a server
+	// accepts — Linux closes the connection on one it refuses (docs/protocol.md,
+	// "Linux peers"): the first rdma device alone; with none, a Decline.
+	Standard bool
+}
+
+// ClientWith is Client with what the caller knows of the server.
+func (e *Engine) ClientWith(ctx context.Context, tcp net.Conn, opts ClientOptions) (*Conn, error) {
+	return e.client(ctx, tcp, e.localPrefix(tcp, e.cfg.Prefixes), opts)
 }
 
 // Server runs CLC as the server on an accepted TCP connection.

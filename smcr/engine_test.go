@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"io"
 	"log/slog"
@@ -249,14 +250,7 @@ func echoCheck(t *testing.T, c, s net.Conn) {
 		io.ReadFull(s, buf)
 		s.Write(buf)
 	}()
-	if _, err := c.Write([]byte("ping!")); err != nil {
-		t.Fatal(err)
-	}
-	got := make([]byte, 5)
-	c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if _, err := io.ReadFull(c, got); err != nil || string(got) != "ping!" {
-		t.Fatalf("echo %q %v", got, err)
-	}
+	echoRaw(t, c)
 }
 
 func TestFallbackProviderMismatch(t *testing.T) {
@@ -477,4 +471,119 @@ func TestPrefixCache(t *testing.T) {
 	check("10.1.2.3", "10.1.2.0/24", 3) // the old prefix, within the second
 	now = now.Add(prefixTTL)
 	check("10.1.2.3", "10.1.0.0/16", 4)
+}
+
+// linuxLikeServer plays a Linux AF_SMC server that has no device it can use: it
+// reads the first CLC message, closes the connection on a Proposal that fails
+// Linux's length rule (smc_clc_msg_prop_valid), answers a Proposal with a
+// Decline (0x03030000, as the soft-RoCE VM's kernel does), and echoes the
+// rest. It reports what it read.
+func linuxLikeServer(t *testing.T) (string, <-chan clc.Message) {
+	got := make(chan clc.Message, 1)
+	addr := rawServer(t, func(c net.Conn) {
+		defer c.Close()
+		var h [8]byte
+		if _, err := io.ReadFull(c, h[:]); err != nil {
+			return
+		}
+		b := make([]byte, binary.BigEndian.Uint16(h[5:]))
+		copy(b, h[:])
+		if _, err := io.ReadFull(c, b[8:]); err != nil {
+			return
+		}
+		m, err := clc.Parse(b)
+		if err != nil {
+			t.Errorf("server: %v", err)
+			return
+		}
+		got <- m
+		if p, ok := m.(*clc.Proposal); ok {
+			skip := int(binary.BigEndian.Uint16(b[38:]))
+			if skip > clc.LinuxIPAreaOffset || len(b) != 40+skip+8+17*len(p.IPv6)+clc.TrailerLen {
+				return // Linux: smc_listen_out_err
+			}
+			d, _ := (&clc.Decline{Code: clc.DeclineNoSMCDevice}).AppendTo(nil)
+			c.Write(d)
+		}
+		io.Copy(c, c)
+	})
+	return addr, got
+}
+
+// TestClientStandard: toward a server that may be Linux, the Proposal carries the
+// first rdma device alone, in a form Linux accepts, and Linux's Decline makes a
+// clean fallback; with no rdma device, a Decline instead of a Proposal. The full
+// Proposal (soft and rdma offers) is what Linux would close the connection on.
+func TestClientStandard(t *testing.T) {
+	dial := func(e *Engine, addr string, opts ClientOptions) *Conn {
+		t.Helper()
+		tcp, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := e.ClientWith(context.Background(), tcp, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	rdma := memverbs.New(verbs.KindRDMA)
+	t.Cleanup(func() { rdma.Close() })
+	e := newEngine(t, Config{Devices: append(memDevices(t, verbs.KindSoft), rdma)})
+
+	addr, got := linuxLikeServer(t)
+	c := dial(e, addr, ClientOptions{Standard: true})
+	p, ok := (<-got).(*clc.Proposal)
+	if !ok {
+		t.Fatal("no proposal")
+	}
+	if p.GID != rdma.Port().GID || p.MAC != rdma.Port().MAC || len(p.Ext) != 0 {
+		t.Errorf("proposal names gid %x mac %x with %d bytes after the prefixes; want the rdma device's, none", p.GID, p.MAC, len(p.Ext))
+	}
+	if env, err := clc.ParseEnvelope(p.EnvelopeArea()); err == nil {
+		v, _ := env.Find(tlvProviders)
+		if offers, err := parseOffers(v); err != nil || len(offers) != 1 || offers[0].Kind != verbs.KindRDMA {
+			t.Errorf("offers %+v, %v; want the rdma device alone", offers, err)
+		}
+	}
+	if c.Mode() != ModeFallback || c.Decline().Code != clc.DeclineNoSMCDevice || c.Decline().Side != SidePeer {
+		t.Fatalf("%v %+v", c.Mode(), c.Decline())
+	}
+	echoRaw(t, c)
+
+	// No rdma device: a Decline comes first, then the application's bytes.
+	e2 := newEngine(t, Config{Devices: memDevices(t, verbs.KindSoft)})
+	addr, got = linuxLikeServer(t)
+	c = dial(e2, addr, ClientOptions{Standard: true})
+	if d, ok := (<-got).(*clc.Decline); !ok || d.Code != clc.DeclineNoSMCRDevice {
+		t.Fatalf("server read %+v, want a Decline", d)
+	}
+	if c.Mode() != ModeFallback || !c.Decline().Sent {
+		t.Fatalf("%v %+v", c.Mode(), c.Decline())
+	}
+	echoRaw(t, c)
+
+	// The full Proposal, for an smcr server, does not pass Linux's rule.
+	addr, got = linuxLikeServer(t)
+	c = dial(e, addr, ClientOptions{})
+	if p, ok := (<-got).(*clc.Proposal); !ok || len(p.Ext) == 0 {
+		t.Fatalf("full proposal %+v: want the envelope after the prefixes", p)
+	}
+	if c.Mode() != ModeFallback {
+		t.Fatalf("%v", c.Mode())
+	}
+}
+
+// echoRaw checks that a fallen-back connection carries bytes to an echo server.
+func echoRaw(t *testing.T, c net.Conn) {
+	t.Helper()
+	if _, err := c.Write([]byte("ping!")); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 5)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(c, got); err != nil || string(got) != "ping!" {
+		t.Fatalf("echo %q %v", got, err)
+	}
 }

@@ -106,6 +106,7 @@ struct ports {
 #define SEEN_SENT_SYNACK_OPT 8 /* our SYN-ACK echoed it */
 #define SEEN_NO_SPACE 16       /* no TCP option space left for it */
 #define SEEN_ESTABLISHED 32    /* the handshake completed */
+#define SEEN_PEER_SMCX 64      /* the SYN-ACK carried smcr's extension option too */
 
 enum stat {
 	STAT_REDIRECTED,
@@ -293,3 +294,7 @@ static __always_inline void tuple_unmap(struct tuple *t)
 
 /* The SMC option as bpf_load_hdr_opt searches for it and bpf_store_hdr_opt writes it. */
 #define SMC_OPT_INIT {SMC_OPT_KIND, SMC_OPT_LEN, 0xe2, 0xd4, 0xc3, 0xd9, 0, 0}
+/* smcr's own option beside it on a SYN-ACK: kind 254, ExID "SMCX" in ASCII. It
+ * tells smcrd's client that the server is smcrd too, so its Proposal may carry
+ * offers a Linux or z/OS server would refuse (docs/protocol.md, "Linux peers"). */
+#define SMCX_OPT_INIT {SMC_OPT_KIND, SMC_OPT_LEN, 'S', 'M', 'C', 'X', 0, 0}

@@ -117,16 +117,21 @@ static __always_inline void on_listen(struct bpf_sock_ops *skops)
 		set_cb_flags(skops, BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG, 0);
 }
 
-/* Room for the option: on our SYN always, on a SYN-ACK only when the SYN had it. */
+/* Room for the option: on our SYN always, on a SYN-ACK only when the SYN had it,
+ * and there for the SMCX option too. */
 static __always_inline void on_hdr_len(struct bpf_sock_ops *skops)
 {
 	__u8 f = skops->skb_tcp_flags;
+	__u32 len = SMC_OPT_LEN;
 
 	if (!(f & TCPHDR_SYN))
 		return;
-	if ((f & TCPHDR_ACK) && !syn_had_option(skops))
-		return;
-	if (bpf_reserve_hdr_opt(skops, SMC_OPT_LEN, 0)) {
+	if (f & TCPHDR_ACK) {
+		if (!syn_had_option(skops))
+			return;
+		len += SMC_OPT_LEN;
+	}
+	if (bpf_reserve_hdr_opt(skops, len, 0)) {
 		/* Other options (timestamps, MD5, AO...) took the 40 bytes: the
 		 * connection goes on without the hint, and smcrd learns why. */
 		count(STAT_OPT_NO_SPACE);
@@ -153,6 +158,13 @@ static __always_inline void on_write_hdr(struct bpf_sock_ops *skops)
 	err = bpf_store_hdr_opt(skops, opt, SMC_OPT_LEN, 0);
 	if (err == -17 /* EEXIST: a retransmission already has it */)
 		err = 0;
+	if (!err && (f & TCPHDR_ACK)) {
+		__u8 x[8] = SMCX_OPT_INIT;
+
+		err = bpf_store_hdr_opt(skops, x, SMC_OPT_LEN, 0);
+		if (err == -17)
+			err = 0;
+	}
 	if (err) {
 		seen = (seen & SEEN_SYN_OPT) | SEEN_NO_SPACE;
 		count(STAT_OPT_NO_SPACE);
@@ -171,8 +183,12 @@ static __always_inline void on_active_established(struct bpf_sock_ops *skops)
 		return;
 	/* skb is the SYN-ACK here. */
 	if (bpf_load_hdr_opt(skops, opt, sizeof(opt), 0) == SMC_OPT_LEN) {
+		__u8 x[8] = SMCX_OPT_INIT;
+
 		seen |= SEEN_PEER_ECHOED;
 		count(STAT_PEER_ECHOED);
+		if (bpf_load_hdr_opt(skops, x, sizeof(x), 0) == SMC_OPT_LEN)
+			seen |= SEEN_PEER_SMCX;
 	}
 	seen_or(skops, seen);
 	/* Only SYNs carry the option: no per-segment callbacks from now on. */

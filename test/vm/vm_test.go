@@ -126,6 +126,7 @@ func TestBPFOnDebianKernel(t *testing.T) {
 // provider, carry unmodified programs over rxe (TestTransparent on rdma), and the
 // fallback, negative cache, unlisted port, kill and runtime configuration tests
 // run their eBPF programs on Debian's kernel, older than the host's (no tcx there).
+// That kernel has AF_SMC too: smcrd meets Linux's own SMC-R as client and server.
 // The tests that size their transfers for a native CPU (drain, stress) stay on
 // the host.
 func TestTransparentOnSoftRoCE(t *testing.T) {
@@ -150,7 +151,7 @@ func TestTransparentOnSoftRoCE(t *testing.T) {
 	}
 	out := runSuiteEnv(t, bin,
 		[]string{"SMCR_E2E_BIN=" + dir, "SMCR_E2E_PROVIDERS=rdma", "SMCR_E2E_RDMA_DEVICE=rxe0"},
-		"-test.run", "^(TestTransparent|TestFallbackAndNegativeCache|TestPortNotListed|TestKill|TestRuntimeConfig|TestOperatorView)$")
+		"-test.run", "^(TestTransparent|TestFallbackAndNegativeCache|TestPortNotListed|TestKill|TestRuntimeConfig|TestOperatorView|TestLinuxSMCServer|TestLinuxSMCClient)$")
 	if !bytes.Contains(out, []byte("--- PASS: TestTransparent/rdma")) {
 		t.Fatalf("TestTransparent/rdma did not pass in the guest:\n%s", out)
 	}

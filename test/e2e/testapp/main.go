@@ -36,6 +36,7 @@ func main() {
 	rounds := flag.Int("n", 1000, "pingpong round trips")
 	timeout := flag.Duration("timeout", 60*time.Second, "give up after this long")
 	relayTo := flag.String("relay", "", "with -listen: carry each connection to this address, as smcrd's relay does (a baseline)")
+	flag.BoolVar(&useSMC, "smc", false, "use Linux's AF_SMC sockets (the kernel's SMC) instead of TCP ones")
 	flag.Parse()
 	if *listen != "" && *relayTo != "" {
 		serve(*listen, func(c net.Conn) { relay(c, *relayTo) })
@@ -53,9 +54,23 @@ func main() {
 	}
 }
 
+// useSMC: -smc, connections are Linux AF_SMC sockets (smc.go).
+var useSMC bool
+
+func dial(addr string) (net.Conn, error) {
+	if useSMC {
+		return dialSMC(addr)
+	}
+	return net.Dial("tcp", addr)
+}
+
 // serve accepts connections on addr and runs handler on each.
 func serve(addr string, handler func(net.Conn)) {
-	ln, err := net.Listen("tcp", addr)
+	listen := func(addr string) (net.Listener, error) { return net.Listen("tcp", addr) }
+	if useSMC {
+		listen = listenSMC
+	}
+	ln, err := listen(addr)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "testapp:", err)
 		os.Exit(2)
@@ -186,7 +201,7 @@ func (p *prng) Read(b []byte) (int, error) {
 }
 
 func one(addr, mode string, size int64, rounds int, seed uint64) (peer, local string, lat []time.Duration, err error) {
-	c, err := net.Dial("tcp", addr)
+	c, err := dial(addr)
 	if err != nil {
 		return "", "", nil, err
 	}
