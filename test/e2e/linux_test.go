@@ -60,17 +60,23 @@ func TestLinuxSMCServer(t *testing.T) {
 			}
 			a.start(append(conf, ports)...)
 			b.background(bins.testapp, "-listen", ":5201", "-smc")
+			b.background(bins.testapp, "-listen", "[::]:5202", "-smc")
 			b.waitListening(5201)
-			dst := netip.AddrPortFrom(b.ns.Addr4(), 5201).String()
-			r, err := a.client(dst, "-mode", "sink", "-bytes", "1000000")
-			if err != nil || r.OK != 1 {
-				t.Fatalf("sink to Linux's AF_SMC server: %+v: %v\nsmcrd log:\n%s", r, err, a.logText())
-			}
-			if ap, _ := netip.ParseAddrPort(r.Peers[0]); ap.Addr() != a.ns.Addr4() {
-				t.Errorf("server saw %s, want %s", r.Peers[0], a.ns.Addr4())
+			b.waitListening(5202)
+			for _, tc := range []struct{ dst, client netip.AddrPort }{
+				{netip.AddrPortFrom(b.ns.Addr4(), 5201), netip.AddrPortFrom(a.ns.Addr4(), 0)},
+				{netip.AddrPortFrom(b.ns.Addr6(), 5202), netip.AddrPortFrom(a.ns.Addr6(), 0)},
+			} {
+				r, err := a.client(tc.dst.String(), "-mode", "sink", "-bytes", "1000000")
+				if err != nil || r.OK != 1 {
+					t.Fatalf("sink to Linux's AF_SMC server %s: %+v: %v\nsmcrd log:\n%s", tc.dst, r, err, a.logText())
+				}
+				if ap, _ := netip.ParseAddrPort(r.Peers[0]); ap.Addr().Unmap() != tc.client.Addr() {
+					t.Errorf("server saw %s, want %s", r.Peers[0], tc.client.Addr())
+				}
 			}
 			s := a.stats()
-			if s.Connections.Handled != 1 || s.Connections.Fallback != 1 {
+			if s.Connections.Handled != 2 || s.Connections.Fallback != 2 {
 				t.Fatalf("connections %+v, fallbacks %+v\nsmcrd log:\n%s", s.Connections, s.Fallbacks, a.logText())
 			}
 			f, declined := linuxDecline(s)
@@ -88,28 +94,31 @@ func TestLinuxSMCServer(t *testing.T) {
 // TestLinuxSMCClient: a client application on an AF_SMC socket connects to a
 // server behind smcrd. Linux's SYN carries the SMC option, so smcrd's steering
 // takes the connection and runs CLC as the server; Linux declines (no device
-// it can use) and smcrd carries the bytes over TCP, counting the decline.
+// it can use) and smcrd carries the bytes over TCP, counting the decline. IPv4
+// and IPv6.
 func TestLinuxSMCClient(t *testing.T) {
 	requireAFSMC(t)
 	p := providers()[0]
 	a, b := hosts(t)
 	b.start(append(b.providerConf(p), ports)...)
 	b.serve(5201)
-	dst := netip.AddrPortFrom(b.ns.Addr4(), 5201).String()
-	r, err := a.client(dst, "-smc", "-mode", "sink", "-bytes", "1000000")
-	if err != nil || r.OK != 1 {
-		t.Fatalf("sink from Linux's AF_SMC client: %+v: %v\nsmcrd log:\n%s", r, err, b.logText())
-	}
-	if ap, _ := netip.ParseAddrPort(r.Peers[0]); ap.Addr() != a.ns.Addr4() {
-		t.Errorf("server saw %s, want %s", r.Peers[0], a.ns.Addr4())
-	}
-	r, err = a.client(dst, "-smc", "-mode", "echo", "-bytes", "1000000", "-conns", "4")
-	if err != nil || r.OK != 4 {
-		t.Fatalf("echo from Linux's AF_SMC client: %+v: %v", r, err)
+	for _, tc := range []struct{ dst, client netip.Addr }{{b.ns.Addr4(), a.ns.Addr4()}, {b.ns.Addr6(), a.ns.Addr6()}} {
+		dst := netip.AddrPortFrom(tc.dst, 5201).String()
+		r, err := a.client(dst, "-smc", "-mode", "sink", "-bytes", "1000000")
+		if err != nil || r.OK != 1 {
+			t.Fatalf("sink from Linux's AF_SMC client to %s: %+v: %v\nsmcrd log:\n%s", dst, r, err, b.logText())
+		}
+		if ap, _ := netip.ParseAddrPort(r.Peers[0]); ap.Addr().Unmap() != tc.client {
+			t.Errorf("server saw %s, want %s", r.Peers[0], tc.client)
+		}
+		r, err = a.client(dst, "-smc", "-mode", "echo", "-bytes", "1000000", "-conns", "4")
+		if err != nil || r.OK != 4 {
+			t.Fatalf("echo from Linux's AF_SMC client to %s: %+v: %v", dst, r, err)
+		}
 	}
 	s := b.stats()
 	f, ok := linuxDecline(s)
-	if s.Connections.Handled != 5 || s.Connections.Fallback != 5 || !ok || f.Count != 5 {
+	if s.Connections.Handled != 10 || s.Connections.Fallback != 10 || !ok || f.Count != 10 {
 		t.Fatalf("smcrd did not take the connections and record Linux's declines: %+v, fallbacks %+v\nsmcrd log:\n%s",
 			s.Connections, s.Fallbacks, b.logText())
 	}

@@ -26,11 +26,11 @@ func smcSocket(addr string) (int, unix.Sockaddr, error) {
 	if err != nil {
 		return -1, nil, fmt.Errorf("smc: %q: %w", addr, err)
 	}
-	proto := smcProto4
-	var sa unix.Sockaddr = &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().Unmap().As4()}
-	if ap.Addr().Is6() && !ap.Addr().Is4In6() {
-		proto = smcProto6
-		sa = &unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()}
+	proto := smcProto6
+	var sa unix.Sockaddr = &unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()}
+	if a := ap.Addr().Unmap(); a.Is4() {
+		proto = smcProto4
+		sa = &unix.SockaddrInet4{Port: int(ap.Port()), Addr: a.As4()}
 	}
 	fd, err := unix.Socket(unix.AF_SMC, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, proto)
 	if err != nil {
