@@ -475,7 +475,8 @@ func (e *Engine) Conns() []ConnInfo {
 
 // Dial connects to addr over TCP and runs CLC as the client. The result is an SMC-R
 // connection or, when SMC-R could not be agreed, a TCP one; err is set only when
-// the TCP connection itself failed.
+// the TCP connection itself failed. It proposes every device, as to an smcr
+// server: to one that may be another implementation, use ClientWith.
 func (e *Engine) Dial(ctx context.Context, network, addr string) (*Conn, error) {
 	var d net.Dialer
 	d.SetMultipathTCP(false)
