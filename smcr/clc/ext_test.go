@@ -100,7 +100,7 @@ func TestEnvelopeInMessages(t *testing.T) {
 		var ext []byte
 		switch m := g.want.(type) {
 		case *Proposal:
-			ext = m.Ext
+			ext = m.EnvelopeArea()
 		case *Accept:
 			ext = m.Ext
 		}

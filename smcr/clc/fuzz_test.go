@@ -108,7 +108,7 @@ func FuzzEnvelope(f *testing.F) {
 	for _, g := range goldens {
 		switch m := g.want.(type) {
 		case *Proposal:
-			f.Add(m.Ext)
+			f.Add(m.EnvelopeArea())
 		case *Accept:
 			f.Add(m.Ext)
 		}

@@ -144,6 +144,20 @@ var goldens = []golden{
 			e2d4c3d9`,
 		want: &Decline{PeerID: clientPeer, Code: DeclineSyncError, OutOfSync: true},
 	},
+	{
+		// smcr's envelope with one rdma offer in the area iparea_offset skips,
+		// zero-padded: the form a Linux server accepts (SetEnvelope).
+		name: "proposal-ipv4-smcx-in-skip-area",
+		hex: `e2d4c3d9 | 01 | 005c | 10 |
+			abcd525400 6789ab | fe80000000000000 525400fffe6789ab | 5254006789ab | 0028 |
+			534d4358 | 01 | 0023 | 01 0019 | 01 fe80000000000000525400fffe6789ab 5254006789ab 03 00 | 0000000000 |
+			c0a80a00 | 18 | 0000 | 00 |
+			e2d4c3d9`,
+		want: &Proposal{Version: 1, PeerID: clientPeer, GID: clientGID, MAC: clientMAC,
+			SkipArea: append(append([]byte("SMCX\x01\x00\x23\x01\x00\x19\x01"), clientGID[:]...),
+				append(clientMAC[:], 3, 0, 0, 0, 0, 0, 0)...),
+			Subnet: [4]byte{192, 168, 10, 0}, PrefixLen: 24},
+	},
 }
 
 func TestGolden(t *testing.T) {
