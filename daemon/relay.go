@@ -89,14 +89,15 @@ func relay(a, b net.Conn, stop <-chan struct{}) relayResult {
 var errStopped = errors.New("daemon: relay stopped")
 
 // copyHalf copies src to dst until EOF, then half-closes dst. Between two
-// *net.TCPConn, io.Copy splices (no copy through user space).
+// *net.TCPConn it splices (no copy through user space), urgent data included
+// (splice.go).
 func copyHalf(dst, src net.Conn) (int64, error) {
 	var n int64
 	var err error
-	_, dstTCP := dst.(*net.TCPConn)
-	_, srcTCP := src.(*net.TCPConn)
-	if dstTCP && srcTCP {
-		n, err = io.Copy(dst, src)
+	dstTCP, dok := dst.(*net.TCPConn)
+	srcTCP, sok := src.(*net.TCPConn)
+	if dok && sok {
+		n, err = spliceHalf(dstTCP, srcTCP)
 	} else {
 		bp := bufPool.Get().(*[]byte)
 		n, err = io.CopyBuffer(onlyWriter{dst}, onlyReader{src}, *bp)

@@ -12,6 +12,8 @@ import (
 	"net/netip"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // tcpPair returns both ends of a loopback TCP connection.
@@ -171,5 +173,70 @@ func TestPeerCache(t *testing.T) {
 	now = now.Add(61 * time.Second)
 	if l := p.list(); len(l) != 0 {
 		t.Fatalf("expired entries listed: %+v", l)
+	}
+}
+
+// TestRelayUrgentData: urgent data (send with MSG_OOB) crosses the splicing relay
+// as urgent data, at its place in the stream, and the bytes after it follow; a
+// splice stops at the urgent mark and returns 0, which io.Copy took for EOF.
+func TestRelayUrgentData(t *testing.T) {
+	app, appSide := tcpPair(t)
+	peer, peerSide := tcpPair(t)
+	done := make(chan relayResult, 1)
+	go func() { done <- relay(appSide, peer, nil) }()
+
+	oob := func(c *net.TCPConn, b byte) {
+		t.Helper()
+		rc, _ := c.SyscallConn()
+		if err := onFD(rc, func(fd int) error { return unix.Sendto(fd, []byte{b}, unix.MSG_OOB, nil) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The receiver reads inline and asks where the mark is, as telnet does.
+	rc, _ := peerSide.SyscallConn()
+	if err := onFD(rc, func(fd int) error { return unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_OOBINLINE, 1) }); err != nil {
+		t.Fatal(err)
+	}
+	app.Write([]byte("before"))
+	time.Sleep(20 * time.Millisecond) // the urgent byte in a segment of its own
+	oob(app, '!')
+	app.Write([]byte("after"))
+	app.CloseWrite()
+
+	// Read once all of it is here, so the reads meet the mark rather than race it.
+	want := "before!after"
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		var inq int
+		onFD(rc, func(fd int) (err error) { inq, err = unix.IoctlGetInt(fd, unix.SIOCINQ); return })
+		if inq >= len(want) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d bytes arrived, want %d", inq, len(want))
+		}
+	}
+	peerSide.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var got []byte
+	var markAt = -1
+	buf := make([]byte, 64)
+	for {
+		if m, err := atMark(rc); err == nil && m && markAt < 0 {
+			markAt = len(got)
+		}
+		n, err := peerSide.Read(buf)
+		got = append(got, buf[:n]...)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("read: %v after %q", err, got)
+		}
+	}
+	if string(got) != want || markAt != len("before") {
+		t.Fatalf("receiver got %q with the urgent mark at %d; want %q, mark at %d", got, markAt, want, len("before"))
+	}
+	peerSide.CloseWrite()
+	if res := <-done; res.Err != nil || res.AtoB != int64(len(got)) {
+		t.Fatalf("relay: %+v", res)
 	}
 }

@@ -1,0 +1,137 @@
+// Splicing between two TCP sockets, urgent data included. io.Copy splices too, but
+// splice(2) stops at TCP's urgent mark and returns 0 there, which io.Copy takes for
+// EOF: a relay built on it half-closed the connection at the first MSG_OOB and lost
+// every byte after it. This loop tells the mark from EOF (SIOCATMARK) and carries
+// the urgent byte as urgent data (MSG_OOB), so the receiver sees what TCP would
+// have shown it.
+
+package daemon
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// spliceChunk is the most one splice moves into the pipe, whose capacity is raised
+// to it where the system allows (as Go's own splice path does).
+const spliceChunk = 1 << 20
+
+// spliceHalf copies src to dst through a pipe in the kernel until src's EOF, and
+// returns the bytes carried. It does not half-close dst (copyHalf does).
+func spliceHalf(dst, src *net.TCPConn) (int64, error) {
+	rs, err := src.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	rd, err := dst.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	// Inline, the urgent byte stays in the stream where the mark is, and a
+	// plain read at the mark returns it; out of line it would have to be fetched
+	// with MSG_OOB before the reader passes the mark.
+	if err := onFD(rs, func(fd int) error { return unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_OOBINLINE, 1) }); err != nil {
+		return 0, fmt.Errorf("oobinline: %w", err)
+	}
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+		return 0, fmt.Errorf("pipe: %w", err)
+	}
+	defer unix.Close(p[0])
+	defer unix.Close(p[1])
+	unix.FcntlInt(uintptr(p[0]), unix.F_SETPIPE_SZ, spliceChunk) // else 64 KiB: fewer bytes per call
+	var total int64
+	for {
+		var n int64
+		var serr error
+		err := rs.Read(func(fd uintptr) bool {
+			n, serr = unix.Splice(int(fd), nil, p[1], nil, spliceChunk, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+			return serr != unix.EAGAIN
+		})
+		if err == nil {
+			err = serr
+		}
+		if err != nil {
+			return total, err
+		}
+		if n == 0 {
+			urgent, err := atMark(rs)
+			if err != nil || !urgent {
+				return total, err // EOF
+			}
+			if err := carryUrgent(dst, rs, rd); err != nil {
+				return total, err
+			}
+			total++
+			continue
+		}
+		for left := n; left > 0; {
+			var m int64
+			err := rd.Write(func(fd uintptr) bool {
+				m, serr = unix.Splice(p[0], nil, int(fd), nil, int(left), unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+				return serr != unix.EAGAIN
+			})
+			if err == nil {
+				err = serr
+			}
+			if err == nil && m == 0 {
+				err = io.ErrShortWrite
+			}
+			if err != nil {
+				return total, err
+			}
+			left -= m
+			total += m
+		}
+	}
+}
+
+// atMark reports whether the next byte to read is the urgent one (SIOCATMARK).
+func atMark(rc syscall.RawConn) (bool, error) {
+	var mark int
+	err := onFD(rc, func(fd int) error {
+		var err error
+		mark, err = unix.IoctlGetInt(fd, unix.SIOCATMARK)
+		return err
+	})
+	return mark != 0, err
+}
+
+// carryUrgent reads the urgent byte (inline, at the mark) and sends it on as
+// urgent data: the bytes before it are in dst already.
+func carryUrgent(dst *net.TCPConn, rs, rd syscall.RawConn) error {
+	var b [1]byte
+	var n int
+	var serr error
+	err := rs.Read(func(fd uintptr) bool {
+		n, serr = unix.Read(int(fd), b[:])
+		return serr != unix.EAGAIN
+	})
+	if err == nil {
+		err = serr
+	}
+	if err != nil || n != 1 {
+		return fmt.Errorf("urgent byte: %d bytes, %v", n, err)
+	}
+	err = rd.Write(func(fd uintptr) bool {
+		serr = unix.Sendto(int(fd), b[:], unix.MSG_OOB, nil)
+		return serr != unix.EAGAIN
+	})
+	if err == nil {
+		err = serr
+	}
+	return err
+}
+
+// onFD runs f on rc's descriptor.
+func onFD(rc syscall.RawConn, f func(fd int) error) error {
+	var ferr error
+	if err := rc.Control(func(fd uintptr) { ferr = f(int(fd)) }); err != nil {
+		return err
+	}
+	return ferr
+}
