@@ -14,27 +14,10 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-)
 
-// tcpPair returns both ends of a loopback TCP connection.
-func tcpPair(t *testing.T) (*net.TCPConn, *net.TCPConn) {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close(); s.Close() })
-	return c.(*net.TCPConn), s.(*net.TCPConn)
-}
+	"github.com/smcr-io/smcr/internal/nstest"
+	"github.com/smcr-io/smcr/internal/tcpurg"
+)
 
 // pipeConn is a net.Pipe end with CloseWrite, standing in for an smcr.Conn (not a
 // *net.TCPConn, so the relay copies through its buffer instead of splicing).
@@ -67,10 +50,10 @@ func halfPipes() (*pipeConn, *pipeConn) {
 func TestRelayHalfClose(t *testing.T) {
 	for _, mode := range []string{"splice", "copy"} {
 		t.Run(mode, func(t *testing.T) {
-			app, appSide := tcpPair(t)
+			app, appSide := nstest.TCPPair(t)
 			var peer, peerSide net.Conn
 			if mode == "splice" {
-				peer, peerSide = tcpPair(t)
+				peer, peerSide = nstest.TCPPair(t)
 			} else {
 				peer, peerSide = halfPipes()
 			}
@@ -112,8 +95,8 @@ func TestRelayHalfClose(t *testing.T) {
 // TestRelayResetAborts: a reset on one side aborts the other instead of leaving it
 // waiting for bytes that cannot come.
 func TestRelayResetAborts(t *testing.T) {
-	app, appSide := tcpPair(t)
-	peer, peerSide := tcpPair(t)
+	app, appSide := nstest.TCPPair(t)
+	peer, peerSide := nstest.TCPPair(t)
 	done := make(chan relayResult, 1)
 	go func() { done <- relay(appSide, peer, nil) }()
 	peerSide.SetLinger(0)
@@ -131,8 +114,8 @@ func TestRelayResetAborts(t *testing.T) {
 
 // TestRelayStop: closing stop aborts a relay whose ends are idle (drain timeout).
 func TestRelayStop(t *testing.T) {
-	_, appSide := tcpPair(t)
-	peer, _ := tcpPair(t)
+	_, appSide := nstest.TCPPair(t)
+	peer, _ := nstest.TCPPair(t)
 	stop := make(chan struct{})
 	done := make(chan relayResult, 1)
 	go func() { done <- relay(appSide, peer, stop) }()
@@ -180,21 +163,21 @@ func TestPeerCache(t *testing.T) {
 // as urgent data, at its place in the stream, and the bytes after it follow; a
 // splice stops at the urgent mark and returns 0, which io.Copy took for EOF.
 func TestRelayUrgentData(t *testing.T) {
-	app, appSide := tcpPair(t)
-	peer, peerSide := tcpPair(t)
+	app, appSide := nstest.TCPPair(t)
+	peer, peerSide := nstest.TCPPair(t)
 	done := make(chan relayResult, 1)
 	go func() { done <- relay(appSide, peer, nil) }()
 
 	oob := func(c *net.TCPConn, b byte) {
 		t.Helper()
 		rc, _ := c.SyscallConn()
-		if err := onFD(rc, func(fd int) error { return unix.Sendto(fd, []byte{b}, unix.MSG_OOB, nil) }); err != nil {
+		if err := tcpurg.OnFD(rc, func(fd int) error { return unix.Sendto(fd, []byte{b}, unix.MSG_OOB, nil) }); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// The receiver reads inline and asks where the mark is, as telnet does.
 	rc, _ := peerSide.SyscallConn()
-	if err := onFD(rc, func(fd int) error { return unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_OOBINLINE, 1) }); err != nil {
+	if err := tcpurg.OnFD(rc, func(fd int) error { return unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_OOBINLINE, 1) }); err != nil {
 		t.Fatal(err)
 	}
 	app.Write([]byte("before"))
@@ -207,7 +190,7 @@ func TestRelayUrgentData(t *testing.T) {
 	want := "before!after"
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
 		var inq int
-		onFD(rc, func(fd int) (err error) { inq, err = unix.IoctlGetInt(fd, unix.SIOCINQ); return })
+		tcpurg.OnFD(rc, func(fd int) (err error) { inq, err = unix.IoctlGetInt(fd, unix.SIOCINQ); return })
 		if inq >= len(want) {
 			break
 		}
@@ -220,7 +203,7 @@ func TestRelayUrgentData(t *testing.T) {
 	var markAt = -1
 	buf := make([]byte, 64)
 	for {
-		if m, err := atMark(rc); err == nil && m && markAt < 0 {
+		if m, err := tcpurg.AtMark(rc); err == nil && m && markAt < 0 {
 			markAt = len(got)
 		}
 		n, err := peerSide.Read(buf)

@@ -11,9 +11,10 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/smcr-io/smcr/internal/tcpurg"
 )
 
 // spliceChunk is the most one splice moves into the pipe, whose capacity is raised
@@ -34,7 +35,7 @@ func spliceHalf(dst, src *net.TCPConn) (int64, error) {
 	// Inline, the urgent byte stays in the stream where the mark is, and a
 	// plain read at the mark returns it; out of line it would have to be fetched
 	// with MSG_OOB before the reader passes the mark.
-	if err := onFD(rs, func(fd int) error { return unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_OOBINLINE, 1) }); err != nil {
+	if err := tcpurg.SetInline(src); err != nil {
 		return 0, fmt.Errorf("oobinline: %w", err)
 	}
 	var p [2]int
@@ -59,11 +60,11 @@ func spliceHalf(dst, src *net.TCPConn) (int64, error) {
 			return total, err
 		}
 		if n == 0 {
-			urgent, err := atMark(rs)
+			urgent, err := tcpurg.AtMark(rs)
 			if err != nil || !urgent {
 				return total, err // EOF
 			}
-			if err := carryUrgent(dst, rs, rd); err != nil {
+			if err := carryUrgent(dst, src); err != nil {
 				return total, err
 			}
 			total++
@@ -90,48 +91,13 @@ func spliceHalf(dst, src *net.TCPConn) (int64, error) {
 	}
 }
 
-// atMark reports whether the next byte to read is the urgent one (SIOCATMARK).
-func atMark(rc syscall.RawConn) (bool, error) {
-	var mark int
-	err := onFD(rc, func(fd int) error {
-		var err error
-		mark, err = unix.IoctlGetInt(fd, unix.SIOCATMARK)
-		return err
-	})
-	return mark != 0, err
-}
-
 // carryUrgent reads the urgent byte (inline, at the mark) and sends it on as
 // urgent data: the bytes before it are in dst already.
-func carryUrgent(dst *net.TCPConn, rs, rd syscall.RawConn) error {
+func carryUrgent(dst, src *net.TCPConn) error {
 	var b [1]byte
-	var n int
-	var serr error
-	err := rs.Read(func(fd uintptr) bool {
-		n, serr = unix.Read(int(fd), b[:])
-		return serr != unix.EAGAIN
-	})
-	if err == nil {
-		err = serr
+	n, urgent, err := tcpurg.ReadMarked(src, b[:])
+	if err != nil || n != 1 || !urgent {
+		return fmt.Errorf("urgent byte: %d bytes (urgent %v), %v", n, urgent, err)
 	}
-	if err != nil || n != 1 {
-		return fmt.Errorf("urgent byte: %d bytes, %v", n, err)
-	}
-	err = rd.Write(func(fd uintptr) bool {
-		serr = unix.Sendto(int(fd), b[:], unix.MSG_OOB, nil)
-		return serr != unix.EAGAIN
-	})
-	if err == nil {
-		err = serr
-	}
-	return err
-}
-
-// onFD runs f on rc's descriptor.
-func onFD(rc syscall.RawConn, f func(fd int) error) error {
-	var ferr error
-	if err := rc.Control(func(fd uintptr) { ferr = f(int(fd)) }); err != nil {
-		return err
-	}
-	return ferr
+	return tcpurg.WriteUrgent(dst, b[0])
 }

@@ -98,6 +98,10 @@ func (c *Conn) onCDC(m *rmb.CDC) (produced uint64) {
 		wake(c.txWake)
 		return
 	}
+	if produced > 0 && m.Flags&rmb.FlagUrgentPresent != 0 {
+		// The last byte the CDC announces is urgent (smc_cdc_handle_urg_data_arrival).
+		c.rxUrgentAt, c.rxUrgent = c.rxProd-1, true
+	}
 	if m.Flags&(rmb.FlagUpdateRequested|rmb.FlagFailoverValidation) != 0 {
 		c.queueCtlLocked(ctlUpdate)
 	}
@@ -213,6 +217,10 @@ func (c *Conn) sendCDC(flags rmb.ProdFlags) error {
 	if flags&rmb.FlagFailoverValidation == 0 {
 		c.seq++
 		seq = c.seq
+	}
+	if c.txUrgent && flags&rmb.FlagFailoverValidation == 0 {
+		flags |= rmb.FlagUrgentPresent
+		c.txUrgent = false
 	}
 	m := rmb.CDC{Seq: seq, Token: c.peerToken, Prod: toCursor(c.txProd, c.peerSize),
 		Cons: toCursor(c.rxCons, c.rmbSize), Flags: flags}

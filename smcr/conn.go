@@ -163,6 +163,9 @@ type Conn struct {
 	txProd      uint64
 	txCons      uint64 // the peer's consumer cursor: its freed space
 	seq         uint16 // of our last CDC
+	txUrgent    bool   // txProd just passed an urgent byte: the next CDC says so
+	rxUrgentAt  uint64 // the peer's urgent byte, while rxUrgent (urgent.go)
+	rxUrgent    bool
 	rxSeq       uint16 // of the peer's last CDC taken (rxSeqSet)
 	rxSeqSet    bool
 	peerDone    bool // peer sent sending-done (or closed)
@@ -246,20 +249,29 @@ func (c *Conn) Stats() ConnStats {
 
 // Read reads data the peer wrote into our RMBE (or, after a fallback, from TCP).
 func (c *Conn) Read(p []byte) (int, error) {
+	n, _, err := c.ReadMarked(p)
+	return n, err
+}
+
+// ReadMarked is Read that reports TCP urgent data (MSG_OOB) from the peer: Read
+// and ReadMarked never return the urgent byte together with other bytes, and
+// ReadMarked sets urgent when p[0] is it. The byte stays in the stream, as with
+// SO_OOBINLINE (urgent.go).
+func (c *Conn) ReadMarked(p []byte) (n int, urgent bool, err error) {
 	if c.mode == ModeFallback {
-		n, err := c.fb.Read(p)
+		n, urgent, err = readMarked(c.fb, p)
 		c.cs.rx.Add(uint64(n))
 		c.e.st.fbRx.Add(uint64(n))
-		return n, err
+		return n, urgent, err
 	}
 	if uint64(len(p)) > c.rmbSize {
 		c.e.st.rxTooSmall.Add(1)
 	}
-	n, err := c.smcRead(p)
+	n, urgent, err = c.smcRead(p)
 	if n > 0 {
 		c.e.st.rxReq.observe(uint64(n))
 	}
-	return n, err
+	return n, urgent, err
 }
 
 // Write writes p into the peer's RMBE (or, after a fallback, to TCP).
@@ -273,7 +285,7 @@ func (c *Conn) Write(p []byte) (int, error) {
 	if uint64(len(p)) > c.peerSize {
 		c.e.st.txTooSmall.Add(1)
 	}
-	n, err := c.smcWrite(p)
+	n, err := c.smcWrite(p, false)
 	if n > 0 {
 		c.e.st.txReq.observe(uint64(n))
 	}

@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/smcr-io/smcr/internal/tcpurg"
 	"github.com/smcr-io/smcr/rmb"
 	"github.com/smcr-io/smcr/smcr/clc"
 	"github.com/smcr-io/smcr/smcr/verbs"
@@ -396,6 +397,11 @@ func (e *Engine) freeToken(t uint32) {
 }
 
 func (e *Engine) newConn(tcp net.Conn, client bool) *Conn {
+	if t, ok := tcp.(*net.TCPConn); ok {
+		// Urgent bytes stay in the stream, where a fallback or a continuation
+		// finds them (urgent.go).
+		tcpurg.SetInline(t)
+	}
 	c := &Conn{
 		e: e, tcp: tcp, client: client, id: e.connSeq.Add(1),
 		rxWake: make(chan struct{}, 1), txWake: make(chan struct{}, 1), done: make(chan struct{}),

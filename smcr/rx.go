@@ -9,16 +9,16 @@ import (
 	"net"
 )
 
-// smcRead is Read over SMC-R.
-func (c *Conn) smcRead(p []byte) (int, error) {
+// smcRead is ReadMarked over SMC-R.
+func (c *Conn) smcRead(p []byte) (int, bool, error) {
 	c.rxMu.Lock()
 	defer c.rxMu.Unlock()
 	for {
 		if isClosed(c.readDL.wait()) {
-			return 0, timeoutError{}
+			return 0, false, timeoutError{}
 		}
 		c.mu.Lock()
-		avail := c.rxProd - c.rxCons
+		avail, urgent := c.untilMarkLocked(c.rxProd - c.rxCons)
 		if avail > 0 && len(p) > 0 && !c.appClosed {
 			off := c.rxCons % c.rmbSize
 			c.mu.Unlock()
@@ -30,6 +30,7 @@ func (c *Conn) smcRead(p []byte) (int, error) {
 			}
 			c.mu.Lock()
 			c.rxCons += uint64(n)
+			c.passMarkLocked()
 			update := c.rxCons-c.rxConfirmed >= max(c.rmbSize/10, 1)
 			c.mu.Unlock()
 			if update {
@@ -38,14 +39,14 @@ func (c *Conn) smcRead(p []byte) (int, error) {
 			}
 			c.cs.rx.Add(uint64(n))
 			c.e.st.rxBytes.Add(uint64(n))
-			return n, nil
+			return n, urgent, nil
 		}
 		if c.fo && !c.appClosed && avail == 0 && c.foReady {
 			c.mu.Unlock()
-			n, err := c.tcp.Read(p)
+			n, urgent, err := readMarked(c.tcp, p)
 			c.cs.rx.Add(uint64(n))
 			c.e.st.fbRx.Add(uint64(n))
-			return n, err
+			return n, urgent, err
 		}
 		if c.fo && !c.appClosed && !isClosed(c.foDone) {
 			c.mu.Unlock()
@@ -68,11 +69,11 @@ func (c *Conn) smcRead(p []byte) (int, error) {
 			err = io.EOF
 		case len(p) == 0:
 			c.mu.Unlock()
-			return 0, nil
+			return 0, false, nil
 		}
 		c.mu.Unlock()
 		if err != nil {
-			return 0, err
+			return 0, false, err
 		}
 		select {
 		case <-c.rxWake:

@@ -12,7 +12,7 @@ import (
 // smcWrite is Write over SMC-R. The send buffer mirrors the peer's RMBE: a byte
 // goes to the same offset in both, so a region is reused only after the peer has
 // consumed it, which implies the WRITE that filled it has landed.
-func (c *Conn) smcWrite(p []byte) (int, error) {
+func (c *Conn) smcWrite(p []byte, urgent bool) (int, error) {
 	c.txMu.Lock()
 	defer c.txMu.Unlock()
 	total := 0
@@ -41,6 +41,12 @@ func (c *Conn) smcWrite(p []byte) (int, error) {
 			}
 			if !c.continued() {
 				return total, c.linkError(ErrLinkDown)
+			}
+			if urgent { // p is the urgent byte alone (WriteUrgent)
+				if err := writeUrgentTCP(c.tcp, p[0]); err != nil {
+					return total, err
+				}
+				return len(p), nil
 			}
 			n, err := c.tcp.Write(p[total:])
 			c.cs.tx.Add(uint64(n))
@@ -107,6 +113,9 @@ func (c *Conn) smcWrite(p []byte) (int, error) {
 		c.mu.Lock()
 		c.txProd += n
 		c.txBusy = false
+		if urgent && total+int(n) == len(p) {
+			c.txUrgent = true // on whichever CDC first announces it (sendCDC)
+		}
 		var flags rmb.ProdFlags
 		if c.txProd-c.txCons == c.peerSize && total+int(n) < len(p) {
 			flags = rmb.FlagWriteBlocked

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"testing"
 	"time"
 )
 
@@ -119,4 +120,25 @@ func Percentile(d []time.Duration, p float64) time.Duration {
 	slices.Sort(d)
 	i := int(p/100*float64(len(d))+0.5) - 1
 	return d[max(0, min(i, len(d)-1))]
+}
+
+// TCPPair returns both ends of a TCP connection over loopback in the caller's
+// namespace, closed at cleanup.
+func TCPPair(t testing.TB) (*net.TCPConn, *net.TCPConn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(); s.Close() })
+	return c.(*net.TCPConn), s.(*net.TCPConn)
 }
