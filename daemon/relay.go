@@ -10,6 +10,8 @@ import (
 	"io"
 	"net"
 	"sync"
+
+	"github.com/smcr-io/smcr/internal/tcpurg"
 )
 
 // relayBuf is the copy buffer of one direction when splice(2) cannot be used. An
@@ -100,7 +102,7 @@ func copyHalf(dst, src net.Conn) (int64, error) {
 		n, err = spliceHalf(dstTCP, srcTCP)
 	} else {
 		bp := bufPool.Get().(*[]byte)
-		n, err = io.CopyBuffer(onlyWriter{dst}, onlyReader{src}, *bp)
+		n, err = copyMarked(dst, src, *bp)
 		bufPool.Put(bp)
 	}
 	if err != nil {
@@ -128,7 +130,54 @@ func abort(c net.Conn) {
 	}
 }
 
-// onlyWriter and onlyReader hide ReadFrom/WriteTo so io.CopyBuffer uses our buffer
-// instead of a 32 KiB one of its own.
-type onlyWriter struct{ io.Writer }
-type onlyReader struct{ io.Reader }
+// markedReader and urgentWriter are *smcr.Conn's urgent-data side (smcr/urgent.go).
+type markedReader interface {
+	ReadMarked(p []byte) (n int, urgent bool, err error)
+}
+type urgentWriter interface{ WriteUrgent(b byte) error }
+
+// copyMarked copies src to dst through buf until EOF, as io.CopyBuffer would, and
+// carries urgent data as urgent data: a TCP socket's urgent byte (MSG_OOB) goes
+// over SMC-R with the CDC's urgent flag, and back out with MSG_OOB.
+func copyMarked(dst, src net.Conn, buf []byte) (int64, error) {
+	read := func(p []byte) (int, bool, error) { n, err := src.Read(p); return n, false, err }
+	switch s := src.(type) {
+	case markedReader:
+		read = s.ReadMarked
+	case *net.TCPConn:
+		r, err := tcpurg.NewReader(s)
+		if err != nil {
+			return 0, err
+		}
+		read = r.ReadMarked
+	}
+	writeUrgent := func(b byte) error { _, err := dst.Write([]byte{b}); return err }
+	switch d := dst.(type) {
+	case urgentWriter:
+		writeUrgent = d.WriteUrgent
+	case *net.TCPConn:
+		writeUrgent = func(b byte) error { return tcpurg.WriteUrgent(d, b) }
+	}
+	var total int64
+	for {
+		n, urgent, err := read(buf)
+		if n > 0 {
+			var werr error
+			if urgent {
+				werr = writeUrgent(buf[0])
+			} else {
+				_, werr = dst.Write(buf[:n])
+			}
+			if werr != nil {
+				return total, werr
+			}
+			total += int64(n)
+		}
+		if err == io.EOF {
+			return total, nil
+		}
+		if err != nil {
+			return total, err
+		}
+	}
+}

@@ -1,9 +1,10 @@
 // Splicing between two TCP sockets, urgent data included. io.Copy splices too, but
-// splice(2) stops at TCP's urgent mark and returns 0 there, which io.Copy takes for
-// EOF: a relay built on it half-closed the connection at the first MSG_OOB and lost
-// every byte after it. This loop tells the mark from EOF (SIOCATMARK) and carries
-// the urgent byte as urgent data (MSG_OOB), so the receiver sees what TCP would
-// have shown it.
+// splice(2) stops at TCP's urgent mark: non-blocking, it says EAGAIN there (and the
+// socket never becomes readable again), and 0 once the FIN is in, which io.Copy
+// takes for EOF. A relay built on it hung at the first MSG_OOB, or half-closed the
+// connection there and lost every byte after it. This loop asks SIOCATMARK
+// whenever a splice moves nothing, and carries the urgent byte as urgent data
+// (MSG_OOB), so the receiver sees what TCP would have shown it.
 
 package daemon
 
@@ -49,8 +50,19 @@ func spliceHalf(dst, src *net.TCPConn) (int64, error) {
 	for {
 		var n int64
 		var serr error
+		var mark bool
 		err := rs.Read(func(fd uintptr) bool {
 			n, serr = unix.Splice(int(fd), nil, p[1], nil, spliceChunk, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+			if serr == unix.EAGAIN || (serr == nil && n == 0) {
+				// Nothing moved: no data, EOF, or the urgent mark, where a
+				// non-blocking splice says EAGAIN though bytes wait (and
+				// the socket will not become readable again).
+				m, merr := unix.IoctlGetInt(int(fd), unix.SIOCATMARK)
+				if merr == nil && m != 0 {
+					n, mark, serr = 0, true, nil
+					return true
+				}
+			}
 			return serr != unix.EAGAIN
 		})
 		if err == nil {
@@ -60,9 +72,8 @@ func spliceHalf(dst, src *net.TCPConn) (int64, error) {
 			return total, err
 		}
 		if n == 0 {
-			urgent, err := tcpurg.AtMark(rs)
-			if err != nil || !urgent {
-				return total, err // EOF
+			if !mark {
+				return total, nil // EOF
 			}
 			if err := carryUrgent(dst, src); err != nil {
 				return total, err

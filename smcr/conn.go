@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/smcr-io/smcr/internal/tcpurg"
 	"github.com/smcr-io/smcr/smcr/verbs"
 )
 
@@ -155,6 +156,9 @@ type Conn struct {
 	rxMu sync.Mutex // one Read at a time
 	txMu sync.Mutex // one Write at a time
 
+	urgOnce sync.Once
+	urgR    *tcpurg.Reader // reads the TCP socket after a fallback or continuation
+
 	mu          sync.Mutex
 	st          state
 	rxProd      uint64 // absolute cursors, see doc.go
@@ -259,7 +263,7 @@ func (c *Conn) Read(p []byte) (int, error) {
 // SO_OOBINLINE (urgent.go).
 func (c *Conn) ReadMarked(p []byte) (n int, urgent bool, err error) {
 	if c.mode == ModeFallback {
-		n, urgent, err = readMarked(c.fb, p)
+		n, urgent, err = c.readMarkedTCP(c.fb, p)
 		c.cs.rx.Add(uint64(n))
 		c.e.st.fbRx.Add(uint64(n))
 		return n, urgent, err

@@ -43,7 +43,7 @@ func (c *Conn) smcRead(p []byte) (int, bool, error) {
 		}
 		if c.fo && !c.appClosed && avail == 0 && c.foReady {
 			c.mu.Unlock()
-			n, urgent, err := readMarked(c.tcp, p)
+			n, urgent, err := c.readMarkedTCP(c.tcp, p)
 			c.cs.rx.Add(uint64(n))
 			c.e.st.fbRx.Add(uint64(n))
 			return n, urgent, err

@@ -50,21 +50,26 @@ func (c *Conn) passMarkLocked() {
 	}
 }
 
-// readMarked reads from a TCP path of the connection (the fallback's, or the
+// readMarkedTCP reads from a TCP path of the connection (the fallback's, or the
 // continuation's), stopping at the kernel's urgent mark.
-func readMarked(r net.Conn, p []byte) (int, bool, error) {
-	switch r := r.(type) {
-	case *net.TCPConn:
-		return tcpurg.ReadMarked(r, p)
-	case *readAheadConn:
-		if r.r != nil && r.r.Buffered() == 0 && !r.crossing {
-			r.r = nil // drained: the socket from now on
+func (c *Conn) readMarkedTCP(r net.Conn, p []byte) (int, bool, error) {
+	if ra, ok := r.(*readAheadConn); ok {
+		if ra.r != nil && ra.r.Buffered() == 0 && !ra.crossing {
+			ra.r = nil // drained: the socket from now on
 		}
-		if t, ok := r.Conn.(*net.TCPConn); ok && r.r == nil && !r.crossing {
-			return tcpurg.ReadMarked(t, p)
+		if ra.r != nil || ra.crossing {
+			n, err := ra.Read(p) // bytes CLC read ahead: no mark among them
+			return n, false, err
+		}
+		r = ra.Conn
+	}
+	if t, ok := r.(*net.TCPConn); ok {
+		c.urgOnce.Do(func() { c.urgR, _ = tcpurg.NewReader(t) })
+		if c.urgR != nil {
+			return c.urgR.ReadMarked(p)
 		}
 	}
-	n, err := r.Read(p) // bytes CLC read ahead, or a test's conn: no mark
+	n, err := r.Read(p) // a test's conn: no mark
 	return n, false, err
 }
 

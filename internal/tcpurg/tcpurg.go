@@ -4,9 +4,10 @@
 // write sends one byte with MSG_OOB. smcrd relays it between an application's
 // socket and an SMC-R connection, whose CDCs carry the same mark.
 //
-// The mark is checked inside the readiness callback, right before the read: a check
-// before a blocking read would race the urgent byte's arrival, and the read that
-// then returned it would run on past the mark with the bytes after it.
+// The mark is checked inside the readiness callback, after peeking that a first
+// byte is there and right before the read: otherwise an urgent byte arriving
+// between the check and the read could be the read's first byte, and the read
+// would return it inline, unreported, with the bytes after it.
 package tcpurg
 
 import (
@@ -29,49 +30,105 @@ func SetInline(c *net.TCPConn) error {
 	return OnFD(rc, func(fd int) error { return unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_OOBINLINE, 1) })
 }
 
-// ReadMarked reads into p like Read, but never past TCP's urgent mark: at the mark
-// it returns the urgent byte alone, with urgent set. c must be SetInline.
-func ReadMarked(c *net.TCPConn, p []byte) (n int, urgent bool, err error) {
+// Reader reads a TCP socket like Read, but never past TCP's urgent mark: at the
+// mark it returns the urgent byte alone, reported as urgent. One per socket; it
+// allocates nothing per read.
+type Reader struct {
+	c      *net.TCPConn
+	rc     syscall.RawConn
+	read   func(fd uintptr) bool // r.readFD, bound once
+	p      []byte
+	one    [1]byte
+	n      int
+	urgent bool
+	err    error
+}
+
+// NewReader makes c's urgent bytes inline (SetInline) and returns its Reader.
+func NewReader(c *net.TCPConn) (*Reader, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	if err := SetInline(c); err != nil {
+		return nil, err
+	}
+	r := &Reader{c: c, rc: rc}
+	r.read = r.readFD
+	return r, nil
+}
+
+// ReadMarked reads into p, stopping at the mark; urgent reports that p[0] is the
+// urgent byte (then n is 1).
+func (r *Reader) ReadMarked(p []byte) (n int, urgent bool, err error) {
 	if len(p) == 0 {
 		return 0, false, nil
 	}
-	rc, err := c.SyscallConn()
+	r.p, r.n, r.urgent, r.err = p, 0, false, nil
+	err = r.rc.Read(r.read)
+	r.p = nil
+	if err == nil {
+		err = r.err
+	}
+	if err != nil {
+		return 0, false, &net.OpError{Op: "read", Net: "tcp", Source: r.c.LocalAddr(), Addr: r.c.RemoteAddr(), Err: err}
+	}
+	if r.n == 0 {
+		return 0, false, io.EOF
+	}
+	return r.n, r.urgent, nil
+}
+
+func (r *Reader) readFD(fd uintptr) bool {
+	for {
+		// Peek the first byte before asking for the mark: an urgent byte
+		// arriving between the question and the read can then only lie
+		// after bytes already here, where the read stops. Without the peek
+		// it could be the first byte, and the read would take it inline,
+		// unreported, with whatever followed.
+		k, _, err := unix.Recvfrom(int(fd), r.one[:], unix.MSG_PEEK)
+		switch err {
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return false // wait until readable
+		case nil:
+		default:
+			r.err = err
+			return true
+		}
+		if k == 0 {
+			r.n = 0 // EOF
+			return true
+		}
+		mark, err := unix.IoctlGetInt(int(fd), unix.SIOCATMARK)
+		if err != nil {
+			r.err = err
+			return true
+		}
+		buf := r.p
+		if mark != 0 {
+			buf = r.p[:1]
+		}
+		r.n, r.err = unix.Read(int(fd), buf)
+		if r.err == unix.EINTR {
+			continue
+		}
+		if r.n < 0 {
+			r.n = 0
+		}
+		r.urgent = mark != 0 && r.n == 1
+		return true
+	}
+}
+
+// ReadMarked is a Reader's ReadMarked for one read.
+func ReadMarked(c *net.TCPConn, p []byte) (int, bool, error) {
+	r, err := NewReader(c)
 	if err != nil {
 		return 0, false, err
 	}
-	var rerr error
-	err = rc.Read(func(fd uintptr) bool {
-		for {
-			mark, merr := unix.IoctlGetInt(int(fd), unix.SIOCATMARK)
-			if merr != nil {
-				rerr = merr
-				return true
-			}
-			buf := p
-			if mark != 0 {
-				buf = p[:1]
-			}
-			n, rerr = unix.Read(int(fd), buf)
-			switch rerr {
-			case unix.EINTR:
-				continue
-			case unix.EAGAIN:
-				return false // not readable after all: wait
-			}
-			urgent = mark != 0 && n == 1
-			return true
-		}
-	})
-	if err == nil {
-		err = rerr
-	}
-	if err != nil {
-		return 0, false, &net.OpError{Op: "read", Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
-	}
-	if n == 0 {
-		return 0, false, io.EOF
-	}
-	return n, urgent, nil
+	return r.ReadMarked(p)
 }
 
 // WriteUrgent sends b as urgent data (MSG_OOB), after everything written before.

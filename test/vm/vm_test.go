@@ -151,7 +151,7 @@ func TestTransparentOnSoftRoCE(t *testing.T) {
 	}
 	out := runSuiteEnv(t, bin,
 		[]string{"SMCR_E2E_BIN=" + dir, "SMCR_E2E_PROVIDERS=rdma", "SMCR_E2E_RDMA_DEVICE=rxe0"},
-		"-test.run", "^(TestTransparent|TestFallbackAndNegativeCache|TestPortNotListed|TestKill|TestRuntimeConfig|TestOperatorView|TestLinuxSMCServer|TestLinuxSMCClient)$")
+		"-test.run", "^(TestTransparent|TestFallbackAndNegativeCache|TestPortNotListed|TestKill|TestRuntimeConfig|TestOperatorView|TestLinuxSMCServer|TestLinuxSMCClient|TestUrgentData)$")
 	if !bytes.Contains(out, []byte("--- PASS: TestTransparent/rdma")) {
 		t.Fatalf("TestTransparent/rdma did not pass in the guest:\n%s", out)
 	}

@@ -9,6 +9,9 @@
 //	'E' echo: the server writes back everything it reads, half-closes at EOF
 //	'D' discard: the server reads to EOF and answers "<bytes>\n", closes: iperf3's
 //	    shape, for throughput (sink's hashing would bound it at the hash's speed)
+//	'U' urgent: the client sends data with urgent bytes (MSG_OOB) between; the
+//	    server answers "mark <offset>\n" for each urgent byte where it finds it,
+//	    and at EOF "<bytes> <sha256>\n" (urgent.go)
 package main
 
 import (
@@ -30,7 +33,7 @@ import (
 func main() {
 	listen := flag.String("listen", "", "serve on this address")
 	connect := flag.String("connect", "", "connect to this address")
-	mode := flag.String("mode", "sink", "client mode: sink, echo, discard or pingpong")
+	mode := flag.String("mode", "sink", "client mode: sink, echo, discard, pingpong or urgent")
 	size := flag.Int64("bytes", 1<<20, "bytes per connection (sink, echo); message size (pingpong)")
 	conns := flag.Int("conns", 1, "concurrent connections")
 	rounds := flag.Int("n", 1000, "pingpong round trips")
@@ -109,6 +112,8 @@ func handle(c net.Conn) {
 			return
 		}
 		fmt.Fprintf(c, "%d\n", n)
+	case 'U':
+		serveUrgent(c.(*net.TCPConn))
 	}
 }
 
@@ -273,6 +278,9 @@ func one(addr, mode string, size int64, rounds int, seed uint64) (peer, local st
 			return "", local, nil, fmt.Errorf("server got %d bytes, sent %d", n, size)
 		}
 		return "", local, nil, nil
+	case "urgent":
+		err := sendUrgent(tc, size, seed)
+		return "", local, nil, err
 	case "pingpong":
 		if _, err := c.Write([]byte{'E'}); err != nil {
 			return "", local, nil, err
