@@ -172,10 +172,16 @@ func (c Config) Set(assignments ...string) (Config, error) {
 	}
 	// smcrd saves what was set: refuse what the file would read back otherwise
 	// (a '#' in a path starts a comment there).
-	if back, err := Parse(bytes.NewReader(n.Format())); err != nil || !bytes.Equal(back.Format(), n.Format()) {
+	if !readsBack(n.Format()) {
 		return c, &Error{Source: "set", Msg: "a value would not read back from the configuration file as given ('#' starts a comment there)"}
 	}
 	return n, nil
+}
+
+// readsBack reports whether a formatted configuration parses back to itself.
+func readsBack(file []byte) bool {
+	back, err := Parse(bytes.NewReader(file))
+	return err == nil && bytes.Equal(back.Format(), file)
 }
 
 // Get returns the value of one attribute in the file syntax.

@@ -217,10 +217,10 @@ func (c *Conn) sendCDC(flags rmb.ProdFlags) error {
 	if flags&rmb.FlagFailoverValidation == 0 {
 		c.seq++
 		seq = c.seq
-	}
-	if c.txUrgent && flags&rmb.FlagFailoverValidation == 0 {
-		flags |= rmb.FlagUrgentPresent
-		c.txUrgent = false
+		if c.txUrgent {
+			flags |= rmb.FlagUrgentPresent
+			c.txUrgent = false
+		}
 	}
 	m := rmb.CDC{Seq: seq, Token: c.peerToken, Prod: toCursor(c.txProd, c.peerSize),
 		Cons: toCursor(c.rxCons, c.rmbSize), Flags: flags}

@@ -110,13 +110,22 @@ func (c *readAheadConn) Read(p []byte) (int, error) {
 			c.r.Discard(resyncLen)
 		}
 	}
-	if c.r != nil {
-		if c.r.Buffered() > 0 {
-			return c.r.Read(p[:min(len(p), c.r.Buffered())])
-		}
-		c.r = nil // drained: read the socket directly from now on
+	if !c.drained() {
+		return c.r.Read(p[:min(len(p), c.r.Buffered())])
 	}
 	return c.Conn.Read(p)
+}
+
+// drained reports whether the bytes CLC read ahead are all consumed, crossing
+// messages included: reads go to the socket directly from then on.
+func (c *readAheadConn) drained() bool {
+	if c.crossing {
+		return false
+	}
+	if c.r != nil && c.r.Buffered() == 0 {
+		c.r = nil
+	}
+	return c.r == nil
 }
 
 // crossingCLC reports the length of the Accept, Confirm or Decline from peer (any peer

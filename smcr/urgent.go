@@ -54,10 +54,7 @@ func (c *Conn) passMarkLocked() {
 // continuation's), stopping at the kernel's urgent mark.
 func (c *Conn) readMarkedTCP(r net.Conn, p []byte) (int, bool, error) {
 	if ra, ok := r.(*readAheadConn); ok {
-		if ra.r != nil && ra.r.Buffered() == 0 && !ra.crossing {
-			ra.r = nil // drained: the socket from now on
-		}
-		if ra.r != nil || ra.crossing {
+		if !ra.drained() {
 			n, err := ra.Read(p) // bytes CLC read ahead: no mark among them
 			return n, false, err
 		}

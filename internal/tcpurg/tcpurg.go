@@ -27,7 +27,13 @@ func SetInline(c *net.TCPConn) error {
 	if err != nil {
 		return err
 	}
-	return OnFD(rc, func(fd int) error { return unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_OOBINLINE, 1) })
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_OOBINLINE, 1)
+	}); err != nil {
+		return err
+	}
+	return serr
 }
 
 // Reader reads a TCP socket like Read, but never past TCP's urgent mark: at the
@@ -157,24 +163,4 @@ func WriteUrgent(c *net.TCPConn, b byte) error {
 		return &net.OpError{Op: "write", Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: fmt.Errorf("urgent byte: %w", err)}
 	}
 	return nil
-}
-
-// AtMark reports whether the next byte to read from rc is the urgent one.
-func AtMark(rc syscall.RawConn) (bool, error) {
-	var mark int
-	err := OnFD(rc, func(fd int) error {
-		var err error
-		mark, err = unix.IoctlGetInt(fd, unix.SIOCATMARK)
-		return err
-	})
-	return mark != 0, err
-}
-
-// OnFD runs f on rc's descriptor.
-func OnFD(rc syscall.RawConn, f func(fd int) error) error {
-	var ferr error
-	if err := rc.Control(func(fd uintptr) { ferr = f(int(fd)) }); err != nil {
-		return err
-	}
-	return ferr
 }
