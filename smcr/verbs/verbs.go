@@ -170,6 +170,13 @@ type SendWR struct {
 	RKey       uint32 // WRITE: the peer MR's RKey()
 	Imm        uint32 // WRITE_IMM
 	Signaled   bool   // generate a completion on success (errors always complete)
+	// Inline asks the provider to copy the payload into the request as it is
+	// posted (IBV_SEND_INLINE) when it fits the queue pair's inline space
+	// (QPConfig.MaxInline): the adapter then need not read it from memory,
+	// which saves small messages latency. It is a hint: larger payloads, and
+	// providers that copy at post anyway, go as usual, so the caller keeps the
+	// buffer until the completion either way.
+	Inline bool
 }
 
 // RecvWR is a receive-queue work request.
@@ -222,6 +229,9 @@ type QPConfig struct {
 	MaxSendWR      int // outstanding send work requests (default 64)
 	MaxRecvWR      int // outstanding receive work requests (default 64)
 	RNRRetry       int // receiver-not-ready retries before WCRNRRetryExcErr; 7 = forever, as ibverbs
+	// MaxInline is the inline space to ask for, in bytes (SendWR.Inline). A
+	// device may grant more, or none where it has none.
+	MaxInline int
 }
 
 // PortAttr describes the device's active port.

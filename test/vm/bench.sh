@@ -51,6 +51,9 @@ for r in \$(seq $rounds); do
 	perf ib_send_lat -s 8 -n $iters
 	perf ib_send_lat -e -s 8 -n $iters
 	perf ib_write_lat -s 4 -n $iters
+	# Inline sends: perftest leaves -I at 0 on rxe ("Max inline data: 0").
+	perf ib_send_lat -I 64 -s 8 -n $iters
+	perf ib_write_lat -I 64 -s 4 -n $iters
 	echo "== round \$r: ibv provider"
 	# One process with both ends on 2 Ps, then perftest's shape: one thread
 	# posting (BenchmarkWrite) and two single-threaded processes (proc-).

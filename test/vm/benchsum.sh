@@ -5,7 +5,8 @@
 # latency, slower for throughput). Latencies are medians of one-way times
 # (perftest's t_typical, the provider's us-median); throughput is MiB/s (perftest's
 # MB is 2^20 bytes). Sleeping on completions (wait-wait) is compared with
-# ib_send_lat -e, which sleeps on CQ events too. A benchmark name ends in -N when it
+# ib_send_lat -e, which sleeps on CQ events too, and the "-inline" ping-pongs with
+# ib_send_lat -I and ib_write_lat -I. A benchmark name ends in -N when it
 # ran with GOMAXPROCS=N > 1; "proc-" ones ran the responder in a child process.
 #
 #	test/vm/benchsum.sh [bench.sh output...]
@@ -20,7 +21,7 @@ function med(list,   n, a, i, j, t) {
 function add(key, v) { vals[key] = vals[key] " " v; if (!(key in seen)) { seen[key] = 1; order[++nk] = key } }
 { gsub(/\r/, "") }
 # bench.sh names each perftest run ("-- ib_send_lat -e -s 8 ...") before its rows.
-/^-- ib_/ { tool = "perftest " $2 ($3 == "-e" ? " -e" : ""); next }
+/^-- ib_/ { tool = "perftest " $2 ($3 == "-e" ? " -e" : "") ($3 == "-I" ? " -I" : ""); next }
 /BW average/ { col = 4; next }
 /t_typical/ { col = 5; next }
 tool != "" && col && $1 ~ /^[0-9]+$/ && $2 ~ /^[0-9]+$/ { add(tool, $col); tool = ""; col = 0; next }
@@ -36,6 +37,8 @@ END {
 	ref["BenchmarkSendPingPong/spin-wait"] = "perftest ib_send_lat"
 	ref["BenchmarkSendPingPong/wait-wait"] = "perftest ib_send_lat -e"
 	ref["BenchmarkWritePingPong/spin-spin"] = "perftest ib_write_lat"
+	ref["BenchmarkSendPingPong/spin-spin-inline"] = "perftest ib_send_lat -I"
+	ref["BenchmarkWritePingPong/spin-spin-inline"] = "perftest ib_write_lat -I"
 	printf "%-38s %10s  %-24s %10s %7s  rounds\n", "provider benchmark", "median", "beside", "median", "ratio"
 	for (k = 1; k <= nk; k++) {
 		key = order[k]

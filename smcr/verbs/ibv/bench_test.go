@@ -27,6 +27,7 @@ import (
 	"os/exec"
 	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -134,7 +135,8 @@ func latencies(b *testing.B, rtt []time.Duration) {
 // 8-byte SEND, every 32nd signaled so the send queue drains. The sub-benchmarks
 // name how the initiator and the responder wait (spin-spin is perftest's) and,
 // with "proc", run the responder in a child process, as perftest's two processes:
-// run with GOMAXPROCS=1 that is perftest's shape exactly.
+// run with GOMAXPROCS=1 that is perftest's shape exactly. "-inline" sends
+// inline, beside ib_send_lat -I.
 func BenchmarkSendPingPong(b *testing.B) {
 	for _, proc := range []bool{false, true} {
 		for _, ini := range waits {
@@ -150,9 +152,13 @@ func BenchmarkSendPingPong(b *testing.B) {
 			}
 		}
 	}
+	b.Run("proc-spin-spin-inline", func(b *testing.B) { pingPong(b, "send-spin"+inlineRole, true, spin) })
 }
 
-const pingSize = 8
+const (
+	pingSize   = 8
+	pingInline = 64 // inline space of the ping-pongs' queue pairs
+)
 
 // pingSide wraps a side with the reusable work requests of a ping-pong.
 type pingSide struct {
@@ -161,9 +167,11 @@ type pingSide struct {
 	recv *verbs.RecvWR
 }
 
-func newPingSide(s *side, op verbs.Opcode, remoteAddr uint64, rkey uint32) *pingSide {
+// newPingSide prepares s's requests; inline sends them inline (perftest's -I,
+// which it leaves at 0 on rxe; the engine sends its CDC messages inline).
+func newPingSide(s *side, op verbs.Opcode, remoteAddr uint64, rkey uint32, inline bool) *pingSide {
 	ps := &pingSide{side: s,
-		send: &verbs.SendWR{Opcode: op, SG: []verbs.SGE{{MR: s.mr, Length: pingSize}}, RemoteAddr: remoteAddr, RKey: rkey},
+		send: &verbs.SendWR{Opcode: op, SG: []verbs.SGE{{MR: s.mr, Length: pingSize}}, RemoteAddr: remoteAddr, RKey: rkey, Inline: inline},
 		recv: &verbs.RecvWR{SG: []verbs.SGE{{MR: s.mr, Offset: 2048, Length: pingSize}}},
 	}
 	if op == verbs.OpWrite {
@@ -221,9 +229,13 @@ func (s *pingSide) awaitWrite(i int) {
 	}
 }
 
+// inlineRole marks a role whose sides send inline.
+const inlineRole = "+inline"
+
 // respond is the responder's loop for n round trips: "send-spin", "send-wait"
-// or "write".
+// or "write", each maybe with inlineRole.
 func (s *pingSide) respond(role string, n int) error {
+	role = strings.TrimSuffix(role, inlineRole)
 	for i := 1; i <= n; i++ {
 		switch role {
 		case "write":
@@ -251,22 +263,23 @@ func (s *pingSide) respond(role string, n int) error {
 // pingPong connects an initiator to a responder playing role, in this process
 // or a child, times b.N round trips and reports their latencies.
 func pingPong(b *testing.B, role string, proc bool, iniWait waitFn) {
+	inline := strings.HasSuffix(role, inlineRole)
 	op := verbs.OpSend
-	if role == "write" {
+	if strings.TrimSuffix(role, inlineRole) == "write" {
 		op = verbs.OpWrite
 	}
-	cfg := verbs.QPConfig{MaxSendWR: 256, MaxRecvWR: 256}
+	cfg := verbs.QPConfig{MaxSendWR: 256, MaxRecvWR: 256, MaxInline: pingInline}
 	n := b.N
 	var (
 		a    *pingSide
 		done = make(chan error, 1)
 	)
 	if proc {
-		a = startPeer(b, role, n, cfg, op, done)
+		a = startPeer(b, role, n, cfg, op, inline, done)
 	} else {
 		sa, sp := pair(b, 4096, cfg)
-		a = newPingSide(sa, op, sp.mr.Addr(), sp.mr.RKey())
-		p := newPingSide(sp, op, sa.mr.Addr(), sa.mr.RKey())
+		a = newPingSide(sa, op, sp.mr.Addr(), sp.mr.RKey(), inline)
+		p := newPingSide(sp, op, sa.mr.Addr(), sa.mr.RKey(), inline)
 		for _, s := range []*pingSide{a, p} {
 			if err := s.postRecvs(); err != nil {
 				b.Fatal(err)
@@ -305,10 +318,12 @@ func benchSendPingPong(b *testing.B, iniWait waitFn, resp string, proc bool) {
 // BenchmarkWritePingPong is ib_write_lat's method: each side WRITEs a counter
 // into the other's buffer and busy-polls its own buffer for the peer's, with no
 // receive completions involved, so both sides necessarily spin. "proc" runs the
-// responder in a child process, as perftest does.
+// responder in a child process, as perftest does; "-inline" beside
+// ib_write_lat -I.
 func BenchmarkWritePingPong(b *testing.B) {
 	b.Run("spin-spin", func(b *testing.B) { pingPong(b, "write", false, spin) })
 	b.Run("proc-spin-spin", func(b *testing.B) { pingPong(b, "write", true, spin) })
+	b.Run("proc-spin-spin-inline", func(b *testing.B) { pingPong(b, "write"+inlineRole, true, spin) })
 }
 
 // The responder in a child process: the test binary run again with peerEnv set
@@ -336,7 +351,7 @@ func TestMain(m *testing.M) {
 
 // startPeer starts the child, connects to it and returns the initiator's side;
 // done receives the child's outcome.
-func startPeer(b *testing.B, role string, n int, cfg verbs.QPConfig, op verbs.Opcode, done chan<- error) *pingSide {
+func startPeer(b *testing.B, role string, n int, cfg verbs.QPConfig, op verbs.Opcode, inline bool, done chan<- error) *pingSide {
 	b.Helper()
 	s := newSide(b, openDev(b), 4096, cfg)
 	cmd := exec.Command(os.Args[0])
@@ -363,7 +378,7 @@ func startPeer(b *testing.B, role string, n int, cfg verbs.QPConfig, op verbs.Op
 	if err := json.NewEncoder(in).Encode(peerInfo{QP: s.qp.Attr(), Addr: s.mr.Addr(), RKey: s.mr.RKey()}); err != nil {
 		b.Fatal(err)
 	}
-	a := newPingSide(s, op, peer.Addr, peer.RKey)
+	a := newPingSide(s, op, peer.Addr, peer.RKey, inline)
 	if err := a.postRecvs(); err != nil {
 		b.Fatal(err)
 	}
@@ -421,7 +436,7 @@ func runPeer(role string) error {
 		return err
 	}
 	defer s.mr.Close()
-	if s.qp, err = s.pd.CreateQP(verbs.QPConfig{SendCQ: s.scq, RecvCQ: s.rcq, MaxSendWR: 256, MaxRecvWR: 256}); err != nil {
+	if s.qp, err = s.pd.CreateQP(verbs.QPConfig{SendCQ: s.scq, RecvCQ: s.rcq, MaxSendWR: 256, MaxRecvWR: 256, MaxInline: pingInline}); err != nil {
 		return err
 	}
 	defer s.qp.Close()
@@ -434,10 +449,10 @@ func runPeer(role string) error {
 		return err
 	}
 	op := verbs.OpSend
-	if role == "write" {
+	if strings.TrimSuffix(role, inlineRole) == "write" {
 		op = verbs.OpWrite
 	}
-	p := newPingSide(s, op, peer.Addr, peer.RKey)
+	p := newPingSide(s, op, peer.Addr, peer.RKey, strings.HasSuffix(role, inlineRole))
 	if err := p.postRecvs(); err != nil {
 		return err
 	}

@@ -342,6 +342,23 @@ func TestQueueFull(t *testing.T) {
 	}
 }
 
+// TestInlineSpace: the device grants the inline space asked for, and a queue pair
+// that asks for more than the device has is still created, without it.
+func TestInlineSpace(t *testing.T) {
+	dev := openDev(t)
+	for _, c := range []struct{ ask, atLeast, atMost int }{
+		{64, 64, 1 << 16},
+		{1 << 20, 0, 1<<20 - 1},
+	} {
+		s := newSide(t, dev, 4096, verbs.QPConfig{MaxInline: c.ask})
+		got := s.qp.(*qp).maxInline
+		if got < c.atLeast || got > c.atMost {
+			t.Errorf("asked for %d bytes inline: granted %d, want %d..%d", c.ask, got, c.atLeast, c.atMost)
+		}
+		t.Logf("asked for %d bytes inline: granted %d", c.ask, got)
+	}
+}
+
 func TestWait(t *testing.T) {
 	dev := openDev(t)
 	cq, err := dev.CreateCQ(16)

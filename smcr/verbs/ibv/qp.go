@@ -122,6 +122,7 @@ type qp struct {
 	sendCQ, recvCQ *cq
 	attr           verbs.QPAttr
 	rnrRetry       int
+	maxInline      int // inline space the device granted, in bytes
 
 	state   atomic.Uint32 // verbs.QPState this side moved it to
 	closed  atomic.Bool
@@ -148,6 +149,9 @@ func (p *pd) createQP(cfg verbs.QPConfig) (*qp, error) {
 	if cfg.RNRRetry < 0 || cfg.RNRRetry > 7 {
 		return nil, fmt.Errorf("ibv: create qp: %w: rnr retry %d", verbs.ErrInvalid, cfg.RNRRetry)
 	}
+	if cfg.MaxInline < 0 {
+		return nil, fmt.Errorf("ibv: create qp: %w: inline space %d", verbs.ErrInvalid, cfg.MaxInline)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -162,11 +166,21 @@ func (p *pd) createQP(cfg verbs.QPConfig) (*qp, error) {
 	ia.cap.max_recv_wr = C.uint32_t(cfg.MaxRecvWR + 1)
 	ia.cap.max_send_sge = maxSGE
 	ia.cap.max_recv_sge = maxSGE
+	ia.cap.max_inline_data = C.uint32_t(cfg.MaxInline)
 	h, err := C.ibv_create_qp(p.pd, &ia)
+	if h == nil && cfg.MaxInline > 0 {
+		// Inline space is an optimisation: a device without it (or with
+		// less) still gets a queue pair.
+		p.dev.log.Debug("ibv: create qp without inline space", "asked", cfg.MaxInline, "err", errnoOr(err))
+		ia.cap.max_inline_data = 0
+		h, err = C.ibv_create_qp(p.pd, &ia)
+	}
 	if h == nil {
 		return nil, fmt.Errorf("ibv: create qp: %w", errnoOr(err))
 	}
-	q := &qp{pd: p, dev: p.dev, qp: h, sendCQ: scq, recvCQ: rcq, rnrRetry: cfg.RNRRetry}
+	// ibv_create_qp writes the granted capacities back into ia.cap.
+	q := &qp{pd: p, dev: p.dev, qp: h, sendCQ: scq, recvCQ: rcq, rnrRetry: cfg.RNRRetry,
+		maxInline: int(ia.cap.max_inline_data)}
 	scq.attach()
 	rcq.attach()
 	// Straight to INIT: RECVs may be posted before the peer's attributes arrive.
@@ -225,19 +239,20 @@ func (q *qp) Connect(ctx context.Context, remote verbs.QPAttr) error {
 
 // fillSGE checks a scatter/gather list and copies it into the C array, leaving
 // out empty elements (a zero length means 2 GiB to some adapters).
-func fillSGE(dst *C.struct_ibv_sge, sg []verbs.SGE) (int, error) {
+// fillSGE writes sg into dst and returns how many entries it used and their
+// total length.
+func fillSGE(dst *C.struct_ibv_sge, sg []verbs.SGE) (n, total int, err error) {
 	if len(sg) > maxSGE {
-		return 0, fmt.Errorf("ibv: %w: %d sges, at most %d", verbs.ErrInvalid, len(sg), maxSGE)
+		return 0, 0, fmt.Errorf("ibv: %w: %d sges, at most %d", verbs.ErrInvalid, len(sg), maxSGE)
 	}
 	out := unsafe.Slice(dst, maxSGE)
-	n := 0
 	for _, s := range sg {
 		if err := verbs.CheckSGE(s); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		m, ok := s.MR.(*mr)
 		if !ok {
-			return 0, fmt.Errorf("ibv: %w: sge region of another provider", verbs.ErrInvalid)
+			return 0, 0, fmt.Errorf("ibv: %w: sge region of another provider", verbs.ErrInvalid)
 		}
 		if s.Length == 0 {
 			continue
@@ -246,8 +261,9 @@ func fillSGE(dst *C.struct_ibv_sge, sg []verbs.SGE) (int, error) {
 		out[n].length = C.uint32_t(s.Length)
 		out[n].lkey = m.mr.lkey
 		n++
+		total += s.Length
 	}
-	return n, nil
+	return n, total, nil
 }
 
 func (q *qp) PostSend(wr *verbs.SendWR) error {
@@ -273,10 +289,13 @@ func (q *qp) PostSend(wr *verbs.SendWR) error {
 		flags = C.IBV_SEND_SIGNALED
 	}
 	q.smu.Lock()
-	n, err := fillSGE(q.ssge, wr.SG)
+	n, total, err := fillSGE(q.ssge, wr.SG)
 	if err != nil {
 		q.smu.Unlock()
 		return err
+	}
+	if wr.Inline && total <= q.maxInline {
+		flags |= C.IBV_SEND_INLINE
 	}
 	rc := C.smcr_post_send(q.qp, q.ssge, C.int(n), C.uint64_t(wr.ID), op, flags,
 		C.uint64_t(wr.RemoteAddr), C.uint32_t(wr.RKey), C.uint32_t(wr.Imm))
@@ -292,7 +311,7 @@ func (q *qp) PostRecv(wr *verbs.RecvWR) error {
 		return fmt.Errorf("ibv: post recv in %v: %w", s, verbs.ErrQPState)
 	}
 	q.rmu.Lock()
-	n, err := fillSGE(q.rsge, wr.SG)
+	n, _, err := fillSGE(q.rsge, wr.SG)
 	if err != nil {
 		q.rmu.Unlock()
 		return err

@@ -163,6 +163,10 @@ func newQP(p *pd, cfg verbs.QPConfig) (*qp, error) {
 	if cfg.RNRRetry < 0 || cfg.RNRRetry > 7 {
 		return nil, fmt.Errorf("%w: rnr retry %d", verbs.ErrInvalid, cfg.RNRRetry)
 	}
+	if cfg.MaxInline < 0 {
+		// Inline is a hint here: every request is copied as it is posted.
+		return nil, fmt.Errorf("%w: inline space %d", verbs.ErrInvalid, cfg.MaxInline)
+	}
 	var rnd [4]byte
 	rand.Read(rnd[:])
 	q := &qp{

@@ -102,7 +102,7 @@ func newQP(p *pd, cfg verbs.QPConfig) (*qp, error) {
 		cfg.MaxRecvWR = defaultWR
 	}
 	if cfg.MaxSendWR < 0 || cfg.MaxSendWR > maxWR || cfg.MaxRecvWR < 0 || cfg.MaxRecvWR > maxWR ||
-		cfg.RNRRetry < 0 || cfg.RNRRetry > 7 {
+		cfg.RNRRetry < 0 || cfg.RNRRetry > 7 || cfg.MaxInline < 0 {
 		return nil, fmt.Errorf("soft: %w: qp config %+v", verbs.ErrInvalid, cfg)
 	}
 	d := p.dev

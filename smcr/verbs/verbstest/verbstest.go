@@ -95,6 +95,7 @@ var conformance = []struct {
 	{"SendRecvOrder", testSendRecvOrder},
 	{"WriteLanding", testWriteLanding},
 	{"WriteImm", testWriteImm},
+	{"Inline", testInline},
 	{"CompletionOrder", testCompletionOrder},
 	{"Unsignaled", testUnsignaled},
 	{"RNRRetryExceeded", testRNRExceeded},
@@ -178,6 +179,7 @@ func newSide(t testing.TB, dev verbs.Device, mrSize int, access verbs.Access, rn
 	t.Cleanup(func() { s.mr.Close() })
 	if s.qp, err = s.pd.CreateQP(verbs.QPConfig{
 		SendCQ: s.scq, RecvCQ: s.rcq, MaxSendWR: sendWR, MaxRecvWR: 64, RNRRetry: rnrRetry,
+		MaxInline: inlineAsk,
 	}); err != nil {
 		t.Fatalf("create qp: %v", err)
 	}
