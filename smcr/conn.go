@@ -153,8 +153,9 @@ type Conn struct {
 	// (Linux's receiver drops one numbered before the last it took).
 	cdcMu sync.Mutex
 
-	rxMu sync.Mutex // one Read at a time
-	txMu sync.Mutex // one Write at a time
+	rxMu     sync.Mutex              // one Read at a time
+	driveWCs [8]verbs.WorkCompletion // Read's, for drive: under rxMu
+	txMu     sync.Mutex              // one Write at a time
 
 	urgOnce sync.Once
 	urgR    *tcpurg.Reader // reads the TCP socket after a fallback or continuation

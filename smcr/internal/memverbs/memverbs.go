@@ -13,6 +13,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/smcr-io/smcr/smcr/verbs"
 )
 
@@ -153,8 +155,16 @@ func (p *pd) AllocMR(size int, access verbs.Access) (verbs.MR, error) {
 	}
 	p.d.mu.Lock()
 	defer p.d.mu.Unlock()
+	// Outside the Go heap, as an adapter's memory is: its writes are DMA, not
+	// Go code (the race detector would take the peer's identical rewrite of
+	// bytes a reader holds, after a failover, for a race).
+	b, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil, fmt.Errorf("memverbs: alloc mr: %w", err)
+	}
 	k := p.d.id() << 8
-	m := &mr{d: p.d, pd: p, b: make([]byte, size), key: k, access: access, addr: uint64(k) << 20}
+	m := &mr{d: p.d, pd: p, b: b, refs: new(atomic.Int32), key: k, access: access, addr: uint64(k) << 20}
+	m.refs.Store(1)
 	p.d.mrs[k] = m
 	p.mrs++
 	return m, nil
@@ -169,7 +179,8 @@ func (p *pd) RegisterMR(other verbs.MR, access verbs.Access) (verbs.MR, error) {
 	p.d.mu.Lock()
 	defer p.d.mu.Unlock()
 	k := p.d.id() << 8
-	m := &mr{d: p.d, pd: p, b: o.b, key: k, access: access, addr: uint64(k) << 20}
+	o.refs.Add(1)
+	m := &mr{d: p.d, pd: p, b: o.b, refs: o.refs, key: k, access: access, addr: uint64(k) << 20}
 	p.d.mrs[k] = m
 	p.mrs++
 	return m, nil
@@ -209,6 +220,7 @@ type mr struct {
 	pd     *pd
 	closed bool // under d.mu
 	b      []byte
+	refs   *atomic.Int32 // registrations of b; the last Close unmaps it
 	key    uint32
 	access verbs.Access
 	addr   uint64
@@ -231,6 +243,9 @@ func (m *mr) Close() error {
 	}
 	delete(m.d.mrs, m.key)
 	m.pd.mrs--
+	if m.refs.Add(-1) == 0 {
+		return unix.Munmap(m.b)
+	}
 	return nil
 }
 

@@ -1,0 +1,64 @@
+package smcr
+
+import (
+	"bytes"
+	"io"
+	"sync"
+	"testing"
+)
+
+// TestReadersDrive: a reader waiting for bytes handles its link's completions
+// itself (Conn.drive) while the poller steps aside. Two readers wait on the same
+// link, taking turns at driving it: the ping-pong's on one connection and a bulk
+// transfer's on a second connection of the link group; each gets every byte of
+// its own, whoever handled the completion that brought it.
+func TestReadersDrive(t *testing.T) {
+	p := memPair(t)
+	c, s := p.connect(t)
+	c2, s2 := p.connect(t)
+	mustSMC(t, c, s, c2, s2)
+	if c.lnk != c2.lnk {
+		t.Fatal("the connections are on different links")
+	}
+	go io.Copy(s, s)
+
+	const bulk = 8 << 20
+	want := bytes.Repeat([]byte("0123456789abcdef"), bulk/16)
+	var wg sync.WaitGroup
+	var got []byte
+	var readErr error
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		s2.Write(want)
+		s2.CloseWrite()
+	}()
+	go func() {
+		defer wg.Done()
+		got, readErr = io.ReadAll(c2)
+	}()
+
+	msg := make([]byte, 64)
+	back := make([]byte, 64)
+	for i := range 2000 {
+		msg[0], msg[1] = byte(i), byte(i>>8)
+		if _, err := c.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, back); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(back, msg) {
+			t.Fatalf("round trip %d: got %x", i, back[:2])
+		}
+	}
+	wg.Wait()
+	if readErr != nil || !bytes.Equal(got, want) {
+		t.Fatalf("bulk transfer beside the ping-pong: %d of %d bytes, %v", len(got), len(want), readErr)
+	}
+	driven, polled := c.lnk.driven.Load(), c.lnk.polled.Load()
+	t.Logf("client link: %d of %d completions handled by readers", driven, polled)
+	if driven == 0 {
+		t.Fatal("no completion was handled by a waiting reader")
+	}
+}
