@@ -92,9 +92,10 @@ func (c *cq) push(wc verbs.WorkCompletion) {
 }
 
 // Poll drives the attached QPs' shared queues, then moves completions into wc.
+// It leaves a doorbell armed while a Wait sleeps on it (qp.drive).
 func (c *cq) Poll(wc []verbs.WorkCompletion) (int, error) {
 	for _, q := range *c.qps.Load() {
-		q.poll()
+		q.drive(false)
 	}
 	c.mu.Lock()
 	if c.closed {

@@ -886,13 +886,22 @@ func (q *qp) unlockRQ() {
 	}
 }
 
-// poll is the busy-poll step: it disarms our doorbell (a poller is here, the peer
-// need not ring) and drives both sides.
-func (q *qp) poll() {
+// poll is the busy-poll step of Wait: it disarms our doorbell (a poller is here,
+// the peer need not ring) and drives both sides.
+func (q *qp) poll() { q.drive(true) }
+
+// drive moves both sides' shared queues along, after disarming our doorbell. From
+// Poll (spinning false) it leaves the doorbell armed while a Wait sleeps on one of
+// our CQs: that Wait relies on it to wake. (A reader polling beside a sleeping
+// poller disarmed it, and the next completion waited for the doorbell reader's
+// 2 ms grace.) Wait counts itself a sleeper before it arms, both under flagMu's
+// order, so a Poll racing with it either sees the sleeper or is re-armed after.
+func (q *qp) drive(spinning bool) {
 	q.polls.Add(1)
 	if q.armed.Load() && q.State() == verbs.QPRTS {
 		q.flagMu.Lock()
-		if q.seg != nil && q.armed.Swap(false) {
+		keep := !spinning && (q.sendCQ.sleepers.Load() > 0 || q.recvCQ.sleepers.Load() > 0)
+		if q.seg != nil && !keep && q.armed.Swap(false) {
 			u32(q.seg.mem, segOffSleep).Store(0)
 			q.dlMu.Lock()
 			q.conn.SetReadDeadline(time.Now().Add(grace))

@@ -579,3 +579,47 @@ func TestHostileControl(t *testing.T) {
 		t.Fatalf("other qp: %+v", wc)
 	}
 }
+
+// TestPollBesideSleepingWait: a Poll from another goroutine while a Wait sleeps on
+// the CQ leaves the doorbell armed, so the peer still rings it and the Wait wakes
+// on the next completion (the engine's readers poll beside a sleeping poller).
+func TestPollBesideSleepingWait(t *testing.T) {
+	a, b := pair(t, verbs.QPConfig{})
+	q := b.qp.(*qp)
+	rcq := b.rcq.(*cq)
+	if err := b.qp.PostRecv(&verbs.RecvWR{ID: 7, SG: []verbs.SGE{{MR: b.buf, Length: 64}}}); err != nil {
+		t.Fatal(err)
+	}
+	woke := make(chan error, 1)
+	go func() { woke <- rcq.Wait(context.Background()) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for rcq.sleepers.Load() == 0 || !q.armed.Load() {
+		if time.Now().After(deadline) {
+			t.Fatal("Wait never went to sleep")
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	var wc [1]verbs.WorkCompletion
+	for range 100 {
+		if n, err := rcq.Poll(wc[:]); n != 0 || err != nil {
+			t.Fatalf("poll of an idle CQ: %d, %v", n, err)
+		}
+	}
+	if !q.armed.Load() {
+		t.Fatal("a Poll disarmed the doorbell a sleeping Wait relies on")
+	}
+	if err := a.qp.PostSend(&verbs.SendWR{ID: 1, Opcode: verbs.OpSend, SG: []verbs.SGE{{MR: a.buf, Length: 8}}}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-woke:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the sleeping Wait missed the completion")
+	}
+	if wc := next(t, b.rcq); wc.ID != 7 || wc.Status != verbs.WCSuccess {
+		t.Fatalf("receive completion %+v", wc)
+	}
+}
