@@ -11,11 +11,7 @@ import (
 	"time"
 )
 
-// readSpin is how long a reader waiting for bytes handles its link's
-// completions itself (drive) before it sleeps; Linux's busy_read is similar.
-const readSpin = 20 * time.Microsecond
-
-// drive handles l's completions from the reading goroutine for up to readSpin,
+// drive handles l's completions from the reading goroutine for up to ReadSpin,
 // instead of sleeping until the poller hands over the CDC that brings our bytes:
 // between two goroutines on two CPUs that hand-off is most of a small message's
 // latency. It reports whether c was woken meanwhile (its wake is taken); it
@@ -50,7 +46,7 @@ func (c *Conn) drive(l *link) bool {
 		if i%16 == 0 {
 			if start.IsZero() {
 				start = time.Now()
-			} else if time.Since(start) > readSpin {
+			} else if time.Since(start) > c.e.cfg.ReadSpin {
 				return false
 			}
 			// Let the goroutine a completion woke run (a writer whose space
@@ -127,7 +123,7 @@ func (c *Conn) smcRead(p []byte) (int, bool, error) {
 		if err != nil {
 			return 0, false, err
 		}
-		if lnk != nil && c.drive(lnk) {
+		if lnk != nil && c.e.cfg.ReadSpin > 0 && c.drive(lnk) {
 			continue
 		}
 		select {
