@@ -18,6 +18,13 @@
 //	conn.go       the net.Conn and its state machine
 //	stats.go      counters for smcrctl                                  ← smc_stats
 //
+// Each link's completions are handled by one goroutine at a time: the link's
+// poller, or a Read waiting for bytes on that link, which polls the completion
+// queue itself for up to Config.ReadSpin while the poller steps aside (rx.go,
+// Conn.drive). The CDC a reader waits for is then handled on its own goroutine,
+// with no hand-off; everything else (LLC, writers' space, other connections) is
+// handled the same way by whoever holds the turn.
+//
 // Cursors are kept internally as absolute byte counts (uint64) and are converted to
 // the wire's (wrap, count) pair only at the CDC boundary; the conversion back checks
 // every peer value against what the ring can hold.
