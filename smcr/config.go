@@ -47,11 +47,11 @@ type Config struct {
 	// CloseTimeout bounds how long a closed connection waits for the peer's close
 	// before it aborts and frees its buffers. Default 30 s.
 	CloseTimeout time.Duration
-	// ReadSpin is how long a Read waiting for bytes handles its link's
-	// completions itself before it sleeps (Linux's busy_read): the bytes then
-	// need no hand-off from the link's poller, which halves a small message's
-	// latency, for up to this much CPU per wait. Default 20 µs; negative
-	// disables it.
+	// ReadSpin is how long, at most, a Read waiting for bytes handles its
+	// link's completions itself before it sleeps (Linux's busy_read): the
+	// bytes then need no hand-off from the link's poller, which halves a small
+	// message's latency. Each connection adapts its spin below this to how
+	// soon its bytes come. Default 20 µs; negative disables it.
 	ReadSpin time.Duration
 	// PeerID is this endpoint's 8-byte peer ID; zero means 2 random bytes plus the
 	// MAC of the first device.

@@ -75,3 +75,38 @@ func testReadersDrive(t *testing.T, spin time.Duration) {
 		t.Fatalf("%d completions handled by readers with ReadSpin %v", driven, spin)
 	}
 }
+
+// TestReadSpinAdapts: a reader whose bytes keep coming later than its spin halves
+// it down to minReadSpin, so well-spaced messages cost little CPU; once they come
+// while it spins again (found by a probe), it is back at ReadSpin.
+func TestReadSpinAdapts(t *testing.T) {
+	p := memPair(t)
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	buf := make([]byte, 1)
+	for range 20 {
+		go func() {
+			time.Sleep(2 * time.Millisecond) // well after any spin gave up
+			s.Write([]byte{1})
+		}()
+		if _, err := io.ReadFull(c, buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c.spin != minReadSpin {
+		t.Fatalf("after 20 late messages the spin is %v, want %v", c.spin, minReadSpin)
+	}
+	go io.Copy(s, s)
+	for range 2000 {
+		if _, err := c.Write(buf); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, buf); err != nil {
+			t.Fatal(err)
+		}
+		if c.spin == c.e.cfg.ReadSpin {
+			return
+		}
+	}
+	t.Fatalf("after 2000 round trips the spin is %v, want %v back", c.spin, c.e.cfg.ReadSpin)
+}
