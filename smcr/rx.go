@@ -24,11 +24,10 @@ const minReadSpin = time.Microsecond
 // The budget adapts as shm's CQ.Wait spin does: a drive that got its wake-up
 // doubles it (up to ReadSpin), one that gave up halves it (down to minReadSpin),
 // and every 32nd drive spins the whole ReadSpin as a probe, so a reader whose
-// bytes start coming quickly again finds out.
-// A reader whose bytes come in well-spaced bursts (smcrd's relays, say) then
-// stops burning ReadSpin of CPU per Read on two busy vCPUs, where that spin
-// delayed the processes it waits for: through smcrd the 64 B p50 rose from
-// 191-211 to 211-215 µs with a fixed 20 µs.
+// bytes start coming quickly again finds out. A reader whose bytes come in
+// well-spaced bursts (smcrd's relays, say) thus stops burning ReadSpin of CPU per
+// Read, which on two busy vCPUs delayed the very processes it waited for: through
+// smcrd the 64 B p50 rose from 191-211 to 211-215 µs with a fixed 20 µs.
 func (c *Conn) drive(l *link) bool {
 	if !l.driving.CompareAndSwap(false, true) {
 		return false
