@@ -238,9 +238,8 @@ func (q *qp) Connect(ctx context.Context, remote verbs.QPAttr) error {
 }
 
 // fillSGE checks a scatter/gather list and copies it into the C array, leaving
-// out empty elements (a zero length means 2 GiB to some adapters).
-// fillSGE writes sg into dst and returns how many entries it used and their
-// total length.
+// out empty elements (a zero length means 2 GiB to some adapters). It returns
+// how many entries it used and their total length.
 func fillSGE(dst *C.struct_ibv_sge, sg []verbs.SGE) (n, total int, err error) {
 	if len(sg) > maxSGE {
 		return 0, 0, fmt.Errorf("ibv: %w: %d sges, at most %d", verbs.ErrInvalid, len(sg), maxSGE)
