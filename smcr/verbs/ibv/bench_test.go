@@ -232,10 +232,21 @@ func (s *pingSide) awaitWrite(i int) {
 // inlineRole marks a role whose sides send inline.
 const inlineRole = "+inline"
 
+// parseRole splits a role into its base ("send-spin", "send-wait" or "write"),
+// the opcode its sides post and whether they post it inline.
+func parseRole(role string) (base string, op verbs.Opcode, inline bool) {
+	base, inline = strings.CutSuffix(role, inlineRole)
+	op = verbs.OpSend
+	if base == "write" {
+		op = verbs.OpWrite
+	}
+	return base, op, inline
+}
+
 // respond is the responder's loop for n round trips: "send-spin", "send-wait"
 // or "write", each maybe with inlineRole.
 func (s *pingSide) respond(role string, n int) error {
-	role = strings.TrimSuffix(role, inlineRole)
+	role, _, _ = parseRole(role)
 	for i := 1; i <= n; i++ {
 		switch role {
 		case "write":
@@ -263,11 +274,7 @@ func (s *pingSide) respond(role string, n int) error {
 // pingPong connects an initiator to a responder playing role, in this process
 // or a child, times b.N round trips and reports their latencies.
 func pingPong(b *testing.B, role string, proc bool, iniWait waitFn) {
-	inline := strings.HasSuffix(role, inlineRole)
-	op := verbs.OpSend
-	if strings.TrimSuffix(role, inlineRole) == "write" {
-		op = verbs.OpWrite
-	}
+	_, op, inline := parseRole(role)
 	cfg := verbs.QPConfig{MaxSendWR: 256, MaxRecvWR: 256, MaxInline: pingInline}
 	n := b.N
 	var (
@@ -448,11 +455,8 @@ func runPeer(role string) error {
 	if err := dec.Decode(&peer); err != nil {
 		return err
 	}
-	op := verbs.OpSend
-	if strings.TrimSuffix(role, inlineRole) == "write" {
-		op = verbs.OpWrite
-	}
-	p := newPingSide(s, op, peer.Addr, peer.RKey, strings.HasSuffix(role, inlineRole))
+	_, op, inline := parseRole(role)
+	p := newPingSide(s, op, peer.Addr, peer.RKey, inline)
 	if err := p.postRecvs(); err != nil {
 		return err
 	}
