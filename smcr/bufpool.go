@@ -2,8 +2,9 @@
 // ended in order and hands them to its next connections, as Linux does
 // (smc_buf_get_slot). A pooled buffer stays registered on the group's links (an
 // RMB under the rkeys the peer was told) and keeps its share of max_memory, so a
-// reusing connection skips allocation and registration; it still announces its
-// RMB with CONFIRM_RKEY, so the protocol is the same as for a new buffer.
+// reusing connection skips allocation and registration, and, as Linux's
+// is_conf_rkey, the CONFIRM_RKEY exchange: the peer keeps an RMB it was told of
+// until a DELETE_RKEY withdraws it, which we send when we deregister one.
 
 package smcr
 
@@ -40,11 +41,49 @@ func (b *pooledBuf) deregister() {
 	}
 }
 
-// free deregisters a pooled buffer and gives its memory back to max_memory.
-func (b *pooledBuf) free(e *Engine) {
+// free drops a pooled buffer and gives its memory back to max_memory.
+func (lg *linkGroup) free(b *pooledBuf) {
+	lg.drop(b)
+	lg.e.pooled.Add(-int64(b.size))
+	lg.e.unreserve(int64(b.size))
+}
+
+// drop deregisters b. An RMB the peer may know is withdrawn first while the
+// group lives (DELETE_RKEY, as Linux's smc_llc_do_delete_rkey): the peer keeps
+// the RMBs it was told of until then. lg may be nil (a setup that got no group).
+func (lg *linkGroup) drop(b *pooledBuf) {
+	if lg != nil && b.rmb {
+		lg.withdraw(b)
+	}
 	b.deregister()
-	e.pooled.Add(-int64(b.size))
-	e.unreserve(int64(b.size))
+}
+
+// withdraw sends DELETE_RKEY for b on a live link of the group it is registered
+// on, naming its rkey there; the peer forgets the RMB under all its rkeys. The
+// link it was allocated on comes first: a new RMB that gets the same rkey from
+// that device is announced on that link too, after the withdrawal. The answer
+// is awaited in the background: a negative one (the peer never learnt of an RMB
+// whose setup failed) or none changes nothing here.
+func (lg *linkGroup) withdraw(b *pooledBuf) {
+	select {
+	case <-lg.ready:
+	default:
+		return // first contact has not ended: the peer knows no RMB of ours yet
+	}
+	lg.mu.RLock()
+	defer lg.mu.RUnlock()
+	if lg.dead || lg.readyErr != nil {
+		return
+	}
+	var to *link
+	for _, l := range lg.links {
+		if m := b.on[l.num]; m != nil && b.link[l.num] == l && !l.down.Load() && (to == nil || m == b.own) {
+			to = l
+		}
+	}
+	if to != nil {
+		go to.deleteRKey(b.on[to.num].RKey())
+	}
 }
 
 // usable reports whether every link b is registered on is still up.
@@ -88,7 +127,7 @@ func (lg *linkGroup) take(rmb bool, size uint64, l *link) *pooledBuf {
 	var stale []*pooledBuf
 	defer func() {
 		for _, b := range stale {
-			b.free(lg.e)
+			lg.free(b)
 		}
 	}()
 	lg.mu.Lock()
@@ -117,7 +156,7 @@ func (lg *linkGroup) drainPool() {
 	lg.pool = nil
 	lg.mu.Unlock()
 	for _, b := range pool {
-		b.free(lg.e)
+		lg.free(b)
 	}
 }
 
@@ -188,14 +227,14 @@ func (c *Conn) releaseBuffers() (kept int64) {
 	for _, b := range bufs {
 		switch {
 		case !orderly || b.own == nil:
-			b.deregister()
+			c.lg.drop(b)
 		case b.rmb && announcing != nil:
 			kept += int64(b.size)
 			go c.lg.keepWhenAnswered(b, announcing)
 		case c.lg.keep(b):
 			kept += int64(b.size)
 		default:
-			b.deregister()
+			c.lg.drop(b)
 		}
 	}
 	return kept
@@ -206,7 +245,7 @@ func (c *Conn) releaseBuffers() (kept int64) {
 func (lg *linkGroup) keepWhenAnswered(b *pooledBuf, answered <-chan struct{}) {
 	<-answered
 	if !lg.keep(b) {
-		b.deregister()
+		lg.drop(b)
 		lg.e.unreserve(int64(b.size))
 	}
 }

@@ -3,10 +3,12 @@ package smcr
 import (
 	"context"
 	"io"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/smcr-io/smcr/llc"
 	"github.com/smcr-io/smcr/smcr/internal/memverbs"
 	"github.com/smcr-io/smcr/smcr/verbs"
 )
@@ -169,4 +171,170 @@ func TestPendingRKeyPooledWhenAnswered(t *testing.T) {
 	for _, x := range []*Conn{c2, s2, first, fs} {
 		x.Close()
 	}
+}
+
+// onlyGroup returns e's only link group.
+func onlyGroup(t *testing.T, e *Engine) *linkGroup {
+	t.Helper()
+	e.mu.Lock()
+	lgs := slices.Clone(e.lgs)
+	e.mu.Unlock()
+	if len(lgs) != 1 {
+		t.Fatalf("%d link groups, want 1", len(lgs))
+	}
+	return lgs[0]
+}
+
+// peerRMBs counts the peer RMBs e's only link group knows.
+func peerRMBs(t *testing.T, e *Engine) int {
+	t.Helper()
+	lg := onlyGroup(t, e)
+	lg.mu.RLock()
+	defer lg.mu.RUnlock()
+	return lg.peerRMBs.rmbs()
+}
+
+// TestReuseSkipsConfirmRkey: a connection that gets a pooled RMB sends no
+// CONFIRM_RKEY, and neither end waits for one: the peer kept the RMB since the
+// connection that announced it (as Linux's is_conf_rkey). Its setup sends no LLC
+// message at all, and its data lands.
+func TestReuseSkipsConfirmRkey(t *testing.T) {
+	p := memPair(t)
+	keep, ks := p.connect(t) // first contact: holds the group
+	mustSMC(t, keep, ks)
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	if c.rkeyAnnounced == nil || s.rkeyAnnounced == nil {
+		t.Fatal("a connection with new RMBs sent no CONFIRM_RKEY")
+	}
+	c.Close()
+	s.Close()
+	eventually(t, "RMBs pooled", func() bool {
+		return p.cli.Stats().MemoryPooled == int64(c.rmbSize+c.peerSize) && p.srv.Stats().MemoryPooled == int64(s.rmbSize+s.peerSize)
+	})
+	if got := [2]int{peerRMBs(t, p.cli), peerRMBs(t, p.srv)}; got != [2]int{2, 2} {
+		t.Fatalf("peer RMBs known (client, server) %v after a release, want 2 each: kept, not forgotten", got)
+	}
+	llc := [2]uint64{p.cli.Stats().LLCSent, p.srv.Stats().LLCSent}
+	c2, s2 := p.connect(t)
+	mustSMC(t, c2, s2)
+	if c2.rmb.RKey() != c.rmb.RKey() || s2.rmb.RKey() != s.rmb.RKey() {
+		t.Fatal("the next connection did not get the pooled RMBs")
+	}
+	if c2.rkeyAnnounced != nil || s2.rkeyAnnounced != nil {
+		t.Error("a pooled RMB was announced again")
+	}
+	if got := [2]uint64{p.cli.Stats().LLCSent, p.srv.Stats().LLCSent}; got != llc {
+		t.Errorf("LLC messages sent (client, server) went from %v to %v in a reusing setup, want none", llc, got)
+	}
+	stream(t, c2, s2, 300000, 1)
+	stream(t, s2, c2, 300000, 2)
+	for _, x := range []*Conn{c2, s2, keep, ks} {
+		x.Close()
+	}
+}
+
+// TestDeleteRkeyWithdraws: RMBs that do not fit the pool are deregistered and
+// withdrawn with DELETE_RKEY, so each end knows exactly the RMBs the other
+// still holds (the one in use and the pooled ones), and a DELETE_RKEY for an
+// rkey the peer never knew is answered negative without harm.
+func TestDeleteRkeyWithdraws(t *testing.T) {
+	p := memPair(t)
+	keep, ks := p.connect(t)
+	mustSMC(t, keep, ks)
+	const n = maxPooled + 4
+	var conns []*Conn
+	for range n {
+		c, s := p.connect(t)
+		mustSMC(t, c, s)
+		conns = append(conns, c, s)
+	}
+	if got := [2]int{peerRMBs(t, p.cli), peerRMBs(t, p.srv)}; got != [2]int{n + 1, n + 1} {
+		t.Fatalf("peer RMBs known (client, server) %v with %d connections, want %d each", got, n+1, n+1)
+	}
+	for _, x := range conns {
+		x.Close()
+	}
+	const want = maxPooled + 1
+	eventually(t, "the RMBs beyond the pool withdrawn on both ends", func() bool {
+		return peerRMBs(t, p.cli) == want && peerRMBs(t, p.srv) == want
+	})
+	// An rkey the peer does not know: the response flags it, and the link lives.
+	if r := withdrawRKey(t, onlyGroup(t, p.cli).primary(), 0xdeadbeef); !r.Negative() || !r.Failed(0) {
+		t.Fatalf("DELETE_RKEY of an unknown rkey: negative %v, failed %v", r.Negative(), r.Failed(0))
+	}
+	if got := peerRMBs(t, p.srv); got != want {
+		t.Errorf("server knows %d peer RMBs after an unknown rkey's withdrawal, want %d", got, want)
+	}
+	echoOK(t, keep, ks)
+	// The pooled RMBs still serve, unannounced.
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	stream(t, c, s, 100000, 3)
+	for _, x := range []*Conn{c, s, keep, ks} {
+		x.Close()
+	}
+}
+
+// TestPeerRMBLimit: a peer that announces more RMBs than a group can hold is
+// refused with a negative CONFIRM_RKEY response once the table is full; RMBs
+// it knows can still be announced again, and a withdrawal makes room.
+func TestPeerRMBLimit(t *testing.T) {
+	p := memPair(t)
+	keep, ks := p.connect(t)
+	mustSMC(t, keep, ks)
+	l := onlyGroup(t, p.cli).primary()
+	announce := func(rkey uint32) (negative bool) {
+		t.Helper()
+		var r llc.ConfirmRkey
+		ask(t, l, &llc.ConfirmRkey{RKey: rkey, Addr: 0x1000}, uint64(rkey), &r)
+		return r.Negative()
+	}
+	known := peerRMBs(t, p.srv) // first contact's
+	for i := range maxPeerRMBs - known {
+		if announce(0x10000 + uint32(i)) {
+			t.Fatalf("announcement %d refused below the limit", i)
+		}
+	}
+	if !announce(0x20000) {
+		t.Fatal("an RMB beyond the limit was accepted")
+	}
+	if announce(0x10000) {
+		t.Fatal("an RMB the server knows was refused when announced again")
+	}
+	if got := peerRMBs(t, p.srv); got != maxPeerRMBs {
+		t.Fatalf("server knows %d peer RMBs, want the limit %d", got, maxPeerRMBs)
+	}
+	if r := withdrawRKey(t, l, 0x10001); r.Negative() {
+		t.Fatal("the withdrawal of a known rkey was answered negative")
+	}
+	if announce(0x20000) {
+		t.Fatal("refused after a withdrawal made room")
+	}
+	echoOK(t, keep, ks)
+	keep.Close()
+	ks.Close()
+}
+
+// ask sends the LLC request m on l, as the peer's end would, and decodes the
+// response registered under key into resp.
+func ask(t *testing.T, l *link, m llc.Message, key uint64, resp interface{ Decode([]byte) error }) {
+	t.Helper()
+	b, err := l.request(context.Background(), pendKey{t: m.Type(), key: key}, m, 5*time.Second)
+	if err == nil {
+		err = resp.Decode(b[:])
+	}
+	if err != nil {
+		t.Fatalf("%v request: %v", m.Type(), err)
+	}
+}
+
+// withdrawRKey sends DELETE_RKEY for rkey on l and returns the response.
+func withdrawRKey(t *testing.T, l *link, rkey uint32) llc.DeleteRkey {
+	t.Helper()
+	m := &llc.DeleteRkey{Count: 1}
+	m.RKeys[0] = rkey
+	var r llc.DeleteRkey
+	ask(t, l, m, uint64(rkey), &r)
+	return r
 }

@@ -264,12 +264,9 @@ func (c *Conn) freeResources() {
 	if c.token != 0 {
 		c.e.freeToken(c.token)
 	}
-	if c.lg != nil && c.peerKey.rkey != 0 {
-		c.lg.delPeerRKey(c.peerKey.link, c.peerKey.rkey, c.peerToks)
-	}
-	// No DELETE_RKEY for our RMB: the peer forgets our rkey when it releases its
-	// end, which keeps LLC traffic per connection bounded (one CONFIRM_RKEY each
-	// way). An RMB kept for reuse is announced again by its next connection.
+	// The peer's RMB stays known: the peer may pool it and give it to a next
+	// connection without announcing it again, and withdraws it with DELETE_RKEY
+	// when it frees it (as ours, releaseBuffers).
 	kept := c.releaseBuffers()
 	c.e.unreserve(c.memHeld - kept)
 	c.memHeld = 0
@@ -343,6 +340,7 @@ func (c *Conn) allocRMB() (DeclineCode, error) {
 	size := c.e.settings().RMBSize
 	if b := c.takePooled(true, uint64(size)); b != nil {
 		c.adopt(b)
+		c.rmbPooled = true
 		c.e.st.rxReuses.Add(1)
 	} else {
 		if !c.e.reserveOrTrim(int64(size)) {
@@ -424,10 +422,10 @@ func (c *Conn) setPeer(li *clc.LinkInfo) (DeclineCode, error) {
 
 // setPeerKey records the peer's RMB from its Accept/Confirm.
 func (c *Conn) setPeerKey(li *clc.LinkInfo) {
-	toks := c.lg.peerRTokensOf(c.lnk.num, li.RKey, li.RMBAddr)
+	c.lg.notePeerRMB(c.lnk.num, li.RKey, li.RMBAddr)
 	c.mu.Lock()
 	c.peerSize = uint64(clc.RMBESize(li.SizeCode))
 	c.peerToken, c.peerRKey, c.peerAddr = li.AlertToken, li.RKey, li.RMBAddr
-	c.peerKey, c.peerToks = rkeyOn{c.lnk.num, li.RKey}, toks
+	c.peerKey = rkeyOn{c.lnk.num, li.RKey}
 	c.mu.Unlock()
 }

@@ -141,10 +141,10 @@ type Conn struct {
 	rmbOn, sndOn [maxLinkNum + 1]verbs.MR
 	regLink      [maxLinkNum + 1]*link // whose PD holds rmbOn[n] and sndOn[n]
 	peerKey      rkeyOn
-	peerToks     *peerRTokens // the link group's entry for the peer's RMB
 	// rkeyAnnounced is closed when the peer answered our RMB's CONFIRM_RKEY
 	// (nil: none sent); until then the RMB is not pooled (bufpool.go).
 	rkeyAnnounced <-chan struct{}
+	rmbPooled     bool                         // the RMB came from the pool: the peer knows it (announceRMB)
 	wrOutOn       [maxLinkNum + 1]atomic.Int32 // wrOut by link number
 	txAcked       atomic.Uint64                // producer cursor of our last CDC that completed
 	seqAcked      atomic.Uint32                // sequence number of our last CDC that completed

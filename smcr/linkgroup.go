@@ -54,12 +54,12 @@ type linkGroup struct {
 	conns     map[uint32]*Conn // by our alert token
 	reserved  int              // connections on it or setting up
 	links     []*link
-	rr        int                     // round robin over the links for new connections
-	peerRMBs  map[rkeyOn]*peerRTokens // the peer's RMBs we know over LLC, by rkey on each link
-	rkeyAdded chan struct{}           // closed and replaced whenever peerRMBs grows
-	pool      []*pooledBuf            // released connections' buffers (bufpool.go)
-	usedNums  uint16                  // link numbers used so far: bit n for number n
-	readding  bool                    // a readdLink loop runs
+	rr        int           // round robin over the links for new connections
+	peerRMBs  peerRMBTable  // the peer's RMBs we were told of, by rkey on each link
+	rkeyAdded chan struct{} // closed and replaced whenever peerRMBs grows
+	pool      []*pooledBuf  // released connections' buffers (bufpool.go)
+	usedNums  uint16        // link numbers used so far: bit n for number n
+	readding  bool          // a readdLink loop runs
 	idle      Timer
 	dead      bool
 	deadErr   error
@@ -80,6 +80,53 @@ type rtoken struct {
 
 // peerRTokens are one peer RMB's rtokens, indexed by link number.
 type peerRTokens [maxLinkNum + 1]rtoken
+
+// maxPeerRMBs bounds the peer RMBs a link group knows. A peer of ours holds at
+// most maxConnsPerLGR in use and maxPooled pooled (Linux: 255 in all), and
+// withdraws the others with DELETE_RKEY; twice that leaves room for
+// withdrawals on their way, and a peer that announces more is refused.
+const maxPeerRMBs = 2 * (maxConnsPerLGR + maxPooled)
+
+// peerRMBTable holds the peer's RMBs, each under its rkey on every link it was
+// announced on (a failed link's key stays: its connections look their RMB up by
+// it when they move), and counts the RMBs so that a peer cannot make it grow
+// without bound.
+type peerRMBTable struct {
+	byKey map[rkeyOn]*peerRTokens
+	keys  map[*peerRTokens]int // the keys naming each RMB
+}
+
+func newPeerRMBTable() peerRMBTable {
+	return peerRMBTable{byKey: map[rkeyOn]*peerRTokens{}, keys: map[*peerRTokens]int{}}
+}
+
+func (t *peerRMBTable) get(k rkeyOn) *peerRTokens { return t.byKey[k] }
+
+// rmbs counts the RMBs named by some key.
+func (t *peerRMBTable) rmbs() int { return len(t.keys) }
+
+func (t *peerRMBTable) set(k rkeyOn, e *peerRTokens) {
+	if old := t.byKey[k]; old == e {
+		return
+	} else if old != nil {
+		t.unref(old)
+	}
+	t.byKey[k] = e
+	t.keys[e]++
+}
+
+func (t *peerRMBTable) del(k rkeyOn) {
+	if old := t.byKey[k]; old != nil {
+		delete(t.byKey, k)
+		t.unref(old)
+	}
+}
+
+func (t *peerRMBTable) unref(e *peerRTokens) {
+	if t.keys[e]--; t.keys[e] <= 0 {
+		delete(t.keys, e)
+	}
+}
 
 // LinkGroupInfo describes a link group for smcrctl.
 type LinkGroupInfo struct {
@@ -158,7 +205,7 @@ func (e *Engine) newLinkGroup(key lgKey, di int) (*linkGroup, error) {
 	}
 	e.lgSeq++
 	lg := &linkGroup{e: e, id: e.lgSeq, key: key, dev: di, ready: make(chan struct{}),
-		conns: map[uint32]*Conn{}, peerRMBs: map[rkeyOn]*peerRTokens{}, rkeyAdded: make(chan struct{}),
+		conns: map[uint32]*Conn{}, peerRMBs: newPeerRMBTable(), rkeyAdded: make(chan struct{}),
 		addCont: make(chan llc.AddLinkCont, maxConnsPerLGR), usedNums: 1 << 1}
 	e.mu.Unlock()
 	l, err := newLink(lg, e.cfg.Devices[di], 1)
@@ -394,13 +441,17 @@ func (lg *linkGroup) conn(token uint32) *Conn {
 }
 
 // addPeerRKey records a peer RMB known by rkey on link num and its rtokens on other
-// links. ADD_LINK_CONT merges into the entry (every rkey names the same set);
-// CONFIRM_RKEY (fresh) starts a new one: the peer may announce an RMB it reuses
-// while the connection that used it before is still being released here, and
-// that release must not take the new entry with it (delPeerRKey).
-func (lg *linkGroup) addPeerRKey(fresh bool, num uint8, rkey uint32, addr uint64, others ...llc.RToken) {
+// links, and reports whether it could. ADD_LINK_CONT merges into the entry (every
+// rkey names the same set); CONFIRM_RKEY (fresh) starts a new one, for an RMB
+// the peer announces anew (registered on a link since). An RMB the table does
+// not hold already is refused once it holds maxPeerRMBs.
+func (lg *linkGroup) addPeerRKey(fresh bool, num uint8, rkey uint32, addr uint64, others ...llc.RToken) bool {
 	lg.mu.Lock()
-	t := lg.peerRMBs[rkeyOn{num, rkey}]
+	defer lg.mu.Unlock()
+	t := lg.peerRMBs.get(rkeyOn{num, rkey})
+	if t == nil && lg.peerRMBs.rmbs() >= maxPeerRMBs {
+		return false
+	}
 	if t == nil || fresh {
 		t = new(peerRTokens)
 	}
@@ -414,48 +465,49 @@ func (lg *linkGroup) addPeerRKey(fresh bool, num uint8, rkey uint32, addr uint64
 	}
 	for n, tok := range t {
 		if tok.ok {
-			lg.peerRMBs[rkeyOn{uint8(n), tok.rkey}] = t
+			lg.peerRMBs.set(rkeyOn{uint8(n), tok.rkey}, t)
 		}
 	}
 	close(lg.rkeyAdded)
 	lg.rkeyAdded = make(chan struct{})
-	lg.mu.Unlock()
+	return true
 }
 
-// delPeerRKey forgets a peer RMB under all its rkeys: the entry of only when
-// given (a connection's own, peerRTokensOf), any entry when nil (DELETE_RKEY).
-func (lg *linkGroup) delPeerRKey(num uint8, rkey uint32, only *peerRTokens) {
+// delPeerRKey forgets the peer RMB known as rkey on link num under all its rkeys
+// (DELETE_RKEY), and reports whether it knew it.
+func (lg *linkGroup) delPeerRKey(num uint8, rkey uint32) bool {
 	lg.mu.Lock()
-	if t := lg.peerRMBs[rkeyOn{num, rkey}]; t != nil && (only == nil || t == only) {
-		for n, tok := range t {
-			if tok.ok && lg.peerRMBs[rkeyOn{uint8(n), tok.rkey}] == t {
-				delete(lg.peerRMBs, rkeyOn{uint8(n), tok.rkey})
-			}
+	defer lg.mu.Unlock()
+	t := lg.peerRMBs.get(rkeyOn{num, rkey})
+	if t == nil {
+		return false
+	}
+	for n, tok := range t {
+		if k := (rkeyOn{uint8(n), tok.rkey}); tok.ok && lg.peerRMBs.get(k) == t {
+			lg.peerRMBs.del(k)
 		}
 	}
-	lg.mu.Unlock()
+	return true
 }
 
-// peerRTokensOf returns the entry of the peer RMB known as rkey on link num,
-// creating one for an RMB no CONFIRM_RKEY announced (first contact's).
-func (lg *linkGroup) peerRTokensOf(num uint8, rkey uint32, addr uint64) *peerRTokens {
+// notePeerRMB records the peer RMB a CLC message names, which no CONFIRM_RKEY
+// announced when it is first contact's.
+func (lg *linkGroup) notePeerRMB(num uint8, rkey uint32, addr uint64) {
 	lg.mu.Lock()
 	defer lg.mu.Unlock()
 	k := rkeyOn{num, rkey}
-	t := lg.peerRMBs[k]
-	if t == nil && int(num) < len(t) {
+	if t := lg.peerRMBs.get(k); t == nil && int(num) < len(t) {
 		t = new(peerRTokens)
 		t[num] = rtoken{rkey: rkey, addr: addr, ok: true}
-		lg.peerRMBs[k] = t
+		lg.peerRMBs.set(k, t)
 	}
-	return t
 }
 
 // peerToken returns the rtoken on link to of the peer RMB known as rkey on link from.
 func (lg *linkGroup) peerToken(from uint8, rkey uint32, to uint8) (rtoken, bool) {
 	lg.mu.RLock()
 	defer lg.mu.RUnlock()
-	t := lg.peerRMBs[rkeyOn{from, rkey}]
+	t := lg.peerRMBs.get(rkeyOn{from, rkey})
 	if t == nil || int(to) >= len(t) || !t[to].ok {
 		return rtoken{}, false
 	}
@@ -470,7 +522,7 @@ func (lg *linkGroup) waitPeerRKey(ctx context.Context, num uint8, rkey uint32) b
 	defer t.Stop()
 	for {
 		lg.mu.RLock()
-		known, ch, dead := lg.peerRMBs[rkeyOn{num, rkey}] != nil, lg.rkeyAdded, lg.dead
+		known, ch, dead := lg.peerRMBs.get(rkeyOn{num, rkey}) != nil, lg.rkeyAdded, lg.dead
 		lg.mu.RUnlock()
 		if known {
 			return true

@@ -390,11 +390,28 @@ func (l *link) earlyLLC(b []byte) bool {
 			return false
 		}
 		if !r.Response() {
-			l.lg.addPeerRKey(true, l.num, r.RKey, r.Addr, r.Entries()...)
-			r.Flags |= llc.FlagResponse
+			l.answerConfirmRkey(&r)
 			return l.tryRespond(&r)
 		}
 		if !l.deliver(pendKey{t: llc.TypeConfirmRkey, key: uint64(r.RKey)}, b) {
+			l.lg.e.log.Debug("smcr: unexpected llc response", "lg", l.lg.id, "type", r.Type())
+		}
+		return true
+	case llc.TypeDeleteRkey:
+		// Here too, so that a withdrawal and a later CONFIRM_RKEY of the same
+		// rkey (a device may hand it out again) take effect in their order.
+		var r llc.DeleteRkey
+		if r.Decode(b) != nil {
+			return false
+		}
+		if !r.Response() {
+			l.answerDeleteRkey(&r)
+			if !l.tryRespond(&r) {
+				go l.sendLLC(&r)
+			}
+			return true
+		}
+		if !l.deliver(pendKey{t: llc.TypeDeleteRkey, key: uint64(r.RKeys[0])}, b) {
 			l.lg.e.log.Debug("smcr: unexpected llc response", "lg", l.lg.id, "type", r.Type())
 		}
 		return true
@@ -759,6 +776,23 @@ func (l *link) announceRKey(mr verbs.MR, others ...llc.RToken) (done <-chan stru
 	return answered, nil
 }
 
+// deleteRKey withdraws our RMB known as rkey on l from the peer (DELETE_RKEY).
+func (l *link) deleteRKey(rkey uint32) {
+	m := &llc.DeleteRkey{Count: 1}
+	m.RKeys[0] = rkey
+	b, err := l.request(l.ctx, pendKey{t: llc.TypeDeleteRkey, key: uint64(rkey)}, m, l.lg.e.cfg.LLCTimeout)
+	var r llc.DeleteRkey
+	if err == nil {
+		err = r.Decode(b[:])
+	}
+	switch {
+	case err != nil:
+		l.lg.e.log.Debug("smcr: delete rkey", "lg", l.lg.id, "link", l.num, "rkey", rkey, "err", err)
+	case r.Negative():
+		l.lg.e.log.Debug("smcr: delete rkey: the peer did not know it", "lg", l.lg.id, "link", l.num, "rkey", rkey)
+	}
+}
+
 func (l *link) testLink() {
 	l.pmu.Lock()
 	l.testSeq++
@@ -801,6 +835,29 @@ func (l *link) sendDeleteLink() {
 	}
 }
 
+// answerConfirmRkey records the RMB a CONFIRM_RKEY request announces and turns
+// the request into its response: negative when the group knows too many.
+func (l *link) answerConfirmRkey(r *llc.ConfirmRkey) {
+	if !l.lg.addPeerRKey(true, l.num, r.RKey, r.Addr, r.Entries()...) {
+		l.lg.e.st.protoErrors.Add(1)
+		l.lg.e.log.Debug("smcr: peer announced more RMBs than a link group holds; refused", "lg", l.lg.id, "max", maxPeerRMBs)
+		r.Flags |= llc.FlagRkeyNegative
+	}
+	r.Flags |= llc.FlagResponse
+}
+
+// answerDeleteRkey forgets the peer RMBs a DELETE_RKEY request withdraws and
+// turns the request into its response, flagging the rkeys we did not know.
+func (l *link) answerDeleteRkey(r *llc.DeleteRkey) {
+	for i, k := range r.Entries() {
+		if !l.lg.delPeerRKey(l.num, k) {
+			r.SetFailed(i)
+			r.Flags |= llc.FlagRkeyNegative
+		}
+	}
+	r.Flags |= llc.FlagResponse
+}
+
 // handleLLC runs in the worker: requests are answered, responses delivered.
 func (l *link) handleLLC(b []byte) {
 	lg := l.lg
@@ -838,14 +895,7 @@ func (l *link) handleLLC(b []byte) {
 		default:
 		}
 	case *llc.ConfirmRkey:
-		lg.addPeerRKey(true, l.num, r.RKey, r.Addr, r.Entries()...)
-		r.Flags |= llc.FlagResponse
-		l.sendLLC(r)
-	case *llc.DeleteRkey:
-		for _, k := range r.Entries() {
-			lg.delPeerRKey(l.num, k, nil)
-		}
-		r.Flags |= llc.FlagResponse
+		l.answerConfirmRkey(r)
 		l.sendLLC(r)
 	case *llc.TestLink:
 		r.Flags |= llc.FlagResponse

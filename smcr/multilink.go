@@ -466,7 +466,10 @@ func (c *Conn) registerSnd(l *link) error {
 }
 
 // announceRMB registers a new connection's RMB on the group's other links and
-// sends CONFIRM_RKEY on its own link with those rkeys too.
+// sends CONFIRM_RKEY on its own link with those rkeys too. A pooled RMB
+// registered on every live link is known to the peer under all its rkeys
+// already (it keeps an RMB until our DELETE_RKEY): it goes unannounced, as
+// Linux's is_conf_rkey, and its connection's setup takes no LLC round trip.
 func (c *Conn) announceRMB() error {
 	lg := c.lg
 	lg.flow.RLock()
@@ -474,6 +477,9 @@ func (c *Conn) announceRMB() error {
 	lg.mu.RLock()
 	links := slices.Clone(lg.links)
 	lg.mu.RUnlock()
+	if c.rmbPooled && c.rmbOnEvery(links) {
+		return nil
+	}
 	var others []llc.RToken
 	for _, l := range links {
 		if l == c.lnk || l.down.Load() || len(others) == llc.ConfirmRkeyOthers {
@@ -492,6 +498,18 @@ func (c *Conn) announceRMB() error {
 	c.rkeyAnnounced = done
 	c.mu.Unlock()
 	return err
+}
+
+// rmbOnEvery reports whether c's RMB is registered on every live link of links.
+func (c *Conn) rmbOnEvery(links []*link) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, l := range links {
+		if !l.down.Load() && c.rmbOn[l.num] == nil {
+			return false
+		}
+	}
+	return true
 }
 
 // cdcDone records that a CDC numbered seq announcing prod completed, and whether

@@ -491,3 +491,58 @@ func TestSecondLinkPortDown(t *testing.T) {
 	c.Close()
 	s.Close()
 }
+
+// TestReusedRMBFailsOver: connections that got pooled RMBs, announced by the
+// connections before them with their rkeys on both links and not again, move
+// to the other link when theirs fails: the peer's entry for each RMB, kept
+// since, names it there. Every byte arrives once.
+func TestReusedRMBFailsOver(t *testing.T) {
+	c1, c2, s1, s2 := fourDevices(t)
+	cfg := func(d ...verbs.Device) Config { return Config{Devices: d, RMBSize: 32 << 10} }
+	p := newPair(t, cfg(c1, c2), cfg(s1, s2))
+	keep, ks := p.connect(t)
+	mustSMC(t, keep, ks)
+	eventually(t, "two links on both ends", func() bool { return twoLinks(p.cli) && twoLinks(p.srv) })
+	const n = 6
+	var before [][2]*Conn
+	for range n {
+		c, s := p.connect(t)
+		mustSMC(t, c, s)
+		before = append(before, [2]*Conn{c, s})
+	}
+	for _, cs := range before {
+		cs[0].Close()
+		cs[1].Close()
+	}
+	eventually(t, "buffers pooled", func() bool {
+		const all = n * 2 * 32 << 10 // an RMB and a send buffer each
+		return p.cli.Stats().MemoryPooled == all && p.srv.Stats().MemoryPooled == all
+	})
+	var conns [][2]*Conn
+	unannounced := [2]int{}
+	for range n {
+		c, s := p.connect(t)
+		mustSMC(t, c, s)
+		conns = append(conns, [2]*Conn{c, s})
+		for i, x := range []*Conn{c, s} {
+			if x.rmbPooled && x.rkeyAnnounced == nil {
+				unannounced[i]++
+			}
+		}
+	}
+	if unannounced[0] == 0 || unannounced[1] == 0 {
+		t.Fatalf("connections on unannounced pooled RMBs (client, server) %v: want some on each end", unannounced)
+	}
+	streamPairs(t, conns, 2<<20, 500, func() {
+		eventually(t, "streams under way", func() bool { return p.cli.Stats().RxBytes > 1<<20 })
+		s1.Fail()
+		eventually(t, "one link left", func() bool { return oneLink(p.cli) && oneLink(p.srv) })
+	})
+	if n := p.cli.Stats().Continued + p.srv.Stats().Continued; n != 0 {
+		t.Errorf("%d connections continued over tcp with a link left", n)
+	}
+	if p.cli.Stats().MovedConns == 0 || p.srv.Stats().MovedConns == 0 {
+		t.Error("no connection moved")
+	}
+	p.closeAll(t, append(conns, [2]*Conn{keep, ks}))
+}
