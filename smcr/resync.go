@@ -139,11 +139,13 @@ func (c *Conn) declinedAfterConfirm(head []byte) {
 // (then EOF). Otherwise it fails now rather than at its timeout.
 func (c *Conn) tcpEnded(err error) {
 	c.mu.Lock()
-	r := resyncResult{err: fmt.Errorf("tcp ended without a resync: %w", err)}
+	var r resyncResult
 	// (Our application closed: whatever the peer still had for it would be
 	// dropped, so only what we owe the peer matters.)
 	if (c.peerClosed || c.appClosed) && !c.peerAbort && c.txCons == c.txProd {
 		r = resyncResult{r: resync{flags: 0xc0, received: c.txProd}}
+	} else {
+		r = resyncResult{err: fmt.Errorf("tcp ended without a resync: %w", err)}
 	}
 	c.mu.Unlock()
 	select {
