@@ -124,6 +124,15 @@ var attributes = []attribute{
 		get: func(c *Config) string { return formatDuration(c.CLCTimeout) },
 	},
 	{
+		name: "read_spin", def: "20us",
+		desc: "how long a read waiting for bytes polls its link before it sleeps, at most (adaptive below it; 0: never, always sleep)",
+		set: func(c *Config, v string) (err error) {
+			c.ReadSpin, err = parseDuration(v, 0, time.Millisecond)
+			return
+		},
+		get: func(c *Config) string { return formatDuration(c.ReadSpin) },
+	},
+	{
 		name: "cgroup", def: "",
 		desc: "cgroup v2 path (relative to its mount) whose programs are accelerated; empty: all",
 		set: func(c *Config, v string) error {
@@ -280,7 +289,7 @@ func formatDuration(d time.Duration) string {
 	if strings.HasSuffix(s, "h0m") {
 		s = strings.TrimSuffix(s, "0m")
 	}
-	return s
+	return strings.Replace(s, "µs", "us", 1) // ASCII in files, as people type it
 }
 
 func oneOf(v string, allowed ...string) (string, error) {

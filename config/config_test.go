@@ -60,6 +60,8 @@ func TestParseErrors(t *testing.T) {
 		{"providers = rdma,infiniband", `providers: provider "infiniband" is not one of rdma, shm, soft`},
 		{"providers =", `no provider given`},
 		{"peer_cache_ttl = soon", `"soon" is not a duration`},
+		{"read_spin = 2ms", `read_spin: 2ms is out of range 0s-1ms`},
+		{"read_spin = -1us", `read_spin: -1us is out of range 0s-1ms`},
 		{"enabled = maybe", `enabled: "maybe" is not yes or no`},
 		{"colour = blue", `line 1: colour: unknown attribute`},
 		{"just words", `line 1: "just words" is not of the form attribute = value`},
@@ -132,7 +134,7 @@ func TestSetIsAllOrNothing(t *testing.T) {
 
 func TestFormatRoundTrip(t *testing.T) {
 	c, err := Default().Set("enabled=no", "port_range_list=1-20,23,50", "ip_addr_list=eth1", "providers=soft,shm",
-		"peer_cache_ttl=1h30m", "clc_timeout=250ms", "rdma_devices=eth1=mlx5_0/2, veth0=rxe0", "metrics_address=", "log_format=json", "cgroup=/smcr/apps/")
+		"peer_cache_ttl=1h30m", "clc_timeout=250ms", "read_spin=0", "rdma_devices=eth1=mlx5_0/2, veth0=rxe0", "metrics_address=", "log_format=json", "cgroup=/smcr/apps/")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -167,6 +167,7 @@ func New(opts Options) (*Daemon, error) {
 		RMBSize:     cfg.RMBSize,
 		SendBufSize: cfg.SendBufSize,
 		CLCTimeout:  cfg.CLCTimeout,
+		ReadSpin:    readSpin(cfg.ReadSpin),
 		Logger:      d.log,
 	})
 	if err != nil {
@@ -417,4 +418,13 @@ func inCgroup(cgroup string, log *slog.Logger) {
 				"smcrd_cgroup", self, "cgroup", cgroup)
 		}
 	}
+}
+
+// readSpin is the engine's ReadSpin for the read_spin attribute, whose 0 means
+// off (the engine's 0 is its default).
+func readSpin(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }

@@ -32,6 +32,7 @@ var atRestart = map[string]string{
 	"metrics_address": "the metrics listener is opened at start",
 	"log_level":       "the logger is made at start",
 	"log_format":      "the logger is made at start",
+	"read_spin":       "the engine is made at start",
 }
 
 // noEffect are attributes this engine accepts but does not use, with why.

@@ -121,3 +121,13 @@ func TestPersistWithoutFile(t *testing.T) {
 		t.Fatalf("disable -P without a file: %v", err)
 	}
 }
+
+// TestReadSpin: read_spin's 0 turns the engine's busy poll off (the engine's own
+// 0 would mean its default); other values pass through.
+func TestReadSpin(t *testing.T) {
+	for _, c := range []struct{ attr, want time.Duration }{{0, -1}, {5 * time.Microsecond, 5 * time.Microsecond}, {time.Millisecond, time.Millisecond}} {
+		if got := readSpin(c.attr); got != c.want {
+			t.Errorf("readSpin(%v) = %v, want %v", c.attr, got, c.want)
+		}
+	}
+}
