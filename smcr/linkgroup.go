@@ -442,35 +442,55 @@ func (lg *linkGroup) conn(token uint32) *Conn {
 
 // addPeerRKey records a peer RMB known by rkey on link num and its rtokens on other
 // links, and reports whether it could. ADD_LINK_CONT merges into the entry (every
-// rkey names the same set); CONFIRM_RKEY (fresh) starts a new one, for an RMB
-// the peer announces anew (registered on a link since). An RMB the table does
-// not hold already is refused once it holds maxPeerRMBs.
+// rkey names the same set); CONFIRM_RKEY (fresh) replaces the entry it names, if
+// any, with a new one: the peer announces an RMB anew once it is registered on a
+// link since, or a new RMB that got a withdrawn one's rkey. Each entry is known
+// under exactly the rkeys it holds, so a peer cannot make the table grow by
+// announcing rkeys again; a new entry is refused once it holds maxPeerRMBs.
 func (lg *linkGroup) addPeerRKey(fresh bool, num uint8, rkey uint32, addr uint64, others ...llc.RToken) bool {
 	lg.mu.Lock()
 	defer lg.mu.Unlock()
 	t := lg.peerRMBs.get(rkeyOn{num, rkey})
-	if t == nil && lg.peerRMBs.rmbs() >= maxPeerRMBs {
-		return false
+	if t != nil && fresh {
+		lg.forgetLocked(t)
+		t = nil
 	}
-	if t == nil || fresh {
+	if t == nil {
+		if lg.peerRMBs.rmbs() >= maxPeerRMBs {
+			return false
+		}
 		t = new(peerRTokens)
 	}
-	if int(num) < len(t) && (!t[num].ok || t[num].rkey != rkey || addr != 0) {
-		t[num] = rtoken{rkey: rkey, addr: addr, ok: true} // ADD_LINK_CONT names no address
+	set := func(n uint8, tok rtoken) {
+		if int(n) >= len(t) {
+			return
+		}
+		if old := t[n]; old.ok && old.rkey != tok.rkey && lg.peerRMBs.get(rkeyOn{n, old.rkey}) == t {
+			lg.peerRMBs.del(rkeyOn{n, old.rkey})
+		}
+		t[n] = tok
+		lg.peerRMBs.set(rkeyOn{n, tok.rkey}, t)
+	}
+	if int(num) < len(t) && (!t[num].ok || addr != 0) {
+		set(num, rtoken{rkey: rkey, addr: addr, ok: true}) // ADD_LINK_CONT names no address
 	}
 	for _, o := range others {
-		if n := uint8(o.Link); n != 0 && int(n) < len(t) {
-			t[n] = rtoken{rkey: o.RKey, addr: o.Addr, ok: true}
-		}
-	}
-	for n, tok := range t {
-		if tok.ok {
-			lg.peerRMBs.set(rkeyOn{uint8(n), tok.rkey}, t)
+		if n := uint8(o.Link); n != 0 {
+			set(n, rtoken{rkey: o.RKey, addr: o.Addr, ok: true})
 		}
 	}
 	close(lg.rkeyAdded)
 	lg.rkeyAdded = make(chan struct{})
 	return true
+}
+
+// forgetLocked removes the keys of entry t. The caller holds lg.mu.
+func (lg *linkGroup) forgetLocked(t *peerRTokens) {
+	for n, tok := range t {
+		if k := (rkeyOn{uint8(n), tok.rkey}); tok.ok && lg.peerRMBs.get(k) == t {
+			lg.peerRMBs.del(k)
+		}
+	}
 }
 
 // delPeerRKey forgets the peer RMB known as rkey on link num under all its rkeys
@@ -482,11 +502,7 @@ func (lg *linkGroup) delPeerRKey(num uint8, rkey uint32) bool {
 	if t == nil {
 		return false
 	}
-	for n, tok := range t {
-		if k := (rkeyOn{uint8(n), tok.rkey}); tok.ok && lg.peerRMBs.get(k) == t {
-			lg.peerRMBs.del(k)
-		}
-	}
+	lg.forgetLocked(t)
 	return true
 }
 

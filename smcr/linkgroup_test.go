@@ -6,10 +6,12 @@ import (
 	"crypto/rand"
 	"errors"
 	"io"
+	"maps"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/smcr-io/smcr/llc"
 	"github.com/smcr-io/smcr/rmb"
 	"github.com/smcr-io/smcr/smcr/clc"
 	"github.com/smcr-io/smcr/smcr/internal/memverbs"
@@ -414,4 +416,58 @@ func TestLateDeclineWritesLand(t *testing.T) {
 	}
 	c.Close()
 	s.Close()
+}
+
+// FuzzPeerRMBs plays a hostile peer's CONFIRM_RKEY, ADD_LINK_CONT and
+// DELETE_RKEY messages, and first contacts' CLC rkeys, against a link group's
+// table of peer RMBs: however they come, it holds at most maxPeerRMBs RMBs,
+// each under exactly the rkeys it holds, and counts them right. Each op is 8
+// bytes: kind, link, rkey (2), other link, other rkey (2), address byte.
+func FuzzPeerRMBs(f *testing.F) {
+	f.Add([]byte{0, 1, 0, 1, 2, 0, 2, 1, 1, 1, 0, 1, 2, 0, 3, 0, 2, 1, 0, 1, 0, 0, 0, 0})
+	f.Add(bytes.Repeat([]byte{0, 1, 0, 1, 2, 0, 9, 1}, 40))
+	f.Add([]byte{3, 1, 0, 7, 0, 0, 0, 0, 0, 1, 0, 7, 2, 0, 8, 1, 2, 2, 0, 8, 0, 0, 0, 0})
+	// One rkey announced again and again, each time with a new rkey on link 2:
+	// every announcement must replace the last, not leave it counted.
+	var again []byte
+	for k := range maxPeerRMBs + 10 {
+		again = append(again, 0, 1, 0, 1, 2, byte(k>>8), byte(k), 0)
+	}
+	f.Add(again)
+	f.Fuzz(func(t *testing.T, ops []byte) {
+		lg := &linkGroup{peerRMBs: newPeerRMBTable(), rkeyAdded: make(chan struct{})}
+		ops = ops[:min(len(ops), 8*4096)]
+		for i := 0; len(ops) >= 8; i++ {
+			op, num, rkey := ops[0]%4, ops[1]%10, uint32(ops[2])<<8|uint32(ops[3])
+			other := llc.RToken{Link: llc.LinkID(ops[4] % 10), RKey: uint32(ops[5])<<8 | uint32(ops[6]), Addr: uint64(ops[7])}
+			ops = ops[8:]
+			switch op {
+			case 0:
+				lg.addPeerRKey(true, num, rkey, uint64(other.Addr)+1, other)
+			case 1:
+				lg.addPeerRKey(false, num, rkey, 0, other)
+			case 2:
+				lg.delPeerRKey(num, rkey)
+			case 3:
+				lg.notePeerRMB(num, rkey, 1)
+			}
+			tab := &lg.peerRMBs
+			if tab.rmbs() > maxPeerRMBs {
+				t.Fatalf("%d peer RMBs, bound %d", tab.rmbs(), maxPeerRMBs)
+			}
+			if i%64 != 0 && len(ops) >= 8 {
+				continue // the whole table at times and at the end: it grows with the ops
+			}
+			refs := map[*peerRTokens]int{}
+			for k, e := range tab.byKey {
+				if int(k.link) >= len(e) || !e[k.link].ok || e[k.link].rkey != k.rkey {
+					t.Fatalf("key %+v names an RMB that does not hold it: %+v", k, *e)
+				}
+				refs[e]++
+			}
+			if !maps.Equal(refs, tab.keys) {
+				t.Fatalf("key counts %v, want %v", tab.keys, refs)
+			}
+		}
+	})
 }
