@@ -379,9 +379,10 @@ func (l *link) onCDC(b []byte) {
 // earlyLLC does in the poller what must not wait behind the worker, whose queue
 // may hold a backlog of answers and control messages, each waiting for a send
 // slot, longer than the peer's timeouts: it takes a peer's new rkey (a connection
-// setup waits for it in waitPeerRKey) and answers CONFIRM_RKEY and TEST_LINK when
-// a response slot is free (else the worker does), and hands over their responses,
-// whose timers fail the link. It reports whether the message is done with.
+// setup waits for it in waitPeerRKey), answers CONFIRM_RKEY, DELETE_RKEY and
+// TEST_LINK when a response slot is free (else the worker does, or for
+// DELETE_RKEY a goroutine), and hands over their responses, whose timers fail
+// the link. It reports whether the message is done with.
 func (l *link) earlyLLC(b []byte) bool {
 	switch llc.Type(b[0]) {
 	case llc.TypeConfirmRkey:
@@ -393,9 +394,7 @@ func (l *link) earlyLLC(b []byte) bool {
 			l.answerConfirmRkey(&r)
 			return l.tryRespond(&r)
 		}
-		if !l.deliver(pendKey{t: llc.TypeConfirmRkey, key: uint64(r.RKey)}, b) {
-			l.lg.e.log.Debug("smcr: unexpected llc response", "lg", l.lg.id, "type", r.Type())
-		}
+		l.deliver(pendKey{t: llc.TypeConfirmRkey, key: uint64(r.RKey)}, b)
 		return true
 	case llc.TypeDeleteRkey:
 		// Here too, so that a withdrawal and a later CONFIRM_RKEY of the same
@@ -411,9 +410,7 @@ func (l *link) earlyLLC(b []byte) bool {
 			}
 			return true
 		}
-		if !l.deliver(pendKey{t: llc.TypeDeleteRkey, key: uint64(r.RKeys[0])}, b) {
-			l.lg.e.log.Debug("smcr: unexpected llc response", "lg", l.lg.id, "type", r.Type())
-		}
+		l.deliver(pendKey{t: llc.TypeDeleteRkey, key: uint64(r.RKeys[0])}, b)
 		return true
 	case llc.TypeTestLink:
 		var r llc.TestLink
@@ -424,9 +421,7 @@ func (l *link) earlyLLC(b []byte) bool {
 			r.Flags |= llc.FlagResponse
 			return l.tryRespond(&r)
 		}
-		if !l.deliver(pendKey{t: llc.TypeTestLink, key: binary.BigEndian.Uint64(r.Data[:])}, b) {
-			l.lg.e.log.Debug("smcr: unexpected llc response", "lg", l.lg.id, "type", r.Type())
-		}
+		l.deliver(pendKey{t: llc.TypeTestLink, key: binary.BigEndian.Uint64(r.Data[:])}, b)
 		return true
 	}
 	return false
@@ -656,16 +651,17 @@ func (l *link) unregister(k pendKey) {
 	l.pmu.Unlock()
 }
 
-func (l *link) deliver(k pendKey, b []byte) bool {
+// deliver hands the response b to the request waiting for it under k, if any.
+func (l *link) deliver(k pendKey, b []byte) {
 	l.pmu.Lock()
 	ch := l.pending[k]
 	delete(l.pending, k)
 	l.pmu.Unlock()
 	if ch == nil {
-		return false
+		l.lg.e.log.Debug("smcr: unexpected llc response", "lg", l.lg.id, "type", k.t)
+		return
 	}
 	ch <- [llc.MsgLen]byte(b)
-	return true
 }
 
 // request sends m and waits for the response registered under k.
@@ -883,9 +879,7 @@ func (l *link) handleLLC(b []byte) {
 		case *llc.TestLink:
 			key = binary.BigEndian.Uint64(r.Data[:])
 		}
-		if !l.deliver(pendKey{t: m.Type(), key: key}, b) {
-			lg.e.log.Debug("smcr: unexpected llc response", "lg", lg.id, "type", m.Type())
-		}
+		l.deliver(pendKey{t: m.Type(), key: key}, b)
 		return
 	}
 	switch r := m.(type) {
