@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"slices"
 	"testing"
 	"time"
 
@@ -222,19 +221,10 @@ func BenchmarkNamespaces(b *testing.B) {
 			}
 			keep.Close()
 			// Medians over the iterations; the ratio is each iteration's own.
-			b.ReportMetric(median(tcp), "tcp-conn/s")
-			b.ReportMetric(median(first), "first-contact-conn/s")
-			b.ReportMetric(median(reuse), "reuse-conn/s")
-			b.ReportMetric(median(ratio), "reuse/tcp")
+			b.ReportMetric(nstest.Median(tcp), "tcp-conn/s")
+			b.ReportMetric(nstest.Median(first), "first-contact-conn/s")
+			b.ReportMetric(nstest.Median(reuse), "reuse-conn/s")
+			b.ReportMetric(nstest.Median(ratio), "reuse/tcp")
 		})
 	}
-}
-
-func median(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	v = slices.Clone(v)
-	slices.Sort(v)
-	return v[len(v)/2]
 }

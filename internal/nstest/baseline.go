@@ -112,6 +112,17 @@ func PingPong(c io.ReadWriter, msg, n int) ([]time.Duration, error) {
 	return rtts, nil
 }
 
+// Median returns the median of v (the upper one of an even count), 0 for none;
+// v is left as it is.
+func Median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
 // Percentile returns the p-th percentile (0..100) of d, nearest rank; d is sorted in place.
 func Percentile(d []time.Duration, p float64) time.Duration {
 	if len(d) == 0 {

@@ -7,21 +7,13 @@ package e2e
 
 import (
 	"fmt"
-	"slices"
 	"testing"
 	"time"
+
+	"github.com/smcr-io/smcr/internal/nstest"
 )
 
 const benchBytes = 256 << 20
-
-func median(v []float64) float64 {
-	s := slices.Clone(v)
-	slices.Sort(s)
-	if len(s) == 0 {
-		return 0
-	}
-	return s[len(s)/2]
-}
 
 // relayChain starts testapp relays on both hosts, shaped like smcrd's relay and
 // outside port_range_list: the client connects to A's on loopback, which carries
@@ -73,11 +65,11 @@ func BenchmarkThroughput(b *testing.B) {
 	if st := a.stats(); st.Connections.SMCR != uint64(len(smc)) {
 		b.Fatalf("not every smcrd run went SMC-R: %+v", st.Connections)
 	}
-	b.ReportMetric(median(smc), "smcr-MB/s")
-	b.ReportMetric(median(tcp), "tcp-MB/s")
-	b.ReportMetric(median(rel), "relay-MB/s")
-	b.ReportMetric(median(smc)/median(tcp), "ratio")
-	b.ReportMetric(median(smc)/median(rel), "ratio-relay")
+	b.ReportMetric(nstest.Median(smc), "smcr-MB/s")
+	b.ReportMetric(nstest.Median(tcp), "tcp-MB/s")
+	b.ReportMetric(nstest.Median(rel), "relay-MB/s")
+	b.ReportMetric(nstest.Median(smc)/nstest.Median(tcp), "ratio")
+	b.ReportMetric(nstest.Median(smc)/nstest.Median(rel), "ratio-relay")
 }
 
 // BenchmarkLatency64: 64-byte request/response, 2000 round trips per run.
@@ -99,12 +91,12 @@ func BenchmarkLatency64(b *testing.B) {
 			*run.p50, *run.p99 = append(*run.p50, r.P50us), append(*run.p99, r.P99us)
 		}
 	}
-	b.ReportMetric(median(smc50), "smcr-p50-us")
-	b.ReportMetric(median(smc99), "smcr-p99-us")
-	b.ReportMetric(median(tcp50), "tcp-p50-us")
-	b.ReportMetric(median(tcp99), "tcp-p99-us")
-	b.ReportMetric(median(rel50), "relay-p50-us")
-	b.ReportMetric(median(rel99), "relay-p99-us")
+	b.ReportMetric(nstest.Median(smc50), "smcr-p50-us")
+	b.ReportMetric(nstest.Median(smc99), "smcr-p99-us")
+	b.ReportMetric(nstest.Median(tcp50), "tcp-p50-us")
+	b.ReportMetric(nstest.Median(tcp99), "tcp-p99-us")
+	b.ReportMetric(nstest.Median(rel50), "relay-p50-us")
+	b.ReportMetric(nstest.Median(rel99), "relay-p99-us")
 }
 
 // BenchmarkFallback: the server host has no smcrd, so the client's smcrd carries
@@ -133,7 +125,7 @@ func BenchmarkFallback(b *testing.B) {
 	if st := a.stats(); st.Connections.Fallback != uint64(len(fb)) {
 		b.Fatalf("not every run took the fallback path: %+v", st.Connections)
 	}
-	b.ReportMetric(median(fb), "fallback-MB/s")
-	b.ReportMetric(median(tcp), "tcp-MB/s")
-	b.ReportMetric(median(fb)/median(tcp), "ratio")
+	b.ReportMetric(nstest.Median(fb), "fallback-MB/s")
+	b.ReportMetric(nstest.Median(tcp), "tcp-MB/s")
+	b.ReportMetric(nstest.Median(fb)/nstest.Median(tcp), "ratio")
 }
