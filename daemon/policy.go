@@ -21,7 +21,8 @@ import (
 // atRestart are the attributes read only when smcrd starts, with why: a change is
 // kept (and persisted when asked) but applies when smcrd restarts. The others
 // apply to new connections at once: the policy ones through the programs' maps,
-// max_memory, rmb_size and clc_timeout through the engine's setters, and
+// max_memory, rmb_size, clc_timeout and read_spin through the engine's setters
+// (read_spin to every Read from then on), and
 // peer_cache_ttl when the next peer is cached.
 var atRestart = map[string]string{
 	"providers":       "the RDMA devices are opened at start",
@@ -32,7 +33,6 @@ var atRestart = map[string]string{
 	"metrics_address": "the metrics listener is opened at start",
 	"log_level":       "the logger is made at start",
 	"log_format":      "the logger is made at start",
-	"read_spin":       "the engine is made at start",
 }
 
 // noEffect are attributes this engine accepts but does not use, with why.
@@ -137,6 +137,7 @@ type engine interface {
 	SetMaxMemory(int64) error
 	SetRMBSize(int) error
 	SetCLCTimeout(time.Duration) error
+	SetReadSpin(time.Duration) error
 }
 
 // applyEngine hands the engine the attributes that changed from old to n and
@@ -157,6 +158,11 @@ func applyEngine(e engine, old, n config.Config) error {
 			return fmt.Errorf("clc_timeout: %w", err)
 		}
 	}
+	if n.ReadSpin != old.ReadSpin {
+		if err := e.SetReadSpin(readSpin(n.ReadSpin)); err != nil {
+			return fmt.Errorf("read_spin: %w", err)
+		}
+	}
 	return nil
 }
 
@@ -165,6 +171,7 @@ func restoreEngine(e engine, s smcr.Settings) {
 	e.SetMaxMemory(s.MaxMemory)
 	e.SetRMBSize(s.RMBSize)
 	e.SetCLCTimeout(s.CLCTimeout)
+	e.SetReadSpin(s.ReadSpin)
 }
 
 // changes lists the attributes whose value differs from old to n, and a note for

@@ -51,7 +51,8 @@ type Config struct {
 	// link's completions itself before it sleeps (Linux's busy_read): the
 	// bytes then need no hand-off from the link's poller, which halves a small
 	// message's latency. Each connection adapts its spin below this to how
-	// soon its bytes come. Default 20 µs; negative disables it.
+	// soon its bytes come. Default 20 µs; negative disables it;
+	// Engine.SetReadSpin changes it at run time.
 	ReadSpin time.Duration
 	// PeerID is this endpoint's 8-byte peer ID; zero means 2 random bytes plus the
 	// MAC of the first device.
@@ -132,9 +133,7 @@ func (c *Config) withDefaults() (Config, error) {
 	if out.CloseTimeout <= 0 {
 		out.CloseTimeout = 30 * time.Second
 	}
-	if out.ReadSpin == 0 {
-		out.ReadSpin = 20 * time.Microsecond
-	}
+	out.ReadSpin = readSpin(out.ReadSpin)
 	if out.Clock == nil {
 		out.Clock = realClock{}
 	}
@@ -177,3 +176,11 @@ func sizeCode(n int) uint8 {
 }
 
 func sizeFromCode(c uint8) int { return minRMB << c }
+
+// readSpin applies ReadSpin's default.
+func readSpin(d time.Duration) time.Duration {
+	if d == 0 {
+		return 20 * time.Microsecond
+	}
+	return d
+}

@@ -66,7 +66,7 @@ func NewEngine(cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{cfg: c, log: c.Logger, peerID: c.PeerID, conns: map[uint64]*Conn{}, tokens: map[uint32]*Conn{}}
-	e.set.Store(&Settings{MaxMemory: c.MaxMemory, RMBSize: c.RMBSize, CLCTimeout: c.CLCTimeout})
+	e.set.Store(&Settings{MaxMemory: c.MaxMemory, RMBSize: c.RMBSize, CLCTimeout: c.CLCTimeout, ReadSpin: c.ReadSpin})
 	if e.peerID == (clc.PeerID{}) {
 		rand.Read(e.peerID[:2])
 		if len(c.Devices) > 0 {
@@ -288,6 +288,7 @@ type Settings struct {
 	MaxMemory  int64         // Config.MaxMemory: bytes of buffers at once, 0 unlimited
 	RMBSize    int           // Config.RMBSize, rounded up to a power of two
 	CLCTimeout time.Duration // Config.CLCTimeout
+	ReadSpin   time.Duration // Config.ReadSpin; negative: off
 }
 
 // Settings returns the settings in effect.
@@ -339,6 +340,15 @@ func (e *Engine) SetCLCTimeout(d time.Duration) error {
 	d = clcTimeout(d)
 	e.update(func(s *Settings) { s.CLCTimeout = d })
 	e.log.Info("smcr: clc timeout set", "timeout", d)
+	return nil
+}
+
+// SetReadSpin changes, for Reads from now on, how long a Read waiting for bytes
+// drives its link at most (Config.ReadSpin: 0 the default, negative off).
+func (e *Engine) SetReadSpin(d time.Duration) error {
+	d = readSpin(d)
+	e.update(func(s *Settings) { s.ReadSpin = d })
+	e.log.Info("smcr: read spin set", "spin", d)
 	return nil
 }
 

@@ -33,13 +33,14 @@ func (c *Conn) drive(l *link) bool {
 		return false
 	}
 	defer l.leaveDriving()
-	budget := c.spin
-	if c.drives%32 == 0 || budget == 0 {
-		budget = c.e.cfg.ReadSpin
+	bound := c.e.settings().ReadSpin
+	budget := min(c.spin, bound)
+	if c.drives%32 == 0 || budget <= 0 {
+		budget = bound
 	}
 	c.drives++
 	if c.driveFor(l, budget) {
-		c.spin = min(2*budget, c.e.cfg.ReadSpin)
+		c.spin = min(2*budget, bound)
 		return true
 	}
 	c.spin = max(budget/2, minReadSpin)
@@ -150,7 +151,7 @@ func (c *Conn) smcRead(p []byte) (int, bool, error) {
 		if err != nil {
 			return 0, false, err
 		}
-		if lnk != nil && c.e.cfg.ReadSpin > 0 && c.drive(lnk) {
+		if lnk != nil && c.e.settings().ReadSpin > 0 && c.drive(lnk) {
 			continue
 		}
 		select {

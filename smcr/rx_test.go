@@ -110,3 +110,48 @@ func TestReadSpinAdapts(t *testing.T) {
 	}
 	t.Fatalf("after 2000 round trips the spin is %v, want %v back", c.spin, c.e.cfg.ReadSpin)
 }
+
+// TestSetReadSpin: SetReadSpin applies to Reads from then on: turned off, no
+// completion is handled by a waiting reader any more; 0 restores the default.
+func TestSetReadSpin(t *testing.T) {
+	p := memPair(t)
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	go io.Copy(s, s)
+	pingPong := func() {
+		t.Helper()
+		msg, back := make([]byte, 64), make([]byte, 64)
+		for i := range 500 {
+			msg[0], msg[1] = byte(i), byte(i>>8)
+			if _, err := c.Write(msg); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := io.ReadFull(c, back); err != nil || !bytes.Equal(back, msg) {
+				t.Fatalf("round trip %d: %x %v", i, back[:2], err)
+			}
+		}
+	}
+	pingPong()
+	if c.lnk.driven.Load() == 0 {
+		t.Fatal("no completion was handled by a waiting reader with the default spin")
+	}
+	p.cli.SetReadSpin(-1)
+	if got := p.cli.Settings().ReadSpin; got >= 0 {
+		t.Fatalf("read spin %v after SetReadSpin(-1)", got)
+	}
+	before := c.lnk.driven.Load()
+	pingPong()
+	if n := c.lnk.driven.Load() - before; n != 0 {
+		t.Fatalf("%d completions handled by the reader with its spin off", n)
+	}
+	p.cli.SetReadSpin(0)
+	if got := p.cli.Settings().ReadSpin; got != 20*time.Microsecond {
+		t.Fatalf("read spin %v after SetReadSpin(0), want the default 20µs", got)
+	}
+	pingPong()
+	if c.lnk.driven.Load() == before {
+		t.Fatal("no completion was handled by the reader once its spin was back")
+	}
+	c.Close()
+	s.Close()
+}
