@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -81,6 +82,7 @@ func TestQuick(t *testing.T) {
 		{"tcp-veth", "latency-p99.9", "64B"},
 		{"tcp-veth", "setup", "connect"},
 		{"tcp-veth", "cpu", "1MiB"},
+		{"tcp-veth", "core-handoff", "cpu0-cpu1"},
 	} {
 		found := false
 		for _, f := range got.Figures {
@@ -246,4 +248,17 @@ func TestWorkloads(t *testing.T) {
 	if n, err := c.Read(make([]byte, 1)); n != 0 || err == nil {
 		t.Errorf("bad request answered %d bytes, %v; want the connection closed", n, err)
 	}
+}
+
+// TestCoreHandoff: on two CPUs the probe gives a hand-off time a cache line can
+// take (well under a millisecond).
+func TestCoreHandoff(t *testing.T) {
+	if runtime.NumCPU() < 2 {
+		t.Skip("one CPU: nothing to hand off between")
+	}
+	ns, ok := CoreHandoff()
+	if !ok || ns <= 0 || ns > 1e6 {
+		t.Fatalf("core hand-off %v ns, ok %v", ns, ok)
+	}
+	t.Logf("core hand-off %.0f ns", ns)
 }

@@ -8,6 +8,8 @@ import (
 	"os"
 	"runtime"
 	"strings"
+	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -49,4 +51,54 @@ func procField(path, key string) string {
 		}
 	}
 	return ""
+}
+
+// CoreHandoff returns how long a cache line takes to pass from CPU 0 to CPU 1,
+// in ns (half a round trip of a flag that threads pinned to each flip in turn),
+// or false where there are not two CPUs to pin to. On a VM it tells where the
+// host put the two vCPUs at that moment: cores that share a last-level cache
+// hand off in tens of ns, cores that do not in hundreds, and same-host
+// transfers (shm, and TCP's to a lesser degree) slow with it (docs/benchmarks.md,
+// "The machine's spells").
+func CoreHandoff() (float64, bool) {
+	if runtime.NumCPU() < 2 {
+		return 0, false
+	}
+	const rounds = 100_000
+	var flag atomic.Int64
+	type result struct {
+		d  time.Duration
+		ok bool
+	}
+	done := make(chan result, 2)
+	for cpu := range 2 {
+		go func() {
+			// Locked to the end, so the pinned thread exits with the goroutine
+			// instead of going back to the runtime with its affinity.
+			runtime.LockOSThread()
+			var set unix.CPUSet
+			set.Set(cpu)
+			if err := unix.SchedSetaffinity(0, &set); err != nil {
+				flag.Store(-1) // the other side gives up too
+				done <- result{}
+				return
+			}
+			start := time.Now()
+			for i := int64(cpu); i < 2*rounds; i += 2 {
+				for v := flag.Load(); v != i; v = flag.Load() {
+					if v < 0 {
+						done <- result{}
+						return
+					}
+				}
+				flag.Store(i + 1)
+			}
+			done <- result{time.Since(start), true}
+		}()
+	}
+	a, b := <-done, <-done
+	if !a.ok || !b.ok {
+		return 0, false
+	}
+	return float64(max(a.d, b.d).Nanoseconds()) / (2 * rounds), true
 }

@@ -155,8 +155,10 @@ func (r *Report) tables() []table {
 	}
 	setup := table{title: "Connection setup", unit: "conn/s", ratioTo: "tcp-veth", cols: []col{
 		{"setup", "connect", "TCP connect"}, {"setup", "first-contact", "first contact"}, {"setup", "reuse", "link-group reuse"}}}
+	handoff := table{title: "Core hand-off before each run, CPU 0 to 1", unit: "ns", lower: true,
+		cols: []col{{"core-handoff", "cpu0-cpu1", "hand-off"}}}
 	out := append([]table{tput}, lat...)
-	out = append(out, setup, cpu)
+	out = append(out, setup, cpu, handoff)
 	var scaleCols []col
 	var memCols []col
 	for _, f := range r.Figures {

@@ -154,11 +154,15 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		return js
 	}
 	results := map[string][][]jobResult{} // scenario → repeat → jobs
+	handoffs := map[string][]float64{}    // scenario → the core hand-off before each run
 	broken := map[string]bool{}
 	for rpt := range opts.Repeats {
 		for _, sc := range scens {
 			if broken[sc.name] {
 				continue
+			}
+			if ns, ok := CoreHandoff(); ok {
+				handoffs[sc.name] = append(handoffs[sc.name], ns)
 			}
 			log.Info("run", "scenario", sc.name, "repeat", rpt+1)
 			res, err := env.runScenario(ctx, sc, jobs(sc))
@@ -174,6 +178,15 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		if rs := results[sc.name]; len(rs) > 0 {
 			rep.Figures = append(rep.Figures, figuresOf(sc.name, rs)...)
 		}
+		if hs := handoffs[sc.name]; len(hs) > 0 {
+			rep.Figures = append(rep.Figures, newFigure(sc.name, "core-handoff", "cpu0-cpu1", "ns", hs))
+		}
+	}
+	if len(handoffs) > 0 {
+		rep.Notes = append(rep.Notes, "Core hand-off: how long a cache line took from CPU 0 to CPU 1 just before each run "+
+			"(per run in report.json). Tens of ns: the two vCPUs sat on cores sharing a last-level cache; "+
+			"hundreds: they did not, and same-host transfers (shm above all) ran 2-3 times slower in such runs. "+
+			"Tens of ns with a slow run: likely two hyperthreads of one core. See docs/benchmarks.md, \"The machine's spells\".")
 	}
 
 	for _, sc := range scens {
