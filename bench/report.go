@@ -155,10 +155,12 @@ func (r *Report) tables() []table {
 	}
 	setup := table{title: "Connection setup", unit: "conn/s", ratioTo: "tcp-veth", cols: []col{
 		{"setup", "connect", "TCP connect"}, {"setup", "first-contact", "first contact"}, {"setup", "reuse", "link-group reuse"}}}
-	handoff := table{title: "Core hand-off before each run, CPU 0 to 1", unit: "ns", lower: true,
+	handoff := table{title: "Placement: core hand-off before each run, CPU 0 to 1", unit: "ns", lower: true,
 		cols: []col{{"core-handoff", "cpu0-cpu1", "hand-off"}}}
+	copies := table{title: "Placement: two 32 MiB copies at once before each run", unit: "MB/s",
+		cols: []col{{"parallel-copy", "2x32MiB", "aggregate"}}}
 	out := append([]table{tput}, lat...)
-	out = append(out, setup, cpu, handoff)
+	out = append(out, setup, cpu, handoff, copies)
 	var scaleCols []col
 	var memCols []col
 	for _, f := range r.Figures {

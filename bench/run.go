@@ -155,6 +155,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	}
 	results := map[string][][]jobResult{} // scenario → repeat → jobs
 	handoffs := map[string][]float64{}    // scenario → the core hand-off before each run
+	copies := map[string][]float64{}      // scenario → two parallel copies before each run
 	broken := map[string]bool{}
 	for rpt := range opts.Repeats {
 		for _, sc := range scens {
@@ -163,6 +164,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 			}
 			if ns, ok := CoreHandoff(); ok {
 				handoffs[sc.name] = append(handoffs[sc.name], ns)
+				copies[sc.name] = append(copies[sc.name], ParallelCopy())
 			}
 			log.Info("run", "scenario", sc.name, "repeat", rpt+1)
 			res, err := env.runScenario(ctx, sc, jobs(sc))
@@ -179,14 +181,16 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 			rep.Figures = append(rep.Figures, figuresOf(sc.name, rs)...)
 		}
 		if hs := handoffs[sc.name]; len(hs) > 0 {
-			rep.Figures = append(rep.Figures, newFigure(sc.name, "core-handoff", "cpu0-cpu1", "ns", hs))
+			rep.Figures = append(rep.Figures, newFigure(sc.name, "core-handoff", "cpu0-cpu1", "ns", hs),
+				newFigure(sc.name, "parallel-copy", "2x32MiB", "MB/s", copies[sc.name]))
 		}
 	}
 	if len(handoffs) > 0 {
-		rep.Notes = append(rep.Notes, "Core hand-off: how long a cache line took from CPU 0 to CPU 1 just before each run "+
-			"(per run in report.json). Tens of ns: the two vCPUs sat on cores sharing a last-level cache; "+
-			"hundreds: they did not, and same-host transfers (shm above all) ran 2-3 times slower in such runs. "+
-			"Tens of ns with a slow run: likely two hyperthreads of one core. See docs/benchmarks.md, \"The machine's spells\".")
+		rep.Notes = append(rep.Notes, "Placement: just before each run, how long a cache line took from CPU 0 to CPU 1, "+
+			"and how fast two goroutines copied 32 MiB each at once (per run in report.json). "+
+			"A hand-off of tens of ns with fast copies: the two vCPUs sat on cores sharing a last-level cache; "+
+			"hundreds of ns: cores that share none; tens with copies a fifth slower: likely two hyperthreads of one core. "+
+			"Same-host transfers (shm above all) ran 2-3 times slower in the last two. See docs/benchmarks.md, \"The machine's spells\".")
 	}
 
 	for _, sc := range scens {
