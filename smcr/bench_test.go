@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"testing"
 	"time"
 
@@ -14,6 +15,11 @@ import (
 	"github.com/smcr-io/smcr/smcr/verbs/shm"
 	"github.com/smcr-io/smcr/smcr/verbs/soft"
 )
+
+// TestMain runs benchmarks in a network namespace of the process's own, host A
+// of their pairs: a client dials from a plain goroutine, as an application does
+// (nstest.BenchMain).
+func TestMain(m *testing.M) { os.Exit(nstest.BenchMain(m)) }
 
 // nsSetup is an engine in each of two namespaces, the server's listener in B.
 type nsSetup struct {

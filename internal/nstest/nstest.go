@@ -31,11 +31,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// NS is one test host: a named network namespace.
+// NS is one test host: a named network namespace, or the process's own (BenchMain).
 type NS struct {
 	Name   string
 	Links  []Link // veth ends in this namespace, in the order they were added
 	handle netns.NsHandle
+	own    bool // the process's namespace: every thread is in it
 }
 
 // Link is one veth end inside a namespace.
@@ -69,7 +70,7 @@ func NewPair(t testing.TB) *Pair {
 	id := randomID()
 	p := &Pair{t: t}
 	var err error
-	if p.A, err = newNS("smcr-" + id + "-a"); err != nil {
+	if p.A, err = newA("smcr-" + id + "-a"); err != nil {
 		t.Fatalf("nstest: %v", err)
 	}
 	t.Cleanup(func() { p.A.remove() })
@@ -149,9 +150,13 @@ func (n *NS) Addr4() netip.Addr { return n.Links[0].Addr4.Addr() }
 // Addr6 is the IPv6 address of the namespace's first link.
 func (n *NS) Addr6() netip.Addr { return n.Links[0].Addr6.Addr() }
 
-// Do runs fn on a locked OS thread inside the namespace. Sockets fn creates stay in
-// the namespace and may be used from any goroutine afterwards.
+// Do runs fn on a locked OS thread inside the namespace (in the process's own, on
+// the caller's goroutine). Sockets fn creates stay in the namespace and may be used
+// from any goroutine afterwards.
 func (n *NS) Do(fn func() error) error {
+	if n.own {
+		return fn()
+	}
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
@@ -200,8 +205,12 @@ func (n *NS) Dial(network, addr string) (net.Conn, error) {
 	return c, err
 }
 
-// Command returns a command that runs inside the namespace through `ip netns exec`.
+// Command returns a command that runs inside the namespace through `ip netns exec`
+// (in the process's own, directly).
 func (n *NS) Command(name string, args ...string) *exec.Cmd {
+	if n.own {
+		return exec.Command(name, args...)
+	}
 	return exec.Command("ip", append([]string{"netns", "exec", n.Name, name}, args...)...)
 }
 
@@ -238,6 +247,10 @@ func newNS(name string) (*NS, error) {
 }
 
 func (n *NS) remove() {
+	if n.own {
+		n.releaseOwn()
+		return
+	}
 	n.handle.Close()
 	netns.DeleteNamed(n.Name)
 }

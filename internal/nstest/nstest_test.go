@@ -2,8 +2,10 @@ package nstest
 
 import (
 	"io"
+	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -140,4 +142,57 @@ func TestOpenPairWithoutTB(t *testing.T) {
 	if _, err := os.Stat("/run/netns/" + p.A.Name); !os.IsNotExist(err) {
 		t.Errorf("namespace %s still there after Close (stat: %v)", p.A.Name, err)
 	}
+}
+
+func TestMain(m *testing.M) { os.Exit(BenchMain(m)) }
+
+// TestBenchMainIsolates runs this binary's BenchmarkOwnNamespace the way go test
+// -bench does: BenchMain re-executes it in a namespace of its own, whose pair's
+// host A is the process's namespace, reached without Do.
+func TestBenchMainIsolates(t *testing.T) {
+	Require(t)
+	parent, err := os.Readlink("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$", "-test.bench=^BenchmarkOwnNamespace$", "-test.benchtime=1x")
+	cmd.Env = append(os.Environ(), "NSTEST_PARENT_NS="+parent)
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "own namespace: A is the process's, dialled without Do") {
+		t.Fatalf("%v\n%s", err, out)
+	}
+}
+
+// BenchmarkOwnNamespace is TestBenchMainIsolates' probe: it fails unless the
+// process runs in a namespace other than its starter's and a pair's A is that
+// namespace.
+func BenchmarkOwnNamespace(b *testing.B) {
+	parent := os.Getenv("NSTEST_PARENT_NS")
+	if parent == "" {
+		b.Skip("run by TestBenchMainIsolates")
+	}
+	if self, err := os.Readlink("/proc/self/ns/net"); err != nil || self == parent || os.Getenv(ownEnv) == "" {
+		b.Fatalf("process namespace %s (%v), its starter's %s", self, err, parent)
+	}
+	p := NewPair(b)
+	q := NewPair(b) // A is taken: q gets namespaces of its own
+	if !p.A.own || q.A.own {
+		b.Fatalf("own: p.A %v, q.A %v", p.A.own, q.A.own)
+	}
+	ln, err := p.B.Listen("tcp", netip.AddrPortFrom(p.B.Addr4(), 0).String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	for range b.N {
+		c, err := net.Dial("tcp", ln.Addr().String()) // from this goroutine, in A
+		if err != nil {
+			b.Fatal(err)
+		}
+		if got := c.LocalAddr().(*net.TCPAddr).AddrPort().Addr(); got != p.A.Addr4() {
+			b.Fatalf("dialled from %v, want %v", got, p.A.Addr4())
+		}
+		c.Close()
+	}
+	b.Log("own namespace: A is the process's, dialled without Do")
 }
