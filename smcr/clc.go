@@ -280,8 +280,9 @@ func resyncFollows(br *bufio.Reader) bool {
 	return len(b) > 0 && string(b) == string(resyncMagic[:len(b)])
 }
 
-// server runs CLC as the server; prefixes finds the subnet of a local address.
-func (e *Engine) server(ctx context.Context, tcp net.Conn, prefixes func(netip.Addr) (netip.Prefix, bool)) (*Conn, error) {
+// server runs CLC as the server; listenerAddrs are the interface addresses of its
+// Listener's namespace, if any (localPrefix).
+func (e *Engine) server(ctx context.Context, tcp net.Conn, listenerAddrs []net.Addr) (*Conn, error) {
 	defer interruptOnCancel(ctx, tcp)()
 	c := e.newConn(tcp, false)
 	br := bufio.NewReaderSize(tcp, 4096)
@@ -303,7 +304,7 @@ func (e *Engine) server(ctx context.Context, tcp net.Conn, prefixes func(netip.A
 	default:
 		return e.fallback(c, clc.DeclineConfigError, SideLocal, true, fmt.Errorf("clc: %v instead of proposal", m.Type()), br), nil
 	}
-	if code, err := e.serverProposal(ctx, c, prop, prefixes); err != nil {
+	if code, err := e.serverProposal(ctx, c, prop, listenerAddrs); err != nil {
 		if ctx.Err() != nil {
 			return ctxErr(ctx, c)
 		}
@@ -371,11 +372,11 @@ func sameSubnet(prop *clc.Proposal, local netip.Prefix) bool {
 
 // serverProposal checks the Proposal, picks the provider and link group, allocates
 // the RMB and sends the Accept.
-func (e *Engine) serverProposal(ctx context.Context, c *Conn, prop *clc.Proposal, prefixes func(netip.Addr) (netip.Prefix, bool)) (DeclineCode, error) {
+func (e *Engine) serverProposal(ctx context.Context, c *Conn, prop *clc.Proposal, listenerAddrs []net.Addr) (DeclineCode, error) {
 	if len(e.cfg.Devices) == 0 || e.isClosed() {
 		return clc.DeclineNoSMCRDevice, errors.New("no device")
 	}
-	if !sameSubnet(prop, e.localPrefix(c.tcp, prefixes)) {
+	if !sameSubnet(prop, e.localPrefix(c.tcp, listenerAddrs)) {
 		return clc.DeclineIPSubnetMismatch, fmt.Errorf("client subnet %v not ours", prop.IPv4())
 	}
 	var offers []offer

@@ -59,8 +59,10 @@ type Config struct {
 	PeerID [8]byte
 	// Prefixes returns the subnet of the interface that holds the local address,
 	// for the CLC same-subnet check. Default: looked up with net.InterfaceAddrs in
-	// the calling thread's network namespace, the list kept for up to a second.
-	Prefixes func(local netip.Addr) (netip.Prefix, bool)
+	// the calling thread's network namespace, the list kept for up to a second
+	// per namespace (the engine finds a connection's by its socket).
+	Prefixes    func(local netip.Addr) (netip.Prefix, bool)
+	prefixCache *prefixCache // the default Prefixes' cache
 	// Clock supplies time; nil means the real one. Tests inject a fake.
 	Clock Clock
 	// Logger receives the engine's logs; nil discards them.
@@ -141,7 +143,8 @@ func (c *Config) withDefaults() (Config, error) {
 		out.Logger = slog.New(slog.DiscardHandler)
 	}
 	if out.Prefixes == nil {
-		out.Prefixes = newPrefixCache(net.InterfaceAddrs, time.Now).lookup
+		out.prefixCache = newPrefixCache(net.InterfaceAddrs, time.Now)
+		out.Prefixes = out.prefixCache.lookup
 	}
 	return out, nil
 }

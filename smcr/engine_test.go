@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/smcr-io/smcr/internal/nstest"
 	"github.com/smcr-io/smcr/smcr/clc"
 	"github.com/smcr-io/smcr/smcr/internal/memverbs"
 	"github.com/smcr-io/smcr/smcr/verbs"
@@ -471,6 +472,68 @@ func TestPrefixCache(t *testing.T) {
 	check("10.1.2.3", "10.1.2.0/24", 3) // the old prefix, within the second
 	now = now.Add(prefixTTL)
 	check("10.1.2.3", "10.1.0.0/16", 4)
+}
+
+// TestPrefixCacheBySocket: the engine keys the cache by the namespace of the
+// connection's socket (its netns cookie, no stat in /proc). Addresses read on a
+// thread in another namespace than the socket's are used once and not kept
+// under the socket's.
+func TestPrefixCacheBySocket(t *testing.T) {
+	p := nstest.NewPair(t)
+	reads := 0
+	pc := newPrefixCache(func() ([]net.Addr, error) {
+		reads++
+		return []net.Addr{&net.IPNet{IP: net.IPv4(10, 1, 2, 3), Mask: net.CIDRMask(24, 32)}}, nil
+	}, time.Now)
+	local := netip.MustParseAddr("10.1.2.3")
+	connIn := func(ns *nstest.NS) net.Conn {
+		t.Helper()
+		var c net.Conn
+		err := ns.Do(func() error {
+			ln, err := net.Listen("tcp", netip.AddrPortFrom(ns.Addr4(), 0).String())
+			if err != nil {
+				return err
+			}
+			defer ln.Close()
+			c, err = net.Dial("tcp", ln.Addr().String())
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	a, b := connIn(p.A), connIn(p.B)
+	if _, ok := socketNS(a); !ok {
+		t.Skip("kernel without SO_NETNS_COOKIE (Linux 5.14): the engine keys by the thread's namespace")
+	}
+	// On a thread in A, A's socket: read once, then kept.
+	err := p.A.Do(func() error {
+		for range 3 {
+			if pfx, ok := pc.lookupConn(a, local); !ok || pfx.String() != "10.1.2.0/24" {
+				t.Errorf("lookup in A: %v %v", pfx, ok)
+			}
+		}
+		return nil
+	})
+	if err != nil || reads != 1 {
+		t.Fatalf("A: %d reads (%v), want 1", reads, err)
+	}
+	// B's socket from a thread in A: nothing kept for B, and A's entry serves
+	// no socket of B.
+	err = p.A.Do(func() error {
+		for range 2 {
+			pc.lookupConn(b, local)
+		}
+		return nil
+	})
+	if err != nil || reads != 3 {
+		t.Fatalf("B from A: %d reads (%v), want 3", reads, err)
+	}
+	if ka, _ := socketNS(a); func() bool { kb, _ := socketNS(b); return ka == kb }() {
+		t.Fatal("sockets of two namespaces share a key")
+	}
 }
 
 // linuxLikeServer plays a Linux AF_SMC server that has no device it can use: it
