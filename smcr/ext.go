@@ -107,11 +107,25 @@ func (e *Engine) choose(offers []offer) (int, offer, bool) {
 			if d.Kind() != o.Kind || kindRank(o.Kind) <= best {
 				continue
 			}
-			if r, ok := d.(reacher); ok && !r.Reachable(o.Endpoint) {
+			if r, ok := d.(reacher); ok && !e.linkedTo(o) && !r.Reachable(o.Endpoint) {
 				continue
 			}
 			best, bi, bo = kindRank(o.Kind), i, o
 		}
 	}
 	return bi, bo, bi >= 0
+}
+
+// linkedTo reports whether one of our link groups runs to o's endpoint: it was
+// reachable then, and a group whose link fails is gone. Asking the device again
+// costs every reusing setup a stat (shm) while the client waits for the Accept.
+func (e *Engine) linkedTo(o offer) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, lg := range e.lgs {
+		if lg.key.kind == o.Kind && lg.key.endpoint == string(o.Endpoint) {
+			return true
+		}
+	}
+	return false
 }

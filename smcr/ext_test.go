@@ -60,6 +60,33 @@ func TestChoosePrefersFastest(t *testing.T) {
 	}
 }
 
+// TestChooseAsksReachOnce: a device that can tell reachability (shm) is asked
+// only while no link group runs to the offer's endpoint; a reusing setup
+// pays no stat while its client waits.
+func TestChooseAsksReachOnce(t *testing.T) {
+	d := &reachDev{fakeDev: fakeDev(verbs.KindSHM)}
+	e := &Engine{cfg: Config{Devices: []verbs.Device{d}}}
+	o := offer{Kind: verbs.KindSHM, Endpoint: []byte("peer-a")}
+	if _, _, ok := e.choose([]offer{o}); ok || d.asked != 1 {
+		t.Fatalf("unreachable peer: chosen %v after %d questions", ok, d.asked)
+	}
+	e.lgs = []*linkGroup{{key: lgKey{kind: verbs.KindSHM, endpoint: "peer-a"}}}
+	if _, got, ok := e.choose([]offer{o}); !ok || string(got.Endpoint) != "peer-a" || d.asked != 1 {
+		t.Fatalf("linked peer: chosen %v after %d questions", ok, d.asked)
+	}
+	o.Endpoint = []byte("peer-b") // another endpoint of the same kind: asked again
+	if _, _, ok := e.choose([]offer{o}); ok || d.asked != 2 {
+		t.Fatalf("other peer: chosen %v after %d questions", ok, d.asked)
+	}
+}
+
+type reachDev struct {
+	fakeDev
+	asked int
+}
+
+func (d *reachDev) Reachable([]byte) bool { d.asked++; return false }
+
 type fakeDev verbs.Kind
 
 func (k fakeDev) Kind() verbs.Kind                   { return verbs.Kind(k) }
