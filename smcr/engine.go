@@ -541,11 +541,19 @@ func (e *Engine) Server(ctx context.Context, tcp net.Conn) (*Conn, error) {
 // Listener's, read where it was made), else from Config.Prefixes or the default
 // cache.
 func (e *Engine) localPrefix(tcp net.Conn, listenerAddrs []net.Addr) netip.Prefix {
-	ta, ok := tcp.LocalAddr().(*net.TCPAddr)
-	if !ok {
+	var local netip.Addr
+	switch a := tcp.LocalAddr().(type) {
+	case *net.TCPAddr:
+		local = a.AddrPort().Addr().Unmap()
+	case nil:
 		return netip.Prefix{}
+	default: // a wrapper's own address type
+		ap, err := netip.ParseAddrPort(a.String())
+		if err != nil {
+			return netip.Prefix{}
+		}
+		local = ap.Addr().Unmap()
 	}
-	local := ta.AddrPort().Addr().Unmap()
 	if p, ok := matchPrefix(listenerAddrs, local); ok {
 		return p
 	}

@@ -474,6 +474,40 @@ func TestPrefixCache(t *testing.T) {
 	check("10.1.2.3", "10.1.0.0/16", 4)
 }
 
+// TestLocalPrefixAddrTypes: the local address of a wrapped connection may be of
+// the wrapper's own type (parsed from its string) or missing (no prefix, no panic).
+func TestLocalPrefixAddrTypes(t *testing.T) {
+	e := &Engine{cfg: Config{Prefixes: func(a netip.Addr) (netip.Prefix, bool) {
+		return netip.PrefixFrom(a, 24).Masked(), a.Is4()
+	}}}
+	for _, tc := range []struct {
+		addr net.Addr
+		want string
+	}{
+		{&net.TCPAddr{IP: net.IPv4(10, 1, 2, 3), Port: 5}, "10.1.2.0/24"},
+		{fakeAddr("10.9.8.7:80"), "10.9.8.0/24"},
+		{fakeAddr("not an address"), "invalid Prefix"},
+		{nil, "invalid Prefix"},
+	} {
+		if got := e.localPrefix(addrConn{local: tc.addr}, nil).String(); got != tc.want {
+			t.Errorf("%v: %s, want %s", tc.addr, got, tc.want)
+		}
+	}
+}
+
+type fakeAddr string
+
+func (fakeAddr) Network() string  { return "tcp" }
+func (a fakeAddr) String() string { return string(a) }
+
+// addrConn is a connection that has nothing but a local address.
+type addrConn struct {
+	net.Conn
+	local net.Addr
+}
+
+func (c addrConn) LocalAddr() net.Addr { return c.local }
+
 // TestPrefixCacheBySocket: the engine keys the cache by the namespace of the
 // connection's socket (its netns cookie, no stat in /proc). Addresses read on a
 // thread in another namespace than the socket's are used once and not kept
