@@ -125,7 +125,7 @@ var attributes = []attribute{
 	},
 	{
 		name: "read_spin", def: "20us",
-		desc: "how long a read waiting for bytes polls its link before it sleeps, at most (adaptive below it; 0: never, always sleep)",
+		desc: "how long a read waiting for bytes polls its link, and a client its socket for the CLC Accept, before sleeping, at most (adaptive below it; 0: never, always sleep)",
 		set: func(c *Config, v string) (err error) {
 			c.ReadSpin, err = parseDuration(v, 0, time.Millisecond)
 			return

@@ -155,8 +155,7 @@ type Conn struct {
 
 	rxMu     sync.Mutex              // one Read at a time
 	driveWCs [8]verbs.WorkCompletion // Read's, for drive: under rxMu
-	spin     time.Duration           // drive's current budget (adaptive): under rxMu
-	drives   uint32                  // drives so far, for the probes: under rxMu
+	spin     spinBudget              // drive's
 	txMu     sync.Mutex              // one Write at a time
 
 	urgOnce sync.Once

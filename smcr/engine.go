@@ -44,6 +44,8 @@ type Engine struct {
 	setMu sync.Mutex // serialises the setters
 	set   atomic.Pointer[Settings]
 
+	clcSpin spinBudget // a client's poll for the Accept (awaitCLC)
+
 	lgCreate sync.Mutex // serialises a server's search-or-create of link groups
 	mu       sync.Mutex
 	closed   bool

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"runtime"
+	"sync/atomic"
 	"time"
 )
 
@@ -21,30 +22,48 @@ const minReadSpin = time.Microsecond
 // It reports whether c was woken meanwhile (its wake is taken); it returns false
 // at once when another reader drives l.
 //
-// The budget adapts as shm's CQ.Wait spin does: a drive that got its wake-up
-// doubles it (up to ReadSpin), one that gave up halves it (down to minReadSpin),
-// and every 32nd drive spins the whole ReadSpin as a probe, so a reader whose
-// bytes start coming quickly again finds out. A reader whose bytes come in
-// well-spaced bursts (smcrd's relays, say) thus stops burning ReadSpin of CPU per
-// Read, which on two busy vCPUs delayed the very processes it waited for: through
-// smcrd the 64 B p50 rose from 191-211 to 211-215 µs with a fixed 20 µs.
+// The budget adapts (spinBudget), so a reader whose bytes come in well-spaced
+// bursts (smcrd's relays, say) stops burning ReadSpin of CPU per Read, which on
+// two busy vCPUs delayed the very processes it waited for: through smcrd the
+// 64 B p50 rose from 191-211 to 211-215 µs with a fixed 20 µs.
 func (c *Conn) drive(l *link) bool {
 	if !l.driving.CompareAndSwap(false, true) {
 		return false
 	}
 	defer l.leaveDriving()
 	bound := c.e.settings().ReadSpin
-	budget := min(c.spin, bound)
-	if c.drives%32 == 0 || budget <= 0 {
-		budget = bound
+	budget := c.spin.next(bound)
+	woken := c.driveFor(l, budget)
+	c.spin.done(budget, bound, woken)
+	return woken
+}
+
+// spinBudget is an adaptive busy-poll budget, as shm's CQ.Wait and an adaptive
+// mutex spin: a spin that found what it waited for doubles the next (up to the
+// bound), one that gave up halves it (down to minReadSpin), and every 32nd spins
+// the whole bound, a probe that finds out when the awaited thing starts coming
+// quickly again.
+type spinBudget struct {
+	cur   atomic.Int64 // a time.Duration
+	spins atomic.Uint32
+}
+
+// next is the budget of the next spin under bound.
+func (s *spinBudget) next(bound time.Duration) time.Duration {
+	b := min(time.Duration(s.cur.Load()), bound)
+	if s.spins.Add(1)%32 == 1 || b <= 0 {
+		return bound
 	}
-	c.drives++
-	if c.driveFor(l, budget) {
-		c.spin = min(2*budget, bound)
-		return true
+	return b
+}
+
+// done adapts the budget to how a spin of budget ended.
+func (s *spinBudget) done(budget, bound time.Duration, found bool) {
+	if found {
+		s.cur.Store(int64(min(2*budget, bound)))
+	} else {
+		s.cur.Store(int64(max(budget/2, minReadSpin)))
 	}
-	c.spin = max(budget/2, minReadSpin)
-	return false
 }
 
 // driveFor is drive's loop, for up to spin.

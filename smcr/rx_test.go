@@ -1,8 +1,10 @@
 package smcr
 
 import (
+	"bufio"
 	"bytes"
 	"io"
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -93,8 +95,8 @@ func TestReadSpinAdapts(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if c.spin != minReadSpin {
-		t.Fatalf("after 20 late messages the spin is %v, want %v", c.spin, minReadSpin)
+	if got := time.Duration(c.spin.cur.Load()); got != minReadSpin {
+		t.Fatalf("after 20 late messages the spin is %v, want %v", got, minReadSpin)
 	}
 	go io.Copy(s, s)
 	for range 2000 {
@@ -104,11 +106,11 @@ func TestReadSpinAdapts(t *testing.T) {
 		if _, err := io.ReadFull(c, buf); err != nil {
 			t.Fatal(err)
 		}
-		if c.spin == c.e.cfg.ReadSpin {
+		if time.Duration(c.spin.cur.Load()) == c.e.cfg.ReadSpin {
 			return
 		}
 	}
-	t.Fatalf("after 2000 round trips the spin is %v, want %v back", c.spin, c.e.cfg.ReadSpin)
+	t.Fatalf("after 2000 round trips the spin is %v, want %v back", time.Duration(c.spin.cur.Load()), c.e.cfg.ReadSpin)
 }
 
 // TestSetReadSpin: SetReadSpin applies to Reads from then on: turned off, no
@@ -154,4 +156,83 @@ func TestSetReadSpin(t *testing.T) {
 	}
 	c.Close()
 	s.Close()
+}
+
+// TestSpinBudget: the first spin and every 32nd after it get the whole bound; a
+// spin that found what it waited for doubles the next, up to the bound; one that
+// gave up halves it, down to minReadSpin.
+func TestSpinBudget(t *testing.T) {
+	const bound = 20 * time.Microsecond
+	var s spinBudget
+	spin := func(found bool) time.Duration {
+		b := s.next(bound)
+		s.done(b, bound, found)
+		return b
+	}
+	if b := spin(false); b != bound {
+		t.Fatalf("first spin %v, want the bound %v", b, bound)
+	}
+	want := []time.Duration{10e3, 5e3, 2500, 1250, minReadSpin, minReadSpin}
+	for i, w := range want {
+		if b := spin(false); b != w {
+			t.Fatalf("spin %d after misses: %v, want %v", i+2, b, w)
+		}
+	}
+	for _, w := range []time.Duration{minReadSpin, 2 * minReadSpin, 4 * minReadSpin} {
+		if b := spin(true); b != w {
+			t.Fatalf("after hits: %v, want %v", b, w)
+		}
+	}
+	for i := 11; i <= 32; i++ {
+		spin(false)
+	}
+	if b := spin(false); b != bound {
+		t.Fatalf("spin 33: %v, want the probe's %v", b, bound)
+	}
+}
+
+// TestAwaitCLC: a client polls its socket for the Accept for up to its budget:
+// it finds bytes already there at once (and its budget grows), gives up on a
+// silent peer after the budget (and it shrinks), and does not poll with
+// ReadSpin off.
+func TestAwaitCLC(t *testing.T) {
+	e := newEngine(t, Config{Devices: memDevices(t, verbs.KindSoft), ReadSpin: 200 * time.Microsecond})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	cli, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	srv, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	br := bufio.NewReader(cli)
+	budget := func() time.Duration { return time.Duration(e.clcSpin.cur.Load()) }
+
+	start := time.Now()
+	e.awaitCLC(cli, br) // the first: a probe of the whole bound, nothing comes
+	if d := time.Since(start); d < 200*time.Microsecond || budget() != 100*time.Microsecond {
+		t.Fatalf("silent peer: returned after %v, budget %v; want ≥200µs, 100µs", d, budget())
+	}
+	srv.Write([]byte{1})
+	for !pendingInput(cli) {
+		time.Sleep(time.Millisecond)
+	}
+	e.awaitCLC(cli, br)
+	if budget() != 200*time.Microsecond {
+		t.Fatalf("answered peer: budget %v, want 200µs", budget())
+	}
+	e.SetReadSpin(-1)
+	br.ReadByte()
+	spins := e.clcSpin.spins.Load()
+	e.awaitCLC(cli, br)
+	if e.clcSpin.spins.Load() != spins || budget() != 200*time.Microsecond {
+		t.Fatalf("ReadSpin off: %d spins, budget %v; want none", e.clcSpin.spins.Load()-spins, budget())
+	}
 }
