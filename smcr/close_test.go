@@ -267,3 +267,35 @@ func TestEngineCloseAfterClose(t *testing.T) {
 		t.Errorf("%d connections continued over TCP; want 0", n)
 	}
 }
+
+// TestCloseWakesOnRelease: Engine.Close's wait for closed connections to
+// release their buffers ends when the last one does, not at its next poll (with
+// the poll made an hour here, only the release can end it).
+func TestCloseWakesOnRelease(t *testing.T) {
+	defer func(d time.Duration) { releasePoll = d }(releasePoll)
+	releasePoll = time.Hour
+	e := newEngine(t, Config{Devices: memDevices(t, verbs.KindSoft)})
+	c := &Conn{e: e, id: 1, appClosed: true}
+	e.mu.Lock()
+	e.conns[c.id] = c
+	e.mu.Unlock()
+	done := make(chan bool)
+	go func() { done <- e.awaitClosedReleased(time.After(time.Minute)) }()
+	select {
+	case <-done:
+		t.Fatal("returned while the closed connection holds its buffers")
+	case <-time.After(20 * time.Millisecond):
+	}
+	c.mu.Lock()
+	c.released = true
+	c.mu.Unlock()
+	e.untrack(c)
+	select {
+	case ok := <-done:
+		if !ok {
+			t.Fatal("reported connections unreleased")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the release did not end the wait")
+	}
+}

@@ -60,6 +60,7 @@ type Engine struct {
 	// lateFree holds declined connections whose RMB the client may still write
 	// into (freeLater).
 	lateFree map[*Conn]*time.Timer
+	releases chan struct{} // a connection was untracked (awaitClosedReleased)
 }
 
 // NewEngine checks cfg and returns an Engine.
@@ -68,7 +69,7 @@ func NewEngine(cfg Config) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &Engine{cfg: c, log: c.Logger, peerID: c.PeerID, conns: map[uint64]*Conn{}, tokens: map[uint32]*Conn{}}
+	e := &Engine{cfg: c, log: c.Logger, peerID: c.PeerID, conns: map[uint64]*Conn{}, tokens: map[uint32]*Conn{}, releases: make(chan struct{}, 1)}
 	e.set.Store(&Settings{MaxMemory: c.MaxMemory, RMBSize: c.RMBSize, CLCTimeout: c.CLCTimeout, ReadSpin: c.ReadSpin})
 	if e.peerID == (clc.PeerID{}) {
 		rand.Read(e.peerID[:2])
@@ -180,15 +181,26 @@ func (e *Engine) Close() error {
 	return nil
 }
 
+// releasePoll is the longest awaitClosedReleased sleeps between looks.
+var releasePoll = time.Millisecond
+
 // awaitClosedReleased waits until every connection the application closed has
 // released its buffers, or until deadline; it reports whether they all did.
+// A release wakes it (untrack); the timer, backing off to releasePoll, is for
+// the paths that release without untracking. It polled every millisecond
+// before, which made every Close of an engine with a connection just closed
+// take that millisecond, though the release comes within a round trip.
 func (e *Engine) awaitClosedReleased(deadline <-chan time.Time) bool {
-	for e.closedUnreleased() > 0 {
+	for wait := min(50*time.Microsecond, releasePoll); e.closedUnreleased() > 0; wait = min(2*wait, releasePoll) {
+		t := time.NewTimer(wait)
 		select {
 		case <-deadline:
+			t.Stop()
 			return false
-		case <-time.After(time.Millisecond):
+		case <-e.releases:
+		case <-t.C:
 		}
+		t.Stop()
 	}
 	return true
 }
@@ -431,6 +443,10 @@ func (e *Engine) untrack(c *Conn) {
 	e.mu.Lock()
 	delete(e.conns, c.id)
 	e.mu.Unlock()
+	select {
+	case e.releases <- struct{}{}:
+	default:
+	}
 }
 
 // trackFallback keeps fallen-back connections visible to Conns until closed.
