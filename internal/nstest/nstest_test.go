@@ -171,7 +171,7 @@ func BenchmarkOwnNamespace(b *testing.B) {
 	if parent == "" {
 		b.Skip("run by TestBenchMainIsolates")
 	}
-	if self, err := os.Readlink("/proc/self/ns/net"); err != nil || self == parent || os.Getenv(ownEnv) == "" {
+	if self, err := os.Readlink("/proc/self/ns/net"); err != nil || self == parent || !own.ok {
 		b.Fatalf("process namespace %s (%v), its starter's %s", self, err, parent)
 	}
 	p := NewPair(b)

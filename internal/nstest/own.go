@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -14,7 +17,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// ownEnv marks a test binary BenchMain re-executed in a network namespace of its own.
+// ownEnv marks a test binary BenchMain re-executed in a network namespace of its
+// own, by its pid.
 const ownEnv = "SMCR_NSTEST_OWN_NETNS"
 
 // own is the process's namespace when BenchMain made it a fresh one: host A of
@@ -36,7 +40,9 @@ var own struct {
 // Tests run unchanged, in the namespace they were started in.
 func BenchMain(m *testing.M) int {
 	flag.Parse()
-	if os.Getenv(ownEnv) != "" {
+	// The mark names the process it was made for (exec keeps the pid): a child
+	// that inherits it runs in its parent's namespace, not one of its own.
+	if os.Getenv(ownEnv) == strconv.Itoa(os.Getpid()) {
 		if err := loopbackUp(); err != nil {
 			fmt.Fprintf(os.Stderr, "nstest: own namespace without loopback, pairs get a new one for A: %v\n", err)
 		} else {
@@ -70,7 +76,8 @@ func reexecIsolated() error {
 			errc <- fmt.Errorf("unshare: %w", err)
 			return
 		}
-		err := syscall.Exec(exe, os.Args, append(os.Environ(), ownEnv+"=1"))
+		env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, ownEnv+"=") })
+		err := syscall.Exec(exe, os.Args, append(env, ownEnv+"="+strconv.Itoa(os.Getpid())))
 		errc <- fmt.Errorf("exec %s: %w", exe, err)
 	}()
 	return <-errc
