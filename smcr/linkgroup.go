@@ -122,6 +122,14 @@ func (t *peerRMBTable) del(k rkeyOn) {
 	}
 }
 
+// delIf removes key k if it names entry e (an RMB announced again since
+// under the same key is another entry, which stays).
+func (t *peerRMBTable) delIf(k rkeyOn, e *peerRTokens) {
+	if t.byKey[k] == e {
+		t.del(k)
+	}
+}
+
 func (t *peerRMBTable) unref(e *peerRTokens) {
 	if t.keys[e]--; t.keys[e] <= 0 {
 		delete(t.keys, e)
@@ -465,8 +473,8 @@ func (lg *linkGroup) addPeerRKey(fresh bool, num uint8, rkey uint32, addr uint64
 		if int(n) >= len(t) {
 			return
 		}
-		if old := t[n]; old.ok && old.rkey != tok.rkey && lg.peerRMBs.get(rkeyOn{n, old.rkey}) == t {
-			lg.peerRMBs.del(rkeyOn{n, old.rkey})
+		if old := t[n]; old.ok && old.rkey != tok.rkey {
+			lg.peerRMBs.delIf(rkeyOn{n, old.rkey}, t)
 		}
 		t[n] = tok
 		lg.peerRMBs.set(rkeyOn{n, tok.rkey}, t)
@@ -487,8 +495,8 @@ func (lg *linkGroup) addPeerRKey(fresh bool, num uint8, rkey uint32, addr uint64
 // forgetLocked removes the keys of entry t. The caller holds lg.mu.
 func (lg *linkGroup) forgetLocked(t *peerRTokens) {
 	for n, tok := range t {
-		if k := (rkeyOn{uint8(n), tok.rkey}); tok.ok && lg.peerRMBs.get(k) == t {
-			lg.peerRMBs.del(k)
+		if tok.ok {
+			lg.peerRMBs.delIf(rkeyOn{uint8(n), tok.rkey}, t)
 		}
 	}
 }
