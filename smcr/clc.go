@@ -262,9 +262,10 @@ func (e *Engine) declinedMeanwhile(ctx context.Context, c *Conn, br *bufio.Reade
 // network poller notices it, which on these VMs came 34–44 µs (p50) after the
 // server wrote it: the poller's thread sat on the other, halted vCPU, and the
 // busy one polls the network only when it runs out of goroutines. A same-host
-// reuse setup spent a third of its time there; polling for it made setups 7–9%
-// faster and cost no CPU (no sleep and wake-up either). A server farther away
-// than the budget soon costs minReadSpin a setup and a probe in 32.
+// reuse setup spent a third of its time there; polling for it made setups ~9%
+// faster and took ~9% less CPU (the sleep and wake-up it spares cost more than
+// the poll). A server farther away than the budget soon costs minReadSpin a
+// setup and a probe in 32.
 func (e *Engine) awaitCLC(tcp net.Conn, br *bufio.Reader) {
 	bound := e.settings().ReadSpin
 	if bound <= 0 || br.Buffered() > 0 {
