@@ -37,7 +37,8 @@ var own struct {
 // thread off and back, two futex wake-ups between threads: on these VMs they made
 // a TCP connect through Do take ~100 µs against ~40 µs from a plain goroutine,
 // and they weigh more on a handshake that waits more than once (docs/benchmarks.md).
-// Tests run unchanged, in the namespace they were started in.
+// A run of tests alone is left as it is; tests that run beside benchmarks run
+// in the new namespace too (its loopback up).
 func BenchMain(m *testing.M) int {
 	flag.Parse()
 	// The mark names the process it was made for (exec keeps the pid): a child
