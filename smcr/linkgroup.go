@@ -11,6 +11,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/smcr-io/smcr/llc"
@@ -46,6 +47,7 @@ type linkGroup struct {
 	// rkey on every link. ADD_LINK itself and the new QP's connection stay out of
 	// flow: a path that does not answer must not hold up connection setups.
 	addMu      sync.Mutex
+	addQueued  atomic.Int32 // a client's ADD_LINK exchanges running or waiting for addMu
 	flow       sync.RWMutex
 	peerOffers []offer              // the peer's devices, for the endpoint of a second link
 	addCont    chan llc.AddLinkCont // ADD_LINK_CONT messages, for the ADD_LINK flow

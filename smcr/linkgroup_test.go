@@ -274,6 +274,62 @@ func TestHostilePeer(t *testing.T) {
 	_ = v2s
 }
 
+// TestHostileLLCFlood: a peer that sends DELETE_RKEY requests while every
+// response slot of ours is busy, more than it could have outstanding, fails the
+// link instead of leaving a goroutine per request waiting for a slot; the
+// connection on it continues over TCP.
+func TestHostileLLCFlood(t *testing.T) {
+	p := memPair(t)
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	lnk := c.lnk
+	before := p.cli.Stats().ProtoErrors
+	var held []uint16 // every response slot, as behind a backlog of answers
+	for range nLLCSlots / 2 {
+		held = append(held, <-lnk.llcSlots)
+	}
+	for range 2 * llcQueue {
+		if s.lnk.sendLLC(&llc.DeleteRkey{Count: 1, RKeys: [llc.DeleteRkeyMax]uint32{0xdead}}) != nil {
+			break // our side failed the link, and the peer's followed
+		}
+	}
+	eventually(t, "flooded link failed", lnk.down.Load)
+	if p.cli.Stats().ProtoErrors == before {
+		t.Error("the flood is not counted as a protocol error")
+	}
+	if n := lnk.lateResps.Load(); n > llcQueue {
+		t.Errorf("%d responses waiting for a slot", n)
+	}
+	for _, h := range held {
+		lnk.llcSlots <- h
+	}
+	echoOK(t, c, s)
+}
+
+// TestHostileAddLinkFlood: ADD_LINK requests beyond the two a server may have
+// begun are refused at once, not queued behind the exchange that runs; the link
+// group carries on.
+func TestHostileAddLinkFlood(t *testing.T) {
+	p := memPair(t)
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	lg := c.lg
+	before := p.cli.Stats().ProtoErrors
+	lg.addMu.Lock() // an exchange under way
+	for range 20 {
+		if err := s.lnk.sendLLC(&llc.AddLink{Link: 2, MTU: verbs.MTU1024, QPN: 7}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "requests beyond two refused", func() bool { return p.cli.Stats().ProtoErrors >= before+18 })
+	if n := lg.addQueued.Load(); n != 2 {
+		t.Errorf("%d exchanges queued, want 2", n)
+	}
+	lg.addMu.Unlock()
+	eventually(t, "queued exchanges ended", func() bool { return lg.addQueued.Load() == 0 })
+	echoOK(t, c, s)
+}
+
 // TestHostileRKey: a client whose Confirm names an rkey it never confirmed over
 // LLC is declined after its Confirm; it continues over TCP with nothing lost, and
 // the connection already on the link group is untouched.

@@ -86,10 +86,11 @@ type link struct {
 	slotSeq  [nSendSlots]uint16
 	slotTerm [nSendSlots]bool // the CDC in the slot says closed or abnormal close
 
-	llcIn   chan [llc.MsgLen]byte
-	ctl     chan *Conn
-	clReq   chan llc.ConfirmLink // CONFIRM_LINK requests, for the client
-	testDue chan struct{}
+	llcIn     chan [llc.MsgLen]byte
+	lateResps atomic.Int32 // DELETE_RKEY responses waiting for a slot (respondLate)
+	ctl       chan *Conn
+	clReq     chan llc.ConfirmLink // CONFIRM_LINK requests, for the client
+	testDue   chan struct{}
 
 	connected chan struct{}
 	connErr   error
@@ -317,6 +318,7 @@ func (l *link) complete(wc *verbs.WorkCompletion) {
 			case l.llcIn <- [llc.MsgLen]byte(b):
 			default:
 				// The peer floods LLC faster than we answer: a protocol violation.
+				e.st.protoErrors.Add(1)
 				l.fail(errors.New("llc queue overflow"))
 				return
 			}
@@ -406,7 +408,7 @@ func (l *link) earlyLLC(b []byte) bool {
 		if !r.Response() {
 			l.answerDeleteRkey(&r)
 			if !l.tryRespond(&r) {
-				go l.sendLLC(&r)
+				l.respondLate(&r)
 			}
 			return true
 		}
@@ -528,6 +530,24 @@ func (l *link) tryRespond(m llc.Message) bool {
 	l.lg.e.st.llcSent.Add(1)
 	l.postSlot(s)
 	return true
+}
+
+// respondLate sends, from a goroutine, a response tryRespond found no slot for.
+// A peer has at most one request per connection unanswered (llcQueue), so more
+// responses than that waiting for a slot mean a peer flooding requests: the link
+// fails, as when the worker's queue overflows, rather than run a goroutine per
+// request it sends.
+func (l *link) respondLate(m llc.Message) {
+	if l.lateResps.Add(1) > llcQueue {
+		l.lateResps.Add(-1)
+		l.lg.e.st.protoErrors.Add(1)
+		l.fail(errors.New("llc: peer floods requests"))
+		return
+	}
+	go func() {
+		defer l.lateResps.Add(-1)
+		l.sendLLC(m)
+	}()
 }
 
 // llcPool is the pool LLC slot s belongs to.

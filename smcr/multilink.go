@@ -252,14 +252,27 @@ func (lg *linkGroup) serverAddLinkOn(l1, l2 *link, po offer) error {
 }
 
 // onAddLink answers an ADD_LINK request in the link worker: the client builds the
-// link off the worker, whose LLC messages the exchange needs.
+// link off the worker, whose LLC messages the exchange needs. A server runs one
+// exchange at a time, and may begin the next while ours of the one it gave up on
+// still runs: a third at once is a peer flooding requests, refused here rather
+// than given a goroutine that waits for the others.
 func (lg *linkGroup) onAddLink(l *link, r *llc.AddLink) {
+	reject := &llc.AddLink{Flags: llc.FlagResponse | llc.FlagAddLinkRejected, RejectReason: llc.RejectNoAltPath, Link: r.Link}
 	if !lg.key.client {
 		// Only the server adds links (RFC 7609 §3.8, asymmetric roles).
-		l.sendLLC(&llc.AddLink{Flags: llc.FlagResponse | llc.FlagAddLinkRejected, RejectReason: llc.RejectNoAltPath, Link: r.Link})
+		l.sendLLC(reject)
 		return
 	}
-	go lg.clientAddLink(l, *r)
+	if lg.addQueued.Add(1) > 2 {
+		lg.addQueued.Add(-1)
+		lg.e.st.protoErrors.Add(1)
+		l.sendLLC(reject)
+		return
+	}
+	go func() {
+		defer lg.addQueued.Add(-1)
+		lg.clientAddLink(l, *r)
+	}()
 }
 
 // clientAddLink is the client's side of ADD_LINK (smc_llc_cli_add_link).
