@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync/atomic"
+	"time"
 
 	"github.com/smcr-io/smcr/smcr/clc"
 	"github.com/smcr-io/smcr/smcr/verbs"
@@ -110,6 +112,10 @@ func (c *Conn) Close() error {
 	}
 	c.mu.Lock()
 	c.appClosed = true
+	// A WRITE posted after our closing CDC could reach an RMB the peer has let
+	// go once it saw the close: let a Write that is posting finish (no new one
+	// starts now), as Linux's close waits for the socket lock sendmsg holds.
+	c.awaitTxIdleLocked()
 	send := !c.localTerm && !c.lnkErr && !c.fo
 	if send {
 		c.localTerm, c.localDone = true, true
@@ -224,6 +230,21 @@ func (c *Conn) queueReleaseIfDueLocked() {
 	}
 }
 
+// awaitTxIdleLocked waits until no Write is between taking space in the send
+// buffer and counting it in txProd (txBusy): its copy and its WRITEs. The caller
+// holds c.mu, which is released while waiting.
+func (c *Conn) awaitTxIdleLocked() {
+	for c.txBusy {
+		c.mu.Unlock()
+		time.Sleep(50 * time.Microsecond)
+		c.mu.Lock()
+	}
+}
+
+// testHookCopy lets tests act while a Read copies out of the RMB (rx) or a
+// Write into the send buffer, outside c.mu.
+var testHookCopy atomic.Pointer[func(c *Conn, rx bool)]
+
 // maybeRelease frees the connection's buffers once nothing can touch them: both ends
 // sent their last CDC (or the link is gone) and no WRITE reads our send buffer.
 // Ours must have completed: if it is lost with a failing link, the connection
@@ -236,6 +257,9 @@ func (c *Conn) maybeRelease() bool {
 		return true
 	}
 	ok := c.appClosed && (c.lnkErr || (c.termAcked && c.peerClosed && c.wrOut.Load() == 0))
+	if c.txBusy || c.rxBusy {
+		ok = false // a Read or Write copies in our buffers: it releases when done
+	}
 	if c.fo && !isClosed(c.foDone) {
 		ok = false // failover still needs the send buffer; it releases when done
 	}

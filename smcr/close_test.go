@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -297,5 +298,68 @@ func TestCloseWakesOnRelease(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the release did not end the wait")
+	}
+}
+
+// TestReleaseWaitsForCopy: a connection closed while a Read copies out of its
+// RMB, or a Write into its send buffer, keeps both until the copy ends (released,
+// a buffer is unmapped or given to another connection), and the Write's bytes
+// go before the closing CDC (after it, the peer may have let its RMB go).
+func TestReleaseWaitsForCopy(t *testing.T) {
+	for _, rx := range []bool{true, false} {
+		t.Run(map[bool]string{true: "read", false: "write"}[rx], func(t *testing.T) {
+			p := memPair(t)
+			c, s := p.connect(t)
+			mustSMC(t, c, s)
+			released := func() bool {
+				c.mu.Lock()
+				defer c.mu.Unlock()
+				return c.released
+			}
+			var during bool
+			var once sync.Once
+			hook := func(x *Conn, dir bool) {
+				if x != c || dir != rx {
+					return
+				}
+				once.Do(func() {
+					s.Close()
+					eventually(t, "peer's close seen", func() bool {
+						c.mu.Lock()
+						defer c.mu.Unlock()
+						return c.peerClosed
+					})
+					closed := make(chan struct{})
+					go func() { c.Close(); close(closed) }()
+					for deadline := time.Now().Add(200 * time.Millisecond); time.Now().Before(deadline) && !during; time.Sleep(time.Millisecond) {
+						during = released()
+					}
+					if !rx {
+						select {
+						case <-closed:
+							t.Error("Close sent its closing CDC while a Write was posting")
+						default:
+						}
+					}
+				})
+			}
+			testHookCopy.Store(&hook)
+			t.Cleanup(func() { testHookCopy.Store(nil) })
+			if rx {
+				if _, err := s.Write([]byte("hello")); err != nil {
+					t.Fatal(err)
+				}
+				b := make([]byte, 5)
+				if _, err := io.ReadFull(c, b); err != nil || string(b) != "hello" {
+					t.Fatalf("read %q %v", b, err)
+				}
+			} else {
+				c.Write([]byte("hello"))
+			}
+			if during {
+				t.Fatal("buffers released while a copy used them")
+			}
+			eventually(t, "released after the copy", released)
+		})
 	}
 }

@@ -642,11 +642,7 @@ func (c *Conn) moveTo(old, nw *link) {
 		c.linkDown(fmt.Errorf("%w: cannot move to link %d", ErrLinkDown, nw.num))
 		return
 	}
-	for c.txBusy {
-		c.mu.Unlock()
-		time.Sleep(50 * time.Microsecond)
-		c.mu.Lock()
-	}
+	c.awaitTxIdleLocked()
 	c.lnk = nw
 	c.peerRKey, c.peerAddr = tok.rkey, tok.addr
 	// The peer holds every byte before the cursor of our last completed CDC (RC

@@ -115,7 +115,11 @@ func (c *Conn) smcRead(p []byte) (int, bool, error) {
 		avail, urgent := c.untilMarkLocked(c.rxProd - c.rxCons)
 		if avail > 0 && len(p) > 0 && !c.appClosed {
 			off := c.rxCons % c.rmbSize
+			c.rxBusy = true // the RMB stays ours until the copy ends (maybeRelease)
 			c.mu.Unlock()
+			if h := testHookCopy.Load(); h != nil {
+				(*h)(c, true)
+			}
 			// The peer does not write [rxCons, rxProd) again until we move rxCons.
 			buf := c.rmb.Bytes()
 			n := copy(p, buf[off:min(off+avail, c.rmbSize)])
@@ -123,11 +127,15 @@ func (c *Conn) smcRead(p []byte) (int, bool, error) {
 				n += copy(p[n:], buf[:avail-uint64(n)])
 			}
 			c.mu.Lock()
+			c.rxBusy = false
 			c.rxCons += uint64(n)
 			c.passMarkLocked()
 			update := c.rxCons-c.rxConfirmed >= max(c.rmbSize/10, 1)
+			closed := c.appClosed
 			c.mu.Unlock()
-			if update {
+			if closed {
+				c.maybeRelease() // closed during the copy: the release waited for us
+			} else if update {
 				c.cs.updates.Add(1)
 				c.sendCDC(0)
 			}

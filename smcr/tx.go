@@ -15,6 +15,13 @@ import (
 func (c *Conn) smcWrite(p []byte, urgent bool) (int, error) {
 	c.txMu.Lock()
 	defer c.txMu.Unlock()
+	// Closed while we copied and posted (txBusy): the release waited for us.
+	var release bool
+	defer func() {
+		if release {
+			c.maybeRelease()
+		}
+	}()
 	total := 0
 	for total < len(p) || len(p) == 0 {
 		if isClosed(c.writeDL.wait()) {
@@ -86,6 +93,9 @@ func (c *Conn) smcWrite(p []byte, urgent bool) (int, error) {
 		c.txBusy = true // a continuation must wait until txProd counts this chunk
 		lnk := c.lnk
 		c.mu.Unlock()
+		if h := testHookCopy.Load(); h != nil {
+			(*h)(c, false)
+		}
 
 		buf := c.snd.Bytes()
 		first := min(n, c.peerSize-off)
@@ -93,6 +103,7 @@ func (c *Conn) smcWrite(p []byte, urgent bool) (int, error) {
 		if err := lnk.postWrite(c, int(off), int(first)); err != nil {
 			c.mu.Lock()
 			c.txBusy = false
+			release = c.appClosed
 			c.mu.Unlock()
 			c.awaitLinkDown(lnk)
 			continue // the bytes were not counted: the continuation or the error path
@@ -104,6 +115,7 @@ func (c *Conn) smcWrite(p []byte, urgent bool) (int, error) {
 				c.mu.Lock()
 				c.txProd += first
 				c.txBusy = false
+				release = c.appClosed
 				c.mu.Unlock()
 				total += int(first)
 				c.awaitLinkDown(lnk)
@@ -113,6 +125,7 @@ func (c *Conn) smcWrite(p []byte, urgent bool) (int, error) {
 		c.mu.Lock()
 		c.txProd += n
 		c.txBusy = false
+		release = c.appClosed
 		if urgent && total+int(n) == len(p) {
 			c.txUrgent = true // on whichever CDC first announces it (sendCDC)
 		}
