@@ -230,6 +230,7 @@ func (c *Conn) releaseBuffers() (kept int64) {
 			c.lg.drop(b)
 		case b.rmb && announcing != nil:
 			kept += int64(b.size)
+			c.e.keeping.Add(1)
 			go c.lg.keepWhenAnswered(b, announcing)
 		case c.lg.keep(b):
 			kept += int64(b.size)
@@ -243,6 +244,7 @@ func (c *Conn) releaseBuffers() (kept int64) {
 // keepWhenAnswered pools b once its CONFIRM_RKEY is answered (or failed, which
 // takes the link down, so b is freed), or frees it with the memory it holds.
 func (lg *linkGroup) keepWhenAnswered(b *pooledBuf, answered <-chan struct{}) {
+	defer lg.e.kept()
 	<-answered
 	if !lg.keep(b) {
 		lg.drop(b)

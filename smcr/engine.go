@@ -60,7 +60,8 @@ type Engine struct {
 	// lateFree holds declined connections whose RMB the client may still write
 	// into (freeLater).
 	lateFree map[*Conn]*time.Timer
-	releases chan struct{} // a connection was untracked (awaitClosedReleased)
+	releases chan struct{} // a connection was untracked, or a kept RMB settled (awaitClosedReleased)
+	keeping  atomic.Int32  // keepWhenAnswered goroutines holding released RMBs
 }
 
 // NewEngine checks cfg and returns an Engine.
@@ -205,8 +206,20 @@ func (e *Engine) awaitClosedReleased(deadline <-chan time.Time) bool {
 	return true
 }
 
+// kept ends a keepWhenAnswered, which holds a released connection's RMB.
+func (e *Engine) kept() {
+	e.keeping.Add(-1)
+	select {
+	case e.releases <- struct{}{}:
+	default:
+	}
+}
+
 // closedUnreleased counts the connections the application closed whose buffers
-// are not yet released.
+// are not yet released (a connection is untracked once maybeRelease has freed
+// them, after it marks it released), and the released RMBs waiting for the
+// answer to their CONFIRM_RKEY before they are pooled or freed
+// (keepWhenAnswered): a caller may close the devices once Close returns.
 func (e *Engine) closedUnreleased() int {
 	e.mu.Lock()
 	cs := make([]*Conn, 0, len(e.conns))
@@ -214,10 +227,10 @@ func (e *Engine) closedUnreleased() int {
 		cs = append(cs, c)
 	}
 	e.mu.Unlock()
-	n := 0
+	n := int(e.keeping.Load())
 	for _, c := range cs {
 		c.mu.Lock()
-		if c.appClosed && !c.released {
+		if c.appClosed {
 			n++
 		}
 		c.mu.Unlock()
