@@ -183,7 +183,7 @@ func (c *Conn) runCtl() {
 	c.mu.Unlock()
 	if b&ctlAbort != 0 {
 		c.mu.Lock()
-		c.awaitTxIdleLocked() // no WRITE after the abort: the peer drops its RMB
+		c.awaitPostersLocked(true) // no WRITE after the abort: the peer drops its RMB
 		c.localTerm, c.localAbort = true, true
 		c.mu.Unlock()
 		c.sendCDC(0)

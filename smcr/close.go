@@ -113,9 +113,10 @@ func (c *Conn) Close() error {
 	c.mu.Lock()
 	c.appClosed = true
 	// A WRITE posted after our closing CDC could reach an RMB the peer has let
-	// go once it saw the close: let a Write that is posting finish (no new one
-	// starts now), as Linux's close waits for the socket lock sendmsg holds.
-	c.awaitTxIdleLocked()
+	// go once it saw the close: let a Write that is posting, or a move's resend,
+	// finish (no new Write starts now), as Linux's close waits for the socket
+	// lock that sendmsg and the switch of a connection to another link hold.
+	c.awaitPostersLocked(true)
 	send := !c.localTerm && !c.lnkErr && !c.fo
 	if send {
 		c.localTerm, c.localDone = true, true
@@ -230,19 +231,20 @@ func (c *Conn) queueReleaseIfDueLocked() {
 	}
 }
 
-// awaitTxIdleLocked waits until no Write is between taking space in the send
-// buffer and counting it in txProd (txBusy): its copy and its WRITEs. The caller
-// holds c.mu, which is released while waiting.
-func (c *Conn) awaitTxIdleLocked() {
-	for c.txBusy {
+// awaitPostersLocked waits until no Write is between taking space in the send
+// buffer and counting it in txProd (txBusy: its copy and its WRITEs) and, with
+// move, until the connection has moved to another link (moving: moveTo resends
+// from the send buffer). The caller holds c.mu, which is released while waiting.
+func (c *Conn) awaitPostersLocked(move bool) {
+	for c.txBusy || move && c.moving {
 		c.mu.Unlock()
 		time.Sleep(50 * time.Microsecond)
 		c.mu.Lock()
 	}
 }
 
-// testHookCopy lets tests act while a Read copies out of the RMB (rx) or a
-// Write into the send buffer, outside c.mu.
+// testHookCopy lets tests act, outside c.mu, while a Read copies out of the RMB
+// (rx), or a Write copies into the send buffer or a move resends from it.
 var testHookCopy atomic.Pointer[func(c *Conn, rx bool)]
 
 // maybeRelease frees the connection's buffers once nothing can touch them: both ends
@@ -257,8 +259,8 @@ func (c *Conn) maybeRelease() bool {
 		return true
 	}
 	ok := c.appClosed && (c.lnkErr || (c.termAcked && c.peerClosed && c.wrOut.Load() == 0))
-	if c.txBusy || c.rxBusy {
-		ok = false // a Read or Write copies in our buffers: it releases when done
+	if c.txBusy || c.rxBusy || c.moving {
+		ok = false // a Read, Write or move uses our buffers: it releases when done
 	}
 	if c.fo && !isClosed(c.foDone) {
 		ok = false // failover still needs the send buffer; it releases when done

@@ -301,6 +301,52 @@ func TestCloseWakesOnRelease(t *testing.T) {
 	}
 }
 
+// closeWithin closes both ends from inside a section of c's (testHookCopy for
+// c and rx), once: the peer, then c from another goroutine; for 200 ms it
+// watches whether c is released and whether its Close returns meanwhile.
+type closeWithin struct {
+	c, s               *Conn
+	rx                 bool
+	once               sync.Once
+	released, returned bool
+}
+
+func (w *closeWithin) install(t *testing.T) {
+	hook := func(x *Conn, rx bool) {
+		if x == w.c && rx == w.rx {
+			w.once.Do(func() { w.closeBoth(t) })
+		}
+	}
+	testHookCopy.Store(&hook)
+	t.Cleanup(func() { testHookCopy.Store(nil) })
+}
+
+func (w *closeWithin) closeBoth(t *testing.T) {
+	c := w.c
+	w.s.Close()
+	eventually(t, "peer's close seen", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.peerClosed
+	})
+	closed := make(chan struct{})
+	go func() { c.Close(); close(closed) }()
+	for deadline := time.Now().Add(200 * time.Millisecond); time.Now().Before(deadline) && !w.released; time.Sleep(time.Millisecond) {
+		w.released = w.isReleased()
+	}
+	select {
+	case <-closed:
+		w.returned = true
+	default:
+	}
+}
+
+func (w *closeWithin) isReleased() bool {
+	w.c.mu.Lock()
+	defer w.c.mu.Unlock()
+	return w.c.released
+}
+
 // TestReleaseWaitsForCopy: a connection closed while a Read copies out of its
 // RMB, or a Write into its send buffer, keeps both until the copy ends (released,
 // a buffer is unmapped or given to another connection), and the Write's bytes
@@ -311,40 +357,8 @@ func TestReleaseWaitsForCopy(t *testing.T) {
 			p := memPair(t)
 			c, s := p.connect(t)
 			mustSMC(t, c, s)
-			released := func() bool {
-				c.mu.Lock()
-				defer c.mu.Unlock()
-				return c.released
-			}
-			var during bool
-			var once sync.Once
-			hook := func(x *Conn, dir bool) {
-				if x != c || dir != rx {
-					return
-				}
-				once.Do(func() {
-					s.Close()
-					eventually(t, "peer's close seen", func() bool {
-						c.mu.Lock()
-						defer c.mu.Unlock()
-						return c.peerClosed
-					})
-					closed := make(chan struct{})
-					go func() { c.Close(); close(closed) }()
-					for deadline := time.Now().Add(200 * time.Millisecond); time.Now().Before(deadline) && !during; time.Sleep(time.Millisecond) {
-						during = released()
-					}
-					if !rx {
-						select {
-						case <-closed:
-							t.Error("Close sent its closing CDC while a Write was posting")
-						default:
-						}
-					}
-				})
-			}
-			testHookCopy.Store(&hook)
-			t.Cleanup(func() { testHookCopy.Store(nil) })
+			w := &closeWithin{c: c, s: s, rx: rx}
+			w.install(t)
 			if rx {
 				if _, err := s.Write([]byte("hello")); err != nil {
 					t.Fatal(err)
@@ -355,11 +369,14 @@ func TestReleaseWaitsForCopy(t *testing.T) {
 				}
 			} else {
 				c.Write([]byte("hello"))
+				if w.returned {
+					t.Error("Close sent its closing CDC while a Write was posting")
+				}
 			}
-			if during {
+			if w.released {
 				t.Fatal("buffers released while a copy used them")
 			}
-			eventually(t, "released after the copy", released)
+			eventually(t, "released after the copy", w.isReleased)
 		})
 	}
 }

@@ -623,7 +623,11 @@ func (c *Conn) moveTo(old, nw *link) {
 	if c.released || c.lnk != old || c.fo {
 		// Gone, moved already, or continuing over TCP with frozen cursors.
 		c.moving = false
+		closed := c.appClosed && !c.released
 		c.mu.Unlock()
+		if closed {
+			c.maybeRelease()
+		}
 		wake(c.txWake)
 		return
 	}
@@ -642,7 +646,7 @@ func (c *Conn) moveTo(old, nw *link) {
 		c.linkDown(fmt.Errorf("%w: cannot move to link %d", ErrLinkDown, nw.num))
 		return
 	}
-	c.awaitTxIdleLocked()
+	c.awaitPostersLocked(false)
 	c.lnk = nw
 	c.peerRKey, c.peerAddr = tok.rkey, tok.addr
 	// The peer holds every byte before the cursor of our last completed CDC (RC
@@ -655,6 +659,9 @@ func (c *Conn) moveTo(old, nw *link) {
 	// may have counted WRITEs after linkFailed settled old's: settle again.
 	// Nothing posts on old any more (c.lnk is nw).
 	c.settleWrites(old)
+	if h := testHookCopy.Load(); h != nil {
+		(*h)(c, false)
+	}
 	resent := to - from
 	var err error
 	for from < to && err == nil {
@@ -674,7 +681,11 @@ func (c *Conn) moveTo(old, nw *link) {
 	if pend != 0 {
 		c.queueCtlLocked(pend)
 	}
+	closed := c.appClosed // during the move: the release waited for it
 	c.mu.Unlock()
+	if closed {
+		c.maybeRelease()
+	}
 	wake(c.rxWake)
 	wake(c.txWake)
 	if err != nil && !errors.Is(err, ErrLinkDown) {

@@ -546,3 +546,32 @@ func TestReusedRMBFailsOver(t *testing.T) {
 	}
 	p.closeAll(t, append(conns, [2]*Conn{keep, ks}))
 }
+
+// TestCloseDuringMove: a connection closed while it moves to the surviving link
+// keeps its send buffer until the resend from it is posted, and sends its
+// closing CDC after the resent bytes (after it, the peer may let its RMB go).
+func TestCloseDuringMove(t *testing.T) {
+	c1, c2, s1, s2 := fourDevices(t)
+	cfg := func(d ...verbs.Device) Config {
+		return Config{Devices: d, RMBSize: 16 << 10, TestLinkInterval: -1}
+	}
+	p := newPair(t, cfg(c1, c2), cfg(s1, s2))
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	eventually(t, "two links on both ends", func() bool { return twoLinks(p.cli) && twoLinks(p.srv) })
+	if _, err := c.Write([]byte("not yet read by the server: resent on the move")); err != nil {
+		t.Fatal(err)
+	}
+	w := &closeWithin{c: c, s: s} // the move's resend reads the send buffer
+	w.install(t)
+	c.lnk.dev.(*memverbs.Device).Fail()
+	eventually(t, "one link left", func() bool { return oneLink(p.cli) })
+	eventually(t, "moved", func() bool { return p.cli.Stats().MovedConns == 1 })
+	if w.released {
+		t.Error("send buffer released while the move resent from it")
+	}
+	if w.returned {
+		t.Error("Close sent its closing CDC before the move's resend")
+	}
+	eventually(t, "released after the move", w.isReleased)
+}

@@ -242,7 +242,7 @@ func (c *Conn) resync() error {
 	// resend covers every byte the writer will report as written. Writers start no
 	// new chunk once the continuation began, and a posted chunk is counted at once.
 	c.mu.Lock()
-	c.awaitTxIdleLocked()
+	c.awaitPostersLocked(false)
 	from, to, cons := peer.r.received, c.txProd, c.txCons
 	c.mu.Unlock()
 	if from < cons || from > to {
