@@ -87,6 +87,8 @@ type qp struct {
 	kick       chan struct{} // wakes sendLoop
 	connected  chan struct{} // closed on entering RTS
 	done       chan struct{} // closed on entering ERROR
+	execMu     sync.RWMutex  // held by place while it copies into memory
+	execOff    bool          // under execMu: the QP left RTS, place copies nothing more
 }
 
 func newQP(p *pd, cfg verbs.QPConfig) (*qp, error) {
@@ -347,6 +349,10 @@ func (q *qp) failLocked(sendSt, recvSt verbs.WCStatus, why error, fromResponder 
 		q.log.Warn("soft: qp error", "err", why)
 	}
 	q.setStateLocked(verbs.QPError, why)
+	// After this no WRITE lands: a piece being copied ends first (place).
+	q.execMu.Lock()
+	q.execOff = true
+	q.execMu.Unlock()
 	for i := q.sqHead; i < q.sqTail; i++ {
 		s := &q.sq[i%uint64(len(q.sq))]
 		st := verbs.WCWRFlushErr

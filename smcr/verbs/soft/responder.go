@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync/atomic"
 
 	"github.com/smcr-io/smcr/smcr/verbs"
 )
@@ -39,6 +40,7 @@ func (q *qp) respond(c net.Conn) {
 	q.mu.Unlock()
 
 	br, bw := bufio.NewReaderSize(c, bufSize), bufio.NewWriterSize(c, 4096)
+	bounce := make([]byte, bufSize) // WRITE payloads on their way to memory (place)
 	hb := make([]byte, headerLen)
 	var h header
 	rnrPending := false
@@ -67,7 +69,7 @@ func (q *qp) respond(c net.Conn) {
 			return
 		}
 		rnrPending = false
-		syndrome, err := q.execute(br, &h)
+		syndrome, err := q.execute(br, &h, bounce)
 		if err != nil {
 			if !errors.Is(err, errStopped) {
 				q.fail(verbs.WCWRFlushErr, verbs.WCWRFlushErr, fmt.Errorf("soft: inbound stream: %w", err), false)
@@ -112,7 +114,7 @@ func (q *qp) respond(c net.Conn) {
 // execute performs one request whose header is h and whose payload follows in br.
 // It returns 0 to ACK, a NAK syndrome (the payload then discarded), or an error
 // when the stream broke or the QP stopped.
-func (q *qp) execute(br *bufio.Reader, h *header) (uint8, error) {
+func (q *qp) execute(br *bufio.Reader, h *header, bounce []byte) (uint8, error) {
 	var recv recvSlot
 	var ridx uint64
 	if h.typ == frameWrite {
@@ -146,7 +148,7 @@ func (q *qp) execute(br *bufio.Reader, h *header) (uint8, error) {
 			if !ok {
 				return nakRemAccess, discard(br, h.length)
 			}
-			if _, err := io.ReadFull(br, dst); err != nil {
+			if err := q.place(br, dst, bounce); err != nil {
 				return 0, err
 			}
 		}
@@ -187,3 +189,39 @@ func discard(br *bufio.Reader, n uint32) error {
 	_, err := br.Discard(int(n))
 	return err
 }
+
+// place reads a WRITE's payload from br into dst, registered memory, as an
+// adapter's DMA writes it: through bounce, a piece at a time, each piece copied
+// under execMu and only while the QP is in RTS. Nothing lands once the QP has
+// entered ERROR (failLocked waits for a piece being copied), Close included: the
+// engine relies on it when the peer moves a
+// connection to another link and rewrites its bytes there, where a WRITE late
+// over the failed link would land on them (Conn.fenceMovedFrom). And the copy,
+// like an adapter's DMA or shm's memcpy, is not one the race detector sees:
+// registered memory is ordered by the verbs protocol (completions, and SMC-R's
+// cursors above it), not by Go's memory model, and the same bytes written over
+// two links at once during such a move would read as a data race.
+func (q *qp) place(br *bufio.Reader, dst, bounce []byte) error {
+	for len(dst) > 0 {
+		k := min(len(dst), len(bounce))
+		if _, err := io.ReadFull(br, bounce[:k]); err != nil {
+			return err
+		}
+		if h := testHookPlace.Load(); h != nil {
+			(*h)(q)
+		}
+		q.execMu.RLock()
+		if q.execOff {
+			q.execMu.RUnlock()
+			return errStopped
+		}
+		dmaCopy(dst, bounce[:k])
+		q.execMu.RUnlock()
+		dst = dst[k:]
+	}
+	return nil
+}
+
+// testHookPlace runs in place when a piece of a WRITE has been read, before it
+// is copied.
+var testHookPlace atomic.Pointer[func(*qp)]

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"sync"
 	"testing"
 	"time"
 
@@ -446,24 +447,9 @@ func TestNoAllocPerMessage(t *testing.T) {
 	if verbstest.InPeer() {
 		t.Skip("not the peer's test")
 	}
-	a, b := open(t, Config{}), open(t, Config{})
-	pa, _ := a.AllocPD()
-	pb, _ := b.AllocPD()
-	cqa, _ := a.CreateCQ(64)
-	cqb, _ := b.CreateCQ(64)
-	ma, _ := pa.AllocMR(64<<10, verbs.AccessLocalWrite)
-	mb, _ := pb.AllocMR(64<<10, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
-	qa, _ := pa.CreateQP(verbs.QPConfig{SendCQ: cqa, RecvCQ: cqa})
-	qb, _ := pb.CreateQP(verbs.QPConfig{SendCQ: cqb, RecvCQ: cqb})
+	p := newQPPair(t)
+	qa, qb, ma, mb, cqa, cqb := p.qa, p.qb, p.ma, p.mb, p.cqa, p.cqb
 	ctx := context.Background()
-	errc := make(chan error, 1)
-	go func() { errc <- qb.Connect(ctx, qa.Attr()) }()
-	if err := qa.Connect(ctx, qb.Attr()); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-errc; err != nil {
-		t.Fatal(err)
-	}
 	write := &verbs.SendWR{ID: 1, Opcode: verbs.OpWrite, SG: []verbs.SGE{{MR: ma, Length: 32 << 10}}, RemoteAddr: mb.Addr(), RKey: mb.RKey()}
 	send := &verbs.SendWR{ID: 2, Opcode: verbs.OpSend, Signaled: true, SG: []verbs.SGE{{MR: ma, Length: 64}}}
 	recv := &verbs.RecvWR{ID: 3, SG: []verbs.SGE{{MR: mb, Offset: 60000, Length: 64}}}
@@ -492,5 +478,71 @@ func TestNoAllocPerMessage(t *testing.T) {
 	}
 	if allocs := testing.AllocsPerRun(200, round); allocs >= 1 {
 		t.Fatalf("%.1f allocations per WRITE+SEND round trip, want 0", allocs)
+	}
+}
+
+// qpPair is a QP on each of two devices, connected; mb, on b's side, takes
+// remote writes.
+type qpPair struct {
+	qa, qb   verbs.QP
+	ma, mb   verbs.MR
+	cqa, cqb verbs.CQ
+}
+
+func newQPPair(t *testing.T) *qpPair {
+	t.Helper()
+	a, b := open(t, Config{}), open(t, Config{})
+	pa, _ := a.AllocPD()
+	pb, _ := b.AllocPD()
+	p := &qpPair{}
+	p.cqa, _ = a.CreateCQ(64)
+	p.cqb, _ = b.CreateCQ(64)
+	p.ma, _ = pa.AllocMR(64<<10, verbs.AccessLocalWrite)
+	p.mb, _ = pb.AllocMR(64<<10, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
+	p.qa, _ = pa.CreateQP(verbs.QPConfig{SendCQ: p.cqa, RecvCQ: p.cqa})
+	p.qb, _ = pb.CreateQP(verbs.QPConfig{SendCQ: p.cqb, RecvCQ: p.cqb})
+	ctx := context.Background()
+	errc := make(chan error, 1)
+	go func() { errc <- p.qb.Connect(ctx, p.qa.Attr()) }()
+	if err := p.qa.Connect(ctx, p.qb.Attr()); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestNoWriteAfterClose: a WRITE whose payload has arrived when its target QP
+// closes lands nothing, as an RNIC's responder executes nothing once its QP has
+// left RTS: the engine closes a link's QP so that no WRITE late over it lands on
+// bytes the peer rewrote over another link (Conn.fenceMovedFrom).
+func TestNoWriteAfterClose(t *testing.T) {
+	if verbstest.InPeer() {
+		t.Skip("not the peer's test")
+	}
+	p := newQPPair(t)
+	closed := make(chan struct{})
+	var once sync.Once
+	hook := func(q *qp) {
+		if q == p.qb.(*qp) {
+			once.Do(func() { p.qb.Close(); close(closed) })
+		}
+	}
+	testHookPlace.Store(&hook)
+	t.Cleanup(func() { testHookPlace.Store(nil) })
+	src := p.ma.Bytes()
+	for i := range src {
+		src[i] = 0xab
+	}
+	if err := p.qa.PostSend(&verbs.SendWR{ID: 1, Opcode: verbs.OpWrite, Signaled: true, SG: []verbs.SGE{{MR: p.ma, Length: 32 << 10}}, RemoteAddr: p.mb.Addr(), RKey: p.mb.RKey()}); err != nil {
+		t.Fatal(err)
+	}
+	<-closed
+	for range 50 {
+		if i := bytes.IndexByte(p.mb.Bytes(), 0xab); i >= 0 {
+			t.Fatalf("byte %d written after the target QP closed", i)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
