@@ -375,6 +375,9 @@ func (l *link) onCDC(b []byte) {
 		e.log.Debug("smcr: cdc for unknown alert token", "lg", l.lg.id, "token", m.Token)
 		return
 	}
+	if m.Flags&rmb.FlagFailoverValidation != 0 {
+		c.fenceMovedFrom(l)
+	}
 	l.rxBytes.Add(c.onCDC(&m))
 }
 

@@ -609,6 +609,29 @@ func (c *Conn) settleWrites(l *link) {
 	}
 }
 
+// fenceMovedFrom runs in l's poller when the peer validates c on l: the peer
+// moved c there from the link c is on for us, which failed on the peer's side
+// though perhaps not yet on ours. That link must land nothing more in our RMB
+// before we take the cursors that follow (the validation comes first, on l): a
+// WRITE late over it would land on bytes the peer rewrites over l, after we
+// read them and the peer reuses the region. Closing its QP stops it (an RNIC
+// executes nothing once its QP leaves RTS; soft's Close waits for a WRITE it is
+// copying), and linkFailed then moves our side, as a DELETE_LINK would.
+func (c *Conn) fenceMovedFrom(l *link) {
+	c.mu.Lock()
+	old := c.lnk
+	c.mu.Unlock()
+	if old == nil || old == l || old.lg != l.lg {
+		return
+	}
+	wasDown := old.down.Load() // then linkFailed runs already
+	old.close()
+	if !wasDown {
+		c.e.log.Info("smcr: peer moved a connection off a link; closing it", "lg", l.lg.id, "link", old.num, "to", l.num, "conn", c.id)
+		go l.lg.linkFailed(old, fmt.Errorf("%w: the peer moved connection %d to link %d", ErrLinkDown, c.id, l.num), true)
+	}
+}
+
 // moveTo moves c from the failed link old to nw (smc_switch_conns): it resends
 // every byte the peer has not confirmed consuming, [txCons, txProd), from the send
 // buffer, which mirrors the peer's RMBE, to the same offsets through nw, then a

@@ -547,10 +547,9 @@ func TestReusedRMBFailsOver(t *testing.T) {
 	p.closeAll(t, append(conns, [2]*Conn{keep, ks}))
 }
 
-// TestCloseDuringMove: a connection closed while it moves to the surviving link
-// keeps its send buffer until the resend from it is posted, and sends its
-// closing CDC after the resent bytes (after it, the peer may let its RMB go).
-func TestCloseDuringMove(t *testing.T) {
+// twoLinkConn is a pair of engines with two devices each, and a connection on
+// the link group once its second link is up.
+func twoLinkConn(t *testing.T) (*pair, *Conn, *Conn) {
 	c1, c2, s1, s2 := fourDevices(t)
 	cfg := func(d ...verbs.Device) Config {
 		return Config{Devices: d, RMBSize: 16 << 10, TestLinkInterval: -1}
@@ -559,6 +558,14 @@ func TestCloseDuringMove(t *testing.T) {
 	c, s := p.connect(t)
 	mustSMC(t, c, s)
 	eventually(t, "two links on both ends", func() bool { return twoLinks(p.cli) && twoLinks(p.srv) })
+	return p, c, s
+}
+
+// TestCloseDuringMove: a connection closed while it moves to the surviving link
+// keeps its send buffer until the resend from it is posted, and sends its
+// closing CDC after the resent bytes (after it, the peer may let its RMB go).
+func TestCloseDuringMove(t *testing.T) {
+	p, c, s := twoLinkConn(t)
 	if _, err := c.Write([]byte("not yet read by the server: resent on the move")); err != nil {
 		t.Fatal(err)
 	}
@@ -574,4 +581,34 @@ func TestCloseDuringMove(t *testing.T) {
 		t.Error("Close sent its closing CDC before the move's resend")
 	}
 	eventually(t, "released after the move", w.isReleased)
+}
+
+// TestValidationFencesOldLink: a peer's failover validation for a connection on
+// the other link closes the link the connection was on for us, before the
+// cursors that follow, and our side moves too: nothing more may land over it.
+func TestValidationFencesOldLink(t *testing.T) {
+	p, c, s := twoLinkConn(t)
+	c.mu.Lock()
+	old, seq := c.lnk, c.rxSeq
+	c.mu.Unlock()
+	var other *link // the server's end of the link c is not on
+	s.lg.mu.RLock()
+	for _, l := range s.lg.links {
+		if l.num != old.num {
+			other = l
+		}
+	}
+	s.lg.mu.RUnlock()
+	if err := other.sendCDC(&rmb.CDC{Seq: seq, Token: c.token, Flags: rmb.FlagFailoverValidation}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "old link closed", old.down.Load)
+	eventually(t, "one link left on both ends", func() bool { return oneLink(p.cli) && oneLink(p.srv) })
+	c.mu.Lock()
+	moved := c.lnk != old
+	c.mu.Unlock()
+	if !moved {
+		t.Error("connection still on the closed link")
+	}
+	echoOK(t, c, s)
 }
