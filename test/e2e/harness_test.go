@@ -244,6 +244,10 @@ func (h *host) stop() {
 		<-h.done
 		h.t.Errorf("smcrd on %s did not stop on SIGTERM", h.name)
 	}
+	// make test-race runs this suite against an smcrd built with -race.
+	if strings.Contains(h.logText(), "DATA RACE") {
+		h.t.Errorf("the race detector found a data race in smcrd on %s", h.name)
+	}
 	if h.t.Failed() {
 		h.t.Logf("smcrd %s log:\n%s", h.name, h.logText())
 	}
