@@ -377,6 +377,12 @@ func TestReleaseWaitsForCopy(t *testing.T) {
 				t.Fatal("buffers released while a copy used them")
 			}
 			eventually(t, "released after the copy", w.isReleased)
+			// Nothing followed the closing CDC to a peer that may have let
+			// the connection go.
+			time.Sleep(20 * time.Millisecond)
+			if n := p.srv.Stats().ProtoErrors; n != 0 {
+				t.Errorf("the peer counted %d protocol errors", n)
+			}
 		})
 	}
 }

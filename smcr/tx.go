@@ -137,6 +137,12 @@ func (c *Conn) smcWrite(p []byte, urgent bool) (int, error) {
 		total += int(n)
 		c.cs.tx.Add(n)
 		c.e.st.txBytes.Add(n)
+		if release {
+			// Closed meanwhile: Close waited for this chunk, and its closing CDC
+			// announces it. Ours would follow that one, to a peer that may have
+			// let the connection go.
+			continue
+		}
 		if err := c.sendCDC(flags); err != nil {
 			// The bytes are in txProd: the resync resends them if the peer lacks them.
 			c.awaitLinkDown(lnk)
