@@ -621,8 +621,8 @@ func (c *Conn) fenceMovedFrom(l *link) {
 	c.mu.Lock()
 	old := c.lnk
 	c.mu.Unlock()
-	if old == nil || old == l || old.lg != l.lg {
-		return
+	if old == nil || old == l || old.lg != l.lg || l.down.Load() {
+		return // (a validation drained from a link we found failed too fences nothing)
 	}
 	wasDown := old.down.Load() // then linkFailed runs already
 	old.close()
