@@ -175,6 +175,16 @@ func (c *Conn) queueCtlLocked(b ctlBits) {
 	}
 }
 
+// closeSent reports whether our closing or abnormal-close CDC went out (or is
+// going): it carries our cursors, which no longer move, and a CDC after it
+// could reach a peer that has let the connection go. (A move to another link
+// sends that state again when the first was lost with the link: moveTo.)
+func (c *Conn) closeSent() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.localTerm
+}
+
 // runCtl sends what queueCtlLocked asked for; it runs in the link worker.
 func (c *Conn) runCtl() {
 	c.mu.Lock()
@@ -187,7 +197,7 @@ func (c *Conn) runCtl() {
 		c.localTerm, c.localAbort = true, true
 		c.mu.Unlock()
 		c.sendCDC(0)
-	} else if b&ctlUpdate != 0 {
+	} else if b&ctlUpdate != 0 && !c.closeSent() {
 		c.cs.updates.Add(1)
 		c.sendCDC(0)
 	}

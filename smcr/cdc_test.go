@@ -3,6 +3,7 @@ package smcr
 import (
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/smcr-io/smcr/rmb"
 	"github.com/smcr-io/smcr/smcr/verbs"
@@ -67,5 +68,33 @@ func TestStaleCDCDropped(t *testing.T) {
 	echoOK(t, c, s)
 	if n := p.cli.Stats().ProtoErrors; n != 0 {
 		t.Errorf("%d protocol errors", n)
+	}
+}
+
+// TestNoUpdateAfterClose: a consumer update the peer asks for after our Close is
+// not sent: our closing CDC carried the cursors, which no longer move, and a CDC
+// after it could reach a peer that has let the connection go.
+func TestNoUpdateAfterClose(t *testing.T) {
+	p := memPair(t)
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	echoOK(t, c, s)
+	c.Close()
+	eventually(t, "close seen", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.peerClosed
+	})
+	sent, recv := c.cs.cdcSent.Load(), c.cs.cdcRecv.Load()
+	c.mu.Lock()
+	next := c.rxSeq + 1
+	c.mu.Unlock()
+	if err := s.lnk.sendCDC(&rmb.CDC{Seq: next, Token: c.token, Flags: rmb.FlagUpdateRequested}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "request received", func() bool { return c.cs.cdcRecv.Load() > recv })
+	time.Sleep(20 * time.Millisecond) // the worker would have answered by now
+	if n := c.cs.cdcSent.Load() - sent; n != 0 {
+		t.Errorf("%d CDCs sent after the closing one", n)
 	}
 }
