@@ -62,7 +62,10 @@
 // work requests complete with WCWRFlushErr and both streams close, which the peer
 // sees as retry exceeded. A frame that does not parse cannot touch memory: every
 // write goes through the same rkey and bounds check, and one QP's failure closes
-// only its own two streams.
+// only its own two streams. As an RNIC's, a QP that has left RTS executes nothing
+// more, WRITEs already in its stream included: their payload reaches memory
+// through a bounce buffer, each piece copied only while the QP runs, and the
+// copy is a device's DMA, outside the race detector's sight (dmaCopy).
 //
 // Buffers are reused: posting, sending, executing and completing a work request
 // allocate nothing.
