@@ -140,6 +140,86 @@ func stressEcho(ctx context.Context, s *nsSetup, seed uint64, size int) (string,
 	return mode, nil
 }
 
+// TestCloseUnderLoad closes and aborts connections at random moments while
+// their Reads and Writes run, on shm (whose buffers are mappings a release
+// unmaps) and soft: no Close or Abort may free a buffer a copy is using or
+// hang, and every connection must release its buffers once both ends closed.
+// Before Close waited for copies, every run on shm ended in a fault: a Write
+// copying into a send buffer a concurrent Close had unmapped.
+func TestCloseUnderLoad(t *testing.T) {
+	for _, kind := range []string{"shm", "soft"} {
+		t.Run(kind, func(t *testing.T) {
+			s := newNSSetup(t, kind)
+			n := 512
+			if race.Enabled {
+				n = 32
+			}
+			go func() {
+				for {
+					c, err := s.ln.AcceptSMC()
+					if err != nil {
+						return
+					}
+					go func() {
+						defer c.Close()
+						go io.Copy(io.Discard, c) // reads until our end closes
+						buf := make([]byte, 64<<10)
+						for {
+							if _, err := c.Write(buf); err != nil {
+								return
+							}
+						}
+					}()
+				}
+			}()
+			rng := rand.New(rand.NewPCG(1, 2))
+			var wg sync.WaitGroup
+			for i := range n {
+				var c *Conn
+				err := s.pair.A.Do(func() error {
+					var err error
+					c, err = s.cli.Dial(context.Background(), "tcp", s.addr)
+					return err
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				after := time.Duration(rng.IntN(3000)) * time.Microsecond
+				wg.Add(3)
+				go func() { defer wg.Done(); io.Copy(io.Discard, c) }()
+				go func() {
+					defer wg.Done()
+					buf := make([]byte, 48<<10)
+					for {
+						if _, err := c.Write(buf); err != nil {
+							return
+						}
+					}
+				}()
+				go func() {
+					defer wg.Done()
+					time.Sleep(after)
+					if i%2 == 0 {
+						c.Close()
+					} else {
+						c.Abort()
+					}
+				}()
+			}
+			done := make(chan struct{})
+			go func() { wg.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(30 * time.Second):
+				t.Fatal("Reads, Writes or Closes still running after 30 s")
+			}
+			eventually(t, "every connection released on both ends", func() bool {
+				return len(s.cli.Conns()) == 0 && len(s.srv.Conns()) == 0
+			})
+		})
+	}
+}
+
 // TestCrossingDecline: after our Decline, an Accept or a Decline the peer sent at
 // the same time is dropped, and application bytes that merely begin like one are kept.
 func TestCrossingDecline(t *testing.T) {
