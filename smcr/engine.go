@@ -209,10 +209,7 @@ func (e *Engine) awaitClosedReleased(deadline <-chan time.Time) bool {
 // kept ends a keepWhenAnswered, which holds a released connection's RMB.
 func (e *Engine) kept() {
 	e.keeping.Add(-1)
-	select {
-	case e.releases <- struct{}{}:
-	default:
-	}
+	wake(e.releases)
 }
 
 // closedUnreleased counts the connections the application closed whose buffers
@@ -456,10 +453,7 @@ func (e *Engine) untrack(c *Conn) {
 	e.mu.Lock()
 	delete(e.conns, c.id)
 	e.mu.Unlock()
-	select {
-	case e.releases <- struct{}{}:
-	default:
-	}
+	wake(e.releases)
 }
 
 // trackFallback keeps fallen-back connections visible to Conns until closed.

@@ -651,12 +651,7 @@ func (l *link) work() {
 
 func (l *link) armTestLink() {
 	if iv := l.lg.e.cfg.TestLinkInterval; iv > 0 {
-		l.lg.e.cfg.Clock.AfterFunc(iv, func() {
-			select {
-			case l.testDue <- struct{}{}:
-			default:
-			}
-		})
+		l.lg.e.cfg.Clock.AfterFunc(iv, func() { wake(l.testDue) })
 	}
 }
 
