@@ -175,16 +175,6 @@ func (c *Conn) queueCtlLocked(b ctlBits) {
 	}
 }
 
-// closeSent reports whether our closing or abnormal-close CDC went out (or is
-// going): it carries our cursors, which no longer move, and a CDC after it
-// could reach a peer that has let the connection go. (A move to another link
-// sends that state again when the first was lost with the link: moveTo.)
-func (c *Conn) closeSent() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.localTerm
-}
-
 // runCtl sends what queueCtlLocked asked for; it runs in the link worker.
 func (c *Conn) runCtl() {
 	c.mu.Lock()
@@ -197,9 +187,8 @@ func (c *Conn) runCtl() {
 		c.localTerm, c.localAbort = true, true
 		c.mu.Unlock()
 		c.sendCDC(0)
-	} else if b&ctlUpdate != 0 && !c.closeSent() {
-		c.cs.updates.Add(1)
-		c.sendCDC(0)
+	} else if b&ctlUpdate != 0 {
+		c.sendCursors(0, cdcUpdate)
 	}
 	if b&(ctlRelease|ctlAbort) != 0 {
 		// Off the worker: a release closes the TCP connection and deregisters
@@ -216,13 +205,44 @@ func (c *Conn) runCtl() {
 // A failover validation (flags has FlagFailoverValidation) carries the number of
 // our last CDC that completed, not a new one, as Linux's does: the peer checks it
 // has seen that number, and drops no later CDC for it.
-func (c *Conn) sendCDC(flags rmb.ProdFlags) error {
+func (c *Conn) sendCDC(flags rmb.ProdFlags) error { return c.sendCDCKind(flags, cdcState) }
+
+// cdcKind says what a CDC is for, which decides whether it still goes once our
+// closing or abnormal-close CDC is out (or going): that one carries the cursors,
+// which no longer move, and a CDC after it could reach a peer that has let the
+// connection go. A move to another link sends the closing state again (moveTo).
+type cdcKind uint8
+
+const (
+	cdcState   cdcKind = iota // a change of connection state, a failover validation: always
+	cdcCursors                // a Write's producer cursor: not after the closing CDC
+	cdcUpdate                 // a consumer-cursor update (Read's, or asked for): nor, and counted
+)
+
+// sendCursors sends a CDC of kind cdcCursors or cdcUpdate. The closing CDC is
+// checked for under cdcMu, so a Close finds this CDC sent or sends its own after.
+func (c *Conn) sendCursors(flags rmb.ProdFlags, kind cdcKind) error {
+	if h := testHookCursors.Load(); h != nil {
+		(*h)(c)
+	}
+	return c.sendCDCKind(flags, kind)
+}
+
+// sendCDCKind builds and sends the CDC under cdcMu, which keeps numbers in order.
+func (c *Conn) sendCDCKind(flags rmb.ProdFlags, kind cdcKind) error {
 	c.cdcMu.Lock()
 	defer c.cdcMu.Unlock()
 	c.mu.Lock()
 	if c.peerSize == 0 || c.released || c.lnkErr || c.fo {
 		c.mu.Unlock()
 		return ErrLinkDown
+	}
+	if kind != cdcState && c.localTerm {
+		c.mu.Unlock()
+		return nil
+	}
+	if kind == cdcUpdate {
+		c.cs.updates.Add(1)
 	}
 	seq := uint16(c.seqAcked.Load())
 	if flags&rmb.FlagFailoverValidation == 0 {
@@ -250,6 +270,9 @@ func (c *Conn) sendCDC(flags rmb.ProdFlags) error {
 	c.cs.cdcSent.Add(1)
 	return lnk.sendConnCDC(c, prod, &m)
 }
+
+// testHookCursors lets tests act before sendCursors decides, outside every lock.
+var testHookCursors atomic.Pointer[func(*Conn)]
 
 // testHookCDC sees each CDC for a live connection before it is applied, under c.mu.
 var testHookCDC atomic.Pointer[func(*Conn, *rmb.CDC)]

@@ -1,6 +1,7 @@
 package smcr
 
 import (
+	"io"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -96,5 +97,59 @@ func TestNoUpdateAfterClose(t *testing.T) {
 	time.Sleep(20 * time.Millisecond) // the worker would have answered by now
 	if n := c.cs.cdcSent.Load() - sent; n != 0 {
 		t.Errorf("%d CDCs sent after the closing one", n)
+	}
+}
+
+// TestNoCursorsAfterClose: a Write that counted its bytes, or a Read that owes a
+// consumer update, and finds itself overtaken by a Close before its CDC goes,
+// sends none: the closing CDC, sent after the count, carried those cursors.
+func TestNoCursorsAfterClose(t *testing.T) {
+	for _, side := range []string{"write", "read"} {
+		t.Run(side, func(t *testing.T) {
+			p := memPair(t)
+			c, s := p.connect(t)
+			mustSMC(t, c, s)
+			echoOK(t, c, s)
+			msg := make([]byte, c.rmbSize/2) // past the 10% rule: Read owes an update
+			if side == "read" {
+				go s.Write(msg)
+			}
+			var closed atomic.Bool
+			var sentAtClose uint64
+			hook := func(h *Conn) {
+				if h == c && closed.CompareAndSwap(false, true) {
+					c.Close() // between the count and the CDC that would announce it
+					sentAtClose = c.cs.cdcSent.Load()
+				}
+			}
+			testHookCursors.Store(&hook)
+			t.Cleanup(func() { testHookCursors.Store(nil) })
+			var err error
+			if side == "write" {
+				_, err = c.Write(msg)
+			} else {
+				_, err = io.ReadFull(c, msg)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !closed.Load() {
+				t.Fatal("no cursor CDC was about to go")
+			}
+			if n := c.cs.cdcSent.Load() - sentAtClose; n != 0 {
+				t.Errorf("%d CDCs sent after the closing one", n)
+			}
+			if side == "write" { // the closing CDC announced the bytes
+				got := make([]byte, len(msg))
+				if _, err := io.ReadFull(s, got); err != nil {
+					t.Fatalf("peer read: %v", err)
+				}
+			}
+			eventually(t, "peer saw the close", func() bool {
+				s.mu.Lock()
+				defer s.mu.Unlock()
+				return s.peerClosed
+			})
+		})
 	}
 }

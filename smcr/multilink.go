@@ -92,6 +92,8 @@ func (lg *linkGroup) serverAddLink() error {
 	}
 	num := lg.freshLinkNum()
 	if num == 0 {
+		e.log.Warn("smcr: link group has used all its link numbers, no second link until it ends",
+			"lg", lg.id, "numbers", maxLinkNum)
 		return errNoSecondLink
 	}
 	l2, err := newLink(lg, e.cfg.Devices[di], num)

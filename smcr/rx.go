@@ -136,8 +136,7 @@ func (c *Conn) smcRead(p []byte) (int, bool, error) {
 			if closed {
 				c.maybeRelease() // closed during the copy: the release waited for us
 			} else if update {
-				c.cs.updates.Add(1)
-				c.sendCDC(0)
+				c.sendCursors(0, cdcUpdate)
 			}
 			c.cs.rx.Add(uint64(n))
 			c.e.st.rxBytes.Add(uint64(n))

@@ -143,7 +143,7 @@ func (c *Conn) smcWrite(p []byte, urgent bool) (int, error) {
 			// let the connection go.
 			continue
 		}
-		if err := c.sendCDC(flags); err != nil {
+		if err := c.sendCursors(flags, cdcCursors); err != nil {
 			// The bytes are in txProd: the resync resends them if the peer lacks them.
 			c.awaitLinkDown(lnk)
 		}
