@@ -21,9 +21,9 @@ const maxPooled = 16
 type pooledBuf struct {
 	rmb  bool // an RMB; else a send buffer
 	size uint64
-	own  verbs.MR                 // the allocation, made in the PD of link[n] where on[n] == own
-	on   [maxLinkNum + 1]verbs.MR // registrations by link number, own among them
-	link [maxLinkNum + 1]*link
+	own  verbs.MR            // the allocation, made in the PD of link[i] where on[i] == own
+	on   [linkSlots]verbs.MR // registrations by link slot, own among them
+	link [linkSlots]*link
 }
 
 // deregister closes b's registrations, second ones before the memory they map,
@@ -77,12 +77,12 @@ func (lg *linkGroup) withdraw(b *pooledBuf) {
 	}
 	var to *link
 	for _, l := range lg.links {
-		if m := b.on[l.num]; m != nil && b.link[l.num] == l && !l.down.Load() && (to == nil || m == b.own) {
+		if m := b.on[l.ix]; m != nil && b.link[l.ix] == l && !l.down.Load() && (to == nil || m == b.own) {
 			to = l
 		}
 	}
 	if to != nil {
-		go to.deleteRKey(b.on[to.num].RKey())
+		go to.deleteRKey(b.on[to.ix].RKey())
 	}
 }
 
@@ -140,7 +140,7 @@ func (lg *linkGroup) take(rmb bool, size uint64, l *link) *pooledBuf {
 			i--
 			continue
 		}
-		if b.rmb == rmb && b.size == size && b.link[l.num] == l && b.on[l.num] == b.own {
+		if b.rmb == rmb && b.size == size && b.link[l.ix] == l && b.on[l.ix] == b.own {
 			lg.pool = slices.Delete(lg.pool, i, i+1)
 			lg.e.pooled.Add(-int64(b.size))
 			return b
@@ -274,6 +274,6 @@ func (c *Conn) detachBufsLocked() []*pooledBuf {
 			bufs = append(bufs, b)
 		}
 	}
-	c.regLink = [maxLinkNum + 1]*link{}
+	c.regLink = [linkSlots]*link{}
 	return bufs
 }

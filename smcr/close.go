@@ -379,8 +379,8 @@ func (c *Conn) allocRMB() (DeclineCode, error) {
 		}
 		c.rmb, c.rmbSize = mr, uint64(size)
 		c.mu.Lock()
-		c.rmbOn[c.lnk.num] = mr
-		c.regLink[c.lnk.num] = c.lnk
+		c.rmbOn[c.lnk.ix] = mr
+		c.regLink[c.lnk.ix] = c.lnk
 		c.mu.Unlock()
 		c.lnk.holdPD()
 	}
@@ -437,8 +437,8 @@ func (c *Conn) setPeer(li *clc.LinkInfo) (DeclineCode, error) {
 	c.mu.Lock()
 	if err == nil {
 		c.snd = mr
-		c.sndOn[c.lnk.num] = mr
-		c.regLink[c.lnk.num] = c.lnk
+		c.sndOn[c.lnk.ix] = mr
+		c.regLink[c.lnk.ix] = c.lnk
 		c.lnk.holdPD()
 	}
 	c.mu.Unlock()
@@ -448,7 +448,7 @@ func (c *Conn) setPeer(li *clc.LinkInfo) (DeclineCode, error) {
 
 // setPeerKey records the peer's RMB from its Accept/Confirm.
 func (c *Conn) setPeerKey(li *clc.LinkInfo) {
-	c.lg.notePeerRMB(c.lnk.num, li.RKey, li.RMBAddr)
+	c.lg.notePeerRMB(c.lnk, li.RKey, li.RMBAddr)
 	c.mu.Lock()
 	c.peerSize = uint64(clc.RMBESize(li.SizeCode))
 	c.peerToken, c.peerRKey, c.peerAddr = li.AlertToken, li.RKey, li.RMBAddr

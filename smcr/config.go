@@ -91,11 +91,12 @@ const (
 	maxRMB     = 512 << 10
 	defaultRMB = 256 << 10
 	maxLinks   = 2
-	// maxLinkNum bounds the link numbers a group uses over its life: a link
-	// added again after a failure takes a fresh number, so registrations under
-	// the failed link's number, which connections hold until released, never
-	// mix with the new link's.
-	maxLinkNum     = 8
+	// linkSlots bounds the links a group holds at once, live or gone but still
+	// holding registrations (Linux's link index; it has 3): a connection
+	// allocated its buffers on the link it started on, and they stay there,
+	// in that link's protection domain, until it ends. A link's number on the
+	// wire is another thing, cycling through 1–255 (multilink.go).
+	linkSlots      = 8
 	maxLinkRetry   = time.Minute
 	maxConnsPerLGR = 255
 )

@@ -138,16 +138,16 @@ type Conn struct {
 
 	// Second link (multilink.go): our RMB and send buffer registered on each link
 	// by link number, and the peer RMB's rkey on the link CLC named.
-	rmbOn, sndOn [maxLinkNum + 1]verbs.MR
-	regLink      [maxLinkNum + 1]*link // whose PD holds rmbOn[n] and sndOn[n]
+	rmbOn, sndOn [linkSlots]verbs.MR
+	regLink      [linkSlots]*link // whose PD holds rmbOn[i] and sndOn[i]
 	peerKey      rkeyOn
 	// rkeyAnnounced is closed when the peer answered our RMB's CONFIRM_RKEY
 	// (nil: none sent); until then the RMB is not pooled (bufpool.go).
 	rkeyAnnounced <-chan struct{}
-	rmbPooled     bool                         // the RMB came from the pool: the peer knows it (announceRMB)
-	wrOutOn       [maxLinkNum + 1]atomic.Int32 // wrOut by link number
-	txAcked       atomic.Uint64                // producer cursor of our last CDC that completed
-	seqAcked      atomic.Uint32                // sequence number of our last CDC that completed
+	rmbPooled     bool                    // the RMB came from the pool: the peer knows it (announceRMB)
+	wrOutOn       [linkSlots]atomic.Int32 // wrOut by link slot
+	txAcked       atomic.Uint64           // producer cursor of our last CDC that completed
+	seqAcked      atomic.Uint32           // sequence number of our last CDC that completed
 
 	// cdcMu keeps our CDCs on the wire in the order of their sequence numbers
 	// (Linux's receiver drops one numbered before the last it took).

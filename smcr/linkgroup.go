@@ -56,12 +56,13 @@ type linkGroup struct {
 	conns     map[uint32]*Conn // by our alert token
 	reserved  int              // connections on it or setting up
 	links     []*link
-	rr        int           // round robin over the links for new connections
-	peerRMBs  peerRMBTable  // the peer's RMBs we were told of, by rkey on each link
-	rkeyAdded chan struct{} // closed and replaced whenever peerRMBs grows
-	pool      []*pooledBuf  // released connections' buffers (bufpool.go)
-	usedNums  uint16        // link numbers used so far: bit n for number n
-	readding  bool          // a readdLink loop runs
+	rr        int              // round robin over the links for new connections
+	peerRMBs  peerRMBTable     // the peer's RMBs we were told of, by rkey on each link
+	rkeyAdded chan struct{}    // closed and replaced whenever peerRMBs grows
+	pool      []*pooledBuf     // released connections' buffers (bufpool.go)
+	slots     [linkSlots]*link // links that hold a slot: live, being added, or gone but with registrations left
+	lastNum   uint8            // the link number last taken (multilink.go)
+	readding  bool             // a readdLink loop runs
 	idle      Timer
 	dead      bool
 	deadErr   error
@@ -77,11 +78,12 @@ type rkeyOn struct {
 type rtoken struct {
 	rkey uint32
 	addr uint64
+	num  uint8 // the link's number, which with rkey is the entry's key
 	ok   bool
 }
 
-// peerRTokens are one peer RMB's rtokens, indexed by link number.
-type peerRTokens [maxLinkNum + 1]rtoken
+// peerRTokens are one peer RMB's rtokens, indexed by link slot.
+type peerRTokens [linkSlots]rtoken
 
 // maxPeerRMBs bounds the peer RMBs a link group knows. A peer of ours holds at
 // most maxConnsPerLGR in use and maxPooled pooled (Linux: 255 in all), and
@@ -90,9 +92,9 @@ type peerRTokens [maxLinkNum + 1]rtoken
 const maxPeerRMBs = 2 * (maxConnsPerLGR + maxPooled)
 
 // peerRMBTable holds the peer's RMBs, each under its rkey on every link it was
-// announced on (a failed link's key stays: its connections look their RMB up by
-// it when they move), and counts the RMBs so that a peer cannot make it grow
-// without bound.
+// announced on (a failed link's key stays while the link holds its slot; a
+// connection that moves takes its new link's key), and counts the RMBs so that a
+// peer cannot make it grow without bound.
 type peerRMBTable struct {
 	byKey map[rkeyOn]*peerRTokens
 	keys  map[*peerRTokens]int // the keys naming each RMB
@@ -216,7 +218,7 @@ func (e *Engine) newLinkGroup(key lgKey, di int) (*linkGroup, error) {
 	e.lgSeq++
 	lg := &linkGroup{e: e, id: e.lgSeq, key: key, dev: di, ready: make(chan struct{}),
 		conns: map[uint32]*Conn{}, peerRMBs: newPeerRMBTable(), rkeyAdded: make(chan struct{}),
-		addCont: make(chan llc.AddLinkCont, maxConnsPerLGR), usedNums: 1 << 1}
+		addCont: make(chan llc.AddLinkCont, maxConnsPerLGR), lastNum: 1}
 	e.mu.Unlock()
 	l, err := newLink(lg, e.cfg.Devices[di], 1)
 	if err != nil {
@@ -472,21 +474,23 @@ func (lg *linkGroup) addPeerRKey(fresh bool, num uint8, rkey uint32, addr uint64
 		t = new(peerRTokens)
 	}
 	set := func(n uint8, tok rtoken) {
-		if int(n) >= len(t) {
-			return
+		l := lg.slotOfLocked(n)
+		if l == nil {
+			return // a link we do not hold (any more)
 		}
-		if old := t[n]; old.ok && old.rkey != tok.rkey {
-			lg.peerRMBs.delIf(rkeyOn{n, old.rkey}, t)
+		if old := t[l.ix]; old.ok && (old.rkey != tok.rkey || old.num != n) {
+			lg.peerRMBs.delIf(rkeyOn{old.num, old.rkey}, t)
 		}
-		t[n] = tok
+		tok.num, tok.ok = n, true
+		t[l.ix] = tok
 		lg.peerRMBs.set(rkeyOn{n, tok.rkey}, t)
 	}
-	if int(num) < len(t) && (!t[num].ok || addr != 0) {
-		set(num, rtoken{rkey: rkey, addr: addr, ok: true}) // ADD_LINK_CONT names no address
+	if l := lg.slotOfLocked(num); l != nil && (!t[l.ix].ok || addr != 0) {
+		set(num, rtoken{rkey: rkey, addr: addr}) // ADD_LINK_CONT names no address
 	}
 	for _, o := range others {
 		if n := uint8(o.Link); n != 0 {
-			set(n, rtoken{rkey: o.RKey, addr: o.Addr, ok: true})
+			set(n, rtoken{rkey: o.RKey, addr: o.Addr})
 		}
 	}
 	close(lg.rkeyAdded)
@@ -496,9 +500,9 @@ func (lg *linkGroup) addPeerRKey(fresh bool, num uint8, rkey uint32, addr uint64
 
 // forgetLocked removes the keys of entry t. The caller holds lg.mu.
 func (lg *linkGroup) forgetLocked(t *peerRTokens) {
-	for n, tok := range t {
+	for _, tok := range t {
 		if tok.ok {
-			lg.peerRMBs.delIf(rkeyOn{uint8(n), tok.rkey}, t)
+			lg.peerRMBs.delIf(rkeyOn{tok.num, tok.rkey}, t)
 		}
 	}
 }
@@ -518,26 +522,27 @@ func (lg *linkGroup) delPeerRKey(num uint8, rkey uint32) bool {
 
 // notePeerRMB records the peer RMB a CLC message names, which no CONFIRM_RKEY
 // announced when it is first contact's.
-func (lg *linkGroup) notePeerRMB(num uint8, rkey uint32, addr uint64) {
+func (lg *linkGroup) notePeerRMB(l *link, rkey uint32, addr uint64) {
 	lg.mu.Lock()
 	defer lg.mu.Unlock()
-	k := rkeyOn{num, rkey}
-	if t := lg.peerRMBs.get(k); t == nil && int(num) < len(t) {
+	k := rkeyOn{l.num, rkey}
+	if t := lg.peerRMBs.get(k); t == nil && lg.slots[l.ix] == l {
 		t = new(peerRTokens)
-		t[num] = rtoken{rkey: rkey, addr: addr, ok: true}
+		t[l.ix] = rtoken{rkey: rkey, addr: addr, num: l.num, ok: true}
 		lg.peerRMBs.set(k, t)
 	}
 }
 
-// peerToken returns the rtoken on link to of the peer RMB known as rkey on link from.
-func (lg *linkGroup) peerToken(from uint8, rkey uint32, to uint8) (rtoken, bool) {
+// peerToken returns the rtoken on link to of the peer RMB known as rkey on link
+// number from.
+func (lg *linkGroup) peerToken(from uint8, rkey uint32, to *link) (rtoken, bool) {
 	lg.mu.RLock()
 	defer lg.mu.RUnlock()
 	t := lg.peerRMBs.get(rkeyOn{from, rkey})
-	if t == nil || int(to) >= len(t) || !t[to].ok {
+	if t == nil || !t[to.ix].ok || t[to.ix].num != to.num {
 		return rtoken{}, false
 	}
-	return t[to], true
+	return t[to.ix], true
 }
 
 // waitPeerRKey waits until the peer has confirmed rkey on link num over LLC. The

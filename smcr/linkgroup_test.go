@@ -476,13 +476,17 @@ func TestLateDeclineWritesLand(t *testing.T) {
 
 // FuzzPeerRMBs plays a hostile peer's CONFIRM_RKEY, ADD_LINK_CONT and
 // DELETE_RKEY messages, and first contacts' CLC rkeys, against a link group's
-// table of peer RMBs: however they come, it holds at most maxPeerRMBs RMBs,
-// each under exactly the rkeys it holds, and counts them right. Each op is 8
-// bytes: kind, link, rkey (2), other link, other rkey (2), address byte.
+// table of peer RMBs, while links leave their slots and new ones take them:
+// however they come, it holds at most maxPeerRMBs RMBs, each under exactly the
+// rkeys it holds, each rtoken on a link that holds its slot, and counts them
+// right. Each op is 8 bytes: kind, link, rkey (2), other link, other rkey (2),
+// address byte. Links are numbered 1–8 at first; 0 and 9 name none.
 func FuzzPeerRMBs(f *testing.F) {
 	f.Add([]byte{0, 1, 0, 1, 2, 0, 2, 1, 1, 1, 0, 1, 2, 0, 3, 0, 2, 1, 0, 1, 0, 0, 0, 0})
 	f.Add(bytes.Repeat([]byte{0, 1, 0, 1, 2, 0, 9, 1}, 40))
 	f.Add([]byte{3, 1, 0, 7, 0, 0, 0, 0, 0, 1, 0, 7, 2, 0, 8, 1, 2, 2, 0, 8, 0, 0, 0, 0})
+	// Link 2 leaves its slot and link 9 takes it: the RMB's rtoken on 2 goes.
+	f.Add([]byte{0, 1, 0, 1, 2, 0, 2, 1, 4, 2, 0, 0, 9, 0, 0, 0, 1, 1, 0, 1, 9, 0, 3, 0})
 	// One rkey announced again and again, each time with a new rkey on link 2:
 	// every announcement must replace the last, not leave it counted.
 	var again []byte
@@ -492,9 +496,19 @@ func FuzzPeerRMBs(f *testing.F) {
 	f.Add(again)
 	f.Fuzz(func(t *testing.T, ops []byte) {
 		lg := &linkGroup{peerRMBs: newPeerRMBTable(), rkeyAdded: make(chan struct{})}
+		for i := range linkSlots {
+			if err := lg.takeSlot(&link{lg: lg, num: uint8(i + 1)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		byNum := func(num uint8) *link {
+			lg.mu.RLock()
+			defer lg.mu.RUnlock()
+			return lg.slotOfLocked(num)
+		}
 		ops = ops[:min(len(ops), 8*4096)]
 		for i := 0; len(ops) >= 8; i++ {
-			op, num, rkey := ops[0]%4, ops[1]%10, uint32(ops[2])<<8|uint32(ops[3])
+			op, num, rkey := ops[0]%5, ops[1]%10, uint32(ops[2])<<8|uint32(ops[3])
 			other := llc.RToken{Link: llc.LinkID(ops[4] % 10), RKey: uint32(ops[5])<<8 | uint32(ops[6]), Addr: uint64(ops[7])}
 			ops = ops[8:]
 			switch op {
@@ -505,7 +519,16 @@ func FuzzPeerRMBs(f *testing.F) {
 			case 2:
 				lg.delPeerRKey(num, rkey)
 			case 3:
-				lg.notePeerRMB(num, rkey, 1)
+				if l := byNum(num); l != nil {
+					lg.notePeerRMB(l, rkey, 1)
+				}
+			case 4: // link num leaves its slot; link other.Link takes a free one
+				if l := byNum(num); l != nil {
+					lg.leaveSlot(l)
+				}
+				if n := uint8(other.Link); lg.numFree(n) {
+					lg.takeSlot(&link{lg: lg, num: n})
+				}
 			}
 			tab := &lg.peerRMBs
 			if tab.rmbs() > maxPeerRMBs {
@@ -516,13 +539,24 @@ func FuzzPeerRMBs(f *testing.F) {
 			}
 			refs := map[*peerRTokens]int{}
 			for k, e := range tab.byKey {
-				if int(k.link) >= len(e) || !e[k.link].ok || e[k.link].rkey != k.rkey {
+				held := false
+				for _, tok := range e {
+					held = held || tok.ok && tok.num == k.link && tok.rkey == k.rkey
+				}
+				if !held {
 					t.Fatalf("key %+v names an RMB that does not hold it: %+v", k, *e)
 				}
 				refs[e]++
 			}
 			if !maps.Equal(refs, tab.keys) {
 				t.Fatalf("key counts %v, want %v", tab.keys, refs)
+			}
+			for e := range tab.keys {
+				for ix, tok := range e {
+					if l := lg.slots[ix]; tok.ok && (l == nil || l.num != tok.num) {
+						t.Fatalf("rtoken %+v in slot %d, which link %v holds", tok, ix, l)
+					}
+				}
 			}
 		}
 	})

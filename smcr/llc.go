@@ -56,7 +56,8 @@ type pendKey struct {
 type link struct {
 	lg  *linkGroup
 	dev verbs.Device
-	num uint8
+	num uint8 // on the wire
+	ix  uint8 // slot in the group and in its buffers' registrations (linkSlots)
 	uid llc.LinkUID
 	mtu verbs.MTU
 
@@ -148,7 +149,11 @@ func newLink(lg *linkGroup, dev verbs.Device, num uint8) (_ *link, err error) {
 		l.mtu = verbs.MTU1024
 	}
 	binary.BigEndian.PutUint32(l.uid[:], lg.id<<8|uint32(num))
+	if err := lg.takeSlot(l); err != nil {
+		return nil, err
+	}
 	if err := lg.e.trackLink(); err != nil {
+		lg.leaveSlot(l)
 		return nil, err
 	}
 	defer func() {
@@ -347,7 +352,7 @@ func (l *link) complete(wc *verbs.WorkCompletion) {
 			l.credits <- struct{}{}
 			c := l.lg.conn(uint32(wc.ID))
 			if c != nil {
-				c.wrOutOn[l.num].Add(-1)
+				c.wrOutOn[l.ix].Add(-1)
 				c.writeDone()
 			}
 			if wc.Status != verbs.WCSuccess && c != nil {
@@ -603,8 +608,8 @@ func (l *link) postWrite(c *Conn, off, n int) error {
 		return ErrLinkDown
 	}
 	c.wrOut.Add(1)
-	c.wrOutOn[l.num].Add(1)
-	snd := c.sndOn[l.num] // registered before c moved to l (multilink.go)
+	c.wrOutOn[l.ix].Add(1)
+	snd := c.sndOn[l.ix] // registered before c moved to l (multilink.go)
 	if snd == nil {
 		snd = c.snd
 	}
@@ -617,10 +622,10 @@ func (l *link) postWrite(c *Conn, off, n int) error {
 	if err != nil {
 		// Undo the count, unless a failover already took it from wrOutOn and
 		// called writeDone for it (linkFailed, moveTo): then wrOut is settled.
-		if c.wrOutOn[l.num].Add(-1) >= 0 {
+		if c.wrOutOn[l.ix].Add(-1) >= 0 {
 			c.wrOut.Add(-1)
 		} else {
-			c.wrOutOn[l.num].Add(1)
+			c.wrOutOn[l.ix].Add(1)
 		}
 		l.credits <- struct{}{}
 		l.fail(fmt.Errorf("post write: %w", err))
@@ -984,6 +989,8 @@ func (l *link) free() {
 	}
 	if l.pd != nil {
 		l.releasePD()
+	} else {
+		l.lg.leaveSlot(l)
 	}
 }
 
@@ -1005,5 +1012,6 @@ func (l *link) releasePD() {
 		if err := l.pd.Close(); err != nil {
 			l.lg.e.log.Warn("smcr: close protection domain", "lg", l.lg.id, "link", l.num, "err", err)
 		}
+		l.lg.leaveSlot(l)
 	}
 }

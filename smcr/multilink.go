@@ -92,8 +92,6 @@ func (lg *linkGroup) serverAddLink() error {
 	}
 	num := lg.freshLinkNum()
 	if num == 0 {
-		e.log.Warn("smcr: link group has used all its link numbers, no second link until it ends",
-			"lg", lg.id, "numbers", maxLinkNum)
 		return errNoSecondLink
 	}
 	l2, err := newLink(lg, e.cfg.Devices[di], num)
@@ -194,27 +192,150 @@ func (lg *linkGroup) liveLinks() int {
 	return n
 }
 
-// freshLinkNum takes the lowest link number the group has never used, or returns
-// 0 when none is left.
+// Link numbers and slots. A link's number goes on the wire (ADD_LINK, rtokens,
+// DELETE_LINK): the server takes the one after the last it took, cycling through
+// 1–255 and skipping those of links the group still holds, as Linux's
+// smcr_next_link_id, so a number names one link for a long while and a late
+// message about a link that is gone is not taken for its successor's. A link's
+// slot (ix) indexes the registrations of buffers and the peer's rtokens: newLink
+// takes a free one, and the link gives it back once nothing is registered in its
+// protection domain (releasePD). Registrations made for a link that failed or
+// never came up go with it (forgetLink), but a buffer stays where it was
+// allocated, in the PD of the link its connection started on, until the
+// connection ends: a failed link's slot waits for those connections.
+
+// freshLinkNum takes the next link number for a link the server adds, or
+// returns 0 when the group holds every number (it cannot: linkSlots < 255).
 func (lg *linkGroup) freshLinkNum() uint8 {
-	for n := uint8(1); n <= maxLinkNum; n++ {
-		if lg.takeLinkNum(n) {
-			return n
+	lg.mu.Lock()
+	defer lg.mu.Unlock()
+	for range 255 {
+		lg.lastNum = lg.lastNum%255 + 1
+		if lg.slotOfLocked(lg.lastNum) == nil {
+			return lg.lastNum
 		}
 	}
 	return 0
 }
 
-// takeLinkNum takes link number n for a link the server adds, unless the group
-// used it before (or n is out of range).
-func (lg *linkGroup) takeLinkNum(n uint8) bool {
+// numFree reports whether a link the peer adds may take number n: no link the
+// group holds has it.
+func (lg *linkGroup) numFree(n uint8) bool {
+	lg.mu.RLock()
+	defer lg.mu.RUnlock()
+	return n != 0 && lg.slotOfLocked(n) == nil
+}
+
+// slotOfLocked returns the link numbered num that holds a slot, or nil. The
+// caller holds lg.mu.
+func (lg *linkGroup) slotOfLocked(num uint8) *link {
+	for _, l := range lg.slots {
+		if l != nil && l.num == num {
+			return l
+		}
+	}
+	return nil
+}
+
+var errNoLinkSlot = errors.New("smcr: every link slot of the group is held (connections on failed links have not ended)")
+
+// takeSlot gives l a free slot of the group.
+func (lg *linkGroup) takeSlot(l *link) error {
 	lg.mu.Lock()
 	defer lg.mu.Unlock()
-	if n == 0 || n > maxLinkNum || lg.usedNums&(1<<n) != 0 {
-		return false
+	for i, o := range lg.slots {
+		if o == nil {
+			lg.slots[i], l.ix = l, uint8(i)
+			return nil
+		}
 	}
-	lg.usedNums |= 1 << n
-	return true
+	return errNoLinkSlot
+}
+
+// leaveSlot gives l's slot back once nothing is registered in its PD, with the
+// peer's rtokens on it.
+func (lg *linkGroup) leaveSlot(l *link) {
+	lg.mu.Lock()
+	defer lg.mu.Unlock()
+	if lg.slots[l.ix] != l {
+		return
+	}
+	lg.slots[l.ix] = nil
+	for t := range lg.peerRMBs.keys {
+		if tok := t[l.ix]; tok.ok {
+			t[l.ix] = rtoken{}
+			lg.peerRMBs.delIf(rkeyOn{tok.num, tok.rkey}, t)
+		}
+	}
+}
+
+// forgetLink drops what connections and pooled buffers registered on l, a link
+// that failed or never came up, so that its slot frees once the buffers
+// allocated on it are gone too. A connection still on l keeps its own: it is
+// moving, or ends with the link.
+func (lg *linkGroup) forgetLink(l *link) {
+	lg.mu.RLock()
+	conns := make([]*Conn, 0, len(lg.conns))
+	for _, c := range lg.conns {
+		conns = append(conns, c)
+	}
+	lg.mu.RUnlock()
+	released := 0
+	for _, c := range conns {
+		released += c.forgetLink(l)
+	}
+	var stale []*pooledBuf
+	lg.mu.Lock()
+	for i := 0; i < len(lg.pool); i++ {
+		b := lg.pool[i]
+		if b.link[l.ix] != l {
+			continue
+		}
+		if b.on[l.ix] == b.own {
+			stale = append(stale, b) // allocated on l: it goes
+			lg.pool = slices.Delete(lg.pool, i, i+1)
+			lg.e.pooled.Add(-int64(b.size))
+			i--
+			continue
+		}
+		b.on[l.ix].Close()
+		b.on[l.ix], b.link[l.ix] = nil, nil
+		released++
+	}
+	lg.mu.Unlock()
+	for _, b := range stale {
+		b.deregister()
+		lg.e.unreserve(int64(b.size))
+	}
+	for range released {
+		l.releasePD()
+	}
+}
+
+// forgetLink closes c's registrations on l other than its own buffers, unless c
+// is still on l; it returns how many holds on l's PD it dropped.
+func (c *Conn) forgetLink(l *link) (released int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.released || c.lnk == l || c.regLink[l.ix] != l {
+		return 0
+	}
+	own := false
+	for _, m := range []*verbs.MR{&c.rmbOn[l.ix], &c.sndOn[l.ix]} {
+		switch {
+		case *m == nil:
+		case *m == c.rmb || *m == c.snd:
+			own = true
+		default:
+			(*m).Close()
+			*m = nil
+			released++
+		}
+	}
+	if !own {
+		c.regLink[l.ix] = nil
+	}
+	return released
 }
 
 func (lg *linkGroup) serverAddLinkOn(l1, l2 *link, po offer) error {
@@ -289,7 +410,7 @@ func (lg *linkGroup) clientAddLink(l1 *link, req llc.AddLink) {
 	po, ok := lg.otherPeerOffer((*[16]byte)(&req.GID), l1)
 	num := uint8(req.Link)
 	if di < 0 || !ok || !canRegister(l1) || !req.MTU.Valid() || lg.liveLinks() >= maxLinks ||
-		!portUp(e.cfg.Devices[di]) || !lg.takeLinkNum(num) {
+		!portUp(e.cfg.Devices[di]) || !lg.numFree(num) {
 		reject()
 		return
 	}
@@ -365,6 +486,7 @@ func (lg *linkGroup) dropLink(l *link, err error) {
 		return
 	}
 	l.close()
+	lg.forgetLink(l)
 }
 
 func drain(ch chan llc.AddLinkCont) {
@@ -443,7 +565,7 @@ func (c *Conn) registerRMB(l1, l2 *link) (old, nw verbs.MR, err error) {
 	if c.released || c.rmb == nil {
 		return nil, nil, nil
 	}
-	if c.rmbOn[l2.num] == nil {
+	if c.rmbOn[l2.ix] == nil {
 		r, ok := l2.pd.(verbs.Registrar)
 		if !ok {
 			return nil, nil, fmt.Errorf("smcr: device %s cannot register an rmb twice", l2.dev.Name())
@@ -452,18 +574,18 @@ func (c *Conn) registerRMB(l1, l2 *link) (old, nw verbs.MR, err error) {
 		if err != nil {
 			return nil, nil, fmt.Errorf("smcr: register rmb on link %d: %w", l2.num, err)
 		}
-		c.rmbOn[l2.num] = mr
-		c.regLink[l2.num] = l2
+		c.rmbOn[l2.ix] = mr
+		c.regLink[l2.ix] = l2
 		l2.holdPD()
 	}
-	return c.rmbOn[l1.num], c.rmbOn[l2.num], nil
+	return c.rmbOn[l1.ix], c.rmbOn[l2.ix], nil
 }
 
 // registerSnd registers c's send buffer on l, the source of WRITEs on it.
 func (c *Conn) registerSnd(l *link) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.released || c.snd == nil || c.sndOn[l.num] != nil {
+	if c.released || c.snd == nil || c.sndOn[l.ix] != nil {
 		return nil
 	}
 	r, ok := l.pd.(verbs.Registrar)
@@ -474,8 +596,8 @@ func (c *Conn) registerSnd(l *link) error {
 	if err != nil {
 		return fmt.Errorf("smcr: register send buffer on link %d: %w", l.num, err)
 	}
-	c.sndOn[l.num] = mr
-	c.regLink[l.num] = l
+	c.sndOn[l.ix] = mr
+	c.regLink[l.ix] = l
 	l.holdPD()
 	return nil
 }
@@ -520,7 +642,7 @@ func (c *Conn) rmbOnEvery(links []*link) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, l := range links {
-		if !l.down.Load() && c.rmbOn[l.num] == nil {
+		if !l.down.Load() && c.rmbOn[l.ix] == nil {
 			return false
 		}
 	}
@@ -601,12 +723,13 @@ func (lg *linkGroup) linkFailed(l *link, err error, notify bool) {
 	for _, c := range mine {
 		c.moveTo(l, alive)
 	}
+	lg.forgetLink(l)
 }
 
 // settleWrites completes c's WRITEs still counted on l, whose poller is gone:
 // they complete never (postWrite's failure path knows they may be taken).
 func (c *Conn) settleWrites(l *link) {
-	for n := c.wrOutOn[l.num].Swap(0); n > 0; n-- {
+	for n := c.wrOutOn[l.ix].Swap(0); n > 0; n-- {
 		c.writeDone()
 	}
 }
@@ -642,7 +765,7 @@ func (c *Conn) fenceMovedFrom(l *link) {
 // know of are not reused before its next consumer cursor. The peer answers the
 // validation with its cursors, so nothing waits on a CDC lost with old.
 func (c *Conn) moveTo(old, nw *link) {
-	tok, ok := c.lg.peerToken(c.peerKey.link, c.peerKey.rkey, nw.num)
+	tok, ok := c.lg.peerToken(c.peerKey.link, c.peerKey.rkey, nw)
 	regErr := c.registerSnd(nw)
 	c.mu.Lock()
 	if c.released || c.lnk != old || c.fo {
@@ -674,6 +797,7 @@ func (c *Conn) moveTo(old, nw *link) {
 	c.awaitPostersLocked(false)
 	c.lnk = nw
 	c.peerRKey, c.peerAddr = tok.rkey, tok.addr
+	c.peerKey = rkeyOn{nw.num, tok.rkey} // old's key goes with its slot
 	// The peer holds every byte before the cursor of our last completed CDC (RC
 	// order: the WRITEs went before it), and may be reading them: resend after it.
 	from, to := max(c.txCons, c.txAcked.Load()), c.txProd

@@ -2,8 +2,10 @@ package smcr
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -614,4 +616,72 @@ func TestValidationFencesOldLink(t *testing.T) {
 		t.Error("connection still on the closed link")
 	}
 	echoOK(t, c, s)
+}
+
+// heldSlots counts the link slots e's link groups hold: live links, links being
+// added, and gone links whose protection domains still hold buffers.
+func heldSlots(e *Engine) int {
+	e.mu.Lock()
+	lgs := slices.Clone(e.lgs)
+	e.mu.Unlock()
+	n := 0
+	for _, lg := range lgs {
+		lg.mu.RLock()
+		for _, l := range lg.slots {
+			if l != nil {
+				n++
+			}
+		}
+		lg.mu.RUnlock()
+	}
+	return n
+}
+
+// TestLinkFlaps: the second link fails and is added again, more times than a
+// group has link slots (and than the 8 link numbers a group once had for its
+// whole life, after which it stayed on one link). Each round a short
+// connection opens, perhaps on the newest link, and closes; the long ones
+// carry on across every failure, and a gone link's slot comes back once
+// nothing is registered on it.
+func TestLinkFlaps(t *testing.T) {
+	c1, c2, s1, s2 := fourDevices(t)
+	cfg := func(d ...verbs.Device) Config {
+		return Config{Devices: d, RMBSize: 32 << 10, LinkRetry: 20 * time.Millisecond}
+	}
+	p := newPair(t, cfg(c1, c2), cfg(s1, s2))
+	var long [][2]*Conn
+	for range 4 {
+		c, s := p.connect(t)
+		mustSMC(t, c, s)
+		long = append(long, [2]*Conn{c, s})
+		eventually(t, "two links on both ends", func() bool { return twoLinks(p.cli) && twoLinks(p.srv) })
+	}
+	const flaps = 2*linkSlots + 4
+	for i := range flaps {
+		c, s := p.connect(t)
+		mustSMC(t, c, s)
+		echoOK(t, c, s)
+		c.Close()
+		s.Close()
+		s2.Fail()
+		eventually(t, fmt.Sprintf("link added again after failure %d", i+1), func() bool {
+			want := uint64(i + 2)
+			return p.srv.Stats().AddLinks == want && p.cli.Stats().AddLinks == want && twoLinks(p.cli) && twoLinks(p.srv)
+		})
+		for _, cs := range long {
+			echoOK(t, cs[0], cs[1])
+		}
+	}
+	if n := p.cli.Stats().Continued + p.srv.Stats().Continued; n != 0 {
+		t.Errorf("%d connections continued over tcp with a link left", n)
+	}
+	// Two live links, and the first second link's: the long connections
+	// allocated their buffers there. The rounds' links gave theirs back.
+	for _, e := range []*Engine{p.cli, p.srv} {
+		eventually(t, "slots given back", func() bool { return heldSlots(e) <= 3 })
+	}
+	p.closeAll(t, long)
+	for _, e := range []*Engine{p.cli, p.srv} {
+		eventually(t, "slots given back", func() bool { return heldSlots(e) == 2 })
+	}
 }
