@@ -813,19 +813,25 @@ func (l *link) deleteRKey(rkey uint32) {
 }
 
 func (l *link) testLink() {
-	l.pmu.Lock()
-	l.testSeq++
-	seq := l.testSeq
-	l.pmu.Unlock()
-	m := &llc.TestLink{}
-	binary.BigEndian.PutUint64(m.Data[:], seq)
-	if _, err := l.request(l.ctx, pendKey{t: llc.TypeTestLink, key: seq}, m, l.lg.e.cfg.LLCTimeout); err != nil {
+	if err := l.testOnce(l.ctx); err != nil {
 		if l.ctx.Err() == nil {
 			l.fail(fmt.Errorf("test link: %w", err))
 		}
 		return
 	}
 	l.armTestLink()
+}
+
+// testOnce sends one TEST_LINK and waits for the answer.
+func (l *link) testOnce(ctx context.Context) error {
+	l.pmu.Lock()
+	l.testSeq++
+	seq := l.testSeq
+	l.pmu.Unlock()
+	m := &llc.TestLink{}
+	binary.BigEndian.PutUint64(m.Data[:], seq)
+	_, err := l.request(ctx, pendKey{t: llc.TypeTestLink, key: seq}, m, l.lg.e.cfg.LLCTimeout)
+	return err
 }
 
 func (l *link) sendDeleteLink() {

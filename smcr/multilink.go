@@ -360,6 +360,13 @@ func (lg *linkGroup) serverAddLinkOn(l1, l2 *link, po offer) error {
 	if err := l2.connect(ctx, peer); err != nil {
 		return err
 	}
+	// A path that connects but does not carry (a dead port behind a live one:
+	// RC connects without the peer) would hold flow until CONFIRM_LINK timed
+	// out, and with it every setup announcing an RMB: try it first. The
+	// client's link answers a TEST_LINK from its poller, confirmed or not.
+	if err := l2.testOnce(ctx); err != nil {
+		return fmt.Errorf("test the new link: %w", err)
+	}
 	lg.flow.Lock()
 	defer lg.flow.Unlock()
 	if err := lg.sendRKeys(l1, l2, false); err != nil {

@@ -685,3 +685,57 @@ func TestLinkFlaps(t *testing.T) {
 		eventually(t, "slots given back", func() bool { return heldSlots(e) == 2 })
 	}
 }
+
+// TestReaddOnDeadPath: the second path connects but carries nothing (an
+// adapter whose peer's port is dead), so every try to add the link again
+// fails. The tries go on, and connection setups that announce a new RMB
+// meanwhile do not wait for them: the server tests the new link before it
+// takes the flow lock (before, each try held it until CONFIRM_LINK timed
+// out). Once the path carries again the link comes back.
+func TestReaddOnDeadPath(t *testing.T) {
+	c1, c2, s1, s2 := fourDevices(t)
+	const llcTimeout = 200 * time.Millisecond
+	cfg := func(d ...verbs.Device) Config {
+		return Config{Devices: d, RMBSize: 32 << 10, LinkRetry: 10 * time.Millisecond, LLCTimeout: llcTimeout}
+	}
+	p := newPair(t, cfg(c1, c2), cfg(s1, s2))
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	conns := [][2]*Conn{{c, s}}
+	eventually(t, "two links on both ends", func() bool { return twoLinks(p.cli) && twoLinks(p.srv) })
+	lastNum := func() uint8 {
+		p.srv.mu.Lock()
+		lg := p.srv.lgs[0]
+		p.srv.mu.Unlock()
+		lg.mu.RLock()
+		defer lg.mu.RUnlock()
+		return lg.lastNum
+	}
+	s2.SetCarry(false)
+	c2.SetCarry(false)
+	s2.Fail()
+	eventually(t, "one link left", func() bool { return oneLink(p.cli) && oneLink(p.srv) })
+	first := lastNum()
+	// The connections stay open, so each takes a new RMB and announces it.
+	var slowest time.Duration
+	for end := time.Now().Add(6 * llcTimeout); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		start := time.Now()
+		c, s := p.connect(t)
+		mustSMC(t, c, s)
+		slowest = max(slowest, time.Since(start))
+		conns = append(conns, [2]*Conn{c, s})
+	}
+	if tries := lastNum() - first; tries < 2 {
+		t.Fatalf("%d tries to add the link again", tries)
+	}
+	if slowest >= llcTimeout {
+		t.Errorf("a setup took %v while the link was being added (LLC timeout %v)", slowest, llcTimeout)
+	}
+	s2.SetCarry(true)
+	c2.SetCarry(true)
+	eventually(t, "the link back on both ends", func() bool { return twoLinks(p.cli) && twoLinks(p.srv) })
+	for _, cs := range conns {
+		echoOK(t, cs[0], cs[1])
+	}
+	p.closeAll(t, conns)
+}

@@ -36,6 +36,7 @@ type Device struct {
 	mac   [6]byte
 	shut  bool
 	down  atomic.Bool // SetPortUp(false)
+	mute  atomic.Bool // SetCarry(false)
 	pds   int         // PDs not yet freed
 	cqs   int         // CQs not yet closed
 	bad   []string
@@ -67,6 +68,10 @@ func (d *Device) PortUp() bool { return !d.down.Load() }
 // SetPortUp takes the port down or brings it back, as a cable would; it only
 // changes what PortUp reports (Fail breaks the queue pairs).
 func (d *Device) SetPortUp(up bool) { d.down.Store(!up) }
+
+// SetCarry(false) makes the device's QPs lose what they send, with no completion,
+// as on a path that connects but does not carry: RC retries until the QP closes.
+func (d *Device) SetCarry(carry bool) { d.mute.Store(!carry) }
 
 func (d *Device) AllocPD() (verbs.PD, error) {
 	d.mu.Lock()
@@ -418,6 +423,9 @@ func (q *qp) PostSend(wr *verbs.SendWR) error {
 		if err := verbs.CheckSGE(s); err != nil {
 			return err
 		}
+	}
+	if q.d.mute.Load() {
+		return nil
 	}
 	status := verbs.WCSuccess
 	op := verbs.WCWrite
