@@ -739,3 +739,24 @@ func TestReaddOnDeadPath(t *testing.T) {
 	}
 	p.closeAll(t, conns)
 }
+
+// TestFreshLinkNum: the server's link numbers follow the last it took, wrap from
+// 255 to 1, and skip numbers of links the group holds.
+func TestFreshLinkNum(t *testing.T) {
+	lg := &linkGroup{peerRMBs: newPeerRMBTable(), lastNum: 253}
+	for _, n := range []uint8{1, 255} {
+		if err := lg.takeSlot(&link{lg: lg, num: n}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []uint8
+	for range 3 {
+		got = append(got, lg.freshLinkNum())
+	}
+	if want := []uint8{254, 2, 3}; !slices.Equal(got, want) {
+		t.Errorf("numbers %v, want %v", got, want)
+	}
+	if lg.numFree(1) || lg.numFree(0) || !lg.numFree(2) {
+		t.Errorf("numFree: 1 and 0 are not free, 2 is")
+	}
+}
