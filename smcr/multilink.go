@@ -294,7 +294,6 @@ func (lg *linkGroup) forgetLink(l *link) {
 		if b.on[l.ix] == b.own {
 			stale = append(stale, b) // allocated on l: it goes
 			lg.pool = slices.Delete(lg.pool, i, i+1)
-			lg.e.pooled.Add(-int64(b.size))
 			i--
 			continue
 		}
@@ -304,8 +303,7 @@ func (lg *linkGroup) forgetLink(l *link) {
 	}
 	lg.mu.Unlock()
 	for _, b := range stale {
-		b.deregister()
-		lg.e.unreserve(int64(b.size))
+		lg.free(b) // the peer hears DELETE_RKEY on a live link it is registered on
 	}
 	for range released {
 		l.releasePD()

@@ -683,6 +683,21 @@ func TestLinkFlaps(t *testing.T) {
 	p.closeAll(t, long)
 	for _, e := range []*Engine{p.cli, p.srv} {
 		eventually(t, "slots given back", func() bool { return heldSlots(e) == 2 })
+		// The pool's buffers, and nothing else, hold memory: the failed links'
+		// pooled buffers were freed once, and their memory given back once.
+		e.mu.Lock()
+		pool := 0
+		for _, lg := range e.lgs {
+			lg.mu.RLock()
+			for _, b := range lg.pool {
+				pool += int(b.size)
+			}
+			lg.mu.RUnlock()
+		}
+		e.mu.Unlock()
+		if st := e.Stats(); st.MemoryPooled != int64(pool) || e.mem.Load() != int64(pool) {
+			t.Errorf("pool holds %d bytes; stats say %d pooled, %d reserved", pool, st.MemoryPooled, e.mem.Load())
+		}
 	}
 }
 
