@@ -537,7 +537,7 @@ func (e *Engine) serverConfirm(ctx context.Context, c *Conn, conf *clc.Confirm) 
 		if li.QPN != lnk.peer.QPN {
 			return clc.DeclineSyncError, fmt.Errorf("confirm names qp %d, link has %d", li.QPN, lnk.peer.QPN)
 		}
-		if !c.lg.waitPeerRKey(ctx, lnk.num, li.RKey) && !c.linkFailed() {
+		if !c.lg.waitPeerRKey(ctx, lnk, li.RKey) && !c.linkFailed() && !lnk.down.Load() {
 			// (With the link gone, the connection activates and continues over TCP,
 			// as the client's does: its Confirm is sent.)
 			return clc.DeclineInternalRToken, fmt.Errorf("rkey %#x never confirmed over llc", li.RKey)
@@ -605,7 +605,10 @@ func (e *Engine) clientAccept(ctx context.Context, c *Conn, acc *clc.Accept) (De
 		if c.lnk == nil {
 			return clc.DeclineNoActiveLink, errors.New("link group has no link")
 		}
-		if !lg.waitPeerRKey(ctx, c.lnk.num, li.RKey) {
+		if !lg.waitPeerRKey(ctx, c.lnk, li.RKey) {
+			if c.lnk.down.Load() {
+				return clc.DeclineNoActiveLink, fmt.Errorf("link %d failed before the server confirmed rkey %#x", c.lnk.num, li.RKey)
+			}
 			return clc.DeclineInternalRToken, fmt.Errorf("rkey %#x never confirmed over llc", li.RKey)
 		}
 	}

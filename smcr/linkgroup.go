@@ -545,24 +545,26 @@ func (lg *linkGroup) peerToken(from uint8, rkey uint32, to *link) (rtoken, bool)
 	return t[to.ix], true
 }
 
-// waitPeerRKey waits until the peer has confirmed rkey on link num over LLC. The
+// waitPeerRKey waits until the peer has confirmed rkey on link l over LLC. The
 // CONFIRM_RKEY request travels on the link, the CLC message naming the rkey on TCP:
-// either may arrive first.
-func (lg *linkGroup) waitPeerRKey(ctx context.Context, num uint8, rkey uint32) bool {
+// either may arrive first. It gives up at once when l fails: the request is lost
+// with it, though the group may live on over another link.
+func (lg *linkGroup) waitPeerRKey(ctx context.Context, l *link, rkey uint32) bool {
 	t := time.NewTimer(lg.e.cfg.LLCTimeout)
 	defer t.Stop()
 	for {
 		lg.mu.RLock()
-		known, ch, dead := lg.peerRMBs.get(rkeyOn{num, rkey}) != nil, lg.rkeyAdded, lg.dead
+		known, ch, dead := lg.peerRMBs.get(rkeyOn{l.num, rkey}) != nil, lg.rkeyAdded, lg.dead
 		lg.mu.RUnlock()
 		if known {
 			return true
 		}
-		if dead {
+		if dead || l.down.Load() {
 			return false
 		}
 		select {
 		case <-ch:
+		case <-l.ctx.Done():
 		case <-t.C:
 			return false
 		case <-ctx.Done():

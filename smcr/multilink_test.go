@@ -3,6 +3,7 @@ package smcr
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"slices"
@@ -774,4 +775,74 @@ func TestFreshLinkNum(t *testing.T) {
 	if lg.numFree(1) || lg.numFree(0) || !lg.numFree(2) {
 		t.Errorf("numFree: 1 and 0 are not free, 2 is")
 	}
+}
+
+// TestSetupLinkFailsDuringRKeyWait: a connection placed on the second link waits,
+// at the client, for the server's CONFIRM_RKEY over that link; the link fails
+// and the request with it. The client declines at once and the connection is
+// plain TCP, rather than waiting out the LLC timeout while the group lives on
+// over its first link.
+func TestSetupLinkFailsDuringRKeyWait(t *testing.T) {
+	c1, c2, s1, s2 := fourDevices(t)
+	const llcTimeout = 3 * time.Second
+	cfg := func(d ...verbs.Device) Config {
+		return Config{Devices: d, RMBSize: 32 << 10, LinkRetry: -1, LLCTimeout: llcTimeout}
+	}
+	p := newPair(t, cfg(c1, c2), cfg(s1, s2))
+	c, _ := p.connect(t) // kept open, as the ones below: each setup takes a new RMB
+	p.echoAll()
+	eventually(t, "two links on both ends", func() bool { return twoLinks(p.cli) && twoLinks(p.srv) })
+	s2.SetCarry(false) // the server's CONFIRM_RKEY on link 2 is lost
+	defer c.Close()
+	for range 4 { // the server places setups on its links in turn
+		type dialed struct {
+			c   *Conn
+			err error
+		}
+		done := make(chan dialed, 1)
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*llcTimeout)
+			defer cancel()
+			nc, err := p.cli.Dial(ctx, "tcp", p.ln.Addr().String())
+			if err != nil {
+				done <- dialed{nil, err}
+				return
+			}
+			done <- dialed{nc, nil}
+		}()
+		select {
+		case d := <-done: // on link 1
+			if d.err != nil {
+				t.Fatal(d.err)
+			}
+			mustSMC(t, d.c)
+			defer d.c.Close()
+			continue
+		case <-time.After(300 * time.Millisecond): // waiting for the rkey over link 2
+		}
+		start := time.Now()
+		c2.Fail()
+		d := <-done
+		if d.err != nil {
+			t.Fatal(d.err)
+		}
+		defer d.c.Close()
+		if took := time.Since(start); took > llcTimeout/3 {
+			t.Errorf("the setup ended %v after its link failed (LLC timeout %v)", took, llcTimeout)
+		}
+		if d.c.Mode() != ModeFallback {
+			t.Fatalf("connection is %v after its link failed in setup", d.c.Mode())
+		}
+		t.Logf("fell back: %v", d.c.Decline())
+		msg := []byte("still carried, over tcp")
+		if _, err := d.c.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, len(msg))
+		if _, err := io.ReadFull(d.c, got); err != nil || string(got) != string(msg) {
+			t.Fatalf("echo over the fallback: %q, %v", got, err)
+		}
+		return
+	}
+	t.Fatal("no setup waited for an rkey over link 2")
 }

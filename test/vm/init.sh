@@ -61,6 +61,11 @@ in_host ip addr add 10.99.0.1/24 dev dummy0
 in_host ip link set dummy0 up
 in_host rdma link add rxe0 type rxe netdev dummy0 || fail "rdma link add rxe0"
 in_host rdma link add rxe1 type rxe netdev lo || echo "vm-init: no rxe on lo"
+# A second interface with its own device, for a link group's second link.
+in_host ip link add dummy1 type dummy 2>/dev/null
+in_host ip addr add 10.99.1.1/24 dev dummy1
+in_host ip link set dummy1 up
+in_host rdma link add rxe2 type rxe netdev dummy1 || fail "rdma link add rxe2"
 
 # cmd.sh is written by run.sh; it sets the environment and cds to the caller's
 # directory.

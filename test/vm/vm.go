@@ -27,6 +27,8 @@ const (
 	GuestIP = "10.99.0.1"
 	// Device is the soft-RoCE device on Netdev; rxe1 is on lo.
 	Device = "rxe0"
+	// Netdev2 carries rxe2, a second device for a link group's second link.
+	Netdev2 = "dummy1"
 )
 
 // ErrNoVM is returned when this machine cannot run the VM (no qemu, busybox...).

@@ -67,7 +67,7 @@ func runSuiteEnv(t *testing.T, bin string, env []string, args ...string) []byte 
 	res, err := Run(ctx, Options{
 		Args:     append([]string{bin, "-test.v", "-test.count=1", "-test.timeout=5m"}, args...),
 		Dir:      filepath.Dir(bin),
-		Env:      append([]string{"SMCR_IBV_REQUIRE=1", "SMCR_IBV_INTERFACE=" + Netdev}, env...),
+		Env:      append([]string{"SMCR_IBV_REQUIRE=1", "SMCR_IBV_INTERFACE=" + Netdev, "SMCR_IBV_INTERFACE2=" + Netdev2}, env...),
 		Timeout:  6 * time.Minute,
 		MemoryMB: 3072,
 	})
@@ -95,13 +95,16 @@ func TestIBVProviderOnSoftRoCE(t *testing.T) {
 }
 
 // TestEngineOnSoftRoCE runs two smcr engines over rxe in the guest (package
-// test/vm/engine): SMC-R agreed, data both ways, half-close, link-group reuse.
+// test/vm/engine): SMC-R agreed, data both ways, half-close, link-group reuse,
+// and a second link on a second device that fails and comes back.
 func TestEngineOnSoftRoCE(t *testing.T) {
 	requireVM(t)
 	bin := buildTest(t, "./test/vm/engine", "-tags", "ibv")
-	out := runSuite(t, bin, "-test.run", "^TestEngineOverRDMA$")
-	if !bytes.Contains(out, []byte("--- PASS: TestEngineOverRDMA")) {
-		t.Fatalf("TestEngineOverRDMA did not pass in the guest:\n%s", out)
+	out := runSuite(t, bin, "-test.run", "^(TestEngineOverRDMA|TestTwoLinksOverRDMA)$")
+	for _, name := range []string{"TestEngineOverRDMA", "TestTwoLinksOverRDMA"} {
+		if !bytes.Contains(out, []byte("--- PASS: "+name)) {
+			t.Fatalf("%s did not pass in the guest:\n%s", name, out)
+		}
 	}
 	for _, l := range engineRE.FindAll(out, -1) {
 		t.Logf("guest: %s", bytes.TrimSpace(l))
@@ -109,7 +112,7 @@ func TestEngineOnSoftRoCE(t *testing.T) {
 }
 
 // engineRE picks the guest test's own summary lines.
-var engineRE = regexp.MustCompile(`(?m)^.*(connection: |connection in |link group \d+ over ).*$`)
+var engineRE = regexp.MustCompile(`(?m)^.*(connection: |connection in |connection across |link group \d+ over |link \d+ over |links added ).*$`)
 
 // TestBPFOnDebianKernel runs the eBPF programs' tests on the guest's kernel,
 // Debian 12's 6.1: an older verifier than the host's, and no tcx, so tc ingress

@@ -12,11 +12,13 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
 	"os"
+	"os/exec"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -132,6 +134,22 @@ func (d *countingDevice) AllocPD() (verbs.PD, error) {
 	return &countedPD{PD: pd, d: d}, nil
 }
 
+// RegisterMR and PortUp pass through what the engine asks of the device
+// beyond verbs.Device and verbs.PD: a second link's registrations
+// (verbs.Registrar) and the port's state (verbs.PortStater).
+func (p *countedPD) RegisterMR(other verbs.MR, access verbs.Access) (verbs.MR, error) {
+	r, ok := p.PD.(verbs.Registrar)
+	if !ok {
+		return nil, errors.New("the device cannot register another device's memory")
+	}
+	return r.RegisterMR(other, access)
+}
+
+func (d *countingDevice) PortUp() bool {
+	ps, ok := d.Device.(verbs.PortStater)
+	return !ok || ps.PortUp()
+}
+
 func (p *countedPD) Close() error {
 	err := p.PD.Close()
 	p.once.Do(func() { p.d.open.Add(-1) })
@@ -139,15 +157,27 @@ func (p *countedPD) Close() error {
 }
 
 func newEngine(t *testing.T, name, ifc string, id byte) *smcr.Engine {
+	return newEngineOn(t, name, id, nil, ifc)
+}
+
+// newEngineOn opens the RDMA device of each interface (one link each at most)
+// and makes an engine of them; tweak, if not nil, changes its configuration.
+func newEngineOn(t *testing.T, name string, id byte, tweak func(*smcr.Config), ifcs ...string) *smcr.Engine {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(newTestWriter(t), nil)).With("engine", name)
-	raw, err := ibv.Open(ibv.Config{Interface: ifc, GIDIndex: -1, Logger: log})
-	if err != nil {
-		t.Fatalf("open rdma device of %s: %v", ifc, err)
+	var raws []verbs.Device
+	var devs []*countingDevice
+	var devices []verbs.Device
+	for _, ifc := range ifcs {
+		raw, err := ibv.Open(ibv.Config{Interface: ifc, GIDIndex: -1, Logger: log})
+		if err != nil {
+			t.Fatalf("open rdma device of %s: %v", ifc, err)
+		}
+		dev := &countingDevice{Device: raw}
+		raws, devs, devices = append(raws, raw), append(devs, dev), append(devices, dev)
 	}
-	dev := &countingDevice{Device: raw}
-	e, err := smcr.NewEngine(smcr.Config{
-		Devices: []verbs.Device{dev},
+	cfg := smcr.Config{
+		Devices: devices,
 		// Distinct peer IDs: both engines sit on the same device (same MAC).
 		PeerID: [8]byte{0x53, 0x4d, 0x43, id},
 		// Soft-RoCE under TCG on a loaded host can stall for tens of ms per
@@ -155,23 +185,31 @@ func newEngine(t *testing.T, name, ifc string, id byte) *smcr.Engine {
 		CLCTimeout: 60 * time.Second,
 		LLCTimeout: 30 * time.Second,
 		Logger:     log,
-	})
+	}
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	e, err := smcr.NewEngine(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The engine first, then its verbs objects, then the device context.
+	// The engine first, then its verbs objects, then the device contexts.
 	t.Cleanup(func() {
 		e.Close()
 		deadline := time.Now().Add(30 * time.Second)
-		for dev.open.Load() > 0 && time.Now().Before(deadline) {
-			time.Sleep(10 * time.Millisecond)
+		for i, dev := range devs {
+			for dev.open.Load() > 0 && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			if n := dev.open.Load(); n > 0 {
+				// Closing the device now would crash the goroutines still using it.
+				t.Errorf("%s engine: %d protection domains still open on %s 30s after Close", name, n, ifcs[i])
+				return
+			}
 		}
-		if n := dev.open.Load(); n > 0 {
-			// Closing the device now would crash the goroutines still using it.
-			t.Errorf("%s engine: %d protection domains still open 30s after Close", name, n)
-			return
+		for _, raw := range raws {
+			raw.Close()
 		}
-		raw.Close()
 	})
 	return e
 }
@@ -375,6 +413,118 @@ func TestEngineOverRDMA(t *testing.T) {
 		}
 		if want := uint64(toServer + toClient + len(trailer) + 256<<10 + 512<<10 + len(trailer)); st.TxBytes+st.RxBytes != want {
 			t.Errorf("%s moved %d+%d bytes over RDMA, want %d in all", name, st.TxBytes, st.RxBytes, want)
+		}
+	}
+}
+
+// TestTwoLinksOverRDMA: with a second device on a second interface the link
+// group gets its second link over real verbs (ADD_LINK, ADD_LINK_CONT with the
+// RMBs' rkeys on the new device, TEST_LINK, CONFIRM_LINK). While a connection
+// streams both ways the second interface goes down: its port goes down, the
+// link fails and the connection moves to the first link with every byte once;
+// when the interface comes back the server adds a link again.
+func TestTwoLinksOverRDMA(t *testing.T) {
+	ifc := iface(t)
+	ifc2 := os.Getenv("SMCR_IBV_INTERFACE2")
+	if ifc2 == "" {
+		if os.Getenv("SMCR_IBV_REQUIRE") == "1" {
+			t.Fatal("no SMCR_IBV_INTERFACE2, and SMCR_IBV_REQUIRE=1")
+		}
+		t.Skip("SMCR_IBV_INTERFACE2 names no second interface with an RDMA device; test/vm runs this test on two soft-RoCE devices")
+	}
+	ip := ipv4Of(t, ifc)
+	retry := func(c *smcr.Config) { c.LinkRetry = 500 * time.Millisecond }
+	srv := newEngineOn(t, "server", 1, retry, ifc, ifc2)
+	cli := newEngineOn(t, "client", 2, retry, ifc, ifc2)
+	ln, err := srv.Listen("tcp", net.JoinHostPort(ip.String(), "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	addr := ln.Addr().String()
+	links := func(e *smcr.Engine) int {
+		lgs := e.LinkGroups()
+		if len(lgs) != 1 {
+			return -len(lgs)
+		}
+		n := 0
+		for _, l := range lgs[0].Links {
+			if l.State == "active" {
+				n++
+			}
+		}
+		return n
+	}
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(2 * time.Minute); !cond(); time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s: client %+v, server %+v", what, cli.LinkGroups(), srv.LinkGroups())
+			}
+		}
+	}
+	ipLink := func(state string) {
+		if out, err := exec.Command("ip", "link", "set", ifc2, state).CombinedOutput(); err != nil {
+			t.Errorf("ip link set %s %s: %v: %s", ifc2, state, err, out)
+		}
+	}
+	t.Cleanup(func() { ipLink("up") })
+
+	c1, _ := exchange(t, ln, cli, addr, 256<<10, 256<<10, 500)
+	c1.Close()
+	waitFor("two links on both ends", func() bool { return links(cli) == 2 && links(srv) == 2 })
+	for _, lg := range cli.LinkGroups() {
+		for _, l := range lg.Links {
+			t.Logf("link %d over %s: QPN %d to peer QPN %d", l.Num, l.Device, l.QPN, l.PeerQPN)
+		}
+	}
+
+	// Two connections at once, one on each link (the server places them in
+	// turn), each with its own listener so that each accepts its own; the
+	// second interface goes down once bytes flow.
+	ln2, err := srv.Listen("tcp", net.JoinHostPort(ip.String(), "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln2.Close() })
+	start := time.Now()
+	base, smc := cli.Stats().TxBytes+cli.Stats().RxBytes, cli.Stats().SMC
+	t.Run("failover", func(t *testing.T) {
+		for i, l := range []*smcr.Listener{ln, ln2} {
+			t.Run(fmt.Sprint("conn", i), func(t *testing.T) {
+				t.Parallel()
+				// Long enough that the failure is found mid-transfer (the
+				// port poll, or a failed completion) on a TCG guest.
+				c, _ := exchange(t, l, cli, l.Addr().String(), 16<<20, 16<<20, uint64(600+10*i))
+				c.Close()
+			})
+		}
+		t.Run("down", func(t *testing.T) {
+			t.Parallel()
+			// Both connections set up (a setup whose link fails falls back),
+			// and bytes flowing.
+			for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
+				if st := cli.Stats(); st.SMC >= smc+2 && st.TxBytes+st.RxBytes > base+2<<20 {
+					break
+				}
+			}
+			ipLink("down")
+		})
+	})
+	t.Logf("connection across the failure: two of %d + %d bytes in %v", 16<<20, 16<<20, time.Since(start).Round(time.Millisecond))
+	waitFor("one link left", func() bool { return links(cli) == 1 && links(srv) == 1 })
+
+	ipLink("up")
+	waitFor("the second link added again", func() bool {
+		return links(cli) == 2 && links(srv) == 2 && srv.Stats().AddLinks >= 2
+	})
+	c3, _ := exchange(t, ln, cli, addr, 512<<10, 512<<10, 700)
+	c3.Close()
+	for name, e := range map[string]*smcr.Engine{"client": cli, "server": srv} {
+		st := e.Stats()
+		t.Logf("%s: links added %d, connections moved %d, continued %d", name, st.AddLinks, st.MovedConns, st.Continued)
+		if st.Continued != 0 || len(st.Fallback) != 0 || st.MovedConns == 0 {
+			t.Errorf("%s: %d connections moved, %d continued over TCP, fallbacks %v", name, st.MovedConns, st.Continued, st.Fallback)
 		}
 	}
 }
