@@ -473,24 +473,20 @@ func (lg *linkGroup) addPeerRKey(fresh bool, num uint8, rkey uint32, addr uint64
 		}
 		t = new(peerRTokens)
 	}
-	set := func(n uint8, tok rtoken) {
-		l := lg.slotOfLocked(n)
-		if l == nil {
-			return // a link we do not hold (any more)
-		}
-		if old := t[l.ix]; old.ok && (old.rkey != tok.rkey || old.num != n) {
+	set := func(l *link, rkey uint32, addr uint64) {
+		if old := t[l.ix]; old.ok && (old.rkey != rkey || old.num != l.num) {
 			lg.peerRMBs.delIf(rkeyOn{old.num, old.rkey}, t)
 		}
-		tok.num, tok.ok = n, true
-		t[l.ix] = tok
-		lg.peerRMBs.set(rkeyOn{n, tok.rkey}, t)
+		t[l.ix] = rtoken{rkey: rkey, addr: addr, num: l.num, ok: true}
+		lg.peerRMBs.set(rkeyOn{l.num, rkey}, t)
 	}
+	// Links we do not hold (any more, or numbered 0) are left out.
 	if l := lg.slotOfLocked(num); l != nil && (!t[l.ix].ok || addr != 0) {
-		set(num, rtoken{rkey: rkey, addr: addr}) // ADD_LINK_CONT names no address
+		set(l, rkey, addr) // ADD_LINK_CONT names no address
 	}
 	for _, o := range others {
-		if n := uint8(o.Link); n != 0 {
-			set(n, rtoken{rkey: o.RKey, addr: o.Addr})
+		if l := lg.slotOfLocked(uint8(o.Link)); l != nil {
+			set(l, o.RKey, o.Addr)
 		}
 	}
 	close(lg.rkeyAdded)
