@@ -21,23 +21,30 @@ const maxPooled = 16
 type pooledBuf struct {
 	rmb  bool // an RMB; else a send buffer
 	size uint64
-	own  verbs.MR            // the allocation, made in the PD of link[i] where on[i] == own
-	on   [linkSlots]verbs.MR // registrations by link slot, own among them
+	own  verbs.MR            // the allocation, made in home's PD
+	home *link               // nil with own
+	on   [linkSlots]verbs.MR // registrations by link slot, own among them unless home failed
 	link [linkSlots]*link
 }
 
 // deregister closes b's registrations, second ones before the memory they map,
-// and drops their holds on the links' protection domains.
+// and drops their holds on the links' protection domains and slots.
 func (b *pooledBuf) deregister() {
+	slotted := false
 	for _, owner := range []bool{false, true} {
 		for n, m := range b.on {
 			if m != nil && (m == b.own) == owner {
 				m.Close()
+				slotted = slotted || owner
 				if b.link[n] != nil {
 					b.link[n].releasePD()
 				}
 			}
 		}
+	}
+	if b.own != nil && !slotted {
+		b.own.Close()
+		b.home.releaseUnslotted()
 	}
 }
 
@@ -86,8 +93,12 @@ func (lg *linkGroup) withdraw(b *pooledBuf) {
 	}
 }
 
-// usable reports whether every link b is registered on is still up.
+// usable reports whether every link b is registered on is still up, its home
+// among them.
 func (b *pooledBuf) usable() bool {
+	if b.home == nil || b.home.down.Load() {
+		return false
+	}
 	for n, m := range b.on {
 		if m != nil && (b.link[n] == nil || b.link[n].down.Load()) {
 			return false
@@ -140,7 +151,7 @@ func (lg *linkGroup) take(rmb bool, size uint64, l *link) *pooledBuf {
 			i--
 			continue
 		}
-		if b.rmb == rmb && b.size == size && b.link[l.ix] == l && b.on[l.ix] == b.own {
+		if b.rmb == rmb && b.size == size && b.home == l {
 			lg.pool = slices.Delete(lg.pool, i, i+1)
 			lg.e.pooled.Add(-int64(b.size))
 			return b
@@ -199,9 +210,9 @@ func (c *Conn) adopt(b *pooledBuf) {
 		c.regLink[n] = b.link[n]
 	}
 	if b.rmb {
-		c.rmb, c.rmbSize = b.own, b.size
+		c.rmb, c.rmbSize, c.rmbHome = b.own, b.size, b.home
 	} else {
-		c.snd = b.own
+		c.snd, c.sndHome = b.own, b.home
 	}
 	c.mu.Unlock()
 	c.memHeld += int64(b.size)
@@ -257,11 +268,11 @@ func (lg *linkGroup) keepWhenAnswered(b *pooledBuf, answered <-chan struct{}) {
 func (c *Conn) detachBufsLocked() []*pooledBuf {
 	var bufs []*pooledBuf
 	for _, rmb := range []bool{true, false} {
-		own, on, size := c.snd, &c.sndOn, c.peerSize
+		own, home, on, size := c.snd, c.sndHome, &c.sndOn, c.peerSize
 		if rmb {
-			own, on, size = c.rmb, &c.rmbOn, c.rmbSize
+			own, home, on, size = c.rmb, c.rmbHome, &c.rmbOn, c.rmbSize
 		}
-		b := &pooledBuf{rmb: rmb, size: size, own: own}
+		b := &pooledBuf{rmb: rmb, size: size, own: own, home: home}
 		held := own != nil
 		for n, m := range on {
 			if m != nil {

@@ -377,7 +377,7 @@ func (c *Conn) allocRMB() (DeclineCode, error) {
 		if err != nil {
 			return clc.DeclineInternalRegBuf, fmt.Errorf("alloc rmb: %w", err)
 		}
-		c.rmb, c.rmbSize = mr, uint64(size)
+		c.rmb, c.rmbSize, c.rmbHome = mr, uint64(size), c.lnk
 		c.mu.Lock()
 		c.rmbOn[c.lnk.ix] = mr
 		c.regLink[c.lnk.ix] = c.lnk
@@ -436,7 +436,7 @@ func (c *Conn) setPeer(li *clc.LinkInfo) (DeclineCode, error) {
 	// continues over TCP at once and never writes through the link.)
 	c.mu.Lock()
 	if err == nil {
-		c.snd = mr
+		c.snd, c.sndHome = mr, c.lnk
 		c.sndOn[c.lnk.ix] = mr
 		c.regLink[c.lnk.ix] = c.lnk
 		c.lnk.holdPD()

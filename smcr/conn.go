@@ -137,10 +137,13 @@ type Conn struct {
 	acceptSent bool
 
 	// Second link (multilink.go): our RMB and send buffer registered on each link
-	// by link number, and the peer RMB's rkey on the link CLC named.
-	rmbOn, sndOn [linkSlots]verbs.MR
-	regLink      [linkSlots]*link // whose PD holds rmbOn[i] and sndOn[i]
-	peerKey      rkeyOn
+	// by link slot, and the peer RMB's rkey on the link CLC named. rmb and snd
+	// are allocated in the PD of rmbHome and sndHome, and are among rmbOn and
+	// sndOn until that link fails with c moved off it (forgetLink).
+	rmbOn, sndOn     [linkSlots]verbs.MR
+	regLink          [linkSlots]*link // whose PD holds rmbOn[i] and sndOn[i]
+	rmbHome, sndHome *link
+	peerKey          rkeyOn
 	// rkeyAnnounced is closed when the peer answered our RMB's CONFIRM_RKEY
 	// (nil: none sent); until then the RMB is not pooled (bufpool.go).
 	rkeyAnnounced <-chan struct{}

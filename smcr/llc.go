@@ -127,9 +127,13 @@ type link struct {
 	freed bool
 	// pdRefs counts the link's own hold on pd plus the connection buffers
 	// registered in it. Buffers outlive their link (a reader drains its RMB after
-	// the link is gone), so pd closes with the last of them (holdPD).
+	// the link is gone), so pd closes with the last of them (holdPD). slotRefs
+	// counts the link's own hold on its slot plus the registrations indexed by
+	// it; the two differ by the buffers allocated on a failed link that live on
+	// with connections moved elsewhere (unslot), whose memory is the PD's but
+	// which the slot no longer indexes, so a new link can take the slot.
 	pdMu             sync.Mutex
-	pdRefs           int
+	pdRefs, slotRefs int
 	txBytes, rxBytes atomic.Uint64 // payload RDMA-written by us, and announced by the peer's CDCs
 }
 
@@ -164,7 +168,7 @@ func newLink(lg *linkGroup, dev verbs.Device, num uint8) (_ *link, err error) {
 	if l.pd, err = dev.AllocPD(); err != nil {
 		return nil, fmt.Errorf("alloc pd: %w", err)
 	}
-	l.pdRefs = 1
+	l.pdRefs, l.slotRefs = 1, 1
 	if l.cq, err = dev.CreateCQ(nRecv + maxSendWR + nLLCSlots); err != nil {
 		return nil, fmt.Errorf("create cq: %w", err)
 	}
@@ -1000,24 +1004,40 @@ func (l *link) free() {
 	}
 }
 
-// holdPD counts a connection buffer registered in l's protection domain.
+// holdPD counts a connection buffer registered in l's protection domain and
+// indexed by its slot.
 func (l *link) holdPD() {
 	l.pdMu.Lock()
 	l.pdRefs++
+	l.slotRefs++
 	l.pdMu.Unlock()
 }
 
-// releasePD drops a hold on pd (a buffer's, or the link's own in free) and
-// closes it with the last: a PD must outlive the MRs registered in it.
-func (l *link) releasePD() {
+// releasePD drops a hold on pd and the slot (a buffer's, or the link's own in
+// free): pd closes with the last hold on it, since a PD must outlive the MRs
+// registered in it, and the slot is given back with the last hold on it.
+func (l *link) releasePD() { l.release(1, 1) }
+
+// unslot drops the slot's hold of a buffer allocated in l's PD that stays
+// registered there, with a connection that moved to another link (forgetLink).
+func (l *link) unslot() { l.release(0, 1) }
+
+// releaseUnslotted drops the PD's hold of such a buffer when it is closed.
+func (l *link) releaseUnslotted() { l.release(1, 0) }
+
+func (l *link) release(pd, slot int) {
 	l.pdMu.Lock()
-	l.pdRefs--
-	last := l.pdRefs == 0
+	l.pdRefs -= pd
+	l.slotRefs -= slot
+	closePD := pd > 0 && l.pdRefs == 0
+	leave := slot > 0 && l.slotRefs == 0
 	l.pdMu.Unlock()
-	if last {
+	if closePD {
 		if err := l.pd.Close(); err != nil {
 			l.lg.e.log.Warn("smcr: close protection domain", "lg", l.lg.id, "link", l.num, "err", err)
 		}
+	}
+	if leave {
 		l.lg.leaveSlot(l)
 	}
 }

@@ -200,9 +200,10 @@ func (lg *linkGroup) liveLinks() int {
 // slot (ix) indexes the registrations of buffers and the peer's rtokens: newLink
 // takes a free one, and the link gives it back once nothing is registered in its
 // protection domain (releasePD). Registrations made for a link that failed or
-// never came up go with it (forgetLink), but a buffer stays where it was
+// never came up go with it (forgetLink). A buffer stays where it was
 // allocated, in the PD of the link its connection started on, until the
-// connection ends: a failed link's slot waits for those connections.
+// connection ends, but leaves that link's slot when the link fails: the PD
+// lives on without a slot, and the slot takes a new link.
 
 // freshLinkNum takes the next link number for a link the server adds, or
 // returns 0 when the group holds every number (it cannot: linkSlots < 255).
@@ -252,8 +253,8 @@ func (lg *linkGroup) takeSlot(l *link) error {
 	return errNoLinkSlot
 }
 
-// leaveSlot gives l's slot back once nothing is registered in its PD, with the
-// peer's rtokens on it.
+// leaveSlot gives l's slot back once l is freed and the slot indexes nothing
+// of it (release), with the peer's rtokens on it.
 func (lg *linkGroup) leaveSlot(l *link) {
 	lg.mu.Lock()
 	defer lg.mu.Unlock()
@@ -270,9 +271,8 @@ func (lg *linkGroup) leaveSlot(l *link) {
 }
 
 // forgetLink drops what connections and pooled buffers registered on l, a link
-// that failed or never came up, so that its slot frees once the buffers
-// allocated on it are gone too. A connection still on l keeps its own: it is
-// moving, or ends with the link.
+// that failed or never came up, so that its slot frees with the link. A
+// connection still on l keeps its registrations: it ends with the link.
 func (lg *linkGroup) forgetLink(l *link) {
 	lg.mu.RLock()
 	conns := make([]*Conn, 0, len(lg.conns))
@@ -280,9 +280,10 @@ func (lg *linkGroup) forgetLink(l *link) {
 		conns = append(conns, c)
 	}
 	lg.mu.RUnlock()
-	released := 0
+	released, unslotted := 0, 0
 	for _, c := range conns {
-		released += c.forgetLink(l)
+		r, u := c.forgetLink(l)
+		released, unslotted = released+r, unslotted+u
 	}
 	var stale []*pooledBuf
 	lg.mu.Lock()
@@ -308,32 +309,34 @@ func (lg *linkGroup) forgetLink(l *link) {
 	for range released {
 		l.releasePD()
 	}
+	for range unslotted {
+		l.unslot()
+	}
 }
 
-// forgetLink closes c's registrations on l other than its own buffers, unless c
-// is still on l; it returns how many holds on l's PD it dropped.
-func (c *Conn) forgetLink(l *link) (released int) {
+// forgetLink takes c's registrations on l out of its slot unless c is still on
+// l: it closes the second ones, and keeps a buffer allocated on l, which c goes
+// on using on its other links, registered in l's PD until c ends. It returns
+// how many holds on l's PD and slot it dropped, and how many on its slot only.
+func (c *Conn) forgetLink(l *link) (released, unslotted int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.released || c.lnk == l || c.regLink[l.ix] != l {
-		return 0
+		return 0, 0
 	}
-	own := false
 	for _, m := range []*verbs.MR{&c.rmbOn[l.ix], &c.sndOn[l.ix]} {
 		switch {
 		case *m == nil:
 		case *m == c.rmb || *m == c.snd:
-			own = true
+			unslotted++
 		default:
 			(*m).Close()
-			*m = nil
 			released++
 		}
+		*m = nil
 	}
-	if !own {
-		c.regLink[l.ix] = nil
-	}
-	return released
+	c.regLink[l.ix] = nil
+	return released, unslotted
 }
 
 func (lg *linkGroup) serverAddLinkOn(l1, l2 *link, po offer) error {

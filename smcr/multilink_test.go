@@ -676,10 +676,10 @@ func TestLinkFlaps(t *testing.T) {
 	if n := p.cli.Stats().Continued + p.srv.Stats().Continued; n != 0 {
 		t.Errorf("%d connections continued over tcp with a link left", n)
 	}
-	// Two live links, and the first second link's: the long connections
-	// allocated their buffers there. The rounds' links gave theirs back.
+	// The two live links': the first second link's slot went with it, though
+	// the long connections started there keep their buffers.
 	for _, e := range []*Engine{p.cli, p.srv} {
-		eventually(t, "slots given back", func() bool { return heldSlots(e) <= 3 })
+		eventually(t, "slots given back", func() bool { return heldSlots(e) == 2 })
 	}
 	p.closeAll(t, long)
 	for _, e := range []*Engine{p.cli, p.srv} {
@@ -699,6 +699,79 @@ func TestLinkFlaps(t *testing.T) {
 		if st := e.Stats(); st.MemoryPooled != int64(pool) || e.mem.Load() != int64(pool) {
 			t.Errorf("pool holds %d bytes; stats say %d pooled, %d reserved", pool, st.MemoryPooled, e.mem.Load())
 		}
+	}
+}
+
+// TestFlapsUnderLongConnections: every round opens connections on both links
+// and keeps them open, then fails the second link. Those that started there
+// move to the first with their buffers, which stay in the failed link's
+// protection domain until they end; the failed link's slot is free at once,
+// so the link comes back every round (when a buffer held its slot, the
+// seventh round stopped the re-adds for the group's life).
+func TestFlapsUnderLongConnections(t *testing.T) {
+	c1, c2, s1, s2 := fourDevices(t)
+	cfg := func(d ...verbs.Device) Config {
+		return Config{Devices: d, RMBSize: 32 << 10, LinkRetry: 20 * time.Millisecond}
+	}
+	p := newPair(t, cfg(c1, c2), cfg(s1, s2))
+	first, firstSrv := p.connect(t)
+	first.mu.Lock()
+	firstLink := first.lnk
+	first.mu.Unlock()
+	p.cli.mu.Lock()
+	lg := p.cli.lgs[0]
+	p.cli.mu.Unlock()
+	var conns [][2]*Conn
+	const flaps = linkSlots + 4
+	for i := range flaps {
+		eventually(t, "two links on both ends", func() bool { return twoLinks(p.cli) && twoLinks(p.srv) })
+		onSecond := 0
+		for range 2 { // round robin: one on each link
+			c, s := p.connect(t)
+			mustSMC(t, c, s)
+			conns = append(conns, [2]*Conn{c, s})
+			c.mu.Lock()
+			if c.lnk != firstLink && c.rmbHome == c.lnk && c.sndHome == c.lnk {
+				onSecond++
+			}
+			c.mu.Unlock()
+		}
+		if onSecond != 1 {
+			t.Fatalf("round %d: %d of 2 new connections on the second link", i+1, onSecond)
+		}
+		s2.Fail()
+		eventually(t, fmt.Sprintf("link added again after failure %d", i+1), func() bool {
+			want := uint64(i + 2)
+			return p.srv.Stats().AddLinks == want && p.cli.Stats().AddLinks == want && twoLinks(p.cli) && twoLinks(p.srv)
+		})
+		for _, cs := range conns {
+			echoOK(t, cs[0], cs[1])
+		}
+	}
+	for _, e := range []*Engine{p.cli, p.srv} {
+		eventually(t, "only the live links hold slots", func() bool { return heldSlots(e) == 2 })
+	}
+	// The moved connections still use the buffers allocated on failed links.
+	moved := 0
+	lg.mu.RLock()
+	live := slices.Clone(lg.links)
+	lg.mu.RUnlock()
+	for _, cs := range conns {
+		c := cs[0]
+		c.mu.Lock()
+		if !slices.Contains(live, c.rmbHome) && c.rmbOn[c.lnk.ix] != nil {
+			moved++
+		}
+		c.mu.Unlock()
+	}
+	if moved != flaps {
+		t.Errorf("%d moved connections keep a buffer from a failed link, want %d", moved, flaps)
+	}
+	streamPairs(t, conns[len(conns)-4:], 256<<10, 7, func() {})
+	conns = append(conns, [2]*Conn{first, firstSrv})
+	p.closeAll(t, conns)
+	for _, e := range []*Engine{p.cli, p.srv} {
+		eventually(t, "slots given back", func() bool { return heldSlots(e) == 2 })
 	}
 }
 
