@@ -33,13 +33,10 @@ test-unit: ## go test of every package (privileged and VM tests included; no rac
 
 test-race: ## go test -race of every package but the end-to-end, VM and benchmark drivers, then the end-to-end suite against an smcrd built with -race (~3 min)
 	$(GO) test -race -count=1 -timeout 20m $(RACE_PKGS)
-	@# TestTwoInterfaces moves connections between soft links: the failed link's
-	@# requester may still read a send buffer being reused (a dead QP's harmless
-	@# DMA read, which soft does in process: TestSecondLinkNamespaces skips too).
 	@bin=$$(mktemp -d) && trap 'rm -rf "$$bin"' EXIT && \
 	$(GO) build -race -o "$$bin/smcrd" ./cmd/smcrd && \
 	CGO_ENABLED=0 $(GO) build -o "$$bin/testapp" ./test/e2e/testapp && \
-	SMCR_E2E_BIN="$$bin" $(GO) test -count=1 -timeout 20m -skip TestTwoInterfaces ./test/e2e
+	SMCR_E2E_BIN="$$bin" $(GO) test -count=1 -timeout 20m ./test/e2e
 
 lint: ## gofmt, go vet, staticcheck
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -89,6 +89,8 @@ type qp struct {
 	done       chan struct{} // closed on entering ERROR
 	execMu     sync.RWMutex  // held by place while it copies into memory
 	execOff    bool          // under execMu: the QP left RTS, place copies nothing more
+	txMu       sync.Mutex    // held by sendLoop while it reads a request's memory
+	txOff      bool          // under txMu: the QP left RTS, sendLoop reads nothing more
 }
 
 func newQP(p *pd, cfg verbs.QPConfig) (*qp, error) {
@@ -353,6 +355,15 @@ func (q *qp) failLocked(sendSt, recvSt verbs.WCStatus, why error, fromResponder 
 	q.execMu.Lock()
 	q.execOff = true
 	q.execMu.Unlock()
+	// Nor is a request's memory read after its completion, from which on the
+	// user may reuse it, as after an adapter's: sendLoop ends the read it is
+	// in first, which closing the stream cuts short if the write blocks.
+	if q.out != nil {
+		q.out.Close()
+	}
+	q.txMu.Lock()
+	q.txOff = true
+	q.txMu.Unlock()
 	for i := q.sqHead; i < q.sqTail; i++ {
 		s := &q.sq[i%uint64(len(q.sq))]
 		st := verbs.WCWRFlushErr
@@ -370,9 +381,6 @@ func (q *qp) failLocked(sendSt, recvSt verbs.WCStatus, why error, fromResponder 
 		q.rcq.push(verbs.WorkCompletion{ID: q.rq[i%uint64(len(q.rq))].id, Status: st, Opcode: verbs.WCRecv, QPN: q.qpn})
 	}
 	q.rqHead = q.rqTail
-	if q.out != nil {
-		q.out.Close()
-	}
 	if q.in != nil {
 		if fromResponder {
 			q.in.SetReadDeadline(time.Now().Add(drainTimeout))

@@ -79,7 +79,8 @@ func (q *qp) sendLoop(c net.Conn) {
 		q.mu.Unlock()
 
 		// The slot's memory stays ours until its ACK, which cannot come before
-		// these bytes are written; so s.sg is read without the lock.
+		// these bytes are written, or until the QP fails, which waits for
+		// txMu; so s.sg is read without the lock.
 		h := header{typ: frameType(s.op), psn: q.psnOf(idx), length: s.length}
 		if s.op != verbs.OpSend {
 			h.addr, h.rkey = s.addr, s.rkey
@@ -88,6 +89,11 @@ func (q *qp) sendLoop(c net.Conn) {
 			h.imm = s.imm
 		}
 		h.put(hb)
+		q.txMu.Lock()
+		if q.txOff {
+			q.txMu.Unlock()
+			return // failed meanwhile: the request completed flushed
+		}
 		_, err := bw.Write(hb)
 		for _, sge := range s.sg {
 			if err != nil {
@@ -95,6 +101,7 @@ func (q *qp) sendLoop(c net.Conn) {
 			}
 			_, err = bw.Write(sge.MR.(*mr).buf[sge.Offset : sge.Offset+sge.Length])
 		}
+		q.txMu.Unlock()
 		if err == nil && !more {
 			err = bw.Flush()
 		}

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -146,12 +147,12 @@ func TestPortUp(t *testing.T) {
 
 // connectedQP returns a device with a connected QP whose peer is a raw TCP
 // connection the test drives, and the region the peer is entitled to write.
-func connectedQP(t *testing.T) (q verbs.QP, rcq, scq verbs.CQ, peer net.Conn, m verbs.MR, other verbs.MR) {
-	d := open(t, Config{RNRTimer: time.Millisecond})
+func connectedQP(t *testing.T, cfg Config, size int) (q verbs.QP, rcq, scq verbs.CQ, peer net.Conn, m verbs.MR, other verbs.MR) {
+	d := open(t, cfg)
 	pd, _ := d.AllocPD()
 	scq, _ = d.CreateCQ(16)
 	rcq, _ = d.CreateCQ(16)
-	m, _ = pd.AllocMR(4096, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
+	m, _ = pd.AllocMR(size, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
 	// A region of another PD on the same device: never reachable through q.
 	pd2, _ := d.AllocPD()
 	other, _ = pd2.AllocMR(4096, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
@@ -244,7 +245,7 @@ func TestBadPeer(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			q, rcq, _, peer, m, other := connectedQP(t)
+			q, rcq, _, peer, m, other := connectedQP(t, Config{RNRTimer: time.Millisecond}, 4096)
 			if err := q.PostRecv(&verbs.RecvWR{ID: 5, SG: []verbs.SGE{{MR: m, Length: 64}}}); err != nil {
 				t.Fatal(err)
 			}
@@ -544,5 +545,68 @@ func TestNoWriteAfterClose(t *testing.T) {
 			t.Fatalf("byte %d written after the target QP closed", i)
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// writeWatch counts the Writes in progress on a QP's request stream, and holds
+// one that failed for a moment, as a send slow to return would be.
+type writeWatch struct {
+	net.Conn
+	writing *atomic.Int32
+}
+
+func (w writeWatch) Write(p []byte) (int, error) {
+	w.writing.Add(1)
+	defer w.writing.Add(-1)
+	n, err := w.Conn.Write(p)
+	if err != nil {
+		time.Sleep(50 * time.Millisecond)
+	}
+	return n, err
+}
+
+// TestNoReadAfterFlush: a send request's memory is not read once its
+// completion is out, flushed or not: the user may reuse it from then on, as
+// after an adapter's completion. The peer reads nothing, so the requester is
+// stuck writing the WRITE's payload when the QP is closed.
+func TestNoReadAfterFlush(t *testing.T) {
+	var writing atomic.Int32
+	var d net.Dialer
+	cfg := Config{Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return writeWatch{c, &writing}, nil
+	}}
+	const size = 64 << 20 // beyond what the sockets buffer
+	q, _, scq, _, m, _ := connectedQP(t, cfg, size)
+	if err := q.PostSend(&verbs.SendWR{ID: 7, Opcode: verbs.OpWrite, Signaled: true, SG: []verbs.SGE{{MR: m, Length: size}}, RemoteAddr: 0, RKey: 1}); err != nil {
+		t.Fatal(err)
+	}
+	// Wait until the write blocks: the stream's buffers are full.
+	deadline := time.Now().Add(10 * time.Second)
+	for quiet := 0; quiet < 20; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the request stream never blocked")
+		}
+		if writing.Load() == 0 {
+			quiet = 0
+			continue
+		}
+		quiet++
+	}
+	q.Close()
+	wc := make([]verbs.WorkCompletion, 1)
+	for deadline = time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		if n, _ := scq.Poll(wc); n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no completion after close")
+		}
+	}
+	if n := writing.Load(); wc[0].ID != 7 || wc[0].Status == verbs.WCSuccess || n != 0 {
+		t.Fatalf("completion %+v with %d writes of its payload in progress", wc[0], n)
 	}
 }
