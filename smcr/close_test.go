@@ -386,3 +386,35 @@ func TestReleaseWaitsForCopy(t *testing.T) {
 		})
 	}
 }
+
+// TestCloseTimeout: a peer whose application never closes its end does not
+// hold ours for ever. CloseTimeout after our Close the connection aborts,
+// which frees its buffers, and the peer's application sees a reset.
+func TestCloseTimeout(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	p := newPair(t, Config{Devices: memDevices(t, verbs.KindSoft), CloseTimeout: timeout}, Config{Devices: memDevices(t, verbs.KindSoft)})
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	start := time.Now()
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := s.Read(make([]byte, 8)); n != 0 || err != io.EOF {
+		t.Fatalf("peer read %d bytes (%v), want EOF", n, err)
+	}
+	time.Sleep(timeout / 3)
+	if p.cli.Stats().MemoryInUse == 0 {
+		t.Fatal("released before the peer closed or the timeout")
+	}
+	eventually(t, "released after the timeout", func() bool { return p.cli.Stats().MemoryInUse == 0 })
+	if d := time.Since(start); d < timeout {
+		t.Fatalf("released %v after Close, before the %v timeout", d, timeout)
+	}
+	eventually(t, "peer sees the abort", func() bool {
+		_, err := s.Write([]byte("x"))
+		return errors.Is(err, ErrReset)
+	})
+	s.Close()
+	eventually(t, "peer released", func() bool { return p.srv.Stats().MemoryInUse == 0 })
+}

@@ -3,6 +3,7 @@ package smcr
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"io"
 	"net"
 	"sync"
@@ -177,6 +178,102 @@ func TestDeclineCrossesContinuation(t *testing.T) {
 	echoOK(t, good, gs)
 	if n := p.srv.Stats().Continued; n != 1 {
 		t.Fatalf("server continued %d connections, want 1 (the established one)", n)
+	}
+	for _, x := range []*Conn{c, s, good, gs} {
+		x.Close()
+	}
+}
+
+// gatedConn holds the reads that follow its first write until release closes:
+// a server slow to read the Confirm after its Accept.
+type gatedConn struct {
+	net.Conn
+	wrote   chan struct{}
+	once    sync.Once
+	release chan struct{}
+}
+
+func (g *gatedConn) Write(b []byte) (int, error) {
+	n, err := g.Conn.Write(b)
+	g.once.Do(func() { close(g.wrote) })
+	return n, err
+}
+
+func (g *gatedConn) CloseWrite() error { return g.Conn.(*net.TCPConn).CloseWrite() }
+
+func (g *gatedConn) Read(b []byte) (int, error) {
+	select {
+	case <-g.wrote:
+		<-g.release
+	default:
+	}
+	return g.Conn.Read(b)
+}
+
+// TestResyncBehindConfirm: the client's link fails just before it sends its
+// Confirm, so its continuation's resync follows the Confirm on the TCP
+// connection, and a server slow to read finds both in one read. It must take
+// the resync for what it is, not for stray bytes (a sync-error Decline the
+// client, already continuing, would never read): the connection continues over
+// TCP on both ends, every byte checked.
+func TestResyncBehindConfirm(t *testing.T) {
+	d1, d2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
+	t.Cleanup(func() { closeChecked(t, d1, d2) })
+	p := newPair(t, Config{Devices: []verbs.Device{d1}}, Config{Devices: []verbs.Device{d2}})
+	good, gs := p.connect(t)
+	mustSMC(t, good, gs)
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	gate := &gatedConn{wrote: make(chan struct{}), release: make(chan struct{})}
+	type result struct {
+		c   *Conn
+		err error
+	}
+	srvc := make(chan result, 1)
+	go func() {
+		tcp, err := ln.Accept()
+		if err != nil {
+			srvc <- result{nil, err}
+			return
+		}
+		gate.Conn = tcp
+		s, err := p.srv.Server(context.Background(), gate)
+		srvc <- result{s, err}
+	}()
+	testHookConfirm = func(*clc.Confirm) {
+		d1.Fail()
+		eventually(t, "client link down", func() bool { return p.cli.Stats().LinkGroups == 0 })
+	}
+	t.Cleanup(func() { testHookConfirm = nil })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := p.cli.Dial(ctx, "tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	testHookConfirm = nil
+	eventually(t, "client continuing", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.fo
+	})
+	time.Sleep(20 * time.Millisecond) // its resync on the wire behind the Confirm
+	close(gate.release)
+	r := <-srvc
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	s := r.c
+	if c.Mode() != ModeSMCR || s.Mode() != ModeSMCR {
+		t.Fatalf("client %v, server %v (%+v); want both SMC-R, continued", c.Mode(), s.Mode(), s.Decline())
+	}
+	exchangeAll(t, c, s, 300<<10, 100<<10)
+	if !s.continued() {
+		t.Fatal("server connection not marked continued")
 	}
 	for _, x := range []*Conn{c, s, good, gs} {
 		x.Close()
