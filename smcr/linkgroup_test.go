@@ -378,6 +378,61 @@ func TestHostileRKey(t *testing.T) {
 	s.Close()
 }
 
+// TestHostileConfirmFields: a Confirm whose link values the server cannot use
+// (checkLinkInfo) is declined after it, as a config error; the client, which
+// began to write over SMC-R, continues over TCP from its first byte, and the
+// connection already on the link group is untouched.
+func TestHostileConfirmFields(t *testing.T) {
+	p := memPair(t)
+	good, gs := p.connect(t)
+	mustSMC(t, good, gs)
+	for _, tc := range []struct {
+		name string
+		lie  func(*clc.LinkInfo)
+	}{
+		{"alert token 0", func(li *clc.LinkInfo) { li.AlertToken = 0 }},
+		{"rmbe index 2", func(li *clc.LinkInfo) { li.RMBEIndex = 2 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			testHookConfirm = func(m *clc.Confirm) { tc.lie(&m.LinkInfo) }
+			t.Cleanup(func() { testHookConfirm = nil })
+			c, s := p.connect(t)
+			testHookConfirm = nil
+			if s.Mode() != ModeFallback || s.Decline().Code != clc.DeclineConfigError {
+				t.Fatalf("server %v %+v, want a config-error fallback", s.Mode(), s.Decline())
+			}
+			exchangeAll(t, c, s, 300<<10, 10<<10)
+			echoOK(t, good, gs)
+			c.Close()
+			s.Close()
+		})
+	}
+}
+
+// TestCheckLinkInfo: the values a peer's Accept or Confirm carries that the
+// codec lets through (it refuses some of them on both ends) are checked before
+// use.
+func TestCheckLinkInfo(t *testing.T) {
+	valid := clc.LinkInfo{RMBEIndex: 1, AlertToken: 7, MTU: uint8(verbs.MTU1024), SizeCode: 1}
+	if err := checkLinkInfo(&valid); err != nil {
+		t.Fatalf("valid link info refused: %v", err)
+	}
+	for name, lie := range map[string]func(*clc.LinkInfo){
+		"alert token 0":              func(li *clc.LinkInfo) { li.AlertToken = 0 },
+		"rmbe index 0":               func(li *clc.LinkInfo) { li.RMBEIndex = 0 },
+		"rmbe index 2":               func(li *clc.LinkInfo) { li.RMBEIndex = 2 },
+		"mtu code 0":                 func(li *clc.LinkInfo) { li.MTU = 0 },
+		"mtu code 7":                 func(li *clc.LinkInfo) { li.MTU = 7 },
+		"size code past the largest": func(li *clc.LinkInfo) { li.SizeCode = clc.MaxSizeCode + 1 },
+	} {
+		li := valid
+		lie(&li)
+		if err := checkLinkInfo(&li); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
 // exchangeAll writes up random bytes from c and down from s at once, each side
 // then half-closing, and checks that each side read exactly the other's bytes.
 func exchangeAll(t *testing.T, c, s *Conn, up, down int) {
