@@ -59,6 +59,10 @@ func (c *Conn) CloseWrite() error {
 	c.txMu.Lock() // after any Write in progress
 	defer c.txMu.Unlock()
 	c.mu.Lock()
+	if c.appClosed {
+		c.mu.Unlock()
+		return net.ErrClosed // as Read and Write after Close, and TCP's
+	}
 	if c.fo {
 		c.localDone = true
 		c.mu.Unlock()

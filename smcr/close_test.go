@@ -37,6 +37,9 @@ func TestHalfCloseBothWays(t *testing.T) {
 	if err := c.CloseWrite(); err != nil {
 		t.Fatal(err)
 	}
+	if err := c.CloseWrite(); err != nil { // as shutdown(2) twice
+		t.Fatalf("second CloseWrite: %v", err)
+	}
 	if _, err := c.Write([]byte("x")); !errors.Is(err, ErrWriteClosed) {
 		t.Fatalf("write after CloseWrite: %v", err)
 	}
@@ -55,6 +58,9 @@ func TestHalfCloseBothWays(t *testing.T) {
 	}
 	c.Close()
 	s.Close()
+	if err := s.CloseWrite(); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("CloseWrite after Close: %v", err)
+	}
 	eventually(t, "buffers released", func() bool {
 		return p.cli.Stats().MemoryInUse == 0 && p.srv.Stats().MemoryInUse == 0 &&
 			len(p.cli.Conns()) == 0 && len(p.srv.Conns()) == 0
