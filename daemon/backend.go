@@ -131,8 +131,15 @@ func (d *Daemon) LinkGroups(context.Context) ([]control.LinkGroup, error) {
 		for _, l := range g.Links {
 			lk := control.Link{LinkGroup: g.ID, Num: l.Num, Role: g.Role, Peer: g.Peer, State: l.State,
 				Device: l.Device, Port: 1, LocalQPN: l.QPN, PeerQPN: l.PeerQPN, Conns: l.Conns,
-				TX: control.LinkTraffic{Bytes: l.TxBytes, WorkRequests: l.Sent},
-				RX: control.LinkTraffic{Bytes: l.RxBytes, WorkRequests: l.Completed}}
+				TX:     control.LinkTraffic{Bytes: l.TxBytes, WorkRequests: l.Sent},
+				RX:     control.LinkTraffic{Bytes: l.RxBytes, WorkRequests: l.Completed},
+				Errors: l.Errors, RTTMicros: float64(l.RTT.Nanoseconds()) / 1e3}
+			if l.PeerGID != ([16]byte{}) {
+				lk.PeerGID = netip.AddrFrom16(l.PeerGID).String()
+			}
+			if !l.Tested.IsZero() {
+				lk.TestLinkAgo = time.Since(l.Tested).Seconds()
+			}
 			if dev := d.device(l.Device); dev != nil {
 				p := dev.Port()
 				lk.Interface = p.Netdev

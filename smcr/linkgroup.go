@@ -163,6 +163,10 @@ type LinkInfo struct {
 	Completed uint64 // completions polled
 	TxBytes   uint64 // payload RDMA-written to the peer
 	RxBytes   uint64 // payload the peer RDMA-wrote to us, as its CDCs announced
+	PeerGID   [16]byte
+	Errors    uint64        // completions in error (flushes not counted) and malformed messages from the peer
+	RTT       time.Duration // the last TEST_LINK's round trip; 0 before the first
+	Tested    time.Time     // when it was answered (a link that receives is not tested: as Linux)
 }
 
 // LinkGroups lists the engine's link groups.
@@ -186,9 +190,14 @@ func (e *Engine) LinkGroups() []LinkGroupInfo {
 			c.mu.Unlock()
 		}
 		for _, l := range lg.links {
-			info.Links = append(info.Links, LinkInfo{Num: l.num, Conns: perLink[l], Device: l.dev.Name(), QPN: l.qp.Attr().QPN,
+			li := LinkInfo{Num: l.num, Conns: perLink[l], Device: l.dev.Name(), QPN: l.qp.Attr().QPN,
 				PeerQPN: l.peer.QPN, State: l.state(), QPState: l.qp.State().String(), Sent: l.posted.Load(), Completed: l.polled.Load(),
-				TxBytes: l.txBytes.Load(), RxBytes: l.rxBytes.Load()})
+				TxBytes: l.txBytes.Load(), RxBytes: l.rxBytes.Load(), PeerGID: l.peer.GID, Errors: l.errs.Load(),
+				RTT: time.Duration(l.rtt.Load())}
+			if at := l.testedAt.Load(); at != 0 {
+				li.Tested = time.Unix(0, at)
+			}
+			info.Links = append(info.Links, li)
 		}
 		lg.mu.RUnlock()
 		out = append(out, info)

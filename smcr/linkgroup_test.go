@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/smcr-io/smcr/internal/race"
 	"github.com/smcr-io/smcr/llc"
 	"github.com/smcr-io/smcr/rmb"
 	"github.com/smcr-io/smcr/smcr/clc"
@@ -87,23 +88,35 @@ func TestLinkGroupReuse(t *testing.T) {
 	})
 }
 
-// TestLinkGroupLimit holds 300 connections open: at most 255 share a link group.
+// TestLinkGroupLimit holds 1000 connections open at once, all streaming at
+// once, every byte checked: at most 255 share a link group, so they fill three
+// groups and a fourth takes the rest.
 func TestLinkGroupLimit(t *testing.T) {
 	cfg := func() Config { return Config{Devices: memDevices(t, verbs.KindSoft), RMBSize: 16 << 10} }
 	p := newPair(t, cfg(), cfg())
-	var conns []*Conn
-	for range 300 {
+	total := 1000
+	if race.Enabled {
+		total = 300 // two groups: 40 s under the race detector for 1000
+	}
+	var conns [][2]*Conn
+	for range total {
 		c, s := p.connect(t)
 		mustSMC(t, c, s)
-		conns = append(conns, c, s)
+		conns = append(conns, [2]*Conn{c, s})
 	}
 	lgs := p.srv.LinkGroups()
-	if len(lgs) != 2 || lgs[0].Conns+lgs[1].Conns != 300 || max(lgs[0].Conns, lgs[1].Conns) != maxConnsPerLGR {
+	n, full := 0, 0
+	for _, lg := range lgs {
+		n += lg.Conns
+		if lg.Conns == maxConnsPerLGR {
+			full++
+		}
+	}
+	if len(lgs) != (total+maxConnsPerLGR-1)/maxConnsPerLGR || n != total || full != total/maxConnsPerLGR {
 		t.Fatalf("link groups %+v", lgs)
 	}
-	for _, c := range conns {
-		c.Close()
-	}
+	streamPairs(t, conns, 40<<10, 11, func() {})
+	p.closeAll(t, conns)
 }
 
 type fakeClock struct {
@@ -186,9 +199,38 @@ func TestTestLinkKeepalive(t *testing.T) {
 	p := newPair(t, Config{Devices: []verbs.Device{d1}, Clock: clk, TestLinkInterval: time.Second},
 		Config{Devices: []verbs.Device{d2}, Clock: clk, TestLinkInterval: time.Second})
 	c, s := p.connect(t)
-	before := p.cli.Stats().LLCReceived
+	// A link that received something in the interval is not tested.
+	for range 3 {
+		echoOK(t, c, s)
+		before := p.cli.Stats().LLCReceived + p.srv.Stats().LLCReceived
+		clk.Advance(time.Second)
+		time.Sleep(20 * time.Millisecond)
+		if n := p.cli.Stats().LLCReceived + p.srv.Stats().LLCReceived - before; n != 0 {
+			t.Fatalf("%d llc messages over a busy link", n)
+		}
+	}
+	for _, e := range []*Engine{p.cli, p.srv} {
+		if l := e.LinkGroups()[0].Links[0]; l.RTT != 0 || !l.Tested.IsZero() {
+			t.Fatalf("round trip %v at %v before any TEST_LINK", l.RTT, l.Tested)
+		}
+	}
+	// An idle one is: TEST_LINK and its answer, whose round trip smcrctl shows.
+	before := p.cli.Stats().LLCReceived + p.srv.Stats().LLCReceived
+	start := time.Now()
 	clk.Advance(time.Second)
-	eventually(t, "test link answered", func() bool { return p.cli.Stats().LLCReceived >= before+2 })
+	eventually(t, "test link answered", func() bool {
+		return p.cli.Stats().LLCReceived+p.srv.Stats().LLCReceived >= before+2
+	})
+	tested := 0
+	for _, e := range []*Engine{p.cli, p.srv} {
+		l := e.LinkGroups()[0].Links[0]
+		if l.RTT > 0 && l.RTT < time.Since(start) && !l.Tested.Before(start) {
+			tested++
+		}
+	}
+	if tested == 0 {
+		t.Error("no round trip recorded for the TEST_LINK")
+	}
 	echoOK(t, c, s)
 }
 
@@ -242,6 +284,10 @@ func TestHostilePeer(t *testing.T) {
 	lnk.postMu.Unlock()
 	lnk.useMu.RUnlock()
 	eventually(t, "protocol errors counted", func() bool { return p.cli.Stats().ProtoErrors >= before+2 })
+	// Counted on the link too, for smcrctl links.
+	if lgs := p.cli.LinkGroups(); len(lgs) != 1 || len(lgs[0].Links) != 1 || lgs[0].Links[0].Errors < 2 {
+		t.Errorf("link errors: %+v", lgs)
+	}
 	echoOK(t, victim, vs)
 
 	// A producer cursor past the ring: the victim connection is aborted.

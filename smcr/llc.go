@@ -92,6 +92,10 @@ type link struct {
 	ctl       chan *Conn
 	clReq     chan llc.ConfirmLink // CONFIRM_LINK requests, for the client
 	testDue   chan struct{}
+	received  atomic.Uint64 // receive completions: TEST_LINK only after an interval without one
+	rtt       atomic.Int64  // the last TEST_LINK's round trip, ns
+	testedAt  atomic.Int64  // when it was answered, Unix ns (0: never)
+	errs      atomic.Uint64 // completions in error (not flushed) and malformed messages
 
 	connected chan struct{}
 	connErr   error
@@ -303,6 +307,7 @@ func (l *link) complete(wc *verbs.WorkCompletion) {
 	switch wc.Opcode {
 	case verbs.WCRecv, verbs.WCRecvRDMAImm:
 		if wc.Status != verbs.WCSuccess {
+			l.countErr(wc.Status)
 			l.fail(fmt.Errorf("receive: %v", wc.Status))
 			return
 		}
@@ -310,11 +315,12 @@ func (l *link) complete(wc *verbs.WorkCompletion) {
 			l.fail(fmt.Errorf("receive completion for slot %d", wc.ID))
 			return
 		}
+		l.received.Add(1)
 		off := int(wc.ID) * slotSize
 		b := l.recvMR.Bytes()[off : off+llc.MsgLen]
 		switch {
 		case wc.ByteLen != llc.MsgLen:
-			e.st.protoErrors.Add(1)
+			l.protoError()
 			e.log.Debug("smcr: message of wrong length", "lg", l.lg.id, "len", wc.ByteLen)
 		case b[0] == rmb.CDCType:
 			l.onCDC(b)
@@ -327,7 +333,7 @@ func (l *link) complete(wc *verbs.WorkCompletion) {
 			case l.llcIn <- [llc.MsgLen]byte(b):
 			default:
 				// The peer floods LLC faster than we answer: a protocol violation.
-				e.st.protoErrors.Add(1)
+				l.protoError()
 				l.fail(errors.New("llc queue overflow"))
 				return
 			}
@@ -364,9 +370,24 @@ func (l *link) complete(wc *verbs.WorkCompletion) {
 			}
 		}
 		if wc.Status != verbs.WCSuccess {
+			l.countErr(wc.Status)
 			l.fail(fmt.Errorf("send completion: %v", wc.Status))
 		}
 	}
+}
+
+// countErr counts a completion in error on l; flushes, which follow the
+// first error of a QP, are not counted again.
+func (l *link) countErr(st verbs.WCStatus) {
+	if st != verbs.WCWRFlushErr {
+		l.errs.Add(1)
+	}
+}
+
+// protoError counts a malformed or misdirected message the peer sent on l.
+func (l *link) protoError() {
+	l.errs.Add(1)
+	l.lg.e.st.protoErrors.Add(1)
 }
 
 // onCDC validates and dispatches one CDC message, in the poller.
@@ -374,13 +395,13 @@ func (l *link) onCDC(b []byte) {
 	e := l.lg.e
 	m, err := rmb.ParseCDC(b)
 	if err != nil {
-		e.st.protoErrors.Add(1)
+		l.protoError()
 		return
 	}
 	e.st.cdcRecv.Add(1)
 	c := l.lg.conn(m.Token)
 	if c == nil {
-		e.st.protoErrors.Add(1)
+		l.protoError()
 		e.log.Debug("smcr: cdc for unknown alert token", "lg", l.lg.id, "token", m.Token)
 		return
 	}
@@ -658,10 +679,23 @@ func (l *link) work() {
 	}
 }
 
+// armTestLink has the worker test l once an interval passes in which l
+// received nothing, as Linux's smc_llc_testlink_work: a link that carries
+// traffic is alive, and a busy host that answered a TEST_LINK late would fail
+// a healthy link with every connection on it.
 func (l *link) armTestLink() {
-	if iv := l.lg.e.cfg.TestLinkInterval; iv > 0 {
-		l.lg.e.cfg.Clock.AfterFunc(iv, func() { wake(l.testDue) })
+	iv := l.lg.e.cfg.TestLinkInterval
+	if iv <= 0 || l.ctx.Err() != nil {
+		return
 	}
+	seen := l.received.Load()
+	l.lg.e.cfg.Clock.AfterFunc(iv, func() {
+		if l.received.Load() != seen {
+			l.armTestLink()
+			return
+		}
+		wake(l.testDue)
+	})
 }
 
 func (l *link) register(k pendKey) chan [llc.MsgLen]byte {
@@ -834,7 +868,13 @@ func (l *link) testOnce(ctx context.Context) error {
 	l.pmu.Unlock()
 	m := &llc.TestLink{}
 	binary.BigEndian.PutUint64(m.Data[:], seq)
+	start := time.Now()
 	_, err := l.request(ctx, pendKey{t: llc.TypeTestLink, key: seq}, m, l.lg.e.cfg.LLCTimeout)
+	if err == nil {
+		now := time.Now()
+		l.rtt.Store(int64(now.Sub(start)))
+		l.testedAt.Store(now.UnixNano())
+	}
 	return err
 }
 

@@ -104,6 +104,15 @@ func TestOperatorView(t *testing.T) {
 	if l := links[0]; l.TX.Bytes != n || l.RX.Bytes != n || l.TX.WorkRequests == 0 || l.RX.WorkRequests == 0 {
 		t.Errorf("A's link traffic tx %+v rx %+v, want %d bytes each way", l.TX, l.RX, n)
 	}
+	// Each end names the other's GID, and counts no errors.
+	bLinks, err := b.ctl.Links(ctx)
+	if err != nil || len(bLinks) != 1 {
+		t.Fatalf("B's links: %v %+v", err, bLinks)
+	}
+	if la, lb := links[0], bLinks[0]; la.LocalGID == "" || la.PeerGID != lb.LocalGID || lb.PeerGID != la.LocalGID || la.Errors != 0 || lb.Errors != 0 {
+		t.Errorf("A's link gid %q peer %q errors %d; B's gid %q peer %q errors %d",
+			la.LocalGID, la.PeerGID, la.Errors, lb.LocalGID, lb.PeerGID, lb.Errors)
+	}
 
 	// The Prometheus metrics report the same link bytes.
 	var body []byte
