@@ -128,6 +128,9 @@ func (d *Daemon) LinkGroups(context.Context) ([]control.LinkGroup, error) {
 	var out []control.LinkGroup
 	for _, g := range d.engine.LinkGroups() {
 		lg := control.LinkGroup{ID: g.ID, Role: g.Role, Peer: g.Peer, Provider: g.Provider, State: "active", Conns: g.Conns}
+		if g.PeerAddr.IsValid() {
+			lg.PeerAddr = g.PeerAddr.String()
+		}
 		for _, l := range g.Links {
 			lk := control.Link{LinkGroup: g.ID, Num: l.Num, Role: g.Role, Peer: g.Peer, State: l.State,
 				Device: l.Device, Port: 1, LocalQPN: l.QPN, PeerQPN: l.PeerQPN, Conns: l.Conns,

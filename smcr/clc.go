@@ -449,7 +449,7 @@ func (e *Engine) serverProposal(ctx context.Context, c *Conn, prop *clc.Proposal
 	c.peerOffer = o
 	lnk := lg.pick()
 	if first {
-		lg.firstConn = c
+		lg.startFirstContact(c)
 		lg.peerOffers = offers
 		lnk = lg.primary()
 	}
@@ -593,7 +593,7 @@ func (e *Engine) clientAccept(ctx context.Context, c *Conn, acc *clc.Accept) (De
 		}
 		lg.reserve()
 		c.lg, c.lnk, c.reserved = lg, lg.primary(), true
-		lg.firstConn = c
+		lg.startFirstContact(c)
 		lg.peerOffers = peerOffers
 		c.lnk.startConnect(peer)
 	} else {

@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
+	"net/netip"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -38,7 +40,8 @@ type linkGroup struct {
 	readyErr  error
 	readyOnce sync.Once
 
-	firstConn *Conn // the connection doing first contact, until ready
+	firstConn *Conn      // the connection doing first contact, until ready
+	peerAddr  netip.Addr // its peer's IP address, for smcrctl
 
 	// addMu serialises ADD_LINK exchanges. flow serialises the part of one that
 	// registers and exchanges the rkeys of every RMB and puts the new link in the
@@ -146,6 +149,7 @@ type LinkGroupInfo struct {
 	Role     string // "client" or "server"
 	Peer     string // peer ID, hex
 	Provider string
+	PeerAddr netip.Addr // the peer's IP address of first contact
 	Conns    int
 	Links    []LinkInfo
 }
@@ -169,6 +173,16 @@ type LinkInfo struct {
 	Tested    time.Time     // when it was answered (a link that receives is not tested: as Linux)
 }
 
+// startFirstContact makes c the group's first contact.
+func (lg *linkGroup) startFirstContact(c *Conn) {
+	lg.firstConn = c
+	if a, ok := c.tcp.RemoteAddr().(*net.TCPAddr); ok {
+		lg.mu.Lock()
+		lg.peerAddr = a.AddrPort().Addr().Unmap()
+		lg.mu.Unlock()
+	}
+}
+
 // LinkGroups lists the engine's link groups.
 func (e *Engine) LinkGroups() []LinkGroupInfo {
 	e.mu.Lock()
@@ -182,7 +196,7 @@ func (e *Engine) LinkGroups() []LinkGroupInfo {
 		}
 		lg.mu.RLock()
 		info := LinkGroupInfo{ID: lg.id, Role: role, Peer: fmt.Sprintf("%x", lg.key.peer[:]),
-			Provider: lg.key.kind.String(), Conns: len(lg.conns)}
+			Provider: lg.key.kind.String(), PeerAddr: lg.peerAddr, Conns: len(lg.conns)}
 		perLink := map[*link]int{}
 		for _, c := range lg.conns {
 			c.mu.Lock()

@@ -104,6 +104,13 @@ func TestOperatorView(t *testing.T) {
 	if l := links[0]; l.TX.Bytes != n || l.RX.Bytes != n || l.TX.WorkRequests == 0 || l.RX.WorkRequests == 0 {
 		t.Errorf("A's link traffic tx %+v rx %+v, want %d bytes each way", l.TX, l.RX, n)
 	}
+	// linkgroups: each end names the other's address.
+	for _, hs := range [][2]*host{{a, b}, {b, a}} {
+		lgs, err := hs[0].ctl.LinkGroups(ctx)
+		if err != nil || len(lgs) != 1 || lgs[0].PeerAddr != hs[1].ns.Addr4().String() {
+			t.Errorf("%s's link groups: %v %+v, want the peer %v", hs[0].name, err, lgs, hs[1].ns.Addr4())
+		}
+	}
 	// Each end names the other's GID, and counts no errors.
 	bLinks, err := b.ctl.Links(ctx)
 	if err != nil || len(bLinks) != 1 {
