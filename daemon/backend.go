@@ -271,11 +271,11 @@ func (d *Daemon) LogState() {
 	d.log.Info("state", "link_groups", len(lgs), "connections", len(conns), "handled", st.Connections.Handled,
 		"smcr", st.Connections.SMCR, "fallback", st.Connections.Fallback)
 	for _, g := range lgs {
-		d.log.Info("link group", "id", g.ID, "role", g.Role, "peer", g.Peer, "provider", g.Provider, "conns", g.Conns)
+		d.log.Info("link group", "id", g.ID, "role", g.Role, "peer", g.Peer, "peer_addr", g.PeerAddr, "provider", g.Provider, "conns", g.Conns)
 		for _, l := range g.Links {
 			d.log.Info("link", "group", g.ID, "num", l.Num, "state", l.State, "device", l.Device,
 				"qpn", l.LocalQPN, "peer_qpn", l.PeerQPN, "tx_bytes", l.TX.Bytes, "rx_bytes", l.RX.Bytes,
-				"tx_wr", l.TX.WorkRequests, "rx_wr", l.RX.WorkRequests)
+				"tx_wr", l.TX.WorkRequests, "rx_wr", l.RX.WorkRequests, "errors", l.Errors, "rtt_us", l.RTTMicros)
 		}
 	}
 	for _, c := range conns {

@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -137,6 +138,22 @@ func TestOperatorView(t *testing.T) {
 		m := fmt.Sprintf("smcr_link_bytes_total{direction=%q,link=\"1\",linkgroup=\"1\"} %d\n", dir, n)
 		if err != nil || !bytes.Contains(body, []byte(m)) {
 			t.Errorf("metrics lack %q: %v\n%s", m, err, body)
+		}
+	}
+
+	// SIGUSR1: the link groups, links and connections go to the log.
+	a.smcrd.Process.Signal(syscall.SIGUSR1)
+	for _, want := range []string{
+		fmt.Sprintf(`msg="link group" id=1 role=client peer=%s peer_addr=%s provider=shm conns=1`, links[0].Peer, b.ns.Addr4()),
+		fmt.Sprintf(`msg=link group=1 num=1 state=active device=%s`, links[0].Device),
+		fmt.Sprintf(`tx_bytes=%d rx_bytes=%d`, n, n),
+		`msg=connection id=`,
+	} {
+		for i := 0; !strings.Contains(a.logText(), want); i++ {
+			if i == 100 {
+				t.Fatalf("SIGUSR1: the log lacks %q:\n%s", want, a.logText())
+			}
+			time.Sleep(20 * time.Millisecond)
 		}
 	}
 
