@@ -22,7 +22,7 @@ type pooledBuf struct {
 	rmb  bool // an RMB; else a send buffer
 	size uint64
 	own  verbs.MR            // the allocation, made in home's PD
-	home *link               // nil with own
+	home *link               // whose PD holds own; nil when own is
 	on   [linkSlots]verbs.MR // registrations by link slot, own among them unless home failed
 	link [linkSlots]*link
 }

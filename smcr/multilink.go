@@ -198,9 +198,9 @@ func (lg *linkGroup) liveLinks() int {
 // smcr_next_link_id, so a number names one link for a long while and a late
 // message about a link that is gone is not taken for its successor's. A link's
 // slot (ix) indexes the registrations of buffers and the peer's rtokens: newLink
-// takes a free one, and the link gives it back once nothing is registered in its
-// protection domain (releasePD). Registrations made for a link that failed or
-// never came up go with it (forgetLink). A buffer stays where it was
+// takes a free one, and the link gives it back once it is freed and the slot
+// indexes nothing registered (release). Registrations made for a link that
+// failed or never came up go with it (forgetLink). A buffer stays where it was
 // allocated, in the PD of the link its connection started on, until the
 // connection ends, but leaves that link's slot when the link fails: the PD
 // lives on without a slot, and the slot takes a new link.
