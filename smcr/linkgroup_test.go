@@ -199,11 +199,22 @@ func TestTestLinkKeepalive(t *testing.T) {
 	p := newPair(t, Config{Devices: []verbs.Device{d1}, Clock: clk, TestLinkInterval: time.Second},
 		Config{Devices: []verbs.Device{d2}, Clock: clk, TestLinkInterval: time.Second})
 	c, s := p.connect(t)
+	// advance moves the clock on by an interval, a quarter at a time, as the
+	// link looks.
+	advance := func() {
+		for range testLinkTicks {
+			clk.Advance(time.Second / testLinkTicks)
+		}
+	}
 	// A link that received something in the interval is not tested.
 	for range 3 {
 		echoOK(t, c, s)
 		before := p.cli.Stats().LLCReceived + p.srv.Stats().LLCReceived
-		clk.Advance(time.Second)
+		clk.Advance(time.Second / testLinkTicks)
+		echoOK(t, c, s) // traffic in the last quarter too
+		for range testLinkTicks - 1 {
+			clk.Advance(time.Second / testLinkTicks)
+		}
 		time.Sleep(20 * time.Millisecond)
 		if n := p.cli.Stats().LLCReceived + p.srv.Stats().LLCReceived - before; n != 0 {
 			t.Fatalf("%d llc messages over a busy link", n)
@@ -217,7 +228,7 @@ func TestTestLinkKeepalive(t *testing.T) {
 	// An idle one is: TEST_LINK and its answer, whose round trip smcrctl shows.
 	before := p.cli.Stats().LLCReceived + p.srv.Stats().LLCReceived
 	start := time.Now()
-	clk.Advance(time.Second)
+	advance()
 	eventually(t, "test link answered", func() bool {
 		return p.cli.Stats().LLCReceived+p.srv.Stats().LLCReceived >= before+2
 	})

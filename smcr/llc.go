@@ -682,19 +682,27 @@ func (l *link) work() {
 // armTestLink has the worker test l once an interval passes in which l
 // received nothing, as Linux's smc_llc_testlink_work: a link that carries
 // traffic is alive, and a busy host that answered a TEST_LINK late would fail
-// a healthy link with every connection on it.
-func (l *link) armTestLink() {
+// a healthy link with every connection on it. It looks every quarter
+// interval, so an idle link is tested within 1.25 intervals of its last
+// receive.
+func (l *link) armTestLink() { l.watchIdle(0, l.received.Load()) }
+
+const testLinkTicks = 4 // looks per interval
+
+func (l *link) watchIdle(idle int, seen uint64) {
 	iv := l.lg.e.cfg.TestLinkInterval
 	if iv <= 0 || l.ctx.Err() != nil {
 		return
 	}
-	seen := l.received.Load()
-	l.lg.e.cfg.Clock.AfterFunc(iv, func() {
-		if l.received.Load() != seen {
-			l.armTestLink()
-			return
+	l.lg.e.cfg.Clock.AfterFunc(iv/testLinkTicks, func() {
+		switch now := l.received.Load(); {
+		case now != seen:
+			l.watchIdle(0, now)
+		case idle+1 < testLinkTicks:
+			l.watchIdle(idle+1, seen)
+		default:
+			wake(l.testDue)
 		}
-		wake(l.testDue)
 	})
 }
 
