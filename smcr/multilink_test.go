@@ -626,6 +626,17 @@ func heldSlots(e *Engine) int {
 	return n
 }
 
+// failSecond fails the second link's server device for the nth time and waits
+// until both ends added the link again.
+func (p *pair) failSecond(t *testing.T, s2 *memverbs.Device, n int) {
+	t.Helper()
+	s2.Fail()
+	eventually(t, fmt.Sprintf("link added again after failure %d", n), func() bool {
+		want := uint64(n + 1)
+		return p.srv.Stats().AddLinks == want && p.cli.Stats().AddLinks == want && twoLinks(p.cli) && twoLinks(p.srv)
+	})
+}
+
 // TestLinkFlaps: the second link fails and is added again, more times than a
 // group has link slots (and than the 8 link numbers a group once had for its
 // whole life, after which it stayed on one link). Each round a short
@@ -652,11 +663,7 @@ func TestLinkFlaps(t *testing.T) {
 		echoOK(t, c, s)
 		c.Close()
 		s.Close()
-		s2.Fail()
-		eventually(t, fmt.Sprintf("link added again after failure %d", i+1), func() bool {
-			want := uint64(i + 2)
-			return p.srv.Stats().AddLinks == want && p.cli.Stats().AddLinks == want && twoLinks(p.cli) && twoLinks(p.srv)
-		})
+		p.failSecond(t, s2, i+1)
 		for _, cs := range long {
 			echoOK(t, cs[0], cs[1])
 		}
@@ -727,11 +734,7 @@ func TestFlapsUnderLongConnections(t *testing.T) {
 		if onSecond != 1 {
 			t.Fatalf("round %d: %d of 2 new connections on the second link", i+1, onSecond)
 		}
-		s2.Fail()
-		eventually(t, fmt.Sprintf("link added again after failure %d", i+1), func() bool {
-			want := uint64(i + 2)
-			return p.srv.Stats().AddLinks == want && p.cli.Stats().AddLinks == want && twoLinks(p.cli) && twoLinks(p.srv)
-		})
+		p.failSecond(t, s2, i+1)
 		for _, cs := range conns {
 			echoOK(t, cs[0], cs[1])
 		}
