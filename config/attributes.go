@@ -124,6 +124,15 @@ var attributes = []attribute{
 		get: func(c *Config) string { return formatDuration(c.CLCTimeout) },
 	},
 	{
+		name: "test_link_time", def: "30s",
+		desc: "how long a link may receive nothing before a TEST_LINK checks that its peer answers, which fails the link if not (Linux: smcr_testlink_time 30s; 0: never)",
+		set: func(c *Config, v string) (err error) {
+			c.TestLinkTime, err = parseDuration(v, 0, time.Hour)
+			return
+		},
+		get: func(c *Config) string { return formatDuration(c.TestLinkTime) },
+	},
+	{
 		name: "read_spin", def: "20us",
 		desc: "how long a read waiting for bytes polls its link, and a client its socket for the CLC Accept, before sleeping, at most (adaptive below it; 0: never, always sleep)",
 		set: func(c *Config, v string) (err error) {

@@ -41,6 +41,7 @@ type Config struct {
 	PeerCacheTTL   time.Duration // how long a peer without SMC-R is connected to directly
 	CLCTimeout     time.Duration // wait for each CLC message before falling back
 	ReadSpin       time.Duration // a reader's busy poll of its link, at most; 0: none
+	TestLinkTime   time.Duration // a link receiving nothing this long is tested; 0: never
 	Cgroup         string        // cgroup v2 whose sockets are accelerated; empty = the root
 	ControlSocket  string        // smcrctl talks to smcrd here
 	ControlGroup   string        // Unix group allowed on the control socket besides root

@@ -162,13 +162,14 @@ func New(opts Options) (*Daemon, error) {
 	d.peers = newPeerCache(time.Now, d.loader.AddNegative)
 	d.devs = openDevices(cfg.Providers, ifaces, cfg.RDMADevices, opts.ShmDir, d.loader.Control(bpf.Tag{}), d.log)
 	d.engine, err = smcr.NewEngine(smcr.Config{
-		Devices:     d.devs,
-		MaxMemory:   cfg.MaxMemory,
-		RMBSize:     cfg.RMBSize,
-		SendBufSize: cfg.SendBufSize,
-		CLCTimeout:  cfg.CLCTimeout,
-		ReadSpin:    readSpin(cfg.ReadSpin),
-		Logger:      d.log,
+		Devices:          d.devs,
+		MaxMemory:        cfg.MaxMemory,
+		RMBSize:          cfg.RMBSize,
+		SendBufSize:      cfg.SendBufSize,
+		CLCTimeout:       cfg.CLCTimeout,
+		ReadSpin:         readSpin(cfg.ReadSpin),
+		TestLinkInterval: testLinkTime(cfg.TestLinkTime),
+		Logger:           d.log,
 	})
 	if err != nil {
 		d.closeSetup()
@@ -418,6 +419,15 @@ func inCgroup(cgroup string, log *slog.Logger) {
 				"smcrd_cgroup", self, "cgroup", cgroup)
 		}
 	}
+}
+
+// testLinkTime is the engine's TestLinkInterval for the test_link_time
+// attribute, whose 0 means never (the engine's 0 is its default).
+func testLinkTime(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }
 
 // readSpin is the engine's ReadSpin for the read_spin attribute, whose 0 means

@@ -21,8 +21,9 @@ import (
 // atRestart are the attributes read only when smcrd starts, with why: a change is
 // kept (and persisted when asked) but applies when smcrd restarts. The others
 // apply to new connections at once: the policy ones through the programs' maps,
-// max_memory, rmb_size, clc_timeout and read_spin through the engine's setters
-// (read_spin to every Read from then on), and
+// max_memory, rmb_size, clc_timeout, read_spin and test_link_time through the
+// engine's setters (read_spin to every Read from then on, test_link_time to
+// every link at its next look), and
 // peer_cache_ttl when the next peer is cached.
 var atRestart = map[string]string{
 	"providers":       "the RDMA devices are opened at start",
@@ -138,6 +139,7 @@ type engine interface {
 	SetRMBSize(int) error
 	SetCLCTimeout(time.Duration) error
 	SetReadSpin(time.Duration) error
+	SetTestLinkInterval(time.Duration) error
 }
 
 // applyEngine hands the engine the attributes that changed from old to n and
@@ -163,6 +165,11 @@ func applyEngine(e engine, old, n config.Config) error {
 			return fmt.Errorf("read_spin: %w", err)
 		}
 	}
+	if n.TestLinkTime != old.TestLinkTime {
+		if err := e.SetTestLinkInterval(testLinkTime(n.TestLinkTime)); err != nil {
+			return fmt.Errorf("test_link_time: %w", err)
+		}
+	}
 	return nil
 }
 
@@ -172,6 +179,7 @@ func restoreEngine(e engine, s smcr.Settings) {
 	e.SetRMBSize(s.RMBSize)
 	e.SetCLCTimeout(s.CLCTimeout)
 	e.SetReadSpin(s.ReadSpin)
+	e.SetTestLinkInterval(s.TestLinkInterval)
 }
 
 // changes lists the attributes whose value differs from old to n, and a note for

@@ -16,7 +16,7 @@ import (
 )
 
 // atOnce are the attributes that apply to new connections without a restart.
-var atOnce = []string{"enabled", "port_range_list", "ip_addr_list", "max_memory", "rmb_size", "clc_timeout", "read_spin", "peer_cache_ttl"}
+var atOnce = []string{"enabled", "port_range_list", "ip_addr_list", "max_memory", "rmb_size", "clc_timeout", "read_spin", "test_link_time", "peer_cache_ttl"}
 
 // TestEveryAttributeClassified: a new attribute must be decided on (at once, at
 // restart, or no effect), or SetConfig would silently pretend it applies.
@@ -47,14 +47,14 @@ func TestApplyEngine(t *testing.T) {
 	}
 	defer e.Close()
 	old := config.Default()
-	n, err := old.Set("max_memory=3", "rmb_size=32K", "clc_timeout=1500ms", "read_spin=0")
+	n, err := old.Set("max_memory=3", "rmb_size=32K", "clc_timeout=1500ms", "read_spin=0", "test_link_time=0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := applyEngine(e, old, n); err != nil {
 		t.Fatal(err)
 	}
-	want := smcr.Settings{MaxMemory: 3 << 20, RMBSize: 32 << 10, CLCTimeout: 1500 * time.Millisecond, ReadSpin: -1}
+	want := smcr.Settings{MaxMemory: 3 << 20, RMBSize: 32 << 10, CLCTimeout: 1500 * time.Millisecond, ReadSpin: -1, TestLinkInterval: -1}
 	if got := e.Settings(); got != want {
 		t.Fatalf("engine settings %+v, want %+v", got, want)
 	}

@@ -41,8 +41,9 @@ type Config struct {
 	// server first tries to add a link again (ADD_LINK); the wait doubles with
 	// each failed try, up to a minute. Default 1 s; negative disables it.
 	LinkRetry time.Duration
-	// TestLinkInterval is the TEST_LINK keepalive period (Linux: 30 s). Default 30 s;
-	// negative disables it.
+	// TestLinkInterval is how long a link may receive nothing before it is
+	// tested with TEST_LINK (Linux: net.smc.smcr_testlink_time, 30 s). Default
+	// 30 s; negative disables it.
 	TestLinkInterval time.Duration
 	// CloseTimeout bounds how long a closed connection waits for the peer's close
 	// before it aborts and frees its buffers. Default 30 s.
@@ -131,9 +132,7 @@ func (c *Config) withDefaults() (Config, error) {
 	if out.LinkRetry == 0 {
 		out.LinkRetry = time.Second
 	}
-	if out.TestLinkInterval == 0 {
-		out.TestLinkInterval = 30 * time.Second
-	}
+	out.TestLinkInterval = testLinkInterval(out.TestLinkInterval)
 	if out.CloseTimeout <= 0 {
 		out.CloseTimeout = 30 * time.Second
 	}
@@ -164,6 +163,15 @@ func rmbSize(n int) (int, error) {
 }
 
 // clcTimeout applies CLCTimeout's default.
+// testLinkInterval is Config.TestLinkInterval with its default (30 s, as
+// Linux's net.smc.smcr_testlink_time).
+func testLinkInterval(d time.Duration) time.Duration {
+	if d == 0 {
+		return 30 * time.Second
+	}
+	return d
+}
+
 func clcTimeout(d time.Duration) time.Duration {
 	if d <= 0 {
 		return 6 * time.Second

@@ -71,7 +71,8 @@ func NewEngine(cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{cfg: c, log: c.Logger, peerID: c.PeerID, conns: map[uint64]*Conn{}, tokens: map[uint32]*Conn{}, releases: make(chan struct{}, 1)}
-	e.set.Store(&Settings{MaxMemory: c.MaxMemory, RMBSize: c.RMBSize, CLCTimeout: c.CLCTimeout, ReadSpin: c.ReadSpin})
+	e.set.Store(&Settings{MaxMemory: c.MaxMemory, RMBSize: c.RMBSize, CLCTimeout: c.CLCTimeout, ReadSpin: c.ReadSpin,
+		TestLinkInterval: c.TestLinkInterval})
 	if e.peerID == (clc.PeerID{}) {
 		rand.Read(e.peerID[:2])
 		if len(c.Devices) > 0 {
@@ -314,6 +315,8 @@ type Settings struct {
 	RMBSize    int           // Config.RMBSize, rounded up to a power of two
 	CLCTimeout time.Duration // Config.CLCTimeout
 	ReadSpin   time.Duration // Config.ReadSpin; negative: off
+	// TestLinkInterval is Config.TestLinkInterval; negative: off.
+	TestLinkInterval time.Duration
 }
 
 // Settings returns the settings in effect.
@@ -374,6 +377,16 @@ func (e *Engine) SetReadSpin(d time.Duration) error {
 	d = readSpin(d)
 	e.update(func(s *Settings) { s.ReadSpin = d })
 	e.log.Info("smcr: read spin set", "spin", d)
+	return nil
+}
+
+// SetTestLinkInterval changes how long a link may receive nothing before it is
+// tested (Config.TestLinkInterval: 0 the default, negative off). Links take it
+// at their next look, a quarter of the old interval on (a second when off).
+func (e *Engine) SetTestLinkInterval(d time.Duration) error {
+	d = testLinkInterval(d)
+	e.update(func(s *Settings) { s.TestLinkInterval = d })
+	e.log.Info("smcr: test link interval set", "interval", d)
 	return nil
 }
 

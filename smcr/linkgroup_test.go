@@ -243,6 +243,29 @@ func TestTestLinkKeepalive(t *testing.T) {
 		t.Error("no round trip recorded for the TEST_LINK")
 	}
 	echoOK(t, c, s)
+
+	// Turned off at run time, an idle link goes untested; turned on, it is
+	// tested again.
+	for _, e := range []*Engine{p.cli, p.srv} {
+		e.SetTestLinkInterval(-1)
+	}
+	advance() // the links' next looks find it off
+	before = p.cli.Stats().LLCReceived + p.srv.Stats().LLCReceived
+	for range 5 {
+		clk.Advance(time.Second)
+	}
+	time.Sleep(20 * time.Millisecond)
+	if n := p.cli.Stats().LLCReceived + p.srv.Stats().LLCReceived - before; n != 0 {
+		t.Fatalf("%d llc messages with TEST_LINK off", n)
+	}
+	for _, e := range []*Engine{p.cli, p.srv} {
+		e.SetTestLinkInterval(time.Second)
+	}
+	clk.Advance(time.Second) // the looks of a link with the test off
+	advance()
+	eventually(t, "test link answered once on again", func() bool {
+		return p.cli.Stats().LLCReceived+p.srv.Stats().LLCReceived >= before+2
+	})
 }
 
 func echoOK(t *testing.T, c, s *Conn) {

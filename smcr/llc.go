@@ -684,19 +684,24 @@ func (l *link) work() {
 // traffic is alive, and a busy host that answered a TEST_LINK late would fail
 // a healthy link with every connection on it. It looks every quarter
 // interval, so an idle link is tested within 1.25 intervals of its last
-// receive.
+// receive; with the test off, every second, for the setting to come back.
 func (l *link) armTestLink() { l.watchIdle(0, l.received.Load()) }
 
 const testLinkTicks = 4 // looks per interval
 
 func (l *link) watchIdle(idle int, seen uint64) {
-	iv := l.lg.e.cfg.TestLinkInterval
-	if iv <= 0 || l.ctx.Err() != nil {
+	if l.ctx.Err() != nil {
 		return
 	}
-	l.lg.e.cfg.Clock.AfterFunc(iv/testLinkTicks, func() {
-		switch now := l.received.Load(); {
-		case now != seen:
+	iv := l.lg.e.settings().TestLinkInterval
+	tick := iv / testLinkTicks
+	if iv <= 0 {
+		tick = time.Second
+	}
+	l.lg.e.cfg.Clock.AfterFunc(tick, func() {
+		now := l.received.Load()
+		switch iv := l.lg.e.settings().TestLinkInterval; {
+		case iv <= 0 || now != seen:
 			l.watchIdle(0, now)
 		case idle+1 < testLinkTicks:
 			l.watchIdle(idle+1, seen)

@@ -47,7 +47,7 @@ func sum(h control.Histogram) uint64 {
 
 func TestOperatorView(t *testing.T) {
 	a, b := hosts(t)
-	a.start("providers = shm", ports, "rmb_size = 256K", "metrics_address = 127.0.0.1:9464")
+	a.start("providers = shm", ports, "rmb_size = 256K", "metrics_address = 127.0.0.1:9464", "test_link_time = 1s")
 	b.start("providers = shm", ports, "rmb_size = 256K")
 	b.serve(5201)
 	b.background("socat", "TCP-LISTEN:5204,fork,reuseaddr", "EXEC:cat")
@@ -155,6 +155,22 @@ func TestOperatorView(t *testing.T) {
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
+	}
+
+	// test_link_time set at run time: the idle link is tested, and links shows
+	// the round trip and how long ago.
+	if _, err := a.ctl.SetConfig(ctx, control.SetConfigRequest{Assignments: []string{"test_link_time=200ms"}}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; ; i++ {
+		l, err := a.ctl.Links(ctx)
+		if err == nil && len(l) == 1 && l[0].RTTMicros > 0 && l[0].TestLinkAgo >= 0 && l[0].TestLinkAgo < 5 {
+			break
+		}
+		if i == 50 {
+			t.Fatalf("no TEST_LINK round trip after test_link_time=200ms: %v %+v", err, l)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 
 	// stats: one 256K buffer each way, requests counted by size.
