@@ -218,7 +218,8 @@ func (c *Conn) resync() error {
 	mine := resync{flags: flags, received: c.rxProd}
 	declined := c.declinedLate
 	c.mu.Unlock()
-	dl := c.e.cfg.Clock.Now().Add(c.e.settings().CLCTimeout)
+	wait := resyncWait(c.e.settings().CLCTimeout)
+	dl := c.e.cfg.Clock.Now().Add(wait)
 	c.tcp.SetWriteDeadline(dl)
 	// A peer that declined after our Confirm is plain TCP already
 	// (declinedAfterConfirm): no resync for it.
@@ -228,7 +229,7 @@ func (c *Conn) resync() error {
 		}
 	}
 	var peer resyncResult
-	t := timeAfter(c.e.settings().CLCTimeout)
+	t := timeAfter(wait)
 	defer t.Stop()
 	select {
 	case peer = <-c.peerResync:
@@ -279,6 +280,15 @@ func closeWrite(tcp any) error {
 	}
 	return nil
 }
+
+// minResyncWait bounds from below how long a continuation waits for the peer's
+// resync: the CLC timeout, which an operator may shorten to fail handshakes
+// fast, would end every connection of a failed link on a busy host, where
+// hundreds of continuations answer at once (the peer answers as soon as it
+// reads ours; a peer that is gone closes TCP or never answers either way).
+const minResyncWait = 5 * time.Second
+
+func resyncWait(clcTimeout time.Duration) time.Duration { return max(clcTimeout, minResyncWait) }
 
 // timeAfter is a stoppable real-time timer (the continuation's bound is real time).
 func timeAfter(d time.Duration) *time.Timer { return time.NewTimer(d) }

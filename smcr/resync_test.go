@@ -86,6 +86,38 @@ func TestContinuationIdle(t *testing.T) {
 	}
 }
 
+// TestContinuationSlowPeer: a peer that reads our resync later than the CLC
+// timeout (a busy host, hundreds of continuations at once; an operator who
+// shortened clc_timeout) still continues: the resync's wait has a floor of its
+// own (minResyncWait).
+func TestContinuationSlowPeer(t *testing.T) {
+	d1, d2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
+	t.Cleanup(func() { closeChecked(t, d1, d2) })
+	const clcTimeout = 300 * time.Millisecond
+	p := newPair(t, Config{Devices: []verbs.Device{d1}, CLCTimeout: clcTimeout}, Config{Devices: []verbs.Device{d2}, CLCTimeout: clcTimeout})
+	held := make(chan struct{})
+	hold := func(c *Conn) {
+		if !c.client {
+			<-held
+		}
+	}
+	testHookWatch.Store(&hold)
+	t.Cleanup(func() { testHookWatch.Store(nil) })
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	c.Write([]byte("before"))
+	d1.Fail()
+	time.Sleep(3 * clcTimeout) // the server's watcher reads the client's resync only now
+	close(held)
+	eventually(t, "continued", func() bool { return c.continued() && s.continued() })
+	c.Write([]byte(" after"))
+	c.CloseWrite()
+	s.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if b, err := io.ReadAll(s); err != nil || string(b) != "before after" {
+		t.Fatalf("%q %v", b, err)
+	}
+}
+
 // TestContinuationPeerTCPGone: when the peer's TCP connection is gone, a
 // continuation fails at once instead of waiting for a resync that cannot come.
 func TestContinuationPeerTCPGone(t *testing.T) {
