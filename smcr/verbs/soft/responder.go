@@ -148,7 +148,7 @@ func (q *qp) execute(br *bufio.Reader, h *header, bounce []byte) (uint8, error) 
 			if !ok {
 				return nakRemAccess, discard(br, h.length)
 			}
-			if err := q.place(br, dst, bounce); err != nil {
+			if err := q.place(br, dst, bounce, dmaCopy); err != nil {
 				return 0, err
 			}
 		}
@@ -156,13 +156,15 @@ func (q *qp) execute(br *bufio.Reader, h *header, bounce []byte) (uint8, error) 
 		if int(h.length) > recv.length {
 			return nakInvReq, discard(br, h.length)
 		}
+		// Into the receive buffers as a WRITE lands (place): a receive flushed
+		// when the QP failed is the user's again, and gets no bytes after.
 		left := int(h.length)
 		for _, s := range recv.sg {
 			if left == 0 {
 				break
 			}
 			k := min(left, s.Length)
-			if _, err := io.ReadFull(br, s.MR.(*mr).buf[s.Offset:s.Offset+k]); err != nil {
+			if err := q.place(br, s.MR.(*mr).buf[s.Offset:s.Offset+k], bounce, visibleCopy); err != nil {
 				return 0, err
 			}
 			left -= k
@@ -200,8 +202,10 @@ func discard(br *bufio.Reader, n uint32) error {
 // like an adapter's DMA or shm's memcpy, is not one the race detector sees:
 // registered memory is ordered by the verbs protocol (completions, and SMC-R's
 // cursors above it), not by Go's memory model, and the same bytes written over
-// two links at once during such a move would read as a data race.
-func (q *qp) place(br *bufio.Reader, dst, bounce []byte) error {
+// two links at once during such a move would read as a data race. A SEND's
+// payload goes into the receive buffer with a copy the detector sees (cp): a
+// receive buffer belongs to one receive at a time, which the detector checks.
+func (q *qp) place(br *bufio.Reader, dst, bounce []byte, cp func(dst, src []byte)) error {
 	for len(dst) > 0 {
 		k := min(len(dst), len(bounce))
 		if _, err := io.ReadFull(br, bounce[:k]); err != nil {
@@ -215,12 +219,14 @@ func (q *qp) place(br *bufio.Reader, dst, bounce []byte) error {
 			q.execMu.RUnlock()
 			return errStopped
 		}
-		dmaCopy(dst, bounce[:k])
+		cp(dst, bounce[:k])
 		q.execMu.RUnlock()
 		dst = dst[k:]
 	}
 	return nil
 }
+
+func visibleCopy(dst, src []byte) { copy(dst, src) }
 
 // testHookPlace runs in place when a piece of a WRITE has been read, before it
 // is copied.

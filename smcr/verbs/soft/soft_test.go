@@ -548,6 +548,62 @@ func TestNoWriteAfterClose(t *testing.T) {
 	}
 }
 
+// TestNoSendAfterClose: a SEND whose payload is arriving when its target QP
+// closes lands nothing in the receive buffer, which the close handed back with
+// a flush completion (the user may repost or reuse it from then on).
+func TestNoSendAfterClose(t *testing.T) {
+	if verbstest.InPeer() {
+		t.Skip("not the peer's test")
+	}
+	p := newQPPair(t)
+	closed := make(chan struct{})
+	var once sync.Once
+	hook := func(q *qp) {
+		if q == p.qb.(*qp) {
+			once.Do(func() { p.qb.Close(); close(closed) })
+		}
+	}
+	testHookPlace.Store(&hook)
+	t.Cleanup(func() { testHookPlace.Store(nil) })
+	if err := p.qb.PostRecv(&verbs.RecvWR{ID: 9, SG: []verbs.SGE{{MR: p.mb, Length: 1024}}}); err != nil {
+		t.Fatal(err)
+	}
+	src := p.ma.Bytes()
+	for i := range src {
+		src[i] = 0xab
+	}
+	if err := p.qa.PostSend(&verbs.SendWR{ID: 1, Opcode: verbs.OpSend, Signaled: true, SG: []verbs.SGE{{MR: p.ma, Length: 1024}}}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the SEND's payload never reached the responder's copy")
+	}
+	wc := make([]verbs.WorkCompletion, 4)
+	flushed := false
+	for deadline := time.Now().Add(5 * time.Second); !flushed && time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		n, _ := p.cqb.Poll(wc)
+		for _, c := range wc[:n] {
+			if c.ID == 9 && c.Opcode == verbs.WCRecv {
+				if c.Status == verbs.WCSuccess {
+					t.Fatal("the receive completed although its QP closed first")
+				}
+				flushed = true
+			}
+		}
+	}
+	if !flushed {
+		t.Fatal("no flush completion for the receive")
+	}
+	for range 50 {
+		if i := bytes.IndexByte(p.mb.Bytes()[:1024], 0xab); i >= 0 {
+			t.Fatalf("byte %d written into a flushed receive", i)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // writeWatch counts the Writes in progress on a QP's request stream, and holds
 // one that failed for a moment, as a send slow to return would be.
 type writeWatch struct {
