@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -122,14 +123,16 @@ func TestDeadlines(t *testing.T) {
 	start := time.Now()
 	_, err := s.Read(make([]byte, 10))
 	var ne net.Error
-	if !errors.As(err, &ne) || !ne.Timeout() || time.Since(start) < 25*time.Millisecond {
+	// As the net.Conn contract asks: a net.Error that times out, and wraps
+	// os.ErrDeadlineExceeded.
+	if !errors.As(err, &ne) || !ne.Timeout() || !errors.Is(err, os.ErrDeadlineExceeded) || time.Since(start) < 25*time.Millisecond {
 		t.Fatalf("read: %v after %v", err, time.Since(start))
 	}
 	s.SetReadDeadline(time.Time{})
 	// Nobody reads: the peer's 16 KiB RMBE fills and Write times out.
 	c.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
 	n, err := c.Write(make([]byte, 64<<10))
-	if !errors.As(err, &ne) || !ne.Timeout() || n != 16<<10 {
+	if !errors.As(err, &ne) || !ne.Timeout() || !errors.Is(err, os.ErrDeadlineExceeded) || n != 16<<10 {
 		t.Fatalf("write: %d %v", n, err)
 	}
 	c.SetWriteDeadline(time.Time{})
@@ -143,7 +146,7 @@ func TestDeadlines(t *testing.T) {
 	go func() { _, err := c.Read(make([]byte, 1)); done <- err }()
 	time.Sleep(10 * time.Millisecond)
 	c.SetReadDeadline(time.Now())
-	if err := <-done; !errors.As(err, &ne) || !ne.Timeout() {
+	if err := <-done; !errors.As(err, &ne) || !ne.Timeout() || !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("blocked read: %v", err)
 	}
 }

@@ -6,6 +6,7 @@ package smcr
 import (
 	"errors"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -94,15 +95,13 @@ var (
 	ErrWriteClosed = errors.New("smcr: write after close")
 )
 
-// timeoutError is returned when a deadline passes; it satisfies net.Error.
-type timeoutError struct{}
-
-func (timeoutError) Error() string   { return "smcr: i/o timeout" }
-func (timeoutError) Timeout() bool   { return true }
-func (timeoutError) Temporary() bool { return true }
-func (timeoutError) Is(t error) bool { return t == errDeadline }
-
-var errDeadline = errors.New("deadline exceeded")
+// Read and Write return these when their deadline passes: as the net.Conn
+// contract asks, they wrap os.ErrDeadlineExceeded (which callers such as
+// net/http test with errors.Is) and are net.Errors whose Timeout is true.
+var (
+	errReadTimeout  error = &net.OpError{Op: "read", Net: "smc", Err: os.ErrDeadlineExceeded}
+	errWriteTimeout error = &net.OpError{Op: "write", Net: "smc", Err: os.ErrDeadlineExceeded}
+)
 
 // Conn is one connection. It implements net.Conn; Mode tells whether its bytes go
 // over SMC-R or over the TCP connection it was set up on.

@@ -109,7 +109,7 @@ func (c *Conn) smcRead(p []byte) (int, bool, error) {
 	defer c.rxMu.Unlock()
 	for {
 		if isClosed(c.readDL.wait()) {
-			return 0, false, timeoutError{}
+			return 0, false, errReadTimeout
 		}
 		c.mu.Lock()
 		avail, urgent := c.untilMarkLocked(c.rxProd - c.rxCons)

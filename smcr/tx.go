@@ -25,7 +25,7 @@ func (c *Conn) smcWrite(p []byte, urgent bool) (int, error) {
 	total := 0
 	for total < len(p) || len(p) == 0 {
 		if isClosed(c.writeDL.wait()) {
-			return total, timeoutError{}
+			return total, errWriteTimeout
 		}
 		c.mu.Lock()
 		if c.moving && !c.fo && c.err == nil {
