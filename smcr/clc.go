@@ -109,11 +109,28 @@ func (e *Engine) writeCLC(c *Conn, m clc.Message) error {
 	return err
 }
 
+// ctxOver reports whether ctx ended, or reached its deadline: a CLC read's
+// deadline is the context's when that comes first (clcPhaseFor), and the read
+// may fail a moment before the context's own timer marks it done. Without the
+// deadline check a Dial whose context ran out during CLC fell back to TCP or
+// failed with the context's error, by a race.
+func ctxOver(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	d, ok := ctx.Deadline()
+	return ok && !time.Now().Before(d)
+}
+
 // ctxErr turns a cancelled handshake into an error rather than a fallback.
 func ctxErr(ctx context.Context, c *Conn) (*Conn, error) {
 	c.abandonSetup()
 	c.e.untrack(c)
-	return nil, fmt.Errorf("smcr: clc: %w", ctx.Err())
+	err := ctx.Err()
+	if err == nil {
+		err = context.DeadlineExceeded // reached, its timer not run yet (ctxOver)
+	}
+	return nil, fmt.Errorf("smcr: clc: %w", err)
 }
 
 // standardOffers are the offers a Proposal to a standard SMC-R server carries:
@@ -182,7 +199,7 @@ func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix, opt
 	prop.SetEnvelope(area)
 	e.clcPhase(ctx, tcp)
 	if err := e.writeCLC(c, prop); err != nil {
-		if ctx.Err() != nil {
+		if ctxOver(ctx) {
 			return ctxErr(ctx, c)
 		}
 		return e.fallback(c, clc.DeclinePeerNoSMC, SideLocal, false, fmt.Errorf("send proposal: %w", err), br), nil
@@ -190,7 +207,7 @@ func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix, opt
 	e.awaitCLC(c.tcp, br)
 	m, code, send, err := e.readCLC(ctx, c, br)
 	if err != nil {
-		if ctx.Err() != nil {
+		if ctxOver(ctx) {
 			return ctxErr(ctx, c)
 		}
 		// A timeout after our Proposal: the peer may be a slow SMC peer, so tell it.
@@ -207,7 +224,7 @@ func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix, opt
 		return e.fallback(c, clc.DeclineConfigError, SideLocal, true, fmt.Errorf("clc: %v instead of accept", m.Type()), br), nil
 	}
 	if code, err := e.clientAccept(ctx, c, acc); err != nil {
-		if ctx.Err() != nil {
+		if ctxOver(ctx) {
 			return ctxErr(ctx, c)
 		}
 		if d, derr := e.declinedMeanwhile(ctx, c, br); d != nil && derr == nil {
@@ -226,7 +243,7 @@ func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix, opt
 	}
 	// Send the Confirm while the QP connects: a provider may need both ends to meet.
 	if code, err := e.clientConfirm(ctx, c, acc); err != nil {
-		if ctx.Err() != nil {
+		if ctxOver(ctx) {
 			return ctxErr(ctx, c)
 		}
 		return e.fallback(c, code, SideLocal, true, err, br), nil
@@ -327,7 +344,7 @@ func (e *Engine) server(ctx context.Context, tcp net.Conn, listenerAddrs []net.A
 	br := bufio.NewReaderSize(tcp, 4096)
 	m, code, send, err := e.readCLC(ctx, c, br)
 	if err != nil {
-		if ctx.Err() != nil {
+		if ctxOver(ctx) {
 			return ctxErr(ctx, c)
 		}
 		// A client that sent no CLC gets no Decline: it may be waiting for us to talk.
@@ -344,7 +361,7 @@ func (e *Engine) server(ctx context.Context, tcp net.Conn, listenerAddrs []net.A
 		return e.fallback(c, clc.DeclineConfigError, SideLocal, true, fmt.Errorf("clc: %v instead of proposal", m.Type()), br), nil
 	}
 	if code, err := e.serverProposal(ctx, c, prop, listenerAddrs); err != nil {
-		if ctx.Err() != nil {
+		if ctxOver(ctx) {
 			return ctxErr(ctx, c)
 		}
 		return e.fallback(c, code, SideLocal, true, err, br), nil
@@ -360,7 +377,7 @@ func (e *Engine) server(ctx context.Context, tcp net.Conn, listenerAddrs []net.A
 	}
 	m, code, send, err = e.readCLCWithin(ctx, c, br, wait)
 	if err != nil {
-		if ctx.Err() != nil {
+		if ctxOver(ctx) {
 			return ctxErr(ctx, c)
 		}
 		return e.fallback(c, code, SideLocal, send || code == DeclineTimeoutCLC, fmt.Errorf("read confirm: %w", err), br), nil
@@ -383,7 +400,7 @@ func (e *Engine) server(ctx context.Context, tcp net.Conn, listenerAddrs []net.A
 		c.tcp = &readAheadConn{Conn: c.tcp, r: br}
 	}
 	if code, err := e.serverConfirm(ctx, c, conf); err != nil {
-		if ctx.Err() != nil {
+		if ctxOver(ctx) {
 			return ctxErr(ctx, c)
 		}
 		return e.fallback(c, code, SideLocal, true, err, br), nil

@@ -1,8 +1,12 @@
 package smcr
 
 import (
+	"context"
+	"errors"
+	"io"
 	"net"
 	"testing"
+	"time"
 
 	"github.com/smcr-io/smcr/smcr/verbs"
 	"golang.org/x/net/nettest"
@@ -48,4 +52,37 @@ func TestConnAddrs(t *testing.T) {
 		t.Fatalf("modes %v %v, want fallbacks", c.Mode(), s.Mode())
 	}
 	check(t, c, s)
+}
+
+// TestDialCancelled: a Dial whose context ends during CLC (a server that
+// accepts and never answers) returns the context's error at once, not a
+// fallback after the CLC timeout, and leaves nothing behind in the engine.
+func TestDialCancelled(t *testing.T) {
+	e := newEngine(t, Config{Devices: memDevices(t, verbs.KindSoft), CLCTimeout: 10 * time.Second})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			go io.Copy(io.Discard, c) // reads the Proposal, answers nothing
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	c, err := e.Dial(ctx, "tcp", ln.Addr().String())
+	if c != nil || !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 5*time.Second {
+		t.Fatalf("dial returned %v, %v after %v; want the context's deadline at once", c, err, time.Since(start))
+	}
+	eventually(t, "nothing left", func() bool {
+		st := e.Stats()
+		return len(e.Conns()) == 0 && st.MemoryInUse == 0
+	})
 }
