@@ -776,12 +776,27 @@ func (e *Engine) NewListener(ln net.Listener) *Listener {
 }
 
 func (l *Listener) loop() {
+	var backoff time.Duration
 	for {
 		tcp, err := l.ln.Accept()
 		if err != nil {
-			l.Close()
-			return
+			if errors.Is(err, net.ErrClosed) {
+				l.Close()
+				return
+			}
+			// Out of file descriptors, say (EMFILE): the connection waits in
+			// the kernel's queue, and the listener must live on, as
+			// net/http's does, not close under its application.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			l.e.log.Warn("smcr: accept failed; retrying", "addr", l.ln.Addr(), "in", backoff, "err", err)
+			select {
+			case <-time.After(backoff):
+			case <-l.done:
+				return
+			}
+			continue
 		}
+		backoff = 0
 		go func() {
 			c, err := l.e.server(l.ctx, tcp, l.addrs)
 			if err != nil {

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
+	"syscall"
 	"testing"
 	"time"
 
@@ -85,4 +87,53 @@ func TestDialCancelled(t *testing.T) {
 		st := e.Stats()
 		return len(e.Conns()) == 0 && st.MemoryInUse == 0
 	})
+}
+
+// TestListenerSurvivesEMFILE: an accept that fails for lack of file
+// descriptors does not close the Listener under its application: once
+// descriptors are free again, the waiting connection and new ones are served.
+func TestListenerSurvivesEMFILE(t *testing.T) {
+	p := memPair(t)
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skipf("no /proc/self/fd: %v", err)
+	}
+	var old syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	restore := func() { syscall.Setrlimit(syscall.RLIMIT_NOFILE, &old) }
+	defer restore()
+	// Room for the client's socket and little else: the accept gets EMFILE.
+	low := old
+	low.Cur = uint64(len(fds) + 2)
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
+		t.Skipf("cannot lower RLIMIT_NOFILE: %v", err)
+	}
+	var held []net.Conn
+	for range 3 {
+		c, err := net.Dial("tcp", p.ln.Addr().String())
+		if err != nil {
+			break
+		}
+		held = append(held, c)
+	}
+	time.Sleep(50 * time.Millisecond) // the listener tries to accept, and fails
+	restore()
+	if len(held) == 0 {
+		t.Skip("no connection got through at the lowered limit")
+	}
+	// The waiting connections are accepted now (their clients gone: EOF in
+	// CLC, plain TCP), then new ones.
+	for _, c := range held {
+		c.Close()
+		s, err := p.ln.AcceptSMC()
+		if err != nil {
+			t.Fatalf("accept after the descriptors came back: %v", err)
+		}
+		s.Close()
+	}
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	echoOK(t, c, s)
 }
