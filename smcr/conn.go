@@ -349,13 +349,22 @@ func (c *Conn) SetWriteDeadline(t time.Time) error {
 // as in net.Pipe: waiting on it allocates nothing.
 type deadline struct {
 	mu     sync.Mutex
+	at     time.Time // as set; zero: none
 	timer  *time.Timer
 	cancel chan struct{}
+}
+
+// get returns the deadline as last set, for a continuation's TCP connection.
+func (d *deadline) get() time.Time {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.at
 }
 
 func (d *deadline) set(t time.Time) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.at = t
 	if d.timer != nil && !d.timer.Stop() {
 		<-d.cancel // the timer fired: wait for it to close the channel
 	}

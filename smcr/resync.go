@@ -187,6 +187,12 @@ func (c *Conn) failover() {
 		c.lnkErr = true
 	}
 	c.foReady = err == nil
+	if c.foReady {
+		// The application's deadlines go to the TCP connection now, under c.mu:
+		// a SetDeadline meanwhile found continued() false and set only ours.
+		c.tcp.SetReadDeadline(c.readDL.get())
+		c.tcp.SetWriteDeadline(c.writeDL.get())
+	}
 	c.lnkErr = true // the link is no longer this connection's, whatever happened
 	appClosed := c.appClosed
 	c.updateState("continued over tcp")

@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -116,6 +118,45 @@ func TestContinuationSlowPeer(t *testing.T) {
 	if b, err := io.ReadAll(s); err != nil || string(b) != "before after" {
 		t.Fatalf("%q %v", b, err)
 	}
+}
+
+// TestContinuationKeepsDeadlines: deadlines set over SMC-R hold after the
+// connection continues over TCP: a Read with nothing coming and a Write the
+// peer does not drain time out then, rather than block for good.
+func TestContinuationKeepsDeadlines(t *testing.T) {
+	d1, d2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
+	t.Cleanup(func() { closeChecked(t, d1, d2) })
+	p := newPair(t, Config{Devices: []verbs.Device{d1}}, Config{Devices: []verbs.Device{d2}})
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	c.SetReadDeadline(time.Now().Add(time.Second))
+	c.SetWriteDeadline(time.Now().Add(time.Second))
+	d1.Fail()
+	eventually(t, "continued", func() bool { return c.continued() && s.continued() })
+	type result struct {
+		n   int
+		err error
+	}
+	for _, op := range []struct {
+		name string
+		do   func() (int, error)
+	}{
+		{"read", func() (int, error) { return c.Read(make([]byte, 10)) }},
+		{"write", func() (int, error) { return c.Write(make([]byte, 64<<20)) }}, // beyond the sockets' buffers
+	} {
+		done := make(chan result, 1)
+		go func() { n, err := op.do(); done <- result{n, err} }()
+		select {
+		case r := <-done:
+			if !errors.Is(r.err, os.ErrDeadlineExceeded) {
+				t.Errorf("%s after the continuation: %d, %v; want a timeout", op.name, r.n, r.err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s after the continuation ignored its deadline", op.name)
+		}
+	}
+	c.Close()
+	s.Close()
 }
 
 // TestContinuationPeerTCPGone: when the peer's TCP connection is gone, a
