@@ -201,3 +201,28 @@ func TestHTTPOverSMCR(t *testing.T) {
 		t.Fatalf("Serve returned %v", err)
 	}
 }
+
+// TestIPv6: Dial and Listen over IPv6 take SMC-R as over IPv4 (the Proposal's
+// IPv6 prefixes matched against the server's subnet).
+func TestIPv6(t *testing.T) {
+	ln, err := net.Listen("tcp6", "[::1]:0")
+	if err != nil {
+		t.Skipf("no IPv6 loopback: %v", err)
+	}
+	ln.Close()
+	cli := newEngine(t, Config{Devices: memDevices(t, verbs.KindSoft)})
+	srv := newEngine(t, Config{Devices: memDevices(t, verbs.KindSoft)})
+	l, err := srv.Listen("tcp6", "[::1]:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	p := &pair{cli: cli, srv: srv, ln: l}
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	if a := c.RemoteAddr().(*net.TCPAddr); a.IP.To4() != nil {
+		t.Fatalf("connected over %v, not IPv6", a)
+	}
+	echoOK(t, c, s)
+	streamPairs(t, [][2]*Conn{{c, s}}, 1<<20, 3, func() {})
+}
