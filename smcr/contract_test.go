@@ -226,3 +226,18 @@ func TestIPv6(t *testing.T) {
 	echoOK(t, c, s)
 	streamPairs(t, [][2]*Conn{{c, s}}, 1<<20, 3, func() {})
 }
+
+// TestTCPNetworksOnly: Dial and Listen refuse networks SMC-R cannot ride on,
+// with a net.UnknownNetworkError, as net.Dial does for a network it lacks.
+func TestTCPNetworksOnly(t *testing.T) {
+	e := newEngine(t, Config{Devices: memDevices(t, verbs.KindSoft)})
+	for _, network := range []string{"udp", "unix", "ip4:tcp", ""} {
+		var unknown net.UnknownNetworkError
+		if c, err := e.Dial(context.Background(), network, "127.0.0.1:9"); c != nil || !errors.As(err, &unknown) {
+			t.Errorf("Dial(%q): %v, %v; want an unknown network", network, c, err)
+		}
+		if l, err := e.Listen(network, "127.0.0.1:0"); l != nil || !errors.As(err, &unknown) {
+			t.Errorf("Listen(%q): %v, %v; want an unknown network", network, l, err)
+		}
+	}
+}

@@ -533,6 +533,9 @@ func (e *Engine) Conns() []ConnInfo {
 // the TCP connection itself failed. It proposes every device, as to an smcr
 // server: to one that may be another implementation, use ClientWith.
 func (e *Engine) Dial(ctx context.Context, network, addr string) (*Conn, error) {
+	if err := tcpNetwork(network); err != nil {
+		return nil, fmt.Errorf("smcr: dial: %w", err)
+	}
 	var d net.Dialer
 	d.SetMultipathTCP(false)
 	tcp, err := d.DialContext(ctx, network, addr)
@@ -547,6 +550,17 @@ func (e *Engine) Dial(ctx context.Context, network, addr string) (*Conn, error) 
 		tcp.Close()
 	}
 	return c, err
+}
+
+// tcpNetwork refuses networks other than TCP's: SMC-R rides on a TCP connection
+// (RFC 7609), and a UDP or Unix socket would carry the CLC exchange into
+// nonsense.
+func tcpNetwork(network string) error {
+	switch network {
+	case "tcp", "tcp4", "tcp6":
+		return nil
+	}
+	return net.UnknownNetworkError(network + " (SMC-R needs tcp, tcp4 or tcp6)")
 }
 
 // Client runs CLC as the client on an established TCP connection, to a server
@@ -757,6 +771,9 @@ type Listener struct {
 // The interface addresses for the same-subnet check are read now, so a Listen
 // made inside a network namespace checks that namespace's subnets.
 func (e *Engine) Listen(network, addr string) (*Listener, error) {
+	if err := tcpNetwork(network); err != nil {
+		return nil, fmt.Errorf("smcr: listen: %w", err)
+	}
 	var lc net.ListenConfig
 	lc.SetMultipathTCP(false)
 	ln, err := lc.Listen(context.Background(), network, addr)
