@@ -1,6 +1,12 @@
 // Package smcr is a user-space SMC-R endpoint (RFC 7609): Dial and Listen return
 // net.Conn and net.Listener whose bytes move over RDMA once a CLC handshake on the
 // TCP connection has agreed on it, and over that same TCP connection otherwise.
+// They keep those interfaces' contracts as a TCP connection does, whichever way
+// the bytes go (contract_test.go runs x/net's net.Conn conformance suite and
+// net/http over them): a deadline's error wraps os.ErrDeadlineExceeded, also
+// once a connection continued over TCP after its last link failed; a Dial whose
+// context ends during CLC fails with the context's error; Dial and Listen take
+// tcp, tcp4 and tcp6 only.
 //
 // The files follow the sublayers of the Linux implementation, so a reader of the
 // RFC finds each concept by name:
