@@ -30,20 +30,26 @@ type pooledBuf struct {
 // deregister closes b's registrations, second ones before the memory they map,
 // and drops their holds on the links' protection domains and slots.
 func (b *pooledBuf) deregister() {
-	slotted := false
-	for _, owner := range []bool{false, true} {
-		for n, m := range b.on {
-			if m != nil && (m == b.own) == owner {
-				m.Close()
-				slotted = slotted || owner
-				if b.link[n] != nil {
-					b.link[n].releasePD()
-				}
+	slotted := false // own is among on, held by home's slot too
+	for n, m := range b.on {
+		switch {
+		case m == nil:
+		case m == b.own:
+			slotted = true
+		default:
+			m.Close()
+			if b.link[n] != nil {
+				b.link[n].releasePD()
 			}
 		}
 	}
-	if b.own != nil && !slotted {
-		b.own.Close()
+	if b.own == nil {
+		return
+	}
+	b.own.Close()
+	if slotted {
+		b.home.releasePD()
+	} else {
 		b.home.releaseUnslotted()
 	}
 }
