@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/smcr-io/smcr/llc"
-	"github.com/smcr-io/smcr/smcr/internal/memverbs"
 	"github.com/smcr-io/smcr/smcr/verbs"
 )
 
@@ -18,8 +17,7 @@ import (
 // (no new memory regions), streams hash-checked data both ways through them, and
 // a change of max_memory or rmb_size is honoured by freeing the pool.
 func TestBufferReuse(t *testing.T) {
-	dc, ds := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
-	t.Cleanup(func() { closeChecked(t, dc, ds) })
+	dc, ds := twoDevices(t)
 	const size = 64 << 10
 	p := newPair(t, Config{Devices: []verbs.Device{dc}, RMBSize: size}, Config{Devices: []verbs.Device{ds}, RMBSize: size})
 	released := func() bool {

@@ -25,12 +25,7 @@ func TestCDCOrder(t *testing.T) {
 	}
 	testHookCDC.Store(&hook)
 	t.Cleanup(func() { testHookCDC.Store(nil) })
-	var conns [][2]*Conn
-	for range 4 {
-		c, s := p.connect(t)
-		mustSMC(t, c, s)
-		conns = append(conns, [2]*Conn{c, s})
-	}
+	conns := p.connectSMC(t, 4)
 	streamPairs(t, conns, 4<<20, 7, func() {})
 	if n := gaps.Load(); n != 0 {
 		t.Errorf("%d of %d CDCs out of sequence", n, cdcs.Load())

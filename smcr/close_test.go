@@ -174,8 +174,7 @@ func TestCloseUnblocksReadAndWrite(t *testing.T) {
 // holds keeps them, and the PD they are registered in, until it is closed; then
 // nothing is left.
 func TestEngineCloseFreesVerbs(t *testing.T) {
-	dc, ds := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
-	t.Cleanup(func() { closeChecked(t, dc, ds) })
+	dc, ds := twoDevices(t)
 	p := newPair(t, Config{Devices: []verbs.Device{dc}}, Config{Devices: []verbs.Device{ds}})
 	var held [2]*Conn
 	for i := range 3 {

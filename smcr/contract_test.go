@@ -69,25 +69,14 @@ func TestConnAddrs(t *testing.T) {
 // fallback after the CLC timeout, and leaves nothing behind in the engine.
 func TestDialCancelled(t *testing.T) {
 	e := newEngine(t, Config{Devices: memDevices(t, verbs.KindSoft), CLCTimeout: 10 * time.Second})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			defer c.Close()
-			go io.Copy(io.Discard, c) // reads the Proposal, answers nothing
-		}
-	}()
+	addr := rawServer(t, func(c net.Conn) {
+		defer c.Close()
+		io.Copy(io.Discard, c) // reads the Proposal, answers nothing
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	c, err := e.Dial(ctx, "tcp", ln.Addr().String())
+	c, err := e.Dial(ctx, "tcp", addr)
 	if c != nil || !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 5*time.Second {
 		t.Fatalf("dial returned %v, %v after %v; want the context's deadline at once", c, err, time.Since(start))
 	}

@@ -90,6 +90,18 @@ func memPair(t testing.TB) *pair {
 	return newPair(t, Config{Devices: memDevices(t, verbs.KindSoft)}, Config{Devices: memDevices(t, verbs.KindSoft)})
 }
 
+// connectSMC opens n connections, each SMC-R on both ends.
+func (p *pair) connectSMC(t testing.TB, n int) [][2]*Conn {
+	t.Helper()
+	conns := make([][2]*Conn, 0, n)
+	for range n {
+		c, s := p.connect(t)
+		mustSMC(t, c, s)
+		conns = append(conns, [2]*Conn{c, s})
+	}
+	return conns
+}
+
 // echoAll accepts every connection and echoes what it reads, until the
 // listener closes.
 func (p *pair) echoAll() {

@@ -15,7 +15,6 @@ import (
 	"github.com/smcr-io/smcr/llc"
 	"github.com/smcr-io/smcr/rmb"
 	"github.com/smcr-io/smcr/smcr/clc"
-	"github.com/smcr-io/smcr/smcr/internal/memverbs"
 	"github.com/smcr-io/smcr/smcr/verbs"
 )
 
@@ -98,12 +97,7 @@ func TestLinkGroupLimit(t *testing.T) {
 	if race.Enabled {
 		total = 300 // two groups: 40 s under the race detector for 1000
 	}
-	var conns [][2]*Conn
-	for range total {
-		c, s := p.connect(t)
-		mustSMC(t, c, s)
-		conns = append(conns, [2]*Conn{c, s})
-	}
+	conns := p.connectSMC(t, total)
 	lgs := p.srv.LinkGroups()
 	n, full := 0, 0
 	for _, lg := range lgs {
@@ -194,8 +188,7 @@ func TestIdleLinkGroupFreed(t *testing.T) {
 
 func TestTestLinkKeepalive(t *testing.T) {
 	clk := &fakeClock{}
-	d1, d2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
-	t.Cleanup(func() { closeChecked(t, d1, d2) })
+	d1, d2 := twoDevices(t)
 	p := newPair(t, Config{Devices: []verbs.Device{d1}, Clock: clk, TestLinkInterval: time.Second},
 		Config{Devices: []verbs.Device{d2}, Clock: clk, TestLinkInterval: time.Second})
 	c, s := p.connect(t)

@@ -56,6 +56,14 @@ func (p *pair) closeAll(t *testing.T, conns [][2]*Conn) {
 	})
 }
 
+// twoDevices returns a memverbs device for each end, their verbs lifecycle
+// checked at cleanup.
+func twoDevices(t *testing.T) (c, s *memverbs.Device) {
+	c, s = memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
+	t.Cleanup(func() { closeChecked(t, c, s) })
+	return c, s
+}
+
 // fourDevices returns two memverbs devices for each end, their verbs lifecycle
 // checked at cleanup.
 func fourDevices(t *testing.T) (c1, c2, s1, s2 *memverbs.Device) {
@@ -93,11 +101,7 @@ func TestSecondLinkFailover(t *testing.T) {
 	mustSMC(t, c, s)
 	conns = append(conns, [2]*Conn{c, s})
 	eventually(t, "two links on both ends", func() bool { return twoLinks(p.cli) && twoLinks(p.srv) })
-	for range 5 {
-		c, s := p.connect(t)
-		mustSMC(t, c, s)
-		conns = append(conns, [2]*Conn{c, s})
-	}
+	conns = append(conns, p.connectSMC(t, 5)...)
 	for _, e := range []*Engine{p.cli, p.srv} {
 		st := e.Stats()
 		if st.AddLinks != 1 || st.FirstContact != 1 || st.LinkConfirms != 2 {
@@ -133,12 +137,7 @@ func TestSecondLinkFailover(t *testing.T) {
 		cs[0].Close()
 		cs[1].Close()
 	}
-	var fresh [][2]*Conn
-	for range 3 {
-		c, s := p.connect(t)
-		mustSMC(t, c, s)
-		fresh = append(fresh, [2]*Conn{c, s})
-	}
+	fresh := p.connectSMC(t, 3)
 
 	// The last link fails mid-transfer: continuation over TCP, still every byte.
 	streamPairs(t, fresh, 8<<20, 200, func() {
@@ -326,11 +325,7 @@ func TestFailoverManyConns(t *testing.T) {
 	c, s := p.connect(t)
 	conns := [][2]*Conn{{c, s}}
 	eventually(t, "two links", func() bool { return twoLinks(p.cli) && twoLinks(p.srv) })
-	for range 39 {
-		c, s := p.connect(t)
-		mustSMC(t, c, s)
-		conns = append(conns, [2]*Conn{c, s})
-	}
+	conns = append(conns, p.connectSMC(t, 39)...)
 	var onFailed int
 	streamPairs(t, conns, 1<<20, 500, func() {
 		eventually(t, "streams under way", func() bool { return p.cli.Stats().RxBytes > 2<<20 })
@@ -434,12 +429,7 @@ func TestSecondLinkReadded(t *testing.T) {
 func TestPortDownFailsLink(t *testing.T) {
 	c1, c2, s1, s2 := fourDevices(t)
 	p := newPair(t, Config{Devices: []verbs.Device{c1, c2}}, Config{Devices: []verbs.Device{s1, s2}})
-	var pairs [][2]*Conn
-	for range 4 {
-		c, s := p.connect(t)
-		mustSMC(t, c, s)
-		pairs = append(pairs, [2]*Conn{c, s})
-	}
+	pairs := p.connectSMC(t, 4)
 	eventually(t, "two links on both ends", func() bool { return twoLinks(p.cli) && twoLinks(p.srv) })
 	start := time.Now()
 	c2.SetPortUp(false)
@@ -498,12 +488,7 @@ func TestReusedRMBFailsOver(t *testing.T) {
 	mustSMC(t, keep, ks)
 	eventually(t, "two links on both ends", func() bool { return twoLinks(p.cli) && twoLinks(p.srv) })
 	const n = 6
-	var before [][2]*Conn
-	for range n {
-		c, s := p.connect(t)
-		mustSMC(t, c, s)
-		before = append(before, [2]*Conn{c, s})
-	}
+	before := p.connectSMC(t, n)
 	for _, cs := range before {
 		cs[0].Close()
 		cs[1].Close()

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/smcr-io/smcr/smcr/clc"
-	"github.com/smcr-io/smcr/smcr/internal/memverbs"
 	"github.com/smcr-io/smcr/smcr/verbs"
 )
 
@@ -37,8 +36,7 @@ func TestResyncCodec(t *testing.T) {
 // TestContinuationOverTCP fails the only link in the middle of streams in both
 // directions: the connections go on over TCP with every byte, once.
 func TestContinuationOverTCP(t *testing.T) {
-	d1, d2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
-	t.Cleanup(func() { closeChecked(t, d1, d2) })
+	d1, d2 := twoDevices(t)
 	p := newPair(t, Config{Devices: []verbs.Device{d1}, RMBSize: 16 << 10}, Config{Devices: []verbs.Device{d2}, RMBSize: 16 << 10})
 	c, s := p.connect(t)
 	c2, s2 := p.connect(t)
@@ -72,8 +70,7 @@ func TestContinuationOverTCP(t *testing.T) {
 
 // TestContinuationIdle fails the link of an idle connection with unread data.
 func TestContinuationIdle(t *testing.T) {
-	d1, d2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
-	t.Cleanup(func() { closeChecked(t, d1, d2) })
+	d1, d2 := twoDevices(t)
 	p := newPair(t, Config{Devices: []verbs.Device{d1}}, Config{Devices: []verbs.Device{d2}})
 	c, s := p.connect(t)
 	c.Write([]byte("before"))
@@ -93,8 +90,7 @@ func TestContinuationIdle(t *testing.T) {
 // shortened clc_timeout) still continues: the resync's wait has a floor of its
 // own (minResyncWait).
 func TestContinuationSlowPeer(t *testing.T) {
-	d1, d2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
-	t.Cleanup(func() { closeChecked(t, d1, d2) })
+	d1, d2 := twoDevices(t)
 	const clcTimeout = 300 * time.Millisecond
 	p := newPair(t, Config{Devices: []verbs.Device{d1}, CLCTimeout: clcTimeout}, Config{Devices: []verbs.Device{d2}, CLCTimeout: clcTimeout})
 	held := make(chan struct{})
@@ -124,8 +120,7 @@ func TestContinuationSlowPeer(t *testing.T) {
 // connection continues over TCP: a Read with nothing coming and a Write the
 // peer does not drain time out then, rather than block for good.
 func TestContinuationKeepsDeadlines(t *testing.T) {
-	d1, d2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
-	t.Cleanup(func() { closeChecked(t, d1, d2) })
+	d1, d2 := twoDevices(t)
 	p := newPair(t, Config{Devices: []verbs.Device{d1}}, Config{Devices: []verbs.Device{d2}})
 	c, s := p.connect(t)
 	mustSMC(t, c, s)
@@ -162,8 +157,7 @@ func TestContinuationKeepsDeadlines(t *testing.T) {
 // TestContinuationPeerTCPGone: when the peer's TCP connection is gone, a
 // continuation fails at once instead of waiting for a resync that cannot come.
 func TestContinuationPeerTCPGone(t *testing.T) {
-	d1, d2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
-	t.Cleanup(func() { closeChecked(t, d1, d2) })
+	d1, d2 := twoDevices(t)
 	p := newPair(t, Config{Devices: []verbs.Device{d1}, CLCTimeout: 10 * time.Second}, Config{Devices: []verbs.Device{d2}, CLCTimeout: 10 * time.Second})
 	c, s := p.connect(t)
 	mustSMC(t, c, s)
@@ -225,8 +219,7 @@ func TestReadAheadDropsCrossing(t *testing.T) {
 // byte. Nothing is lost or duplicated, and the server never starts a
 // continuation of its own for a connection it declined.
 func TestDeclineCrossesContinuation(t *testing.T) {
-	d1, d2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
-	t.Cleanup(func() { closeChecked(t, d1, d2) })
+	d1, d2 := twoDevices(t)
 	srv := Config{Devices: []verbs.Device{d2}, CLCTimeout: 300 * time.Millisecond, LLCTimeout: 300 * time.Millisecond}
 	p := newPair(t, Config{Devices: []verbs.Device{d1}}, srv)
 	good, gs := p.connect(t)
@@ -290,8 +283,7 @@ func (g *gatedConn) Read(b []byte) (int, error) {
 // client, already continuing, would never read): the connection continues over
 // TCP on both ends, every byte checked.
 func TestResyncBehindConfirm(t *testing.T) {
-	d1, d2 := memverbs.New(verbs.KindSoft), memverbs.New(verbs.KindSoft)
-	t.Cleanup(func() { closeChecked(t, d1, d2) })
+	d1, d2 := twoDevices(t)
 	p := newPair(t, Config{Devices: []verbs.Device{d1}}, Config{Devices: []verbs.Device{d2}})
 	good, gs := p.connect(t)
 	mustSMC(t, good, gs)

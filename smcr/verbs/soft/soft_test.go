@@ -523,26 +523,42 @@ func TestNoWriteAfterClose(t *testing.T) {
 		t.Skip("not the peer's test")
 	}
 	p := newQPPair(t)
-	closed := make(chan struct{})
-	var once sync.Once
-	hook := func(q *qp) {
-		if q == p.qb.(*qp) {
-			once.Do(func() { p.qb.Close(); close(closed) })
-		}
-	}
-	testHookPlace.Store(&hook)
-	t.Cleanup(func() { testHookPlace.Store(nil) })
-	src := p.ma.Bytes()
-	for i := range src {
-		src[i] = 0xab
-	}
+	closed := closeAtFirstPiece(t, p.qb)
+	fill(p.ma.Bytes(), 0xab)
 	if err := p.qa.PostSend(&verbs.SendWR{ID: 1, Opcode: verbs.OpWrite, Signaled: true, SG: []verbs.SGE{{MR: p.ma, Length: 32 << 10}}, RemoteAddr: p.mb.Addr(), RKey: p.mb.RKey()}); err != nil {
 		t.Fatal(err)
 	}
 	<-closed
+	staysClear(t, p.mb.Bytes(), 0xab, "after the target QP closed")
+}
+
+// closeAtFirstPiece closes q when its responder has read the first piece of a
+// payload, before it copies it (testHookPlace); the channel closes then.
+func closeAtFirstPiece(t *testing.T, q verbs.QP) <-chan struct{} {
+	closed := make(chan struct{})
+	var once sync.Once
+	hook := func(x *qp) {
+		if x == q.(*qp) {
+			once.Do(func() { q.Close(); close(closed) })
+		}
+	}
+	testHookPlace.Store(&hook)
+	t.Cleanup(func() { testHookPlace.Store(nil) })
+	return closed
+}
+
+func fill(b []byte, v byte) {
+	for i := range b {
+		b[i] = v
+	}
+}
+
+// staysClear checks for 50 ms that no byte v lands in b.
+func staysClear(t *testing.T, b []byte, v byte, when string) {
+	t.Helper()
 	for range 50 {
-		if i := bytes.IndexByte(p.mb.Bytes(), 0xab); i >= 0 {
-			t.Fatalf("byte %d written after the target QP closed", i)
+		if i := bytes.IndexByte(b, v); i >= 0 {
+			t.Fatalf("byte %d written %s", i, when)
 		}
 		time.Sleep(time.Millisecond)
 	}
@@ -556,22 +572,11 @@ func TestNoSendAfterClose(t *testing.T) {
 		t.Skip("not the peer's test")
 	}
 	p := newQPPair(t)
-	closed := make(chan struct{})
-	var once sync.Once
-	hook := func(q *qp) {
-		if q == p.qb.(*qp) {
-			once.Do(func() { p.qb.Close(); close(closed) })
-		}
-	}
-	testHookPlace.Store(&hook)
-	t.Cleanup(func() { testHookPlace.Store(nil) })
+	closed := closeAtFirstPiece(t, p.qb)
 	if err := p.qb.PostRecv(&verbs.RecvWR{ID: 9, SG: []verbs.SGE{{MR: p.mb, Length: 1024}}}); err != nil {
 		t.Fatal(err)
 	}
-	src := p.ma.Bytes()
-	for i := range src {
-		src[i] = 0xab
-	}
+	fill(p.ma.Bytes(), 0xab)
 	if err := p.qa.PostSend(&verbs.SendWR{ID: 1, Opcode: verbs.OpSend, Signaled: true, SG: []verbs.SGE{{MR: p.ma, Length: 1024}}}); err != nil {
 		t.Fatal(err)
 	}
@@ -596,12 +601,7 @@ func TestNoSendAfterClose(t *testing.T) {
 	if !flushed {
 		t.Fatal("no flush completion for the receive")
 	}
-	for range 50 {
-		if i := bytes.IndexByte(p.mb.Bytes()[:1024], 0xab); i >= 0 {
-			t.Fatalf("byte %d written into a flushed receive", i)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	staysClear(t, p.mb.Bytes()[:1024], 0xab, "into a flushed receive")
 }
 
 // writeWatch counts the Writes in progress on a QP's request stream, and holds
