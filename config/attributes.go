@@ -37,6 +37,19 @@ func (c Config) Attributes() []Attribute {
 	return out
 }
 
+// durationAttr is an attribute held in a time.Duration of Config, between lo
+// and hi.
+func durationAttr(name, def, desc string, field func(*Config) *time.Duration, lo, hi time.Duration) attribute {
+	return attribute{
+		name: name, def: def, desc: desc,
+		set: func(c *Config, v string) (err error) {
+			*field(c), err = parseDuration(v, lo, hi)
+			return
+		},
+		get: func(c *Config) string { return formatDuration(*field(c)) },
+	}
+}
+
 // Names returns the attribute names in display order.
 func Names() []string {
 	out := make([]string, len(attributes))
@@ -105,42 +118,18 @@ var attributes = []attribute{
 			return strings.Join(s, ",")
 		},
 	},
-	{
-		name: "peer_cache_ttl", def: "10m",
-		desc: "how long a peer without SMC-R is connected to directly, without trying again",
-		set: func(c *Config, v string) (err error) {
-			c.PeerCacheTTL, err = parseDuration(v, time.Second, 7*24*time.Hour)
-			return
-		},
-		get: func(c *Config) string { return formatDuration(c.PeerCacheTTL) },
-	},
-	{
-		name: "clc_timeout", def: "6s",
-		desc: "wait for each CLC handshake message before falling back to TCP (Linux: 6s)",
-		set: func(c *Config, v string) (err error) {
-			c.CLCTimeout, err = parseDuration(v, 10*time.Millisecond, time.Minute)
-			return
-		},
-		get: func(c *Config) string { return formatDuration(c.CLCTimeout) },
-	},
-	{
-		name: "test_link_time", def: "30s",
-		desc: "how long a link may receive nothing before a TEST_LINK checks that its peer answers, which fails the link if not (Linux: smcr_testlink_time 30s; 0: never)",
-		set: func(c *Config, v string) (err error) {
-			c.TestLinkTime, err = parseDuration(v, 0, time.Hour)
-			return
-		},
-		get: func(c *Config) string { return formatDuration(c.TestLinkTime) },
-	},
-	{
-		name: "read_spin", def: "20us",
-		desc: "how long a read waiting for bytes polls its link, and a client its socket for the CLC Accept, before sleeping, at most (adaptive below it; 0: never, always sleep)",
-		set: func(c *Config, v string) (err error) {
-			c.ReadSpin, err = parseDuration(v, 0, time.Millisecond)
-			return
-		},
-		get: func(c *Config) string { return formatDuration(c.ReadSpin) },
-	},
+	durationAttr("peer_cache_ttl", "10m",
+		"how long a peer without SMC-R is connected to directly, without trying again",
+		func(c *Config) *time.Duration { return &c.PeerCacheTTL }, time.Second, 7*24*time.Hour),
+	durationAttr("clc_timeout", "6s",
+		"wait for each CLC handshake message before falling back to TCP (Linux: 6s)",
+		func(c *Config) *time.Duration { return &c.CLCTimeout }, 10*time.Millisecond, time.Minute),
+	durationAttr("test_link_time", "30s",
+		"how long a link may receive nothing before a TEST_LINK checks that its peer answers, which fails the link if not (Linux: smcr_testlink_time 30s; 0: never)",
+		func(c *Config) *time.Duration { return &c.TestLinkTime }, 0, time.Hour),
+	durationAttr("read_spin", "20us",
+		"how long a read waiting for bytes polls its link, and a client its socket for the CLC Accept, before sleeping, at most (adaptive below it; 0: never, always sleep)",
+		func(c *Config) *time.Duration { return &c.ReadSpin }, 0, time.Millisecond),
 	{
 		name: "cgroup", def: "",
 		desc: "cgroup v2 path (relative to its mount) whose programs are accelerated; empty: all",
