@@ -10,6 +10,9 @@ packages=(
 	clang llvm libbpf-dev linux-libc-dev bpftool
 	# network namespaces, real unmodified programs for the end-to-end tests and demo
 	iproute2 iperf3 tcpdump socat ethtool
+	# servers users accelerate, with their clients (the end-to-end tests run
+	# their own instances; the packages' services are stopped below)
+	nginx curl redis-server redis-tools
 	# interop: Wireshark's SMC dissector checks the wire formats
 	tshark
 	# real RDMA: libibverbs for the ibv provider, soft-RoCE in a qemu VM for its tests
@@ -29,6 +32,15 @@ if [ "${#missing[@]}" -gt 0 ]; then
 	echo "deps: installing ${missing[*]}"
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+	# The tests start nginx and redis themselves, inside their namespaces: a
+	# server this script installed should not stay listening on the host.
+	if [ -d /run/systemd/system ]; then
+		for svc in nginx redis-server; do
+			if [[ " ${missing[*]} " == *" $svc "* ]]; then
+				systemctl disable --now "$svc" >/dev/null 2>&1 || true
+			fi
+		done
+	fi
 fi
 
 if ! command -v go >/dev/null; then
