@@ -14,10 +14,18 @@ import (
 	"github.com/smcr-io/smcr/internal/tcpurg"
 )
 
-// relayBuf is the copy buffer of one direction when splice(2) cannot be used. An
-// SMC-R read drains the RMBE in pieces of this size; 256 KiB matches the default
-// rmb_size, so one read can empty a full ring.
-const relayBuf = 256 << 10
+// The copy buffers of one direction when splice(2) cannot be used. A direction
+// reads into a small buffer of its own, and borrows a large one only while the
+// bytes stream (from a read that fills the small one until one that would have
+// fitted it): an idle or interactive connection holds 2 × 16 KiB rather than
+// 2 × 256 KiB, which no memory budget counts. (One that goes quiet straight
+// after a large read keeps the large buffer until its next read: giving it back
+// on every short read cost a fifth of the throughput, in 16 KiB CDC writes.)
+// 256 KiB matches the default rmb_size, so one read can empty a full ring.
+const (
+	smallRelayBuf = 16 << 10
+	relayBuf      = 256 << 10
+)
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, relayBuf); return &b }}
 
@@ -101,9 +109,7 @@ func copyHalf(dst, src net.Conn) (int64, error) {
 	if dok && sok {
 		n, err = spliceHalf(dstTCP, srcTCP)
 	} else {
-		bp := bufPool.Get().(*[]byte)
-		n, err = copyMarked(dst, src, *bp)
-		bufPool.Put(bp)
+		n, err = copyMarked(dst, src)
 	}
 	if err != nil {
 		return n, err
@@ -136,10 +142,10 @@ type markedReader interface {
 }
 type urgentWriter interface{ WriteUrgent(b byte) error }
 
-// copyMarked copies src to dst through buf until EOF, as io.CopyBuffer would, and
-// carries urgent data as urgent data: a TCP socket's urgent byte (MSG_OOB) goes
-// over SMC-R with the CDC's urgent flag, and back out with MSG_OOB.
-func copyMarked(dst, src net.Conn, buf []byte) (int64, error) {
+// copyMarked copies src to dst until EOF, as io.Copy would, and carries urgent
+// data as urgent data: a TCP socket's urgent byte (MSG_OOB) goes over SMC-R with
+// the CDC's urgent flag, and back out with MSG_OOB.
+func copyMarked(dst, src net.Conn) (int64, error) {
 	read := func(p []byte) (int, bool, error) { n, err := src.Read(p); return n, false, err }
 	switch s := src.(type) {
 	case markedReader:
@@ -158,6 +164,14 @@ func copyMarked(dst, src net.Conn, buf []byte) (int64, error) {
 	case *net.TCPConn:
 		writeUrgent = func(b byte) error { return tcpurg.WriteUrgent(d, b) }
 	}
+	small := make([]byte, smallRelayBuf)
+	buf := small
+	var large *[]byte
+	defer func() {
+		if large != nil {
+			bufPool.Put(large)
+		}
+	}()
 	var total int64
 	for {
 		n, urgent, err := read(buf)
@@ -172,6 +186,16 @@ func copyMarked(dst, src net.Conn, buf []byte) (int64, error) {
 				return total, werr
 			}
 			total += int64(n)
+		}
+		switch {
+		case large == nil && n == len(buf):
+			large = bufPool.Get().(*[]byte)
+			buf = *large
+		case large != nil && n < smallRelayBuf:
+			// The stream slowed to what the small buffer holds: the next
+			// read may wait long.
+			bufPool.Put(large)
+			large, buf = nil, small
 		}
 		if err == io.EOF {
 			return total, nil

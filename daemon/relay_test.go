@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"runtime"
 	"testing"
 	"time"
 
@@ -87,6 +88,49 @@ func TestRelayHalfClose(t *testing.T) {
 				t.Fatal("relay did not end after both half-closes")
 			}
 		})
+	}
+}
+
+// TestRelayIdleMemory: a relay that carried a burst each way, then a request
+// and its answer, and went idle holds its small buffers only, not a large one
+// per direction (which no memory budget counts: thousands of idle connections
+// would hold gigabytes).
+func TestRelayIdleMemory(t *testing.T) {
+	const relays = 64
+	burst := make([]byte, 1<<20+5)
+	rand.Read(burst)
+	heap := func() uint64 {
+		runtime.GC()
+		runtime.GC() // a sync.Pool keeps what it had until the second collection
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapInuse
+	}
+	before := heap()
+	stop := make(chan struct{})
+	defer close(stop)
+	for range relays {
+		app, appSide := nstest.TCPPair(t)
+		peer, peerSide := halfPipes()
+		go relay(appSide, peer, stop)
+		go app.Write(burst)
+		go peerSide.Write(burst)
+		for _, r := range []io.Reader{peerSide, app} {
+			if _, err := io.ReadFull(r, make([]byte, len(burst))); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, ends := range [][2]io.ReadWriter{{app, peerSide}, {peerSide, app}} {
+			go ends[0].Write([]byte("request"))
+			if _, err := io.ReadFull(ends[1], make([]byte, 7)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	grown := heap() - before
+	t.Logf("%d idle relays: heap grew %d KiB, %d KiB each", relays, grown>>10, grown/relays>>10)
+	if per := grown / relays; per > 3*smallRelayBuf {
+		t.Errorf("an idle relay holds %d KiB, want about %d", per>>10, 2*smallRelayBuf>>10)
 	}
 }
 
