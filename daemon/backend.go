@@ -10,6 +10,8 @@ import (
 	"net/netip"
 	"os"
 	"slices"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/smcr-io/smcr/control"
@@ -42,31 +44,44 @@ func (d *Daemon) Config(context.Context) ([]control.Attribute, error) {
 
 // Stats returns the counters since start or the last reset.
 func (d *Daemon) Stats(context.Context) (control.Stats, error) {
-	return d.stats(d.engine.Stats()), nil
+	return d.stats(d.engine.Stats(), false), nil
 }
 
-// ResetStats zeroes the counters and returns their values just before.
+// ResetStats zeroes the counters and returns their values just before, each
+// taken with its reset: what is counted meanwhile goes into one or the other.
 func (d *Daemon) ResetStats(context.Context) (control.Stats, error) {
-	s := d.stats(d.engine.Stats())
-	d.engine.ResetStats()
-	for _, c := range []interface{ Store(uint64) }{&d.st.redirected, &d.st.steered, &d.st.noOption, &d.st.setupErrors} {
-		c.Store(0)
-	}
+	s := d.stats(d.engine.ResetStats(), true)
 	d.st.resetAt.Store(time.Now().UnixNano())
 	return s, nil
 }
 
-// reasonNoCLC names the fallbacks that never reached CLC (code 0).
-const reasonNoCLC = "no SMC option from the peer (plain TCP, no CLC)"
+// The fallbacks that never reached CLC (code 0), by whose doing.
+const (
+	reasonNoCLC   = "no SMC option from the peer (plain TCP, no CLC)"
+	reasonNoSYNOp = "SMC option not sent on smcrd's SYN: smcrd outside the cgroup, or no TCP option space (plain TCP, no CLC)"
+)
 
-func (d *Daemon) stats(s smcr.Stats) control.Stats {
-	plain := d.st.noOption.Load()
+// stats maps the engine's counters and the daemon's own to the control API's,
+// zeroing the daemon's when reset is set.
+func (d *Daemon) stats(s smcr.Stats, reset bool) control.Stats {
+	get := func(c *atomic.Uint64) uint64 {
+		if reset {
+			return c.Swap(0)
+		}
+		return c.Load()
+	}
+	if reset {
+		d.st.redirected.Store(0)
+		d.st.steered.Store(0)
+	}
+	noEcho, noOption := get(&d.st.noEcho), get(&d.st.noOption)
+	plain := noEcho + noOption
 	out := control.Stats{
 		SinceResetSeconds: time.Since(time.Unix(0, d.st.resetAt.Load())).Seconds(),
 		Connections: control.ConnCounts{
 			Handled:         s.Handled + plain,
 			SMCR:            s.SMC,
-			HandshakeErrors: d.st.setupErrors.Load(),
+			HandshakeErrors: get(&d.st.setupErrors),
 			FirstContact:    s.FirstContact,
 			Reused:          s.Reused,
 			Active:          s.Active,
@@ -92,15 +107,21 @@ func (d *Daemon) stats(s smcr.Stats) control.Stats {
 			out.Connections.HandshakeErrors += n
 		}
 	}
-	if plain > 0 {
-		out.Fallbacks = append(out.Fallbacks, control.FallbackCount{Reason: reasonNoCLC, Side: control.SidePeer, Count: plain})
-		out.Connections.Fallback += plain
+	if noEcho > 0 {
+		out.Fallbacks = append(out.Fallbacks, control.FallbackCount{Reason: reasonNoCLC, Side: control.SidePeer, Count: noEcho})
 	}
+	if noOption > 0 {
+		out.Fallbacks = append(out.Fallbacks, control.FallbackCount{Reason: reasonNoSYNOp, Side: control.SideLocal, Count: noOption})
+	}
+	out.Connections.Fallback += plain
 	slices.SortFunc(out.Fallbacks, func(a, b control.FallbackCount) int {
 		if a.Count != b.Count {
 			return int(b.Count) - int(a.Count)
 		}
-		return int(a.Code) - int(b.Code)
+		if a.Code != b.Code {
+			return int(a.Code) - int(b.Code)
+		}
+		return strings.Compare(a.Reason, b.Reason)
 	})
 	return out
 }
@@ -193,7 +214,7 @@ func (d *Daemon) Conns(context.Context) ([]control.Conn, error) {
 			continue
 		}
 		out = append(out, control.Conn{ID: uint32(t.id), Local: t.local.String(), Remote: t.remote.String(),
-			Role: role(t.client), State: "ACTIVE", Mode: control.ModeTCP, DeclineSide: control.SidePeer,
+			Role: role(t.client), State: "ACTIVE", Mode: control.ModeTCP, DeclineSide: t.side,
 			DeclineReason: t.reason, TxBytes: t.bytes.tx.Load(), RxBytes: t.bytes.rx.Load()})
 	}
 	d.connMu.Unlock()

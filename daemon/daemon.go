@@ -101,10 +101,11 @@ type Daemon struct {
 }
 
 // daemonStats counts what the engine does not see: connections carried as plain
-// TCP without any CLC, because the peer did not echo the option.
+// TCP without any CLC, because the peer did not echo the option (noEcho) or
+// smcrd's own SYN went without it (noOption).
 type daemonStats struct {
-	redirected, steered, noOption, setupErrors atomic.Uint64
-	resetAt                                    atomic.Int64 // unix nanoseconds
+	redirected, steered, noEcho, noOption, setupErrors atomic.Uint64
+	resetAt                                            atomic.Int64 // unix nanoseconds
 }
 
 // tracked is one connection the daemon carries, for drain and for smcrctl conns.
@@ -115,7 +116,8 @@ type tracked struct {
 	remote netip.AddrPort
 	conn   *smcr.Conn // nil while setting up and for connections without CLC
 	reason string     // why a connection without CLC is plain TCP
-	bytes  struct{ tx, rx atomic.Uint64 }
+	side   string     // whose doing that is: control.SidePeer or SideLocal
+	bytes  byteCounts
 }
 
 // New sets smcrd up: loads and attaches the programs, opens the devices and the

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/smcr-io/smcr/bpf"
+	"github.com/smcr-io/smcr/control"
 	"github.com/smcr-io/smcr/smcr"
 	"github.com/smcr-io/smcr/smcr/clc"
 )
@@ -24,9 +25,8 @@ const dialTimeout = 30 * time.Second
 
 // Reasons a connection is carried as plain TCP without CLC.
 const (
-	reasonNoEcho    = "peer did not echo the SMC option"
-	reasonNoOption  = "SMC option not seen on smcrd's SYN"
-	reasonNoDevices = "no SMC-R device"
+	reasonNoEcho   = "peer did not echo the SMC option"
+	reasonNoOption = "SMC option not seen on smcrd's SYN"
 )
 
 func (d *Daemon) serveRedirected(app *net.TCPConn) {
@@ -116,18 +116,22 @@ func (d *Daemon) settle(t *tracked, conn *smcr.Conn, peer netip.Addr, ttl time.D
 // direct carries a connection as plain TCP without any CLC: both ends are
 // *net.TCPConn, so the relay splices.
 func (d *Daemon) direct(t *tracked, app, tcp *net.TCPConn, reason string) {
-	d.st.noOption.Add(1)
+	side := control.SidePeer
+	if reason == reasonNoOption {
+		side = control.SideLocal // our SYN went without the option: not the peer's doing
+		d.st.noOption.Add(1)
+	} else {
+		d.st.noEcho.Add(1)
+	}
 	d.connMu.Lock()
-	t.reason = reason
+	t.reason, t.side = reason, side
 	d.connMu.Unlock()
 	d.log.Debug("plain tcp", "dst", t.remote, "reason", reason)
 	d.carry(t, app, tcp)
 }
 
 func (d *Daemon) carry(t *tracked, app, peer net.Conn) {
-	res := relay(app, peer, d.stopCh)
-	t.bytes.tx.Add(uint64(res.AtoB))
-	t.bytes.rx.Add(uint64(res.BtoA))
+	res := relay(app, peer, d.stopCh, &t.bytes)
 	if res.Err != nil && !errors.Is(res.Err, net.ErrClosed) {
 		d.log.Debug("connection ended abnormally", "local", t.local, "remote", t.remote, "err", res.Err)
 	}

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 
 	"github.com/smcr-io/smcr/internal/tcpurg"
 )
@@ -41,12 +42,20 @@ type relayResult struct {
 	Err        error // the first error other than EOF, nil for an orderly close
 }
 
+// byteCounts are a relay's running totals, a→b (tx) and b→a (rx), which the
+// connection table shows while the relay runs.
+type byteCounts struct{ tx, rx atomic.Uint64 }
+
 // relay copies a→b and b→a until both directions reached EOF, then closes both.
 // EOF in one direction half-closes the other side (CloseWrite), so protocols that
 // shut down writing and then read the answer work. An error in either direction
 // (a reset) aborts both connections at once: neither side waits forever for bytes
-// that cannot come. stop, when closed, aborts the relay too.
-func relay(a, b net.Conn, stop <-chan struct{}) relayResult {
+// that cannot come. stop, when closed, aborts the relay too. counts, when not nil,
+// follows the bytes as they go.
+func relay(a, b net.Conn, stop <-chan struct{}, counts *byteCounts) relayResult {
+	if counts == nil {
+		counts = new(byteCounts)
+	}
 	var res relayResult
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -63,7 +72,7 @@ func relay(a, b net.Conn, stop <-chan struct{}) relayResult {
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		n, err := copyHalf(b, a)
+		n, err := copyHalf(b, a, &counts.tx)
 		res.AtoB = n
 		if err != nil {
 			fail(err)
@@ -71,7 +80,7 @@ func relay(a, b net.Conn, stop <-chan struct{}) relayResult {
 	}()
 	go func() {
 		defer wg.Done()
-		n, err := copyHalf(a, b)
+		n, err := copyHalf(a, b, &counts.rx)
 		res.BtoA = n
 		if err != nil {
 			fail(err)
@@ -100,16 +109,16 @@ var errStopped = errors.New("daemon: relay stopped")
 
 // copyHalf copies src to dst until EOF, then half-closes dst. Between two
 // *net.TCPConn it splices (no copy through user space), urgent data included
-// (splice.go).
-func copyHalf(dst, src net.Conn) (int64, error) {
+// (splice.go). It adds what it carries to count as it goes.
+func copyHalf(dst, src net.Conn, count *atomic.Uint64) (int64, error) {
 	var n int64
 	var err error
 	dstTCP, dok := dst.(*net.TCPConn)
 	srcTCP, sok := src.(*net.TCPConn)
 	if dok && sok {
-		n, err = spliceHalf(dstTCP, srcTCP)
+		n, err = spliceHalf(dstTCP, srcTCP, count)
 	} else {
-		n, err = copyMarked(dst, src)
+		n, err = copyMarked(dst, src, count)
 	}
 	if err != nil {
 		return n, err
@@ -145,7 +154,7 @@ type urgentWriter interface{ WriteUrgent(b byte) error }
 // copyMarked copies src to dst until EOF, as io.Copy would, and carries urgent
 // data as urgent data: a TCP socket's urgent byte (MSG_OOB) goes over SMC-R with
 // the CDC's urgent flag, and back out with MSG_OOB.
-func copyMarked(dst, src net.Conn) (int64, error) {
+func copyMarked(dst, src net.Conn, count *atomic.Uint64) (int64, error) {
 	read := func(p []byte) (int, bool, error) { n, err := src.Read(p); return n, false, err }
 	switch s := src.(type) {
 	case markedReader:
@@ -186,6 +195,7 @@ func copyMarked(dst, src net.Conn) (int64, error) {
 				return total, werr
 			}
 			total += int64(n)
+			count.Add(uint64(n))
 		}
 		switch {
 		case large == nil && n == len(buf):

@@ -61,7 +61,7 @@ func TestRelayHalfClose(t *testing.T) {
 			rand.Read(up)
 			rand.Read(down)
 			done := make(chan relayResult, 1)
-			go func() { done <- relay(appSide, peer, nil) }()
+			go func() { done <- relay(appSide, peer, nil, nil) }()
 
 			// The application sends everything and half-closes first; the peer
 			// answers only after it has seen EOF, as request/response protocols do.
@@ -91,6 +91,41 @@ func TestRelayHalfClose(t *testing.T) {
 	}
 }
 
+// TestRelayCountsAsItGoes: the connection table sees a relay's bytes while it
+// runs, not only once it ends.
+func TestRelayCountsAsItGoes(t *testing.T) {
+	for _, mode := range []string{"splice", "copy"} {
+		t.Run(mode, func(t *testing.T) {
+			app, appSide := nstest.TCPPair(t)
+			var peer, peerSide net.Conn
+			if mode == "splice" {
+				peer, peerSide = nstest.TCPPair(t)
+			} else {
+				peer, peerSide = halfPipes()
+			}
+			var counts byteCounts
+			stop := make(chan struct{})
+			defer close(stop)
+			go relay(appSide, peer, stop, &counts)
+			go app.Write(make([]byte, 3000))
+			if _, err := io.ReadFull(peerSide, make([]byte, 3000)); err != nil {
+				t.Fatal(err)
+			}
+			go peerSide.Write(make([]byte, 700))
+			if _, err := io.ReadFull(app, make([]byte, 700)); err != nil {
+				t.Fatal(err)
+			}
+			// A count follows its write: the bytes may arrive a moment before.
+			for i := 0; counts.tx.Load() != 3000 || counts.rx.Load() != 700; i++ {
+				if i == 100 {
+					t.Fatalf("while relaying: %d bytes out, %d in; want 3000 and 700", counts.tx.Load(), counts.rx.Load())
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		})
+	}
+}
+
 // TestRelayIdleMemory: a relay that carried a burst each way, then a request
 // and its answer, and went idle holds its small buffers only, not a large one
 // per direction (which no memory budget counts: thousands of idle connections
@@ -112,7 +147,7 @@ func TestRelayIdleMemory(t *testing.T) {
 	for range relays {
 		app, appSide := nstest.TCPPair(t)
 		peer, peerSide := halfPipes()
-		go relay(appSide, peer, stop)
+		go relay(appSide, peer, stop, nil)
 		go app.Write(burst)
 		go peerSide.Write(burst)
 		for _, r := range []io.Reader{peerSide, app} {
@@ -140,7 +175,7 @@ func TestRelayResetAborts(t *testing.T) {
 	app, appSide := nstest.TCPPair(t)
 	peer, peerSide := nstest.TCPPair(t)
 	done := make(chan relayResult, 1)
-	go func() { done <- relay(appSide, peer, nil) }()
+	go func() { done <- relay(appSide, peer, nil, nil) }()
 	peerSide.SetLinger(0)
 	peerSide.Close() // RST
 	app.SetReadDeadline(time.Now().Add(10 * time.Second))
@@ -160,7 +195,7 @@ func TestRelayStop(t *testing.T) {
 	peer, _ := nstest.TCPPair(t)
 	stop := make(chan struct{})
 	done := make(chan relayResult, 1)
-	go func() { done <- relay(appSide, peer, stop) }()
+	go func() { done <- relay(appSide, peer, stop, nil) }()
 	close(stop)
 	select {
 	case res := <-done:
@@ -209,7 +244,7 @@ func TestRelayUrgentData(t *testing.T) {
 	app, appSide := nstest.TCPPair(t)
 	peer, peerSide := nstest.TCPPair(t)
 	done := make(chan relayResult, 1)
-	go func() { done <- relay(appSide, peer, nil) }()
+	go func() { done <- relay(appSide, peer, nil, nil) }()
 
 	oob := func(c *net.TCPConn, b byte) {
 		t.Helper()

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
@@ -24,7 +25,7 @@ const spliceChunk = 1 << 20
 
 // spliceHalf copies src to dst through a pipe in the kernel until src's EOF, and
 // returns the bytes carried. It does not half-close dst (copyHalf does).
-func spliceHalf(dst, src *net.TCPConn) (int64, error) {
+func spliceHalf(dst, src *net.TCPConn, count *atomic.Uint64) (int64, error) {
 	rs, err := src.SyscallConn()
 	if err != nil {
 		return 0, err
@@ -79,6 +80,7 @@ func spliceHalf(dst, src *net.TCPConn) (int64, error) {
 				return total, err
 			}
 			total++
+			count.Add(1)
 			continue
 		}
 		for left := n; left > 0; {
@@ -98,6 +100,7 @@ func spliceHalf(dst, src *net.TCPConn) (int64, error) {
 			}
 			left -= m
 			total += m
+			count.Add(uint64(m))
 		}
 	}
 }

@@ -289,8 +289,20 @@ func (e *Engine) trackLink() error {
 func (e *Engine) linkFreed() { e.links.Done() }
 
 // Stats returns a snapshot of the engine's counters.
-func (e *Engine) Stats() Stats {
-	s := e.st.snapshot()
+func (e *Engine) Stats() Stats { return e.takeStats(false) }
+
+// ResetStats zeroes the counters (not the gauges: active connections, memory in
+// use) and returns them as they were just before, taken with the reset: what is
+// counted meanwhile goes into one or the other. The memory peak starts again from
+// the memory in use.
+func (e *Engine) ResetStats() Stats {
+	s := e.takeStats(true)
+	e.memPeak.Store(e.mem.Load())
+	return s
+}
+
+func (e *Engine) takeStats(reset bool) Stats {
+	s := e.st.take(reset)
 	s.MemoryPooled = e.pooled.Load()
 	s.MemoryInUse = e.mem.Load() - s.MemoryPooled
 	s.MemoryPeak = e.memPeak.Load()
@@ -298,13 +310,6 @@ func (e *Engine) Stats() Stats {
 	s.LinkGroups = len(e.lgs)
 	e.mu.Unlock()
 	return s
-}
-
-// ResetStats zeroes the counters (not the gauges: active connections, memory in
-// use); the memory peak starts again from the memory in use.
-func (e *Engine) ResetStats() {
-	e.st.reset()
-	e.memPeak.Store(e.mem.Load())
 }
 
 // Settings are the Config fields an operator may change while the engine runs.

@@ -94,18 +94,21 @@ func (h *sizeHist) observe(n uint64) {
 	h[i].Add(1)
 }
 
-func (h *sizeHist) snapshot() SizeHistogram {
+// take returns the counts, zeroing them when reset is set: each count goes
+// either into what take returns or into what follows, never nowhere.
+func (h *sizeHist) take(reset bool) SizeHistogram {
 	var out SizeHistogram
 	for i := range h {
-		out[i] = h[i].Load()
+		out[i] = load(&h[i], reset)
 	}
 	return out
 }
 
-func (h *sizeHist) reset() {
-	for i := range h {
-		h[i].Store(0)
+func load(c *atomic.Uint64, reset bool) uint64 {
+	if reset {
+		return c.Swap(0)
 	}
+	return c.Load()
 }
 
 type stats struct {
@@ -131,63 +134,55 @@ func (s *stats) countFallback(code DeclineCode, side Side) {
 	s.mu.Unlock()
 }
 
-func (s *stats) snapshot() Stats {
+// take returns the counters, zeroing them when reset is set (not the active
+// gauge), so that nothing counted meanwhile is lost.
+func (s *stats) take(reset bool) Stats {
 	s.mu.Lock()
-	fb := maps.Clone(s.fallback)
+	fb := s.fallback
+	if reset {
+		s.fallback = nil
+	} else {
+		fb = maps.Clone(fb)
+	}
 	s.mu.Unlock()
 	if fb == nil {
 		fb = map[FallbackKey]uint64{}
 	}
+	get := func(c *atomic.Uint64) uint64 { return load(c, reset) }
 	return Stats{
-		Handled:      s.handled.Load(),
-		SMC:          s.smc.Load(),
+		Handled:      get(&s.handled),
+		SMC:          get(&s.smc),
 		Fallback:     fb,
-		FirstContact: s.firstContact.Load(),
-		LinkConfirms: s.linkConfirms.Load(),
-		Reused:       s.reused.Load(),
+		FirstContact: get(&s.firstContact),
+		LinkConfirms: get(&s.linkConfirms),
+		Reused:       get(&s.reused),
 		Active:       s.active.Load(),
-		TxBytes:      s.txBytes.Load(),
-		RxBytes:      s.rxBytes.Load(),
-		FallbackTx:   s.fbTx.Load(),
-		FallbackRx:   s.fbRx.Load(),
-		CDCSent:      s.cdcSent.Load(),
-		CDCReceived:  s.cdcRecv.Load(),
-		CDCStale:     s.cdcStale.Load(),
-		LLCSent:      s.llcSent.Load(),
-		LLCReceived:  s.llcRecv.Load(),
-		WriteBlocked: s.writeBlocked.Load(),
-		ProtoErrors:  s.protoErrors.Load(),
-		Aborts:       s.aborts.Load(),
-		Continued:    s.continued.Load(),
-		AddLinks:     s.addLinks.Load(),
-		DeleteLinks:  s.deleteLinks.Load(),
-		MovedConns:   s.movedConns.Load(),
-		RxFull:       s.rxFull.Load(),
-		RxTooSmall:   s.rxTooSmall.Load(),
-		TxTooSmall:   s.txTooSmall.Load(),
-		RxReuses:     s.rxReuses.Load(),
-		TxReuses:     s.txReuses.Load(),
-		RxBufSizes:   s.rxBuf.snapshot(),
-		TxBufSizes:   s.txBuf.snapshot(),
-		RxReqSizes:   s.rxReq.snapshot(),
-		TxReqSizes:   s.txReq.snapshot(),
+		TxBytes:      get(&s.txBytes),
+		RxBytes:      get(&s.rxBytes),
+		FallbackTx:   get(&s.fbTx),
+		FallbackRx:   get(&s.fbRx),
+		CDCSent:      get(&s.cdcSent),
+		CDCReceived:  get(&s.cdcRecv),
+		CDCStale:     get(&s.cdcStale),
+		LLCSent:      get(&s.llcSent),
+		LLCReceived:  get(&s.llcRecv),
+		WriteBlocked: get(&s.writeBlocked),
+		ProtoErrors:  get(&s.protoErrors),
+		Aborts:       get(&s.aborts),
+		Continued:    get(&s.continued),
+		AddLinks:     get(&s.addLinks),
+		DeleteLinks:  get(&s.deleteLinks),
+		MovedConns:   get(&s.movedConns),
+		RxFull:       get(&s.rxFull),
+		RxTooSmall:   get(&s.rxTooSmall),
+		TxTooSmall:   get(&s.txTooSmall),
+		RxReuses:     get(&s.rxReuses),
+		TxReuses:     get(&s.txReuses),
+		RxBufSizes:   s.rxBuf.take(reset),
+		TxBufSizes:   s.txBuf.take(reset),
+		RxReqSizes:   s.rxReq.take(reset),
+		TxReqSizes:   s.txReq.take(reset),
 	}
-}
-
-func (s *stats) reset() {
-	for _, c := range []*atomic.Uint64{&s.handled, &s.smc, &s.firstContact, &s.reused, &s.linkConfirms,
-		&s.txBytes, &s.rxBytes, &s.fbTx, &s.fbRx, &s.cdcSent, &s.cdcRecv, &s.cdcStale, &s.llcSent,
-		&s.llcRecv, &s.writeBlocked, &s.protoErrors, &s.aborts, &s.continued,
-		&s.addLinks, &s.deleteLinks, &s.movedConns, &s.rxFull, &s.rxTooSmall, &s.txTooSmall,
-		&s.rxReuses, &s.txReuses} {
-		c.Store(0)
-	}
-	for _, h := range []*sizeHist{&s.rxBuf, &s.txBuf, &s.rxReq, &s.txReq} {
-		h.reset()
-	}
-	s.mu.Lock()
-	s.fallback = nil
-	s.mu.Unlock()
 }
 
 // ConnStats are one connection's counters.

@@ -1,0 +1,32 @@
+package daemon
+
+import (
+	"testing"
+
+	"github.com/smcr-io/smcr/control"
+	"github.com/smcr-io/smcr/smcr"
+)
+
+// TestStatsPlainFallbacks: connections carried as plain TCP without CLC are
+// counted against whoever caused it, and a reset returns them once.
+func TestStatsPlainFallbacks(t *testing.T) {
+	d := &Daemon{}
+	d.st.noEcho.Store(3)
+	d.st.noOption.Store(2)
+	d.st.setupErrors.Store(1)
+	want := map[string]uint64{control.SidePeer: 3, control.SideLocal: 2}
+	check := func(st control.Stats, scale uint64) {
+		t.Helper()
+		got := map[string]uint64{}
+		for _, f := range st.Fallbacks {
+			got[f.Side] += f.Count
+		}
+		if got[control.SidePeer] != want[control.SidePeer]*scale || got[control.SideLocal] != want[control.SideLocal]*scale ||
+			st.Connections.Fallback != 5*scale || st.Connections.Handled != 5*scale || st.Connections.HandshakeErrors != scale {
+			t.Errorf("fallbacks by side %v, connections %+v; want %v times %d", got, st.Connections, want, scale)
+		}
+	}
+	check(d.stats(smcr.Stats{}, false), 1)
+	check(d.stats(smcr.Stats{}, true), 1)
+	check(d.stats(smcr.Stats{}, false), 0)
+}

@@ -1,0 +1,49 @@
+package smcr
+
+import (
+	"sync"
+	"testing"
+)
+
+// TestResetLosesNothing: counts made while the counters are being read and reset
+// land either in what a reset returned or in what follows it.
+func TestResetLosesNothing(t *testing.T) {
+	var s stats
+	const writers, each = 4, 20000
+	var wg sync.WaitGroup
+	for range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range each {
+				s.txBytes.Add(1)
+				s.txReq.observe(100)
+				s.countFallback(DeclineTimeoutCLC, SideLocal)
+			}
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	var bytes, reqs, fallbacks uint64
+	add := func(st Stats) {
+		bytes += st.TxBytes
+		for _, n := range st.TxReqSizes {
+			reqs += n
+		}
+		for _, n := range st.Fallback {
+			fallbacks += n
+		}
+	}
+	for running := true; running; {
+		select {
+		case <-done:
+			running = false
+		default:
+		}
+		add(s.take(true))
+	}
+	add(s.take(false))
+	if want := uint64(writers * each); bytes != want || reqs != want || fallbacks != want {
+		t.Fatalf("counted %d bytes, %d requests, %d fallbacks across the resets; want %d of each", bytes, reqs, fallbacks, want)
+	}
+}
