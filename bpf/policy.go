@@ -118,6 +118,25 @@ func (l *Loader) RemoveNegative(peer netip.Addr) error {
 	return nil
 }
 
+// Negatives returns the live entries of the negative cache and how long each has
+// left. The map is pinned, so it holds what an earlier smcrd put there.
+func (l *Loader) Negatives() (map[netip.Addr]time.Duration, error) {
+	out := map[netip.Addr]time.Duration{}
+	now := monotonic()
+	var k smcrAddrKey
+	var until uint64
+	it := l.objs.SmcrNegative.Iterate()
+	for it.Next(&k, &until) {
+		if until > now {
+			out[wordsAddr(k.Family, k.Addr)] = time.Duration(until - now)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("bpf: list negative cache: %w", err)
+	}
+	return out, nil
+}
+
 // SetPrefixes replaces the destination rules: with rules, connect4/6 redirect only
 // destinations whose longest matching rule allows it; with none, every destination
 // on a listed port is redirected. SetInterfaces calls it with InterfacePrefixes.

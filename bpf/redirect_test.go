@@ -130,7 +130,13 @@ func TestRedirectNegativeCache(t *testing.T) {
 			t.Errorf("%s's negative entry expired: connection went to listener %d, want the redirect listener", b, who)
 		}
 		must(t, h.l.AddNegative(b, time.Minute))
+		if neg, err := h.l.Negatives(); err != nil || len(neg) != 1 || neg[b] <= 50*time.Second || neg[b] > time.Minute {
+			t.Errorf("Negatives() = %v, %v; want %s with about a minute left", neg, err, b)
+		}
 		must(t, h.l.RemoveNegative(b))
+		if neg, err := h.l.Negatives(); err != nil || len(neg) != 0 {
+			t.Errorf("Negatives() after the removal = %v, %v; want none", neg, err)
+		}
 		if who, _, _ := whoAccepts(t, h.p.A, orig, redir, h.server); who != 0 {
 			t.Errorf("%s's negative entry removed: connection went to listener %d, want the redirect listener", b, who)
 		}

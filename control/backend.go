@@ -6,6 +6,7 @@ package control
 import (
 	"context"
 	"errors"
+	"net/netip"
 )
 
 // APIVersion is the version in the paths this package serves and calls (/v1/...).
@@ -28,6 +29,10 @@ type Backend interface {
 	LinkGroups(ctx context.Context) ([]LinkGroup, error)
 	Conns(ctx context.Context) ([]Conn, error)
 	Peers(ctx context.Context) ([]Peer, error)
+	// ForgetPeers takes peers out of the peer cache, every one when peers is
+	// empty, so that the next connections to them try SMC-R again; it returns
+	// how many entries went.
+	ForgetPeers(ctx context.Context, peers []netip.Addr) (int, error)
 	Devices(ctx context.Context) ([]Device, error)
 }
 

@@ -100,6 +100,13 @@ func (c *Client) Conns(ctx context.Context) (l []Conn, err error) {
 	return l, c.do(ctx, "GET", "/v1/conns", nil, &l)
 }
 
+// ForgetPeers takes addrs (IP addresses; all entries when none is given) out of
+// the peer cache and returns how many entries went.
+func (c *Client) ForgetPeers(ctx context.Context, addrs ...string) (int, error) {
+	var r ForgetPeersResult
+	return r.Forgotten, c.do(ctx, "POST", "/v1/peers/forget", ForgetPeersRequest{Addrs: addrs}, &r)
+}
+
 // Peers returns the peer capability cache.
 func (c *Client) Peers(ctx context.Context) (l []Peer, err error) {
 	return l, c.do(ctx, "GET", "/v1/peers", nil, &l)

@@ -20,6 +20,7 @@
 //	GET  /v1/links         []Link (every link of every group)
 //	GET  /v1/conns         []Conn
 //	GET  /v1/peers         []Peer
+//	POST /v1/peers/forget  ForgetPeersRequest → ForgetPeersResult
 //	GET  /v1/devices       []Device
 //
 // Errors are a status code with an Error body: 400 for a request smcrd refuses

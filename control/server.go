@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -186,6 +187,25 @@ func (s *Server) Handler() http.Handler {
 			s.reply(w, r, struct{}{}, err)
 		})
 	}
+	mux.HandleFunc("POST /v1/peers/forget", func(w http.ResponseWriter, r *http.Request) {
+		var req ForgetPeersRequest
+		if err := decode(w, r, &req); err != nil {
+			s.reply(w, r, nil, err)
+			return
+		}
+		peers := make([]netip.Addr, 0, len(req.Addrs))
+		for _, a := range req.Addrs {
+			p, err := netip.ParseAddr(a)
+			if err != nil || p.Zone() != "" {
+				s.reply(w, r, nil, fmt.Errorf("%w: %q is not an IP address", ErrInvalid, a))
+				return
+			}
+			peers = append(peers, p.Unmap())
+		}
+		n, err := s.b.ForgetPeers(r.Context(), peers)
+		s.log.Info("peer cache entries forgotten", "peers", req.Addrs, "forgotten", n, "uid", uidOf(r), "err", err)
+		s.reply(w, r, ForgetPeersResult{Forgotten: n}, err)
+	})
 	mux.HandleFunc("POST /v1/stats/reset", func(w http.ResponseWriter, r *http.Request) {
 		st, err := s.b.ResetStats(r.Context())
 		s.log.Info("statistics reset", "uid", uidOf(r), "err", err)

@@ -198,6 +198,27 @@ func TestResetStats(t *testing.T) {
 	}
 }
 
+func TestForgetPeers(t *testing.T) {
+	f, c, _ := setup(t)
+	ctx := context.Background()
+	all := len(f.Ps)
+	if all < 2 {
+		t.Fatalf("the fake holds %d peers, want at least 2", all)
+	}
+	if _, err := c.ForgetPeers(ctx, "198.18.0.9", "not-an-address"); !errors.Is(err, control.ErrInvalid) {
+		t.Errorf("a malformed address: %v, want ErrInvalid", err)
+	}
+	if len(f.Ps) != all {
+		t.Error("a refused request forgot peers")
+	}
+	if n, err := c.ForgetPeers(ctx, f.Ps[0].Addr); err != nil || n != 1 || len(f.Ps) != all-1 {
+		t.Errorf("forgetting one: %d, %v, %d left; want 1 and %d left", n, err, len(f.Ps), all-1)
+	}
+	if n, err := c.ForgetPeers(ctx); err != nil || n != all-1 || len(f.Ps) != 0 {
+		t.Errorf("forgetting all: %d, %v, %d left; want %d and none left", n, err, len(f.Ps), all-1)
+	}
+}
+
 func TestErrors(t *testing.T) {
 	f, c, _ := setup(t)
 	ctx := context.Background()

@@ -268,6 +268,17 @@ type Peer struct {
 	Hits             uint64  `json:"hits"`               // connections decided by this entry
 }
 
+// ForgetPeersRequest is POST /v1/peers/forget's body: the peers to take out of
+// the peer cache, all of them when Addrs is empty.
+type ForgetPeersRequest struct {
+	Addrs []string `json:"addrs,omitempty"`
+}
+
+// ForgetPeersResult is its answer.
+type ForgetPeersResult struct {
+	Forgotten int `json:"forgotten"` // entries taken out
+}
+
 // Device is an RDMA device smcrd can use (GET /v1/devices), after `smcr device`.
 type Device struct {
 	Name       string `json:"name"`     // rxe0, mlx5_0, shm, soft

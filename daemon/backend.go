@@ -6,6 +6,7 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -249,6 +250,30 @@ func addrString(a net.Addr) string {
 
 // Peers lists the peer capability cache.
 func (d *Daemon) Peers(context.Context) ([]control.Peer, error) { return d.peers.list(), nil }
+
+// ForgetPeers takes peers (all when none is named) out of the peer cache and the
+// programs' negative cache, so the next connections to them are redirected and
+// try SMC-R again.
+func (d *Daemon) ForgetPeers(_ context.Context, peers []netip.Addr) (int, error) {
+	neg, err := d.loader.Negatives()
+	if err != nil {
+		return 0, fmt.Errorf("daemon: forget peers: %w", err)
+	}
+	gone := map[netip.Addr]bool{}
+	for _, a := range d.peers.forget(peers) {
+		gone[a] = true
+	}
+	for a := range neg {
+		if len(peers) > 0 && !slices.Contains(peers, a) {
+			continue
+		}
+		if err := d.loader.RemoveNegative(a); err != nil {
+			return len(gone), fmt.Errorf("daemon: forget peers: %w", err)
+		}
+		gone[a] = true
+	}
+	return len(gone), nil
+}
 
 // Devices lists the devices the engine uses.
 func (d *Daemon) Devices(context.Context) ([]control.Device, error) {

@@ -162,6 +162,14 @@ func New(opts Options) (*Daemon, error) {
 	}
 	inCgroup(cgroup, d.log)
 	d.peers = newPeerCache(time.Now, d.loader.AddNegative)
+	// The negative cache is pinned: an earlier smcrd's entries still steer
+	// connections, so smcrctl peers must show them.
+	if neg, err := d.loader.Negatives(); err != nil {
+		d.log.Warn("negative cache left by an earlier smcrd not shown", "err", err)
+	} else if len(neg) > 0 {
+		d.peers.restore(neg, reasonKept)
+		d.log.Info("negative cache entries kept from an earlier smcrd", "peers", len(neg))
+	}
 	d.devs = openDevices(cfg.Providers, ifaces, cfg.RDMADevices, opts.ShmDir, d.loader.Control(bpf.Tag{}), d.log)
 	d.engine, err = smcr.NewEngine(smcr.Config{
 		Devices:          d.devs,

@@ -52,6 +52,33 @@ func (p *peerCache) incapable(peer netip.Addr, reason string, ttl time.Duration)
 	return nil
 }
 
+// reasonKept is the reason of entries an earlier smcrd left in the pinned map.
+const reasonKept = "not SMC-R capable when an earlier smcrd asked"
+
+// restore shows entries already in the programs' negative cache, each with the
+// time it has left.
+func (p *peerCache) restore(negative map[netip.Addr]time.Duration, reason string) {
+	now := p.now()
+	for a, left := range negative {
+		p.set(a, &peerEntry{reason: reason, expires: now.Add(left)})
+	}
+}
+
+// forget takes peers out of the cache (every one when none is named) and returns
+// those it held.
+func (p *peerCache) forget(peers []netip.Addr) []netip.Addr {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var gone []netip.Addr
+	for a := range p.peers {
+		if len(peers) == 0 || slices.Contains(peers, a) {
+			delete(p.peers, a)
+			gone = append(gone, a)
+		}
+	}
+	return gone
+}
+
 func (p *peerCache) set(peer netip.Addr, e *peerEntry) {
 	peer = peer.Unmap()
 	now := p.now()

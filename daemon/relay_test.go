@@ -234,6 +234,20 @@ func TestPeerCache(t *testing.T) {
 	if l := p.list(); len(l) != 0 {
 		t.Fatalf("expired entries listed: %+v", l)
 	}
+
+	// Entries an earlier smcrd left, then forgotten one by one and all at once.
+	z := netip.MustParseAddr("2001:db8::7")
+	p.restore(map[netip.Addr]time.Duration{x: 30 * time.Second, z: time.Minute}, reasonKept)
+	if l := p.list(); len(l) != 2 || l[0].Capable || l[0].Reason != reasonKept || l[0].ExpiresInSeconds != 30 || l[1].Addr != z.String() {
+		t.Fatalf("restored %+v", l)
+	}
+	if gone := p.forget([]netip.Addr{z, y}); len(gone) != 1 || gone[0] != z {
+		t.Errorf("forget(%s, %s) = %v, want %s", z, y, gone, z)
+	}
+	p.capable(y, time.Minute)
+	if gone := p.forget(nil); len(gone) != 2 || len(p.list()) != 0 {
+		t.Errorf("forget all = %v, left %+v", gone, p.list())
+	}
 }
 
 // TestRelayUrgentData: urgent data (send with MSG_OOB) crosses the splicing relay

@@ -6,7 +6,9 @@ package controltest
 import (
 	"context"
 	"errors"
+	"net/netip"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -239,6 +241,22 @@ func (f *Fake) Peers(context.Context) ([]control.Peer, error) {
 	unlock, err := f.lock()
 	defer unlock()
 	return append([]control.Peer(nil), f.Ps...), err
+}
+
+// ForgetPeers implements control.Backend: the named entries go from Ps (all
+// when none is named).
+func (f *Fake) ForgetPeers(_ context.Context, peers []netip.Addr) (int, error) {
+	unlock, err := f.lock()
+	defer unlock()
+	if err != nil {
+		return 0, err
+	}
+	n := len(f.Ps)
+	f.Ps = slices.DeleteFunc(f.Ps, func(p control.Peer) bool {
+		a, _ := netip.ParseAddr(p.Addr)
+		return len(peers) == 0 || slices.Contains(peers, a)
+	})
+	return n - len(f.Ps), nil
 }
 
 // Devices implements control.Backend.

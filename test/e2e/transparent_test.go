@@ -282,6 +282,34 @@ func TestFallbackAndNegativeCache(t *testing.T) {
 	if s := a.stats(); s.Connections.Handled != 1 {
 		t.Errorf("later connections went through smcrd: %+v", s.Connections)
 	}
+
+	// The programs keep the negative cache across a restart of smcrd, which
+	// shows what it found there; forgetting the peer sends the next connection
+	// through smcrd again.
+	a.stop()
+	a.start("providers = shm", ports)
+	peers, err = a.ctl.Peers(context.Background())
+	if err != nil || len(peers) != 1 || peers[0].Addr != b.ns.Addr4().String() || peers[0].Capable || peers[0].ExpiresInSeconds <= 0 {
+		t.Fatalf("peer cache after a restart: %v %+v, want %s not capable", err, peers, b.ns.Addr4())
+	}
+	if _, err := a.client(dst, "-mode", "echo", "-bytes", "1000"); err != nil {
+		t.Fatal(err)
+	}
+	if s := a.stats(); s.Connections.Handled != 0 {
+		t.Errorf("after a restart, a connection to a peer in the negative cache went through smcrd: %+v", s.Connections)
+	}
+	if n, err := a.ctl.ForgetPeers(context.Background(), b.ns.Addr4().String()); err != nil || n != 1 {
+		t.Fatalf("ForgetPeers: %d, %v; want 1", n, err)
+	}
+	if peers, err := a.ctl.Peers(context.Background()); err != nil || len(peers) != 0 {
+		t.Errorf("peer cache after forgetting: %v %+v, want empty", err, peers)
+	}
+	if _, err := a.client(dst, "-mode", "echo", "-bytes", "1000"); err != nil {
+		t.Fatal(err)
+	}
+	if s := a.stats(); s.Connections.Handled != 1 || s.Connections.Fallback != 1 {
+		t.Errorf("after forgetting the peer, its connection did not try SMC-R: %+v", s.Connections)
+	}
 }
 
 // TestPortNotListed: a port outside port_range_list is never touched.

@@ -70,6 +70,7 @@ type options struct {
 	detail  bool
 	reset   bool
 	persist bool
+	forget  bool
 }
 
 // env is what a verb runs with.

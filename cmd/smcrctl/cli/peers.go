@@ -3,11 +3,16 @@
 
 package cli
 
-import "time"
+import (
+	"flag"
+	"fmt"
+	"net/netip"
+	"time"
+)
 
 var peersCmd = &command{
 	name:     "peers",
-	synopsis: "[--json]",
+	synopsis: "[--json] | --forget [ADDR...]",
 	short:    "list the peer cache: SMC-R capable or not, until when",
 	long: `Lists the peer capability cache. A peer that declined SMC-R (or never answered the
 SMC option) is connected to as plain TCP, without redirection, until its entry
@@ -16,14 +21,28 @@ expires (peer_cache_ttl); then SMC-R is tried again.
 Columns: PEER (IP address), SMC-R (yes or no), EXPIRES (time left), HITS
 (connections decided by the entry), REASON (why not SMC-R).
 
+The cache outlives smcrd (its programs keep it), so a peer that declined while
+its own smcrd was restarting stays plain TCP until the entry expires: --forget
+takes it out at once.
+
 Options:
-  --json  print the cache as JSON
+  --json    print the cache as JSON
+  --forget  take the named peers (every entry when none is named) out of the
+            cache: their next connections try SMC-R again
 
 Examples:
   smcrctl peers
-  smcrctl peers --json | jq -r '.[] | select(.capable | not) | .addr'`,
-	flags: jsonFlag,
+  smcrctl peers --json | jq -r '.[] | select(.capable | not) | .addr'
+  smcrctl peers --forget 192.0.2.7
+  smcrctl peers --forget`,
+	flags: func(fs *flag.FlagSet, o *options) {
+		jsonFlag(fs, o)
+		fs.BoolVar(&o.forget, "forget", false, "")
+	},
 	run: func(e *env, o *options, args []string) error {
+		if o.forget {
+			return forgetPeers(e, args)
+		}
 		if err := noArgs(args); err != nil {
 			return err
 		}
@@ -46,4 +65,18 @@ Examples:
 		}
 		return tw.Flush()
 	},
+}
+
+func forgetPeers(e *env, args []string) error {
+	for _, a := range args {
+		if _, err := netip.ParseAddr(a); err != nil {
+			return usagef("%q is not an IP address", a)
+		}
+	}
+	n, err := e.client.ForgetPeers(e.ctx, args...)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(e.stdout, "%d %s forgotten: new connections to them try SMC-R\n", n, map[bool]string{true: "peer cache entry", false: "peer cache entries"}[n == 1])
+	return err
 }
