@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/smcr-io/smcr/internal/nstest"
+	"golang.org/x/sys/unix"
 )
 
 const (
@@ -92,6 +93,66 @@ func TestRedirect(t *testing.T) {
 	must(t, err)
 	if st["redirected"] != 2 || st["orig_dst_answered"] != 2 {
 		t.Errorf("stats = %v, want 2 redirected, 2 original destinations answered", st)
+	}
+}
+
+// An application that writes and closes at once is gone before smcrd accepts: its
+// original destination and its bytes still wait for smcrd, until smcrd forgets it.
+func TestRedirectSendAndClose(t *testing.T) {
+	h := newClientHost(t)
+	orig := netip.AddrPortFrom(h.p.B.Addr4(), portListed)
+	app := dial(t, h.p.A, orig.String(), nil, nil)
+	if _, err := app.Write([]byte("fire-and-forget")); err != nil {
+		t.Fatal(err)
+	}
+	app.Close()
+	time.Sleep(100 * time.Millisecond) // the application's socket reaches CLOSE
+	acc := acceptWithin(t, h.redir4, time.Second)
+	if acc == nil {
+		t.Fatal("redirect listener accepted nothing")
+	}
+	if got, err := OriginalDst(acc.(*net.TCPConn)); err != nil || got != orig {
+		t.Errorf("SO_ORIGINAL_DST after the application closed = %v, %v; want %v", got, err, orig)
+	}
+	local, remote := addrPort(acc.LocalAddr()), addrPort(acc.RemoteAddr())
+	if got, err := h.l.OriginalDstOf(local, remote); err != nil || got != orig {
+		t.Errorf("OriginalDstOf after the application closed = %v, %v; want %v", got, err, orig)
+	}
+	buf := make([]byte, 64)
+	acc.SetReadDeadline(time.Now().Add(time.Second))
+	if n, err := acc.Read(buf); err != nil || string(buf[:n]) != "fire-and-forget" {
+		t.Errorf("read = %q, %v; want the application's bytes", buf[:n], err)
+	}
+	must(t, h.l.ForgetOriginalDst(local, remote))
+	if _, err := h.l.OriginalDstOf(local, remote); err != ErrUnknown {
+		t.Errorf("OriginalDstOf after ForgetOriginalDst: %v, want ErrUnknown", err)
+	}
+	must(t, h.l.ForgetOriginalDst(local, remote)) // twice: nothing to do
+
+	// A leftover (smcrd crashed before reading it) on the 4-tuple of a new
+	// redirected connection gives way to that connection's destination.
+	const appPort = 41235
+	stale := netip.AddrPortFrom(h.p.B.Addr4(), 9)
+	key := tuple(addrPort(h.redir4.Addr()), netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), appPort))
+	must(t, h.l.objs.SmcrOrigdst.Put(key, smcrAddrPort{Family: unix.AF_INET, Addr: addrWords(stale.Addr()), Port: netPort(stale.Port())}))
+	must(t, h.p.A.Do(func() error {
+		d := net.Dialer{Timeout: 3 * time.Second, LocalAddr: &net.TCPAddr{Port: appPort}}
+		d.SetMultipathTCP(false)
+		c, err := d.Dial("tcp", orig.String())
+		if err == nil {
+			t.Cleanup(func() { c.Close() })
+		}
+		return err
+	}))
+	acc = acceptWithin(t, h.redir4, time.Second)
+	if acc == nil {
+		t.Fatal("redirect listener accepted nothing")
+	}
+	if got := addrPort(acc.RemoteAddr()).Port(); got != appPort {
+		t.Fatalf("application's port %d, want %d", got, appPort)
+	}
+	if got, err := OriginalDst(acc.(*net.TCPConn)); err != nil || got != orig {
+		t.Errorf("SO_ORIGINAL_DST over a leftover entry = %v, %v; want %v", got, err, orig)
 	}
 }
 

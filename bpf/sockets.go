@@ -158,6 +158,18 @@ func (l *Loader) OriginalDstOf(local, remote netip.AddrPort) (netip.AddrPort, er
 	return netip.AddrPortFrom(wordsAddr(ap.Family, ap.Addr), hostPort(ap.Port)), nil
 }
 
+// ForgetOriginalDst deletes the original destination of the accepted connection
+// local↔remote. smcrd calls it once it has read the destination: the entry
+// outlives the application's socket, so nothing else removes it before the LRU
+// evicts it.
+func (l *Loader) ForgetOriginalDst(local, remote netip.AddrPort) error {
+	err := l.objs.SmcrOrigdst.Delete(tuple(local, remote))
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("bpf: forget original destination: %w", err)
+	}
+	return nil
+}
+
 // Seen is what sockops saw of the SMC-R option on one of smcrd's connections.
 type Seen uint32
 

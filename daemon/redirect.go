@@ -138,13 +138,20 @@ func (d *Daemon) carry(t *tracked, app, peer net.Conn) {
 }
 
 // originalDst is what the application connected to: from SO_ORIGINAL_DST, which
-// the getsockopt program answers, else from the map it reads.
+// the getsockopt program answers, else from the map it reads. Read once, the
+// entry is deleted: it outlives the application's socket.
 func (d *Daemon) originalDst(app *net.TCPConn) (netip.AddrPort, error) {
-	if ap, err := bpf.OriginalDst(app); err == nil {
-		return unmapAP(ap), nil
+	local, remote := app.LocalAddr().(*net.TCPAddr).AddrPort(), app.RemoteAddr().(*net.TCPAddr).AddrPort()
+	ap, err := bpf.OriginalDst(app)
+	if err != nil {
+		if ap, err = d.loader.OriginalDstOf(local, remote); err != nil {
+			return netip.AddrPort{}, err
+		}
 	}
-	ap, err := d.loader.OriginalDstOf(app.LocalAddr().(*net.TCPAddr).AddrPort(), app.RemoteAddr().(*net.TCPAddr).AddrPort())
-	return unmapAP(ap), err
+	if err := d.loader.ForgetOriginalDst(local, remote); err != nil {
+		d.log.Warn("original destination", "app", remote, "err", err)
+	}
+	return unmapAP(ap), nil
 }
 
 func unmapAP(ap netip.AddrPort) netip.AddrPort {

@@ -190,7 +190,14 @@ struct {
 } smcr_sk SEC(".maps");
 
 /* Original destination of a redirected connection, keyed by the connection as
- * smcrd's accepted socket sees it; read by the getsockopt program and smcrd. */
+ * smcrd's accepted socket sees it; read by the getsockopt program and smcrd.
+ * The entry outlives the application's socket: an application that writes and
+ * closes at once is gone before smcrd accepts, and its bytes still wait there.
+ * smcrd deletes the entry once it has read it; the LRU evicts what a crashed
+ * smcrd never read. A leftover is harmless: a new redirected connection on the
+ * same 4-tuple overwrites it at connect, and the key names smcrd's loopback
+ * listener, so only a local process can meet one, and that process could dial
+ * the destination itself. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 65536);

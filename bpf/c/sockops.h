@@ -93,8 +93,9 @@ static __always_inline void on_connect(struct bpf_sock_ops *skops)
 	ap.addr[3] = st->addr[3];
 	ap.port = st->port;
 	if (st->flags & SK_REDIRECTED) {
+		/* BPF_ANY: replaces a leftover of an earlier connection on this
+		 * 4-tuple. No close callback: smcrd deletes the entry (maps.h). */
 		bpf_map_update_elem(&smcr_origdst, &t, &ap, BPF_ANY);
-		set |= BPF_SOCK_OPS_STATE_CB_FLAG;
 	} else if (st->flags & SK_SHOW_PEER) {
 		bpf_map_update_elem(&smcr_peers, &t, &ap, BPF_ANY);
 		set |= BPF_SOCK_OPS_STATE_CB_FLAG;
@@ -211,7 +212,8 @@ static __always_inline void on_passive_established(struct bpf_sock_ops *skops)
 }
 
 /* A tracked connection closed: forget it, so a later connection reusing the
- * 4-tuple is not mistaken for it. */
+ * 4-tuple is not mistaken for it. Not smcr_origdst: smcrd may not have read it
+ * yet (maps.h). */
 static __always_inline void on_state(struct bpf_sock_ops *skops)
 {
 	struct tuple t = {};
@@ -219,7 +221,6 @@ static __always_inline void on_state(struct bpf_sock_ops *skops)
 	if (skops->args[1] != BPF_TCP_CLOSE)
 		return;
 	ops_tuple(skops, &t, 0);
-	bpf_map_delete_elem(&smcr_origdst, &t);
 	bpf_map_delete_elem(&smcr_peers, &t);
 	ops_tuple(skops, &t, 1);
 	bpf_map_delete_elem(&smcr_seen, &t);
