@@ -1,12 +1,14 @@
 package bpf
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
 	"testing"
 	"time"
 
 	"github.com/smcr-io/smcr/internal/nstest"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -225,6 +227,62 @@ func TestRedirectPrefixes(t *testing.T) {
 	}
 }
 
+// Destinations smcrd could not dial as the application meant them stay direct even
+// where a route through a listed interface covers them: 0.0.0.0 and :: (this
+// host, on Linux), and link-local IPv6 (the zone is the socket's, smcrd never
+// sees it).
+func TestRedirectSkipsUnspecifiedAndLinkLocal(t *testing.T) {
+	h := newClientHost(t)
+	la, lb := h.p.A.Links[0].Name, h.p.B.Links[0].Name
+	must(t, h.p.A.Do(func() error {
+		lk, err := netlink.LinkByName(la)
+		if err != nil {
+			return err
+		}
+		for _, gw := range []netip.Addr{h.p.B.Addr4(), h.p.B.Addr6()} {
+			if err := netlink.RouteAdd(&netlink.Route{LinkIndex: lk.Attrs().Index, Gw: gw.AsSlice()}); err != nil {
+				return fmt.Errorf("default route via %s: %w", gw, err)
+			}
+		}
+		return nil
+	}))
+	for _, x := range []struct {
+		ns   *nstest.NS
+		link string
+		ip   string
+	}{{h.p.A, la, "fe80::a1"}, {h.p.B, lb, "fe80::b1"}} {
+		must(t, x.ns.Do(func() error {
+			lk, err := netlink.LinkByName(x.link)
+			if err != nil {
+				return err
+			}
+			a := &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(x.ip), Mask: net.CIDRMask(64, 128)}, Flags: unix.IFA_F_NODAD}
+			return netlink.AddrAdd(lk, a)
+		}))
+	}
+	// Rules from the routes above: 0.0.0.0/0, ::/0 and fe80::/64 through la.
+	must(t, h.p.A.Do(func() error { return h.l.SetInterfaces([]string{la}) }))
+	local := listen(t, h.p.A, fmt.Sprintf(":%d", portListed), nil, nil)
+	// Go's Dial would rewrite the unspecified addresses itself: connect(2) them.
+	for _, sa := range []unix.Sockaddr{&unix.SockaddrInet4{Port: portListed}, &unix.SockaddrInet6{Port: portListed}} {
+		connectRaw(t, h.p.A, sa)
+		for i, ln := range []net.Listener{local, h.redir4, h.redir6} {
+			if acceptWithin(t, ln, 300*time.Millisecond) != nil && i != 0 {
+				t.Errorf("connection to the unspecified address (%T) went to redirect listener %v, want the local server", sa, ln.Addr())
+			}
+		}
+	}
+	ll := fmt.Sprintf("[fe80::b1%%%s]:%d", la, portListed)
+	if who, _, _ := whoAccepts(t, h.p.A, ll, h.server, h.redir6); who != 0 {
+		t.Errorf("connection to %s went to listener %d, want the server", ll, who)
+	}
+	// The routes do make global destinations redirected.
+	orig := netip.AddrPortFrom(h.p.B.Addr6(), portListed).String()
+	if who, _, _ := whoAccepts(t, h.p.A, orig, h.redir6, h.server); who != 0 {
+		t.Errorf("connection to %s went to listener %d, want the redirect listener", orig, who)
+	}
+}
+
 // The server host: smcrd connects to the application on behalf of the client,
 // and the application sees the client's address.
 func TestShowPeer(t *testing.T) {
@@ -253,4 +311,23 @@ func TestShowPeer(t *testing.T) {
 	if got, want := addrPort(acc.RemoteAddr()), addrPort(c.LocalAddr()); got != want {
 		t.Errorf("untagged: application's peer = %v, want %v", got, want)
 	}
+}
+
+// connectRaw connects a new socket to sa from ns with connect(2) itself.
+func connectRaw(t *testing.T, ns *nstest.NS, sa unix.Sockaddr) int {
+	t.Helper()
+	family := unix.AF_INET
+	if _, ok := sa.(*unix.SockaddrInet6); ok {
+		family = unix.AF_INET6
+	}
+	var fd int
+	must(t, ns.Do(func() error {
+		var err error
+		if fd, err = unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0); err != nil {
+			return err
+		}
+		t.Cleanup(func() { unix.Close(fd) })
+		return unix.Connect(fd, sa)
+	}))
+	return fd
 }

@@ -64,7 +64,8 @@ int smcr_connect4(struct bpf_sock_addr *ctx)
 	if (!cfg || !cfg->redir4_port)
 		return 1;
 	daddr = ctx->user_ip4;
-	if ((bpf_ntohl(daddr) >> 24) == 127)
+	/* Loopback, and 0.0.0.0, which Linux connects to this host too. */
+	if (!daddr || (bpf_ntohl(daddr) >> 24) == 127)
 		return 1;
 	if (cfg->flags & CFG_CHECK_PREFIX) {
 		struct lpm4_key k = {.prefixlen = 32, .addr = daddr};
@@ -112,9 +113,14 @@ int smcr_connect6(struct bpf_sock_addr *ctx)
 	a1 = ctx->user_ip6[1];
 	a2 = ctx->user_ip6[2];
 	a3 = ctx->user_ip6[3];
-	/* ::1, and IPv4-mapped destinations (left alone: the IPv4 policy maps are
-	 * not consulted for them). */
-	if (!a0 && !a1 && ((!a2 && a3 == bpf_htonl(1)) || a2 == bpf_htonl(0xffff)))
+	/* ::1 and ::, which Linux connects to this host too, and IPv4-mapped
+	 * destinations (left alone: the IPv4 policy maps are not consulted for
+	 * them). */
+	if (!a0 && !a1 && ((!a2 && (!a3 || a3 == bpf_htonl(1))) || a2 == bpf_htonl(0xffff)))
+		return 1;
+	/* Link-local (fe80::/10): the zone that makes it routable is the socket's
+	 * scope id, which smcrd never learns, so it could not dial it. */
+	if ((bpf_ntohl(a0) & 0xffc00000) == 0xfe800000)
 		return 1;
 	if (cfg->flags & CFG_CHECK_PREFIX) {
 		struct lpm6_key k = {.prefixlen = 128, .addr = {a0, a1, a2, a3}};
