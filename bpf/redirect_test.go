@@ -283,6 +283,69 @@ func TestRedirectSkipsUnspecifiedAndLinkLocal(t *testing.T) {
 	}
 }
 
+// A socket whose redirected connect failed and which then connects elsewhere,
+// directly, shows that connection's addresses, not the first destination.
+func TestRedirectFailedThenDirect(t *testing.T) {
+	h := newClientHost(t)
+	// Redirect listeners nobody listens on: the redirected connect is refused.
+	dead4 := listen(t, h.p.A, "127.0.0.1:0", nil, nil)
+	dead6 := listen(t, h.p.A, "[::1]:0", nil, nil)
+	dead4.Close()
+	dead6.Close()
+	must(t, h.l.SetRedirect(addrPort(dead4.Addr()), addrPort(dead6.Addr())))
+	for _, b := range []netip.Addr{h.p.B.Addr4(), h.p.B.Addr6()} {
+		sockaddr := func(port int) unix.Sockaddr {
+			if b.Is4() {
+				return &unix.SockaddrInet4{Addr: b.As4(), Port: port}
+			}
+			return &unix.SockaddrInet6{Addr: b.As16(), Port: port}
+		}
+		family := unix.AF_INET
+		if b.Is6() {
+			family = unix.AF_INET6
+		}
+		var peer, local unix.Sockaddr
+		must(t, h.p.A.Do(func() error {
+			fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+			if err != nil {
+				return err
+			}
+			t.Cleanup(func() { unix.Close(fd) })
+			if err := unix.Connect(fd, sockaddr(portListed)); err != unix.ECONNREFUSED {
+				return fmt.Errorf("redirected connect to a dead listener: %v, want ECONNREFUSED", err)
+			}
+			if err := unix.Connect(fd, sockaddr(portUnlisted)); err != nil {
+				return fmt.Errorf("direct connect after it: %w", err)
+			}
+			if peer, err = unix.Getpeername(fd); err != nil {
+				return err
+			}
+			local, err = unix.Getsockname(fd)
+			return err
+		}))
+		acc := acceptWithin(t, h.unlisted, time.Second)
+		if acc == nil {
+			t.Fatalf("%s: the unlisted server accepted nothing", b)
+		}
+		if got, want := sockaddrAP(peer), netip.AddrPortFrom(b, portUnlisted); got != want {
+			t.Errorf("getpeername = %v, want %v", got, want)
+		}
+		if got, want := sockaddrAP(local), addrPort(acc.RemoteAddr()); got != want {
+			t.Errorf("getsockname = %v, want %v", got, want)
+		}
+	}
+}
+
+func sockaddrAP(sa unix.Sockaddr) netip.AddrPort {
+	switch sa := sa.(type) {
+	case *unix.SockaddrInet4:
+		return netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port))
+	case *unix.SockaddrInet6:
+		return netip.AddrPortFrom(netip.AddrFrom16(sa.Addr), uint16(sa.Port))
+	}
+	return netip.AddrPort{}
+}
+
 // The server host: smcrd connects to the application on behalf of the client,
 // and the application sees the client's address.
 func TestShowPeer(t *testing.T) {

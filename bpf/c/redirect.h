@@ -30,6 +30,21 @@ static __always_inline int negative(struct addr_key *k)
 	return 0;
 }
 
+/* direct: this connect goes where the application asked. A socket an earlier
+ * connect redirected (and that failed, so the application may connect again)
+ * must stop showing that destination to getpeername and getsockname. */
+static __always_inline int direct(struct bpf_sock_addr *ctx)
+{
+	struct sk_state *st;
+
+	if (!ctx->sk)
+		return 1;
+	st = bpf_sk_storage_get(&smcr_sk, ctx->sk, 0, 0);
+	if (st && (st->flags & SK_REDIRECTED))
+		st->flags &= ~SK_REDIRECTED;
+	return 1;
+}
+
 /* redirect_ok applies the checks common to both families. */
 static __always_inline struct config *redirect_ok(struct bpf_sock_addr *ctx)
 {
@@ -62,24 +77,24 @@ int smcr_connect4(struct bpf_sock_addr *ctx)
 
 	cfg = redirect_ok(ctx);
 	if (!cfg || !cfg->redir4_port)
-		return 1;
+		return direct(ctx);
 	daddr = ctx->user_ip4;
 	/* Loopback, and 0.0.0.0, which Linux connects to this host too. */
 	if (!daddr || (bpf_ntohl(daddr) >> 24) == 127)
-		return 1;
+		return direct(ctx);
 	if (cfg->flags & CFG_CHECK_PREFIX) {
 		struct lpm4_key k = {.prefixlen = 32, .addr = daddr};
 
 		pv = bpf_map_lookup_elem(&smcr_prefix4, &k);
 		if (!pv || !pv->allow) {
 			count(STAT_SKIP_PREFIX);
-			return 1;
+			return direct(ctx);
 		}
 	}
 	nk.addr[0] = daddr;
 	if (negative(&nk)) {
 		count(STAT_SKIP_NEGATIVE);
-		return 1;
+		return direct(ctx);
 	}
 	st = bpf_sk_storage_get(&smcr_sk, ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
 	if (!st)
@@ -108,7 +123,7 @@ int smcr_connect6(struct bpf_sock_addr *ctx)
 
 	cfg = redirect_ok(ctx);
 	if (!cfg || !cfg->redir6_port)
-		return 1;
+		return direct(ctx);
 	a0 = ctx->user_ip6[0];
 	a1 = ctx->user_ip6[1];
 	a2 = ctx->user_ip6[2];
@@ -117,18 +132,18 @@ int smcr_connect6(struct bpf_sock_addr *ctx)
 	 * destinations (left alone: the IPv4 policy maps are not consulted for
 	 * them). */
 	if (!a0 && !a1 && ((!a2 && (!a3 || a3 == bpf_htonl(1))) || a2 == bpf_htonl(0xffff)))
-		return 1;
+		return direct(ctx);
 	/* Link-local (fe80::/10): the zone that makes it routable is the socket's
 	 * scope id, which smcrd never learns, so it could not dial it. */
 	if ((bpf_ntohl(a0) & 0xffc00000) == 0xfe800000)
-		return 1;
+		return direct(ctx);
 	if (cfg->flags & CFG_CHECK_PREFIX) {
 		struct lpm6_key k = {.prefixlen = 128, .addr = {a0, a1, a2, a3}};
 
 		pv = bpf_map_lookup_elem(&smcr_prefix6, &k);
 		if (!pv || !pv->allow) {
 			count(STAT_SKIP_PREFIX);
-			return 1;
+			return direct(ctx);
 		}
 	}
 	nk.addr[0] = a0;
@@ -137,7 +152,7 @@ int smcr_connect6(struct bpf_sock_addr *ctx)
 	nk.addr[3] = a3;
 	if (negative(&nk)) {
 		count(STAT_SKIP_NEGATIVE);
-		return 1;
+		return direct(ctx);
 	}
 	st = bpf_sk_storage_get(&smcr_sk, ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
 	if (!st)
