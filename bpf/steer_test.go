@@ -1,6 +1,7 @@
 package bpf
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -92,6 +93,87 @@ func testOptionAndSteering(t *testing.T, clsBPF bool) {
 	dial(t, p.A, netip.AddrPortFrom(p.B.Addr4(), portSteered).String(), la, &Tag{SMCOption: true})
 	if acceptWithin(t, app, time.Second) == nil {
 		t.Error("smcrd dead: SYN with the option did not reach the application")
+	}
+}
+
+// A mark outlives its connection in the LRU. After the port leaves the list, a
+// plain client reusing the marked 4-tuple reaches the application; and
+// sk_lookup steers by a mark only while the port is listed and the mark is
+// recent, whatever tc did (it does not parse every SYN).
+func TestStaleMark(t *testing.T) {
+	p := nstest.NewPair(t)
+	cg := testCgroup(t)
+	la := loadIn(t, p.A, Options{CgroupPath: cg})
+	lb := loadIn(t, p.B, Options{CgroupPath: cg, Interfaces: []string{p.B.Links[0].Name}})
+	app := listen(t, p.B, fmt.Sprintf(":%d", portSteered), nil, nil)
+	steer4 := listen(t, p.B, "127.0.0.1:0", lb, &Tag{SMCOption: true})
+	must(t, lb.RegisterSteering(steer4.(*net.TCPListener)))
+	listed := []PortRange{{portSteered, portSteered}}
+	must(t, lb.SetPorts(listed))
+	must(t, lb.SetAlive(time.Minute))
+	dst := netip.AddrPortFrom(p.B.Addr4(), portSteered)
+	dialFrom := func(ns *nstest.NS, src netip.AddrPort, l *Loader, tag *Tag) net.Conn {
+		var c net.Conn
+		must(t, ns.Do(func() error {
+			d := net.Dialer{Timeout: 3 * time.Second, LocalAddr: net.TCPAddrFromAddrPort(src)}
+			d.SetMultipathTCP(false)
+			if tag != nil {
+				d.Control = l.Control(*tag)
+			}
+			var err error
+			c, err = d.Dial("tcp", dst.String())
+			return err
+		}))
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+
+	src := netip.AddrPortFrom(p.A.Addr4(), 41234)
+	c := dialFrom(p.A, src, la, &Tag{SMCOption: true})
+	acc := acceptWithin(t, steer4, time.Second)
+	if acc == nil {
+		t.Fatal("SYN with the SMC option not steered")
+	}
+	c.(*net.TCPConn).SetLinger(0) // a reset: the 4-tuple is free at once
+	c.Close()
+	acc.Close()
+	time.Sleep(100 * time.Millisecond)
+	must(t, lb.SetPorts(nil))
+	dialFrom(p.A, src, nil, nil)
+	if acceptWithin(t, steer4, 300*time.Millisecond) != nil {
+		t.Error("plain SYN to a port no longer listed steered to smcrd by an old mark")
+	} else if acceptWithin(t, app, time.Second) == nil {
+		t.Error("plain SYN to a port no longer listed: the application accepted nothing")
+	}
+
+	// sk_lookup alone: connections from B to itself pass no tc program, so
+	// the marks planted here are all sk_lookup sees.
+	for i, c := range []struct {
+		name   string
+		listed bool
+		age    time.Duration
+		steer  bool
+	}{
+		{"fresh mark", true, 0, true},
+		{"port not listed", false, 0, false},
+		{"mark a minute old", true, time.Minute, false},
+	} {
+		ports := listed
+		if !c.listed {
+			ports = nil
+		}
+		must(t, lb.SetPorts(ports))
+		src := netip.AddrPortFrom(p.B.Addr4(), uint16(41240+i))
+		at := monotonic() - uint64(c.age)
+		must(t, lb.objs.SmcrSynmark.Put(tuple(dst, src), at))
+		dialFrom(p.B, src, nil, nil)
+		want, other := app, steer4
+		if c.steer {
+			want, other = steer4, app
+		}
+		if acceptWithin(t, want, time.Second) == nil || acceptWithin(t, other, 100*time.Millisecond) != nil {
+			t.Errorf("%s: steered %v, want %v", c.name, !c.steer, c.steer)
+		}
 	}
 }
 

@@ -77,6 +77,13 @@ var synKey = smcrTuple{
 func marked(tb testing.TB, o *smcrObjects, opts []byte) bool {
 	tb.Helper()
 	o.SmcrSynmark.Delete(synKey)
+	return runTC(tb, o, opts)
+}
+
+// runTC runs the tc program on a SYN with opts and reports whether its 4-tuple
+// is marked afterwards.
+func runTC(tb testing.TB, o *smcrObjects, opts []byte) bool {
+	tb.Helper()
 	ret, err := o.SmcrTcIngress.Run(&ebpf.RunOptions{Data: synWithOptions(opts)})
 	if err != nil {
 		tb.Fatalf("run tc program: %v", err)
@@ -124,6 +131,31 @@ func TestTCOptionWalk(t *testing.T) {
 	must2(t, (&Loader{objs: *o}).SetAlive(0))
 	if marked(t, o, smcOpt) {
 		t.Error("smcrd dead: SYN marked")
+	}
+}
+
+// TestTCUnmarks: a SYN the program does not mark clears the mark an earlier
+// connection left on its 4-tuple, whatever keeps it from marking, so sk_lookup
+// does not steer the new connection.
+func TestTCUnmarks(t *testing.T) {
+	o := tcObjects(t)
+	l := &Loader{objs: *o}
+	for _, c := range []struct {
+		name  string
+		opts  []byte
+		setup func() error
+	}{
+		{"no option", nil, func() error { return nil }},
+		{"port no longer listed", smcOpt, func() error { return l.SetPorts(nil) }},
+		{"smcrd dead", smcOpt, func() error { return l.SetAlive(0) }},
+	} {
+		must2(t, l.SetPorts([]PortRange{{portSteered, portSteered}}))
+		must2(t, l.SetAlive(1<<40))
+		must2(t, c.setup())
+		must2(t, o.SmcrSynmark.Put(synKey, uint64(monotonic())))
+		if runTC(t, o, c.opts) {
+			t.Errorf("%s: the earlier connection's mark survived the SYN", c.name)
+		}
 	}
 }
 

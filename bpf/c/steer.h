@@ -7,6 +7,13 @@
 
 #define TCP_MAX_OPTS 40
 
+/* How long a mark steers. sk_lookup meets it microseconds after tc wrote it, on
+ * the SYN, or a round trip or a few retransmissions later, on the handshake's
+ * last ACK when the listener answered with a syncookie. An older mark belongs
+ * to a connection gone by, left where tc could not clear it (a SYN it does not
+ * parse, such as IPv6 with extension headers). */
+#define MARK_TTL_NS (10ULL * 1000000000)
+
 struct optwalk {
 	__u8 buf[TCP_MAX_OPTS + 8]; /* slack so 6-byte reads near the end stay in bounds */
 	__u32 off;
@@ -90,20 +97,21 @@ int smcr_tc_ingress(struct __sk_buff *skb)
 		return TC_ACT_UNSPEC;
 	t.lport = bpf_ntohs(th->dest);
 	t.rport = bpf_ntohs(th->source);
-	if (!port_listed(t.lport) || !alive())
-		return TC_ACT_UNSPEC;
-	optlen = th->doff * 4;
-	optlen = optlen > sizeof(*th) ? optlen - sizeof(*th) : 0;
-	/* Two bounds, each tested on the register the helper gets: verifiers
-	 * before 6.8 learn nothing from "!= 0", and without the barrier the
-	 * compiler merges both tests into one range check on a copy, leaving the
-	 * size possibly zero or unbounded (Debian 12's 6.1 rejects the program). */
-	if (optlen >= 4) {
-		asm volatile("" : "+r"(optlen));
-		if (optlen <= TCP_MAX_OPTS &&
-		    !bpf_skb_load_bytes(skb, thoff + sizeof(*th), w.buf, optlen)) {
-			w.end = optlen;
-			bpf_loop(TCP_MAX_OPTS, opt_step, &w, 0);
+	if (port_listed(t.lport) && alive()) {
+		optlen = th->doff * 4;
+		optlen = optlen > sizeof(*th) ? optlen - sizeof(*th) : 0;
+		/* Two bounds, each tested on the register the helper gets:
+		 * verifiers before 6.8 learn nothing from "!= 0", and without the
+		 * barrier the compiler merges both tests into one range check on a
+		 * copy, leaving the size possibly zero or unbounded (Debian 12's 6.1
+		 * rejects the program). */
+		if (optlen >= 4) {
+			asm volatile("" : "+r"(optlen));
+			if (optlen <= TCP_MAX_OPTS &&
+			    !bpf_skb_load_bytes(skb, thoff + sizeof(*th), w.buf, optlen)) {
+				w.end = optlen;
+				bpf_loop(TCP_MAX_OPTS, opt_step, &w, 0);
+			}
 		}
 	}
 	if (w.found) {
@@ -111,8 +119,10 @@ int smcr_tc_ingress(struct __sk_buff *skb)
 
 		bpf_map_update_elem(&smcr_synmark, &t, &now, BPF_ANY);
 		count(STAT_SYN_MARKED);
-	} else {
-		/* A new connection reusing the 4-tuple without the option. */
+	} else if (bpf_map_lookup_elem(&smcr_synmark, &t)) {
+		/* A new connection reusing the 4-tuple that this SYN does not mark
+		 * (no option, port no longer listed, smcrd dead): the old mark
+		 * must not steer it. The lookup spares unmarked SYNs the lock. */
 		bpf_map_delete_elem(&smcr_synmark, &t);
 	}
 	return TC_ACT_UNSPEC;
@@ -123,6 +133,7 @@ int smcr_sk_lookup(struct bpf_sk_lookup *ctx)
 {
 	struct tuple t = {};
 	struct bpf_sock *sk;
+	__u64 *mark;
 	__u32 key;
 	long err;
 
@@ -144,9 +155,11 @@ int smcr_sk_lookup(struct bpf_sk_lookup *ctx)
 	}
 	t.lport = ctx->local_port;
 	t.rport = bpf_ntohs(ctx->remote_port);
-	if (!bpf_map_lookup_elem(&smcr_synmark, &t))
+	mark = bpf_map_lookup_elem(&smcr_synmark, &t);
+	if (!mark || bpf_ktime_get_ns() - *mark > MARK_TTL_NS)
 		return SK_PASS;
-	if (!alive())
+	/* As tc decides: a port taken off the list steers nothing, marked or not. */
+	if (!port_listed(t.lport) || !alive())
 		return SK_PASS;
 	key = t.family == AF_INET6 ? 1 : 0;
 	sk = bpf_map_lookup_elem(&smcr_steer, &key);
