@@ -125,22 +125,53 @@ func Load(opts Options) (*Loader, error) {
 }
 
 func (l *Loader) loadObjects() error {
-	copts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: l.opts.PinDir}}
-	err := loadSmcrObjects(&l.objs, copts)
-	if errors.Is(err, ebpf.ErrMapIncompatible) {
-		// A previous smcrd pinned maps of another layout: start them afresh.
-		l.log.Warn("bpf: pinned maps incompatible, recreating", "dir", l.opts.PinDir, "err", err)
-		if err := removePinnedMaps(l.opts.PinDir); err != nil {
-			return err
-		}
-		err = loadSmcrObjects(&l.objs, copts)
+	spec, err := loadSmcr()
+	if err != nil {
+		return fmt.Errorf("bpf: load: %w", err)
 	}
+	if err := l.replaceIncompatible(spec); err != nil {
+		return err
+	}
+	err = spec.LoadAndAssign(&l.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: l.opts.PinDir}})
 	if err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
 			return fmt.Errorf("bpf: load: %+v", ve)
 		}
 		return fmt.Errorf("bpf: load: %w", err)
+	}
+	return nil
+}
+
+// replaceIncompatible removes the pinned maps whose layout differs from this
+// build's (an older smcrd's, say, with other max_entries), which loading would
+// refuse (ebpf.ErrMapIncompatible), so that they are created afresh. The others,
+// with their state, are taken over.
+func (l *Loader) replaceIncompatible(spec *ebpf.CollectionSpec) error {
+	for name, ms := range spec.Maps {
+		if ms.Pinning != ebpf.PinByName {
+			continue
+		}
+		path := filepath.Join(l.opts.PinDir, name)
+		m, err := ebpf.LoadPinnedMap(path, nil)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("bpf: pinned map %s: %w", name, err)
+		}
+		err = ms.Compatible(m)
+		m.Close()
+		if !errors.Is(err, ebpf.ErrMapIncompatible) {
+			if err != nil {
+				return fmt.Errorf("bpf: pinned map %s: %w", name, err)
+			}
+			continue
+		}
+		l.log.Warn("bpf: pinned map of another layout, replacing it", "map", name, "err", err)
+		if err := os.Remove(path); err != nil {
+			return fmt.Errorf("bpf: replace pinned map %s: %w", name, err)
+		}
 	}
 	return nil
 }
@@ -426,21 +457,6 @@ func ensurePinDir(dir string) error {
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("bpf: pin dir: %w", err)
-	}
-	return nil
-}
-
-func removePinnedMaps(dir string) error {
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return err
-	}
-	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), "smcr_") {
-			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
-				return err
-			}
-		}
 	}
 	return nil
 }

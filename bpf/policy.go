@@ -160,14 +160,20 @@ func (l *Loader) setPrefixes(rules []PrefixRule, check bool) error {
 			v.Src = addrWords(r.Src.Unmap())
 		}
 		var err error
+		m, name, n := l.objs.SmcrPrefix4, "smcr_prefix4", len(keep4)
 		if p.Addr().Is4() {
 			k := smcrLpm4Key{Prefixlen: uint32(p.Bits()), Addr: addrWords(p.Addr())[0]}
 			keep4[k] = true
-			err = l.objs.SmcrPrefix4.Update(k, v, ebpf.UpdateAny)
+			err = m.Update(k, v, ebpf.UpdateAny)
 		} else {
+			m, name, n = l.objs.SmcrPrefix6, "smcr_prefix6", len(keep6)
 			k := smcrLpm6Key{Prefixlen: uint32(p.Bits()), Addr: addrWords(p.Addr())}
 			keep6[k] = true
-			err = l.objs.SmcrPrefix6.Update(k, v, ebpf.UpdateAny)
+			err = m.Update(k, v, ebpf.UpdateAny)
+		}
+		if errors.Is(err, unix.ENOSPC) {
+			return fmt.Errorf("bpf: set prefix %s: %s full: it holds %d rules, old and new together while they are replaced (%d new so far): %w",
+				p, name, m.MaxEntries(), n, err)
 		}
 		if err != nil {
 			return fmt.Errorf("bpf: set prefix %s: %w", p, err)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -344,6 +345,42 @@ func sockaddrAP(sa unix.Sockaddr) netip.AddrPort {
 		return netip.AddrPortFrom(netip.AddrFrom16(sa.Addr), uint16(sa.Port))
 	}
 	return netip.AddrPort{}
+}
+
+// A routing table larger than the old 1024-rule tries fits; rules beyond the
+// tries' size fail with an error naming the limit.
+func TestRedirectManyRoutes(t *testing.T) {
+	h := newClientHost(t)
+	la := h.p.A.Links[0].Name
+	const routes = 3000
+	must(t, h.p.A.Do(func() error {
+		lk, err := netlink.LinkByName(la)
+		if err != nil {
+			return err
+		}
+		for i := range routes {
+			dst := &net.IPNet{IP: net.IPv4(10, byte(i>>8), byte(i), 0), Mask: net.CIDRMask(24, 32)}
+			if err := netlink.RouteAdd(&netlink.Route{LinkIndex: lk.Attrs().Index, Dst: dst, Gw: h.p.B.Addr4().AsSlice()}); err != nil {
+				return fmt.Errorf("route %s: %w", dst, err)
+			}
+		}
+		return nil
+	}))
+	must(t, h.p.A.Do(func() error { return h.l.SetInterfaces([]string{la}) }))
+	dst := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, (routes - 1) >> 8, (routes - 1) & 255, 1}), portListed)
+	if who, _, _ := whoAccepts(t, h.p.A, dst.String(), h.redir4); who != 0 {
+		t.Errorf("connection to %s, routed through the listed interface, not redirected", dst)
+	}
+
+	limit := int(h.l.objs.SmcrPrefix4.MaxEntries())
+	rules := make([]PrefixRule, limit+1)
+	for i := range rules {
+		rules[i] = PrefixRule{Prefix: netip.PrefixFrom(netip.AddrFrom4([4]byte{11, byte(i >> 16), byte(i >> 8), byte(i)}), 32), Allow: true}
+	}
+	err := h.l.SetPrefixes(rules)
+	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("smcr_prefix4 full: it holds %d rules", limit)) {
+		t.Errorf("SetPrefixes with %d rules: %v, want an error naming smcr_prefix4's limit", len(rules), err)
+	}
 }
 
 // The server host: smcrd connects to the application on behalf of the client,

@@ -5,9 +5,11 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 
 	"github.com/smcr-io/smcr/internal/nstest"
@@ -254,6 +256,49 @@ func TestPinnedTakeover(t *testing.T) {
 	}
 	if who, _, _ := whoAccepts(t, h.p.A, orig, h.server, h.redir4); who != 0 {
 		t.Errorf("after Remove: connection went to listener %d, want the server", who)
+	}
+}
+
+// A pinned map of another layout (an older smcrd's smcr_prefix4, with 1024
+// entries) is replaced by one of this build's; the other maps are taken over.
+func TestPinnedIncompatible(t *testing.T) {
+	h := newClientHost(t)
+	ids, err := h.l.MapIDs()
+	must(t, err)
+	dir := h.l.opts.PinDir
+	must(t, h.l.Close())
+
+	spec, err := loadSmcr()
+	must(t, err)
+	old := spec.Maps["smcr_prefix4"].Copy()
+	old.MaxEntries, old.Pinning = 1024, ebpf.PinNone
+	path := filepath.Join(dir, "smcr_prefix4")
+	must(t, os.Remove(path))
+	m, err := ebpf.NewMap(old)
+	must(t, err)
+	must(t, m.Pin(path))
+	info, err := m.Info()
+	must(t, err)
+	oldID, _ := info.ID()
+	m.Close()
+
+	l2 := loadIn(t, h.p.A, Options{CgroupPath: h.l.cgroup, Interfaces: h.l.opts.Interfaces, PinDir: dir})
+	if got, want := l2.objs.SmcrPrefix4.MaxEntries(), spec.Maps["smcr_prefix4"].MaxEntries; got != want {
+		t.Errorf("smcr_prefix4 holds %d entries after load, want %d", got, want)
+	}
+	ids2, err := l2.MapIDs()
+	must(t, err)
+	for name, id := range ids {
+		switch {
+		case name == "smcr_prefix4" && (ids2[name] == oldID || ids2[name] == id):
+			t.Errorf("map %s: id %d, want a new map", name, ids2[name])
+		case name != "smcr_prefix4" && ids2[name] != id:
+			t.Errorf("map %s: id %d after load, want %d taken over", name, ids2[name], id)
+		}
+	}
+	orig := netip.AddrPortFrom(h.p.B.Addr4(), portListed).String()
+	if who, _, _ := whoAccepts(t, h.p.A, orig, h.redir4, h.server); who != 0 {
+		t.Errorf("after load: connection went to listener %d, want the redirect listener", who)
 	}
 }
 

@@ -154,9 +154,12 @@ struct {
 	PIN;
 } smcr_ports SEC(".maps");
 
+/* Destination rules, one per route (policy.go). Room for the routing tables of
+ * large hosts, twice over: rules are replaced new before old. NO_PREALLOC:
+ * capacity costs nothing until used. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
-	__uint(max_entries, 1024);
+	__uint(max_entries, 65536);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct lpm4_key);
 	__type(value, struct prefix_val);
@@ -165,7 +168,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
-	__uint(max_entries, 1024);
+	__uint(max_entries, 65536);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct lpm6_key);
 	__type(value, struct prefix_val);
