@@ -1,13 +1,18 @@
 package bpf
 
 import (
+	"encoding/binary"
 	"fmt"
 	"net"
 	"net/netip"
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
 	"github.com/smcr-io/smcr/internal/nstest"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -380,6 +385,112 @@ func TestRedirectManyRoutes(t *testing.T) {
 	err := h.l.SetPrefixes(rules)
 	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("smcr_prefix4 full: it holds %d rules", limit)) {
 		t.Errorf("SetPrefixes with %d rules: %v, want an error naming smcr_prefix4's limit", len(rules), err)
+	}
+}
+
+// A getsockopt answering more than a page, under the getsockopt program, keeps the
+// kernel's answer. Kernels before 6.5 fail it with EFAULT unless the program
+// passes optlen 0 on; later ones ignore the program's optlen, so a probe
+// attached after it reads the optlen it passes on.
+func TestGetsockoptLargeResult(t *testing.T) {
+	h := newClientHost(t)
+	const (
+		nsrc    = 40               // mld_max_msf defaults to 64
+		gfSize0 = 144              // offsetof(struct group_filter, gf_slist)
+		gfSize  = gfSize0 + 128*40 // 5264: more than a page
+	)
+	probe, seen := optlenProbe(t, h.l.cgroup, unix.IPPROTO_IPV6, unix.MCAST_MSFILTER)
+	defer probe.Close()
+
+	// struct sockaddr_in6 inside a struct sockaddr_storage.
+	sin6 := func(b []byte, a netip.Addr) {
+		binary.NativeEndian.PutUint16(b, unix.AF_INET6)
+		a16 := a.As16()
+		copy(b[8:24], a16[:])
+	}
+	group := netip.MustParseAddr("ff3e::4321")
+	var got []byte
+	must(t, h.p.A.Do(func() error {
+		iface, err := net.InterfaceByName(h.p.A.Links[0].Name)
+		if err != nil {
+			return err
+		}
+		fd, err := unix.Socket(unix.AF_INET6, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		for i := range nsrc {
+			var gsr [264]byte // struct group_source_req
+			binary.NativeEndian.PutUint32(gsr[0:], uint32(iface.Index))
+			sin6(gsr[8:], group)
+			sin6(gsr[136:], netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 15: byte(i + 1)}))
+			if err := unix.SetsockoptString(fd, unix.IPPROTO_IPV6, unix.MCAST_JOIN_SOURCE_GROUP, string(gsr[:])); err != nil {
+				return fmt.Errorf("join source %d: %w", i, err)
+			}
+		}
+		buf := make([]byte, gfSize) // struct group_filter
+		binary.NativeEndian.PutUint32(buf[0:], uint32(iface.Index))
+		sin6(buf[8:], group)
+		binary.NativeEndian.PutUint32(buf[140:], nsrc)
+		n := uint32(len(buf))
+		_, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.IPPROTO_IPV6, unix.MCAST_MSFILTER,
+			uintptr(unsafe.Pointer(&buf[0])), uintptr(unsafe.Pointer(&n)), 0)
+		if e != 0 {
+			return fmt.Errorf("getsockopt MCAST_MSFILTER: %w", e)
+		}
+		got = buf[:n]
+		return nil
+	}))
+	if len(got) != gfSize {
+		t.Errorf("MCAST_MSFILTER answered %d bytes, want %d", len(got), gfSize)
+	} else if n, last := binary.NativeEndian.Uint32(got[140:]), got[gfSize-128+8+15]; n != nsrc || last != nsrc {
+		t.Errorf("MCAST_MSFILTER answered %d sources, the last 2001:db8::%x; want %d, the last 2001:db8::%x", n, last, nsrc, nsrc)
+	}
+	if n := seen(); n != 0 {
+		t.Errorf("the getsockopt program passed optlen %d on, want 0 (keep the kernel's answer)", n)
+	}
+}
+
+// optlenProbe attaches to cgroup, after smcr's programs, a getsockopt program that
+// records the optlen it is handed for level, optname; seen returns the last one
+// (-1: none).
+func optlenProbe(t *testing.T, cgroup string, level, optname int32) (probe link.Link, seen func() int32) {
+	t.Helper()
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+	must(t, err)
+	t.Cleanup(func() { m.Close() })
+	must(t, m.Put(uint32(0), int32(-1)))
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type:       ebpf.CGroupSockopt,
+		AttachType: ebpf.AttachCGroupGetsockopt,
+		License:    "Dual MIT/GPL",
+		Instructions: asm.Instructions{
+			// struct bpf_sockopt: level at 24, optname at 28, optlen at 32.
+			asm.LoadMem(asm.R2, asm.R1, 24, asm.Word),
+			asm.JNE.Imm(asm.R2, level, "out"),
+			asm.LoadMem(asm.R2, asm.R1, 28, asm.Word),
+			asm.JNE.Imm(asm.R2, optname, "out"),
+			asm.LoadMem(asm.R6, asm.R1, 32, asm.Word),
+			asm.StoreImm(asm.RFP, -4, 0, asm.Word),
+			asm.LoadMapPtr(asm.R1, m.FD()),
+			asm.Mov.Reg(asm.R2, asm.RFP),
+			asm.Add.Imm(asm.R2, -4),
+			asm.FnMapLookupElem.Call(),
+			asm.JEq.Imm(asm.R0, 0, "out"),
+			asm.StoreMem(asm.R0, 0, asm.R6, asm.Word),
+			asm.Mov.Imm(asm.R0, 1).WithSymbol("out"),
+			asm.Return(),
+		},
+	})
+	must(t, err)
+	t.Cleanup(func() { prog.Close() })
+	probe, err = link.AttachCgroup(link.CgroupOptions{Path: cgroup, Attach: ebpf.AttachCGroupGetsockopt, Program: prog})
+	must(t, err)
+	return probe, func() int32 {
+		var v int32
+		must(t, m.Lookup(uint32(0), &v))
+		return v
 	}
 }
 

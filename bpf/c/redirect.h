@@ -305,6 +305,19 @@ int smcr_getsockname6(struct bpf_sock_addr *ctx)
 	return 1;
 }
 
+/* sockopt_pass leaves the kernel's answer as it is. A program sees at most a page
+ * of it; kernels before 6.5 (without 29ebbba7d461) fail the getsockopt with
+ * EFAULT when a program passes on a longer optlen, so every getsockopt in the
+ * cgroup answering more than 4096 bytes (iptables-legacy's, say) would fail.
+ * optlen 0 tells every kernel to keep its answer untouched
+ * (Documentation/bpf/prog_cgroup_sockopt.rst). */
+static __always_inline int sockopt_pass(struct bpf_sockopt *ctx)
+{
+	if (ctx->optlen > 4096)
+		ctx->optlen = 0;
+	return 1;
+}
+
 /* getsockopt(SOL_IP, SO_ORIGINAL_DST) / (SOL_IPV6, IP6T_SO_ORIGINAL_DST) on smcrd's
  * accepted redirect socket answers the application's original destination, as
  * netfilter's REDIRECT would. */
@@ -319,21 +332,21 @@ int smcr_getsockopt(struct bpf_sockopt *ctx)
 
 	if (!((ctx->level == SOL_IP && ctx->optname == SO_ORIGINAL_DST) ||
 	      (ctx->level == SOL_IPV6 && ctx->optname == IP6T_SO_ORIGINAL_DST)))
-		return 1;
+		return sockopt_pass(ctx);
 	if (!sk)
-		return 1;
+		return sockopt_pass(ctx);
 	cfg = config();
 	if (!cfg || !netns_ok(ctx, cfg))
-		return 1;
+		return sockopt_pass(ctx);
 	sk_tuple(sk, &t);
 	ap = bpf_map_lookup_elem(&smcr_origdst, &t);
 	if (!ap)
-		return 1;
+		return sockopt_pass(ctx);
 	if (ap->family == AF_INET) {
 		struct sockaddr_in *sin = (void *)p;
 
 		if (p + sizeof(*sin) > end)
-			return 1;
+			return sockopt_pass(ctx);
 		__builtin_memset(sin, 0, sizeof(*sin));
 		sin->sin_family = AF_INET;
 		sin->sin_port = ap->port;
@@ -343,7 +356,7 @@ int smcr_getsockopt(struct bpf_sockopt *ctx)
 		struct sockaddr_in6 *sin6 = (void *)p;
 
 		if (p + sizeof(*sin6) > end)
-			return 1;
+			return sockopt_pass(ctx);
 		__builtin_memset(sin6, 0, sizeof(*sin6));
 		sin6->sin6_family = AF_INET6;
 		sin6->sin6_port = ap->port;
