@@ -76,6 +76,7 @@ type Daemon struct {
 	opts   Options
 	log    *slog.Logger
 	start  time.Time
+	lock   *bpf.PinDirLock // this smcrd's claim on opts.PinDir
 	loader *bpf.Loader
 	engine *smcr.Engine
 	devs   []verbs.Device
@@ -120,7 +121,8 @@ type tracked struct {
 	bytes  byteCounts
 }
 
-// New sets smcrd up: loads and attaches the programs, opens the devices and the
+// New sets smcrd up: claims the pin directory (one smcrd per directory: see
+// bpf.LockPinDir), loads and attaches the programs, opens the devices and the
 // engine, and opens the listeners. Nothing is redirected before Run. Call it from
 // a thread in the network namespace smcrd serves.
 func New(opts Options) (*Daemon, error) {
@@ -151,13 +153,23 @@ func New(opts Options) (*Daemon, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Before any BPF state is touched: a second smcrd loading into the same pin
+	// directory would point the shared redirect address at its own listeners and
+	// then, failing on the control socket, leave the first one's connections
+	// redirected to a closed port.
+	d.lock, err = bpf.LockPinDir(opts.PinDir)
+	if err != nil {
+		return nil, fmt.Errorf("daemon: %w", err)
+	}
 	d.loader, err = bpf.Load(bpf.Options{CgroupPath: cgroup, PinDir: opts.PinDir, Logger: d.log})
 	if err != nil {
+		d.lock.Release()
 		return nil, fmt.Errorf("daemon: %w", err)
 	}
 	// Until Run, and again from shutdown on, the programs must not send anything here.
 	if err := d.loader.SetAlive(0); err != nil {
 		d.loader.Close()
+		d.lock.Release()
 		return nil, fmt.Errorf("daemon: %w", err)
 	}
 	inCgroup(cgroup, d.log)
@@ -205,6 +217,7 @@ func (d *Daemon) closeSetup() {
 	}
 	closeDevices(d.devs)
 	d.loader.Close()
+	d.lock.Release()
 }
 
 // listen opens the redirect listeners (loopback, where connect4/6 send the
@@ -296,7 +309,9 @@ func (d *Daemon) Run(ctx context.Context, ready func()) error {
 		<-drained
 	}
 	d.engine.Close()
-	return errors.Join(err, closeDevices(d.devs), d.loader.Close())
+	err = errors.Join(err, closeDevices(d.devs), d.loader.Close())
+	// Only now may another smcrd take the pin directory over.
+	return errors.Join(err, d.lock.Release())
 }
 
 // heartbeat keeps the programs' liveness ahead of the clock; a crashed or hung

@@ -1,0 +1,294 @@
+// Tests of smcrd as a process: this test binary, started again with asSmcrd set,
+// runs smcrd's main in host A of a namespace pair, in a cgroup that holds the
+// test process too, so the test's connections from A are redirected through it.
+
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/smcr-io/smcr/bpf"
+	"github.com/smcr-io/smcr/control"
+	"github.com/smcr-io/smcr/internal/nstest"
+)
+
+// asSmcrd makes the test binary run smcrd's main with its arguments.
+const asSmcrd = "SMCRD_TEST_AS_SMCRD"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(asSmcrd) == "1" {
+		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+// testHost is host A of a namespace pair with a cgroup that holds the test
+// process and the smcrds it starts, and a pin directory of its own.
+type testHost struct {
+	t      *testing.T
+	pair   *nstest.Pair
+	cgRel  string
+	cgFD   *os.File
+	pinDir string
+	dir    string
+}
+
+func newTestHost(t *testing.T) *testHost {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("runs smcrd with BPF in namespaces; skipped with -short")
+	}
+	nstest.Require(t)
+	mnt, err := bpf.CgroupV2Mount()
+	if err != nil {
+		t.Skipf("kernel lacks cgroup v2: %v", err)
+	}
+	var b [4]byte
+	rand.Read(b[:])
+	id := hex.EncodeToString(b[:])
+	h := &testHost{t: t, pair: nstest.NewPair(t), dir: t.TempDir()}
+	h.cgRel = "smcrd-test-" + id
+	cgDir := filepath.Join(mnt, h.cgRel)
+	if err := os.Mkdir(cgDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// The test's own connections must pass the cgroup's programs.
+	orig := ""
+	self, _ := os.ReadFile("/proc/self/cgroup")
+	for line := range strings.SplitSeq(string(self), "\n") {
+		if p, ok := strings.CutPrefix(line, "0::"); ok {
+			orig = p
+		}
+	}
+	pid := []byte(strconv.Itoa(os.Getpid()))
+	if err := os.WriteFile(filepath.Join(cgDir, "cgroup.procs"), pid, 0); err != nil {
+		os.Remove(cgDir)
+		t.Fatal(err)
+	}
+	if h.cgFD, err = os.Open(cgDir); err != nil {
+		t.Fatal(err)
+	}
+	h.pinDir = "/sys/fs/bpf/smcrd-test-" + id
+	t.Cleanup(func() {
+		os.WriteFile(filepath.Join(mnt, orig, "cgroup.procs"), pid, 0)
+		h.cgFD.Close()
+		os.RemoveAll(h.pinDir) // detaches the pinned programs
+		os.Remove(cgDir)
+	})
+	return h
+}
+
+// smcrd is one smcrd process.
+type smcrd struct {
+	cmd  *exec.Cmd
+	out  *syncBuffer
+	done chan struct{}
+	ctl  *control.Client
+}
+
+// start runs smcrd in host A with flags after the test's own; its control socket
+// is sock. It does not wait for smcrd to serve.
+func (h *testHost) start(sock string, flags ...string) *smcrd {
+	h.t.Helper()
+	conf := filepath.Join(h.dir, "smcrd-"+strconv.Itoa(int(time.Now().UnixNano()))+".conf")
+	lines := []string{
+		"cgroup = " + h.cgRel,
+		"control_socket = " + sock,
+		"metrics_address =",
+		"log_level = debug",
+		"providers = shm",
+	}
+	if err := os.WriteFile(conf, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+		h.t.Fatal(err)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	args := append([]string{"--net=/run/netns/" + h.pair.A.Name, exe, "-config", conf,
+		"-pin-dir", h.pinDir, "-shm-dir", h.dir, "-liveness-ttl", "1s"}, flags...)
+	s := &smcrd{cmd: exec.Command("nsenter", args...), out: &syncBuffer{}, done: make(chan struct{})}
+	s.cmd.Env = append(os.Environ(), asSmcrd+"=1")
+	s.cmd.Stdout, s.cmd.Stderr = s.out, s.out
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(h.cgFD.Fd())}
+	if err := s.cmd.Start(); err != nil {
+		h.t.Fatal(err)
+	}
+	go func() { s.cmd.Wait(); close(s.done) }()
+	s.ctl = control.NewClient(sock)
+	h.t.Cleanup(func() {
+		s.cmd.Process.Kill()
+		<-s.done
+		s.ctl.Close()
+		if h.t.Failed() {
+			h.t.Logf("smcrd pid %d:\n%s", s.cmd.Process.Pid, s.out.String())
+		}
+	})
+	return s
+}
+
+// serving waits until s answers on its control socket.
+func (s *smcrd) serving(t *testing.T) {
+	t.Helper()
+	for deadline := time.Now().Add(15 * time.Second); ; {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := s.ctl.Status(ctx)
+		cancel()
+		if err == nil {
+			return
+		}
+		select {
+		case <-s.done:
+			t.Fatalf("smcrd exited: %s", s.out.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("smcrd not answering: %v\n%s", err, s.out.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// exit waits up to d for s to exit and returns its exit code.
+func (s *smcrd) exit(t *testing.T, d time.Duration) int {
+	t.Helper()
+	select {
+	case <-s.done:
+		return s.cmd.ProcessState.ExitCode()
+	case <-time.After(d):
+		t.Fatalf("smcrd still running after %v:\n%s", d, s.out.String())
+		return -1
+	}
+}
+
+// waitLog waits until s has logged want.
+func (s *smcrd) waitLog(t *testing.T, want string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(s.out.String(), want); {
+		if time.Now().After(deadline) {
+			t.Fatalf("smcrd did not log %q:\n%s", want, s.out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// echoServer serves an echo on ln (in host B) until the test ends.
+func echoServer(t *testing.T, ln net.Listener) {
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				io.Copy(c, c)
+			}()
+		}
+	}()
+}
+
+// dialFromA connects from host A (through smcrd when it redirects).
+func (h *testHost) dialFromA(addr string) (net.Conn, error) {
+	var c net.Conn
+	err := h.pair.A.Do(func() error {
+		var err error
+		c, err = net.DialTimeout("tcp", addr, 5*time.Second)
+		return err
+	})
+	return c, err
+}
+
+// echoes checks that c carries a message there and back.
+func echoes(c net.Conn, msg string) error {
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, msg); err != nil {
+		return fmt.Errorf("write: %w", err)
+	}
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(c, got); err != nil {
+		return fmt.Errorf("read: %w", err)
+	}
+	if string(got) != msg {
+		return fmt.Errorf("read %q, want %q", got, msg)
+	}
+	return nil
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestSecondSmcrdRefused: a second smcrd on the same pin directory stops before
+// touching the programs' state and names the first; the first keeps
+// redirecting. Before, the second pointed the redirect address at its own
+// listeners and exited on the control socket, and every redirected connect()
+// was refused until the first restarted.
+func TestSecondSmcrdRefused(t *testing.T) {
+	h := newTestHost(t)
+	ln, err := h.pair.B.Listen("tcp", ":5201")
+	if err != nil {
+		t.Fatal(err)
+	}
+	echoServer(t, ln)
+	sock := filepath.Join(h.dir, "smcrd.sock")
+	first := h.start(sock)
+	first.serving(t)
+
+	second := h.start(sock)
+	if code := second.exit(t, 15*time.Second); code != 1 {
+		t.Fatalf("second smcrd exited %d, want 1:\n%s", code, second.out.String())
+	}
+	want := fmt.Sprintf("another smcrd holds %s (pid %d)", h.pinDir, first.cmd.Process.Pid)
+	if out := second.out.String(); !strings.Contains(out, want) {
+		t.Errorf("second smcrd's output does not say %q:\n%s", want, out)
+	}
+	// Past the first's next heartbeat (liveness 1s: every 333ms), which would
+	// have made the programs redirect again to wherever smcr_config points.
+	time.Sleep(500 * time.Millisecond)
+
+	c, err := h.dialFromA(fmt.Sprintf("%s:5201", h.pair.B.Addr4()))
+	if err != nil {
+		t.Fatalf("connect after the second smcrd: %v", err)
+	}
+	defer c.Close()
+	if err := echoes(c, "still through the first"); err != nil {
+		t.Fatalf("after the second smcrd: %v", err)
+	}
+	st, err := first.ctl.Stats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Connections.Handled != 1 {
+		t.Errorf("the first smcrd handled %d connections, want 1 (redirected)", st.Connections.Handled)
+	}
+}
