@@ -62,8 +62,9 @@ type Options struct {
 	// LivenessTTL is how long the programs keep redirecting after the last
 	// heartbeat (default 3s): after a crash, connections go direct this soon.
 	LivenessTTL time.Duration
-	// DrainTimeout bounds how long shutdown waits for established connections
-	// (default 10s); those still open are then aborted.
+	// DrainTimeout bounds how long shutdown waits for the connections smcrd
+	// holds, established or being set up (default 10s); those still open are
+	// then aborted.
 	DrainTimeout time.Duration
 	// Version is reported by the control API.
 	Version string
@@ -89,9 +90,12 @@ type Daemon struct {
 	cfg    atomic.Pointer[config.Config]
 	ifaces []string // interfaces the programs are attached to now
 
-	ctx    context.Context // cancelled when shutdown begins
-	cancel context.CancelFunc
-	stopCh chan struct{} // closed when the drain time is up: relays abort
+	// ctx is what setups (dial, CLC) run under. Shutdown lets them finish, like
+	// established connections: it is cancelled only when the drain time is up.
+	ctx        context.Context
+	cancel     context.CancelFunc
+	stopCh     chan struct{} // closed when the drain time is up: relays abort
+	lastAccept atomic.Int64  // unix nanoseconds of the last accept
 
 	connMu sync.Mutex
 	conns  map[uint64]*tracked
@@ -269,10 +273,19 @@ func (d *Daemon) listen() error {
 	return nil
 }
 
-// Run serves until ctx is done, then shuts down: it stops accepting, declares
-// smcrd dead to the programs (new connections go direct), waits up to
-// DrainTimeout for established connections, aborts the rest and releases
-// everything. ready, when set, is called once smcrd serves (sd_notify READY=1).
+// acceptQuiet is how long the listeners must have accepted nothing, once the
+// programs send nothing more here, before shutdown closes them. Closing a
+// listener resets what is still in its queue; what the programs sent before
+// arrives within a loopback connect or, steered, one round trip on the subnet
+// (RFC 7609 version 1 peers share it).
+const acceptQuiet = 200 * time.Millisecond
+
+// Run serves until ctx is done, then shuts down: it declares smcrd dead to the
+// programs (new connections go direct), accepts what they sent here before
+// until the listeners are quiet, closes them, and waits up to DrainTimeout
+// (counted from ctx's end) for the connections it holds, those still being set
+// up included. When the time is up it aborts the rest, and releases everything.
+// ready, when set, is called once smcrd serves (sd_notify READY=1).
 func (d *Daemon) Run(ctx context.Context, ready func()) error {
 	for _, ln := range d.redirect {
 		d.wg.Add(1)
@@ -285,44 +298,70 @@ func (d *Daemon) Run(ctx context.Context, ready func()) error {
 	if err := d.loader.SetAlive(d.opts.LivenessTTL); err != nil {
 		return fmt.Errorf("daemon: %w", err)
 	}
-	hbDone := make(chan struct{})
-	go d.heartbeat(hbDone)
+	hbStop, hbDone := make(chan struct{}), make(chan struct{})
+	go d.heartbeat(hbStop, hbDone)
 	d.log.Info("smcrd serving", "providers", d.providerNames(), "liveness_ttl", d.opts.LivenessTTL)
 	if ready != nil {
 		ready()
 	}
 	<-ctx.Done()
-	d.log.Info("shutting down: no new connections, draining established ones", "conns", d.connCount(), "timeout", d.opts.DrainTimeout)
-	d.cancel()
+	d.log.Info("shutting down: new connections go direct, draining the others", "conns", d.connCount(), "timeout", d.opts.DrainTimeout)
+	deadline := time.Now().Add(d.opts.DrainTimeout)
+	close(hbStop)
 	<-hbDone
 	err := d.loader.SetAlive(0)
+	d.quiesce(deadline)
 	for _, ln := range append(d.redirect, d.steering...) {
 		ln.Close()
 	}
 	drained := make(chan struct{})
 	go func() { d.wg.Wait(); close(drained) }()
+	drainEnd := time.NewTimer(time.Until(deadline))
+	defer drainEnd.Stop()
 	select {
 	case <-drained:
-	case <-time.After(d.opts.DrainTimeout):
+	case <-drainEnd.C:
 		d.log.Warn("drain timed out: aborting connections still open", "conns", d.connCount())
+		d.cancel()
 		close(d.stopCh)
 		<-drained
 	}
+	d.cancel()
 	d.engine.Close()
 	err = errors.Join(err, closeDevices(d.devs), d.loader.Close())
 	// Only now may another smcrd take the pin directory over.
 	return errors.Join(err, d.lock.Release())
 }
 
-// heartbeat keeps the programs' liveness ahead of the clock; a crashed or hung
-// smcrd stops moving it, and the programs then fail open within LivenessTTL.
-func (d *Daemon) heartbeat(done chan struct{}) {
+// quiesce returns once the listeners have accepted nothing for acceptQuiet,
+// counted from now at the earliest, or at deadline.
+func (d *Daemon) quiesce(deadline time.Time) {
+	last := time.Now()
+	for {
+		if a := time.Unix(0, d.lastAccept.Load()); a.After(last) {
+			last = a
+		}
+		quiet := last.Add(acceptQuiet)
+		if !quiet.Before(deadline) {
+			quiet = deadline
+		}
+		if !time.Now().Before(quiet) {
+			return
+		}
+		time.Sleep(time.Until(quiet))
+	}
+}
+
+// heartbeat keeps the programs' liveness ahead of the clock until stop is
+// closed; a crashed or hung smcrd stops moving it, and the programs then fail
+// open within LivenessTTL.
+func (d *Daemon) heartbeat(stop, done chan struct{}) {
 	defer close(done)
 	t := time.NewTicker(d.opts.LivenessTTL / 3)
 	defer t.Stop()
 	for {
 		select {
-		case <-d.ctx.Done():
+		case <-stop:
 			return
 		case <-t.C:
 			if err := d.loader.SetAlive(d.opts.LivenessTTL); err != nil {
@@ -337,13 +376,14 @@ func (d *Daemon) acceptLoop(ln net.Listener, serve func(*net.TCPConn)) {
 	for {
 		c, err := ln.Accept()
 		if err != nil {
-			if d.ctx.Err() == nil && !errors.Is(err, net.ErrClosed) {
+			if !errors.Is(err, net.ErrClosed) {
 				d.log.Error("accept", "addr", ln.Addr(), "err", err)
 				time.Sleep(10 * time.Millisecond) // EMFILE and the like: do not spin
 				continue
 			}
 			return
 		}
+		d.lastAccept.Store(time.Now().UnixNano())
 		d.wg.Add(1)
 		go func() {
 			defer d.wg.Done()

@@ -42,7 +42,7 @@ Examples:
   smcrd -config /etc/smcr/smcrd.conf    # a configuration file; smcrctl set -P writes it
   smcrd -print-default-config > /etc/smcr/smcrd.conf
 
-Signals: SIGTERM/SIGINT drain established connections and exit; SIGUSR1 logs the
+Signals: SIGTERM/SIGINT drain the connections smcrd holds and exit; SIGUSR1 logs the
 link groups, links and connections.
 
 Flags:

@@ -25,6 +25,7 @@ import (
 	"github.com/smcr-io/smcr/bpf"
 	"github.com/smcr-io/smcr/control"
 	"github.com/smcr-io/smcr/internal/nstest"
+	"golang.org/x/sys/unix"
 )
 
 // asSmcrd makes the test binary run smcrd's main with its arguments.
@@ -290,5 +291,74 @@ func TestSecondSmcrdRefused(t *testing.T) {
 	}
 	if st.Connections.Handled != 1 {
 		t.Errorf("the first smcrd handled %d connections, want 1 (redirected)", st.Connections.Handled)
+	}
+}
+
+// listenBacklog0 listens on port in ns with a backlog of 0: one connection
+// waiting to be accepted fills it, and the next SYNs are dropped until it is
+// accepted (the client retransmits its SYN a second later).
+func listenBacklog0(t *testing.T, ns *nstest.NS, port int) net.Listener {
+	t.Helper()
+	var ln net.Listener
+	err := ns.Do(func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		f := os.NewFile(uintptr(fd), "listener")
+		defer f.Close()
+		if err := unix.Bind(fd, &unix.SockaddrInet4{Port: port}); err != nil {
+			return err
+		}
+		if err := unix.Listen(fd, 0); err != nil {
+			return err
+		}
+		ln, err = net.FileListener(f)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ln
+}
+
+// TestSIGTERMFinishesSetup: a connection smcrd accepted and is still setting up
+// when SIGTERM comes is set up and carried, not reset. Its peer's backlog is
+// full, so smcrd's connect to it waits for a SYN retransmission across the
+// SIGTERM. Before, shutdown cancelled the connect and the application, whose
+// connect() had succeeded, got a reset.
+func TestSIGTERMFinishesSetup(t *testing.T) {
+	h := newTestHost(t)
+	ln := listenBacklog0(t, h.pair.B, 5202)
+	defer ln.Close()
+	filler, err := h.pair.B.Dial("tcp", "127.0.0.1:5202")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer filler.Close()
+	s := h.start(filepath.Join(h.dir, "smcrd.sock"))
+	s.serving(t)
+
+	app, err := h.dialFromA(fmt.Sprintf("%s:5202", h.pair.B.Addr4()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Close()
+	time.Sleep(300 * time.Millisecond) // smcrd's SYN is dropped; the next comes at 1s
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	s.waitLog(t, "shutting down")
+	time.Sleep(100 * time.Millisecond)
+	// Room in the backlog for smcrd's retransmitted SYN.
+	echoServer(t, ln)
+
+	if err := echoes(app, "set up across SIGTERM"); err != nil {
+		t.Fatalf("connection in setup at SIGTERM: %v", err)
+	}
+	app.Close()
+	if code := s.exit(t, 10*time.Second); code != 0 {
+		t.Fatalf("smcrd exited %d", code)
+	}
+	if out := s.out.String(); strings.Contains(out, "drain timed out") {
+		t.Errorf("the drain timed out:\n%s", out)
 	}
 }
