@@ -86,9 +86,14 @@ type Daemon struct {
 	redirect []net.Listener // IPv4, IPv6 (loopback)
 	steering []net.Listener
 
-	cfgMu  sync.Mutex // serialises configuration changes
-	cfg    atomic.Pointer[config.Config]
-	ifaces []string // interfaces the programs are attached to now
+	cfgMu sync.Mutex // serialises configuration changes
+	cfg   atomic.Pointer[config.Config]
+	maps  policyMaps // the loader, for the policy (a fake in tests)
+	// ifaces are the interfaces of the configuration in effect; ifacesOK says the
+	// programs are attached to exactly those (false after a failed SetInterfaces,
+	// which may have done part of its work).
+	ifaces   []string
+	ifacesOK bool
 
 	// ctx is what setups (dial, CLC) run under. Shutdown lets them finish, like
 	// established connections: it is cancelled only when the drain time is up.
@@ -176,6 +181,7 @@ func New(opts Options) (*Daemon, error) {
 		d.lock.Release()
 		return nil, fmt.Errorf("daemon: %w", err)
 	}
+	d.maps = d.loader
 	inCgroup(cgroup, d.log)
 	d.peers = newPeerCache(time.Now, d.loader.AddNegative)
 	// The negative cache is pinned: an earlier smcrd's entries still steer
@@ -205,7 +211,7 @@ func New(opts Options) (*Daemon, error) {
 		d.closeSetup()
 		return nil, err
 	}
-	if err := d.applyPolicy(cfg, ifaces); err != nil {
+	if err := d.applyPolicy(cfg, ifaceNames(ifaces)); err != nil {
 		d.closeSetup()
 		return nil, err
 	}

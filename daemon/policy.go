@@ -46,24 +46,38 @@ var errNoFile = errors.New("nothing to persist to: smcrd runs on its embedded de
 	"without a file; to keep changes, start smcrd with -config FILE " +
 	"(smcrd -print-default-config > FILE writes one to start from)")
 
-// applyPolicy writes c into the programs' maps. ifaces are c's resolved interfaces.
-// The caller holds cfgMu, or is New.
-func (d *Daemon) applyPolicy(c config.Config, ifaces []config.Interface) error {
-	names := ifaceNames(ifaces)
-	if !slices.Equal(names, d.ifaces) {
-		if err := d.loader.SetInterfaces(names); err != nil {
+// policyMaps is where the policy goes (a *bpf.Loader).
+type policyMaps interface {
+	SetInterfaces(names []string) error
+	SetPorts(ranges []bpf.PortRange) error
+}
+
+// applyPolicy writes c into the programs' maps; names are c's resolved
+// interfaces. The caller holds cfgMu, or is New.
+func (d *Daemon) applyPolicy(c config.Config, names []string) error {
+	// Disabled, nothing is redirected or steered whatever the interfaces are:
+	// turning off must not fail on them (one gone since, a failed change).
+	// Ports first, so that nothing is redirected while interfaces change.
+	if !c.Enabled {
+		if err := d.maps.SetPorts(nil); err != nil {
 			return fmt.Errorf("daemon: %w", err)
 		}
-		d.ifaces = names
 	}
-	var ports []bpf.PortRange
+	if !slices.Equal(names, d.ifaces) || !d.ifacesOK && c.Enabled {
+		if err := d.maps.SetInterfaces(names); err != nil {
+			d.ifacesOK = false
+			return fmt.Errorf("daemon: %w", err)
+		}
+		d.ifaces, d.ifacesOK = names, true
+	}
 	if c.Enabled {
+		var ports []bpf.PortRange
 		for _, r := range c.PortRanges {
 			ports = append(ports, bpf.PortRange{Lo: r.First, Hi: r.Last})
 		}
-	}
-	if err := d.loader.SetPorts(ports); err != nil {
-		return fmt.Errorf("daemon: %w", err)
+		if err := d.maps.SetPorts(ports); err != nil {
+			return fmt.Errorf("daemon: %w", err)
+		}
 	}
 	d.log.Info("policy", "enabled", c.Enabled, "port_range_list", c.PortRanges.String(), "interfaces", names)
 	return nil
@@ -99,19 +113,27 @@ func (d *Daemon) commit(old, n config.Config, persist bool) (control.SetConfigRe
 	if persist && d.opts.ConfigFile == "" {
 		return res, fmt.Errorf("%w: %w", control.ErrInvalid, errNoFile)
 	}
-	ifaces, err := resolveInterfaces(n.Interfaces)
-	if err != nil {
-		return res, fmt.Errorf("%w: %w", control.ErrInvalid, err)
+	// Interfaces are looked up only when ip_addr_list changes: one renamed or
+	// removed since must not block every other change, disable included.
+	oldNames, names := d.ifaces, d.ifaces
+	if !slices.Equal(n.Interfaces, old.Interfaces) {
+		ifaces, err := resolveInterfaces(n.Interfaces)
+		if err != nil {
+			return res, fmt.Errorf("%w: %w", control.ErrInvalid, err)
+		}
+		names = ifaceNames(ifaces)
 	}
 	prev := d.engine.Settings()
 	if err := applyEngine(d.engine, old, n); err != nil {
 		restoreEngine(d.engine, prev)
 		return res, fmt.Errorf("%w: %w", control.ErrInvalid, err)
 	}
-	if err := d.applyPolicy(n, ifaces); err != nil {
-		// Put the maps back as they were; the old interfaces resolved before.
-		if oldIfs, rerr := resolveInterfaces(old.Interfaces); rerr == nil {
-			d.applyPolicy(old, oldIfs)
+	if err := d.applyPolicy(n, names); err != nil {
+		// Put the maps back as they were. A failed SetInterfaces left ifacesOK
+		// false, so the old interfaces are set again even though d.ifaces
+		// still names them.
+		if rerr := d.applyPolicy(old, oldNames); rerr != nil {
+			d.log.Error("policy: restoring after a failed change", "err", rerr)
 		}
 		restoreEngine(d.engine, prev)
 		return res, err

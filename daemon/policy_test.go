@@ -1,17 +1,22 @@
-// Tests of SetConfig's engine side: which attributes reach the engine at once,
-// which say they apply at restart, and the refusal to persist without a file.
+// Tests of SetConfig: which attributes reach the engine at once, which say they
+// apply at restart, the refusal to persist without a file, and the policy maps
+// when interfaces go away or fail to attach.
 
 package daemon
 
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/smcr-io/smcr/bpf"
 	"github.com/smcr-io/smcr/config"
 	"github.com/smcr-io/smcr/control"
+	"github.com/smcr-io/smcr/internal/nstest"
 	"github.com/smcr-io/smcr/smcr"
 )
 
@@ -129,5 +134,100 @@ func TestReadSpin(t *testing.T) {
 		if got := readSpin(c.attr); got != c.want {
 			t.Errorf("readSpin(%v) = %v, want %v", c.attr, got, c.want)
 		}
+	}
+}
+
+// fakeMaps stands in for the loader's policy maps. SetInterfaces records its
+// names before failing, as a real one may attach some interfaces and then fail.
+type fakeMaps struct {
+	attached []string
+	ports    []bpf.PortRange
+	fail     func(names []string) bool
+}
+
+func (f *fakeMaps) SetInterfaces(names []string) error {
+	f.attached = slices.Clone(names)
+	if f.fail != nil && f.fail(names) {
+		return errors.New("fake: attach tc ingress failed")
+	}
+	return nil
+}
+
+func (f *fakeMaps) SetPorts(r []bpf.PortRange) error {
+	f.ports = slices.Clone(r)
+	return nil
+}
+
+// policyDaemon is a Daemon with just what SetConfig needs: a real engine, fake
+// maps, and cfg in effect on ifaces.
+func policyDaemon(t *testing.T, cfg config.Config, ifaces []string) (*Daemon, *fakeMaps) {
+	t.Helper()
+	e, err := smcr.NewEngine(smcr.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	maps := &fakeMaps{attached: ifaces}
+	d := &Daemon{engine: e, maps: maps, log: slog.New(slog.DiscardHandler), ifaces: ifaces, ifacesOK: true}
+	d.cfg.Store(&cfg)
+	return d, maps
+}
+
+// TestInterfaceGone: an interface of ip_addr_list that was removed or renamed
+// after smcrd started blocks no change that leaves ip_addr_list alone, disable
+// first of all. Before, every change looked ip_addr_list up again and failed
+// with "no interface named gone0".
+func TestInterfaceGone(t *testing.T) {
+	ctx := context.Background()
+	cfg := config.Default()
+	cfg.Enabled = true
+	cfg.Interfaces = []string{"gone0"}
+	d, maps := policyDaemon(t, cfg, []string{"gone0"})
+	if err := d.SetEnabled(ctx, false, false); err != nil {
+		t.Fatalf("disable: %v", err)
+	}
+	if d.CurrentConfig().Enabled || len(maps.ports) != 0 {
+		t.Fatalf("after disable: enabled %v, ports %v", d.CurrentConfig().Enabled, maps.ports)
+	}
+	if _, err := d.SetConfig(ctx, control.SetConfigRequest{Assignments: []string{"max_memory=64", "port_range_list=5201"}}); err != nil {
+		t.Fatalf("set max_memory and port_range_list: %v", err)
+	}
+	if err := d.SetEnabled(ctx, true, false); err != nil {
+		t.Fatalf("enable: %v", err)
+	}
+	if want := []bpf.PortRange{{Lo: 5201, Hi: 5201}}; !slices.Equal(maps.ports, want) {
+		t.Errorf("ports %v, want %v", maps.ports, want)
+	}
+	// Naming it again is still refused.
+	_, err := d.SetConfig(ctx, control.SetConfigRequest{Assignments: []string{"ip_addr_list=gone0,lo"}})
+	if !errors.Is(err, control.ErrInvalid) {
+		t.Errorf("ip_addr_list with a missing interface: %v, want refused", err)
+	}
+}
+
+// TestInterfacesRollback: when SetInterfaces fails part way through a change of
+// ip_addr_list, the programs are attached to the old interfaces again, as the
+// configuration smcrctl shows says. Before, the rollback skipped SetInterfaces
+// because the daemon's record still named the old interfaces.
+func TestInterfacesRollback(t *testing.T) {
+	p := nstest.NewPair(t)
+	p.AddLink()
+	one, two := p.A.Links[0].Name, p.A.Links[1].Name
+	cfg := config.Default()
+	cfg.Interfaces = []string{one}
+	d, maps := policyDaemon(t, cfg, []string{one})
+	maps.fail = func(names []string) bool { return len(names) == 2 }
+	err := p.A.Do(func() error {
+		_, err := d.SetConfig(context.Background(), control.SetConfigRequest{Assignments: []string{"ip_addr_list=" + one + "," + two}})
+		return err
+	})
+	if err == nil {
+		t.Fatal("a failed SetInterfaces did not fail the change")
+	}
+	if got := d.CurrentConfig().Interfaces; !slices.Equal(got, []string{one}) {
+		t.Errorf("ip_addr_list %v after a failed change, want [%s]", got, one)
+	}
+	if !slices.Equal(maps.attached, []string{one}) {
+		t.Errorf("programs attached to %v after the rollback, want [%s]", maps.attached, one)
 	}
 }
