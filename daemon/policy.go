@@ -129,14 +129,18 @@ func (d *Daemon) commit(old, n config.Config, persist bool) (control.SetConfigRe
 		return res, fmt.Errorf("%w: %w", control.ErrInvalid, err)
 	}
 	if err := d.applyPolicy(n, names); err != nil {
-		// Put the maps back as they were. A failed SetInterfaces left ifacesOK
-		// false, so the old interfaces are set again even though d.ifaces
-		// still names them.
-		if rerr := d.applyPolicy(old, oldNames); rerr != nil {
-			d.log.Error("policy: restoring after a failed change", "err", rerr)
-		}
-		restoreEngine(d.engine, prev)
+		d.rollback(old, oldNames, prev)
 		return res, err
+	}
+	// Saved before it is stored: a change that cannot be persisted when asked
+	// to be is not made at all. Save replaces the file in one rename, so a
+	// failed one leaves it as it was.
+	if persist {
+		if err := n.Save(d.opts.ConfigFile); err != nil {
+			d.rollback(old, oldNames, prev)
+			return res, fmt.Errorf("daemon: %w", err)
+		}
+		res.Persisted, res.File = true, d.opts.ConfigFile
 	}
 	d.cfg.Store(&n)
 	res.Changed, res.Notes = changes(old, n, persist)
@@ -146,13 +150,18 @@ func (d *Daemon) commit(old, n config.Config, persist bool) (control.SetConfigRe
 	for _, note := range res.Notes {
 		d.log.Warn("attribute change not applied now", "note", note)
 	}
-	if persist {
-		if err := n.Save(d.opts.ConfigFile); err != nil {
-			return res, err
-		}
-		res.Persisted, res.File = true, d.opts.ConfigFile
-	}
 	return res, nil
+}
+
+// rollback puts the maps and the engine back as they were before a change
+// that failed; oldNames are the interfaces of old. A failed SetInterfaces left
+// ifacesOK false, so the old interfaces are set again even though d.ifaces
+// still names them.
+func (d *Daemon) rollback(old config.Config, oldNames []string, prev smcr.Settings) {
+	if err := d.applyPolicy(old, oldNames); err != nil {
+		d.log.Error("policy: restoring after a failed change", "err", err)
+	}
+	restoreEngine(d.engine, prev)
 }
 
 // engine is what SetConfig changes in the engine (an *smcr.Engine).

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -229,5 +230,43 @@ func TestInterfacesRollback(t *testing.T) {
 	}
 	if !slices.Equal(maps.attached, []string{one}) {
 		t.Errorf("programs attached to %v after the rollback, want [%s]", maps.attached, one)
+	}
+}
+
+// TestPersistAllOrNone: set -P whose file cannot be written changes nothing,
+// neither the configuration smcrctl shows nor the engine nor the maps. Before,
+// the change was live and only the save failed (500).
+func TestPersistAllOrNone(t *testing.T) {
+	ctx := context.Background()
+	old := config.Default()
+	d, maps := policyDaemon(t, old, nil)
+	prev := d.engine.Settings()
+	d.opts.ConfigFile = filepath.Join(t.TempDir(), "missing", "smcrd.conf")
+	req := control.SetConfigRequest{Assignments: []string{"max_memory=64", "port_range_list=5201"}, Persist: true}
+	if _, err := d.SetConfig(ctx, req); err == nil {
+		t.Fatal("set -P into a missing directory succeeded")
+	}
+	if got := d.CurrentConfig(); got.MaxMemory != old.MaxMemory || got.PortRanges.String() != old.PortRanges.String() {
+		t.Errorf("configuration changed by a failed set -P: max_memory %d, port_range_list %s", got.MaxMemory, got.PortRanges)
+	}
+	if got := d.engine.Settings(); got != prev {
+		t.Errorf("engine settings %+v after a failed set -P, want %+v", got, prev)
+	}
+	if want := []bpf.PortRange{{Lo: 1024, Hi: 65535}}; !slices.Equal(maps.ports, want) {
+		t.Errorf("ports %v after a failed set -P, want %v", maps.ports, want)
+	}
+
+	// Where the file can be written, both happen.
+	d.opts.ConfigFile = filepath.Join(t.TempDir(), "smcrd.conf")
+	res, err := d.SetConfig(ctx, req)
+	if err != nil || !res.Persisted {
+		t.Fatalf("set -P: %+v, %v", res, err)
+	}
+	saved, err := config.Load(d.opts.ConfigFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if saved.MaxMemory != d.CurrentConfig().MaxMemory || d.CurrentConfig().MaxMemory == old.MaxMemory {
+		t.Errorf("max_memory saved %d, in effect %d", saved.MaxMemory, d.CurrentConfig().MaxMemory)
 	}
 }
