@@ -60,17 +60,23 @@ type Options struct {
 	// provider's own, under $TMPDIR).
 	ShmDir string
 	// LivenessTTL is how long the programs keep redirecting after the last
-	// heartbeat (default 3s): after a crash, connections go direct this soon.
+	// heartbeat (default 3s, at least MinLivenessTTL): after a crash,
+	// connections go direct this soon.
 	LivenessTTL time.Duration
 	// DrainTimeout bounds how long shutdown waits for the connections smcrd
-	// holds, established or being set up (default 10s); those still open are
-	// then aborted.
+	// holds, established or being set up (default 10s; negative: no wait);
+	// those still open are then aborted.
 	DrainTimeout time.Duration
 	// Version is reported by the control API.
 	Version string
 	// Logger receives everything (default: discard).
 	Logger *slog.Logger
 }
+
+// MinLivenessTTL is the shortest LivenessTTL: the heartbeat comes every third
+// of it, and one a little late (a GC pause, a busy CPU) makes connections go
+// direct until the next.
+const MinLivenessTTL = 100 * time.Millisecond
 
 // Daemon is one running smcrd.
 type Daemon struct {
@@ -100,7 +106,9 @@ type Daemon struct {
 	ctx        context.Context
 	cancel     context.CancelFunc
 	stopCh     chan struct{} // closed when the drain time is up: relays abort
-	lastAccept atomic.Int64  // unix nanoseconds of the last accept
+	abortCh    chan struct{} // closed by Abort: the drain time is up now
+	abortOnce  sync.Once
+	lastAccept atomic.Int64 // unix nanoseconds of the last accept
 
 	connMu sync.Mutex
 	conns  map[uint64]*tracked
@@ -141,14 +149,20 @@ func New(opts Options) (*Daemon, error) {
 	if opts.PinDir == "" {
 		opts.PinDir = bpf.DefaultPinDir
 	}
-	if opts.LivenessTTL <= 0 {
+	if opts.LivenessTTL == 0 {
 		opts.LivenessTTL = 3 * time.Second
 	}
-	if opts.DrainTimeout <= 0 {
+	if opts.LivenessTTL < MinLivenessTTL {
+		return nil, fmt.Errorf("daemon: liveness TTL %v: below the minimum, %v", opts.LivenessTTL, MinLivenessTTL)
+	}
+	switch {
+	case opts.DrainTimeout == 0:
 		opts.DrainTimeout = 10 * time.Second
+	case opts.DrainTimeout < 0:
+		opts.DrainTimeout = 0
 	}
 	d := &Daemon{opts: opts, log: opts.Logger, start: time.Now(), conns: map[uint64]*tracked{},
-		stopCh: make(chan struct{})}
+		stopCh: make(chan struct{}), abortCh: make(chan struct{})}
 	d.st.resetAt.Store(d.start.UnixNano())
 	d.ctx, d.cancel = context.WithCancel(context.Background())
 	cfg := opts.Config
@@ -327,12 +341,17 @@ func (d *Daemon) Run(ctx context.Context, ready func()) error {
 	select {
 	case <-drained:
 	case <-drainEnd.C:
-		d.log.Warn("drain timed out: aborting connections still open", "conns", d.connCount())
-		d.cancel()
-		close(d.stopCh)
-		<-drained
+		if n := d.connCount(); n > 0 {
+			d.log.Warn("drain timed out: aborting connections still open", "conns", n)
+		}
+	case <-d.abortCh:
+		if n := d.connCount(); n > 0 {
+			d.log.Warn("drain cut short: aborting connections still open", "conns", n)
+		}
 	}
 	d.cancel()
+	close(d.stopCh)
+	<-drained
 	d.engine.Close()
 	err = errors.Join(err, closeDevices(d.devs), d.loader.Close())
 	// Only now may another smcrd take the pin directory over.
@@ -340,7 +359,7 @@ func (d *Daemon) Run(ctx context.Context, ready func()) error {
 }
 
 // quiesce returns once the listeners have accepted nothing for acceptQuiet,
-// counted from now at the earliest, or at deadline.
+// counted from now at the earliest, at deadline, or on Abort.
 func (d *Daemon) quiesce(deadline time.Time) {
 	last := time.Now()
 	for {
@@ -354,8 +373,20 @@ func (d *Daemon) quiesce(deadline time.Time) {
 		if !time.Now().Before(quiet) {
 			return
 		}
-		time.Sleep(time.Until(quiet))
+		t := time.NewTimer(time.Until(quiet))
+		select {
+		case <-t.C:
+		case <-d.abortCh:
+			t.Stop()
+			return
+		}
 	}
+}
+
+// Abort ends the drain of Run's shutdown now, or makes it end at once when it
+// has not begun: the connections still open are aborted (a second SIGTERM).
+func (d *Daemon) Abort() {
+	d.abortOnce.Do(func() { close(d.abortCh) })
 }
 
 // heartbeat keeps the programs' liveness ahead of the clock until stop is

@@ -42,8 +42,9 @@ Examples:
   smcrd -config /etc/smcr/smcrd.conf    # a configuration file; smcrctl set -P writes it
   smcrd -print-default-config > /etc/smcr/smcrd.conf
 
-Signals: SIGTERM/SIGINT drain the connections smcrd holds and exit; SIGUSR1 logs the
-link groups, links and connections.
+Signals: SIGTERM/SIGINT drain the connections smcrd holds and exit, and a second
+one aborts those still open at once; SIGUSR1 logs the link groups, links and
+connections.
 
 Flags:
 `
@@ -68,29 +69,34 @@ func main() {
 
 func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("smcrd", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, usage)
-		fs.PrintDefaults()
-	}
+	// Help goes to stdout and exits 0, errors to stderr with a pointer to it,
+	// as smcrctl does.
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
 	cfgFile := fs.String("config", "", "configuration `file` (default: the embedded defaults)")
 	printDefault := fs.Bool("print-default-config", false, "print the embedded default configuration and exit")
-	pinDir := fs.String("pin-dir", bpf.DefaultPinDir, "bpf filesystem `directory` for the pinned programs and maps (one per network namespace)")
+	pinDir := fs.String("pin-dir", bpf.DefaultPinDir, "bpf filesystem `directory` for the pinned programs and maps, one per network namespace")
 	shmDir := fs.String("shm-dir", "", "`directory` of the shm provider's rendezvous sockets, shared by the smcrds of one host (default $TMPDIR/smcr-shm)")
-	liveness := fs.Duration("liveness-ttl", 3*time.Second, "after a crash, connections go direct again within this `duration`")
-	drain := fs.Duration("drain-timeout", 10*time.Second, "on SIGTERM, wait this `duration` for established connections before aborting them")
+	liveness := fs.Duration("liveness-ttl", 3*time.Second, fmt.Sprintf("after a crash, connections go direct again within this `duration`, at least %v", daemon.MinLivenessTTL))
+	drain := fs.Duration("drain-timeout", 10*time.Second, "on SIGTERM, wait this `duration` for the connections smcrd holds before aborting them; 0 aborts them at once")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	_, envProcs := os.LookupEnv("GOMAXPROCS")
-	procs := fs.Int("procs", defaultProcs(runtime.GOMAXPROCS(0), envProcs),
-		"run Go code on at most `n` CPUs at once (default: half of those smcrd may use, at least 1, or GOMAXPROCS from the environment)")
+	autoProcs := defaultProcs(runtime.GOMAXPROCS(0), envProcs)
+	// The flag's own default stays 0, so that the help shows the default once,
+	// with where it comes from.
+	procs := fs.Int("procs", 0, fmt.Sprintf("run Go code on at most `n` CPUs at once (default %d here: half of those smcrd may use, at least 1, or GOMAXPROCS from the environment)", autoProcs))
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(stdout, usage)
+			fs.SetOutput(stdout)
+			fs.PrintDefaults()
 			return 0
 		}
+		fmt.Fprintf(stderr, "smcrd: %v\nRun 'smcrd -help' for usage.\n", err)
 		return 2
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "smcrd: unexpected argument %q (see smcrd -help)\n", fs.Arg(0))
+		fmt.Fprintf(stderr, "smcrd: unexpected argument %q\nRun 'smcrd -help' for usage.\n", fs.Arg(0))
 		return 2
 	}
 	if *showVersion {
@@ -101,9 +107,26 @@ func run(args []string, stdout, stderr io.Writer) int {
 		stdout.Write(config.Default().Format())
 		return 0
 	}
+	procsSet := false
+	fs.Visit(func(f *flag.Flag) { procsSet = procsSet || f.Name == "procs" })
+	if !procsSet {
+		*procs = autoProcs
+	}
 	if *procs < 1 {
 		fmt.Fprintf(stderr, "smcrd: -procs %d: must be at least 1\n", *procs)
 		return 2
+	}
+	if *liveness < daemon.MinLivenessTTL {
+		fmt.Fprintf(stderr, "smcrd: -liveness-ttl %v: must be at least %v\n", *liveness, daemon.MinLivenessTTL)
+		return 2
+	}
+	if *drain < 0 {
+		fmt.Fprintf(stderr, "smcrd: -drain-timeout %v: must not be negative (0: abort at once)\n", *drain)
+		return 2
+	}
+	drainTimeout := *drain
+	if drainTimeout == 0 {
+		drainTimeout = -1 // daemon's 0 is its default; negative is no drain
 	}
 	runtime.GOMAXPROCS(*procs)
 	cfg, err := config.Load(*cfgFile)
@@ -116,7 +139,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	d, err := daemon.New(daemon.Options{
 		Config: cfg, ConfigFile: *cfgFile, PinDir: *pinDir, ShmDir: *shmDir,
-		LivenessTTL: *liveness, DrainTimeout: *drain, Version: version, Logger: log,
+		LivenessTTL: *liveness, DrainTimeout: drainTimeout, Version: version, Logger: log,
 	})
 	if err != nil {
 		log.Error("smcrd cannot start", "err", err)
@@ -134,18 +157,27 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}()
 	stopMetrics := serveMetrics(cfg.MetricsAddress, d, log)
 
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	// The first SIGTERM or SIGINT drains, a second one aborts what is left.
+	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sigs)
+	go func() {
+		s := <-sigs
+		log.Info("signal received", "signal", s)
+		sdnotify.Notify(sdnotify.Stopping)
+		stop()
+		s = <-sigs
+		log.Warn("second signal: stopping at once", "signal", s)
+		d.Abort()
+	}()
 	usr1 := make(chan os.Signal, 1)
 	signal.Notify(usr1, syscall.SIGUSR1)
 	go func() {
 		for range usr1 {
 			d.LogState()
 		}
-	}()
-	go func() {
-		<-ctx.Done()
-		sdnotify.Notify(sdnotify.Stopping)
 	}()
 	err = d.Run(ctx, func() {
 		if _, err := sdnotify.Notify(sdnotify.Ready, sdnotify.Status("serving")); err != nil {

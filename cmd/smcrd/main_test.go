@@ -34,3 +34,47 @@ func TestProcsFlagRejectsZero(t *testing.T) {
 		t.Errorf("stderr %q does not say why", errOut.String())
 	}
 }
+
+// TestFlagErrors: values smcrd cannot run with are usage errors that say why,
+// before anything starts. A -liveness-ttl under 3ns made the heartbeat's ticker
+// panic; a negative -drain-timeout meant the default.
+func TestFlagErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		// A missing -config keeps smcrd from starting if a check is missed.
+		{[]string{"-config", "/nonexistent", "-liveness-ttl", "1ns"}, "smcrd: -liveness-ttl 1ns: must be at least 100ms\n"},
+		{[]string{"-config", "/nonexistent", "-liveness-ttl", "0"}, "smcrd: -liveness-ttl 0s: must be at least 100ms\n"},
+		{[]string{"-config", "/nonexistent", "-drain-timeout", "-1s"}, "smcrd: -drain-timeout -1s: must not be negative (0: abort at once)\n"},
+		{[]string{"-nope"}, "smcrd: flag provided but not defined: -nope\nRun 'smcrd -help' for usage.\n"},
+		{[]string{"extra"}, "smcrd: unexpected argument \"extra\"\nRun 'smcrd -help' for usage.\n"},
+	} {
+		var out, errOut bytes.Buffer
+		if code := run(tc.args, &out, &errOut); code != 2 {
+			t.Errorf("%q: exit %d, want 2 (usage)", tc.args, code)
+		}
+		if errOut.String() != tc.want || out.Len() != 0 {
+			t.Errorf("%q: stderr %q, stdout %q; want stderr %q", tc.args, errOut.String(), out.String(), tc.want)
+		}
+	}
+}
+
+// TestHelp: -help and -h write the usage to stdout and exit 0, as smcrctl
+// --help does, and each default shows once.
+func TestHelp(t *testing.T) {
+	for _, arg := range []string{"-help", "-h", "--help"} {
+		var out, errOut bytes.Buffer
+		if code := run([]string{arg}, &out, &errOut); code != 0 {
+			t.Errorf("%s: exit %d, want 0", arg, code)
+		}
+		if errOut.Len() != 0 || !strings.Contains(out.String(), "Usage:\n  smcrd [-config FILE] [flags]") {
+			t.Fatalf("%s: stdout %q, stderr %q", arg, out.String(), errOut.String())
+		}
+		for _, line := range strings.Split(out.String(), "\n") {
+			if strings.Count(line, "(default") > 1 || strings.Contains(line, ") (") {
+				t.Errorf("%s: %q says its default twice", arg, line)
+			}
+		}
+	}
+}

@@ -362,3 +362,40 @@ func TestSIGTERMFinishesSetup(t *testing.T) {
 		t.Errorf("the drain timed out:\n%s", out)
 	}
 }
+
+// TestSecondSignalStops: a second SIGTERM during the drain stops smcrd at once,
+// aborting the connections still open. Before, it was ignored until the drain
+// timed out.
+func TestSecondSignalStops(t *testing.T) {
+	h := newTestHost(t)
+	ln, err := h.pair.B.Listen("tcp", ":5203")
+	if err != nil {
+		t.Fatal(err)
+	}
+	echoServer(t, ln)
+	s := h.start(filepath.Join(h.dir, "smcrd.sock"), "-drain-timeout", "1m")
+	s.serving(t)
+	app, err := h.dialFromA(fmt.Sprintf("%s:5203", h.pair.B.Addr4()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Close()
+	if err := echoes(app, "established"); err != nil {
+		t.Fatal(err)
+	}
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	s.waitLog(t, "shutting down")
+	time.Sleep(300 * time.Millisecond) // into the drain, past the listeners' quiet time
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	if code := s.exit(t, 5*time.Second); code != 0 {
+		t.Errorf("smcrd exited %d after a second SIGTERM, want 0", code)
+	}
+	if out := s.out.String(); !strings.Contains(out, "second signal: stopping at once") || !strings.Contains(out, "drain cut short") {
+		t.Errorf("smcrd did not log the second signal and the abort:\n%s", out)
+	}
+	// The connection held open is aborted, not left to hang.
+	app.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := app.Read(make([]byte, 1)); err == nil || os.IsTimeout(err) {
+		t.Errorf("connection after the abort: read %v, want it ended", err)
+	}
+}
