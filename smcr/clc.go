@@ -14,6 +14,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"sync"
 	"syscall"
 	"time"
 
@@ -44,10 +45,26 @@ func peekCLC(br *bufio.Reader) error {
 	return nil
 }
 
-// interruptOnCancel makes ctx's end interrupt a blocked CLC read or write; the
-// returned stop must run before the Conn is handed out.
-func interruptOnCancel(ctx context.Context, tcp net.Conn) func() bool {
-	return context.AfterFunc(ctx, func() { tcp.SetDeadline(time.Unix(1, 0)) })
+// interruptOnCancel makes ctx's end interrupt a blocked CLC read or write by
+// setting a past deadline on tcp. The returned stop ends that and, when ctx
+// ended already, waits for the past deadline to be set: only a deadline set
+// after stop returns is sure to stay. A context ending as setup finished
+// otherwise left a connection handed out with a 1970 deadline, failing its
+// every Read and Write. stop may run more than once.
+func interruptOnCancel(ctx context.Context, tcp net.Conn) (stop func()) {
+	ran := make(chan struct{})
+	stopAfter := context.AfterFunc(ctx, func() {
+		defer close(ran)
+		tcp.SetDeadline(time.Unix(1, 0))
+	})
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			if !stopAfter() {
+				<-ran
+			}
+		})
+	}
 }
 
 // clcPhase arms the TCP deadline for one CLC message and makes ctx's end interrupt it.
@@ -165,8 +182,9 @@ func (e *Engine) isClosed() bool {
 
 // client runs CLC as the client. pfx is the subnet of the local address.
 func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix, opts ClientOptions) (*Conn, error) {
-	defer interruptOnCancel(ctx, tcp)()
 	c := e.newConn(tcp, true)
+	c.endCLC = interruptOnCancel(ctx, tcp)
+	defer c.endCLC()
 	br := bufio.NewReaderSize(tcp, 4096)
 	offers := e.offers()
 	if opts.Standard {
@@ -248,6 +266,7 @@ func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix, opt
 		}
 		return e.fallback(c, code, SideLocal, true, err, br), nil
 	}
+	c.endCLC()
 	tcp.SetDeadline(noDeadline)
 	c.activate()
 	return c, nil
@@ -339,8 +358,9 @@ func resyncFollows(br *bufio.Reader) bool {
 // server runs CLC as the server; listenerAddrs are the interface addresses of its
 // Listener's namespace, if any (localPrefix).
 func (e *Engine) server(ctx context.Context, tcp net.Conn, listenerAddrs []net.Addr) (*Conn, error) {
-	defer interruptOnCancel(ctx, tcp)()
 	c := e.newConn(tcp, false)
+	c.endCLC = interruptOnCancel(ctx, tcp)
+	defer c.endCLC()
 	br := bufio.NewReaderSize(tcp, 4096)
 	m, code, send, err := e.readCLC(ctx, c, br)
 	if err != nil {
@@ -405,6 +425,7 @@ func (e *Engine) server(ctx context.Context, tcp net.Conn, listenerAddrs []net.A
 		}
 		return e.fallback(c, code, SideLocal, true, err, br), nil
 	}
+	c.endCLC()
 	tcp.SetDeadline(noDeadline)
 	c.activate()
 	return c, nil

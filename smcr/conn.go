@@ -115,6 +115,9 @@ type Conn struct {
 	decline *Decline
 	fb      net.Conn // fallback data path: tcp with the bytes CLC read ahead first
 	clcPeer [8]byte  // the peer's ID from its Proposal or Accept (fallback.go)
+	// endCLC ends the setup context's hold on tcp's deadline
+	// (interruptOnCancel); it runs before they are cleared for the user.
+	endCLC func()
 
 	// SMC-R resources, fixed once the Conn is returned.
 	lg        *linkGroup

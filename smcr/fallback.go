@@ -64,6 +64,9 @@ func (e *Engine) fallback(c *Conn, code DeclineCode, side Side, send bool, cause
 		}
 	}
 	c.abandonSetup()
+	if c.endCLC != nil {
+		c.endCLC()
+	}
 	c.tcp.SetDeadline(noDeadline)
 	c.mode, c.decline = ModeFallback, d
 	c.fb = c.tcp
