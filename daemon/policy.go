@@ -232,6 +232,15 @@ func changes(old, n config.Config, persist bool) (changed []control.Attribute, n
 		if why, ok := noEffect[a.Name]; ok {
 			notes = append(notes, fmt.Sprintf("%s: kept, but no effect on connections (%s)", a.Name, why))
 		}
+		// The programs follow ip_addr_list at once; the devices of the
+		// providers that open one per interface were opened at start.
+		if a.Name == "ip_addr_list" && slices.ContainsFunc(n.Providers, func(p string) bool { return p == "rdma" || p == "soft" }) {
+			note := "ip_addr_list: redirection and steering follow at once; the rdma and soft devices (one per interface) follow when smcrd restarts"
+			if !persist {
+				note += "; without -P a restart also forgets it: set it with -P"
+			}
+			notes = append(notes, note)
+		}
 	}
 	return changed, notes
 }

@@ -108,6 +108,20 @@ func TestChangesNotes(t *testing.T) {
 	if _, notes := changes(old, n, false); len(notes) != 3 || !strings.HasSuffix(notes[1], "without -P a restart also forgets it: set it with -P") {
 		t.Errorf("notes without persist: %q", notes)
 	}
+	// ip_addr_list applies at once, but not to the devices opened per interface.
+	for providers, want := range map[string]int{"shm": 0, "soft": 1, "rdma,shm": 1} {
+		o, err := old.Set("providers=" + providers)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := o.Set("ip_addr_list=eth1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, notes := changes(o, n, true); len(notes) != want || want == 1 && !strings.Contains(notes[0], "devices (one per interface) follow when smcrd restarts") {
+			t.Errorf("providers %s, ip_addr_list changed: notes %q, want %d", providers, notes, want)
+		}
+	}
 }
 
 // TestPersistWithoutFile: an smcrd on the embedded default refuses -P with a
