@@ -39,7 +39,10 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/smcr-io/smcr/bpf"
 	"github.com/smcr-io/smcr/config"
@@ -392,34 +395,109 @@ func (d *Daemon) Abort() {
 // heartbeat keeps the programs' liveness ahead of the clock until stop is
 // closed; a crashed or hung smcrd stops moving it, and the programs then fail
 // open within LivenessTTL.
+//
+// A running smcrd that no longer accepts (out of file descriptors, say) is as
+// good as dead to the applications the programs send to it: their connect
+// succeeds and they wait. So the heartbeat stops while connections have waited
+// in a listener's queue for LivenessTTL with nothing accepted, and resumes with
+// the next accept.
 func (d *Daemon) heartbeat(stop, done chan struct{}) {
 	defer close(done)
 	t := time.NewTicker(d.opts.LivenessTTL / 3)
 	defer t.Stop()
+	var stall acceptStall
 	for {
 		select {
 		case <-stop:
 			return
-		case <-t.C:
-			if err := d.loader.SetAlive(d.opts.LivenessTTL); err != nil {
-				d.log.Error("liveness heartbeat", "err", err)
+		case now := <-t.C:
+			waiting := d.waitingToAccept()
+			switch stalled, changed := stall.update(now, waiting, time.Unix(0, d.lastAccept.Load()), d.opts.LivenessTTL); {
+			case stalled && changed:
+				d.log.Error("not accepting: connections wait in the listeners' queues; new connections go direct until smcrd accepts again",
+					"waiting", waiting, "since", stall.since)
+			case stalled:
+			default:
+				if changed {
+					d.log.Info("accepting again: new connections come to smcrd")
+				}
+				if err := d.loader.SetAlive(d.opts.LivenessTTL); err != nil {
+					d.log.Error("liveness heartbeat", "err", err)
+				}
 			}
 		}
 	}
 }
 
+// acceptStall follows whether the listeners have stopped accepting.
+type acceptStall struct {
+	since   time.Time // when connections were first seen waiting with no accept after them
+	stalled bool
+}
+
+// update takes one look: waiting connections in the queues, and the time of the
+// last accept. It reports whether accepting has stalled for ttl, and whether that
+// changed with this look.
+func (s *acceptStall) update(now time.Time, waiting int, lastAccept time.Time, ttl time.Duration) (stalled, changed bool) {
+	switch {
+	case waiting == 0 || lastAccept.After(s.since):
+		s.since = time.Time{}
+		if waiting > 0 {
+			s.since = now // waiting again, behind the accept just seen
+		}
+	case s.since.IsZero():
+		s.since = now
+	}
+	was := s.stalled
+	s.stalled = !s.since.IsZero() && now.Sub(s.since) >= ttl
+	return s.stalled, s.stalled != was
+}
+
+// waitingToAccept is how many connections wait in the listeners' accept queues
+// (TCP_INFO's unacked, for a listening socket).
+func (d *Daemon) waitingToAccept() int {
+	n := 0
+	for _, ln := range append(d.redirect[:len(d.redirect):len(d.redirect)], d.steering...) {
+		n += acceptQueue(ln)
+	}
+	return n
+}
+
+func acceptQueue(ln net.Listener) int {
+	sc, ok := ln.(syscall.Conn)
+	if !ok {
+		return 0
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	n := 0
+	rc.Control(func(fd uintptr) {
+		if info, err := unix.GetsockoptTCPInfo(int(fd), unix.SOL_TCP, unix.TCP_INFO); err == nil {
+			n = int(info.Unacked)
+		}
+	})
+	return n
+}
+
 func (d *Daemon) acceptLoop(ln net.Listener, serve func(*net.TCPConn)) {
 	defer d.wg.Done()
+	var backoff time.Duration
 	for {
 		c, err := ln.Accept()
 		if err != nil {
 			if !errors.Is(err, net.ErrClosed) {
-				d.log.Error("accept", "addr", ln.Addr(), "err", err)
-				time.Sleep(10 * time.Millisecond) // EMFILE and the like: do not spin
+				// EMFILE and the like: retry, backing off (5 ms to 1 s) so as
+				// neither to spin nor to flood the log.
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				d.log.Error("accept", "addr", ln.Addr(), "err", err, "retry_in", backoff)
+				time.Sleep(backoff)
 				continue
 			}
 			return
 		}
+		backoff = 0
 		d.lastAccept.Store(time.Now().UnixNano())
 		d.wg.Add(1)
 		go func() {

@@ -309,3 +309,51 @@ func TestRelayUrgentData(t *testing.T) {
 		t.Fatalf("relay: %+v", res)
 	}
 }
+
+// TestAcceptStall: the heartbeat stops only when connections have waited in a
+// listener's queue for the TTL with nothing accepted, and resumes with the next
+// accept; a busy listener that keeps accepting never stalls.
+func TestAcceptStall(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if n := acceptQueue(ln); n != 0 {
+		t.Fatalf("empty queue reads %d", n)
+	}
+	for range 2 {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+	}
+	if n := acceptQueue(ln); n != 2 {
+		t.Fatalf("queue with two connections reads %d", n)
+	}
+
+	const ttl = 3 * time.Second
+	t0 := time.Unix(1000, 0)
+	var s acceptStall
+	look := func(at time.Duration, waiting int, lastAccept time.Duration, wantStalled, wantChanged bool) {
+		t.Helper()
+		if st, ch := s.update(t0.Add(at), waiting, t0.Add(lastAccept), ttl); st != wantStalled || ch != wantChanged {
+			t.Fatalf("at %v (%d waiting, last accept at %v): stalled %v changed %v, want %v %v", at, waiting, lastAccept, st, ch, wantStalled, wantChanged)
+		}
+	}
+	look(0, 0, -time.Minute, false, false)
+	look(time.Second, 2, -time.Minute, false, false)           // waiting from now on
+	look(3*time.Second, 2, -time.Minute, false, false)         // 2 s
+	look(4*time.Second, 2, -time.Minute, true, true)           // 3 s, nothing accepted
+	look(5*time.Second, 2, -time.Minute, true, false)          // still
+	look(6*time.Second, 1, 5500*time.Millisecond, false, true) // an accept: resume
+	look(8*time.Second, 1, 5500*time.Millisecond, false, false)
+	look(9*time.Second, 1, 5500*time.Millisecond, true, true) // 3 s behind that accept
+	look(10*time.Second, 0, 5500*time.Millisecond, false, true)
+	// Busy: always something waiting, but accepts keep coming.
+	for i := range 20 {
+		at := 11*time.Second + time.Duration(i)*time.Second
+		look(at, 5, at-100*time.Millisecond, false, false)
+	}
+}

@@ -17,6 +17,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -326,6 +327,73 @@ func TestPortNotListed(t *testing.T) {
 		if s := h.stats(); s.Connections.Handled != 0 {
 			t.Errorf("smcrd on %s handled a connection to an unlisted port: %+v", h.name, s.Connections)
 		}
+	}
+}
+
+// TestNotAccepting: an smcrd that runs but cannot accept (out of file
+// descriptors) stops declaring itself alive, so applications' new connections go
+// direct instead of waiting in its queue; once it accepts again, they come back.
+func TestNotAccepting(t *testing.T) {
+	a, b := hosts(t)
+	a.start("providers = shm", ports)
+	b.start("providers = shm", ports)
+	b.serve(5201)
+	dst := fmt.Sprintf("%s:5201", b.ns.Addr4())
+	if r, err := a.client(dst, "-mode", "echo", "-bytes", "1000"); err != nil || r.OK != 1 {
+		t.Fatalf("before: %+v %v", r, err)
+	}
+	pid := fmt.Sprint(a.smcrd.Process.Pid)
+	fds, err := os.ReadDir("/proc/" + pid + "/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	open := map[string]bool{}
+	for _, f := range fds {
+		open[f.Name()] = true
+	}
+	lowestFree := 0
+	for open[fmt.Sprint(lowestFree)] {
+		lowestFree++
+	}
+	limit := func(n int) { // the soft limit: raising it back needs no privilege
+		t.Helper()
+		if out, err := exec.Command("prlimit", "--pid", pid, fmt.Sprintf("--nofile=%d:", n)).CombinedOutput(); err != nil {
+			t.Fatalf("prlimit: %v: %s", err, out)
+		}
+	}
+	limit(lowestFree) // every accept now fails with EMFILE
+	// The first connections wait in smcrd's queue (and give up); within two
+	// liveness periods (1 s here) new ones go direct.
+	start := time.Now()
+	for i := 0; ; i++ {
+		r, err := a.client(dst, "-mode", "echo", "-bytes", "1000", "-timeout", "1s")
+		if err == nil && r.OK == 1 {
+			t.Logf("a connection went direct after %v (%d gave up first)", time.Since(start).Round(time.Millisecond), i)
+			break
+		}
+		if time.Since(start) > 10*time.Second {
+			t.Fatalf("smcrd not accepting: connections still wait for it after %v: %v", time.Since(start), err)
+		}
+	}
+	if !strings.Contains(a.logText(), "not accepting") {
+		t.Error("smcrd did not log that it stopped accepting")
+	}
+	limit(1024)
+	before := a.stats().Connections.SMCR
+	for i := 0; a.stats().Connections.SMCR == before; i++ {
+		if i == 40 {
+			t.Fatalf("after the limit was lifted, no connection came back to smcrd: %+v", a.stats().Connections)
+		}
+		if _, err := a.client(dst, "-mode", "echo", "-bytes", "1000", "-timeout", "5s"); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for i := 0; !strings.Contains(a.logText(), "accepting again"); i++ {
+		if i == 40 { // the log comes through a pipe
+			t.Fatal("smcrd did not log that it accepts again")
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 
