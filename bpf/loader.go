@@ -262,12 +262,21 @@ func (l *Loader) SetInterfaces(names []string) error {
 	if l.closed {
 		return net.ErrClosed
 	}
+	if err := l.openNetlink(); err != nil {
+		return fmt.Errorf("bpf: %w", err)
+	}
 	want := map[string]bool{}
 	wantIdx := map[int]bool{}
 	for _, n := range names {
 		iface, err := net.InterfaceByName(n)
 		if err != nil {
 			return fmt.Errorf("bpf: interface %s: %w", n, err)
+		}
+		// tc ingress reads an Ethernet header: on a tun or WireGuard device it
+		// would silently see no SYN at all.
+		if lk, err := l.nl.LinkByIndex(iface.Index); err == nil && lk.Attrs().EncapType != "ether" && lk.Attrs().EncapType != "loopback" {
+			l.log.Warn("bpf: interface without Ethernet headers: tc ingress cannot read its SYNs, so no connection arriving on it is steered to smcrd",
+				"interface", n, "link_type", lk.Attrs().EncapType)
 		}
 		name := "tc_" + n
 		want[name] = true
@@ -280,9 +289,6 @@ func (l *Loader) SetInterfaces(names []string) error {
 	// older kernel, or ClsBPF): looked for whether tcx is in use or not.
 	if !l.cls {
 		wantIdx = nil
-	}
-	if err := l.openNetlink(); err != nil {
-		return fmt.Errorf("bpf: %w", err)
 	}
 	removed, err := detachClsBPF(l.nl, wantIdx)
 	for _, n := range removed {

@@ -1,11 +1,14 @@
 package bpf
 
 import (
+	"bytes"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -372,4 +375,23 @@ func progID(t *testing.T, l *Loader) int {
 	must(t, err)
 	id, _ := info.ID()
 	return int(id)
+}
+
+// TestNonEthernetWarned: tc ingress reads Ethernet headers, so listing a tun
+// device (no link-layer header) is worth a warning; a veth is not.
+func TestNonEthernetWarned(t *testing.T) {
+	p := nstest.NewPair(t)
+	if out, err := p.B.Command("ip", "tuntap", "add", "dev", "smcrtun0", "mode", "tun").CombinedOutput(); err != nil {
+		t.Skipf("no tun device here: %v: %s", err, out)
+	}
+	var log bytes.Buffer
+	l := loadIn(t, p.B, Options{CgroupPath: testCgroup(t), Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	must(t, p.B.Do(func() error { return l.SetInterfaces([]string{p.B.Links[0].Name}) }))
+	if strings.Contains(log.String(), "without Ethernet headers") {
+		t.Errorf("a veth was warned about:\n%s", log.String())
+	}
+	must(t, p.B.Do(func() error { return l.SetInterfaces([]string{p.B.Links[0].Name, "smcrtun0"}) }))
+	if !strings.Contains(log.String(), "without Ethernet headers") || !strings.Contains(log.String(), "interface=smcrtun0") {
+		t.Errorf("listing a tun device logged no warning:\n%s", log.String())
+	}
 }
