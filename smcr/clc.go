@@ -535,9 +535,11 @@ func (e *Engine) serverProposal(ctx context.Context, c *Conn, prop *clc.Proposal
 	return 0, nil
 }
 
-// peerLinkInfo checks the peer's Accept/Confirm values we will use.
+// checkLinkInfo checks the peer's Accept/Confirm values we will use. The send
+// buffer mirrors the peer's RMBE, so its size code is held to the largest this
+// engine or Linux makes (512 KiB): the field goes up to 512 MiB.
 func checkLinkInfo(li *clc.LinkInfo) error {
-	if err := li.Validate(clc.MaxSizeCode); err != nil {
+	if err := li.Validate(clc.LinuxMaxSizeCode); err != nil {
 		return err
 	}
 	if li.RMBEIndex != 1 {

@@ -423,11 +423,16 @@ func (c *Conn) setPeer(li *clc.LinkInfo) (DeclineCode, error) {
 		return 0, nil
 	}
 	if held := c.sndHeld; held > 0 {
-		// The server after the Confirm: what the hold lacks is taken beyond
-		// max_memory rather than refused too late; a surplus goes back.
+		// The server after the Confirm: a surplus of the hold goes back, and
+		// what it lacks must fit in max_memory like any buffer (refused, the
+		// connection falls back after the Confirm, as the client expects).
+		if extra := int64(size) - held; extra > 0 && !c.e.reserveOrTrim(extra) {
+			return clc.DeclineNoMemory, fmt.Errorf("send buffer of %d bytes for the peer's RMB exceeds max memory %d", size, c.e.settings().MaxMemory)
+		} else if extra < 0 {
+			c.e.unreserve(-extra)
+		}
 		c.sndHeld = 0
 		c.memHeld -= held
-		c.e.charge(int64(size) - held)
 	} else if !c.e.reserveOrTrim(int64(size)) {
 		return clc.DeclineNoMemory, fmt.Errorf("send buffer of %d bytes exceeds max memory %d", size, c.e.settings().MaxMemory)
 	}

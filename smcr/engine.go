@@ -416,18 +416,6 @@ func (e *Engine) reserve(n int64) bool {
 
 func (e *Engine) unreserve(n int64) { e.mem.Add(-n) }
 
-// charge accounts n bytes (or gives -n back) whatever MaxMemory says, for memory
-// that can no longer be refused.
-func (e *Engine) charge(n int64) {
-	cur := e.mem.Add(n)
-	for {
-		p := e.memPeak.Load()
-		if cur <= p || e.memPeak.CompareAndSwap(p, cur) {
-			return
-		}
-	}
-}
-
 // newToken returns an alert token unique in this engine (never 0).
 func (e *Engine) newToken(c *Conn) uint32 {
 	e.mu.Lock()

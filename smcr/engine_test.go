@@ -300,6 +300,24 @@ func TestFallbackMaxMemory(t *testing.T) {
 	echoCheck(t, c2, s2)
 }
 
+// TestServerSendBufferWithinMaxMemory: the server learns the size of its send
+// buffer (the client's RMBE) only from the Confirm; one that does not fit
+// max_memory is declined there, as at any other point, and the connection
+// falls back with every byte intact.
+func TestServerSendBufferWithinMaxMemory(t *testing.T) {
+	const limit = 100 << 10
+	p := newPair(t, Config{Devices: memDevices(t, verbs.KindSoft), RMBSize: 256 << 10},
+		Config{Devices: memDevices(t, verbs.KindSoft), MaxMemory: limit, RMBSize: 32 << 10})
+	c, s := p.connect(t) // the client's Dial returns at its Confirm, before the Decline
+	if s.Mode() != ModeFallback || s.Decline() == nil || s.Decline().Code != clc.DeclineNoMemory {
+		t.Fatalf("server %v, decline %+v; want a fallback for memory", s.Mode(), s.Decline())
+	}
+	if st := p.srv.Stats(); st.MemoryPeak > limit {
+		t.Errorf("server memory peaked at %d bytes, over max_memory %d", st.MemoryPeak, limit)
+	}
+	exchangeAll(t, c, s, 300<<10, 10<<10)
+}
+
 // rawServer accepts one TCP connection and runs fn on it.
 func rawServer(t *testing.T, fn func(net.Conn)) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -465,6 +465,8 @@ func TestHostileConfirmFields(t *testing.T) {
 	}{
 		{"alert token 0", func(li *clc.LinkInfo) { li.AlertToken = 0 }},
 		{"rmbe index 2", func(li *clc.LinkInfo) { li.RMBEIndex = 2 }},
+		// A 512 MiB RMBE: the server would allocate a send buffer of that size.
+		{"size code 15", func(li *clc.LinkInfo) { li.SizeCode = clc.MaxSizeCode }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			testHookConfirm = func(m *clc.Confirm) { tc.lie(&m.LinkInfo) }
@@ -497,6 +499,7 @@ func TestCheckLinkInfo(t *testing.T) {
 		"mtu code 0":                 func(li *clc.LinkInfo) { li.MTU = 0 },
 		"mtu code 7":                 func(li *clc.LinkInfo) { li.MTU = 7 },
 		"size code past the largest": func(li *clc.LinkInfo) { li.SizeCode = clc.MaxSizeCode + 1 },
+		"rmbe past 512 KiB":          func(li *clc.LinkInfo) { li.SizeCode = clc.LinuxMaxSizeCode + 1 },
 	} {
 		li := valid
 		lie(&li)
