@@ -563,7 +563,13 @@ func (e *Engine) serverConfirm(ctx context.Context, c *Conn, conf *clc.Confirm) 
 	lnk := c.lnk
 	if c.lg.firstConn == c {
 		peer := verbs.QPAttr{QPN: li.QPN, PSN: li.PSN, GID: li.GID, MAC: li.MAC, MTU: verbs.MTU(li.MTU), Endpoint: c.peerOffer.Endpoint}
-		if err := lnk.connect(ctx, peer); err != nil {
+		// Bounded as the client's side is (startConnect): a provider may wait
+		// for an endpoint the client named, and one that never answers would
+		// hold this setup, and every later one to the same peer, for good.
+		cctx, cancel := context.WithTimeout(ctx, e.settings().CLCTimeout)
+		err := lnk.connect(cctx, peer)
+		cancel()
+		if err != nil {
 			c.lg.setReady(err)
 			return clc.DeclineInternalReadyLink, err
 		}

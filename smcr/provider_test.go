@@ -1,7 +1,9 @@
 package smcr
 
 import (
+	"context"
 	"io"
+	"net"
 	"runtime"
 	"runtime/metrics"
 	"sync"
@@ -209,5 +211,71 @@ func TestIdleCostsNoCPU(t *testing.T) {
 				p[1].Close()
 			}
 		})
+	}
+}
+
+// silentListener completes TCP handshakes (the kernel does) but never accepts:
+// a soft endpoint that answers no hello.
+type silentListener struct {
+	net.Listener
+	once sync.Once
+	done chan struct{}
+}
+
+func (l *silentListener) Accept() (net.Conn, error) { <-l.done; return nil, net.ErrClosed }
+func (l *silentListener) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return l.Listener.Close()
+}
+
+// TestServerConnectBounded: a client whose soft endpoint never answers makes
+// the server's first-contact connect fail within the CLC timeout, so the setup
+// ends (and a later one to the same peer is not held behind it) rather than
+// waiting for good.
+func TestServerConnectBounded(t *testing.T) {
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cd, err := soft.Open(soft.Config{Listener: &silentListener{Listener: raw, done: make(chan struct{})}, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sd, err := soft.Open(soft.Config{Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cd.Close(); sd.Close() })
+	cfg := Config{CLCTimeout: 300 * time.Millisecond, LLCTimeout: 200 * time.Millisecond}
+	c, s := cfg, cfg
+	c.Devices, s.Devices = []verbs.Device{cd}, []verbs.Device{sd}
+	p := newPair(t, c, s)
+	accepted := make(chan *Conn, 2)
+	go func() {
+		for {
+			sc, err := p.ln.AcceptSMC()
+			if err != nil {
+				return
+			}
+			accepted <- sc
+		}
+	}()
+	for i := range 2 {
+		cc, err := p.cli.Dial(context.Background(), "tcp", p.ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sc *Conn
+		select {
+		case sc = <-accepted:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("connection %d: the server handed out nothing after 5 s (CLC timeout %v)", i, cfg.CLCTimeout)
+		}
+		if sc.Mode() != ModeFallback {
+			t.Errorf("connection %d: server %v, want a fallback", i, sc.Mode())
+		}
+		echoCheck(t, cc, sc)
+		cc.Close()
+		sc.Close()
 	}
 }
