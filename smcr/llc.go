@@ -114,6 +114,11 @@ type link struct {
 	posted, polled atomic.Uint64
 	driven         atomic.Uint64 // of polled, completions readers handled (Conn.drive)
 
+	// sendSeen and sendSince are sendStalled's: the send completions at its
+	// last look, and since when that count has stood still.
+	sendSeen  int64
+	sendSince time.Time
+
 	// Completions are handled by one goroutine at a time, holding pollMu: the
 	// poller, or a reader waiting for its own bytes (Conn.drive). While a reader
 	// drives, the poller steps aside until it leaves (resume), so the CDC a
@@ -699,6 +704,10 @@ func (l *link) watchIdle(idle int, seen uint64) {
 		tick = time.Second
 	}
 	l.lg.e.cfg.Clock.AfterFunc(tick, func() {
+		if l.sendStalled(l.lg.e.cfg.Clock.Now()) {
+			l.fail(fmt.Errorf("sends got no completion for %v: the peer takes no more", sendStallTime(l.lg.e.cfg)))
+			return
+		}
 		now := l.received.Load()
 		switch iv := l.lg.e.settings().TestLinkInterval; {
 		case iv <= 0 || now != seen:
@@ -709,6 +718,27 @@ func (l *link) watchIdle(idle int, seen uint64) {
 			wake(l.testDue)
 		}
 	})
+}
+
+// sendStallTime is how long sends may wait for any completion before the link
+// fails. An RC queue pair retries a peer that posts no receive for ever (RNR
+// retry 7, as Linux's), so a peer that stops reposting them, or a path that
+// drops everything, would hold every writer on the link for good; and a peer
+// that keeps sending its own messages keeps the link from looking idle to
+// TEST_LINK. A live peer answers within round trips, not seconds.
+func sendStallTime(cfg Config) time.Duration { return 4 * cfg.LLCTimeout }
+
+// sendStalled takes one look (from watchIdle's goroutine only): whether sends
+// are outstanding and none has completed for sendStallTime.
+func (l *link) sendStalled(now time.Time) bool {
+	// polled counts every completion and received the receives; one polled
+	// but not yet counted as received reads as progress, which only delays.
+	done := int64(l.polled.Load()) - int64(l.received.Load())
+	if int64(l.posted.Load())-done <= 0 || done != l.sendSeen || l.sendSince.IsZero() {
+		l.sendSeen, l.sendSince = done, now
+		return false
+	}
+	return now.Sub(l.sendSince) >= sendStallTime(l.lg.e.cfg)
 }
 
 func (l *link) register(k pendKey) chan [llc.MsgLen]byte {

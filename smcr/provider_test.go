@@ -279,3 +279,41 @@ func TestServerConnectBounded(t *testing.T) {
 		sc.Close()
 	}
 }
+
+// TestPeerStopsReceiving: a peer that stops reposting its receives (here: its
+// completions are never handled) leaves our sends without completions for
+// good, since an RC queue pair retries it for ever. The link fails after
+// sendStallTime instead, so writers on it do not wait without bound.
+func TestPeerStopsReceiving(t *testing.T) {
+	p := providerPair(t, providers[0].open, Config{TestLinkInterval: -1, LLCTimeout: 200 * time.Millisecond})
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	c.lnk.pollMu.Lock() // the client handles no completion: reposts no receive
+	unlocked := false
+	unlock := func() {
+		if !unlocked {
+			unlocked = true
+			c.lnk.pollMu.Unlock()
+		}
+	}
+	defer unlock()
+	wrote := make(chan error, 1)
+	go func() {
+		var err error
+		for i := 0; i < 2000 && err == nil; i++ {
+			_, err = s.Write([]byte{1}) // one CDC each: the slots run out
+		}
+		wrote <- err
+	}()
+	select {
+	case <-wrote:
+	case <-time.After(10 * time.Second):
+		t.Fatal("writes to a peer that takes no more blocked for 10 s")
+	}
+	if !s.lnk.down.Load() {
+		t.Error("the server's link is up, though its sends get no completion")
+	}
+	unlock()
+	c.Close()
+	s.Close()
+}
