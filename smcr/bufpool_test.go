@@ -314,6 +314,43 @@ func TestPeerRMBLimit(t *testing.T) {
 	ks.Close()
 }
 
+// TestConfirmRkeyLateAnswer: a CONFIRM_RKEY that arrives when no response slot
+// is free is applied once, in its order with a DELETE_RKEY that follows it;
+// applied again when answered later, it brought back an RMB the peer had
+// withdrawn.
+func TestConfirmRkeyLateAnswer(t *testing.T) {
+	p := memPair(t)
+	keep, ks := p.connect(t)
+	mustSMC(t, keep, ks)
+	cl := onlyGroup(t, p.cli).primary()
+	sl := onlyGroup(t, p.srv).primary()
+	known := peerRMBs(t, p.srv)
+	for i := range 50 {
+		var held []uint16 // the server's response slots, as behind a backlog
+		for range nLLCSlots / 2 {
+			held = append(held, <-sl.llcSlots)
+		}
+		rkey := 0x30000 + uint32(i)
+		if err := cl.sendLLC(&llc.ConfirmRkey{RKey: rkey, Addr: 0x1000}); err != nil {
+			t.Fatal(err)
+		}
+		del := &llc.DeleteRkey{Count: 1}
+		del.RKeys[0] = rkey
+		if err := cl.sendLLC(del); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "both requests handled", func() bool { return sl.lateResps.Load() == 2 })
+		for _, h := range held {
+			sl.llcSlots <- h
+		}
+		eventually(t, "both answered", func() bool { return sl.lateResps.Load() == 0 })
+		if got := peerRMBs(t, p.srv); got != known {
+			t.Fatalf("round %d: the server knows %d peer RMBs after an announcement and its withdrawal, want %d", i, got, known)
+		}
+	}
+	echoOK(t, keep, ks)
+}
+
 // ask sends the LLC request m on l, as the peer's end would, and decodes the
 // response registered under key into resp.
 func ask(t *testing.T, l *link, m llc.Message, key uint64, resp interface{ Decode([]byte) error }) {

@@ -431,8 +431,14 @@ func (l *link) earlyLLC(b []byte) bool {
 			return false
 		}
 		if !r.Response() {
+			// Applied here, in order with DELETE_RKEY; the answer goes later
+			// when no slot is free, not through the worker, which would apply
+			// the request again, perhaps after its withdrawal.
 			l.answerConfirmRkey(&r)
-			return l.tryRespond(&r)
+			if !l.tryRespond(&r) {
+				l.respondLate(&r)
+			}
+			return true
 		}
 		l.deliver(pendKey{t: llc.TypeConfirmRkey, key: uint64(r.RKey)}, b)
 		return true
@@ -1004,9 +1010,7 @@ func (l *link) handleLLC(b []byte) {
 		case l.clReq <- *r:
 		default:
 		}
-	case *llc.ConfirmRkey:
-		l.answerConfirmRkey(r)
-		l.sendLLC(r)
+	// (CONFIRM_RKEY and DELETE_RKEY requests never come here: earlyLLC.)
 	case *llc.TestLink:
 		r.Flags |= llc.FlagResponse
 		l.sendLLC(r)
