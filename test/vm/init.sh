@@ -27,8 +27,9 @@ mkdir -p /lib/modules
 mount --bind "/host$smcr_modules" /lib/modules || fail "bind modules"
 echo /sbin/modprobe >/proc/sys/kernel/modprobe
 # Without the crc32 modules rxe cannot compute its ICRC and "rdma link add" fails
-# with ENOENT.
-for m in crc32_generic crc32_pclmul rdma_rxe ib_uverbs rdma_ucm dummy; do
+# with ENOENT. tun: devtmpfs has no /dev/net/tun before the module is loaded (the
+# eBPF tests list a tun device).
+for m in crc32_generic crc32_pclmul rdma_rxe ib_uverbs rdma_ucm dummy tun; do
 	modprobe $m || fail "modprobe $m"
 done
 
