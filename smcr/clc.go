@@ -101,6 +101,9 @@ func (e *Engine) readCLCWithin(ctx context.Context, c *Conn, br *bufio.Reader, d
 	}
 	m, err := clc.ReadMessage(br, clcMaxLen)
 	if err != nil {
+		if pe := (*clc.PartialError)(nil); errors.As(err, &pe) {
+			c.clcUnread = pe.Unread
+		}
 		if isTimeout(err) {
 			return nil, DeclineTimeoutCLC, true, err
 		}

@@ -115,6 +115,10 @@ type Conn struct {
 	decline *Decline
 	fb      net.Conn // fallback data path: tcp with the bytes CLC read ahead first
 	clcPeer [8]byte  // the peer's ID from its Proposal or Accept (fallback.go)
+	// clcUnread is what is left on the stream of a CLC message read in part
+	// (cut by the CLC timeout, or refused after its header): a fallback skips
+	// it. -1: its end cannot be known, so no fallback can find the data.
+	clcUnread int
 	// endCLC ends the setup context's hold on tcp's deadline
 	// (interruptOnCancel); it runs before they are cleared for the user.
 	endCLC func()

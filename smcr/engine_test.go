@@ -335,6 +335,107 @@ func rawServer(t *testing.T, fn func(net.Conn)) string {
 	return ln.Addr().String()
 }
 
+// TestCLCReadInPart: a CLC message read only in part (longer than the engine
+// takes, or cut by the CLC timeout) ends in a fallback; the rest of it, arriving
+// then or later, is skipped, not read by the application as the peer's data.
+func TestCLCReadInPart(t *testing.T) {
+	hello := func(c net.Conn) {
+		buf := make([]byte, 4096)
+		c.Read(buf) // the Decline
+		c.Write([]byte("hello"))
+		io.Copy(io.Discard, c)
+	}
+	readHello := func(t *testing.T, c net.Conn) {
+		t.Helper()
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		got := make([]byte, 5)
+		if _, err := io.ReadFull(c, got); err != nil || string(got) != "hello" {
+			t.Fatalf("application read %q (%v), want the peer's %q", got, err, "hello")
+		}
+	}
+	accept := func(ext int) []byte {
+		acc := &clc.Accept{LinkInfo: clc.LinkInfo{QPN: 1, RMBEIndex: 1, AlertToken: 1, MTU: clc.MTU1024, Ext: bytes.Repeat([]byte{'X'}, ext)}}
+		b, err := acc.AppendTo(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	dial := func(t *testing.T, cfg Config, server func(net.Conn)) *Conn {
+		t.Helper()
+		cfg.Devices = memDevices(t, verbs.KindSoft)
+		e := newEngine(t, cfg)
+		c, err := e.Dial(context.Background(), "tcp", rawServer(t, func(c net.Conn) {
+			defer c.Close()
+			c.Read(make([]byte, 4096)) // the Proposal
+			server(c)
+		}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if c.Mode() != ModeFallback {
+			t.Fatalf("client %v, want a fallback", c.Mode())
+		}
+		return c
+	}
+	t.Run("accept too long", func(t *testing.T) {
+		c := dial(t, Config{}, func(c net.Conn) {
+			c.Write(accept(2000))
+			hello(c)
+		})
+		readHello(t, c)
+	})
+	t.Run("accept cut by the timeout", func(t *testing.T) {
+		c := dial(t, Config{CLCTimeout: 200 * time.Millisecond}, func(c net.Conn) {
+			b := accept(0)
+			c.Write(b[:20])
+			time.Sleep(400 * time.Millisecond)
+			c.Write(b[20:])
+			hello(c)
+		})
+		readHello(t, c)
+	})
+	t.Run("accept of no length", func(t *testing.T) {
+		// Where the peer's data would start cannot be known: the connection
+		// ends rather than hand the application a guess.
+		c := dial(t, Config{}, func(c net.Conn) {
+			b := accept(0)
+			b[5], b[6] = 0, 0
+			c.Write(b)
+			hello(c)
+		})
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if n, err := c.Read(make([]byte, 64)); err == nil || isTimeout(err) {
+			t.Fatalf("application read %d bytes (%v), want the connection ended", n, err)
+		}
+	})
+	t.Run("proposal too long", func(t *testing.T) {
+		p := memPair(t)
+		raw, err := net.Dial("tcp", p.ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer raw.Close()
+		m := make([]byte, 2000)
+		copy(m, clc.Eyecatcher[:])
+		m[4] = byte(clc.TypeProposal)
+		binary.BigEndian.PutUint16(m[5:], uint16(len(m)))
+		m[7] = clc.Version1 << 4
+		raw.Write(m)
+		go hello(raw)
+		s, err := p.ln.AcceptSMC()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		if s.Mode() != ModeFallback {
+			t.Fatalf("server %v, want a fallback", s.Mode())
+		}
+		readHello(t, s)
+	})
+}
+
 func TestClientPeerSpeaksNoCLC(t *testing.T) {
 	e := newEngine(t, Config{Devices: memDevices(t, verbs.KindSoft)})
 	addr := rawServer(t, func(c net.Conn) {

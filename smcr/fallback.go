@@ -70,15 +70,28 @@ func (e *Engine) fallback(c *Conn, code DeclineCode, side Side, send bool, cause
 	c.tcp.SetDeadline(noDeadline)
 	c.mode, c.decline = ModeFallback, d
 	c.fb = c.tcp
-	if d.Sent {
+	skip := c.clcUnread // the rest of a message read in part, before anything else
+	switch {
+	case skip < 0:
+		// A CLC message whose end is unknown: where the peer's data begins
+		// cannot be found, and a guess would hand its bytes to the
+		// application as data. The connection ends instead (a reset).
+		if tc, ok := c.tcp.(*net.TCPConn); ok {
+			tc.SetLinger(0)
+		}
+		c.tcp.Close()
+	case d.Sent:
 		// The peer may have answered or given up at the same time: its Accept or
 		// Decline crosses ours.
 		if br == nil {
 			br = bufio.NewReaderSize(c.tcp, clcMaxLen) // room for the longest CLC message
 		}
-		c.fb = &readAheadConn{Conn: c.tcp, r: br, crossing: true, peer: c.clcPeer}
-	} else if br != nil && br.Buffered() > 0 {
-		c.fb = &readAheadConn{Conn: c.tcp, r: br}
+		c.fb = &readAheadConn{Conn: c.tcp, r: br, skip: skip, crossing: true, peer: c.clcPeer}
+	case skip > 0 || br != nil && br.Buffered() > 0:
+		if br == nil {
+			br = bufio.NewReaderSize(c.tcp, clcMaxLen)
+		}
+		c.fb = &readAheadConn{Conn: c.tcp, r: br, skip: skip}
 	}
 	e.st.countFallback(code, side)
 	e.log.Info("smcr: fallback to tcp", "conn", c.id, "code", fmt.Sprintf("%#08x", uint32(code)),
@@ -99,11 +112,19 @@ func (e *Engine) fallback(c *Conn, code DeclineCode, side Side, send bool, cause
 type readAheadConn struct {
 	net.Conn
 	r        *bufio.Reader
+	skip     int // bytes of a CLC message read in part, to drop first
 	crossing bool
 	peer     [8]byte
 }
 
 func (c *readAheadConn) Read(p []byte) (int, error) {
+	for c.skip > 0 {
+		n, err := c.r.Discard(c.skip)
+		c.skip -= n
+		if err != nil {
+			return 0, err
+		}
+	}
 	if c.crossing {
 		c.crossing = false
 		if n := crossingCLC(c.r, c.peer); n > 0 {
@@ -122,7 +143,7 @@ func (c *readAheadConn) Read(p []byte) (int, error) {
 // drained reports whether the bytes CLC read ahead are all consumed, crossing
 // messages included: reads go to the socket directly from then on.
 func (c *readAheadConn) drained() bool {
-	if c.crossing {
+	if c.crossing || c.skip > 0 {
 		return false
 	}
 	if c.r != nil && c.r.Buffered() == 0 {

@@ -5,6 +5,7 @@ package clc
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"io"
 	"runtime"
@@ -127,6 +128,25 @@ func TestReadMessageErrors(t *testing.T) {
 			}
 			if r.n != tc.consumed {
 				t.Fatalf("read %d bytes, want %d", r.n, tc.consumed)
+			}
+			// A message read in part says how much of it is left on the
+			// stream, by its length field; -1 when that cannot be trusted.
+			length := -1
+			if len(tc.in) >= offLength+2 && !errors.Is(err, ErrEyecatcher) {
+				length = int(binary.BigEndian.Uint16(tc.in[offLength:]))
+			}
+			var pe *PartialError
+			switch {
+			case errors.As(err, &pe):
+				want := -1
+				if length >= HeaderLen {
+					want = length - tc.consumed
+				}
+				if pe.Unread != want {
+					t.Fatalf("unread %d, want %d (length field %d, %d bytes read)", pe.Unread, want, length, tc.consumed)
+				}
+			case tc.consumed != 0 && tc.consumed != length:
+				t.Fatalf("%d bytes of a %d-byte message read, and no PartialError", tc.consumed, length)
 			}
 			// Parse agrees on the same bytes, but for the reader's own limits.
 			if tc.maxLen >= MaxLen && tc.want != io.EOF {
