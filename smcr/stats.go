@@ -125,7 +125,13 @@ type stats struct {
 	fallback                                         map[FallbackKey]uint64
 }
 
+// countFallback counts one fallback by its code and side. A code no one named
+// is counted under its class (its first byte): a peer picks the codes of its
+// Declines, and each would be an entry here and a series in smcrd's metrics.
 func (s *stats) countFallback(code DeclineCode, side Side) {
+	if !code.Known() {
+		code = DeclineCode(code.Class()) << 24
+	}
 	s.mu.Lock()
 	if s.fallback == nil {
 		s.fallback = make(map[FallbackKey]uint64)

@@ -1,8 +1,11 @@
 package smcr
 
 import (
+	"maps"
 	"sync"
 	"testing"
+
+	"github.com/smcr-io/smcr/smcr/clc"
 )
 
 // TestResetLosesNothing: counts made while the counters are being read and reset
@@ -45,5 +48,26 @@ func TestResetLosesNothing(t *testing.T) {
 	add(s.take(false))
 	if want := uint64(writers * each); bytes != want || reqs != want || fallbacks != want {
 		t.Fatalf("counted %d bytes, %d requests, %d fallbacks across the resets; want %d of each", bytes, reqs, fallbacks, want)
+	}
+}
+
+// TestFallbackCodesBounded: the codes a peer picks for its Declines cannot grow
+// the fallback counts (and smcrd's metrics series) without bound: unknown ones
+// are counted by class.
+func TestFallbackCodesBounded(t *testing.T) {
+	var s stats
+	for i := range 500 {
+		s.countFallback(DeclineCode(0x7f000000|uint32(i)), SidePeer)
+	}
+	s.countFallback(clc.DeclineNoMemory, SidePeer)
+	s.countFallback(DeclineTimeoutCLC, SideLocal)
+	got := s.take(false).Fallback
+	want := map[FallbackKey]uint64{
+		{0x7f000000, SidePeer}:          500,
+		{clc.DeclineNoMemory, SidePeer}: 1,
+		{DeclineTimeoutCLC, SideLocal}:  1,
+	}
+	if !maps.Equal(got, want) {
+		t.Errorf("fallback counts %v, want %v", got, want)
 	}
 }

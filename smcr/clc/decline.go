@@ -86,6 +86,12 @@ var declineClasses = map[uint8]string{
 // configuration, 4 synchronisation, 5 peer, 9 internal.
 func (c DeclineCode) Class() uint8 { return uint8(c >> 24) }
 
+// Known reports whether c is a code this package names.
+func (c DeclineCode) Known() bool {
+	_, ok := declineNames[c]
+	return ok
+}
+
 // String returns the human-readable meaning that operators see in statistics; a
 // code this package does not know is named by its class and its value.
 func (c DeclineCode) String() string {
