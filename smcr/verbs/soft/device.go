@@ -6,6 +6,7 @@ package soft
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -63,7 +64,8 @@ type device struct {
 	conns    map[net.Conn]struct{} // accepted, not yet attached to a QP
 	cqs      map[*cq]struct{}
 	wg       sync.WaitGroup
-	watch    *portWatch // nil: the port counts as up
+	done     chan struct{} // closed by Close
+	watch    *portWatch    // nil: the port counts as up
 }
 
 // Open starts a soft device listening as cfg says.
@@ -113,6 +115,7 @@ func Open(cfg Config) (verbs.Device, error) {
 		mrs:      map[uint32]*mr{},
 		conns:    map[net.Conn]struct{}{},
 		cqs:      map[*cq]struct{}{},
+		done:     make(chan struct{}),
 		nextQPN:  1 + rand.Uint32N(psnMask-1),
 		nextAddr: 0x7f00_0000_0000 + uint64(rand.Uint32N(1<<16))<<16,
 	}
@@ -188,6 +191,7 @@ func (d *device) Close() error {
 		return nil
 	}
 	d.closed = true
+	close(d.done)
 	qps := make([]*qp, 0, len(d.qps))
 	for _, q := range d.qps {
 		qps = append(qps, q)
@@ -224,17 +228,28 @@ func (d *device) PortUp() bool {
 // acceptLoop takes the request streams of peer QPs.
 func (d *device) acceptLoop() {
 	defer d.wg.Done()
+	var backoff time.Duration
 	for {
 		c, err := d.ln.Accept()
 		if err != nil {
 			d.mu.RLock()
 			closed := d.closed
 			d.mu.RUnlock()
-			if !closed {
-				d.log.Warn("soft: accept", "err", err)
+			if closed || errors.Is(err, net.ErrClosed) {
+				return
 			}
-			return
+			// Out of file descriptors, say: the device must go on accepting
+			// once that passes, or no peer could connect to it again.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			d.log.Warn("soft: accept", "err", err, "retry_in", backoff)
+			select {
+			case <-time.After(backoff):
+			case <-d.done:
+				return
+			}
+			continue
 		}
+		backoff = 0
 		d.mu.Lock()
 		if d.closed {
 			d.mu.Unlock()

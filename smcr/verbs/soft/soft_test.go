@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -664,5 +665,58 @@ func TestNoReadAfterFlush(t *testing.T) {
 	}
 	if n := writing.Load(); wc[0].ID != 7 || wc[0].Status == verbs.WCSuccess || n != 0 {
 		t.Fatalf("completion %+v with %d writes of its payload in progress", wc[0], n)
+	}
+}
+
+// flakyListener fails its first Accept with EMFILE, as under descriptor
+// pressure, then accepts as usual.
+type flakyListener struct {
+	net.Listener
+	failed atomic.Bool
+}
+
+func (l *flakyListener) Accept() (net.Conn, error) {
+	if !l.failed.Swap(true) {
+		return nil, &net.OpError{Op: "accept", Net: "tcp", Err: syscall.EMFILE}
+	}
+	return l.Listener.Accept()
+}
+
+// TestAcceptErrorPasses: a failed accept (out of file descriptors) does not
+// end the device's listening for good: peers connect once it passes.
+func TestAcceptErrorPasses(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := open(t, Config{Listener: &flakyListener{Listener: ln}}), open(t, Config{})
+	qp := func(d verbs.Device) verbs.QP {
+		pd, err := d.AllocPD()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cq, err := d.CreateCQ(16)
+		if err != nil {
+			t.Fatal(err)
+		}
+		q, err := pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: cq})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return q
+	}
+	qa, qb := qp(a), qp(b)
+	if c, err := net.Dial("tcp", ln.Addr().String()); err == nil { // meets the failure
+		c.Close()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- qa.Connect(ctx, qb.Attr()) }()
+	if err := qb.Connect(ctx, qa.Attr()); err != nil {
+		t.Fatalf("connect to the device after an accept error: %v", err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
 	}
 }
