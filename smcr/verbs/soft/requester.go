@@ -35,6 +35,7 @@ func frameType(op verbs.Opcode) uint8 {
 func (q *qp) sendLoop(c net.Conn) {
 	bw := bufio.NewWriterSize(c, bufSize)
 	hb := make([]byte, headerLen)
+	var sg []verbs.SGE // the request's SGEs, copied out of its slot
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	n := uint64(len(q.sq))
@@ -75,12 +76,15 @@ func (q *qp) sendLoop(c net.Conn) {
 		idx := q.sqNext
 		q.sqNext++
 		s := q.sq[idx%n]
+		sg = append(sg[:0], s.sg...)
 		more := q.sqNext < q.sqTail
 		q.mu.Unlock()
 
-		// The slot's memory stays ours until its ACK, which cannot come before
-		// these bytes are written, or until the QP fails, which waits for
-		// txMu; so s.sg is read without the lock.
+		// The SGEs are copied: a peer may ACK a request before it has all of
+		// it (a hostile one; a true one cannot), and PostSend reuses a slot
+		// from its completion on. The regions they name stay valid memory
+		// (Go's), and a request's bytes go only to the peer that asked for
+		// them early; a failing QP waits for txMu before it flushes.
 		h := header{typ: frameType(s.op), psn: q.psnOf(idx), length: s.length}
 		if s.op != verbs.OpSend {
 			h.addr, h.rkey = s.addr, s.rkey
@@ -95,7 +99,7 @@ func (q *qp) sendLoop(c net.Conn) {
 			return // failed meanwhile: the request completed flushed
 		}
 		_, err := bw.Write(hb)
-		for _, sge := range s.sg {
+		for _, sge := range sg {
 			if err != nil {
 				break
 			}

@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/hex"
 	"errors"
+	"io"
 	"net"
 	"net/netip"
 	"sync"
@@ -718,5 +719,83 @@ func TestAcceptErrorPasses(t *testing.T) {
 	}
 	if err := <-errc; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestEarlyAckSlotReuse: a peer that ACKs a WRITE after its header only (no
+// true peer can) completes it while its payload is still being sent, and the
+// slot can then be posted again. The payload still goes out as posted: the
+// requester had copied the request's SGEs, where it read the new request's
+// (another region's bytes, and a data race on the slot).
+func TestEarlyAckSlotReuse(t *testing.T) {
+	d := open(t, Config{})
+	pd, err := d.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cq, err := d.CreateCQ(16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustMR := func(size int, fill string) verbs.MR {
+		m, err := pd.AllocMR(size, verbs.AccessLocalWrite)
+		if err != nil {
+			t.Fatal(err)
+		}
+		copy(m.Bytes(), fill)
+		return m
+	}
+	big, pub, secret := mustMR(8<<20, ""), mustMR(16, "PUBLICPUBLICPUBL"), mustMR(16, "SECRETSECRETSECR")
+	q, err := pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: cq, MaxSendWR: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	peer := make(chan net.Conn, 1)
+	go func() { // a peer that answers the hello, then speaks for itself
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		var b [headerLen]byte
+		readFull(c, b[:])
+		var h header
+		parseHeader(b[:], &h)
+		(&header{typ: frameHelloOK, psn: h.psn}).put(b[:])
+		c.Write(b[:])
+		peer <- c
+	}()
+	if err := q.Connect(context.Background(), verbs.QPAttr{QPN: 0x123, PSN: 0x777, MTU: verbs.MTU1024, Endpoint: []byte(ln.Addr().String())}); err != nil {
+		t.Fatal(err)
+	}
+	c := <-peer
+	defer c.Close()
+	write := func(id uint64, sg ...verbs.SGE) {
+		t.Helper()
+		if err := q.PostSend(&verbs.SendWR{ID: id, Opcode: verbs.OpWrite, SG: sg, RemoteAddr: 0x1000, RKey: 5}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(1, verbs.SGE{MR: big, Length: 8 << 20}, verbs.SGE{MR: pub, Length: 16})
+	var b [headerLen]byte
+	readFull(c, b[:])
+	var h header
+	parseHeader(b[:], &h)
+	(&header{typ: frameAck, psn: h.psn}).put(b[:])
+	c.Write(b[:]) // the ACK, after the header only
+	time.Sleep(50 * time.Millisecond)
+	write(2, verbs.SGE{MR: pub, Length: 1})
+	write(3, verbs.SGE{MR: pub, Length: 1}, verbs.SGE{MR: secret, Length: 16}) // request 1's slot again
+	rest := make([]byte, 8<<20+16)
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(c, rest); err != nil {
+		t.Fatal(err)
+	}
+	if tail := rest[8<<20:]; !bytes.Equal(tail, pub.Bytes()) {
+		t.Fatalf("request 1's last SGE went out as %q, want its own %q", tail, pub.Bytes())
 	}
 }
