@@ -8,6 +8,7 @@ package shm
 import (
 	"encoding/binary"
 	"fmt"
+	"math"
 
 	"github.com/smcr-io/smcr/smcr/verbs"
 )
@@ -189,7 +190,7 @@ const (
 	slotOpSend  = 1
 	slotOpImm   = 2 // WRITE WITH IMMEDIATE: the data is already in place, length is its size
 	maxQPN      = 1<<24 - 1
-	maxRegion   = 1 << 40
+	maxRegion   = math.MaxInt32 // the largest AllocMR makes: a peer announcing more is lying, and maps address space
 	maxSlots    = 1 << 16
 	maxSlotSize = 1 << 20
 )

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"math"
 	"testing"
 	"time"
 
@@ -621,5 +622,27 @@ func TestPollBesideSleepingWait(t *testing.T) {
 	}
 	if wc := next(t, b.rcq); wc.ID != 7 || wc.Status != verbs.WCSuccess {
 		t.Fatalf("receive completion %+v", wc)
+	}
+}
+
+// TestPeerRegionSizeBounded: a peer's region larger than any AllocMR makes is
+// refused before it is mapped: a sparse memfd costs the peer nothing and would
+// cost us a terabyte of address space a mapping (128 of them end the process).
+func TestPeerRegionSizeBounded(t *testing.T) {
+	for _, size := range []int{math.MaxInt32 + 1, 1 << 40} {
+		fd, err := unix.MemfdCreate("peer", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Ftruncate(fd, int64(size)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, seals); err != nil {
+			t.Fatal(err)
+		}
+		if r, err := mapPeer(fd, size, true); err == nil {
+			r.close()
+			t.Errorf("a peer region of %d bytes was mapped", size)
+		}
 	}
 }
