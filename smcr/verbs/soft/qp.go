@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -206,7 +207,14 @@ func (q *qp) Connect(ctx context.Context, remote verbs.QPAttr) error {
 
 // dial opens the request stream and exchanges the hello.
 func (q *qp) dial(ctx context.Context, remote verbs.QPAttr) (net.Conn, error) {
-	c, err := q.dev.cfg.Dial(ctx, "tcp", string(remote.Endpoint))
+	// The endpoint is the peer's word (CLC, LLC): a soft device's is its
+	// listener's address. Nothing else is dialled: no name is looked up, no
+	// unspecified or multicast address tried.
+	ep, err := netip.ParseAddrPort(string(remote.Endpoint))
+	if err != nil || ep.Addr().IsUnspecified() || ep.Addr().IsMulticast() || ep.Port() == 0 {
+		return nil, fmt.Errorf("%w: endpoint %q is not an address and port", verbs.ErrInvalid, remote.Endpoint)
+	}
+	c, err := q.dev.cfg.Dial(ctx, "tcp", ep.String())
 	if err != nil {
 		return nil, err
 	}

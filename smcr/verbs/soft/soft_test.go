@@ -799,3 +799,36 @@ func TestEarlyAckSlotReuse(t *testing.T) {
 		t.Fatalf("request 1's last SGE went out as %q, want its own %q", tail, pub.Bytes())
 	}
 }
+
+// TestDialsOnlyAddresses: the peer names the endpoint a QP dials (CLC, LLC);
+// a name (looked up, perhaps somewhere else), an unspecified or multicast
+// address, or port 0 is refused before anything is dialled.
+func TestDialsOnlyAddresses(t *testing.T) {
+	var dialled []string
+	d := open(t, Config{Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		dialled = append(dialled, addr)
+		return nil, errors.New("no dialling here")
+	}})
+	pd, err := d.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cq, err := d.CreateCQ(16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ep := range []string{"metadata.internal:80", "localhost:22", "0.0.0.0:22", "[::]:22", "224.0.0.1:22", "192.0.2.1:0", ""} {
+		q, err := pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: cq})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = q.Connect(context.Background(), verbs.QPAttr{QPN: q.Attr().QPN + 1, PSN: 1, MTU: verbs.MTU1024, Endpoint: []byte(ep)})
+		if !errors.Is(err, verbs.ErrInvalid) {
+			t.Errorf("endpoint %q: %v, want ErrInvalid", ep, err)
+		}
+		q.Close()
+	}
+	if len(dialled) != 0 {
+		t.Errorf("dialled %q", dialled)
+	}
+}
