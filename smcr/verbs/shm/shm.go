@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	mrand "math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
@@ -112,7 +113,6 @@ func Open(cfg Config) (verbs.Device, error) {
 	}
 	d.epBytes = d.ep.append(nil)
 	d.nextKey = binary.LittleEndian.Uint32(rnd[:4])
-	d.nextQPN = binary.LittleEndian.Uint32(rnd[4:]) & maxQPN
 	d.gid[0], d.gid[1] = 0xfe, 0x80
 	binary.BigEndian.PutUint64(d.gid[8:], st.Ino^binary.BigEndian.Uint64(boot[:8]))
 	d.wg.Add(1)
@@ -131,7 +131,6 @@ type device struct {
 	mu      sync.Mutex
 	closed  bool
 	nextKey uint32
-	nextQPN uint32
 	mrs     map[uint32]*mr
 	qps     map[uint32]*qp
 	pending map[uint32]chan *hello // hellos for QPs whose Connect has not taken them yet
@@ -323,13 +322,14 @@ func (d *device) registerQP(q *qp) error {
 	if d.closed {
 		return verbs.ErrClosed
 	}
+	// Random, not in sequence: a stranger's hello must name the QPN to take
+	// the QP's hello slot before its peer does (takeHello).
 	for {
-		d.nextQPN = (d.nextQPN + 1) & maxQPN
-		if d.nextQPN != 0 && d.qps[d.nextQPN] == nil {
+		q.qpn = 1 + mrand.Uint32N(maxQPN)
+		if d.qps[q.qpn] == nil {
 			break
 		}
 	}
-	q.qpn = d.nextQPN
 	d.qps[q.qpn] = q
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/smcr-io/smcr/smcr/verbs"
+	"github.com/smcr-io/smcr/smcr/verbs/verbstest"
 	"golang.org/x/sys/unix"
 )
 
@@ -646,3 +647,6 @@ func TestPeerRegionSizeBounded(t *testing.T) {
 		}
 	}
 }
+
+// TestQPNsUnpredictable: verbstest.QPNsSpread (takeHello's slot).
+func TestQPNsUnpredictable(t *testing.T) { verbstest.QPNsSpread(t, openDev(t, t.TempDir())) }

@@ -59,7 +59,6 @@ type device struct {
 	closed   bool
 	qps      map[uint32]*qp // by QPN
 	mrs      map[uint32]*mr // by rkey (= lkey)
-	nextQPN  uint32
 	nextAddr uint64
 	conns    map[net.Conn]struct{} // accepted, not yet attached to a QP
 	cqs      map[*cq]struct{}
@@ -116,7 +115,6 @@ func Open(cfg Config) (verbs.Device, error) {
 		conns:    map[net.Conn]struct{}{},
 		cqs:      map[*cq]struct{}{},
 		done:     make(chan struct{}),
-		nextQPN:  1 + rand.Uint32N(psnMask-1),
 		nextAddr: 0x7f00_0000_0000 + uint64(rand.Uint32N(1<<16))<<16,
 	}
 	d.log = log.With("device", d.Name())

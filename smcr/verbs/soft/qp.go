@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"sync"
@@ -127,9 +128,11 @@ func newQP(p *pd, cfg verbs.QPConfig) (*qp, error) {
 	if d.closed {
 		return nil, verbs.ErrClosed
 	}
+	// Random, not in sequence: a QPN is what a stranger's hello must name to
+	// take the QP's one inbound stream before its peer does, and a peer that
+	// knows one of ours must not be able to tell the next.
 	for {
-		q.qpn = d.nextQPN
-		d.nextQPN = d.nextQPN%psnMask + 1
+		q.qpn = 1 + rand.Uint32N(psnMask)
 		if _, taken := d.qps[q.qpn]; !taken {
 			break
 		}

@@ -683,6 +683,9 @@ func (l *flakyListener) Accept() (net.Conn, error) {
 	return l.Listener.Accept()
 }
 
+// TestQPNsUnpredictable: verbstest.QPNsSpread.
+func TestQPNsUnpredictable(t *testing.T) { verbstest.QPNsSpread(t, open(t, Config{})) }
+
 // TestAcceptErrorPasses: a failed accept (out of file descriptors) does not
 // end the device's listening for good: peers connect once it passes.
 func TestAcceptErrorPasses(t *testing.T) {

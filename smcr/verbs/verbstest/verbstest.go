@@ -321,3 +321,38 @@ func untouched(b []byte, v byte) int {
 	}
 	return -1
 }
+
+// QPNsSpread checks that d numbers its QPs unpredictably: a software provider's
+// QPN is what a stranger's hello must name to take a QP's inbound stream before
+// its peer does, so one QPN (from a link of one's own) must not tell the next.
+// Not part of Run: an adapter numbers its QPs as it likes.
+func QPNsSpread(t *testing.T, d verbs.Device) {
+	t.Helper()
+	pd, err := d.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pd.Close()
+	cq, err := d.CreateCQ(16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cq.Close()
+	var prev uint32
+	near := 0
+	for i := range 32 {
+		q, err := pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: cq})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer q.Close()
+		n := q.Attr().QPN
+		if i > 0 && n-prev < 16 {
+			near++
+		}
+		prev = n
+	}
+	if near > 2 {
+		t.Errorf("%d of 31 QPNs followed their predecessor closely", near)
+	}
+}
