@@ -82,17 +82,16 @@ type qp struct {
 	rq         []recvSlot
 	rqHead     uint64
 	rqTail     uint64
-	out        net.Conn // our request stream to the peer
-	in         net.Conn // the peer's request stream to us
-	inSrc      uint32   // QPN and PSN the inbound hello named
-	inPSN      uint32
-	kick       chan struct{} // wakes sendLoop
-	connected  chan struct{} // closed on entering RTS
-	done       chan struct{} // closed on entering ERROR
-	execMu     sync.RWMutex  // held by place while it copies into memory
-	execOff    bool          // under execMu: the QP left RTS, place copies nothing more
-	txMu       sync.Mutex    // held by sendLoop while it reads a request's memory
-	txOff      bool          // under txMu: the QP left RTS, sendLoop reads nothing more
+	out        net.Conn              // our request stream to the peer
+	in         net.Conn              // the peer's request stream to us, once verified
+	pendingIn  map[net.Conn]struct{} // inbound streams before the peer is known (attachResponder)
+	kick       chan struct{}         // wakes sendLoop
+	connected  chan struct{}         // closed on entering RTS
+	done       chan struct{}         // closed on entering ERROR
+	execMu     sync.RWMutex          // held by place while it copies into memory
+	execOff    bool                  // under execMu: the QP left RTS, place copies nothing more
+	txMu       sync.Mutex            // held by sendLoop while it reads a request's memory
+	txOff      bool                  // under txMu: the QP left RTS, sendLoop reads nothing more
 }
 
 func newQP(p *pd, cfg verbs.QPConfig) (*qp, error) {
@@ -255,13 +254,32 @@ func (q *qp) dial(ctx context.Context, remote verbs.QPAttr) (net.Conn, error) {
 func (q *qp) attachResponder(c net.Conn, srcQPN, psn uint32) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.closed || q.state == verbs.QPError || q.in != nil {
+	switch {
+	case q.closed || q.state == verbs.QPError || q.in != nil:
 		return false
+	case q.state == verbs.QPRTS:
+		// Connected: only the peer's stream.
+		if srcQPN != q.remote.QPN || psn != q.remote.PSN {
+			return false
+		}
+		q.in = c
+	default:
+		// The peer is not known yet: a stranger's hello naming this QP must not
+		// keep the peer's out, so a few wait, and Connect picks (respond).
+		if len(q.pendingIn) >= maxPendingIn {
+			return false
+		}
+		if q.pendingIn == nil {
+			q.pendingIn = map[net.Conn]struct{}{}
+		}
+		q.pendingIn[c] = struct{}{}
 	}
-	q.in, q.inSrc, q.inPSN = c, srcQPN, psn
-	go q.respond(c)
+	go q.respond(c, srcQPN, psn)
 	return true
 }
+
+// maxPendingIn bounds the inbound streams a QP holds before it knows its peer.
+const maxPendingIn = 4
 
 // validSGL checks a work request's scatter/gather list against our PD.
 func (q *qp) validSGL(sg []verbs.SGE) (int, error) {

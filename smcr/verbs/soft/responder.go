@@ -19,7 +19,8 @@ import (
 var errStopped = errors.New("soft: qp stopped")
 
 // respond executes requests from the peer's stream c until it ends or fails.
-func (q *qp) respond(c net.Conn) {
+// srcQPN and psn are what its hello named.
+func (q *qp) respond(c net.Conn, srcQPN, psn uint32) {
 	defer c.Close()
 	select {
 	case <-q.connected:
@@ -27,15 +28,15 @@ func (q *qp) respond(c net.Conn) {
 		return
 	}
 	q.mu.Lock()
-	if q.inSrc != q.remote.QPN || q.inPSN != q.remote.PSN {
-		// A stream from some QP we are not connected to: refuse it, keep ours.
-		q.log.Warn("soft: inbound stream from the wrong qp", "from", q.inSrc, "psn", q.inPSN, "want", q.remote.QPN)
-		if q.in == c {
-			q.in = nil
-		}
+	delete(q.pendingIn, c)
+	if srcQPN != q.remote.QPN || psn != q.remote.PSN || q.in != nil && q.in != c {
+		// A stream from some QP we are not connected to (or a second one from
+		// ours): refuse it, keep ours.
+		q.log.Warn("soft: inbound stream from the wrong qp", "from", srcQPN, "psn", psn, "want", q.remote.QPN)
 		q.mu.Unlock()
 		return
 	}
+	q.in = c
 	expected := q.remote.PSN
 	q.mu.Unlock()
 

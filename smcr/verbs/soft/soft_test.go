@@ -693,35 +693,65 @@ func TestAcceptErrorPasses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, b := open(t, Config{Listener: &flakyListener{Listener: ln}}), open(t, Config{})
-	qp := func(d verbs.Device) verbs.QP {
-		pd, err := d.AllocPD()
-		if err != nil {
-			t.Fatal(err)
-		}
-		cq, err := d.CreateCQ(16)
-		if err != nil {
-			t.Fatal(err)
-		}
-		q, err := pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: cq})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return q
-	}
-	qa, qb := qp(a), qp(b)
+	qa, qb := testQP(t, open(t, Config{Listener: &flakyListener{Listener: ln}})), testQP(t, open(t, Config{}))
 	if c, err := net.Dial("tcp", ln.Addr().String()); err == nil { // meets the failure
 		c.Close()
 	}
+	if err := connectBoth(qa, qb); err != nil {
+		t.Fatalf("connect to the device after an accept error: %v", err)
+	}
+}
+
+// testQP makes a QP on d, with a CQ of its own.
+func testQP(t *testing.T, d verbs.Device) verbs.QP {
+	t.Helper()
+	pd, err := d.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cq, err := d.CreateCQ(16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: cq})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q
+}
+
+// connectBoth connects qa and qb to each other, both at once.
+func connectBoth(qa, qb verbs.QP) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	errc := make(chan error, 1)
 	go func() { errc <- qa.Connect(ctx, qb.Attr()) }()
-	if err := qb.Connect(ctx, qa.Attr()); err != nil {
-		t.Fatalf("connect to the device after an accept error: %v", err)
-	}
-	if err := <-errc; err != nil {
+	return errors.Join(qb.Connect(ctx, qa.Attr()), <-errc)
+}
+
+// TestStrangerHelloFirst: a stranger's hello naming a QP before its peer's does
+// not keep the peer's stream out: the QP holds both until it connects, keeps its
+// peer's and closes the stranger's.
+func TestStrangerHelloFirst(t *testing.T) {
+	qa, qb := testQP(t, open(t, Config{})), testQP(t, open(t, Config{}))
+	attr := qa.Attr()
+	c, err := net.Dial("tcp", string(attr.Endpoint))
+	if err != nil {
 		t.Fatal(err)
+	}
+	defer c.Close()
+	var b [headerLen]byte
+	(&header{typ: frameHello, psn: 1, addr: 0x42<<32 | uint64(attr.QPN), rkey: helloMagic, imm: helloVersion}).put(b[:])
+	c.Write(b[:])
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := readFull(c, b[:]); err != nil {
+		t.Fatalf("the stranger's hello got no answer: %v", err)
+	}
+	if err := connectBoth(qa, qb); err != nil {
+		t.Fatalf("the peers did not connect after a stranger's hello: %v", err)
+	}
+	if _, err := readFull(c, b[:]); err == nil {
+		t.Error("the stranger's stream stayed open")
 	}
 }
 
