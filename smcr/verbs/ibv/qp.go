@@ -124,8 +124,13 @@ type qp struct {
 	rnrRetry       int
 	maxInline      int // inline space the device granted, in bytes
 
-	state   atomic.Uint32 // verbs.QPState this side moved it to
-	closed  atomic.Bool
+	state  atomic.Uint32 // verbs.QPState this side moved it to
+	closed atomic.Bool
+	// life keeps q.qp and the SGE arrays alive: every call into the QP holds
+	// it for reading and checks closed under it; Close holds it to destroy
+	// them. A post that passed the closed check could otherwise run on a freed
+	// QP (an adapter's doorbell written into unmapped memory).
+	life    sync.RWMutex
 	drains  atomic.Int32 // drain markers seen while closing
 	smu     sync.Mutex
 	ssge    *C.struct_ibv_sge // maxSGE entries, guarded by smu
@@ -211,6 +216,8 @@ func (p *pd) createQP(cfg verbs.QPConfig) (*qp, error) {
 func (q *qp) Attr() verbs.QPAttr { return q.attr }
 
 func (q *qp) Connect(ctx context.Context, remote verbs.QPAttr) error {
+	q.life.RLock()
+	defer q.life.RUnlock()
 	if q.closed.Load() {
 		return verbs.ErrClosed
 	}
@@ -266,6 +273,8 @@ func fillSGE(dst *C.struct_ibv_sge, sg []verbs.SGE) (n, total int, err error) {
 }
 
 func (q *qp) PostSend(wr *verbs.SendWR) error {
+	q.life.RLock()
+	defer q.life.RUnlock()
 	if q.closed.Load() {
 		return verbs.ErrClosed
 	}
@@ -303,6 +312,8 @@ func (q *qp) PostSend(wr *verbs.SendWR) error {
 }
 
 func (q *qp) PostRecv(wr *verbs.RecvWR) error {
+	q.life.RLock()
+	defer q.life.RUnlock()
 	if q.closed.Load() {
 		return verbs.ErrClosed
 	}
@@ -335,6 +346,8 @@ func postErr(what string, rc C.int) error {
 // State asks the device, so it shows the error state the adapter entered on its
 // own (retry exceeded, remote access error).
 func (q *qp) State() verbs.QPState {
+	q.life.RLock()
+	defer q.life.RUnlock()
 	if q.closed.Load() {
 		return verbs.QPError
 	}
@@ -360,13 +373,20 @@ func (q *qp) Close() error {
 	if q.closed.Swap(true) {
 		return nil
 	}
+	// Calls already past their closed check finish first (life); the ones
+	// after it see closed. The flush and drain run outside: posts that come
+	// meanwhile are flushed too.
+	q.life.RLock()
 	if rc := C.smcr_to_err(q.qp); rc == 0 {
 		q.state.Store(uint32(verbs.QPError))
 		q.drain()
 	}
+	q.life.RUnlock()
 	q.dev.mu.Lock()
 	delete(q.dev.qps, q.attr.QPN)
 	q.dev.mu.Unlock()
+	q.life.Lock()
+	defer q.life.Unlock()
 	if rc := C.ibv_destroy_qp(q.qp); rc != 0 {
 		return fmt.Errorf("ibv: destroy qp %#x: %w", q.attr.QPN, syscall.Errno(rc))
 	}

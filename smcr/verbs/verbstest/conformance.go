@@ -8,7 +8,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -474,6 +476,83 @@ func testFlushOnDestroy(t *testing.T, env Env) {
 		t.Fatalf("second close: %v", err)
 	}
 	_ = b
+}
+
+// testCloseWhilePosting: Close may run while other goroutines post to the QP and
+// ask its state (an engine's poller reposting receives, its writers, its
+// statistics): each call either completes or returns ErrClosed, none touches
+// a destroyed QP.
+func testCloseWhilePosting(t *testing.T, env Env) {
+	a, _ := newPair(t, env, opts{rnrRetry: 7})
+	var wg sync.WaitGroup
+	var posts atomic.Int64
+	errc := make(chan error, 8)
+	loop := func(call func(i uint64) error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := uint64(0); ; i++ {
+				err := call(i)
+				switch {
+				case errors.Is(err, verbs.ErrClosed):
+					return
+				case err == nil:
+					posts.Add(1)
+				case !errors.Is(err, verbs.ErrQueueFull) && !errors.Is(err, verbs.ErrQPState):
+					errc <- err
+					return
+				}
+				if i%64 == 63 {
+					runtime.Gosched()
+				}
+			}
+		}()
+	}
+	for range 2 {
+		loop(func(i uint64) error {
+			return a.qp.PostRecv(&verbs.RecvWR{ID: i, SG: []verbs.SGE{{MR: a.mr, Length: 8}}})
+		})
+		loop(func(i uint64) error {
+			return a.qp.PostSend(&verbs.SendWR{ID: i, Opcode: verbs.OpSend, Signaled: true, SG: []verbs.SGE{{MR: a.mr, Length: 8}}})
+		})
+	}
+	loop(func(uint64) error {
+		if a.qp.State() == verbs.QPError {
+			return verbs.ErrClosed
+		}
+		return nil
+	})
+	time.Sleep(20 * time.Millisecond)
+	if err := a.qp.Close(); err != nil {
+		t.Fatalf("close qp: %v", err)
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(env.timeout()):
+		t.Fatal("posting goroutines did not end after Close")
+	}
+	select {
+	case err := <-errc:
+		t.Fatalf("a call racing Close: %v", err)
+	default:
+	}
+	if posts.Load() == 0 {
+		t.Fatal("nothing was posted before Close")
+	}
+	drainCQ(a.scq)
+	drainCQ(a.rcq)
+}
+
+// drainCQ polls cq empty.
+func drainCQ(cq verbs.CQ) {
+	wcs := make([]verbs.WorkCompletion, 64)
+	for {
+		if n, err := cq.Poll(wcs); n == 0 || err != nil {
+			return
+		}
+	}
 }
 
 func testManyQPs(t *testing.T, env Env) {

@@ -105,6 +105,7 @@ var conformance = []struct {
 	{"RemoteAccessNoPermission", testRemAccessPerm},
 	{"LocalLengthError", testLocLen},
 	{"FlushOnDestroy", testFlushOnDestroy},
+	{"CloseWhilePosting", testCloseWhilePosting},
 	{"PeerProcessDies", testPeerDies},
 	{"ManyQPs", testManyQPs},
 	{"WrongState", testWrongState},
