@@ -692,3 +692,26 @@ func FuzzPeerRMBs(f *testing.F) {
 		}
 	})
 }
+
+// TestFailedCompletionByID: a failed completion carries no reliable operation
+// (libibverbs defines only its ID, status and QP; mlx5 leaves the opcode as
+// whatever the array held), so a flushed SEND reported as a RECV must still
+// give its send slot and credit back, the ID telling which it was.
+func TestFailedCompletionByID(t *testing.T) {
+	p := memPair(t)
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	l := c.lnk
+	slot := <-l.slots // as a CDC being sent holds them
+	<-l.credits
+	slots, credits := len(l.slots), len(l.credits)
+	l.pollMu.Lock()
+	l.complete(&verbs.WorkCompletion{ID: tagSlot<<56 | uint64(slot), Status: verbs.WCWRFlushErr, Opcode: verbs.WCRecv})
+	l.pollMu.Unlock()
+	if len(l.slots) != slots+1 || len(l.credits) != credits+1 {
+		t.Fatalf("after the flushed send: %d slots and %d credits free, want %d and %d", len(l.slots), len(l.credits), slots+1, credits+1)
+	}
+	if !l.down.Load() {
+		t.Error("a failed completion left the link up")
+	}
+}

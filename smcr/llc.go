@@ -309,8 +309,14 @@ func (l *link) leaveDriving() {
 
 func (l *link) complete(wc *verbs.WorkCompletion) {
 	e := l.lg.e
-	switch wc.Opcode {
-	case verbs.WCRecv, verbs.WCRecvRDMAImm:
+	recv := wc.Opcode == verbs.WCRecv || wc.Opcode == verbs.WCRecvRDMAImm
+	if wc.Status != verbs.WCSuccess {
+		// A failed completion names no operation (an adapter leaves it
+		// undefined): our IDs tell, receives untagged, sends tagged.
+		recv = wc.ID>>56 == 0
+	}
+	switch {
+	case recv:
 		if wc.Status != verbs.WCSuccess {
 			l.countErr(wc.Status)
 			l.fail(fmt.Errorf("receive: %v", wc.Status))

@@ -143,7 +143,9 @@ func (s WCStatus) String() string {
 	return fmt.Sprintf("wc status %d", uint8(s))
 }
 
-// WorkCompletion is one entry polled from a CQ.
+// WorkCompletion is one entry polled from a CQ. A failed one (Status other than
+// WCSuccess) has its ID, Status and QPN only, as in verbs: an adapter reports no
+// operation or length for it (Opcode 0), so its work request is known by its ID.
 type WorkCompletion struct {
 	ID      uint64 // the work request's ID
 	Status  WCStatus

@@ -24,7 +24,7 @@ struct smcr_wc {
 	uint32_t has_imm;
 };
 
-enum { SMCR_POLL_BATCH = 32 };
+enum { SMCR_POLL_BATCH = 32, SMCR_WC_NO_OPCODE = 0xffff };
 
 static int smcr_poll(struct ibv_cq *cq, int n, struct smcr_wc *out) {
 	struct ibv_wc wc[SMCR_POLL_BATCH];
@@ -34,11 +34,20 @@ static int smcr_poll(struct ibv_cq *cq, int n, struct smcr_wc *out) {
 	for (int i = 0; i < got; i++) {
 		out[i].wr_id = wc[i].wr_id;
 		out[i].status = wc[i].status;
+		out[i].qp_num = wc[i].qp_num;
+		if (wc[i].status != IBV_WC_SUCCESS) {
+			// Only wr_id, status, qp_num and vendor_err are defined for a
+			// failed completion: the rest is whatever the array held before.
+			out[i].opcode = SMCR_WC_NO_OPCODE;
+			out[i].byte_len = 0;
+			out[i].has_imm = 0;
+			out[i].imm = 0;
+			continue;
+		}
 		out[i].opcode = wc[i].opcode;
 		out[i].byte_len = wc[i].byte_len;
 		out[i].has_imm = (wc[i].wc_flags & IBV_WC_WITH_IMM) != 0;
 		out[i].imm = out[i].has_imm ? ntohl(wc[i].imm_data) : 0;
-		out[i].qp_num = wc[i].qp_num;
 	}
 	return got;
 }
