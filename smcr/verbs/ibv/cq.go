@@ -155,6 +155,7 @@ func (d *device) createCQ(depth int) (*cq, error) {
 	}
 	c.wcs = (*C.struct_smcr_wc)(C.calloc(pollBatch, C.size_t(unsafe.Sizeof(C.struct_smcr_wc{}))))
 	c.stash = make([]verbs.WorkCompletion, 0, pollBatch)
+	d.live++ // under d.mu
 	return c, nil
 }
 
@@ -322,6 +323,7 @@ func (c *cq) destroyLocked() error {
 	}
 	C.ibv_destroy_comp_channel(c.ch)
 	C.free(unsafe.Pointer(c.wcs))
+	c.dev.release()
 	return nil
 }
 

@@ -60,6 +60,28 @@ type device struct {
 	mu     sync.Mutex
 	closed bool
 	qps    map[uint32]*qp // by QPN, to route drain markers on Close
+	// live counts the PDs and CQs not yet destroyed: the context closes with
+	// the last of them when Close came first (an engine that gave up waiting
+	// for a link to free), never under them.
+	live int
+}
+
+// release ends one PD's or CQ's hold on d.
+func (d *device) release() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.live--
+	if d.closed && d.live == 0 {
+		d.closeLocked()
+	}
+}
+
+func (d *device) closeLocked() error {
+	if rc := C.ibv_close_device(d.ctx); rc != 0 {
+		d.log.Warn("ibv: close device", "device", d.name, "err", syscall.Errno(-rc))
+		return fmt.Errorf("ibv: close %s: %w", d.name, syscall.Errno(-rc))
+	}
+	return nil
 }
 
 func open(cfg Config) (*device, error) {
@@ -267,9 +289,12 @@ func (d *device) AllocPD() (verbs.PD, error) {
 	if p == nil {
 		return nil, fmt.Errorf("ibv: alloc pd: %w", errnoOr(err))
 	}
+	d.live++
 	return &pd{dev: d, pd: p}, nil
 }
 
+// Close closes the device, at once or, while its PDs or CQs live, with the last
+// of them: closing the context under them would free what they still use.
 func (d *device) Close() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -277,10 +302,11 @@ func (d *device) Close() error {
 		return nil
 	}
 	d.closed = true
-	if rc := C.ibv_close_device(d.ctx); rc != 0 {
-		return fmt.Errorf("ibv: close %s: %w", d.name, syscall.Errno(-rc))
+	if d.live > 0 {
+		d.log.Debug("ibv: device closes with its last object", "device", d.name, "objects", d.live)
+		return nil
 	}
-	return nil
+	return d.closeLocked()
 }
 
 type pd struct {
@@ -289,6 +315,26 @@ type pd struct {
 
 	mu     sync.Mutex
 	closed bool
+	live   int // MRs and QPs not yet destroyed: the PD is deallocated with the last
+}
+
+// release ends one MR's or QP's hold on p.
+func (p *pd) release() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.live--
+	if p.closed && p.live == 0 {
+		p.deallocLocked()
+	}
+}
+
+func (p *pd) deallocLocked() error {
+	if rc := C.ibv_dealloc_pd(p.pd); rc != 0 {
+		p.dev.log.Warn("ibv: dealloc pd", "device", p.dev.name, "err", syscall.Errno(rc))
+		return fmt.Errorf("ibv: dealloc pd: %w", syscall.Errno(rc))
+	}
+	p.dev.release()
+	return nil
 }
 
 func (p *pd) AllocMR(size int, access verbs.Access) (verbs.MR, error) {
@@ -363,6 +409,7 @@ func (p *pd) regMR(mapped []byte, size int, refs *atomic.Int32, access verbs.Acc
 	if m == nil {
 		return nil, fmt.Errorf("ibv: register %d bytes: %w", size, errnoOr(err))
 	}
+	p.live++
 	return &mr{pd: p, mr: m, mapped: mapped, refs: refs, buf: mapped[:size:size], access: access,
 		addr: uint64(uintptr(unsafe.Pointer(&mapped[0])))}, nil
 }
@@ -376,10 +423,10 @@ func (p *pd) Close() error {
 		return nil
 	}
 	p.closed = true
-	if rc := C.ibv_dealloc_pd(p.pd); rc != 0 {
-		return fmt.Errorf("ibv: dealloc pd: %w", syscall.Errno(rc))
+	if p.live > 0 {
+		return nil // deallocated with its last MR or QP
 	}
-	return nil
+	return p.deallocLocked()
 }
 
 type mr struct {
@@ -413,6 +460,7 @@ func (m *mr) Close() error {
 		// whatever reuses the pages.
 		return fmt.Errorf("ibv: deregister mr: %w", syscall.Errno(rc))
 	}
+	m.pd.release()
 	if m.refs.Add(-1) > 0 {
 		return nil
 	}

@@ -195,6 +195,7 @@ func (p *pd) createQP(cfg verbs.QPConfig) (*qp, error) {
 		rcq.detach()
 		return nil, fmt.Errorf("ibv: qp to INIT: %w", syscall.Errno(rc))
 	}
+	p.live++ // under p.mu
 	q.state.Store(uint32(verbs.QPInit))
 	q.sgeSize = C.size_t(unsafe.Sizeof(C.struct_ibv_sge{}))
 	q.ssge = (*C.struct_ibv_sge)(C.calloc(maxSGE, q.sgeSize))
@@ -394,6 +395,7 @@ func (q *qp) Close() error {
 	C.free(unsafe.Pointer(q.rsge))
 	q.sendCQ.detach()
 	q.recvCQ.detach()
+	q.pd.release()
 	return nil
 }
 

@@ -545,6 +545,30 @@ func testCloseWhilePosting(t *testing.T, env Env) {
 	drainCQ(a.rcq)
 }
 
+// testCloseDeviceFirst: a device closed while its PD, CQs, MR and QP live (an
+// engine that gave up waiting for a link to free) makes nothing new, and what
+// it made still closes, in any order, without error.
+func testCloseDeviceFirst(t *testing.T, env Env) {
+	a, _ := newPair(t, env, opts{})
+	if err := a.dev.Close(); err != nil {
+		t.Fatalf("close device: %v", err)
+	}
+	if _, err := a.dev.AllocPD(); !errors.Is(err, verbs.ErrClosed) {
+		t.Errorf("AllocPD on a closed device: %v, want ErrClosed", err)
+	}
+	if _, err := a.dev.CreateCQ(16); !errors.Is(err, verbs.ErrClosed) {
+		t.Errorf("CreateCQ on a closed device: %v, want ErrClosed", err)
+	}
+	for _, c := range []struct {
+		name  string
+		close func() error
+	}{{"pd", a.pd.Close}, {"qp", a.qp.Close}, {"send cq", a.scq.Close}, {"mr", a.mr.Close}, {"recv cq", a.rcq.Close}} {
+		if err := c.close(); err != nil {
+			t.Errorf("close %s after its device: %v", c.name, err)
+		}
+	}
+}
+
 // drainCQ polls cq empty.
 func drainCQ(cq verbs.CQ) {
 	wcs := make([]verbs.WorkCompletion, 64)

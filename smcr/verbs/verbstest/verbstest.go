@@ -106,6 +106,7 @@ var conformance = []struct {
 	{"LocalLengthError", testLocLen},
 	{"FlushOnDestroy", testFlushOnDestroy},
 	{"CloseWhilePosting", testCloseWhilePosting},
+	{"CloseDeviceFirst", testCloseDeviceFirst},
 	{"PeerProcessDies", testPeerDies},
 	{"ManyQPs", testManyQPs},
 	{"WrongState", testWrongState},
