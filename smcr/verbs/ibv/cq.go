@@ -185,8 +185,12 @@ func (c *cq) Poll(wc []verbs.WorkCompletion) (int, error) {
 }
 
 // pollLocked polls up to max completions from the device and passes each, drain
-// markers left out, to put. It returns how many it polled.
+// markers left out, to put. It returns how many it polled. A CQ destroyed since
+// the caller's closed check (Close won the lock) is not touched.
 func (c *cq) pollLocked(put func(verbs.WorkCompletion), max int) (int, error) {
+	if c.gone {
+		return 0, verbs.ErrClosed
+	}
 	got := int(C.smcr_poll(c.cq, C.int(max), c.wcs))
 	if got < 0 {
 		return 0, fmt.Errorf("ibv: poll cq: %w", syscall.Errno(-got))
@@ -243,7 +247,17 @@ func (c *cq) Wait(ctx context.Context) error {
 			}
 		}
 	}
-	if rc := C.smcr_arm(c.cq); rc != 0 {
+	c.mu.Lock()
+	rc := C.int(0)
+	if !c.gone {
+		rc = C.smcr_arm(c.cq)
+	}
+	gone := c.gone
+	c.mu.Unlock()
+	if gone {
+		return verbs.ErrClosed
+	}
+	if rc != 0 {
 		return fmt.Errorf("ibv: arm cq: %w", syscall.Errno(rc))
 	}
 	// A completion that arrived before the arm raises no event: look once more.
@@ -328,10 +342,15 @@ func (c *cq) destroyLocked() error {
 }
 
 // attach and detach count the queue pairs using c.
-func (c *cq) attach() {
+// attach fails on a CQ closed already: a QP must not be made on it.
+func (c *cq) attach() bool {
 	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed.Load() || c.gone {
+		return false
+	}
 	c.users++
-	c.mu.Unlock()
+	return true
 }
 
 func (c *cq) detach() {

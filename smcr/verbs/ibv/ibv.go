@@ -411,7 +411,7 @@ func (p *pd) regMR(mapped []byte, size int, refs *atomic.Int32, access verbs.Acc
 	}
 	p.live++
 	return &mr{pd: p, mr: m, mapped: mapped, refs: refs, buf: mapped[:size:size], access: access,
-		addr: uint64(uintptr(unsafe.Pointer(&mapped[0])))}, nil
+		addr: uint64(uintptr(unsafe.Pointer(&mapped[0]))), lkey: uint32(m.lkey), rkey: uint32(m.rkey)}, nil
 }
 
 func (p *pd) CreateQP(cfg verbs.QPConfig) (verbs.QP, error) { return p.createQP(cfg) }
@@ -437,14 +437,17 @@ type mr struct {
 	buf    []byte
 	access verbs.Access
 	addr   uint64
+	// The keys, kept in Go: ibv_dereg_mr frees the C struct they come from.
+	lkey, rkey uint32
+	gone       atomic.Bool // Close began: posts refuse the region
 
 	mu     sync.Mutex
 	closed bool
 }
 
 func (m *mr) Bytes() []byte        { return m.buf }
-func (m *mr) LKey() uint32         { return uint32(m.mr.lkey) }
-func (m *mr) RKey() uint32         { return uint32(m.mr.rkey) }
+func (m *mr) LKey() uint32         { return m.lkey }
+func (m *mr) RKey() uint32         { return m.rkey }
 func (m *mr) Addr() uint64         { return m.addr }
 func (m *mr) Access() verbs.Access { return m.access }
 
@@ -455,6 +458,7 @@ func (m *mr) Close() error {
 		return nil
 	}
 	m.closed = true
+	m.gone.Store(true)
 	if rc := C.ibv_dereg_mr(m.mr); rc != 0 {
 		// Still registered: unmapping would let the device write into
 		// whatever reuses the pages.

@@ -99,6 +99,7 @@ import "C"
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -162,6 +163,14 @@ func (p *pd) createQP(cfg verbs.QPConfig) (*qp, error) {
 	if p.closed {
 		return nil, verbs.ErrClosed
 	}
+	// Held before the QP exists, so neither CQ is destroyed under it.
+	if !scq.attach() {
+		return nil, verbs.ErrClosed
+	}
+	if !rcq.attach() {
+		scq.detach()
+		return nil, verbs.ErrClosed
+	}
 	var ia C.struct_ibv_qp_init_attr
 	ia.send_cq = scq.cq
 	ia.recv_cq = rcq.cq
@@ -181,13 +190,13 @@ func (p *pd) createQP(cfg verbs.QPConfig) (*qp, error) {
 		h, err = C.ibv_create_qp(p.pd, &ia)
 	}
 	if h == nil {
+		scq.detach()
+		rcq.detach()
 		return nil, fmt.Errorf("ibv: create qp: %w", errnoOr(err))
 	}
 	// ibv_create_qp writes the granted capacities back into ia.cap.
 	q := &qp{pd: p, dev: p.dev, qp: h, sendCQ: scq, recvCQ: rcq, rnrRetry: cfg.RNRRetry,
 		maxInline: int(ia.cap.max_inline_data)}
-	scq.attach()
-	rcq.attach()
 	// Straight to INIT: RECVs may be posted before the peer's attributes arrive.
 	if rc := C.smcr_to_init(h, C.int(p.dev.port)); rc != 0 {
 		C.ibv_destroy_qp(h)
@@ -261,12 +270,19 @@ func fillSGE(dst *C.struct_ibv_sge, sg []verbs.SGE) (n, total int, err error) {
 		if !ok {
 			return 0, 0, fmt.Errorf("ibv: %w: sge region of another provider", verbs.ErrInvalid)
 		}
+		if m.gone.Load() {
+			return 0, 0, fmt.Errorf("ibv: %w: sge region closed", verbs.ErrInvalid)
+		}
 		if s.Length == 0 {
 			continue
 		}
+		// The wire's lengths are 32 bits, and 2^31 is a message's limit.
+		if s.Length > math.MaxInt32 || total+s.Length > math.MaxInt32 {
+			return 0, 0, fmt.Errorf("ibv: %w: %d bytes in one work request", verbs.ErrInvalid, total+s.Length)
+		}
 		out[n].addr = C.uint64_t(m.addr + uint64(s.Offset))
 		out[n].length = C.uint32_t(s.Length)
-		out[n].lkey = m.mr.lkey
+		out[n].lkey = C.uint32_t(m.lkey)
 		n++
 		total += s.Length
 	}

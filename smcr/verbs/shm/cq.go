@@ -192,3 +192,9 @@ func (c *cq) Close() error {
 	close(c.done)
 	return nil
 }
+
+func (c *cq) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}

@@ -151,6 +151,9 @@ func newQP(p *pd, cfg verbs.QPConfig) (*qp, error) {
 	if !ok1 || !ok2 || sc.dev != p.dev || rc.dev != p.dev {
 		return nil, fmt.Errorf("%w: completion queues of another device", verbs.ErrInvalid)
 	}
+	if sc.isClosed() || rc.isClosed() {
+		return nil, verbs.ErrClosed
+	}
 	if cfg.MaxSendWR == 0 {
 		cfg.MaxSendWR = 64
 	}

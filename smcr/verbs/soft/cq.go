@@ -119,3 +119,9 @@ func (c *cq) Close() error {
 	}
 	return nil
 }
+
+func (c *cq) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}

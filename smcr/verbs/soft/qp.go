@@ -100,6 +100,9 @@ func newQP(p *pd, cfg verbs.QPConfig) (*qp, error) {
 	if !ok1 || !ok2 {
 		return nil, fmt.Errorf("soft: %w: completion queues of another provider", verbs.ErrInvalid)
 	}
+	if scq.isClosed() || rcq.isClosed() {
+		return nil, verbs.ErrClosed
+	}
 	if cfg.MaxSendWR == 0 {
 		cfg.MaxSendWR = defaultWR
 	}

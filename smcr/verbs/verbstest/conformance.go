@@ -550,6 +550,18 @@ func testCloseWhilePosting(t *testing.T, env Env) {
 // it made still closes, in any order, without error.
 func testCloseDeviceFirst(t *testing.T, env Env) {
 	a, _ := newPair(t, env, opts{})
+	// A CQ closed already takes no new QP.
+	cq, err := a.dev.CreateCQ(16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cq.Close()
+	if q, err := a.pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: cq}); !errors.Is(err, verbs.ErrClosed) {
+		if err == nil {
+			q.Close()
+		}
+		t.Errorf("CreateQP on a closed CQ: %v, want ErrClosed", err)
+	}
 	if err := a.dev.Close(); err != nil {
 		t.Fatalf("close device: %v", err)
 	}
@@ -749,6 +761,19 @@ func testInvalidSGE(t *testing.T, env Env) {
 	}
 	if err := a.qp.PostSend(&verbs.SendWR{ID: 1, Opcode: 99, SG: []verbs.SGE{{MR: a.mr, Length: 1}}}); !errors.Is(err, verbs.ErrInvalid) {
 		t.Fatalf("opcode 99: %v, want ErrInvalid", err)
+	}
+	// A region closed already: its keys may be gone with it.
+	gone, err := a.pd.AllocMR(4096, verbs.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone.Close()
+	sg := []verbs.SGE{{MR: gone, Length: 8}}
+	if err := a.qp.PostSend(&verbs.SendWR{ID: 1, Opcode: verbs.OpSend, SG: sg}); !errors.Is(err, verbs.ErrInvalid) {
+		t.Fatalf("send from a closed region: %v, want ErrInvalid", err)
+	}
+	if err := a.qp.PostRecv(&verbs.RecvWR{ID: 1, SG: sg}); !errors.Is(err, verbs.ErrInvalid) {
+		t.Fatalf("receive into a closed region: %v, want ErrInvalid", err)
 	}
 }
 
