@@ -272,7 +272,7 @@ func (d *device) takeHello(c *net.UnixConn) {
 	ch := d.pending[m.dstQPN]
 	q := d.qps[m.dstQPN]
 	if ch == nil && q != nil && !d.closed {
-		ch = make(chan *hello, 1)
+		ch = make(chan *hello, maxPendingHellos)
 		d.pending[m.dstQPN] = ch
 	}
 	d.mu.Unlock()
@@ -303,13 +303,17 @@ func drainHello(ch chan *hello) {
 	}
 }
 
-// helloChan returns the channel where the hello for qpn arrives.
+// maxPendingHellos is how many hellos wait for a QP's Connect: a stranger's
+// hello naming it first must not keep its peer's out (accept picks the peer's).
+const maxPendingHellos = 4
+
+// helloChan returns the channel where the hellos for qpn arrive.
 func (d *device) helloChan(qpn uint32) chan *hello {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	ch := d.pending[qpn]
 	if ch == nil {
-		ch = make(chan *hello, 1)
+		ch = make(chan *hello, maxPendingHellos)
 		d.pending[qpn] = ch
 	}
 	return ch

@@ -650,3 +650,47 @@ func TestPeerRegionSizeBounded(t *testing.T) {
 
 // TestQPNsUnpredictable: verbstest.QPNsSpread (takeHello's slot).
 func TestQPNsUnpredictable(t *testing.T) { verbstest.QPNsSpread(t, openDev(t, t.TempDir())) }
+
+// TestStrangerHelloFirst: a local stranger's hello naming the accepting QP
+// before its peer's does not keep the peer's out: a few hellos wait, and the
+// QP's Connect takes its peer's and closes the stranger's.
+func TestStrangerHelloFirst(t *testing.T) {
+	dir := t.TempDir()
+	da, db := openDev(t, dir), openDev(t, dir)
+	qa, qb := newEnd(t, da, verbs.QPConfig{}).qp.(*qp), newEnd(t, db, verbs.QPConfig{}).qp.(*qp)
+	ea, err := parseEndpoint(da.Endpoint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	eb, err := parseEndpoint(db.Endpoint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The end with the larger (device, inode) accepts.
+	acc, dialer, accEP := qb, qa, eb
+	if eb.dev < ea.dev || eb.dev == ea.dev && eb.ino < ea.ino {
+		acc, dialer, accEP = qa, qb, ea
+	}
+	fd, err := unix.MemfdCreate("stranger", unix.MFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	c, err := dialPeer(context.Background(), accEP.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, _, err := c.WriteMsgUnix((&ctl{typ: ctlHello, dstQPN: acc.qpn, srcQPN: 7}).append(nil), unix.UnixRights(fd), nil); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // parked before the peer's
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- dialer.Connect(ctx, acc.Attr()) }()
+	time.Sleep(200 * time.Millisecond) // the acceptor's Connect comes a little later
+	if err := errors.Join(acc.Connect(ctx, dialer.Attr()), <-errc); err != nil {
+		t.Fatalf("the peers did not connect after a stranger's hello: %v", err)
+	}
+}
