@@ -19,6 +19,9 @@
 // an inbound one (its peer's sends). Connect's stream starts with a hello naming
 // the target QP; the device attaches it to that QP, answers, and the QP checks, once
 // it is itself connected, that the hello came from the QP and PSN it was given.
+// Until then it holds up to four such streams, so a stranger's hello cannot keep
+// the peer's out, and QPNs are random, so naming one takes a guess. Connect
+// dials only an IP address and port: the endpoint is the peer's word.
 //
 // # Frames
 //
