@@ -126,9 +126,10 @@ func TestBPFOnDebianKernel(t *testing.T) {
 
 // TestTransparentOnSoftRoCE runs the end-to-end suite of test/e2e in the guest:
 // two hosts in network namespaces, each with its own smcrd built with the ibv
-// provider, carry unmodified programs over rxe (TestTransparent on rdma), and the
-// fallback, negative cache, unlisted port, kill and runtime configuration tests
-// run their eBPF programs on Debian's kernel, older than the host's (no tcx there).
+// provider, carry unmodified programs over rxe (TestTransparent, and nginx and
+// redis in TestServers, on rdma), and the fallback, negative cache, unlisted
+// port, kill and runtime configuration tests run their eBPF programs on
+// Debian's kernel, older than the host's (no tcx there).
 // That kernel has AF_SMC too: smcrd meets Linux's own SMC-R as client and server.
 // The tests that size their transfers for a native CPU (drain, stress) stay on
 // the host.
@@ -154,9 +155,11 @@ func TestTransparentOnSoftRoCE(t *testing.T) {
 	}
 	out := runSuiteEnv(t, bin,
 		[]string{"SMCR_E2E_BIN=" + dir, "SMCR_E2E_PROVIDERS=rdma", "SMCR_E2E_RDMA_DEVICE=rxe0"},
-		"-test.run", "^(TestTransparent|TestFallbackAndNegativeCache|TestPortNotListed|TestKill|TestRuntimeConfig|TestOperatorView|TestLinuxSMCServer|TestLinuxSMCClient|TestUrgentData)$")
-	if !bytes.Contains(out, []byte("--- PASS: TestTransparent/rdma")) {
-		t.Fatalf("TestTransparent/rdma did not pass in the guest:\n%s", out)
+		"-test.run", "^(TestTransparent|TestServers|TestFallbackAndNegativeCache|TestPortNotListed|TestKill|TestRuntimeConfig|TestOperatorView|TestLinuxSMCServer|TestLinuxSMCClient|TestUrgentData)$")
+	for _, want := range []string{"TestTransparent/rdma", "TestServers/rdma"} {
+		if !bytes.Contains(out, []byte("--- PASS: "+want)) {
+			t.Fatalf("%s did not pass in the guest:\n%s", want, out)
+		}
 	}
 	for _, l := range iperfRE.FindAll(out, -1) {
 		t.Logf("guest: %s", bytes.TrimSpace(l))
