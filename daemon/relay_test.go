@@ -44,18 +44,25 @@ func halfPipes() (*pipeConn, *pipeConn) {
 	return &pipeConn{Conn: a, r: r1, w: w2}, &pipeConn{Conn: b, r: r2, w: w1}
 }
 
+// relayEnds returns the application's connection and smcrd's end of it, and the
+// peer's pair: TCP to splice between, or (copy) halfPipes standing in for an
+// smcr.Conn.
+func relayEnds(t *testing.T, mode string) (app, appSide *net.TCPConn, peer, peerSide net.Conn) {
+	app, appSide = nstest.TCPPair(t)
+	if mode == "splice" {
+		peer, peerSide = nstest.TCPPair(t)
+	} else {
+		peer, peerSide = halfPipes()
+	}
+	return app, appSide, peer, peerSide
+}
+
 // TestRelayHalfClose: each side writes, half-closes, and still reads everything
 // the other side sends after that; no byte is lost, in either relay mode.
 func TestRelayHalfClose(t *testing.T) {
 	for _, mode := range []string{"splice", "copy"} {
 		t.Run(mode, func(t *testing.T) {
-			app, appSide := nstest.TCPPair(t)
-			var peer, peerSide net.Conn
-			if mode == "splice" {
-				peer, peerSide = nstest.TCPPair(t)
-			} else {
-				peer, peerSide = halfPipes()
-			}
+			app, appSide, peer, peerSide := relayEnds(t, mode)
 			up := make([]byte, 3<<20)
 			down := make([]byte, 1<<20+17)
 			rand.Read(up)
@@ -96,13 +103,7 @@ func TestRelayHalfClose(t *testing.T) {
 func TestRelayCountsAsItGoes(t *testing.T) {
 	for _, mode := range []string{"splice", "copy"} {
 		t.Run(mode, func(t *testing.T) {
-			app, appSide := nstest.TCPPair(t)
-			var peer, peerSide net.Conn
-			if mode == "splice" {
-				peer, peerSide = nstest.TCPPair(t)
-			} else {
-				peer, peerSide = halfPipes()
-			}
+			app, appSide, peer, peerSide := relayEnds(t, mode)
 			var counts byteCounts
 			stop := make(chan struct{})
 			defer close(stop)
