@@ -702,8 +702,8 @@ func TestAcceptErrorPasses(t *testing.T) {
 	}
 }
 
-// testQP makes a QP on d, with a CQ of its own.
-func testQP(t *testing.T, d verbs.Device) verbs.QP {
+// pdAndCQ allocates a PD and a CQ on d.
+func pdAndCQ(t *testing.T, d verbs.Device) (verbs.PD, verbs.CQ) {
 	t.Helper()
 	pd, err := d.AllocPD()
 	if err != nil {
@@ -713,6 +713,13 @@ func testQP(t *testing.T, d verbs.Device) verbs.QP {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return pd, cq
+}
+
+// testQP makes a QP on d, with a CQ of its own.
+func testQP(t *testing.T, d verbs.Device) verbs.QP {
+	t.Helper()
+	pd, cq := pdAndCQ(t, d)
 	q, err := pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: cq})
 	if err != nil {
 		t.Fatal(err)
@@ -761,15 +768,7 @@ func TestStrangerHelloFirst(t *testing.T) {
 // requester had copied the request's SGEs, where it read the new request's
 // (another region's bytes, and a data race on the slot).
 func TestEarlyAckSlotReuse(t *testing.T) {
-	d := open(t, Config{})
-	pd, err := d.AllocPD()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cq, err := d.CreateCQ(16)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pd, cq := pdAndCQ(t, open(t, Config{}))
 	mustMR := func(size int, fill string) verbs.MR {
 		m, err := pd.AllocMR(size, verbs.AccessLocalWrite)
 		if err != nil {
@@ -842,14 +841,7 @@ func TestDialsOnlyAddresses(t *testing.T) {
 		dialled = append(dialled, addr)
 		return nil, errors.New("no dialling here")
 	}})
-	pd, err := d.AllocPD()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cq, err := d.CreateCQ(16)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pd, cq := pdAndCQ(t, d)
 	for _, ep := range []string{"metadata.internal:80", "localhost:22", "0.0.0.0:22", "[::]:22", "224.0.0.1:22", "192.0.2.1:0", ""} {
 		q, err := pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: cq})
 		if err != nil {
