@@ -439,14 +439,13 @@ type acceptStall struct {
 // last accept. It reports whether accepting has stalled for ttl, and whether that
 // changed with this look.
 func (s *acceptStall) update(now time.Time, waiting int, lastAccept time.Time, ttl time.Duration) (stalled, changed bool) {
-	switch {
-	case waiting == 0 || lastAccept.After(s.since):
+	// An accept after since (any, when nothing waited before) restarts the
+	// wait from this look.
+	if waiting == 0 || lastAccept.After(s.since) {
 		s.since = time.Time{}
 		if waiting > 0 {
-			s.since = now // waiting again, behind the accept just seen
+			s.since = now
 		}
-	case s.since.IsZero():
-		s.since = now
 	}
 	was := s.stalled
 	s.stalled = !s.since.IsZero() && now.Sub(s.since) >= ttl
