@@ -88,7 +88,7 @@ type link struct {
 	slotTerm [nSendSlots]bool // the CDC in the slot says closed or abnormal close
 
 	llcIn     chan [llc.MsgLen]byte
-	lateResps atomic.Int32 // DELETE_RKEY responses waiting for a slot (respondLate)
+	lateResps atomic.Int32 // CONFIRM_RKEY, DELETE_RKEY responses waiting for a slot (respondLate)
 	ctl       chan *Conn
 	clReq     chan llc.ConfirmLink // CONFIRM_LINK requests, for the client
 	testDue   chan struct{}
@@ -441,9 +441,7 @@ func (l *link) earlyLLC(b []byte) bool {
 			// when no slot is free, not through the worker, which would apply
 			// the request again, perhaps after its withdrawal.
 			l.answerConfirmRkey(&r)
-			if !l.tryRespond(&r) {
-				l.respondLate(&r)
-			}
+			l.respond(&r)
 			return true
 		}
 		l.deliver(pendKey{t: llc.TypeConfirmRkey, key: uint64(r.RKey)}, b)
@@ -457,9 +455,7 @@ func (l *link) earlyLLC(b []byte) bool {
 		}
 		if !r.Response() {
 			l.answerDeleteRkey(&r)
-			if !l.tryRespond(&r) {
-				l.respondLate(&r)
-			}
+			l.respond(&r)
 			return true
 		}
 		l.deliver(pendKey{t: llc.TypeDeleteRkey, key: uint64(r.RKeys[0])}, b)
@@ -580,6 +576,14 @@ func (l *link) tryRespond(m llc.Message) bool {
 	l.lg.e.st.llcSent.Add(1)
 	l.postSlot(s)
 	return true
+}
+
+// respond sends an LLC response at once when a slot is free, else soon
+// (respondLate): never through the worker.
+func (l *link) respond(m llc.Message) {
+	if !l.tryRespond(m) {
+		l.respondLate(m)
+	}
 }
 
 // respondLate sends, from a goroutine, a response tryRespond found no slot for.
