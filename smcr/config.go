@@ -69,6 +69,8 @@ type Config struct {
 	Clock Clock
 	// Logger receives the engine's logs; nil discards them.
 	Logger *slog.Logger
+	// portPoll is the port watch's pace when not zero (tests).
+	portPoll time.Duration
 }
 
 // Clock is the engine's source of time, so timers are testable without sleeping.

@@ -90,21 +90,45 @@ func NewEngine(cfg Config) (*Engine, error) {
 }
 
 // portPoll is how often the engine asks the devices that can tell
-// (verbs.PortStater) whether their port is up.
+// (verbs.PortStater) whether their port is up (Config.portPoll in tests).
 const portPoll = 200 * time.Millisecond
 
 // watchPorts fails the links whose device's port went down, as Linux's
 // smcr_port_err does on IB_EVENT_PORT_ERR: at once, rather than when TEST_LINK or
 // the transport's retries give up. Their connections move to the group's other
-// link, or continue over TCP.
+// link, or continue over TCP. It looks every portPoll, and as soon as a device
+// that can tell (verbs.PortNotifier) says its port changed.
 func (e *Engine) watchPorts() {
-	t := time.NewTicker(portPoll)
+	poll := portPoll
+	if e.cfg.portPoll > 0 {
+		poll = e.cfg.portPoll
+	}
+	t := time.NewTicker(poll)
 	defer t.Stop()
+	changed := make(chan struct{}, 1)
+	for _, d := range e.cfg.Devices {
+		if pn, ok := d.(verbs.PortNotifier); ok {
+			go func() {
+				for {
+					select {
+					case <-pn.PortChanged():
+					case <-e.ctx.Done():
+						return
+					}
+					select {
+					case changed <- struct{}{}:
+					default:
+					}
+				}
+			}()
+		}
+	}
 	for {
 		select {
 		case <-e.ctx.Done():
 			return
 		case <-t.C:
+		case <-changed:
 		}
 		var down []verbs.Device
 		for _, d := range e.cfg.Devices {

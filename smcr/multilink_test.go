@@ -419,36 +419,49 @@ func TestSecondLinkReadded(t *testing.T) {
 	p.closeAll(t, append(first, second...))
 }
 
-// TestSecondLinkPortDown: a link is added again only once the ports on both ends
-// are up (verbs.PortStater), as Linux waits for a port event: while the server's
-// port is down it does not try, while the client's is down the client rejects.
 // TestPortDownFailsLink: a device whose port goes down fails its link by
-// itself, within the engine's port poll (as Linux's smcr_port_err on
-// IB_EVENT_PORT_ERR), though the device still carries: the connections move to
-// the other link and carry on, on both ends.
+// itself, though the device still carries, as Linux's smcr_port_err on
+// IB_EVENT_PORT_ERR: at once on the device's port event (verbs.PortNotifier;
+// the poll is an hour away), or within the engine's port poll when no event
+// comes. The connections move to the other link and carry on, on both ends.
 func TestPortDownFailsLink(t *testing.T) {
-	c1, c2, s1, s2 := fourDevices(t)
-	p := newPair(t, Config{Devices: []verbs.Device{c1, c2}}, Config{Devices: []verbs.Device{s1, s2}})
-	pairs := p.connectSMC(t, 4)
-	eventually(t, "two links on both ends", func() bool { return twoLinks(p.cli) && twoLinks(p.srv) })
-	start := time.Now()
-	c2.SetPortUp(false)
-	eventually(t, "one link left on both ends", func() bool { return oneLink(p.cli) && oneLink(p.srv) })
-	if d := time.Since(start); d > 5*portPoll {
-		t.Errorf("the link failed %v after its port went down, want within a few port polls (%v)", d, portPoll)
-	}
-	for _, cs := range pairs {
-		echoCheck(t, cs[0], cs[1])
-	}
-	if st := p.cli.Stats(); st.Continued != 0 {
-		t.Errorf("%d connections continued over TCP, want them moved to the other link", st.Continued)
-	}
-	for _, cs := range pairs {
-		cs[0].Close()
-		cs[1].Close()
+	for _, events := range []bool{true, false} {
+		t.Run(map[bool]string{true: "event", false: "polled"}[events], func(t *testing.T) {
+			c1, c2, s1, s2 := fourDevices(t)
+			cfg := func(d ...verbs.Device) Config {
+				c := Config{Devices: d}
+				if events {
+					c.portPoll = time.Hour
+				}
+				return c
+			}
+			c2.SetPortEvents(events)
+			p := newPair(t, cfg(c1, c2), cfg(s1, s2))
+			pairs := p.connectSMC(t, 4)
+			eventually(t, "two links on both ends", func() bool { return twoLinks(p.cli) && twoLinks(p.srv) })
+			start := time.Now()
+			c2.SetPortUp(false)
+			eventually(t, "one link left on both ends", func() bool { return oneLink(p.cli) && oneLink(p.srv) })
+			if d := time.Since(start); !events && d > 5*portPoll {
+				t.Errorf("the link failed %v after its port went down, want within a few port polls (%v)", d, portPoll)
+			}
+			for _, cs := range pairs {
+				echoCheck(t, cs[0], cs[1])
+			}
+			if st := p.cli.Stats(); st.Continued != 0 {
+				t.Errorf("%d connections continued over TCP, want them moved to the other link", st.Continued)
+			}
+			for _, cs := range pairs {
+				cs[0].Close()
+				cs[1].Close()
+			}
+		})
 	}
 }
 
+// TestSecondLinkPortDown: a link is added again only once the ports on both ends
+// are up (verbs.PortStater), as Linux waits for a port event: while the server's
+// port is down it does not try, while the client's is down the client rejects.
 func TestSecondLinkPortDown(t *testing.T) {
 	c1, c2, s1, s2 := fourDevices(t)
 	cfg := func(d ...verbs.Device) Config {

@@ -24,6 +24,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 )
 
 // Kind names a provider. The values travel in smcr's CLC extension: never renumber.
@@ -285,6 +286,43 @@ type Registrar interface {
 // Open. Devices without it are taken to be up while open.
 type PortStater interface {
 	PortUp() bool
+}
+
+// PortNotifier is implemented by PortStaters that hear of port changes as they
+// happen (real RDMA: libibverbs' async events), so that a watcher need not wait
+// for its next look at PortUp. PortChanged returns a channel that is closed at
+// the next change after the call; each change closes the channel every caller
+// holds, so any number of watchers may wait. Changes may be coalesced, and a
+// close may come without a change: the watcher asks PortUp.
+type PortNotifier interface {
+	PortChanged() <-chan struct{}
+}
+
+// PortChanges is what a PortNotifier hands out: Next is PortChanged, and Notify
+// closes the channel of every waiter. The zero value is ready.
+type PortChanges struct {
+	mu   sync.Mutex
+	next chan struct{}
+}
+
+// Next returns the channel the next Notify closes.
+func (c *PortChanges) Next() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.next == nil {
+		c.next = make(chan struct{})
+	}
+	return c.next
+}
+
+// Notify wakes every waiter on Next's channel.
+func (c *PortChanges) Notify() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.next != nil {
+		close(c.next)
+		c.next = nil
+	}
 }
 
 // MR is a registered memory region.

@@ -26,21 +26,24 @@ var (
 
 // Device is one in-process device. Its Endpoint names it in the registry.
 type Device struct {
-	name  string
-	mu    sync.Mutex
-	mrs   map[uint32]*mr
-	qps   map[uint32]*qp
-	next  uint32
-	kind  verbs.Kind
-	gid   [16]byte
-	mac   [6]byte
-	shut  bool
-	down  atomic.Bool // SetPortUp(false)
-	mute  atomic.Bool // SetCarry(false)
-	pds   int         // PDs not yet freed
-	cqs   int         // CQs not yet closed
-	bad   []string
-	Sends atomic.Uint64 // SEND work requests posted, for tests that count messages
+	name string
+	mu   sync.Mutex
+	mrs  map[uint32]*mr
+	qps  map[uint32]*qp
+	next uint32
+	kind verbs.Kind
+	gid  [16]byte
+	mac  [6]byte
+	shut bool
+	down atomic.Bool // SetPortUp(false)
+	// changes is closed by SetPortUp (verbs.PortNotifier) unless quiet.
+	changes verbs.PortChanges
+	quiet   atomic.Bool
+	mute    atomic.Bool // SetCarry(false)
+	pds     int         // PDs not yet freed
+	cqs     int         // CQs not yet closed
+	bad     []string
+	Sends   atomic.Uint64 // SEND work requests posted, for tests that count messages
 }
 
 // New returns a device that reports kind (any Kind; the engine only compares them).
@@ -66,8 +69,21 @@ func (d *Device) Endpoint() []byte { return []byte(d.name) }
 func (d *Device) PortUp() bool { return !d.down.Load() }
 
 // SetPortUp takes the port down or brings it back, as a cable would; it only
-// changes what PortUp reports (Fail breaks the queue pairs).
-func (d *Device) SetPortUp(up bool) { d.down.Store(!up) }
+// changes what PortUp reports (Fail breaks the queue pairs), and tells the
+// watchers of PortChanged unless SetPortEvents(false).
+func (d *Device) SetPortUp(up bool) {
+	d.down.Store(!up)
+	if !d.quiet.Load() {
+		d.changes.Notify()
+	}
+}
+
+// PortChanged is closed by SetPortUp (verbs.PortNotifier).
+func (d *Device) PortChanged() <-chan struct{} { return d.changes.Next() }
+
+// SetPortEvents(false) makes SetPortUp silent, as a device whose events are
+// lost: only polling PortUp sees the change.
+func (d *Device) SetPortEvents(on bool) { d.quiet.Store(!on) }
 
 // SetCarry(false) makes the device's QPs lose what they send, with no completion,
 // as on a path that connects but does not carry: RC retries until the QP closes.
