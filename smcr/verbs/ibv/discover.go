@@ -69,6 +69,9 @@ func Devices() ([]PortInfo, error) {
 	var out []PortInfo
 	for _, d := range devs {
 		ports, err := os.ReadDir(filepath.Join(base, d.Name(), "ports"))
+		if errors.Is(err, os.ErrNotExist) {
+			continue // removed since the listing ("rdma link delete", a hot unplug)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("ibv: list ports of %s: %w", d.Name(), err)
 		}
@@ -78,6 +81,9 @@ func Devices() ([]PortInfo, error) {
 				continue
 			}
 			pi, err := readPort(filepath.Join(base, d.Name(), "ports", p.Name()), d.Name(), n)
+			if errors.Is(err, os.ErrNotExist) {
+				continue // the device went while it was read
+			}
 			if err != nil {
 				return nil, err
 			}

@@ -129,6 +129,31 @@ func TestNoRDMA(t *testing.T) {
 	}
 }
 
+// TestDeviceVanishing: a device removed while Devices reads the tree (its
+// directory listed, its ports or GID table gone) is left out; the others stay.
+func TestDeviceVanishing(t *testing.T) {
+	fakeSysfs(t, []fakeGID{
+		{"rxe0", 1, 1, "0000:0000:0000:0000:0000:ffff:0a63:0001", "RoCE v2", "dummy0"},
+	}, map[string]string{"rxe0": "4: ACTIVE"}, nil)
+	base := filepath.Join(SysfsRoot, "class/infiniband")
+	if err := os.MkdirAll(filepath.Join(base, "gone_ports"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(base, "gone_gids", "ports", "1"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ports, err := Devices()
+	if err != nil {
+		t.Fatalf("Devices with vanishing devices: %v", err)
+	}
+	if len(ports) != 1 || ports[0].Device != "rxe0" {
+		t.Fatalf("Devices = %+v, want rxe0 only", ports)
+	}
+	if tg, err := Resolve("dummy0"); err != nil || tg.Device != "rxe0" || tg.GIDIndex != 1 {
+		t.Fatalf("Resolve(dummy0) = %+v, %v", tg, err)
+	}
+}
+
 func TestParseGID(t *testing.T) {
 	g, err := ParseGID("fe80:0000:0000:0000:64de:94ff:feba:ee78")
 	if err != nil || g[0] != 0xfe || g[1] != 0x80 || g[15] != 0x78 {

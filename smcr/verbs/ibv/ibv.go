@@ -24,6 +24,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -56,6 +57,9 @@ type device struct {
 	attr     verbs.PortAttr
 	cfg      Config
 	log      *slog.Logger
+	events   *asyncEvents      // nil if they could not be watched
+	changes  verbs.PortChanges // closed on port events (PortChanged)
+	fatal    atomic.Bool       // IBV_EVENT_DEVICE_FATAL came
 
 	mu     sync.Mutex
 	closed bool
@@ -77,6 +81,9 @@ func (d *device) release() {
 }
 
 func (d *device) closeLocked() error {
+	if d.events != nil {
+		d.events.stop()
+	}
 	if rc := C.ibv_close_device(d.ctx); rc != 0 {
 		d.log.Warn("ibv: close device", "device", d.name, "err", syscall.Errno(-rc))
 		return fmt.Errorf("ibv: close %s: %w", d.name, syscall.Errno(-rc))
@@ -109,8 +116,9 @@ func open(cfg Config) (*device, error) {
 	// table comes from one ibv_query_gid_table call: reading sysfs entry by
 	// entry is slow with the 1024-entry tables of rxe.
 	var (
-		ctxs  = map[string]*C.struct_ibv_context{}
-		ports []PortInfo
+		ctxs   = map[string]*C.struct_ibv_context{}
+		ports  []PortInfo
+		failed []string // devices passed over while looking for the interface's
 	)
 	defer func() {
 		for _, c := range ctxs {
@@ -122,20 +130,25 @@ func open(cfg Config) (*device, error) {
 		if cfg.Device != "" && name != cfg.Device {
 			continue
 		}
-		ctx, err := C.ibv_open_device(dev)
-		if ctx == nil {
-			return nil, fmt.Errorf("ibv: open %s: %w", name, errnoOr(err))
-		}
-		ctxs[name] = ctx
-		pi, err := queryPorts(ctx, name)
+		pi, err := openAndQuery(dev, name, ctxs)
 		if err != nil {
-			return nil, err
+			if cfg.Device != "" {
+				return nil, err
+			}
+			// Another device's trouble (one being removed, a driver in a
+			// bad state) must not keep this interface's from opening.
+			log.Warn("ibv: device passed over", "device", name, "err", err)
+			failed = append(failed, err.Error())
+			continue
 		}
 		ports = append(ports, pi...)
 	}
 	if cfg.Device == "" {
 		t, err := resolveIn(ports, cfg.Interface)
 		if err != nil {
+			if len(failed) > 0 {
+				err = fmt.Errorf("%w (passed over: %s)", err, strings.Join(failed, "; "))
+			}
 			return nil, err
 		}
 		cfg.Device, cfg.Port, cfg.GIDIndex = t.Device, t.Port, t.GIDIndex
@@ -164,9 +177,22 @@ func open(cfg Config) (*device, error) {
 		C.ibv_close_device(ctx)
 		return nil, err
 	}
+	if err := d.watchEvents(); err != nil {
+		log.Warn("ibv: port events unwatched; port changes are seen by polling only", "device", d.name, "err", err)
+	}
 	log.Debug("ibv: opened", "device", d.name, "port", d.port, "gid_index", d.gidIndex,
 		"gid", net.IP(d.attr.GID[:]).String(), "netdev", d.attr.Netdev, "mtu", d.attr.MTU.Bytes())
 	return d, nil
+}
+
+// openAndQuery opens dev into ctxs[name] and describes its ports.
+func openAndQuery(dev *C.struct_ibv_device, name string, ctxs map[string]*C.struct_ibv_context) ([]PortInfo, error) {
+	ctx, err := C.ibv_open_device(dev)
+	if ctx == nil {
+		return nil, fmt.Errorf("ibv: open %s: %w", name, errnoOr(err))
+	}
+	ctxs[name] = ctx
+	return queryPorts(ctx, name)
 }
 
 // queryPorts describes every port of an opened device from libibverbs.
@@ -270,7 +296,7 @@ func (d *device) Port() verbs.PortAttr { return d.attr }
 func (d *device) PortUp() bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.closed {
+	if d.closed || d.fatal.Load() {
 		return false
 	}
 	var pa C.struct_ibv_port_attr
@@ -405,7 +431,9 @@ func (p *pd) regMR(mapped []byte, size int, refs *atomic.Int32, access verbs.Acc
 	if access&verbs.AccessRemoteRead != 0 {
 		flags |= C.IBV_ACCESS_REMOTE_READ
 	}
-	m, err := C.ibv_reg_mr(p.pd, unsafe.Pointer(&mapped[0]), C.size_t(len(mapped)), flags)
+	// The region is size bytes, not the page-rounded mapping: a peer's WRITE
+	// past the buffer fails rather than landing in the slack.
+	m, err := C.ibv_reg_mr(p.pd, unsafe.Pointer(&mapped[0]), C.size_t(size), flags)
 	if m == nil {
 		return nil, fmt.Errorf("ibv: register %d bytes: %w", size, errnoOr(err))
 	}

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/smcr-io/smcr/smcr/verbs"
 )
 
@@ -243,14 +245,18 @@ func TestWriteAndWriteImm(t *testing.T) {
 func TestRemoteAccessErrors(t *testing.T) {
 	for _, tc := range []struct {
 		name string
+		size int
 		addr func(b *side) uint64
 		rkey func(b *side) uint32
 	}{
-		{"bad rkey", func(b *side) uint64 { return b.mr.Addr() }, func(b *side) uint32 { return b.mr.RKey() ^ 0x5a5a00 }},
-		{"out of bounds", func(b *side) uint64 { return b.mr.Addr() + 4000 }, func(b *side) uint32 { return b.mr.RKey() }},
+		{"bad rkey", 4096, func(b *side) uint64 { return b.mr.Addr() }, func(b *side) uint32 { return b.mr.RKey() ^ 0x5a5a00 }},
+		{"out of bounds", 4096, func(b *side) uint64 { return b.mr.Addr() + 4000 }, func(b *side) uint32 { return b.mr.RKey() }},
+		// The page the region was mapped in goes on past it: registered was
+		// the region only.
+		{"past the region, inside its page", 1000, func(b *side) uint64 { return b.mr.Addr() + 900 }, func(b *side) uint32 { return b.mr.RKey() }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			a, b := pair(t, 4096, verbs.QPConfig{})
+			a, b := pair(t, tc.size, verbs.QPConfig{})
 			err := a.qp.PostSend(&verbs.SendWR{ID: 3, Opcode: verbs.OpWrite, Signaled: true,
 				SG: []verbs.SGE{{MR: a.mr, Length: 200}}, RemoteAddr: tc.addr(b), RKey: tc.rkey(b)})
 			if err != nil {
@@ -445,5 +451,48 @@ func TestNoAllocations(t *testing.T) {
 	round()
 	if n := testing.AllocsPerRun(100, round); n != 0 {
 		t.Fatalf("%v allocations per post/poll round", n)
+	}
+}
+
+// TestPortEvents: the port's async events reach PortChanged as the interface
+// under the device goes down and comes back. It uses the second device
+// (SMCR_IBV_INTERFACE2, rxe2 on dummy1 in the harness), which no other test of
+// the package holds.
+func TestPortEvents(t *testing.T) {
+	ifc := os.Getenv("SMCR_IBV_INTERFACE2")
+	if ifc == "" {
+		if os.Getenv("SMCR_IBV_REQUIRE") == "1" {
+			t.Fatal("no SMCR_IBV_INTERFACE2, and SMCR_IBV_REQUIRE=1")
+		}
+		t.Skip("SMCR_IBV_INTERFACE2 names no interface with an RDMA device to take down; test/vm runs this test on soft-RoCE")
+	}
+	link, err := netlink.LinkByName(ifc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := Open(Config{Interface: ifc, GIDIndex: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	t.Cleanup(func() { netlink.LinkSetUp(link) })
+	ports := d.(verbs.PortStater)
+	changed := d.(verbs.PortNotifier).PortChanged
+	for _, step := range []struct {
+		up  bool
+		set func(netlink.Link) error
+	}{{false, netlink.LinkSetDown}, {true, netlink.LinkSetUp}} {
+		ch := changed()
+		if err := step.set(link); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-ch:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("no port event 5 s after %s went up=%v", ifc, step.up)
+		}
+		if got := ports.PortUp(); got != step.up {
+			t.Fatalf("PortUp after the event = %v, want %v", got, step.up)
+		}
 	}
 }
