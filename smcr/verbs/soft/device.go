@@ -223,6 +223,9 @@ func (d *device) PortUp() bool {
 	return d.watch.up(d.port.Netdev)
 }
 
+// PortChanged is closed when the device's interface changes (verbs.PortNotifier).
+func (d *device) PortChanged() <-chan struct{} { return d.watch.next() }
+
 // acceptLoop takes the request streams of peer QPs.
 func (d *device) acceptLoop() {
 	defer d.wg.Done()

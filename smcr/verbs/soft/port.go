@@ -1,6 +1,8 @@
 // The port's state: up while its network interface is up and has a carrier, as
 // an RNIC's port is ACTIVE while its link is, so that smcr fails the links of an
 // interface that went down at once (verbs.PortStater) instead of when TCP gives up.
+// Netlink's link notifications stand for an RNIC's port events
+// (verbs.PortNotifier), so that smcr need not wait for its next look.
 
 package soft
 
@@ -10,13 +12,17 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/smcr-io/smcr/smcr/verbs"
 )
 
 // portWatch asks netlink, in the network namespace the device was opened in,
-// about its interface.
+// about its interface, and listens there for changes to it.
 type portWatch struct {
-	ns netns.NsHandle
-	nl *netlink.Handle
+	ns      netns.NsHandle
+	nl      *netlink.Handle
+	changes verbs.PortChanges
+	stop    chan struct{} // ends the subscription
 }
 
 // openPortWatch captures the calling thread's network namespace; nil when there
@@ -34,14 +40,35 @@ func openPortWatch(netdev string) *portWatch {
 		ns.Close()
 		return nil
 	}
-	return &portWatch{ns: ns, nl: nl}
+	w := &portWatch{ns: ns, nl: nl, stop: make(chan struct{})}
+	// Without the subscription, changes are seen when smcr polls PortUp.
+	updates := make(chan netlink.LinkUpdate, 16)
+	if netlink.LinkSubscribeWithOptions(updates, w.stop, netlink.LinkSubscribeOptions{Namespace: &ns}) == nil {
+		go func() {
+			for u := range updates { // closed after stop
+				if u.Attrs().Name == netdev {
+					w.changes.Notify()
+				}
+			}
+		}()
+	}
+	return w
 }
 
 func (w *portWatch) close() {
 	if w != nil {
+		close(w.stop)
 		w.nl.Close()
 		w.ns.Close()
 	}
+}
+
+// next is PortChanged's channel; a device without a watch never changes.
+func (w *portWatch) next() <-chan struct{} {
+	if w == nil {
+		return nil
+	}
+	return w.changes.Next()
 }
 
 // up reports whether netdev is administratively up with a carrier. An interface

@@ -108,7 +108,8 @@ func TestPortAttr(t *testing.T) {
 
 // TestPortUp: the port follows its interface, in the namespace the device was
 // opened in (the test's own thread is elsewhere): down when either end of the
-// veth pair is set down (no carrier), up again with it, down once closed.
+// veth pair is set down (no carrier), up again with it, down once closed. Each
+// change is announced (verbs.PortNotifier): the test waits on those alone.
 func TestPortUp(t *testing.T) {
 	if verbstest.InPeer() {
 		t.Skip("not the peer's test")
@@ -119,27 +120,39 @@ func TestPortUp(t *testing.T) {
 	if !ok {
 		t.Fatal("soft device does not say whether its port is up")
 	}
-	setLink := func(ns *nstest.NS, state string) {
+	pn, ok := a.(verbs.PortNotifier)
+	if !ok {
+		t.Fatal("soft device does not announce port changes")
+	}
+	// setLink sets ns's end down or up and returns once the changes
+	// announced bring PortUp to want.
+	setLink := func(ns *nstest.NS, state string, want bool) {
 		t.Helper()
+		changed := pn.PortChanged()
 		if out, err := ns.Command("ip", "link", "set", ns.Links[0].Name, state).CombinedOutput(); err != nil {
 			t.Fatalf("ip link set %s: %v %s", state, err, out)
 		}
-	}
-	eventuallyPort := func(want bool) {
-		t.Helper()
-		for i := 0; ps.PortUp() != want; i++ {
-			if i == 100 {
-				t.Fatalf("PortUp() = %v, want %v", !want, want)
+		for {
+			select {
+			case <-changed:
+			case <-time.After(5 * time.Second):
+				t.Fatalf("%s %s: no change announced in 5 s; PortUp() = %v, want %v", ns.Links[0].Name, state, ps.PortUp(), want)
 			}
-			time.Sleep(20 * time.Millisecond)
+			changed = pn.PortChanged()
+			if ps.PortUp() == want {
+				return
+			}
 		}
 	}
-	eventuallyPort(true)
+	for i := 0; !ps.PortUp(); i++ { // the veth pair's carrier may lag its creation
+		if i == 100 {
+			t.Fatal("port still down 2 s after open")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	for _, ns := range []*nstest.NS{p.A, p.B} { // our end, then the peer's: no carrier
-		setLink(ns, "down")
-		eventuallyPort(false)
-		setLink(ns, "up")
-		eventuallyPort(true)
+		setLink(ns, "down", false)
+		setLink(ns, "up", true)
 	}
 	a.Close()
 	if ps.PortUp() {
