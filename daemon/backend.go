@@ -88,7 +88,7 @@ func (d *Daemon) stats(s smcr.Stats, reset bool) control.Stats {
 			Active:          s.Active,
 		},
 		RX: control.Direction{Bytes: s.RxBytes, Requests: total(s.RxReqSizes), FallbackBytes: s.FallbackRx,
-			BufferFull: s.RxFull, BufferTooSmall: s.RxTooSmall, Reuses: s.RxReuses,
+			BufferFull: s.RxFull, BufferTooSmall: s.RxTooSmall, Reuses: s.RxReuses, Downgrades: s.RxDowngrades,
 			BufferSizes: histogram(s.RxBufSizes), RequestSizes: histogram(s.RxReqSizes)},
 		TX: control.Direction{Bytes: s.TxBytes, Requests: total(s.TxReqSizes), FallbackBytes: s.FallbackTx,
 			BufferFull: s.WriteBlocked, BufferTooSmall: s.TxTooSmall, Reuses: s.TxReuses,

@@ -30,3 +30,20 @@ func TestStatsPlainFallbacks(t *testing.T) {
 	check(d.stats(smcr.Stats{}, true), 1)
 	check(d.stats(smcr.Stats{}, false), 0)
 }
+
+// TestStatsBufferEvents: each direction's buffer events come from the engine's
+// counter of that name (the downgrade row was never filled once).
+func TestStatsBufferEvents(t *testing.T) {
+	d := &Daemon{}
+	st := d.stats(smcr.Stats{RxFull: 1, RxTooSmall: 2, RxReuses: 3, RxDowngrades: 4, WriteBlocked: 5, TxTooSmall: 6, TxReuses: 7}, false)
+	type events struct{ full, tooSmall, reuses, downgrades uint64 }
+	pick := func(d control.Direction) events {
+		return events{d.BufferFull, d.BufferTooSmall, d.Reuses, d.Downgrades}
+	}
+	if got, want := pick(st.RX), (events{1, 2, 3, 4}); got != want {
+		t.Errorf("rx buffer events %+v, want %+v", got, want)
+	}
+	if got, want := pick(st.TX), (events{5, 6, 7, 0}); got != want {
+		t.Errorf("tx buffer events %+v, want %+v", got, want)
+	}
+}

@@ -498,7 +498,7 @@ func (e *Engine) serverProposal(ctx context.Context, c *Conn, prop *clc.Proposal
 		return clc.DeclineNoActiveLink, errors.New("link group has no link")
 	}
 	c.lnk = lnk
-	if code, err := c.allocRMB(); err != nil {
+	if code, err := c.allocRMB(e.settings().RMBSize); err != nil {
 		return code, err
 	}
 	if code, err := c.holdSendBuffer(); err != nil {
@@ -661,7 +661,7 @@ func (e *Engine) clientAccept(ctx context.Context, c *Conn, acc *clc.Accept) (De
 			return clc.DeclineInternalRToken, fmt.Errorf("rkey %#x never confirmed over llc", li.RKey)
 		}
 	}
-	if code, err := c.allocRMB(); err != nil {
+	if code, err := c.allocRMB(clc.RMBESize(li.SizeCode)); err != nil {
 		return code, err
 	}
 	if code, err := c.setPeer(li); err != nil {

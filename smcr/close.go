@@ -366,15 +366,20 @@ func (c *Conn) activate() {
 }
 
 // allocRMB reserves memory for and registers our RMBE, and takes an alert token.
-func (c *Conn) allocRMB() (DeclineCode, error) {
-	size := c.e.settings().RMBSize
-	if b := c.takePooled(true, uint64(size)); b != nil {
+// send is the send buffer that must fit beside it: the peer's RMBE, or on the
+// server, which learns it only from the Confirm, the size we are configured
+// with (holdSendBuffer).
+func (c *Conn) allocRMB(send int) (DeclineCode, error) {
+	want := c.e.settings().RMBSize
+	if b := c.takePooled(true, uint64(want)); b != nil {
 		c.adopt(b)
 		c.rmbPooled = true
 		c.e.st.rxReuses.Add(1)
 	} else {
-		if !c.e.reserveOrTrim(int64(size)) {
-			return clc.DeclineNoMemory, fmt.Errorf("rmb of %d bytes exceeds max memory %d", size, c.e.settings().MaxMemory)
+		size, ok := c.reserveRMB(want, send)
+		if !ok {
+			return clc.DeclineNoMemory, fmt.Errorf("rmb of %d bytes (or at least %d) and a send buffer of %d exceed max memory %d",
+				want, minRMB, send, c.e.settings().MaxMemory)
 		}
 		c.memHeld += int64(size)
 		mr, err := c.lnk.pd.AllocMR(size, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
@@ -393,13 +398,32 @@ func (c *Conn) allocRMB() (DeclineCode, error) {
 	return 0, nil
 }
 
+// reserveRMB reserves max_memory for an RMB of want bytes or, when that and a
+// send buffer of send bytes do not fit, of the largest smaller size that does,
+// halving down to minRMB: as Linux's smc_buf_create tries smaller buffers and
+// counts a downgrade, the connection then runs over SMC-R with less buffer
+// rather than falling back. It reserves the RMB's bytes only.
+func (c *Conn) reserveRMB(want, send int) (int, bool) {
+	for size := want; size >= minRMB; size /= 2 {
+		if c.e.reserveOrTrim(int64(size + send)) {
+			c.e.unreserve(int64(send)) // the send buffer reserves its own
+			if size < want {
+				c.e.st.rxDowngrades.Add(1)
+				c.e.log.Debug("smcr: rmb downgraded for lack of memory", "conn", c.id, "want", want, "size", size)
+			}
+			return size, true
+		}
+	}
+	return 0, false
+}
+
 // holdSendBuffer reserves, on the server at the Proposal, memory for the send
 // buffer that mirrors the client's RMBE, whose size only the Confirm tells: as
-// much as our RMBE (the client is likely configured as we are). A server short of
-// memory must decline before its Accept: after the client's Confirm a Decline
-// comes too late, the client already writes into our RMBE.
+// much as we are configured with (the client is likely configured as we are).
+// A server short of memory must decline before its Accept: after the client's
+// Confirm a Decline comes too late, the client already writes into our RMBE.
 func (c *Conn) holdSendBuffer() (DeclineCode, error) {
-	n := int64(c.rmbSize)
+	n := int64(c.e.settings().RMBSize)
 	if !c.e.reserveOrTrim(n) {
 		return clc.DeclineNoMemory, fmt.Errorf("send buffer of about %d bytes exceeds max memory %d", n, c.e.settings().MaxMemory)
 	}

@@ -20,9 +20,10 @@ type Config struct {
 	// Devices are the RDMA devices to offer, one per link (1 or 2). With none, every
 	// connection falls back to TCP (declining with "no SMC-R device").
 	Devices []verbs.Device
-	// MaxMemory bounds the bytes of RMBs and send buffers held at once; a
-	// connection that would exceed it falls back with "insufficient memory".
-	// Zero means unlimited.
+	// MaxMemory bounds the bytes of RMBs and send buffers held at once. A
+	// connection that would exceed it takes a smaller RMB (Stats.RxDowngrades),
+	// down to 16 KiB; one that would exceed it even so falls back with
+	// "insufficient memory". Zero means unlimited.
 	MaxMemory int64
 	// RMBSize is the receive buffer (RMBE) of each connection, rounded up to a
 	// power of two between 16 KiB and 512 KiB. Default 256 KiB, as smcrd's rmb_size.

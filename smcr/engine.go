@@ -365,8 +365,8 @@ func (e *Engine) update(f func(*Settings)) {
 
 // SetMaxMemory bounds the bytes of RMBs and send buffers held at once, as
 // Config.MaxMemory (0: unlimited). Buffers already held are kept even when they
-// exceed the new bound; new connections that do not fit fall back with
-// "insufficient memory".
+// exceed the new bound; new connections take smaller RMBs, or fall back with
+// "insufficient memory" when even those do not fit.
 func (e *Engine) SetMaxMemory(n int64) error {
 	if n < 0 {
 		return fmt.Errorf("%w: negative max memory", ErrConfig)

@@ -242,11 +242,12 @@ func TestTransferCounters(t *testing.T) {
 }
 
 // TestServerMemoryBeforeAccept: a server with room for its RMB but not for the
-// send buffer declines before its Accept, so the client falls back cleanly; a
-// Decline after the client's Confirm would end the client's connection instead.
+// send buffer beside even the smallest one declines before its Accept, so the
+// client falls back cleanly; a Decline after the client's Confirm would end the
+// client's connection instead.
 func TestServerMemoryBeforeAccept(t *testing.T) {
 	p := memPair(t)
-	if err := p.srv.SetMaxMemory(defaultRMB * 3 / 2); err != nil {
+	if err := p.srv.SetMaxMemory(defaultRMB + minRMB - 1); err != nil {
 		t.Fatal(err)
 	}
 	c, s := p.connect(t)
@@ -257,7 +258,53 @@ func TestServerMemoryBeforeAccept(t *testing.T) {
 		t.Fatalf("server decline %+v", d)
 	}
 	echoCheck(t, c, s)
-	if st := p.srv.Stats(); st.MemoryInUse != 0 || st.MemoryPeak != defaultRMB {
-		t.Errorf("server memory in use %d, peak %d: want 0 and the RMB alone", st.MemoryInUse, st.MemoryPeak)
+	if st := p.srv.Stats(); st.MemoryInUse != 0 || st.MemoryPeak != 0 || st.RxDowngrades != 0 {
+		t.Errorf("server memory in use %d, peak %d, downgrades %d: want nothing held", st.MemoryInUse, st.MemoryPeak, st.RxDowngrades)
+	}
+}
+
+// TestRMBDowngrade: an end whose max_memory cannot hold an RMB of the
+// configured size beside its send buffer takes the largest smaller RMB that
+// fits, as Linux's smc_buf_create, and counts a downgrade: the connection runs
+// over SMC-R (every byte through the smaller ring), within max_memory.
+func TestRMBDowngrade(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		limit int64 // of the downgrading end; the peer's is unlimited
+		want  int   // its RMB
+	}{
+		{"server", defaultRMB * 3 / 2, defaultRMB / 2}, // send buffer held at the configured size
+		{"client", defaultRMB + defaultRMB/4, defaultRMB / 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := memPair(t)
+			e := p.srv
+			if tc.name == "client" {
+				e = p.cli
+			}
+			if err := e.SetMaxMemory(tc.limit); err != nil {
+				t.Fatal(err)
+			}
+			c, s := p.connect(t)
+			mustSMC(t, c, s)
+			conn := s
+			if tc.name == "client" {
+				conn = c
+			}
+			if got := connInfo(t, e, conn).RMBSize; got != tc.want {
+				t.Errorf("RMB of %d bytes, want %d", got, tc.want)
+			}
+			exchangeAll(t, c, s, 3*defaultRMB, 3*defaultRMB)
+			st := e.Stats()
+			if st.RxDowngrades != 1 {
+				t.Errorf("%d downgrades counted, want 1", st.RxDowngrades)
+			}
+			if st.MemoryPeak > tc.limit {
+				t.Errorf("memory peaked at %d bytes, over max_memory %d", st.MemoryPeak, tc.limit)
+			}
+			if ps := p.cli.Stats().RxDowngrades + p.srv.Stats().RxDowngrades; ps != 1 {
+				t.Errorf("%d downgrades on both ends, want the one", ps)
+			}
+		})
 	}
 }

@@ -58,6 +58,9 @@ type Stats struct {
 	TxTooSmall   uint64 // writes of more than the peer's whole RMBE (the send buffer)
 	RxReuses     uint64 // RMBs taken from the link group's pool instead of allocated
 	TxReuses     uint64 // send buffers taken from the pool instead of allocated
+	// RxDowngrades counts RMBs smaller than configured, for lack of memory.
+	// Send buffers mirror the peer's RMBE and are never downgraded.
+	RxDowngrades uint64
 	ProtoErrors  uint64 // peer protocol violations (bad cursor, unknown token, …)
 	Aborts       uint64 // connections ended by abnormal close
 	Continued    uint64 // connections that went on over TCP after their link group failed
@@ -119,7 +122,7 @@ type stats struct {
 	writeBlocked, protoErrors, aborts, continued     atomic.Uint64
 	addLinks, deleteLinks, movedConns                atomic.Uint64
 	rxFull, rxTooSmall, txTooSmall                   atomic.Uint64
-	rxReuses, txReuses                               atomic.Uint64
+	rxReuses, txReuses, rxDowngrades                 atomic.Uint64
 	rxBuf, txBuf, rxReq, txReq                       sizeHist
 	mu                                               sync.Mutex
 	fallback                                         map[FallbackKey]uint64
@@ -184,6 +187,7 @@ func (s *stats) take(reset bool) Stats {
 		TxTooSmall:   get(&s.txTooSmall),
 		RxReuses:     get(&s.rxReuses),
 		TxReuses:     get(&s.txReuses),
+		RxDowngrades: get(&s.rxDowngrades),
 		RxBufSizes:   s.rxBuf.take(reset),
 		TxBufSizes:   s.txBuf.take(reset),
 		RxReqSizes:   s.rxReq.take(reset),
