@@ -183,6 +183,13 @@ type LinkGroup struct {
 	State    string `json:"state"`     // "active", "inactive", "deleting"
 	Conns    int    `json:"conns"`     // connections on it now
 	Links    []Link `json:"links"`
+	// MostLinks is the most links it has had at once: fewer active links
+	// than that is a path lost.
+	MostLinks int `json:"most_links"`
+	// TX and RX count every link it has had, failed ones included: they
+	// only grow, where the sum over Links drops when a link goes.
+	TX LinkTraffic `json:"tx"`
+	RX LinkTraffic `json:"rx"`
 }
 
 // Link is one RC queue pair of a link group (GET /v1/links), after

@@ -149,7 +149,10 @@ func total(h smcr.SizeHistogram) uint64 {
 func (d *Daemon) LinkGroups(context.Context) ([]control.LinkGroup, error) {
 	var out []control.LinkGroup
 	for _, g := range d.engine.LinkGroups() {
-		lg := control.LinkGroup{ID: g.ID, Role: g.Role, Peer: g.Peer, Provider: g.Provider, State: "active", Conns: g.Conns}
+		lg := control.LinkGroup{ID: g.ID, Role: g.Role, Peer: g.Peer, Provider: g.Provider, State: "active", Conns: g.Conns,
+			MostLinks: g.MostLinks,
+			TX:        control.LinkTraffic{Bytes: g.TxBytes, WorkRequests: g.Sent},
+			RX:        control.LinkTraffic{Bytes: g.RxBytes, WorkRequests: g.Completed}}
 		if g.PeerAddr.IsValid() {
 			lg.PeerAddr = g.PeerAddr.String()
 		}

@@ -20,7 +20,8 @@
 //	smcr_memory_in_use_bytes, smcr_memory_peak_bytes
 //	smcr_protocol_errors_total, smcr_aborts_total
 //	smcr_linkgroup_info{linkgroup,role,peer,peer_addr,provider,state}
-//	smcr_linkgroup_connections{linkgroup}, smcr_linkgroup_links{linkgroup}
+//	smcr_linkgroup_connections{linkgroup}, smcr_linkgroup_links{linkgroup},
+//	smcr_linkgroup_links_max{linkgroup}
 //	smcr_linkgroup_{bytes,work_requests}_total{linkgroup,direction}
 //	smcr_link_info{linkgroup,link,interface,device,local_gid,peer_gid,local_qpn,peer_qpn}
 //	smcr_link_active{linkgroup,link}, smcr_link_connections{linkgroup,link}
@@ -160,9 +161,10 @@ var (
 
 	lgInfoDesc  = desc("linkgroup_info", "One series per link group, carrying its identity in labels.", "linkgroup", "role", "peer", "peer_addr", "provider", "state")
 	lgConnsDesc = desc("linkgroup_connections", "Connections on the link group now.", "linkgroup")
-	lgLinksDesc = desc("linkgroup_links", "Links of the link group.", "linkgroup")
-	lgBytesDesc = desc("linkgroup_bytes_total", "Bytes over all links of the link group.", "linkgroup", "direction")
-	lgWRDesc    = desc("linkgroup_work_requests_total", "Work requests over all links of the link group.", "linkgroup", "direction")
+	lgLinksDesc = desc("linkgroup_links", "Links of the link group now.", "linkgroup")
+	lgMostDesc  = desc("linkgroup_links_max", "The most links the link group has had at once; fewer active is a path lost.", "linkgroup")
+	lgBytesDesc = desc("linkgroup_bytes_total", "Bytes over every link the link group has had.", "linkgroup", "direction")
+	lgWRDesc    = desc("linkgroup_work_requests_total", "Work requests over every link the link group has had.", "linkgroup", "direction")
 
 	linkLabels     = []string{"linkgroup", "link"}
 	linkInfoDesc   = desc("link_info", "One series per link, carrying its identity in labels.", "linkgroup", "link", "interface", "device", "local_gid", "peer_gid", "local_qpn", "peer_qpn")
@@ -177,7 +179,7 @@ var (
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{upDesc, enabledDesc, uptimeDesc, fallbackDesc, bufferSizeDesc, requestSizeDesc,
-		lgInfoDesc, lgConnsDesc, lgLinksDesc, lgBytesDesc, lgWRDesc,
+		lgInfoDesc, lgConnsDesc, lgLinksDesc, lgMostDesc, lgBytesDesc, lgWRDesc,
 		linkInfoDesc, linkActiveDesc, linkConnsDesc, linkBytesDesc, linkWRDesc, linkErrDesc, linkRTTDesc} {
 		ch <- d
 	}
@@ -252,11 +254,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(lgInfoDesc, 1, id, lg.Role, lg.Peer, lg.PeerAddr, lg.Provider, lg.State)
 		gauge(lgConnsDesc, float64(lg.Conns), id)
 		gauge(lgLinksDesc, float64(len(lg.Links)), id)
-		var tx, rx control.LinkTraffic
+		gauge(lgMostDesc, float64(lg.MostLinks), id)
 		for _, l := range lg.Links {
 			n := strconv.Itoa(int(l.Num))
-			tx.Bytes, tx.WorkRequests = tx.Bytes+l.TX.Bytes, tx.WorkRequests+l.TX.WorkRequests
-			rx.Bytes, rx.WorkRequests = rx.Bytes+l.RX.Bytes, rx.WorkRequests+l.RX.WorkRequests
 			gauge(linkInfoDesc, 1, id, n, l.Interface, l.Device, l.LocalGID, l.PeerGID,
 				fmt.Sprintf("%#06x", l.LocalQPN), fmt.Sprintf("%#06x", l.PeerQPN))
 			gauge(linkActiveDesc, b2f(l.State == "active"), id, n)
@@ -270,10 +270,10 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 				gauge(linkRTTDesc, l.RTTMicros/1e6, id, n)
 			}
 		}
-		counter(lgBytesDesc, tx.Bytes, id, "tx")
-		counter(lgBytesDesc, rx.Bytes, id, "rx")
-		counter(lgWRDesc, tx.WorkRequests, id, "tx")
-		counter(lgWRDesc, rx.WorkRequests, id, "rx")
+		counter(lgBytesDesc, lg.TX.Bytes, id, "tx")
+		counter(lgBytesDesc, lg.RX.Bytes, id, "rx")
+		counter(lgWRDesc, lg.TX.WorkRequests, id, "tx")
+		counter(lgWRDesc, lg.RX.WorkRequests, id, "rx")
 	}
 }
 

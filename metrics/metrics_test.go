@@ -174,7 +174,6 @@ func expected(t *testing.T, statsJSON map[string]any, links []control.Link) samp
 	}
 	walk("", statsJSON)
 
-	lgs := map[uint32][2]control.LinkTraffic{}
 	for _, l := range links {
 		lg, n := fmt.Sprint(l.LinkGroup), fmt.Sprint(l.Num)
 		want[key("smcr_link_bytes_total", "linkgroup", lg, "link", n, "direction", "tx")] = float64(l.TX.Bytes)
@@ -193,19 +192,6 @@ func expected(t *testing.T, statsJSON map[string]any, links []control.Link) samp
 		want[key("smcr_link_active", "linkgroup", lg, "link", n)] = active
 		want[key("smcr_link_info", "linkgroup", lg, "link", n, "interface", l.Interface, "device", l.Device,
 			"local_gid", l.LocalGID, "peer_gid", l.PeerGID, "local_qpn", fmt.Sprintf("%#06x", l.LocalQPN), "peer_qpn", fmt.Sprintf("%#06x", l.PeerQPN))] = 1
-		sum := lgs[l.LinkGroup]
-		sum[0].Bytes += l.TX.Bytes
-		sum[0].WorkRequests += l.TX.WorkRequests
-		sum[1].Bytes += l.RX.Bytes
-		sum[1].WorkRequests += l.RX.WorkRequests
-		lgs[l.LinkGroup] = sum
-	}
-	for id, sum := range lgs {
-		lg := fmt.Sprint(id)
-		want[key("smcr_linkgroup_bytes_total", "linkgroup", lg, "direction", "tx")] = float64(sum[0].Bytes)
-		want[key("smcr_linkgroup_bytes_total", "linkgroup", lg, "direction", "rx")] = float64(sum[1].Bytes)
-		want[key("smcr_linkgroup_work_requests_total", "linkgroup", lg, "direction", "tx")] = float64(sum[0].WorkRequests)
-		want[key("smcr_linkgroup_work_requests_total", "linkgroup", lg, "direction", "rx")] = float64(sum[1].WorkRequests)
 	}
 	return want
 }
@@ -260,6 +246,19 @@ func TestScrapeMatchesSmcrctl(t *testing.T) {
 		}
 		if v := got[key("smcr_linkgroup_links", "linkgroup", id)]; v != float64(len(lg.Links)) {
 			t.Errorf("link group %s: links %v, want %d", id, v, len(lg.Links))
+		}
+		if v := got[key("smcr_linkgroup_links_max", "linkgroup", id)]; v != float64(lg.MostLinks) {
+			t.Errorf("link group %s: most links %v, want %d", id, v, lg.MostLinks)
+		}
+		// The group's totals, which count links gone too, not a sum over
+		// the links it has now.
+		for dir, tr := range map[string]control.LinkTraffic{"tx": lg.TX, "rx": lg.RX} {
+			if v := got[key("smcr_linkgroup_bytes_total", "linkgroup", id, "direction", dir)]; v != float64(tr.Bytes) {
+				t.Errorf("link group %s: %s bytes %v, want %d", id, dir, v, tr.Bytes)
+			}
+			if v := got[key("smcr_linkgroup_work_requests_total", "linkgroup", id, "direction", dir)]; v != float64(tr.WorkRequests) {
+				t.Errorf("link group %s: %s work requests %v, want %d", id, dir, v, tr.WorkRequests)
+			}
 		}
 		info := key("smcr_linkgroup_info", "linkgroup", id, "role", lg.Role, "peer", lg.Peer, "peer_addr", lg.PeerAddr, "provider", lg.Provider, "state", lg.State)
 		if got[info] != 1 {

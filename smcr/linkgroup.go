@@ -59,6 +59,8 @@ type linkGroup struct {
 	conns     map[uint32]*Conn // by our alert token
 	reserved  int              // connections on it or setting up
 	links     []*link
+	mostLinks int              // the most links it has had at once (LinkGroupInfo)
+	gone      linkTraffic      // what links taken out of it moved: the totals only grow
 	rr        int              // round robin over the links for new connections
 	peerRMBs  peerRMBTable     // the peer's RMBs we were told of, by rkey on each link
 	rkeyAdded chan struct{}    // closed and replaced whenever peerRMBs grows
@@ -152,6 +154,22 @@ type LinkGroupInfo struct {
 	PeerAddr netip.Addr // the peer's IP address of first contact
 	Conns    int
 	Links    []LinkInfo
+	// MostLinks is the most links the group has had at once: fewer live
+	// links than that is a path lost, which a failover restores.
+	MostLinks int
+	// The work requests and payload of every link the group has had, failed
+	// ones included, so that they only grow (the links' own go with them).
+	Sent, Completed, TxBytes, RxBytes uint64
+}
+
+// linkTraffic sums links' counters.
+type linkTraffic struct{ sent, completed, txBytes, rxBytes uint64 }
+
+func (t *linkTraffic) add(li LinkInfo) {
+	t.sent += li.Sent
+	t.completed += li.Completed
+	t.txBytes += li.TxBytes
+	t.rxBytes += li.RxBytes
 }
 
 // LinkInfo describes one link of a link group.
@@ -196,7 +214,8 @@ func (e *Engine) LinkGroups() []LinkGroupInfo {
 		}
 		lg.mu.RLock()
 		info := LinkGroupInfo{ID: lg.id, Role: role, Peer: fmt.Sprintf("%x", lg.key.peer[:]),
-			Provider: lg.key.kind.String(), PeerAddr: lg.peerAddr, Conns: len(lg.conns)}
+			Provider: lg.key.kind.String(), PeerAddr: lg.peerAddr, Conns: len(lg.conns), MostLinks: lg.mostLinks}
+		total := lg.gone
 		perLink := map[*link]int{}
 		for _, c := range lg.conns {
 			c.mu.Lock()
@@ -204,19 +223,28 @@ func (e *Engine) LinkGroups() []LinkGroupInfo {
 			c.mu.Unlock()
 		}
 		for _, l := range lg.links {
-			li := LinkInfo{Num: l.num, Conns: perLink[l], Device: l.dev.Name(), QPN: l.qp.Attr().QPN,
-				PeerQPN: l.peer.QPN, State: l.state(), QPState: l.qp.State().String(), Sent: l.posted.Load(), Completed: l.polled.Load(),
-				TxBytes: l.txBytes.Load(), RxBytes: l.rxBytes.Load(), PeerGID: l.peer.GID, Errors: l.errs.Load(),
-				RTT: time.Duration(l.rtt.Load())}
-			if at := l.testedAt.Load(); at != 0 {
-				li.Tested = time.Unix(0, at)
-			}
+			li := l.info()
+			li.Conns = perLink[l]
+			total.add(li)
 			info.Links = append(info.Links, li)
 		}
 		lg.mu.RUnlock()
+		info.Sent, info.Completed, info.TxBytes, info.RxBytes = total.sent, total.completed, total.txBytes, total.rxBytes
 		out = append(out, info)
 	}
 	return out
+}
+
+// info describes l, but for its connections.
+func (l *link) info() LinkInfo {
+	li := LinkInfo{Num: l.num, Device: l.dev.Name(), QPN: l.qp.Attr().QPN,
+		PeerQPN: l.peer.QPN, State: l.state(), QPState: l.qp.State().String(), Sent: l.posted.Load(), Completed: l.polled.Load(),
+		TxBytes: l.txBytes.Load(), RxBytes: l.rxBytes.Load(), PeerGID: l.peer.GID, Errors: l.errs.Load(),
+		RTT: time.Duration(l.rtt.Load())}
+	if at := l.testedAt.Load(); at != 0 {
+		li.Tested = time.Unix(0, at)
+	}
+	return li
 }
 
 // state names the link's state as Linux's smc_link does: active once its queue
@@ -241,7 +269,7 @@ func (e *Engine) newLinkGroup(key lgKey, di int) (*linkGroup, error) {
 	e.lgSeq++
 	lg := &linkGroup{e: e, id: e.lgSeq, key: key, dev: di, ready: make(chan struct{}),
 		conns: map[uint32]*Conn{}, peerRMBs: newPeerRMBTable(), rkeyAdded: make(chan struct{}),
-		addCont: make(chan llc.AddLinkCont, maxConnsPerLGR), lastNum: 1}
+		addCont: make(chan llc.AddLinkCont, maxConnsPerLGR), lastNum: 1, mostLinks: 1}
 	e.mu.Unlock()
 	l, err := newLink(lg, e.cfg.Devices[di], 1)
 	if err != nil {

@@ -481,6 +481,7 @@ func (lg *linkGroup) appendLink(l *link) error {
 		return ErrLinkDown
 	}
 	lg.links = append(lg.links, l)
+	lg.mostLinks = max(lg.mostLinks, len(lg.links))
 	return nil
 }
 
@@ -703,6 +704,7 @@ func (lg *linkGroup) linkFailed(l *link, err error, notify bool) {
 	}
 	defer func() { go lg.readdLink() }()
 	lg.links = slices.Delete(lg.links, i, i+1)
+	lg.gone.add(l.info())
 	conns := make([]*Conn, 0, len(lg.conns))
 	for _, c := range lg.conns {
 		conns = append(conns, c)

@@ -908,3 +908,33 @@ func TestSetupLinkFailsDuringRKeyWait(t *testing.T) {
 	}
 	t.Fatal("no setup waited for an rkey over link 2")
 }
+
+// TestLinkGroupTotalsAfterFailover: a group that lost a link still counts
+// what that link moved (its totals only grow, as the metrics' counters must),
+// and says it has had two links, so a path lost shows as 1 of 2.
+func TestLinkGroupTotalsAfterFailover(t *testing.T) {
+	c1, c2, s1, s2 := fourDevices(t)
+	cfg := func(d ...verbs.Device) Config { return Config{Devices: d, RMBSize: 16 << 10, TestLinkInterval: -1} }
+	p := newPair(t, cfg(c1, c2), cfg(s1, s2))
+	conns := p.connectSMC(t, 6)
+	eventually(t, "two links", func() bool { return twoLinks(p.cli) && twoLinks(p.srv) })
+	streamPairs(t, conns, 4<<20, 7, func() {})
+	before := p.srv.LinkGroups()[0]
+	s1.Fail()
+	eventually(t, "one link left", func() bool { return oneLink(p.srv) })
+	after := p.srv.LinkGroups()[0]
+	if after.TxBytes < before.TxBytes || after.RxBytes < before.RxBytes || after.Sent < before.Sent || after.Completed < before.Completed {
+		t.Errorf("totals went back: before %+v, after %+v", before, after)
+	}
+	var linkSum uint64
+	for _, l := range before.Links {
+		linkSum += l.TxBytes
+	}
+	if before.TxBytes != linkSum || before.TxBytes == 0 {
+		t.Errorf("before the failure the group's tx bytes %d, its links' %d", before.TxBytes, linkSum)
+	}
+	if len(after.Links) != 1 || after.MostLinks != 2 || before.MostLinks != 2 {
+		t.Errorf("links %d of most %d after the failure (%d before); want 1 of 2", len(after.Links), after.MostLinks, before.MostLinks)
+	}
+	p.closeAll(t, conns)
+}

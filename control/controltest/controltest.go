@@ -45,7 +45,9 @@ func NewFake(file string) *Fake {
 	}
 	f.S = FixedStats()
 	f.LGs = []control.LinkGroup{
+		// Group 1 lost its second link: its totals count what that link moved.
 		{ID: 1, Role: "client", Peer: "2a3b02000a000002", PeerAddr: "198.18.0.2", Provider: "shm", State: "active", Conns: 1,
+			MostLinks: 2, TX: control.LinkTraffic{Bytes: 1<<30 + 1<<20, WorkRequests: 16384 + 16}, RX: control.LinkTraffic{Bytes: 4<<20 + 4096, WorkRequests: 2048 + 1},
 			Links: []control.Link{{
 				Num: 1, State: "active", Interface: "veth-a", Device: "shm0", Port: 1,
 				LocalGID: "fe80::200:aff:fe00:1", PeerGID: "fe80::200:aff:fe00:2", LocalQPN: 0x11, PeerQPN: 0x21, Conns: 1,
@@ -53,6 +55,7 @@ func NewFake(file string) *Fake {
 				Errors: 0, RTTMicros: 41.5, TestLinkAgo: 12,
 			}}},
 		{ID: 2, Role: "server", Peer: "7c1d02000a000003", PeerAddr: "198.18.0.3", Provider: "soft", State: "active", Conns: 1,
+			MostLinks: 2, TX: control.LinkTraffic{Bytes: 65536, WorkRequests: 3}, RX: control.LinkTraffic{Bytes: 987654321, WorkRequests: 15070},
 			Links: []control.Link{
 				{Num: 1, State: "active", Interface: "veth-b", Device: "soft0", Port: 1,
 					LocalGID: "fe80::200:aff:fe00:1", PeerGID: "fe80::200:aff:fe00:3", LocalQPN: 0x12, PeerQPN: 0x31, Conns: 1,

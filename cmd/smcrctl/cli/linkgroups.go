@@ -12,7 +12,8 @@ SMC-R connections share. A link group is created by a peer's first connection
 ("first contact") and kept a while after its last connection closes.
 
 Columns: ID, ROLE (client or server), PEER (SMC peer ID), PEER-ADDR, PROVIDER
-(rdma, shm, soft), STATE, LINKS (active/all), CONNS.
+(rdma, shm, soft), STATE, LINKS (active/most: the most links the group has had
+at once, so 1/2 is a group that lost a path and has not got it back), CONNS.
 
 Options:
   --json  print the link groups with all their links as JSON
@@ -41,7 +42,8 @@ Examples:
 					active++
 				}
 			}
-			row(tw, lg.ID, lg.Role, lg.Peer, orDash(lg.PeerAddr), lg.Provider, lg.State, itoa(active)+"/"+itoa(len(lg.Links)), lg.Conns)
+			most := max(lg.MostLinks, len(lg.Links))
+			row(tw, lg.ID, lg.Role, lg.Peer, orDash(lg.PeerAddr), lg.Provider, lg.State, itoa(active)+"/"+itoa(most), lg.Conns)
 		}
 		return tw.Flush()
 	},
