@@ -7,6 +7,7 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -311,18 +312,21 @@ func (d *Daemon) Devices(context.Context) ([]control.Device, error) {
 	return out, nil
 }
 
-// LogState writes the link groups, links and connections to the log (SIGUSR1).
+// LogState writes the link groups, links and connections to the log (SIGUSR1),
+// whatever log_level says: the operator asked for them.
 func (d *Daemon) LogState() {
+	log := slog.New(asked{d.log.Handler()})
 	ctx := context.Background()
 	lgs, _ := d.LinkGroups(ctx)
 	conns, _ := d.Conns(ctx)
 	st, _ := d.Stats(ctx)
-	d.log.Info("state", "link_groups", len(lgs), "connections", len(conns), "handled", st.Connections.Handled,
+	log.Info("state", "link_groups", len(lgs), "connections", len(conns), "handled", st.Connections.Handled,
 		"smcr", st.Connections.SMCR, "fallback", st.Connections.Fallback)
 	for _, g := range lgs {
-		d.log.Info("link group", "id", g.ID, "role", g.Role, "peer", g.Peer, "peer_addr", g.PeerAddr, "provider", g.Provider, "conns", g.Conns)
+		log.Info("link group", "id", g.ID, "role", g.Role, "peer", g.Peer, "peer_addr", g.PeerAddr, "provider", g.Provider, "conns", g.Conns,
+			"links", len(g.Links), "most_links", g.MostLinks)
 		for _, l := range g.Links {
-			d.log.Info("link", "group", g.ID, "num", l.Num, "state", l.State, "device", l.Device,
+			log.Info("link", "group", g.ID, "num", l.Num, "state", l.State, "device", l.Device,
 				"qpn", l.LocalQPN, "peer_qpn", l.PeerQPN, "tx_bytes", l.TX.Bytes, "rx_bytes", l.RX.Bytes,
 				"tx_wr", l.TX.WorkRequests, "rx_wr", l.RX.WorkRequests, "errors", l.Errors, "rtt_us", l.RTTMicros)
 		}
@@ -333,6 +337,14 @@ func (d *Daemon) LogState() {
 		if c.Mode == control.ModeTCP {
 			attrs = append(attrs, "reason", c.DeclineReason)
 		}
-		d.log.Info("connection", attrs...)
+		log.Info("connection", attrs...)
 	}
 }
+
+// asked is a handler that takes every record: the dump an operator asks for
+// must not be dropped by a log level set for the daemon's own messages.
+type asked struct{ slog.Handler }
+
+func (asked) Enabled(context.Context, slog.Level) bool { return true }
+func (h asked) WithAttrs(as []slog.Attr) slog.Handler  { return asked{h.Handler.WithAttrs(as)} }
+func (h asked) WithGroup(name string) slog.Handler     { return asked{h.Handler.WithGroup(name)} }

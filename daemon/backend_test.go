@@ -1,8 +1,12 @@
 package daemon
 
 import (
+	"bytes"
+	"log/slog"
+	"strings"
 	"testing"
 
+	"github.com/smcr-io/smcr/config"
 	"github.com/smcr-io/smcr/control"
 	"github.com/smcr-io/smcr/smcr"
 )
@@ -45,5 +49,22 @@ func TestStatsBufferEvents(t *testing.T) {
 	}
 	if got, want := pick(st.TX), (events{5, 6, 7, 0}); got != want {
 		t.Errorf("tx buffer events %+v, want %+v", got, want)
+	}
+}
+
+// TestLogStateWhateverTheLevel: the SIGUSR1 dump is written under
+// log_level=warn too; the operator asked for it.
+func TestLogStateWhateverTheLevel(t *testing.T) {
+	d, _ := policyDaemon(t, config.Default(), nil)
+	var buf bytes.Buffer
+	d.log = slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	d.peers = newPeerCache(nil, nil)
+	d.LogState()
+	if !strings.Contains(buf.String(), "msg=state") {
+		t.Errorf("SIGUSR1 under log_level=warn wrote %q", buf.String())
+	}
+	d.log.Info("not asked for")
+	if strings.Contains(buf.String(), "not asked for") {
+		t.Error("the daemon's own Info went out under log_level=warn")
 	}
 }
