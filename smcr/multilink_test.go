@@ -119,8 +119,10 @@ func TestSecondLinkFailover(t *testing.T) {
 		eventually(t, "one link left", func() bool { return oneLink(p.cli) && oneLink(p.srv) })
 	})
 	cs, ss := p.cli.Stats(), p.srv.Stats()
-	if cs.DeleteLinks != 1 {
-		t.Errorf("client saw %d DELETE_LINK, want 1", cs.DeleteLinks)
+	// Whichever end sees the failure first sends DELETE_LINK; both may, when
+	// they see it at once.
+	if cs.DeleteLinks > 1 || ss.DeleteLinks > 1 || cs.DeleteLinks+ss.DeleteLinks == 0 {
+		t.Errorf("DELETE_LINK received: client %d, server %d; want one end or both once", cs.DeleteLinks, ss.DeleteLinks)
 	}
 	if cs.MovedConns == 0 || ss.MovedConns == 0 || cs.MovedConns != ss.MovedConns {
 		t.Errorf("moved connections: client %d, server %d", cs.MovedConns, ss.MovedConns)
