@@ -159,7 +159,7 @@ func (d *Daemon) LinkGroups(context.Context) ([]control.LinkGroup, error) {
 		}
 		for _, l := range g.Links {
 			lk := control.Link{LinkGroup: g.ID, Num: l.Num, Role: g.Role, Peer: g.Peer, State: l.State,
-				Device: l.Device, Port: 1, LocalQPN: l.QPN, PeerQPN: l.PeerQPN, Conns: l.Conns,
+				Device: l.Device, Port: l.Port, LocalQPN: l.QPN, PeerQPN: l.PeerQPN, Conns: l.Conns,
 				TX:     control.LinkTraffic{Bytes: l.TxBytes, WorkRequests: l.Sent},
 				RX:     control.LinkTraffic{Bytes: l.RxBytes, WorkRequests: l.Completed},
 				Errors: l.Errors, RTTMicros: float64(l.RTT.Nanoseconds()) / 1e3}
@@ -169,7 +169,7 @@ func (d *Daemon) LinkGroups(context.Context) ([]control.LinkGroup, error) {
 			if !l.Tested.IsZero() {
 				lk.TestLinkAgo = time.Since(l.Tested).Seconds()
 			}
-			if dev := d.device(l.Device); dev != nil {
+			if dev := d.device(l.Device, l.Port); dev != nil {
 				p := dev.Port()
 				lk.Interface = p.Netdev
 				lk.LocalGID = netip.AddrFrom16(p.GID).String()
@@ -181,14 +181,19 @@ func (d *Daemon) LinkGroups(context.Context) ([]control.LinkGroup, error) {
 	return out, nil
 }
 
-func (d *Daemon) device(name string) verbs.Device {
+// device finds a device by name and port: the two ports of a dual-port
+// adapter are two devices of one name.
+func (d *Daemon) device(name string, port int) verbs.Device {
 	for _, dev := range d.devs {
-		if dev.Name() == name {
+		if dev.Name() == name && portNum(dev) == port {
 			return dev
 		}
 	}
 	return nil
 }
+
+// portNum is dev's port number, 1 for devices without ports.
+func portNum(dev verbs.Device) int { return max(dev.Port().Num, 1) }
 
 // Conns lists the connections: those the engine runs (SMC-R or fallen back after
 // CLC) and those carried as plain TCP without CLC.
@@ -285,7 +290,7 @@ func (d *Daemon) Devices(context.Context) ([]control.Device, error) {
 	out := make([]control.Device, 0, len(d.devs))
 	for _, dev := range d.devs {
 		p := dev.Port()
-		cd := control.Device{Name: dev.Name(), Provider: dev.Kind().String(), Port: 1, State: "down",
+		cd := control.Device{Name: dev.Name(), Provider: dev.Kind().String(), Port: portNum(dev), State: "down",
 			Interface: p.Netdev, GID: netip.AddrFrom16(p.GID).String(), MAC: net.HardwareAddr(p.MAC[:]).String(),
 			MTU: p.MTU.Bytes()}
 		up := p.LinkUp
@@ -298,7 +303,7 @@ func (d *Daemon) Devices(context.Context) ([]control.Device, error) {
 		for _, g := range lgs {
 			used := false
 			for _, l := range g.Links {
-				if l.Device == dev.Name() {
+				if l.Device == dev.Name() && l.Port == cd.Port {
 					cd.Links++
 					used = true
 				}

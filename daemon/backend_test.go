@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"bytes"
+	"context"
 	"log/slog"
 	"strings"
 	"testing"
@@ -9,6 +10,7 @@ import (
 	"github.com/smcr-io/smcr/config"
 	"github.com/smcr-io/smcr/control"
 	"github.com/smcr-io/smcr/smcr"
+	"github.com/smcr-io/smcr/smcr/verbs"
 )
 
 // TestStatsPlainFallbacks: connections carried as plain TCP without CLC are
@@ -66,5 +68,39 @@ func TestLogStateWhateverTheLevel(t *testing.T) {
 	d.log.Info("not asked for")
 	if strings.Contains(buf.String(), "not asked for") {
 		t.Error("the daemon's own Info went out under log_level=warn")
+	}
+}
+
+// portDev is a device of a dual-port adapter: its name is the adapter's.
+type portDev struct {
+	name string
+	port verbs.PortAttr
+}
+
+func (d portDev) Kind() verbs.Kind               { return verbs.KindRDMA }
+func (d portDev) Name() string                   { return d.name }
+func (d portDev) Port() verbs.PortAttr           { return d.port }
+func (d portDev) Endpoint() []byte               { return nil }
+func (d portDev) AllocPD() (verbs.PD, error)     { return nil, verbs.ErrUnsupported }
+func (d portDev) CreateCQ(int) (verbs.CQ, error) { return nil, verbs.ErrUnsupported }
+func (d portDev) Close() error                   { return nil }
+
+// TestDualPortDevices: the two ports of one adapter, opened for two
+// interfaces, are told apart by their port (they were both port 1, and a link
+// on the second showed the first's interface and GID).
+func TestDualPortDevices(t *testing.T) {
+	d, _ := policyDaemon(t, config.Default(), nil)
+	p1 := portDev{"mlx5_0", verbs.PortAttr{Num: 1, Netdev: "eth0", LinkUp: true}}
+	p2 := portDev{"mlx5_0", verbs.PortAttr{Num: 2, Netdev: "eth1", LinkUp: true}}
+	d.devs = []verbs.Device{p1, p2}
+	devs, err := d.Devices(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(devs) != 2 || devs[0].Port != 1 || devs[1].Port != 2 || devs[1].Interface != "eth1" {
+		t.Fatalf("devices %+v, want mlx5_0 port 1 on eth0 and port 2 on eth1", devs)
+	}
+	if got := d.device("mlx5_0", 2); got == nil || got.Port().Netdev != "eth1" {
+		t.Fatalf("device(mlx5_0, 2) = %v, want the one on eth1", got)
 	}
 }

@@ -177,6 +177,7 @@ type LinkInfo struct {
 	Num       uint8
 	Conns     int // connections sending on this link
 	Device    string
+	Port      int // the device's port (verbs.PortAttr.Num, at least 1)
 	QPN       uint32
 	PeerQPN   uint32
 	State     string // as Linux names smc_link states: active, activating, inactive
@@ -237,7 +238,7 @@ func (e *Engine) LinkGroups() []LinkGroupInfo {
 
 // info describes l, but for its connections.
 func (l *link) info() LinkInfo {
-	li := LinkInfo{Num: l.num, Device: l.dev.Name(), QPN: l.qp.Attr().QPN,
+	li := LinkInfo{Num: l.num, Device: l.dev.Name(), Port: max(l.dev.Port().Num, 1), QPN: l.qp.Attr().QPN,
 		PeerQPN: l.peer.QPN, State: l.state(), QPState: l.qp.State().String(), Sent: l.posted.Load(), Completed: l.polled.Load(),
 		TxBytes: l.txBytes.Load(), RxBytes: l.rxBytes.Load(), PeerGID: l.peer.GID, Errors: l.errs.Load(),
 		RTT: time.Duration(l.rtt.Load())}

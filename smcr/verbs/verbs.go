@@ -239,6 +239,10 @@ type QPConfig struct {
 
 // PortAttr describes the device's active port.
 type PortAttr struct {
+	// Num is the port's number on its device, which tells apart the ports
+	// of a dual-port adapter opened as two devices of one name (0 on
+	// devices without ports: taken as 1).
+	Num     int
 	GID     [16]byte
 	MAC     [6]byte
 	MTU     MTU    // active path MTU

@@ -264,6 +264,7 @@ func (d *device) query(info *PortInfo) error {
 		return fmt.Errorf("ibv: query gid %s/%d/%d: %w", d.name, d.port, d.gidIndex, syscall.Errno(-rc))
 	}
 	a := verbs.PortAttr{
+		Num:    d.port,
 		MTU:    verbs.MTU(pa.active_mtu),
 		LinkUp: pa.state == C.IBV_PORT_ACTIVE,
 	}
