@@ -158,13 +158,21 @@ func parse(r io.Reader, source string) (Config, error) {
 func (c Config) Set(assignments ...string) (Config, error) {
 	n := c.clone()
 	var errs []error
+	seen := map[string]string{}
 	for _, a := range assignments {
 		name, value, ok := strings.Cut(a, "=")
 		if !ok {
 			errs = append(errs, &Error{Source: "set", Msg: fmt.Sprintf("%q is not of the form attribute=value", a)})
 			continue
 		}
-		if err := n.set(strings.TrimSpace(name), strings.TrimSpace(value)); err != nil {
+		name, value = strings.TrimSpace(name), strings.TrimSpace(value)
+		// As in a file: which of two values was meant is not for Set to guess.
+		if prev, dup := seen[name]; dup {
+			errs = append(errs, &Error{Source: "set", Attr: name, Msg: fmt.Sprintf("set twice (first as %q)", prev)})
+			continue
+		}
+		seen[name] = value
+		if err := n.set(name, value); err != nil {
 			err.Source = "set"
 			errs = append(errs, err)
 		}

@@ -132,6 +132,20 @@ func TestSetIsAllOrNothing(t *testing.T) {
 	}
 }
 
+// TestSetRefusesDuplicates pins that Set, like a file, refuses an attribute named
+// twice instead of applying the last value.
+func TestSetRefusesDuplicates(t *testing.T) {
+	c := Default()
+	n, err := c.Set("port_range_list=5201", "max_memory=64", "port_range_list=80")
+	want := `set: port_range_list: set twice (first as "5201")`
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("Set with port_range_list twice = %v, want error containing %q", err, want)
+	}
+	if n.PortRanges.String() != c.PortRanges.String() || n.MaxMemory != c.MaxMemory {
+		t.Errorf("a refused Set applied part of its assignments: %+v", n)
+	}
+}
+
 func TestFormatRoundTrip(t *testing.T) {
 	c, err := Default().Set("enabled=no", "port_range_list=1-20,23,50", "ip_addr_list=eth1", "providers=soft,shm",
 		"peer_cache_ttl=1h30m", "clc_timeout=250ms", "read_spin=0", "rdma_devices=eth1=mlx5_0/2, veth0=rxe0", "metrics_address=", "log_format=json", "cgroup=/smcr/apps/")
