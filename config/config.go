@@ -22,9 +22,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -214,14 +217,40 @@ func (c Config) Format() []byte {
 	return b.Bytes()
 }
 
-// Save writes the configuration to path atomically (write, fsync, rename).
+// Save writes the configuration to path atomically (write, fsync, rename, fsync the
+// directory). A symlink at path is followed, so the file it points to is replaced
+// and the link stays; the file keeps its mode, and its owner when smcrd runs as root.
 func (c Config) Save(path string) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
-	if err != nil {
+	if err := save(path, c.Format()); err != nil {
 		return fmt.Errorf("config: save: %w", err)
 	}
-	_, err = f.Write(c.Format())
+	return nil
+}
+
+func save(path string, data []byte) error {
+	// A link managed by a tool (a package, a configuration manager) is kept.
+	if target, err := filepath.EvalSymlinks(path); err == nil {
+		path = target
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	mode, owner := fs.FileMode(0o644), (*syscall.Stat_t)(nil)
+	if fi, err := os.Stat(path); err == nil {
+		mode = fi.Mode().Perm()
+		owner, _ = fi.Sys().(*syscall.Stat_t)
+	}
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, mode)
+	if err != nil {
+		return err
+	}
+	err = f.Chmod(mode) // OpenFile's mode went through the umask
+	if err == nil && owner != nil && os.Geteuid() == 0 {
+		err = f.Chown(int(owner.Uid), int(owner.Gid))
+	}
+	if err == nil {
+		_, err = f.Write(data)
+	}
 	if err == nil {
 		err = f.Sync()
 	}
@@ -233,9 +262,22 @@ func (c Config) Save(path string) error {
 	}
 	if err != nil {
 		os.Remove(tmp)
-		return fmt.Errorf("config: save: %w", err)
+		return err
 	}
-	return nil
+	// The rename is durable only once the directory is on disk.
+	return syncDir(filepath.Dir(path))
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 func (c *Config) set(name, value string) *Error {

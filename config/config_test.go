@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -168,6 +169,56 @@ func TestFormatRoundTrip(t *testing.T) {
 	}
 	if loaded, err := Load(p); err != nil || !reflect.DeepEqual(loaded, c) {
 		t.Fatalf("save/load: %v", err)
+	}
+}
+
+// TestSaveThroughSymlink pins that Save replaces the file a symlink points to, not
+// the link, and keeps the file's mode and, as root, its owner.
+func TestSaveThroughSymlink(t *testing.T) {
+	dir := t.TempDir()
+	target := filepath.Join(dir, "managed", "smcrd.conf")
+	link := filepath.Join(dir, "smcrd.conf")
+	if err := os.Mkdir(filepath.Dir(target), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(target, Default().Format(), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	const uid, gid = 4321, 4322
+	asRoot := os.Geteuid() == 0
+	if asRoot {
+		if err := os.Chown(target, uid, gid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := Default().Set("max_memory=64")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Save(link); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Lstat(link); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+		t.Fatalf("Save replaced the symlink: %v %v", fi.Mode(), err)
+	}
+	if back, err := Load(target); err != nil || back.MaxMemory != 64<<20 {
+		t.Fatalf("the link's target was not written: %v", err)
+	}
+	fi, err := os.Stat(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o640 {
+		t.Errorf("mode %v, want -rw-r-----", fi.Mode().Perm())
+	}
+	if st := fi.Sys().(*syscall.Stat_t); asRoot && (st.Uid != uid || st.Gid != gid) {
+		t.Errorf("owner %d:%d, want %d:%d", st.Uid, st.Gid, uid, gid)
+	}
+	if leftover, _ := filepath.Glob(filepath.Join(dir, "*", "*.tmp")); len(leftover) > 0 {
+		t.Errorf("left behind %v", leftover)
 	}
 }
 
