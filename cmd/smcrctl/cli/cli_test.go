@@ -5,6 +5,7 @@ package cli_test
 
 import (
 	"encoding/json"
+	"errors"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -158,6 +159,28 @@ func TestStatsReset(t *testing.T) {
 	}
 	if st.Connections.Active != 2 {
 		t.Errorf("reset zeroed the open-connections gauge: %d", st.Connections.Active)
+	}
+}
+
+// fullDisk refuses every write, as stdout redirected to /dev/full does.
+type fullDisk struct{}
+
+func (fullDisk) Write([]byte) (int, error) { return 0, errors.New("no space left on device") }
+
+// TestStatsResetWriteFailure pins that stats -r whose output cannot be written exits
+// 1 and says the counters were reset, since smcrd no longer has their values.
+func TestStatsResetWriteFailure(t *testing.T) {
+	for _, args := range [][]string{{"stats", "-r"}, {"stats", "-r", "-d"}, {"stats", "-r", "--json"}} {
+		f, h := serve(t)
+		var stderr strings.Builder
+		code := cli.Run(append([]string{"-s", h.Socket}, args...), fullDisk{}, &stderr)
+		want := "smcrctl stats: the counters were reset in smcrd, but their values could not be written: no space left on device\n"
+		if code != cli.ExitError || stderr.String() != want {
+			t.Errorf("smcrctl %s to a full disk: exit %d, stderr %q; want 1, %q", strings.Join(args, " "), code, stderr.String(), want)
+		}
+		if f.Resets != 1 {
+			t.Errorf("smcrctl %s: backend saw %d resets, want 1", strings.Join(args, " "), f.Resets)
+		}
 	}
 }
 

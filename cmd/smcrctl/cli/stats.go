@@ -26,8 +26,10 @@ from the pool).
 
 Options:
   -d      details: buffer and request size histograms, memory, protocol errors
-  -r      reset the counters in smcrd after printing them; the values printed
-          are the last ones before the reset, so nothing counted is lost
+  -r      reset the counters: smcrd hands over their values and zeroes them
+          in one step, so nothing counted in between is lost; the values are
+          printed afterwards. If they cannot be written, smcrctl says so and
+          exits 1: smcrd no longer has them
   --json  print the counters as JSON (always everything)
 
 Examples:
@@ -54,17 +56,23 @@ Examples:
 			return err
 		}
 		if o.json {
-			return writeJSON(e.stdout, st)
+			err = writeJSON(e.stdout, st)
+		} else {
+			err = writeStats(e.stdout, st, o.detail)
 		}
-		writeStats(e.stdout, st, o.detail)
-		if o.reset {
-			fmt.Fprintln(e.stdout, "\ncounters reset")
+		if err == nil && o.reset && !o.json {
+			_, err = fmt.Fprintln(e.stdout, "\ncounters reset")
 		}
-		return nil
+		if err != nil && o.reset {
+			return fmt.Errorf("the counters were reset in smcrd, but their values could not be written: %w", err)
+		}
+		return err
 	},
 }
 
-func writeStats(w io.Writer, st control.Stats, detail bool) {
+// writeStats prints st and returns the first write error.
+func writeStats(out io.Writer, st control.Stats, detail bool) error {
+	w := &firstError{w: out}
 	c := st.Connections
 	fmt.Fprintf(w, "Counters for the last %s\n\n", seconds(st.SinceResetSeconds))
 
@@ -103,7 +111,7 @@ func writeStats(w io.Writer, st control.Stats, detail bool) {
 	tw.Flush()
 
 	if !detail {
-		return
+		return w.err
 	}
 	for _, h := range []struct {
 		title  string
@@ -128,6 +136,23 @@ func writeStats(w io.Writer, st control.Stats, detail bool) {
 	row(tw, "  connections moved to another link", st.Links.ConnsMoved)
 	row(tw, "  connections continued over TCP", st.Links.ConnsContinued)
 	tw.Flush()
+	return w.err
+}
+
+// firstError passes writes on until one fails, then keeps that error and
+// refuses the rest, so that a page of small writes is checked once, at the end.
+type firstError struct {
+	w   io.Writer
+	err error
+}
+
+func (f *firstError) Write(p []byte) (int, error) {
+	if f.err != nil {
+		return 0, f.err
+	}
+	n, err := f.w.Write(p)
+	f.err = err
+	return n, err
 }
 
 // writeHistograms prints RX and TX as two rows under one header of bucket labels.
