@@ -93,26 +93,49 @@ func (d *Daemon) SetConfig(_ context.Context, req control.SetConfigRequest) (con
 	if err != nil {
 		return control.SetConfigResult{}, fmt.Errorf("%w: %w", control.ErrInvalid, err)
 	}
-	return d.commit(old, n, req.Persist)
+	var file *config.Config
+	if req.Persist {
+		if file, err = d.fileWith(req.Assignments); err != nil {
+			return control.SetConfigResult{}, err
+		}
+	}
+	return d.commit(old, n, file)
 }
 
 // SetEnabled turns redirection and steering on or off for new connections.
-func (d *Daemon) SetEnabled(_ context.Context, enabled, persist bool) error {
-	d.cfgMu.Lock()
-	defer d.cfgMu.Unlock()
-	old := d.CurrentConfig()
-	n := old
-	n.Enabled = enabled
-	_, err := d.commit(old, n, persist)
+func (d *Daemon) SetEnabled(ctx context.Context, enabled, persist bool) error {
+	a := "enabled=no"
+	if enabled {
+		a = "enabled=yes"
+	}
+	_, err := d.SetConfig(ctx, control.SetConfigRequest{Assignments: []string{a}, Persist: persist})
 	return err
 }
 
-// commit makes n the configuration in effect. The caller holds cfgMu.
-func (d *Daemon) commit(old, n config.Config, persist bool) (control.SetConfigResult, error) {
-	var res control.SetConfigResult
-	if persist && d.opts.ConfigFile == "" {
-		return res, fmt.Errorf("%w: %w", control.ErrInvalid, errNoFile)
+// fileWith is the configuration file as it is now with only assignments
+// applied: what -P writes. Writing the configuration in effect instead would
+// make permanent every change made without -P since (a disable meant to last
+// until restart), and undo edits made to the file by hand.
+func (d *Daemon) fileWith(assignments []string) (*config.Config, error) {
+	if d.opts.ConfigFile == "" {
+		return nil, fmt.Errorf("%w: %w", control.ErrInvalid, errNoFile)
 	}
+	saved, err := config.Load(d.opts.ConfigFile)
+	if err != nil {
+		return nil, fmt.Errorf("%w: -P reads the configuration file as it is now, and it does not load, so nothing changed: %w", control.ErrInvalid, err)
+	}
+	n, err := saved.Set(assignments...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: -P: in the configuration file as it is now: %w", control.ErrInvalid, err)
+	}
+	return &n, nil
+}
+
+// commit makes n the configuration in effect and, unless file is nil, saves
+// file as the configuration file. The caller holds cfgMu.
+func (d *Daemon) commit(old, n config.Config, file *config.Config) (control.SetConfigResult, error) {
+	var res control.SetConfigResult
+	persist := file != nil
 	// Interfaces are looked up only when ip_addr_list changes: one renamed or
 	// removed since must not block every other change, disable included.
 	oldNames, names := d.ifaces, d.ifaces
@@ -136,7 +159,7 @@ func (d *Daemon) commit(old, n config.Config, persist bool) (control.SetConfigRe
 	// to be is not made at all. Save replaces the file in one rename, so a
 	// failed one leaves it as it was.
 	if persist {
-		if err := n.Save(d.opts.ConfigFile); err != nil {
+		if err := file.Save(d.opts.ConfigFile); err != nil {
 			d.rollback(old, oldNames, prev)
 			return res, fmt.Errorf("daemon: %w", err)
 		}

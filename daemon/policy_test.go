@@ -5,9 +5,11 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -255,10 +257,19 @@ func TestPersistAllOrNone(t *testing.T) {
 	old := config.Default()
 	d, maps := policyDaemon(t, old, nil)
 	prev := d.engine.Settings()
-	d.opts.ConfigFile = filepath.Join(t.TempDir(), "missing", "smcrd.conf")
+	d.opts.ConfigFile = filepath.Join(t.TempDir(), "smcrd.conf")
+	if err := old.Save(d.opts.ConfigFile); err != nil {
+		t.Fatal(err)
+	}
+	// Save writes smcrd.conf.tmp first: a directory there makes it fail after
+	// the change was applied, which must then be undone.
+	blocker := d.opts.ConfigFile + ".tmp"
+	if err := os.Mkdir(blocker, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	req := control.SetConfigRequest{Assignments: []string{"max_memory=64", "port_range_list=5201"}, Persist: true}
 	if _, err := d.SetConfig(ctx, req); err == nil {
-		t.Fatal("set -P into a missing directory succeeded")
+		t.Fatal("set -P whose file cannot be written succeeded")
 	}
 	if got := d.CurrentConfig(); got.MaxMemory != old.MaxMemory || got.PortRanges.String() != old.PortRanges.String() {
 		t.Errorf("configuration changed by a failed set -P: max_memory %d, port_range_list %s", got.MaxMemory, got.PortRanges)
@@ -271,7 +282,9 @@ func TestPersistAllOrNone(t *testing.T) {
 	}
 
 	// Where the file can be written, both happen.
-	d.opts.ConfigFile = filepath.Join(t.TempDir(), "smcrd.conf")
+	if err := os.Remove(blocker); err != nil {
+		t.Fatal(err)
+	}
 	res, err := d.SetConfig(ctx, req)
 	if err != nil || !res.Persisted {
 		t.Fatalf("set -P: %+v, %v", res, err)
@@ -282,5 +295,72 @@ func TestPersistAllOrNone(t *testing.T) {
 	}
 	if saved.MaxMemory != d.CurrentConfig().MaxMemory || d.CurrentConfig().MaxMemory == old.MaxMemory {
 		t.Errorf("max_memory saved %d, in effect %d", saved.MaxMemory, d.CurrentConfig().MaxMemory)
+	}
+}
+
+// TestPersistWritesOnlyNamed pins that -P writes only the attributes named on its
+// command into the file as it is now: changes made without -P stay temporary, and
+// edits made to the file by hand since smcrd started stay in it.
+func TestPersistWritesOnlyNamed(t *testing.T) {
+	ctx := context.Background()
+	d, _ := policyDaemon(t, config.Default(), nil)
+	d.opts.ConfigFile = filepath.Join(t.TempDir(), "smcrd.conf")
+	if err := config.Default().Save(d.opts.ConfigFile); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetEnabled(ctx, false, false); err != nil { // until smcrd restarts
+		t.Fatal(err)
+	}
+	if _, err := d.SetConfig(ctx, control.SetConfigRequest{Assignments: []string{"port_range_list=5201"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(d.opts.ConfigFile, []byte("# edited by hand\nrmb_size = 64K\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res, err := d.SetConfig(ctx, control.SetConfigRequest{Assignments: []string{"max_memory=64"}, Persist: true})
+	if err != nil || !res.Persisted {
+		t.Fatalf("set max_memory=64 -P: %+v, %v", res, err)
+	}
+	saved, err := config.Load(d.opts.ConfigFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	def := config.Default()
+	if saved.MaxMemory != 64<<20 || !saved.Enabled || saved.PortRanges.String() != def.PortRanges.String() || saved.RMBSize != 64<<10 {
+		t.Errorf("file after set max_memory=64 -P: max_memory %d MB, enabled %v, port_range_list %s, rmb_size %d; want 64, yes, %s, 64K",
+			saved.MaxMemory>>20, saved.Enabled, saved.PortRanges, saved.RMBSize, def.PortRanges)
+	}
+	if cur := d.CurrentConfig(); cur.MaxMemory != 64<<20 || cur.Enabled || cur.PortRanges.String() != "5201" || cur.RMBSize != def.RMBSize {
+		t.Errorf("in effect: %+v", cur)
+	}
+
+	// disable -P writes enabled=no and nothing else.
+	if err := d.SetEnabled(ctx, false, true); err != nil {
+		t.Fatal(err)
+	}
+	if saved, err = config.Load(d.opts.ConfigFile); err != nil || saved.Enabled || saved.PortRanges.String() != def.PortRanges.String() {
+		t.Errorf("file after disable -P: enabled %v, port_range_list %s, %v", saved.Enabled, saved.PortRanges, err)
+	}
+}
+
+// TestPersistBrokenFile pins that -P refuses, changing nothing, when the file as
+// it is now does not load: it cannot apply the assignments to it.
+func TestPersistBrokenFile(t *testing.T) {
+	ctx := context.Background()
+	d, _ := policyDaemon(t, config.Default(), nil)
+	d.opts.ConfigFile = filepath.Join(t.TempDir(), "smcrd.conf")
+	broken := []byte("max_memory = lots\n")
+	if err := os.WriteFile(d.opts.ConfigFile, broken, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := d.SetConfig(ctx, control.SetConfigRequest{Assignments: []string{"rmb_size=64K"}, Persist: true})
+	if !errors.Is(err, control.ErrInvalid) || !strings.Contains(err.Error(), `does not load, so nothing changed: `+d.opts.ConfigFile+`:1: max_memory: "lots"`) {
+		t.Fatalf("set -P with a broken file: %v", err)
+	}
+	if d.CurrentConfig().RMBSize != config.Default().RMBSize {
+		t.Error("a refused set -P changed rmb_size")
+	}
+	if b, _ := os.ReadFile(d.opts.ConfigFile); !bytes.Equal(b, broken) {
+		t.Errorf("a refused set -P rewrote the file:\n%s", b)
 	}
 }

@@ -20,8 +20,10 @@ nothing changes and the error names the attribute and the problem. Changes apply
 new connections at once, except those smcrd reads only at start (providers,
 cgroup, control_socket, control_group, metrics_address, log_level, log_format):
 for these a note says they apply when smcrd restarts, so set them with -P.
-Without -P changes last until smcrd restarts; with -P they are also written to the
-configuration file, which needs an smcrd started with -config FILE.
+Without -P changes last until smcrd restarts; with -P the attributes named here,
+and only those, are also written to the configuration file as it is now (earlier
+changes made without -P stay temporary), which needs an smcrd started with
+-config FILE.
 'smcrctl show config' lists the attributes.
 
 Options:
