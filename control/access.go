@@ -27,10 +27,7 @@ type access struct {
 
 func newAccess(group string) (access, error) {
 	a := access{self: os.Geteuid(), gid: -1, groupsOf: procGroups}
-	if group == "" {
-		return a, nil
-	}
-	gid, err := lookupGroup(group)
+	gid, err := LookupGroup(group)
 	if err != nil {
 		return a, err
 	}
@@ -38,7 +35,12 @@ func newAccess(group string) (access, error) {
 	return a, nil
 }
 
-func lookupGroup(group string) (int, error) {
+// LookupGroup returns the gid of control_group, a name or a numeric gid, as
+// NewServer looks it up; -1 for "" (root only).
+func LookupGroup(group string) (int, error) {
+	if group == "" {
+		return -1, nil
+	}
 	if n, err := strconv.Atoi(group); err == nil && n >= 0 {
 		return n, nil
 	}

@@ -571,7 +571,7 @@ func cgroupPath(rel string) (string, error) {
 	}
 	p := filepath.Join(mnt, rel)
 	if st, err := os.Stat(p); err != nil || !st.IsDir() {
-		return "", fmt.Errorf("daemon: cgroup %q: not a directory under %s", rel, mnt)
+		return "", fmt.Errorf("daemon: cgroup %q is not a directory under %s", rel, mnt)
 	}
 	return p, nil
 }

@@ -93,6 +93,9 @@ func (d *Daemon) SetConfig(_ context.Context, req control.SetConfigRequest) (con
 	if err != nil {
 		return control.SetConfigResult{}, fmt.Errorf("%w: %w", control.ErrInvalid, err)
 	}
+	if err := startable(old, n); err != nil {
+		return control.SetConfigResult{}, err
+	}
 	var file *config.Config
 	if req.Persist {
 		if file, err = d.fileWith(req.Assignments); err != nil {
@@ -128,7 +131,29 @@ func (d *Daemon) fileWith(assignments []string) (*config.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: -P: in the configuration file as it is now: %w", control.ErrInvalid, err)
 	}
+	// The value in effect may be the same and yet gone since (a cgroup removed).
+	if err := startable(saved, n); err != nil {
+		return nil, err
+	}
 	return &n, nil
+}
+
+// startable refuses a changed attribute that smcrd reads at start and would
+// fail on, checked as start checks it: saved, it would fail every start (and
+// systemd's Restart=on-failure would loop it). Only a change is checked, so a
+// cgroup or group removed since start blocks no other change.
+func startable(old, n config.Config) error {
+	if n.Cgroup != old.Cgroup {
+		if _, err := cgroupPath(n.Cgroup); err != nil {
+			return fmt.Errorf("%w: %w: smcrd could not start with it", control.ErrInvalid, err)
+		}
+	}
+	if n.ControlGroup != old.ControlGroup {
+		if _, err := control.LookupGroup(n.ControlGroup); err != nil {
+			return fmt.Errorf("%w: %w: smcrd could not start with it", control.ErrInvalid, err)
+		}
+	}
+	return nil
 }
 
 // commit makes n the configuration in effect and, unless file is nil, saves

@@ -8,9 +8,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -362,5 +364,54 @@ func TestPersistBrokenFile(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(d.opts.ConfigFile); !bytes.Equal(b, broken) {
 		t.Errorf("a refused set -P rewrote the file:\n%s", b)
+	}
+}
+
+// TestSetRefusesUnstartable pins that set refuses a cgroup or control_group that
+// smcrd could not start with, checked as start checks it, with -P or without, and
+// with -P even when the value in effect is the same but gone since.
+func TestSetRefusesUnstartable(t *testing.T) {
+	mnt, err := bpf.CgroupV2Mount()
+	if err != nil {
+		t.Skipf("kernel lacks cgroup v2: %v", err)
+	}
+	ctx := context.Background()
+	d, _ := policyDaemon(t, config.Default(), nil)
+	d.opts.ConfigFile = filepath.Join(t.TempDir(), "smcrd.conf")
+	if err := config.Default().Save(d.opts.ConfigFile); err != nil {
+		t.Fatal(err)
+	}
+	for a, want := range map[string]string{
+		"cgroup=no/such/cgroup":       `daemon: cgroup "no/such/cgroup" is not a directory under ` + mnt + `: smcrd could not start with it`,
+		"control_group=no-such-group": `control: group "no-such-group": group: unknown group no-such-group: smcrd could not start with it`,
+	} {
+		for _, persist := range []bool{false, true} {
+			_, err := d.SetConfig(ctx, control.SetConfigRequest{Assignments: []string{a}, Persist: persist})
+			if !errors.Is(err, control.ErrInvalid) || !strings.HasSuffix(err.Error(), want) {
+				t.Errorf("set %s (persist %v): %v, want refused with %q", a, persist, err, want)
+			}
+		}
+	}
+	if saved, err := config.Load(d.opts.ConfigFile); err != nil || !reflect.DeepEqual(saved, config.Default()) {
+		t.Errorf("a refused set changed the file: %v", err)
+	}
+	if _, err := d.SetConfig(ctx, control.SetConfigRequest{Assignments: []string{"control_group=0"}, Persist: true}); err != nil {
+		t.Errorf("set control_group=0 -P: %v", err)
+	}
+
+	// A cgroup that existed when set without -P and was removed since.
+	rel := fmt.Sprintf("smcrd-policy-test-%d", os.Getpid())
+	if err := os.Mkdir(filepath.Join(mnt, rel), 0o755); err != nil {
+		t.Skipf("cannot make a cgroup: %v", err)
+	}
+	t.Cleanup(func() { os.Remove(filepath.Join(mnt, rel)) })
+	if _, err := d.SetConfig(ctx, control.SetConfigRequest{Assignments: []string{"cgroup=" + rel}}); err != nil {
+		t.Fatalf("set cgroup=%s: %v", rel, err)
+	}
+	if err := os.Remove(filepath.Join(mnt, rel)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.SetConfig(ctx, control.SetConfigRequest{Assignments: []string{"cgroup=" + rel}, Persist: true}); !errors.Is(err, control.ErrInvalid) {
+		t.Errorf("set cgroup=%s -P after it was removed: %v, want refused", rel, err)
 	}
 }
