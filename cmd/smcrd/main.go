@@ -137,6 +137,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	log := newLogger(cfg, stderr)
 	log.Info("smcrd starting", "version", version, "procs", *procs, "cpus", runtime.NumCPU())
 
+	// NewServer looks the group up too, but only after daemon.New has loaded
+	// and attached the programs: an unknown group must fail before that.
+	if _, err := control.LookupGroup(cfg.ControlGroup); err != nil {
+		log.Error("control socket", "err", err)
+		return 1
+	}
 	d, err := daemon.New(daemon.Options{
 		Config: cfg, ConfigFile: *cfgFile, PinDir: *pinDir, ShmDir: *shmDir,
 		LivenessTTL: *liveness, DrainTimeout: drainTimeout, Version: version, Logger: log,

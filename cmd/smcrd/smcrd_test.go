@@ -9,8 +9,10 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -47,6 +49,7 @@ type testHost struct {
 	cgFD   *os.File
 	pinDir string
 	dir    string
+	conf   []string // configuration lines start adds to its own
 }
 
 func newTestHost(t *testing.T) *testHost {
@@ -114,6 +117,7 @@ func (h *testHost) start(sock string, flags ...string) *smcrd {
 		"log_level = debug",
 		"providers = shm",
 	}
+	lines = append(lines, h.conf...)
 	if err := os.WriteFile(conf, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
 		h.t.Fatal(err)
 	}
@@ -291,6 +295,24 @@ func TestSecondSmcrdRefused(t *testing.T) {
 	}
 	if st.Connections.Handled != 1 {
 		t.Errorf("the first smcrd handled %d connections, want 1 (redirected)", st.Connections.Handled)
+	}
+}
+
+// TestUnknownControlGroupTouchesNoBPF pins that smcrd with an unknown
+// control_group exits 1 before it loads or pins anything: the pin directory is
+// not even made.
+func TestUnknownControlGroupTouchesNoBPF(t *testing.T) {
+	h := newTestHost(t)
+	h.conf = []string{"control_group = no-such-group"}
+	s := h.start(filepath.Join(h.dir, "smcrd.sock"))
+	if code := s.exit(t, 15*time.Second); code != 1 {
+		t.Fatalf("smcrd exited %d, want 1:\n%s", code, s.out.String())
+	}
+	if out := s.out.String(); !strings.Contains(out, `group \"no-such-group\"`) {
+		t.Errorf("smcrd's output does not name the group:\n%s", out)
+	}
+	if _, err := os.Stat(h.pinDir); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("smcrd made %s before it failed on control_group (stat: %v)", h.pinDir, err)
 	}
 }
 
