@@ -5,6 +5,7 @@ package config
 
 import (
 	"fmt"
+	"math"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -81,12 +82,8 @@ var attributes = []attribute{
 	{
 		name: "max_memory", def: "256",
 		desc: "MB of buffer memory for all connections together; a connection beyond it falls back to TCP",
-		set: func(c *Config, v string) error {
-			n, err := parseUint(v, 1, 1<<20)
-			c.MaxMemory = int64(n) << 20
-			return err
-		},
-		get: func(c *Config) string { return strconv.FormatInt(c.MaxMemory>>20, 10) },
+		set:  func(c *Config, v string) (err error) { c.MaxMemory, err = parseMB(v, 1, 1<<20); return },
+		get:  func(c *Config) string { return strconv.FormatInt(c.MaxMemory>>20, 10) },
 	},
 	{
 		name: "rmb_size", def: "256K",
@@ -227,15 +224,20 @@ func formatBool(b bool) string {
 	return "no"
 }
 
-func parseUint(v string, lo, hi uint64) (uint64, error) {
+// parseMB reads a number of MB, between lo and hi, as bytes. A size written as
+// rmb_size takes one (512M) is refused with the number to write instead.
+func parseMB(v string, lo, hi uint64) (int64, error) {
 	n, err := strconv.ParseUint(v, 10, 64)
 	if err != nil {
-		return 0, fmt.Errorf("%q is not a number", v)
+		if size, err := parseSize(v, 1<<20, math.MaxInt); err == nil && size%(1<<20) == 0 {
+			return 0, fmt.Errorf("%q is not a number of MB (write %d)", v, size>>20)
+		}
+		return 0, fmt.Errorf("%q is not a number of MB", v)
 	}
 	if n < lo || n > hi {
 		return 0, fmt.Errorf("%d is out of range %d-%d", n, lo, hi)
 	}
-	return n, nil
+	return int64(n) << 20, nil
 }
 
 // parseSize reads a byte count with an optional K or M suffix (binary units).

@@ -54,7 +54,7 @@ func TestParseErrors(t *testing.T) {
 		{"ip_addr_list = eth0,eth0", `ip_addr_list: "eth0" listed twice`},
 		{"ip_addr_list = bad/name", `"bad/name" is neither an IP address nor an interface name`},
 		{"ip_addr_list = eth=1", `"eth=1": an interface whose name has "#,=" cannot be listed`},
-		{"max_memory = lots", `line 1: max_memory: "lots" is not a number`},
+		{"max_memory = lots", `line 1: max_memory: "lots" is not a number of MB`},
 		{"max_memory = 0", `max_memory: 0 is out of range 1-1048576`},
 		{"rmb_size = 1G", `rmb_size: "1G" is not a size such as 64K or 1M`},
 		{"rmb_size = 8K", `rmb_size: 8K is out of range 16K-512K`},
@@ -81,6 +81,25 @@ func TestParseErrors(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("Parse(%q) = %v, want error containing %q", c.in, err, c.want)
 		}
+	}
+}
+
+// TestMaxMemoryIsMB pins that a max_memory written as a size (512M, as rmb_size
+// takes) is refused with the unit it is in and, where whole, the number to write.
+func TestMaxMemoryIsMB(t *testing.T) {
+	for v, want := range map[string]string{
+		"512M":  `set: max_memory: "512M" is not a number of MB (write 512)`,
+		"2048k": `set: max_memory: "2048k" is not a number of MB (write 2)`,
+		"512K":  `set: max_memory: "512K" is not a number of MB`,
+		"lots":  `set: max_memory: "lots" is not a number of MB`,
+		"0":     `set: max_memory: 0 is out of range 1-1048576`,
+	} {
+		if _, err := Default().Set("max_memory=" + v); err == nil || err.Error() != want {
+			t.Errorf("set max_memory=%s: %v, want %q", v, err, want)
+		}
+	}
+	if c, err := Default().Set("max_memory=512"); err != nil || c.MaxMemory != 512<<20 {
+		t.Errorf("set max_memory=512: %v", err)
 	}
 }
 
