@@ -59,6 +59,7 @@ func TestGolden(t *testing.T) {
 		{Name: "peers_forget", Args: []string{"peers", "--forget", "198.18.0.9", "198.18.0.77"}},
 		{Name: "peers_forget_all", Args: []string{"peers", "--forget"}},
 		{Name: "peers_forget_bad", Args: []string{"peers", "--forget", "frob"}, Exit: 2},
+		{Name: "peers_forget_zone", Args: []string{"peers", "--forget", "198.18.0.9", "fe80::1%v0"}, Exit: 2},
 		{Name: "stats", Args: []string{"stats"}},
 		{Name: "stats_detail", Args: []string{"stats", "-d"}},
 		{Name: "stats_json", Args: []string{"stats", "--json"}},

@@ -69,8 +69,12 @@ Examples:
 
 func forgetPeers(e *env, args []string) error {
 	for _, a := range args {
-		if _, err := netip.ParseAddr(a); err != nil {
+		addr, err := netip.ParseAddr(a)
+		if err != nil {
 			return usagef("%q is not an IP address", a)
+		}
+		if addr.Zone() != "" {
+			return usagef("%q: zones are not supported: link-local peers are never redirected, so none is cached", a)
 		}
 	}
 	n, err := e.client.ForgetPeers(e.ctx, args...)
