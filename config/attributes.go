@@ -51,6 +51,35 @@ func durationAttr(name, def, desc string, field func(*Config) *time.Duration, lo
 	}
 }
 
+// atRestart are the attributes smcrd reads only when it starts, with why: a
+// change applies at the next start.
+var atRestart = map[string]string{
+	"providers":       "the RDMA devices are opened at start",
+	"rdma_devices":    "the RDMA devices are opened at start",
+	"cgroup":          "the programs are attached to the cgroup at start",
+	"control_socket":  "the control socket is opened at start",
+	"control_group":   "the control socket is opened at start",
+	"metrics_address": "the metrics listener is opened at start",
+	"log_level":       "the logger is made at start",
+	"log_format":      "the logger is made at start",
+}
+
+// AtRestart returns why smcrd reads the attribute only when it starts, so that a
+// change applies at the next start; "" for one whose change applies at once.
+func AtRestart(name string) string { return atRestart[name] }
+
+// RestartOnly lists, in display order, the attributes smcrd reads only when it
+// starts.
+func RestartOnly() []string {
+	var out []string
+	for _, a := range attributes {
+		if atRestart[a.name] != "" {
+			out = append(out, a.name)
+		}
+	}
+	return out
+}
+
 // Names returns the attribute names in display order.
 func Names() []string {
 	out := make([]string, len(attributes))

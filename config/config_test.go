@@ -263,6 +263,19 @@ func TestAttributesCoverEveryField(t *testing.T) {
 	}
 }
 
+// TestAtRestartNamesAttributes pins that the restart-only table names only real
+// attributes, so a renamed one cannot drop out of smcrctl set's help unseen.
+func TestAtRestartNamesAttributes(t *testing.T) {
+	for name := range atRestart {
+		if _, ok := attrByName(name); !ok {
+			t.Errorf("atRestart names %q, which is no attribute", name)
+		}
+	}
+	if got := RestartOnly(); len(got) != len(atRestart) || got[0] != "providers" {
+		t.Errorf("RestartOnly() = %v", got)
+	}
+}
+
 func TestPortRanges(t *testing.T) {
 	rs, err := ParsePortRanges("50,1-20,23,19-25,26,65535")
 	if err != nil {

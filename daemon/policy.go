@@ -18,24 +18,6 @@ import (
 	"github.com/smcr-io/smcr/smcr"
 )
 
-// atRestart are the attributes read only when smcrd starts, with why: a change is
-// kept (and persisted when asked) but applies when smcrd restarts. The others
-// apply to new connections at once: the policy ones through the programs' maps,
-// max_memory, rmb_size, clc_timeout, read_spin and test_link_time through the
-// engine's setters (read_spin to every Read from then on, test_link_time to
-// every link at its next look), and
-// peer_cache_ttl when the next peer is cached.
-var atRestart = map[string]string{
-	"providers":       "the RDMA devices are opened at start",
-	"rdma_devices":    "the RDMA devices are opened at start",
-	"cgroup":          "the programs are attached to the cgroup at start",
-	"control_socket":  "the control socket is opened at start",
-	"control_group":   "the control socket is opened at start",
-	"metrics_address": "the metrics listener is opened at start",
-	"log_level":       "the logger is made at start",
-	"log_format":      "the logger is made at start",
-}
-
 // noEffect are attributes this engine accepts but does not use, with why.
 var noEffect = map[string]string{
 	"sndbuf_size": "a send buffer mirrors the peer's RMB, so its size is the peer's rmb_size",
@@ -262,7 +244,13 @@ func restoreEngine(e engine, s smcr.Settings) {
 }
 
 // changes lists the attributes whose value differs from old to n, and a note for
-// each of them that does not take effect at once.
+// each of them that does not take effect at once. Those config.AtRestart names
+// are read only when smcrd starts: a change is kept (and persisted when asked)
+// but applies when smcrd restarts. The others apply to new connections at once:
+// the policy ones through the programs' maps, max_memory, rmb_size,
+// clc_timeout, read_spin and test_link_time through the engine's setters
+// (read_spin to every Read from then on, test_link_time to every link at its
+// next look), and peer_cache_ttl when the next peer is cached.
 func changes(old, n config.Config, persist bool) (changed []control.Attribute, notes []string) {
 	oldAttrs := old.Attributes()
 	for i, a := range n.Attributes() {
@@ -270,7 +258,7 @@ func changes(old, n config.Config, persist bool) (changed []control.Attribute, n
 			continue
 		}
 		changed = append(changed, a)
-		if why, ok := atRestart[a.Name]; ok {
+		if why := config.AtRestart(a.Name); why != "" {
 			note := fmt.Sprintf("%s: applies when smcrd restarts (%s)", a.Name, why)
 			if !persist {
 				note += "; without -P a restart also forgets it: set it with -P"

@@ -38,7 +38,7 @@ func TestEveryAttributeClassified(t *testing.T) {
 				n++
 			}
 		}
-		if _, ok := atRestart[a.Name]; ok {
+		if config.AtRestart(a.Name) != "" {
 			n++
 		}
 		if _, ok := noEffect[a.Name]; ok {

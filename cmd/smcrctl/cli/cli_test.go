@@ -8,11 +8,13 @@ import (
 	"errors"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/smcr-io/smcr/cmd/smcrctl/cli"
 	"github.com/smcr-io/smcr/cmd/smcrctl/cli/clitest"
+	"github.com/smcr-io/smcr/config"
 	"github.com/smcr-io/smcr/control"
 	"github.com/smcr-io/smcr/control/controltest"
 )
@@ -94,6 +96,18 @@ func TestHelp(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestSetHelpListsRestartOnly pins that set --help names every attribute smcrd
+// reads only at start: the list comes from config's own table.
+func TestSetHelpListsRestartOnly(t *testing.T) {
+	r := clitest.Harness{}.Exec("set", "--help")
+	_, list, _ := strings.Cut(r.Stdout, "reads only at start:\n")
+	list, _, _ = strings.Cut(list, "\nFor these")
+	names := strings.Fields(strings.ReplaceAll(list, ",", " "))
+	if want := config.RestartOnly(); !reflect.DeepEqual(names, want) || !slices.Contains(want, "rdma_devices") {
+		t.Errorf("set --help lists %v as applying at restart, want %v", names, want)
 	}
 }
 

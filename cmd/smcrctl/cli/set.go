@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/smcr-io/smcr/config"
 	"github.com/smcr-io/smcr/control"
 )
 
@@ -17,9 +18,9 @@ var setCmd = &command{
 	short:    "change configuration attributes (like AIX chdev)",
 	long: `Changes one or more attributes. Every value is checked first: if any is wrong,
 nothing changes and the error names the attribute and the problem. Changes apply to
-new connections at once, except those smcrd reads only at start (providers,
-cgroup, control_socket, control_group, metrics_address, log_level, log_format):
-for these a note says they apply when smcrd restarts, so set them with -P.
+new connections at once, except those smcrd reads only at start:
+` + wrapList(config.RestartOnly()) + `
+For these a note says they apply when smcrd restarts, so set them with -P.
 Without -P changes last until smcrd restarts; with -P the attributes named here,
 and only those, are also written to the configuration file as it is now (earlier
 changes made without -P stay temporary), which needs an smcrd started with
@@ -68,4 +69,23 @@ Examples:
 		}
 		return nil
 	},
+}
+
+// wrapList lays names out as a comma-separated list in lines of at most 80
+// columns, each indented by two spaces.
+func wrapList(names []string) string {
+	var b strings.Builder
+	line := " "
+	for i, n := range names {
+		item := " " + n
+		if i < len(names)-1 {
+			item += ","
+		}
+		if len(line)+len(item) > 80 {
+			b.WriteString(line + "\n")
+			line = " "
+		}
+		line += item
+	}
+	return b.String() + line
 }
