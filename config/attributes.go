@@ -160,7 +160,8 @@ var attributes = []attribute{
 		name: "cgroup", def: "",
 		desc: "cgroup v2 path (relative to its mount) whose programs are accelerated; empty: all",
 		set: func(c *Config, v string) error {
-			if strings.Contains(v, "..") {
+			// Only a whole element climbs out of the mount: app..slice is a name.
+			if slices.Contains(strings.Split(v, "/"), "..") {
 				return fmt.Errorf("%q must not contain a .. element", v)
 			}
 			c.Cgroup = strings.Trim(v, "/")

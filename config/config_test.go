@@ -166,6 +166,21 @@ func TestSetRefusesDuplicates(t *testing.T) {
 	}
 }
 
+// TestCgroupDotDot pins that cgroup refuses .. only as a whole path element, which
+// would climb out of the cgroup mount, and takes names that merely contain "..".
+func TestCgroupDotDot(t *testing.T) {
+	for _, v := range []string{"..", "../x", "a/../b", "/a/..", "a/../"} {
+		if _, err := Default().Set("cgroup=" + v); err == nil || !strings.Contains(err.Error(), "must not contain a .. element") {
+			t.Errorf("set cgroup=%s: %v, want refused", v, err)
+		}
+	}
+	for v, want := range map[string]string{"app..slice": "app..slice", "/a/b..c/": "a/b..c", "...": "..."} {
+		if c, err := Default().Set("cgroup=" + v); err != nil || c.Cgroup != want {
+			t.Errorf("set cgroup=%s: cgroup %q, %v; want %q", v, c.Cgroup, err, want)
+		}
+	}
+}
+
 func TestFormatRoundTrip(t *testing.T) {
 	c, err := Default().Set("enabled=no", "port_range_list=1-20,23,50", "ip_addr_list=eth1", "providers=soft,shm",
 		"peer_cache_ttl=1h30m", "clc_timeout=250ms", "read_spin=0", "rdma_devices=eth1=mlx5_0/2, veth0=rxe0", "metrics_address=", "log_format=json", "cgroup=/smcr/apps/")
