@@ -184,8 +184,7 @@ func (p *pd) AllocMR(size int, access verbs.Access) (verbs.MR, error) {
 		return nil, fmt.Errorf("memverbs: alloc mr: %w", err)
 	}
 	k := p.d.id() << 8
-	m := &mr{d: p.d, pd: p, b: b, refs: new(atomic.Int32), key: k, access: access, addr: uint64(k) << 20}
-	m.refs.Store(1)
+	m := &mr{d: p.d, pd: p, b: b, mem: &region{refs: 1}, key: k, access: access, addr: uint64(k) << 20}
 	p.d.mrs[k] = m
 	p.mrs++
 	return m, nil
@@ -200,8 +199,10 @@ func (p *pd) RegisterMR(other verbs.MR, access verbs.Access) (verbs.MR, error) {
 	p.d.mu.Lock()
 	defer p.d.mu.Unlock()
 	k := p.d.id() << 8
-	o.refs.Add(1)
-	m := &mr{d: p.d, pd: p, b: o.b, refs: o.refs, key: k, access: access, addr: uint64(k) << 20}
+	o.mem.mu.Lock()
+	o.mem.refs++
+	o.mem.mu.Unlock()
+	m := &mr{d: p.d, pd: p, b: o.b, mem: o.mem, key: k, access: access, addr: uint64(k) << 20}
 	p.d.mrs[k] = m
 	p.mrs++
 	return m, nil
@@ -241,10 +242,31 @@ type mr struct {
 	pd     *pd
 	closed bool // under d.mu
 	b      []byte
-	refs   *atomic.Int32 // registrations of b; the last Close unmaps it
+	mem    *region // b's, shared by its registrations
 	key    uint32
 	access verbs.Access
 	addr   uint64
+}
+
+// region is the memory registrations share. An adapter stops its DMA into a
+// region before deregistration completes; here a delivery copies under mu's
+// read lock and the last Close unmaps under its write lock, so a region
+// closed while a SEND or WRITE lands is never written after it is unmapped.
+type region struct {
+	mu       sync.RWMutex
+	refs     int // registrations of b; the last Close unmaps it
+	unmapped bool
+}
+
+// copyIn copies src to m's bytes at off, unless m's memory is gone; it
+// reports how much it copied.
+func (m *mr) copyIn(off int, src []byte) (int, bool) {
+	m.mem.mu.RLock()
+	defer m.mem.mu.RUnlock()
+	if m.mem.unmapped {
+		return 0, false
+	}
+	return copy(m.b[off:], src), true
 }
 
 func (m *mr) Bytes() []byte        { return m.b }
@@ -264,7 +286,10 @@ func (m *mr) Close() error {
 	}
 	delete(m.d.mrs, m.key)
 	m.pd.mrs--
-	if m.refs.Add(-1) == 0 {
+	m.mem.mu.Lock()
+	defer m.mem.mu.Unlock()
+	if m.mem.refs--; m.mem.refs == 0 {
+		m.mem.unmapped = true
 		return unix.Munmap(m.b)
 	}
 	return nil
@@ -397,11 +422,16 @@ func (q *qp) PostRecv(wr *verbs.RecvWR) error {
 
 func (q *qp) deliver(r verbs.RecvWR, msg []byte) {
 	n := 0
-	for _, s := range r.SG {
-		n += copy(s.MR.Bytes()[s.Offset:s.Offset+s.Length], msg[n:])
-	}
 	st := verbs.WCSuccess
-	if n < len(msg) {
+	for _, s := range r.SG {
+		c, ok := s.MR.(*mr).copyIn(s.Offset, msg[n:min(len(msg), n+s.Length)])
+		if !ok {
+			st = verbs.WCLocProtErr // the buffer was deregistered under the RECV
+			break
+		}
+		n += c
+	}
+	if st == verbs.WCSuccess && n < len(msg) {
 		st = verbs.WCLocLenErr
 	}
 	q.rcq.push(verbs.WorkCompletion{ID: r.ID, Status: st, Opcode: verbs.WCRecv, ByteLen: uint32(len(msg)), QPN: q.qpn})
@@ -485,7 +515,11 @@ func (q *qp) write(wr *verbs.SendWR) verbs.WCStatus {
 	}
 	off := int(wr.RemoteAddr - m.addr)
 	for _, s := range wr.SG {
-		off += copy(m.b[off:], s.MR.Bytes()[s.Offset:s.Offset+s.Length])
+		n, ok := m.copyIn(off, s.MR.Bytes()[s.Offset:s.Offset+s.Length])
+		if !ok {
+			return verbs.WCRemAccessErr // deregistered as the WRITE landed
+		}
+		off += n
 	}
 	return verbs.WCSuccess
 }
