@@ -744,6 +744,23 @@ func (c *Conn) settleWrites(l *link) {
 	}
 }
 
+// awaitResend holds moveTo, and so the writers, until the WRITEs it resent on
+// nw completed (nothing else of c's is on nw yet): the peer may consume those
+// bytes as the old link delivered them before the resend reads them, and a
+// writer must not refill a region a WRITE still reads. A failure of nw settles
+// them; a group that ends leaves the send buffer to the continuation.
+func (c *Conn) awaitResend(nw *link) {
+	for c.wrOutOn[nw.ix].Load() > 0 {
+		c.mu.Lock()
+		gone := c.lnkErr || c.released
+		c.mu.Unlock()
+		if gone {
+			return
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
+}
+
 // fenceMovedFrom runs in l's poller when the peer validates c on l: the peer
 // moved c there from the link c is on for us, which failed on the peer's side
 // though perhaps not yet on ours. That link must land nothing more in our RMB
@@ -835,6 +852,7 @@ func (c *Conn) moveTo(old, nw *link) {
 	if err == nil {
 		err = c.sendCDC(0) // the cursors: the peer takes none from a validation
 	}
+	c.awaitResend(nw)
 	c.mu.Lock()
 	c.moving = false
 	if pend != 0 {
