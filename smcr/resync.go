@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -202,7 +203,7 @@ func (c *Conn) failover() {
 	wake(c.txWake)
 	if err != nil {
 		c.e.log.Warn("smcr: continuation over tcp failed", "conn", c.id, "err", err)
-		c.tcp.Close()
+		resetTCP(c.tcp) // the peer may have continued: a FIN would end a cut stream
 	} else {
 		c.e.st.continued.Add(1)
 		c.e.log.Info("smcr: connection continues over tcp", "conn", c.id)
@@ -245,6 +246,10 @@ func (c *Conn) resync() error {
 	if peer.err != nil {
 		return peer.err
 	}
+	// The wait was for the peer's resync. The resend waits for the peer's
+	// application to make room, as TCP's send buffer would: its bytes were
+	// written already, whatever deadline the application sets now.
+	c.tcp.SetWriteDeadline(noDeadline)
 	// A Write may have posted a chunk it has not counted yet: wait for it, so the
 	// resend covers every byte the writer will report as written. Writers start no
 	// new chunk once the continuation began, and a posted chunk is counted at once.
@@ -265,7 +270,6 @@ func (c *Conn) resync() error {
 		}
 		from += n
 	}
-	c.tcp.SetWriteDeadline(noDeadline)
 	c.mu.Lock()
 	done := c.localDone && !c.appClosed
 	c.mu.Unlock()
@@ -285,6 +289,18 @@ func closeWrite(tcp any) error {
 		}
 	}
 	return nil
+}
+
+// resetTCP closes tcp with a reset (linger 0) rather than a FIN, so the peer
+// reads an error, never a clean end, after bytes it may not have got.
+func resetTCP(tcp net.Conn) {
+	if ra, ok := tcp.(*readAheadConn); ok {
+		tcp = ra.Conn
+	}
+	if l, ok := tcp.(interface{ SetLinger(sec int) error }); ok {
+		l.SetLinger(0)
+	}
+	tcp.Close()
 }
 
 // minResyncWait bounds from below how long a continuation waits for the peer's

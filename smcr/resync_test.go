@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/rand"
 	"errors"
 	"io"
 	"net"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/smcr-io/smcr/smcr/clc"
+	"github.com/smcr-io/smcr/smcr/internal/memverbs"
 	"github.com/smcr-io/smcr/smcr/verbs"
 )
 
@@ -343,4 +345,90 @@ func TestResyncBehindConfirm(t *testing.T) {
 	for _, x := range []*Conn{c, s, good, gs} {
 		x.Close()
 	}
+}
+
+// connectVia connects one client, on the TCP connection wrap makes of a dialled
+// one, to p's server; both ends must run SMC-R.
+func (p *pair) connectVia(t *testing.T, wrap func(*net.TCPConn) net.Conn) (*Conn, *Conn) {
+	t.Helper()
+	raw, err := net.Dial("tcp", p.ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := make(chan *Conn, 1)
+	go func() { s, _ := p.ln.AcceptSMC(); sc <- s }()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := p.cli.Client(ctx, wrap(raw.(*net.TCPConn)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := <-sc
+	mustSMC(t, c, s)
+	return c, s
+}
+
+// badResyncConn sends its resync with a version the peer does not know.
+type badResyncConn struct{ *net.TCPConn }
+
+func (b badResyncConn) Write(p []byte) (int, error) {
+	if len(p) == resyncLen && [4]byte(p[:4]) == resyncMagic {
+		p = bytes.Clone(p)
+		p[4] = resyncVersion + 1
+	}
+	return b.TCPConn.Write(p)
+}
+
+// TestFailedContinuationResets: a continuation that fails resets TCP, so a peer that continued reads an error, not EOF.
+func TestFailedContinuationResets(t *testing.T) {
+	d1, d2 := twoDevices(t)
+	p := newPair(t, Config{Devices: []verbs.Device{d1}}, Config{Devices: []verbs.Device{d2}})
+	c, s := p.connectVia(t, func(tc *net.TCPConn) net.Conn { return badResyncConn{tc} })
+	d1.Fail()
+	eventually(t, "client continued", c.continued)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if b, err := io.ReadAll(c); err == nil {
+		t.Fatalf("client read %q, then a clean EOF from a server whose continuation failed (%v)", b, s.linkError(nil))
+	}
+}
+
+// TestContinuationResendWaitsForReader: the resend waits for a peer application that reads only after the resync's wait.
+func TestContinuationResendWaitsForReader(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits out minResyncWait")
+	}
+	d1, d2 := twoDevices(t)
+	p := newPair(t, Config{Devices: []verbs.Device{d1}, RMBSize: 512 << 10}, Config{Devices: []verbs.Device{d2}, RMBSize: 512 << 10})
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	failOnCursors(t, c, d1)
+	// Less than the resend in the sockets' buffers: it blocks until s reads.
+	s.TCP().(*net.TCPConn).SetReadBuffer(64 << 10)
+	c.TCP().(*net.TCPConn).SetWriteBuffer(64 << 10)
+	up := make([]byte, 512<<10)
+	rand.Read(up)
+	werr := make(chan error, 1)
+	go func() { _, err := c.Write(up); c.CloseWrite(); werr <- err }()
+	time.Sleep(minResyncWait + time.Second) // the reader is busy elsewhere
+	s.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got, err := io.ReadAll(s)
+	if err != nil || !bytes.Equal(got, up) {
+		t.Fatalf("server read %d of %d bytes: %v (client: %v)", len(got), len(up), err, c.linkError(nil))
+	}
+	if err := <-werr; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// failOnCursors fails d, once, as x is about to send a CDC for bytes it wrote:
+// they landed in the peer's RMB, unannounced.
+func failOnCursors(t *testing.T, x *Conn, d *memverbs.Device) {
+	var once sync.Once
+	h := func(c *Conn) {
+		if c == x {
+			once.Do(d.Fail)
+		}
+	}
+	testHookCursors.Store(&h)
+	t.Cleanup(func() { testHookCursors.Store(nil) })
 }
