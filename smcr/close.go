@@ -157,16 +157,20 @@ func (c *Conn) closeTimedOut() {
 // Abort ends the connection abnormally, the SMC-R form of a TCP RST.
 func (c *Conn) Abort() error {
 	if c.mode == ModeFallback {
-		if tc, ok := c.tcp.(*net.TCPConn); ok {
-			tc.SetLinger(0)
-		}
+		lingerZero(c.tcp)
 		return c.Close()
 	}
 	c.mu.Lock()
+	fo := c.fo
 	c.abortLocked(ErrAborted)
 	c.mu.Unlock()
 	wake(c.rxWake)
 	wake(c.txWake)
+	if fo {
+		// Over TCP, or resyncing there (the link can carry no abnormal close):
+		// TCP's reset, at once; a resend under way stops.
+		resetTCP(c.tcp)
+	}
 	return c.Close()
 }
 

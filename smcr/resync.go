@@ -291,16 +291,21 @@ func closeWrite(tcp any) error {
 	return nil
 }
 
-// resetTCP closes tcp with a reset (linger 0) rather than a FIN, so the peer
-// reads an error, never a clean end, after bytes it may not have got.
+// resetTCP closes tcp with a reset rather than a FIN, so the peer reads an
+// error, never a clean end, after bytes it may not have got.
 func resetTCP(tcp net.Conn) {
+	lingerZero(tcp)
+	tcp.Close()
+}
+
+// lingerZero has tcp's close send a reset (SO_LINGER 0), as TCP's abort.
+func lingerZero(tcp net.Conn) {
 	if ra, ok := tcp.(*readAheadConn); ok {
 		tcp = ra.Conn
 	}
 	if l, ok := tcp.(interface{ SetLinger(sec int) error }); ok {
 		l.SetLinger(0)
 	}
-	tcp.Close()
 }
 
 // minResyncWait bounds from below how long a continuation waits for the peer's

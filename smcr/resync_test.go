@@ -95,20 +95,13 @@ func TestContinuationSlowPeer(t *testing.T) {
 	d1, d2 := twoDevices(t)
 	const clcTimeout = 300 * time.Millisecond
 	p := newPair(t, Config{Devices: []verbs.Device{d1}, CLCTimeout: clcTimeout}, Config{Devices: []verbs.Device{d2}, CLCTimeout: clcTimeout})
-	held := make(chan struct{})
-	hold := func(c *Conn) {
-		if !c.client {
-			<-held
-		}
-	}
-	testHookWatch.Store(&hold)
-	t.Cleanup(func() { testHookWatch.Store(nil) })
+	release := holdWatch(t, false)
 	c, s := p.connect(t)
 	mustSMC(t, c, s)
 	c.Write([]byte("before"))
 	d1.Fail()
 	time.Sleep(3 * clcTimeout) // the server's watcher reads the client's resync only now
-	close(held)
+	release()
 	eventually(t, "continued", func() bool { return c.continued() && s.continued() })
 	c.Write([]byte(" after"))
 	c.CloseWrite()
@@ -431,4 +424,50 @@ func failOnCursors(t *testing.T, x *Conn, d *memverbs.Device) {
 	}
 	testHookCursors.Store(&h)
 	t.Cleanup(func() { testHookCursors.Store(nil) })
+}
+
+// holdWatch holds back the watchTCP (the resync's reader) of the client's
+// connections, or of the server's, until release is called or t ends.
+func holdWatch(t *testing.T, client bool) (release func()) {
+	held := make(chan struct{})
+	hold := func(c *Conn) {
+		if c.client == client {
+			<-held
+		}
+	}
+	testHookWatch.Store(&hold)
+	var once sync.Once
+	release = func() { once.Do(func() { close(held) }) }
+	t.Cleanup(func() { testHookWatch.Store(nil); release() })
+	return release
+}
+
+// TestAbortResetsContinuation: Abort after or during a continuation resets TCP, so the peer reads an error, not EOF.
+func TestAbortResetsContinuation(t *testing.T) {
+	for _, during := range []bool{false, true} {
+		t.Run(map[bool]string{false: "continued", true: "resyncing"}[during], func(t *testing.T) {
+			release := holdWatch(t, true) // the client waits for the server's resync
+			if !during {
+				release()
+			}
+			d1, d2 := twoDevices(t)
+			p := newPair(t, Config{Devices: []verbs.Device{d1}}, Config{Devices: []verbs.Device{d2}})
+			c, s := p.connect(t)
+			mustSMC(t, c, s)
+			c.Write([]byte("partial"))
+			d1.Fail()
+			eventually(t, "continued", func() bool { return s.continued() && (during || c.continued()) })
+			if during && c.continued() {
+				t.Fatal("the client continued without the server's resync")
+			}
+			c.Abort()
+			release()
+			s.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if b, err := io.ReadAll(s); err == nil {
+				t.Fatalf("server read %q, then a clean EOF after the client's Abort", b)
+			}
+			s.Close()
+			eventually(t, "released", func() bool { return p.cli.Stats().MemoryInUse == 0 && p.srv.Stats().MemoryInUse == 0 })
+		})
+	}
 }
