@@ -195,9 +195,11 @@ func (c *Conn) failover() {
 		c.tcp.SetWriteDeadline(c.writeDL.get())
 	}
 	c.lnkErr = true // the link is no longer this connection's, whatever happened
-	appClosed := c.appClosed
 	c.updateState("continued over tcp")
 	c.mu.Unlock()
+	if h := testHookFailoverEnd.Load(); h != nil {
+		(*h)(c)
+	}
 	close(c.foDone)
 	wake(c.rxWake)
 	wake(c.txWake)
@@ -208,10 +210,13 @@ func (c *Conn) failover() {
 		c.e.st.continued.Add(1)
 		c.e.log.Info("smcr: connection continues over tcp", "conn", c.id)
 	}
-	if appClosed {
-		c.maybeRelease()
-	}
+	// Closed before foDone, however shortly: Close left the release to us.
+	c.maybeRelease()
 }
+
+// testHookFailoverEnd lets tests act as a continuation ends, outside c.mu and
+// before foDone closes.
+var testHookFailoverEnd atomic.Pointer[func(*Conn)]
 
 func (c *Conn) resync() error {
 	c.mu.Lock()

@@ -471,3 +471,26 @@ func TestAbortResetsContinuation(t *testing.T) {
 		})
 	}
 }
+
+// TestCloseAsContinuationEnds: a Close just before foDone closes still releases the connection, and the peer reads EOF.
+func TestCloseAsContinuationEnds(t *testing.T) {
+	d1, d2 := twoDevices(t)
+	p := newPair(t, Config{Devices: []verbs.Device{d1}}, Config{Devices: []verbs.Device{d2}})
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	c.Write([]byte("hello"))
+	h := func(x *Conn) {
+		if x == c {
+			c.Close() // finds the continuation under way: leaves the release to it
+		}
+	}
+	testHookFailoverEnd.Store(&h)
+	t.Cleanup(func() { testHookFailoverEnd.Store(nil) })
+	d1.Fail()
+	s.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if b, err := io.ReadAll(s); err != nil || string(b) != "hello" {
+		t.Fatalf("server read %q, %v; want the bytes, then EOF", b, err)
+	}
+	s.Close()
+	eventually(t, "released", func() bool { return p.cli.Stats().MemoryInUse == 0 && p.srv.Stats().MemoryInUse == 0 })
+}
