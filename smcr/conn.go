@@ -179,6 +179,7 @@ type Conn struct {
 	txCons      uint64 // the peer's consumer cursor: its freed space
 	seq         uint16 // of our last CDC
 	txUrgent    bool   // txProd just passed an urgent byte: the next CDC says so
+	txUrgentEnd uint64 // just past our last urgent byte (0: none), for a resend
 	rxUrgentAt  uint64 // the peer's urgent byte, while rxUrgent (urgent.go)
 	rxUrgent    bool
 	rxSeq       uint16 // of the peer's last CDC taken (rxSeqSet)

@@ -260,12 +260,37 @@ func (c *Conn) resync() error {
 	// new chunk once the continuation began, and a posted chunk is counted at once.
 	c.mu.Lock()
 	c.awaitPostersLocked(false)
-	from, to, cons := peer.r.received, c.txProd, c.txCons
+	from, to, cons, urgEnd := peer.r.received, c.txProd, c.txCons, c.txUrgentEnd
 	c.mu.Unlock()
 	if from < cons || from > to {
 		return fmt.Errorf("%w: peer holds %d, we wrote %d and it consumed %d", errResync, from, to, cons)
 	}
-	// Resend [from, to) from the send buffer, which mirrors the peer's RMBE.
+	// Our last urgent byte among them lost its CDC's flag with the link: it goes
+	// with MSG_OOB, so the peer's ReadMarked still reports it.
+	if from < urgEnd && urgEnd <= to {
+		if err := c.resend(from, urgEnd-1); err != nil {
+			return err
+		}
+		if err := writeUrgentTCP(c.tcp, c.snd.Bytes()[(urgEnd-1)%c.peerSize]); err != nil {
+			return fmt.Errorf("resend urgent byte: %w", err)
+		}
+		from = urgEnd
+	}
+	if err := c.resend(from, to); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	done := c.localDone && !c.appClosed
+	c.mu.Unlock()
+	if done {
+		closeWrite(c.tcp)
+	}
+	return nil
+}
+
+// resend writes bytes [from, to) of our stream to the TCP connection from the
+// send buffer, which mirrors the peer's RMBE.
+func (c *Conn) resend(from, to uint64) error {
 	for from < to {
 		buf := c.snd.Bytes()
 		off := from % c.peerSize
@@ -274,12 +299,6 @@ func (c *Conn) resync() error {
 			return fmt.Errorf("resend: %w", err)
 		}
 		from += n
-	}
-	c.mu.Lock()
-	done := c.localDone && !c.appClosed
-	c.mu.Unlock()
-	if done {
-		closeWrite(c.tcp)
 	}
 	return nil
 }

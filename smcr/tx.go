@@ -128,6 +128,7 @@ func (c *Conn) smcWrite(p []byte, urgent bool) (int, error) {
 		release = c.appClosed
 		if urgent && total+int(n) == len(p) {
 			c.txUrgent = true // on whichever CDC first announces it (sendCDC)
+			c.txUrgentEnd = c.txProd
 		}
 		var flags rmb.ProdFlags
 		if c.txProd-c.txCons == c.peerSize && total+int(n) < len(p) {

@@ -131,3 +131,31 @@ func TestUrgentData(t *testing.T) {
 		})
 	}
 }
+
+// TestUrgentAcrossContinuation: an urgent byte whose CDC died with the link is resent over TCP still marked.
+func TestUrgentAcrossContinuation(t *testing.T) {
+	d1, d2 := twoDevices(t)
+	p := newPair(t, Config{Devices: []verbs.Device{d1}}, Config{Devices: []verbs.Device{d2}})
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	// The server takes no notice of the CDCs for "ab" (they land unannounced),
+	// and the link fails before the one for the urgent byte: all three are resent.
+	ignore := func(x *Conn, m *rmb.CDC) {
+		if x == s {
+			m.Prod = rmb.Cursor{}
+		}
+	}
+	testHookCDC.Store(&ignore)
+	t.Cleanup(func() { testHookCDC.Store(nil) })
+	c.Write([]byte("ab"))
+	failOnCursors(t, c, d1)
+	if err := c.WriteUrgent('!'); err != nil {
+		t.Fatal(err)
+	}
+	c.Write([]byte("cd")) // over TCP
+	c.CloseWrite()
+	got, marks := markedStream(t, s, make(chan int, 1))
+	if string(got) != "ab!cd" || !slices.Equal(marks, []int{2}) {
+		t.Fatalf("read %q, urgent bytes at %v; want \"ab!cd\", [2]", got, marks)
+	}
+}
