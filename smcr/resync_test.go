@@ -494,3 +494,32 @@ func TestCloseAsContinuationEnds(t *testing.T) {
 	s.Close()
 	eventually(t, "released", func() bool { return p.cli.Stats().MemoryInUse == 0 && p.srv.Stats().MemoryInUse == 0 })
 }
+
+// TestWriteClosedAfterContinuation: over TCP too, Write after CloseWrite or the peer's close returns ErrWriteClosed.
+func TestWriteClosedAfterContinuation(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		close func(t *testing.T, c, s *Conn)
+	}{
+		{"close write", func(t *testing.T, c, s *Conn) { c.CloseWrite() }},
+		{"peer closed", func(t *testing.T, c, s *Conn) {
+			s.Close()
+			eventually(t, "peer's close", func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.peerClosed })
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d1, d2 := twoDevices(t)
+			p := newPair(t, Config{Devices: []verbs.Device{d1}}, Config{Devices: []verbs.Device{d2}})
+			c, s := p.connect(t)
+			mustSMC(t, c, s)
+			tc.close(t, c, s)
+			d1.Fail()
+			eventually(t, "continued", c.continued)
+			for range 2 { // TCP reports a peer's close on the second write
+				if _, err := c.Write([]byte("x")); !errors.Is(err, ErrWriteClosed) {
+					t.Fatalf("write: %v, want ErrWriteClosed", err)
+				}
+			}
+		})
+	}
+}

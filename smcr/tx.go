@@ -37,7 +37,20 @@ func (c *Conn) smcWrite(p []byte, urgent bool) (int, error) {
 			}
 			continue
 		}
-		if c.fo && !c.appClosed {
+		// Before the continuation's branch: the same errors over TCP.
+		switch {
+		case c.err != nil:
+			err := c.err
+			c.mu.Unlock()
+			return total, err
+		case c.appClosed:
+			c.mu.Unlock()
+			return total, net.ErrClosed
+		case c.localDone || c.peerClosed:
+			c.mu.Unlock()
+			return total, ErrWriteClosed
+		}
+		if c.fo {
 			c.mu.Unlock()
 			select {
 			case <-c.foDone:
@@ -59,18 +72,6 @@ func (c *Conn) smcWrite(p []byte, urgent bool) (int, error) {
 			c.cs.tx.Add(uint64(n))
 			c.e.st.fbTx.Add(uint64(n))
 			return total + n, err
-		}
-		switch {
-		case c.err != nil:
-			err := c.err
-			c.mu.Unlock()
-			return total, err
-		case c.appClosed:
-			c.mu.Unlock()
-			return total, net.ErrClosed
-		case c.localDone || c.peerClosed:
-			c.mu.Unlock()
-			return total, ErrWriteClosed
 		}
 		if len(p) == 0 {
 			c.mu.Unlock()
