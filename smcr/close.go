@@ -65,6 +65,7 @@ func (c *Conn) CloseWrite() error {
 	}
 	if c.fo {
 		c.localDone = true
+		c.updateState("close write")
 		c.mu.Unlock()
 		<-c.foDone
 		if c.continued() {

@@ -523,3 +523,19 @@ func TestWriteClosedAfterContinuation(t *testing.T) {
 		})
 	}
 }
+
+// TestCloseWriteStateAfterContinuation: CloseWrite over a continued connection shows in its reported state.
+func TestCloseWriteStateAfterContinuation(t *testing.T) {
+	d1, d2 := twoDevices(t)
+	p := newPair(t, Config{Devices: []verbs.Device{d1}}, Config{Devices: []verbs.Device{d2}})
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	d1.Fail()
+	eventually(t, "continued", c.continued)
+	if err := c.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	if cs := p.cli.Conns(); len(cs) != 1 || cs[0].State != statePeerCloseWait1.String() {
+		t.Fatalf("conns %+v; want one in %v", cs, statePeerCloseWait1)
+	}
+}
