@@ -115,10 +115,7 @@ func TestContinuationSlowPeer(t *testing.T) {
 // connection continues over TCP: a Read with nothing coming and a Write the
 // peer does not drain time out then, rather than block for good.
 func TestContinuationKeepsDeadlines(t *testing.T) {
-	d1, d2 := twoDevices(t)
-	p := newPair(t, Config{Devices: []verbs.Device{d1}}, Config{Devices: []verbs.Device{d2}})
-	c, s := p.connect(t)
-	mustSMC(t, c, s)
+	_, c, s, d1 := singleLinkPair(t, nil)
 	c.SetReadDeadline(time.Now().Add(time.Second))
 	c.SetWriteDeadline(time.Now().Add(time.Second))
 	d1.Fail()
@@ -152,10 +149,7 @@ func TestContinuationKeepsDeadlines(t *testing.T) {
 // TestContinuationPeerTCPGone: when the peer's TCP connection is gone, a
 // continuation fails at once instead of waiting for a resync that cannot come.
 func TestContinuationPeerTCPGone(t *testing.T) {
-	d1, d2 := twoDevices(t)
-	p := newPair(t, Config{Devices: []verbs.Device{d1}, CLCTimeout: 10 * time.Second}, Config{Devices: []verbs.Device{d2}, CLCTimeout: 10 * time.Second})
-	c, s := p.connect(t)
-	mustSMC(t, c, s)
+	_, c, s, d1 := singleLinkPair(t, func(cfg *Config) { cfg.CLCTimeout = 10 * time.Second })
 	s.TCP().Close()
 	time.Sleep(50 * time.Millisecond) // the client's watcher sees the end
 	start := time.Now()
@@ -340,6 +334,23 @@ func TestResyncBehindConfirm(t *testing.T) {
 	}
 }
 
+// singleLinkPair connects a client and a server whose link group has one link,
+// which d's Fail ends (the client's device); cfg, when not nil, adjusts both
+// engines' configurations.
+func singleLinkPair(t *testing.T, cfg func(*Config)) (p *pair, c, s *Conn, d *memverbs.Device) {
+	t.Helper()
+	d, d2 := twoDevices(t)
+	cc, sc := Config{Devices: []verbs.Device{d}}, Config{Devices: []verbs.Device{d2}}
+	if cfg != nil {
+		cfg(&cc)
+		cfg(&sc)
+	}
+	p = newPair(t, cc, sc)
+	c, s = p.connect(t)
+	mustSMC(t, c, s)
+	return p, c, s, d
+}
+
 // connectVia connects one client, on the TCP connection wrap makes of a dialled
 // one, to p's server; both ends must run SMC-R.
 func (p *pair) connectVia(t *testing.T, wrap func(*net.TCPConn) net.Conn) (*Conn, *Conn) {
@@ -390,10 +401,7 @@ func TestContinuationResendWaitsForReader(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits out minResyncWait")
 	}
-	d1, d2 := twoDevices(t)
-	p := newPair(t, Config{Devices: []verbs.Device{d1}, RMBSize: 512 << 10}, Config{Devices: []verbs.Device{d2}, RMBSize: 512 << 10})
-	c, s := p.connect(t)
-	mustSMC(t, c, s)
+	_, c, s, d1 := singleLinkPair(t, func(cfg *Config) { cfg.RMBSize = 512 << 10 })
 	failOnCursors(t, c, d1)
 	// Less than the resend in the sockets' buffers: it blocks until s reads.
 	s.TCP().(*net.TCPConn).SetReadBuffer(64 << 10)
@@ -450,10 +458,7 @@ func TestAbortResetsContinuation(t *testing.T) {
 			if !during {
 				release()
 			}
-			d1, d2 := twoDevices(t)
-			p := newPair(t, Config{Devices: []verbs.Device{d1}}, Config{Devices: []verbs.Device{d2}})
-			c, s := p.connect(t)
-			mustSMC(t, c, s)
+			p, c, s, d1 := singleLinkPair(t, nil)
 			c.Write([]byte("partial"))
 			d1.Fail()
 			eventually(t, "continued", func() bool { return s.continued() && (during || c.continued()) })
@@ -474,10 +479,7 @@ func TestAbortResetsContinuation(t *testing.T) {
 
 // TestCloseAsContinuationEnds: a Close just before foDone closes still releases the connection, and the peer reads EOF.
 func TestCloseAsContinuationEnds(t *testing.T) {
-	d1, d2 := twoDevices(t)
-	p := newPair(t, Config{Devices: []verbs.Device{d1}}, Config{Devices: []verbs.Device{d2}})
-	c, s := p.connect(t)
-	mustSMC(t, c, s)
+	p, c, s, d1 := singleLinkPair(t, nil)
 	c.Write([]byte("hello"))
 	h := func(x *Conn) {
 		if x == c {
@@ -508,10 +510,7 @@ func TestWriteClosedAfterContinuation(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d1, d2 := twoDevices(t)
-			p := newPair(t, Config{Devices: []verbs.Device{d1}}, Config{Devices: []verbs.Device{d2}})
-			c, s := p.connect(t)
-			mustSMC(t, c, s)
+			_, c, s, d1 := singleLinkPair(t, nil)
 			tc.close(t, c, s)
 			d1.Fail()
 			eventually(t, "continued", c.continued)
@@ -526,10 +525,7 @@ func TestWriteClosedAfterContinuation(t *testing.T) {
 
 // TestCloseWriteStateAfterContinuation: CloseWrite over a continued connection shows in its reported state.
 func TestCloseWriteStateAfterContinuation(t *testing.T) {
-	d1, d2 := twoDevices(t)
-	p := newPair(t, Config{Devices: []verbs.Device{d1}}, Config{Devices: []verbs.Device{d2}})
-	c, s := p.connect(t)
-	mustSMC(t, c, s)
+	p, c, _, d1 := singleLinkPair(t, nil)
 	d1.Fail()
 	eventually(t, "continued", c.continued)
 	if err := c.CloseWrite(); err != nil {

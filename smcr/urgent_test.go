@@ -134,10 +134,7 @@ func TestUrgentData(t *testing.T) {
 
 // TestUrgentAcrossContinuation: an urgent byte whose CDC died with the link is resent over TCP still marked.
 func TestUrgentAcrossContinuation(t *testing.T) {
-	d1, d2 := twoDevices(t)
-	p := newPair(t, Config{Devices: []verbs.Device{d1}}, Config{Devices: []verbs.Device{d2}})
-	c, s := p.connect(t)
-	mustSMC(t, c, s)
+	_, c, s, d1 := singleLinkPair(t, nil)
 	// The server takes no notice of the CDCs for "ab" (they land unannounced),
 	// and the link fails before the one for the urgent byte: all three are resent.
 	ignore := func(x *Conn, m *rmb.CDC) {
