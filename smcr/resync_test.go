@@ -535,3 +535,21 @@ func TestCloseWriteStateAfterContinuation(t *testing.T) {
 		t.Fatalf("conns %+v; want one in %v", cs, statePeerCloseWait1)
 	}
 }
+
+// TestReadEOFAfterFailedContinuation: after the peer's sending-done, Read ends with EOF even if the continuation fails.
+func TestReadEOFAfterFailedContinuation(t *testing.T) {
+	_, c, s, d1 := singleLinkPair(t, nil)
+	s.Write([]byte("all"))
+	s.CloseWrite()
+	eventually(t, "sending-done", func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.peerDone })
+	s.TCP().Close() // no resync can come: the client's continuation fails
+	d1.Fail()
+	eventually(t, "continuation over", func() bool { return isClosed(c.foDone) })
+	if c.continued() {
+		t.Fatal("continued without the server's resync")
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if b, err := io.ReadAll(c); err != nil || string(b) != "all" {
+		t.Fatalf("read %q, %v; want every byte, then EOF", b, err)
+	}
+}

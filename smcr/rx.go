@@ -5,6 +5,7 @@
 package smcr
 
 import (
+	"errors"
 	"io"
 	"net"
 	"runtime"
@@ -162,11 +163,14 @@ func (c *Conn) smcRead(p []byte) (int, bool, error) {
 		switch {
 		case c.appClosed:
 			err = net.ErrClosed
-		case c.err != nil:
+		case c.err != nil && !(c.peerDone && errors.Is(c.err, ErrLinkDown)):
 			// The first cause: ErrReset when the peer aborted first, not when
 			// its abort answers ours (a protocol error we found, say).
 			err = c.err
 		case c.peerDone:
+			// Its sending-done announced its last byte, and we read it: the
+			// stream is whole though the link, or a continuation, failed
+			// after (as TCP's read after a FIN, and Linux's SOCK_DONE).
 			err = io.EOF
 		case len(p) == 0:
 			c.mu.Unlock()
