@@ -151,8 +151,14 @@ func (c *Conn) closeTimedOut() {
 	}
 	c.e.log.Info("smcr: peer did not close in time, aborting", "conn", c.id)
 	c.peerClosed = true // stop waiting for it
+	fo := c.fo
 	c.abortLocked(ErrAborted)
 	c.mu.Unlock()
+	if fo {
+		// A continuation's resend to a peer that does not read would hold the
+		// connection for ever: reset it, as Abort does, and failover releases.
+		resetTCP(c.tcp)
+	}
 }
 
 // Abort ends the connection abnormally, the SMC-R form of a TCP RST.

@@ -553,3 +553,33 @@ func TestReadEOFAfterFailedContinuation(t *testing.T) {
 		t.Fatalf("read %q, %v; want every byte, then EOF", b, err)
 	}
 }
+
+// TestCloseTimeoutEndsResend: a connection closed while its continuation
+// resends to a peer that does not read is reset at the close timeout and
+// released, rather than held for as long as the peer does not read.
+func TestCloseTimeoutEndsResend(t *testing.T) {
+	_, c, s, d1 := singleLinkPair(t, func(cfg *Config) { cfg.RMBSize = 512 << 10; cfg.CloseTimeout = 300 * time.Millisecond })
+	failOnCursors(t, c, d1)
+	s.TCP().(*net.TCPConn).SetReadBuffer(64 << 10)
+	c.TCP().(*net.TCPConn).SetWriteBuffer(64 << 10)
+	up := make([]byte, 512<<10)
+	if _, err := c.Write(up); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the continuation under way", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.fo
+	})
+	c.Close()
+	eventually(t, "the closed connection released", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.released
+	})
+	s.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got, err := io.ReadAll(s)
+	if err == nil || len(got) == len(up) {
+		t.Fatalf("server read %d of %d bytes, then %v; want a reset before the end", len(got), len(up), err)
+	}
+}
