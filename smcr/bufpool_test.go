@@ -5,6 +5,7 @@ import (
 	"io"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -372,4 +373,57 @@ func withdrawRKey(t *testing.T, l *link, rkey uint32) llc.DeleteRkey {
 	var r llc.DeleteRkey
 	ask(t, l, m, uint64(rkey), &r)
 	return r
+}
+
+// TestMemoryInUseNeverNegative: Stats reads memory in use while pooled
+// buffers are freed concurrently, and never finds less than nothing.
+func TestMemoryInUseNeverNegative(t *testing.T) {
+	e := newEngine(t, Config{Devices: memDevices(t, verbs.KindSoft)})
+	lg := &linkGroup{e: e}
+	var stop atomic.Bool
+	var neg atomic.Int64
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for !stop.Load() {
+			if st := e.Stats(); st.MemoryInUse < 0 {
+				neg.Store(st.MemoryInUse)
+				return
+			}
+		}
+	}()
+	deadline := time.Now().Add(time.Second)
+	for neg.Load() == 0 && time.Now().Before(deadline) {
+		// A buffer as keep pools it, then as drainPool/take frees it.
+		b := &pooledBuf{size: 64 << 10}
+		e.reserve(int64(b.size))
+		e.pooled.Add(int64(b.size))
+		lg.free(b)
+	}
+	stop.Store(true)
+	wg.Wait()
+	if n := neg.Load(); n < 0 {
+		t.Errorf("Stats().MemoryInUse = %d with nothing in use", n)
+	}
+}
+
+// TestCloseFreesLateFrees: Engine.Close frees the buffers of declined
+// connections waiting to be freed late, also one whose timer fired as Close
+// took them (neither freed it before).
+func TestCloseFreesLateFrees(t *testing.T) {
+	e := newEngine(t, Config{Devices: memDevices(t, verbs.KindSoft)})
+	const n = 64 << 10
+	e.reserve(n)
+	c := &Conn{e: e, memHeld: n}
+	e.freeLater(c)
+	e.mu.Lock()
+	done := make(chan struct{})
+	go func() { e.Close(); close(done) }()
+	time.Sleep(20 * time.Millisecond) // Close waits for e.mu
+	e.lateFree[c].Reset(time.Millisecond)
+	time.Sleep(20 * time.Millisecond) // and so does the timer's callback
+	e.mu.Unlock()
+	<-done
+	eventually(t, "the declined connection's memory freed", func() bool { return e.mem.Load() == 0 })
 }

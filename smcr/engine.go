@@ -172,10 +172,12 @@ func (e *Engine) Close() error {
 	late := e.lateFree
 	e.lateFree = nil
 	e.mu.Unlock()
+	// Each is freed here: a timer that fired after we took the map finds
+	// nothing in it and leaves its connection to us; one that fired before
+	// took its connection out of the map itself.
 	for c, t := range late {
-		if t.Stop() {
-			c.freeResources()
-		}
+		t.Stop()
+		c.freeResources()
 	}
 	// Connections the application closed usually finish closing within a
 	// round trip (the peer closes in answer): let them, over SMC-R, rather than
@@ -322,13 +324,17 @@ func (e *Engine) Stats() Stats { return e.takeStats(false) }
 func (e *Engine) ResetStats() Stats {
 	s := e.takeStats(true)
 	e.memPeak.Store(e.mem.Load())
+	e.raisePeak(e.mem.Load()) // a reserve between the two loads raised it before the Store
 	return s
 }
 
 func (e *Engine) takeStats(reset bool) Stats {
 	s := e.st.take(reset)
+	// mem first: a buffer leaves the pool's count before it leaves mem, so
+	// mem read first is never less than pooled read after.
+	mem := e.mem.Load()
 	s.MemoryPooled = e.pooled.Load()
-	s.MemoryInUse = e.mem.Load() - s.MemoryPooled
+	s.MemoryInUse = max(mem-s.MemoryPooled, 0)
 	s.MemoryPeak = e.memPeak.Load()
 	e.mu.Lock()
 	s.LinkGroups = len(e.lgs)
@@ -428,12 +434,18 @@ func (e *Engine) reserve(n int64) bool {
 			return false
 		}
 		if e.mem.CompareAndSwap(cur, cur+n) {
-			for {
-				p := e.memPeak.Load()
-				if cur+n <= p || e.memPeak.CompareAndSwap(p, cur+n) {
-					return true
-				}
-			}
+			e.raisePeak(cur + n)
+			return true
+		}
+	}
+}
+
+// raisePeak makes the memory peak at least m.
+func (e *Engine) raisePeak(m int64) {
+	for {
+		p := e.memPeak.Load()
+		if m <= p || e.memPeak.CompareAndSwap(p, m) {
+			return
 		}
 	}
 }
