@@ -183,13 +183,37 @@ func (e *Engine) reserveOrTrim(n int64) bool {
 	if e.reserve(n) {
 		return true
 	}
+	e.trimPools()
+	return e.reserve(n)
+}
+
+// trimPools frees every link group's pool, for memory that is short.
+func (e *Engine) trimPools() {
 	e.mu.Lock()
 	lgs := slices.Clone(e.lgs)
 	e.mu.Unlock()
 	for _, lg := range lgs {
 		lg.drainPool()
 	}
-	return e.reserve(n)
+}
+
+// fitsWithoutPools reports whether n more bytes would fit in max_memory were
+// the pools freed.
+func (e *Engine) fitsWithoutPools(n int64) bool {
+	limit := e.settings().MaxMemory
+	return limit == 0 || e.mem.Load()-e.pooled.Load()+n <= limit
+}
+
+// pooledHas reports whether the pool holds a buffer take would hand out.
+func (lg *linkGroup) pooledHas(rmb bool, size uint64, l *link) bool {
+	lg.mu.Lock()
+	defer lg.mu.Unlock()
+	for _, b := range lg.pool {
+		if b.rmb == rmb && b.size == size && b.home == l && b.usable() {
+			return true
+		}
+	}
+	return false
 }
 
 // takePooled takes a pooled buffer for c on its link, unless memory is over
@@ -242,6 +266,11 @@ func (c *Conn) releaseBuffers() (kept int64) {
 	bufs := c.detachBufsLocked()
 	c.mu.Unlock()
 	for _, b := range bufs {
+		if orderly && b.own != nil {
+			// The next connection must not find this one's bytes: a peer
+			// could announce a producer cursor past what it wrote.
+			clear(b.own.Bytes())
+		}
 		switch {
 		case !orderly || b.own == nil:
 			c.lg.drop(b)

@@ -1,6 +1,7 @@
 package smcr
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"slices"
@@ -373,6 +374,114 @@ func withdrawRKey(t *testing.T, l *link, rkey uint32) llc.DeleteRkey {
 	var r llc.DeleteRkey
 	ask(t, l, m, uint64(rkey), &r)
 	return r
+}
+
+// TestDowngradedBuffersReused: under a steady downgrade the pooled (smaller)
+// RMB and the send buffer are reused, not freed and allocated anew each time.
+func TestDowngradedBuffersReused(t *testing.T) {
+	p := memPair(t)
+	if err := p.srv.SetMaxMemory(defaultRMB * 3 / 2); err != nil {
+		t.Fatal(err)
+	}
+	released := func() bool {
+		return len(p.cli.Conns()) == 0 && len(p.srv.Conns()) == 0 && p.srv.Stats().MemoryInUse == 0
+	}
+	for i := range 4 {
+		c, s := p.connect(t)
+		mustSMC(t, c, s)
+		echoCheck(t, c, s)
+		c.Close()
+		s.Close()
+		eventually(t, "released", released)
+		st := p.srv.Stats()
+		t.Logf("round %d: server pooled %d in use %d, rx reuses %d, tx reuses %d, downgrades %d",
+			i, st.MemoryPooled, st.MemoryInUse, st.RxReuses, st.TxReuses, st.RxDowngrades)
+	}
+	st := p.srv.Stats()
+	if st.RxReuses != 3 || st.TxReuses != 3 || st.RxDowngrades != 4 {
+		t.Errorf("server under a steady downgrade: rx reuses %d, tx reuses %d, downgrades %d; want 3, 3 and 4",
+			st.RxReuses, st.TxReuses, st.RxDowngrades)
+	}
+}
+
+// TestPooledBuffersCleared: a pooled RMB or send buffer reaches the next
+// connection without the previous one's bytes.
+func TestPooledBuffersCleared(t *testing.T) {
+	const size = 16 << 10
+	p := newPair(t, Config{Devices: memDevices(t, verbs.KindSoft), RMBSize: size}, Config{Devices: memDevices(t, verbs.KindSoft), RMBSize: size})
+	secret := []byte("SECRET-OF-CONNECTION-ONE")
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	if _, err := c.Write(secret); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(s, make([]byte, len(secret))); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	s.Close()
+	eventually(t, "released", func() bool {
+		return len(p.cli.Conns()) == 0 && len(p.srv.Conns()) == 0 && p.srv.Stats().MemoryPooled == 2*size
+	})
+	c2, s2 := p.connect(t)
+	mustSMC(t, c2, s2)
+	if p.srv.Stats().RxReuses != 1 || p.cli.Stats().TxReuses != 1 {
+		t.Fatalf("not reused")
+	}
+	if bytes.Contains(s2.rmb.Bytes(), secret) {
+		t.Errorf("the new connection's RMB (server) holds the previous connection's bytes")
+	}
+	if bytes.Contains(c2.snd.Bytes(), secret) {
+		t.Errorf("the new connection's send buffer (client) holds the previous connection's bytes")
+	}
+}
+
+// TestPooledSendBufferCounted: a setup whose send buffer comes from the pool
+// reserves no share for it: the memory peak counts only what was held, and a
+// tight max_memory does not free the pooled buffer to make room for itself.
+func TestPooledSendBufferCounted(t *testing.T) {
+	for _, limit := range []int64{0, 200 << 10} { // 200K: 32K new RMB + 64K pooled send buffer + 64K pooled old RMB fit
+		const size = 64 << 10
+		p := newPair(t, Config{Devices: memDevices(t, verbs.KindSoft), RMBSize: size}, Config{Devices: memDevices(t, verbs.KindSoft), RMBSize: size})
+		c, s := p.connect(t)
+		mustSMC(t, c, s)
+		c.Close()
+		s.Close()
+		eventually(t, "pooled", func() bool { return len(p.cli.Conns()) == 0 && p.cli.Stats().MemoryPooled == 2*size })
+		p.cli.SetRMBSize(size / 2)
+		p.cli.SetMaxMemory(limit)
+		p.cli.ResetStats()
+		c2, s2 := p.connect(t)
+		mustSMC(t, c2, s2)
+		st := p.cli.Stats()
+		if st.TxReuses != 1 {
+			t.Errorf("max_memory %d: the pooled send buffer of the right size was freed, not reused (tx reuses %d)", limit, st.TxReuses)
+		}
+		if held := st.MemoryInUse + st.MemoryPooled; st.MemoryPeak > held {
+			t.Errorf("max_memory %d: MemoryPeak %d, but at most %d bytes were ever held since the reset", limit, st.MemoryPeak, held)
+		}
+	}
+}
+
+// TestServerHoldUsesPool: the server's hold for the client's send buffer takes
+// no new memory when one of the size is pooled, so a max_memory that fits one
+// connection reuses both buffers.
+func TestServerHoldUsesPool(t *testing.T) {
+	const size = 64 << 10
+	p := newPair(t, Config{Devices: memDevices(t, verbs.KindSoft), RMBSize: size}, Config{Devices: memDevices(t, verbs.KindSoft), RMBSize: size, MaxMemory: 2 * size})
+	for range 3 {
+		c, s := p.connect(t)
+		mustSMC(t, c, s)
+		echoCheck(t, c, s)
+		c.Close()
+		s.Close()
+		eventually(t, "released", func() bool { return len(p.srv.Conns()) == 0 && p.srv.Stats().MemoryInUse == 0 })
+	}
+	st := p.srv.Stats()
+	t.Logf("server rx reuses %d tx reuses %d pooled %d", st.RxReuses, st.TxReuses, st.MemoryPooled)
+	if st.TxReuses != 2 {
+		t.Errorf("server tx reuses %d, want 2", st.TxReuses)
+	}
 }
 
 // TestMemoryInUseNeverNegative: Stats reads memory in use while pooled

@@ -501,9 +501,6 @@ func (e *Engine) serverProposal(ctx context.Context, c *Conn, prop *clc.Proposal
 	if code, err := c.allocRMB(e.settings().RMBSize); err != nil {
 		return code, err
 	}
-	if code, err := c.holdSendBuffer(); err != nil {
-		return code, err
-	}
 	if !first {
 		if err := c.announceRMB(); err != nil {
 			return clc.DeclineInternalRToken, fmt.Errorf("confirm rkey: %w", err)

@@ -376,22 +376,33 @@ func (c *Conn) activate() {
 	c.e.log.Debug("smcr: connection up", "conn", c.id, "lg", c.lg.id, "token", c.token, "peer_token", c.peerToken)
 }
 
-// allocRMB reserves memory for and registers our RMBE, and takes an alert token.
-// send is the send buffer that must fit beside it: the peer's RMBE, or on the
-// server, which learns it only from the Confirm, the size we are configured
-// with (holdSendBuffer).
+// allocRMB takes our RMBE, pooled or new, and an alert token, and holds
+// max_memory for the send buffer beside it (sndHeld, which setPeer settles):
+// send bytes, the peer's RMBE or, on the server, which learns it only from the
+// Confirm, the size we are configured with (the client is likely configured as
+// we are). A server short of memory must decline here, before its Accept:
+// after the client's Confirm a Decline comes too late, the client already
+// writes into our RMBE. A pooled send buffer of that size needs no new memory.
 func (c *Conn) allocRMB(send int) (DeclineCode, error) {
 	want := c.e.settings().RMBSize
-	if b := c.takePooled(true, uint64(want)); b != nil {
+	// A pooled send buffer of the size needs no new memory: setPeer takes it,
+	// unless another setup does first.
+	b, size, share, ok := c.rmbFor(want, send, c.lg.pooledHas(false, uint64(send), c.lnk))
+	if !ok {
+		return clc.DeclineNoMemory, fmt.Errorf("rmb of %d bytes (or at least %d) and a send buffer of %d exceed max memory %d",
+			want, minRMB, send, c.e.settings().MaxMemory)
+	}
+	c.memHeld += int64(share)
+	c.sndHeld = int64(share)
+	if size < want {
+		c.e.st.rxDowngrades.Add(1)
+		c.e.log.Debug("smcr: rmb downgraded for lack of memory", "conn", c.id, "want", want, "size", size)
+	}
+	if b != nil {
 		c.adopt(b)
 		c.rmbPooled = true
 		c.e.st.rxReuses.Add(1)
 	} else {
-		size, ok := c.reserveRMB(want, send)
-		if !ok {
-			return clc.DeclineNoMemory, fmt.Errorf("rmb of %d bytes (or at least %d) and a send buffer of %d exceed max memory %d",
-				want, minRMB, send, c.e.settings().MaxMemory)
-		}
 		c.memHeld += int64(size)
 		mr, err := c.lnk.pd.AllocMR(size, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
 		if err != nil {
@@ -409,38 +420,40 @@ func (c *Conn) allocRMB(send int) (DeclineCode, error) {
 	return 0, nil
 }
 
-// reserveRMB reserves max_memory for an RMB of want bytes or, when that and a
-// send buffer of send bytes do not fit, of the largest smaller size that does,
-// halving down to minRMB: as Linux's smc_buf_create tries smaller buffers and
-// counts a downgrade, the connection then runs over SMC-R with less buffer
-// rather than falling back. It reserves the RMB's bytes only.
-func (c *Conn) reserveRMB(want, send int) (int, bool) {
+// rmbFor finds an RMB of want bytes with send bytes of max_memory beside it,
+// none if sendPooled (a pooled send buffer will do): pooled, or new memory.
+// When they do not fit, and freeing the pools would not make room either, it
+// takes a smaller RMB, halving down to minRMB, as Linux's smc_buf_create tries
+// smaller buffers (a downgrade): a pooled one first. It reserves the send
+// share, and size for a new RMB (nil), and returns the share.
+func (c *Conn) rmbFor(want, send int, sendPooled bool) (*pooledBuf, int, int, bool) {
+	share := send
+	if sendPooled {
+		share = 0
+	}
 	for size := want; size >= minRMB; size /= 2 {
-		if c.e.reserveOrTrim(int64(size + send)) {
-			c.e.unreserve(int64(send)) // the send buffer reserves its own
-			if size < want {
-				c.e.st.rxDowngrades.Add(1)
-				c.e.log.Debug("smcr: rmb downgraded for lack of memory", "conn", c.id, "want", want, "size", size)
+		if b := c.takePooled(true, uint64(size)); b != nil {
+			if c.e.reserve(int64(share)) {
+				return b, size, share, true
 			}
-			return size, true
+			if !c.lg.keep(b) {
+				c.lg.free(b)
+			}
+		}
+		if c.e.reserve(int64(size + share)) {
+			return nil, size, share, true
+		}
+		// Idle pools give way before a connection gets less buffer; the
+		// pooled send buffer goes with them.
+		if c.e.fitsWithoutPools(int64(size + send)) {
+			c.e.trimPools()
+			share = send
+			if c.e.reserve(int64(size + share)) {
+				return nil, size, share, true
+			}
 		}
 	}
-	return 0, false
-}
-
-// holdSendBuffer reserves, on the server at the Proposal, memory for the send
-// buffer that mirrors the client's RMBE, whose size only the Confirm tells: as
-// much as we are configured with (the client is likely configured as we are).
-// A server short of memory must decline before its Accept: after the client's
-// Confirm a Decline comes too late, the client already writes into our RMBE.
-func (c *Conn) holdSendBuffer() (DeclineCode, error) {
-	n := int64(c.e.settings().RMBSize)
-	if !c.e.reserveOrTrim(n) {
-		return clc.DeclineNoMemory, fmt.Errorf("send buffer of about %d bytes exceeds max memory %d", n, c.e.settings().MaxMemory)
-	}
-	c.memHeld += n
-	c.sndHeld = n
-	return 0, nil
+	return nil, 0, 0, false
 }
 
 // setPeer takes the peer's RMBE from its Accept/Confirm and makes our send buffer.
@@ -458,8 +471,8 @@ func (c *Conn) setPeer(li *clc.LinkInfo) (DeclineCode, error) {
 		return 0, nil
 	}
 	if held := c.sndHeld; held > 0 {
-		// The server after the Confirm: a surplus of the hold goes back, and
-		// what it lacks must fit in max_memory like any buffer (refused, the
+		// The hold allocRMB took: a surplus goes back, and what it lacks must
+		// fit in max_memory like any buffer (refused on the server, the
 		// connection falls back after the Confirm, as the client expects).
 		if extra := int64(size) - held; extra > 0 && !c.e.reserveOrTrim(extra) {
 			return clc.DeclineNoMemory, fmt.Errorf("send buffer of %d bytes for the peer's RMB exceeds max memory %d", size, c.e.settings().MaxMemory)

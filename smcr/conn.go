@@ -135,7 +135,7 @@ type Conn struct {
 	peerAddr  uint64
 	peerRKey  uint32
 	memHeld   int64
-	sndHeld   int64 // of memHeld, held by a server for the send buffer until the Confirm
+	sndHeld   int64 // of memHeld, held for the send buffer from allocRMB until setPeer
 	peerOffer offer // the client's offer the server chose
 	reserved  bool  // holds a slot of lg
 	// acceptSent: the server sent its Accept, so the client may write into our
