@@ -110,7 +110,7 @@ var attributes = []attribute{
 	},
 	{
 		name: "max_memory", def: "256",
-		desc: "MB of buffer memory for all connections together; a connection beyond it falls back to TCP",
+		desc: "MB of buffer memory for all connections together; a connection beyond it gets a smaller RMB, down to 16K, then falls back to TCP",
 		set:  func(c *Config, v string) (err error) { c.MaxMemory, err = parseMB(v, 1, 1<<20); return },
 		get:  func(c *Config) string { return strconv.FormatInt(c.MaxMemory>>20, 10) },
 	},
