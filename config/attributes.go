@@ -104,7 +104,7 @@ var attributes = []attribute{
 	},
 	{
 		name: "ip_addr_list", def: "",
-		desc: "interfaces (names or IP addresses, at most 2) whose traffic is accelerated; empty: every interface that is up",
+		desc: "interfaces (names or IP addresses, at most 2) whose traffic is accelerated; empty: the first 2 that are up, not loopback and have an address",
 		set:  func(c *Config, v string) (err error) { c.Interfaces, err = parseInterfaces(v); return },
 		get:  func(c *Config) string { return strings.Join(c.Interfaces, ",") },
 	},

@@ -43,8 +43,8 @@ func HostInterfaces() ([]Interface, error) {
 }
 
 // ResolveInterfaces maps ip_addr_list to interfaces of the host: a name must exist, an
-// address must belong to some interface. An empty list means every interface that is
-// up and not loopback, the first MaxInterfaces of them.
+// address must belong to some interface. An empty list means the first MaxInterfaces
+// interfaces that are up, not loopback and have an address; none is an error.
 func ResolveInterfaces(list []string, host []Interface) ([]Interface, error) {
 	if len(list) == 0 {
 		var out []Interface
