@@ -25,7 +25,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// ErrEngineClosed is returned by an Engine after Close.
+// ErrEngineClosed is the error of Read and Write on an SMC-R connection that
+// Close ended and that could not continue over TCP. After Close, Dial, Client and
+// Server return TCP connections declined with 0x03030002 (no SMC-R device), and a
+// Listener closes the connections it accepts.
 var ErrEngineClosed = errors.New("smcr: engine closed")
 
 var noDeadline time.Time
@@ -318,9 +321,9 @@ func (e *Engine) linkFreed() { e.links.Done() }
 func (e *Engine) Stats() Stats { return e.takeStats(false) }
 
 // ResetStats zeroes the counters (not the gauges: active connections, memory in
-// use) and returns them as they were just before, taken with the reset: what is
-// counted meanwhile goes into one or the other. The memory peak starts again from
-// the memory in use.
+// use and pooled) and returns them as they were just before, taken with the reset:
+// what is counted meanwhile goes into one or the other. The memory peak starts
+// again from the memory held, in use and pooled.
 func (e *Engine) ResetStats() Stats {
 	s := e.takeStats(true)
 	e.memPeak.Store(e.mem.Load())
@@ -558,9 +561,13 @@ func (e *Engine) Conns() []ConnInfo {
 }
 
 // Dial connects to addr over TCP and runs CLC as the client. The result is an SMC-R
-// connection or, when SMC-R could not be agreed, a TCP one; err is set only when
-// the TCP connection itself failed. It proposes every device, as to an smcr
-// server: to one that may be another implementation, use ClientWith.
+// connection or, when SMC-R could not be agreed, a TCP one; err is set when network
+// is not tcp, tcp4 or tcp6, when the TCP connection failed, and when ctx ended
+// during CLC. Dial is for smcr servers (Listen, Server): its CLC Proposal is the
+// connection's first bytes, which a plain TCP server reads as data; the connection
+// then falls back at the server's first bytes (0x03010000), or after the CLC
+// timeout, sending a Decline as well (0x02000000). It proposes every device: to a
+// server that may be another implementation, use ClientWith.
 func (e *Engine) Dial(ctx context.Context, network, addr string) (*Conn, error) {
 	if err := tcpNetwork(network); err != nil {
 		return nil, fmt.Errorf("smcr: dial: %w", err)
