@@ -69,7 +69,7 @@ func (d RDMADevice) String() string {
 	return fmt.Sprintf("%s=%s/%d", d.Interface, d.Device, d.Port)
 }
 
-// MaxInterfaces is the number of links of a link group (PROTOCOL.md "Link groups").
+// MaxInterfaces is the number of links of a link group (docs/protocol.md, section 3).
 const MaxInterfaces = 2
 
 // Default returns the built-in default configuration: every attribute at the default

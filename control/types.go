@@ -96,7 +96,7 @@ const (
 
 // FallbackCount is the number of fallbacks for one decline code from one side.
 type FallbackCount struct {
-	Code   uint32 `json:"code"`   // CLC decline code (PROTOCOL.md), 0 for "no CLC at all"
+	Code   uint32 `json:"code"`   // CLC decline code (docs/protocol.md, section 2), 0 for "no CLC at all"
 	Reason string `json:"reason"` // its meaning, as smcrd names it
 	Side   string `json:"side"`   // SideLocal or SidePeer
 	Count  uint64 `json:"count"`

@@ -8,8 +8,8 @@ import (
 	"testing"
 )
 
-// Golden CDC messages, written byte by byte from the PROTOCOL.md table (not produced by
-// the encoder). Each string is split at the field boundaries:
+// Golden CDC messages, written byte by byte from the RFC's layout as Linux's smc_cdc.h
+// has it (not produced by the encoder). Each string is split at the field boundaries:
 // type len | seq | token | rsvd prod.wrap | prod.count | rsvd cons.wrap | cons.count |
 // flags state | 18 reserved bytes.
 var cdcGolden = []struct {
@@ -121,7 +121,7 @@ func TestCDCGolden(t *testing.T) {
 }
 
 func TestCDCFlagBits(t *testing.T) {
-	// The bit of each named flag, as PROTOCOL.md and Linux smc_cdc.h place them.
+	// The bit of each named flag, as RFC 7609 and Linux smc_cdc.h place them.
 	for _, tc := range []struct {
 		flag ProdFlags
 		bit  byte

@@ -215,7 +215,7 @@ func (c *Consumer) Unconfirmed() uint32 { return uint32(c.confirmed.Diff(c.cons,
 // No deadlock follows: a sender is blocked only when its whole view of the ring is
 // unconsumed, so reading everything frees 100%, past the 10% threshold.
 // (Linux smc_tx_consumer_update additionally waits for the sender to be half full or
-// blocked; we report at 10% as PROTOCOL.md states.)
+// blocked; we report at 10% as docs/protocol.md, section 4, states.)
 func (c *Consumer) UpdateDue(requested bool) bool {
 	return requested || uint64(c.Unconfirmed())*10 >= uint64(c.size)
 }

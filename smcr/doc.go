@@ -1,6 +1,7 @@
-// Package smcr is a user-space SMC-R endpoint (RFC 7609): Dial and Listen return
-// net.Conn and net.Listener whose bytes move over RDMA once a CLC handshake on the
-// TCP connection has agreed on it, and over that same TCP connection otherwise.
+// Package smcr is a user-space SMC-R endpoint (RFC 7609): an Engine (NewEngine)
+// whose Dial and Listen return a net.Conn and a net.Listener. Their bytes move over
+// RDMA once a CLC handshake on the TCP connection has agreed on it, and over that
+// same TCP connection otherwise.
 // They keep those interfaces' contracts as a TCP connection does, whichever way
 // the bytes go (contract_test.go runs x/net's net.Conn conformance suite and
 // net/http over them): a deadline's error wraps os.ErrDeadlineExceeded, also

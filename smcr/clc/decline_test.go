@@ -1,5 +1,5 @@
 // Tests of the decline codes' names and of DeclineError with errors.Is.
-// Covers RFC 7609 §3.7.4 diagnosis codes as PROTOCOL.md lists them.
+// Covers RFC 7609 §3.7.4 diagnosis codes as Linux's smc_clc.h lists them.
 
 package clc
 
@@ -11,7 +11,7 @@ import (
 )
 
 func TestDeclineCodeNames(t *testing.T) {
-	// The PROTOCOL.md table, code by code, with its wording.
+	// Linux's codes, one by one, with smcr's wording.
 	table := map[uint32]string{
 		0x01010000: "insufficient memory",
 		0x02010000: "timeout waiting for CONFIRM LINK",

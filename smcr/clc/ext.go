@@ -1,6 +1,6 @@
 // This project's CLC extension envelope: a self-describing block of TLVs carried in
 // the extension area of a Proposal, Accept or Confirm. Not part of RFC 7609; version-1
-// peers skip it (see PROTOCOL.md, "This project's extensions").
+// peers skip it (see docs/protocol.md, section 1).
 
 package clc
 

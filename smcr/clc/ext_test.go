@@ -1,5 +1,5 @@
 // Tests of this project's extension envelope and its TLV iteration.
-// Not RFC 7609: PROTOCOL.md, "This project's extensions".
+// Not RFC 7609: docs/protocol.md, section 1.
 
 package clc
 

@@ -1,4 +1,4 @@
-// Golden CLC messages written by hand from the PROTOCOL.md tables, checked both ways.
+// Golden CLC messages written by hand from the RFC's layouts (Linux's smc_clc.h), checked both ways.
 // Covers RFC 7609 §3.7.1–§3.7.4 (Proposal, Accept, Confirm, Decline).
 
 package clc

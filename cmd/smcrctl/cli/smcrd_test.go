@@ -29,7 +29,7 @@ import (
 )
 
 // cgroup2Mount finds the cgroup v2 mount: it is not always /sys/fs/cgroup
-// (MACHINE.md: /sys/fs/cgroup/unified on hybrid hosts).
+// (hybrid hosts mount it at /sys/fs/cgroup/unified).
 func cgroup2Mount() (string, bool) {
 	f, err := os.Open("/proc/mounts")
 	if err != nil {
