@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job (make demo): two network namespaces joined by a veth pair, an smcrd
-# in each on its embedded default configuration (only its control socket, the
-# demo's cgroup and the shm provider's directory set apart), and an unmodified
+# in each on its embedded default configuration (but for its own cgroup and
+# control socket, providers shm,soft without the rdma this build lacks, its own
+# pin directory and a shm directory both share), and an unmodified
 # iperf3 between them: first through SMC-R (RFC 7609, shared memory provider),
 # then as plain TCP over the same veth, measured in the same run. Cleans up after
 # itself. Run as root from the repository root, after make build.
