@@ -1,6 +1,7 @@
 package config
 
 import (
+	"bytes"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -263,6 +264,15 @@ func TestExampleConfigParses(t *testing.T) {
 	}
 	if !reflect.DeepEqual(c, Default()) {
 		t.Errorf("configs/smcrd.conf should spell out the defaults:\n got %+v\nwant %+v", c, Default())
+	}
+	// Byte for byte, descriptions too: it is what smcrd -print-default-config
+	// writes (regenerate it with that).
+	b, err := os.ReadFile("../configs/smcrd.conf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := Default().Format(); !bytes.Equal(b, want) {
+		t.Errorf("configs/smcrd.conf differs from smcrd -print-default-config:\n%s", want)
 	}
 }
 
