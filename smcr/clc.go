@@ -267,6 +267,13 @@ func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix, opt
 		if ctxOver(ctx) {
 			return ctxErr(ctx, c)
 		}
+		// A server that declined while we waited for CONFIRM_LINK is plain TCP
+		// already: our Decline would reach its application as data. The wait
+		// may have outlasted the CLC phase's deadline: the Decline is there.
+		c.tcp.SetReadDeadline(time.Now().Add(e.settings().CLCTimeout))
+		if d, derr := e.declinedMeanwhile(ctx, c, br); d != nil && derr == nil {
+			return e.fallback(c, d.Code, SidePeer, false, err, br), nil
+		}
 		return e.fallback(c, code, SideLocal, true, err, br), nil
 	}
 	c.endCLC()

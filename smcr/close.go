@@ -329,11 +329,13 @@ func (c *Conn) abandonSetup() {
 	if c.lg != nil && c.lg.firstConn == c {
 		c.lg.setReady(errors.New("smcr: first contact failed"))
 	}
-	if c.acceptSent && c.lg != nil && c.lg.firstConn != c {
+	if c.acceptSent && c.lg != nil && (c.lg.firstConn != c || c.lg.readyErr == nil) {
 		// A Decline after our Accept: the client may have sent its Confirm and
 		// begun writing before it reads the Decline. Its writes must land (a
 		// write to a freed RMB fails the whole link) until it has stopped: it
-		// continues over TCP from its first byte (declinedAfterConfirm).
+		// continues over TCP from its first byte (declinedAfterConfirm). So
+		// too on a first contact that failed after the group was ready
+		// (readyErr nil: its link is up, setReady above changed nothing).
 		c.e.freeLater(c)
 		return
 	}
@@ -416,7 +418,9 @@ func (c *Conn) allocRMB(send int) (DeclineCode, error) {
 		c.lnk.holdPD()
 	}
 	c.token = c.e.newToken(c)
-	c.lg.addConn(c)
+	if !c.lg.addConn(c) {
+		return clc.DeclineNoActiveLink, errors.New("link group ended during setup")
+	}
 	return 0, nil
 }
 

@@ -128,7 +128,15 @@ func (c *readAheadConn) Read(p []byte) (int, error) {
 	if c.crossing {
 		c.crossing = false
 		if n := crossingCLC(c.r, c.peer); n > 0 {
+			confirm := c.isType(clc.TypeConfirm)
 			c.r.Discard(n)
+			// A client whose first contact then failed (no CONFIRM_LINK
+			// came) declines after its Confirm: drop that too.
+			if confirm {
+				if n := crossingCLC(c.r, c.peer); n > 0 && c.isType(clc.TypeDecline) {
+					c.r.Discard(n)
+				}
+			}
 		}
 		if crossingResync(c.r) {
 			c.r.Discard(resyncLen)
@@ -138,6 +146,13 @@ func (c *readAheadConn) Read(p []byte) (int, error) {
 		return c.r.Read(p[:min(len(p), c.r.Buffered())])
 	}
 	return c.Conn.Read(p)
+}
+
+// isType reports whether the buffered bytes start with a CLC message of type t
+// (crossingCLC vouched for one there).
+func (c *readAheadConn) isType(t clc.MsgType) bool {
+	b, _ := c.r.Peek(5)
+	return len(b) == 5 && clc.MsgType(b[4]) == t
 }
 
 // drained reports whether the bytes CLC read ahead are all consumed, crossing

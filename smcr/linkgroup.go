@@ -445,17 +445,25 @@ func (lg *linkGroup) unreserve() {
 	defer lg.mu.Unlock()
 	lg.reserved--
 	if lg.reserved == 0 && !lg.dead {
-		lg.idle = lg.e.cfg.Clock.AfterFunc(lg.e.cfg.LinkGroupIdle, lg.idleExpired)
+		delay := lg.e.cfg.LinkGroupIdle
+		if lg.key.client {
+			// The server frees an idle group first, as Linux's
+			// SMC_LGR_FREE_DELAY_CLNT: a client that did could receive an
+			// Accept reusing it (its Proposal crossed our timer) and decline.
+			delay += clientIdleMargin
+		}
+		lg.idle = lg.e.cfg.Clock.AfterFunc(delay, lg.idleExpired)
 	}
 }
 
+// clientIdleMargin is how much longer a client keeps an idle link group than
+// the server.
+const clientIdleMargin = 10 * time.Second
+
 func (lg *linkGroup) idleExpired() {
-	lg.mu.Lock()
-	idle := lg.reserved == 0 && !lg.dead
-	lg.mu.Unlock()
-	if idle {
-		lg.e.log.Info("smcr: link group idle, freeing", "lg", lg.id)
-		lg.terminate(errors.New("smcr: link group idle"), true)
+	idle := func() bool { return lg.reserved == 0 }
+	if lg.terminateIf(idle, errors.New("smcr: link group idle"), true) {
+		lg.e.log.Info("smcr: link group idle, freed", "lg", lg.id)
 	}
 }
 
@@ -485,10 +493,16 @@ func (lg *linkGroup) waitReady(ctx context.Context) error {
 	}
 }
 
-func (lg *linkGroup) addConn(c *Conn) {
+// addConn lists c in the group, unless the group is ending: its connections
+// were taken for the end already, and c would not be among them.
+func (lg *linkGroup) addConn(c *Conn) bool {
 	lg.mu.Lock()
+	defer lg.mu.Unlock()
+	if lg.dead {
+		return false
+	}
 	lg.conns[c.token] = c
-	lg.mu.Unlock()
+	return true
 }
 
 func (lg *linkGroup) removeConn(c *Conn) {
@@ -623,11 +637,15 @@ func (lg *linkGroup) waitPeerRKey(ctx context.Context, l *link, rkey uint32) boo
 
 // terminate ends the link group: every connection on it fails with err, the links
 // are torn down (with an orderly DELETE_LINK to the peer when orderly is set).
-func (lg *linkGroup) terminate(err error, orderly bool) {
+func (lg *linkGroup) terminate(err error, orderly bool) { lg.terminateIf(nil, err, orderly) }
+
+// terminateIf is terminate when cond, taken under lg.mu with the decision (nil:
+// always), holds; it reports whether it ended the group.
+func (lg *linkGroup) terminateIf(cond func() bool, err error, orderly bool) bool {
 	lg.mu.Lock()
-	if lg.dead {
+	if lg.dead || cond != nil && !cond() {
 		lg.mu.Unlock()
-		return
+		return false
 	}
 	lg.dead, lg.deadErr = true, err
 	close(lg.rkeyAdded) // wake waitPeerRKey
@@ -659,4 +677,5 @@ func (lg *linkGroup) terminate(err error, orderly bool) {
 		l.close()
 	}
 	e.log.Info("smcr: link group terminated", "lg", lg.id, "reason", err)
+	return true
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"maps"
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -572,31 +573,14 @@ func TestLateDeclineWritesLand(t *testing.T) {
 	// The Confirm goes after the server's decline and after the time it kept
 	// RMBs before (its CLC timeout); the client reads the Decline only later.
 	testHookConfirm = func(*clc.Confirm) { time.Sleep(time.Second) }
-	held := make(chan struct{})
-	hold := func(c *Conn) {
-		if c.client {
-			<-held
-		}
-	}
-	testHookWatch.Store(&hold)
-	t.Cleanup(func() { testHookConfirm = nil; testHookWatch.Store(nil) })
+	t.Cleanup(func() { testHookConfirm = nil })
+	release := holdWatch(t, true)
 	c, s := p.connect(t)
 	testHookConfirm = nil
 	if c.Mode() != ModeSMCR || s.Mode() != ModeFallback {
 		t.Fatalf("client %v, server %v; want SMC-R and a fallback", c.Mode(), s.Mode())
 	}
-	msg := make([]byte, 8<<10) // fits the RMB: written at once, over SMC-R
-	rand.Read(msg)
-	if _, err := c.Write(msg); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "the write completed", func() bool { return c.wrOut.Load() == 0 })
-	close(held)
-	s.SetReadDeadline(time.Now().Add(5 * time.Second))
-	got := make([]byte, len(msg))
-	if _, err := io.ReadFull(s, got); err != nil || !bytes.Equal(got, msg) {
-		t.Fatalf("server read %v, equal %v", err, bytes.Equal(got, msg))
-	}
+	lateWritesLand(t, c, s, release)
 	echoOK(t, good, gs)
 	if good.continued() || p.cli.Stats().LinkGroups != 1 {
 		t.Fatalf("the link failed: established connection continued %v, link groups %d", good.continued(), p.cli.Stats().LinkGroups)
@@ -714,4 +698,143 @@ func TestFailedCompletionByID(t *testing.T) {
 	if !l.down.Load() {
 		t.Error("a failed completion left the link up")
 	}
+}
+
+// TestFirstContactDeclineAfterConfirm: the server declined a first contact
+// (its CLC timeout) while the client's Confirm was late; the client, whose
+// CONFIRM_LINK then never comes, must not send a Decline the server's
+// application would read as data: both continue over TCP, bytes intact.
+func TestFirstContactDeclineAfterConfirm(t *testing.T) {
+	srv := Config{Devices: memDevices(t, verbs.KindSoft), CLCTimeout: 300 * time.Millisecond, LLCTimeout: 300 * time.Millisecond}
+	p := newPair(t, Config{Devices: memDevices(t, verbs.KindSoft), LLCTimeout: 300 * time.Millisecond}, srv)
+	testHookConfirm = func(*clc.Confirm) { time.Sleep(time.Second) }
+	t.Cleanup(func() { testHookConfirm = nil })
+	c, s := p.connect(t)
+	testHookConfirm = nil
+	if c.Mode() != ModeFallback || s.Mode() != ModeFallback {
+		t.Fatalf("client %v, server %v; want both over TCP", c.Mode(), s.Mode())
+	}
+	echoOK(t, c, s) // the server's application reads "ping", not a Decline
+}
+
+// TestFirstContactLateDecline: a first contact the server declines after
+// CONFIRM_LINK (no memory for the client's RMBE) keeps its RMB for the
+// client's writes until it stops, as a reused group's does: the group's link
+// survives, and so does a later connection on it.
+func TestFirstContactLateDecline(t *testing.T) {
+	const limit = 150 << 10
+	p := newPair(t, Config{Devices: memDevices(t, verbs.KindSoft), RMBSize: 256 << 10},
+		Config{Devices: memDevices(t, verbs.KindSoft), MaxMemory: limit, RMBSize: 32 << 10})
+	release := holdWatch(t, true)
+	c, s := p.connect(t)
+	if c.Mode() != ModeSMCR || s.Mode() != ModeFallback || s.Decline().Code != clc.DeclineNoMemory {
+		t.Fatalf("client %v server %v %+v", c.Mode(), s.Mode(), s.Decline())
+	}
+	// Another connection joins the group, the server's ready.
+	p.cli.SetRMBSize(16 << 10)
+	good, gs := p.connect(t)
+	mustSMC(t, good, gs)
+	lateWritesLand(t, c, s, release)
+	echoOK(t, good, gs)
+	if good.continued() || p.cli.Stats().LinkGroups != 1 || p.srv.Stats().LinkGroups != 1 {
+		t.Fatalf("the first contact's link failed: established connection continued %v, link groups client %d server %d",
+			good.continued(), p.cli.Stats().LinkGroups, p.srv.Stats().LinkGroups)
+	}
+}
+
+// lateWritesLand writes from c, which went SMC-R while s fell back, into the
+// server's RMB before c reads the Decline (its watch held until release), and
+// checks that s reads every byte over TCP.
+func lateWritesLand(t *testing.T, c, s *Conn, release func()) {
+	t.Helper()
+	msg := make([]byte, 8<<10) // fits the RMB: written at once, over SMC-R
+	rand.Read(msg)
+	if _, err := c.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the write completed", func() bool { return c.wrOut.Load() == 0 })
+	release()
+	s.SetReadDeadline(time.Now().Add(5 * time.Second))
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(s, got); err != nil || !bytes.Equal(got, msg) {
+		t.Fatalf("server read %v, equal %v", err, bytes.Equal(got, msg))
+	}
+}
+
+// TestClientKeepsIdleGroupLonger: the client keeps an idle link group longer
+// than the server, so an Accept reusing it that crossed the client's timer
+// finds it.
+func TestClientKeepsIdleGroupLonger(t *testing.T) {
+	cclk, sclk := &fakeClock{}, &fakeClock{}
+	p := newPair(t, Config{Devices: memDevices(t, verbs.KindSoft), Clock: cclk, LinkGroupIdle: time.Minute, TestLinkInterval: -1},
+		Config{Devices: memDevices(t, verbs.KindSoft), Clock: sclk, LinkGroupIdle: time.Minute, TestLinkInterval: -1})
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	c.Close()
+	s.Close()
+	eventually(t, "released", func() bool { return p.cli.Stats().Active == 0 && p.srv.Stats().Active == 0 })
+	eventually(t, "idle", func() bool {
+		lgs := p.cli.LinkGroups()
+		return len(lgs) == 1 && lgs[0].Conns == 0
+	})
+	go func() {
+		s, err := p.ln.AcceptSMC()
+		if err == nil {
+			t.Logf("server: %v %v", s.Mode(), s.Decline())
+		}
+	}()
+	tcp, err := net.Dial("tcp", p.ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &advanceOnRead{Conn: tcp, f: func() { cclk.Advance(61 * time.Second) }}
+	c2, err := p.cli.Client(context.Background(), w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if c2.Mode() != ModeSMCR {
+		t.Fatalf("client: %v %v; stats cli reused %d srv reused %d", c2.Mode(), c2.Decline(), p.cli.Stats().Reused, p.srv.Stats().Reused)
+	}
+}
+
+// TestIdleFreeTakesNoReservation: the idle timer's check and the group's end
+// are one step, so a reservation is never granted on a group then freed.
+func TestIdleFreeTakesNoReservation(t *testing.T) {
+	e, err := NewEngine(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	hits := 0
+	for i := 0; i < 200000 && hits == 0; i++ {
+		lg := &linkGroup{e: e, ready: make(chan struct{}), conns: map[uint32]*Conn{}, peerRMBs: newPeerRMBTable(), rkeyAdded: make(chan struct{})}
+		lg.markReady(nil)
+		var ok bool
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() { defer wg.Done(); lg.idleExpired() }()
+		go func() { defer wg.Done(); ok = lg.tryReserve() }()
+		wg.Wait()
+		if ok && lg.dead {
+			hits++
+			t.Logf("iteration %d: reservation granted, then the group was freed as idle (reserved=%d)", i, lg.reserved)
+		}
+	}
+	if hits > 0 {
+		t.Fatal("idle free raced a reservation")
+	}
+}
+
+// advanceOnRead advances a clock once the first read returned (the Accept).
+type advanceOnRead struct {
+	net.Conn
+	once sync.Once
+	f    func()
+}
+
+func (a *advanceOnRead) Read(b []byte) (int, error) {
+	n, err := a.Conn.Read(b)
+	a.once.Do(a.f)
+	return n, err
 }
