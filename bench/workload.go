@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/smcr-io/smcr/internal/drain"
 	"github.com/smcr-io/smcr/internal/nstest"
 )
 
@@ -49,8 +50,7 @@ func serve(c net.Conn) error {
 	arg := binary.BigEndian.Uint64(hdr[argOff:])
 	switch hdr[0] {
 	case opSink:
-		buf := make([]byte, copyBuf)
-		if _, err := io.CopyBuffer(io.Discard, io.LimitReader(c, int64(arg)), buf); err != nil {
+		if _, err := drain.N(c, int64(arg), make([]byte, copyBuf)); err != nil {
 			return fmt.Errorf("bench: sink: %w", err)
 		}
 		_, err := c.Write(hdr[:1])

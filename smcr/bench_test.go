@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	drainio "github.com/smcr-io/smcr/internal/drain"
 	"github.com/smcr-io/smcr/internal/nstest"
 	"github.com/smcr-io/smcr/smcr/verbs"
 	"github.com/smcr-io/smcr/smcr/verbs/shm"
@@ -128,7 +129,7 @@ func BenchmarkNamespaces(b *testing.B) {
 				for range b.N {
 					done := make(chan struct{})
 					go func() {
-						io.CopyN(io.Discard, sc, total)
+						drainio.N(sc, total, make([]byte, 256<<10))
 						sc.Write([]byte{1})
 						close(done)
 					}()

@@ -11,6 +11,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/smcr-io/smcr/internal/drain"
 )
 
 // TCPThroughput sends total bytes in writes of size bytes from A to B over TCP and
@@ -29,7 +31,7 @@ func (p *Pair) TCPThroughput(size int, total int64) (float64, error) {
 			return
 		}
 		defer c.Close()
-		if _, err := io.CopyN(io.Discard, c, total); err != nil {
+		if _, err := drain.N(c, total, make([]byte, 256<<10)); err != nil {
 			done <- fmt.Errorf("nstest: receive: %w", err)
 			return
 		}

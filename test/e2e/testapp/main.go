@@ -28,6 +28,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/smcr-io/smcr/internal/drain"
 )
 
 func main() {
@@ -107,7 +109,7 @@ func handle(c net.Conn) {
 		io.Copy(c, c)
 		c.(*net.TCPConn).CloseWrite()
 	case 'D':
-		n, err := io.CopyBuffer(io.Discard, struct{ io.Reader }{c}, make([]byte, 256<<10))
+		n, err := drain.All(c, make([]byte, 256<<10))
 		if err != nil {
 			return
 		}
