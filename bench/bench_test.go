@@ -4,15 +4,19 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"image/png"
 	"math"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestMain(m *testing.M) {
@@ -261,4 +265,35 @@ func TestCoreHandoff(t *testing.T) {
 		t.Fatalf("core hand-off %v ns, ok %v", ns, ok)
 	}
 	t.Logf("core hand-off %.0f ns", ns)
+}
+
+// TestProcessCPUClock: another process's CPU clock reads its nanoseconds on CPU,
+// agreeing with the ticks of /proc/<pid>/stat and finer than them.
+func TestProcessCPUClock(t *testing.T) {
+	self := os.Getpid()
+	var ts unix.Timespec
+	if err := unix.ClockGettime(processCPUClock(self), &ts); err != nil {
+		t.Skipf("kernel lacks process CPU clocks of other processes: %v", err)
+	}
+	cmd := exec.Command("sh", "-c", "while :; do :; done")
+	if err := cmd.Start(); err != nil {
+		t.Skipf("no shell to burn CPU: %v", err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	time.Sleep(300 * time.Millisecond)
+	clock := cpuOf([]int{cmd.Process.Pid})
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ticks := parseStatCPU(b)
+	if clock <= 0 || math.Abs(clock-ticks) > 0.05 {
+		t.Errorf("busy child: clock %.4f s, stat %.2f s; want them within 50 ms", clock, ticks)
+	}
+	if clock == math.Trunc(clock*clockTick)/clockTick {
+		t.Errorf("clock %.6f s is a whole number of ticks: the tick fallback answered", clock)
+	}
+	if got := cpuOf([]int{1 << 22}); got != 0 { // above PID_MAX_LIMIT
+		t.Errorf("a process that does not exist used %v s, want 0", got)
+	}
 }

@@ -29,7 +29,7 @@
 // timed until a one-byte answer arrives; for SMC-R both first contact (a fresh
 // client engine, so a new link group each time) and link-group reuse. CPU: seconds
 // of user+system time per GiB moved, of both ends (and of the smcrds on the
-// transparent path), from getrusage and /proc/<pid>/stat. Scale: N concurrent
+// transparent path), from each process's CPU-time clock in ns. Scale: N concurrent
 // connections set up and then all sending at once, with the resident memory each
 // connection costs.
 //

@@ -15,7 +15,6 @@ import (
 	"net"
 	"os"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/smcr-io/smcr/smcr"
@@ -323,10 +322,4 @@ func readyLine(r io.Reader) (string, error) {
 	return addr, nil
 }
 
-func cpuSelf() float64 {
-	var ru syscall.Rusage
-	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
-}
+func cpuSelf() float64 { return cpuOf([]int{os.Getpid()}) }

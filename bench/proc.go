@@ -1,6 +1,6 @@
-// Process accounting from /proc: CPU time (utime+stime of /proc/<pid>/stat) and
-// resident memory (VmRSS of /proc/<pid>/status) of the peers and daemons, so the
-// cost of moving bytes counts every process that moves them.
+// Process accounting: CPU time (each process's CPU-time clock, in ns) and resident
+// memory (VmRSS of /proc/<pid>/status) of the peers and daemons, so the cost of
+// moving bytes counts every process that moves them.
 
 package bench
 
@@ -10,11 +10,17 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // clockTick is USER_HZ, the unit of /proc/<pid>/stat times: 100 on every Linux
 // architecture Go supports.
 const clockTick = 100
+
+// cpuClockSched selects a CPU-time clock's scheduler time (CPUCLOCK_SCHED in
+// linux/posix-timers.h): nanoseconds on CPU, user and system together.
+const cpuClockSched = 2
 
 // Fields of /proc/<pid>/stat counted after the ")" that ends the command name:
 // field 3 (state) is index 0 there, so utime (14) and stime (15) are 11 and 12.
@@ -23,18 +29,38 @@ const (
 	statStime = 12
 )
 
-// cpuOf is the user+system CPU seconds the processes have used; processes that
-// are gone count zero.
+// cpuOf is the CPU seconds the processes have used, user and system; processes
+// that are gone count zero.
 func cpuOf(pids []int) float64 {
 	var total float64
 	for _, pid := range pids {
-		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-		if err != nil {
-			continue
-		}
-		total += parseStatCPU(b)
+		total += cpuOfPID(pid)
 	}
 	return total
+}
+
+// cpuOfPID reads the process's CPU-time clock: the scheduler's nanoseconds on
+// CPU summed over all its threads, those that exited included (the transfers
+// last tens of ms, where 10 ms ticks would be coarse). /proc/<pid>/schedstat
+// has the same nanoseconds, but of the thread group leader alone, and a Go
+// program runs on several threads. Where the clock cannot be read, it falls back
+// to utime+stime of /proc/<pid>/stat, in ticks.
+func cpuOfPID(pid int) float64 {
+	var ts unix.Timespec
+	if pid > 0 && unix.ClockGettime(processCPUClock(pid), &ts) == nil { // pid 0 would be this process
+		return float64(ts.Nano()) / 1e9
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	return parseStatCPU(b)
+}
+
+// processCPUClock is the clock ID of pid's process-wide scheduler CPU clock,
+// MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED) of linux/posix-timers.h.
+func processCPUClock(pid int) int32 {
+	return int32(^uint32(pid)<<3 | cpuClockSched)
 }
 
 // parseStatCPU returns utime+stime in seconds from a /proc/<pid>/stat line.
