@@ -31,7 +31,8 @@
 // of user+system time per GiB moved, of both ends (and of the smcrds on the
 // transparent path), from each process's CPU-time clock in ns. Scale: N concurrent
 // connections set up and then all sending at once, with the resident memory each
-// connection costs.
+// connection costs once its buffers have carried data (client and server, and
+// the smcrds on the transparent path).
 //
 // Every figure is the median of Options.Repeats runs, with min and max, and the
 // ratio of its median to its baseline's median from the same run (tcp-veth for

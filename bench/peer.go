@@ -45,7 +45,6 @@ type peerSpec struct {
 	ShmDir    string // shm rendezvous directory, seen by both ends
 	Jobs      []job  // client only
 	PeerPIDs  []int  // client only: processes whose CPU and memory count with ours
-	MemPIDs   []int  // client only: when set, the processes whose memory counts instead
 }
 
 // job is one measurement a client makes.
@@ -67,7 +66,7 @@ type jobResult struct {
 	CPUPeers  float64         // seconds of PeerPIDs during the job
 	Scale     *scaleResult    `json:",omitempty"`
 	RSSBefore int64           `json:",omitempty"` // bytes, this process + peers, before the connections
-	RSSAfter  int64           `json:",omitempty"` // and with them open
+	RSSAfter  int64           `json:",omitempty"` // and with them open, after all have sent
 	SMC       int             // connections of this job that ran SMC-R
 	Fallback  int             // and that fell back to TCP
 	Declines  map[string]int  `json:",omitempty"` // fallback reasons
@@ -268,9 +267,6 @@ func (ep *endpoint) run(ctx context.Context, j job) jobResult {
 	case "scale":
 		runtimeGC()
 		mem := append([]int{os.Getpid()}, ep.spec.PeerPIDs...)
-		if ep.spec.MemPIDs != nil {
-			mem = ep.spec.MemPIDs
-		}
 		r.RSSBefore = rssOf(mem)
 		sr := scale(ctx, ep.dial, j.Size, scaleDialers, j.Total, func() { r.RSSAfter = rssOf(mem) })
 		r.Scale = &sr

@@ -174,7 +174,7 @@ func (r *Report) tables() []table {
 			table{title: "Scale: all connections sending at once, aggregate", unit: "MB/s", cols: scaleCols},
 			table{title: fmt.Sprintf("Scale: setup rate, %d dialing at once", scaleDialers), unit: "conn/s", cols: colsFor(scaleCols, "scale-setup")},
 			table{title: "Scale: connections opened", unit: "conns", cols: colsFor(scaleCols, "scale-opened")},
-			table{title: "Scale: resident memory per connection (both ends, or the smcrds)", unit: "KiB/conn", cols: memCols, lower: true})
+			table{title: "Scale: resident memory per connection after sending (client and server, and the smcrds; TCP's kernel buffers not counted)", unit: "KiB/conn", cols: memCols, lower: true})
 	}
 	var memCheck []col
 	for _, f := range r.Figures {

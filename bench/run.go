@@ -222,7 +222,9 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		"Throughput, also at scale, is timed until the receiving application has read the last byte.",
 		"CPU counts user+system time of every process on the path (client, server, and the smcrds on the transparent path), from each process's CPU-time clock (the scheduler's ns on CPU, all threads; /proc/<pid>/stat's 10 ms ticks only where that clock cannot be read).",
 		"Setup: each connection timed from dial to the server's one-byte answer. First contact uses a fresh client engine per connection (new link group, QPs, CONFIRM_LINK); reuse dials from one engine.",
-		"Scale runs once per scenario, not repeated; memory per connection is the VmRSS growth of both ends (transparent path: of both smcrds) with all connections open, divided by the connections.")
+		"Scale runs once per scenario, not repeated. Memory per connection: the VmRSS growth of the client and the server (transparent path: and both smcrds), "+
+			"from before the connections to after all of them have sent (every buffer touched), divided by the connections. "+
+			"TCP's socket buffers are kernel memory, in no process's RSS: the TCP rows count only the programs' own memory.")
 	rep.Duration = time.Since(start)
 	return rep, nil
 }
@@ -313,16 +315,15 @@ func (e *runEnv) startServerCmd(cmd *exec.Cmd) (*server, error) {
 
 // runClient runs a client peer in namespace A and returns its results.
 func (e *runEnv) runClient(ctx context.Context, transport, addr string, peers []int, jobs []job) ([]jobResult, error) {
-	return e.runClientIn(ctx, nil, transport, addr, peers, nil, jobs)
+	return e.runClientIn(ctx, nil, transport, addr, peers, jobs)
 }
 
-// runClientIn is runClient inside h's cgroup (when h is not nil), counting the
-// memory of memPIDs (when set) instead of the client's and its peers'.
-func (e *runEnv) runClientIn(ctx context.Context, h *host, transport, addr string, peers, memPIDs []int, jobs []job) ([]jobResult, error) {
+// runClientIn is runClient inside h's cgroup (when h is not nil).
+func (e *runEnv) runClientIn(ctx context.Context, h *host, transport, addr string, peers []int, jobs []job) ([]jobResult, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	cmd, err := e.peerCmd(ctx, e.pair.A, peerSpec{Role: "client", Transport: transport, Addr: addr,
-		LocalIP: e.pair.A.Addr4().String(), ShmDir: e.shmDir, Jobs: jobs, PeerPIDs: peers, MemPIDs: memPIDs})
+		LocalIP: e.pair.A.Addr4().String(), ShmDir: e.shmDir, Jobs: jobs, PeerPIDs: peers})
 	if err != nil {
 		return nil, err
 	}
@@ -452,14 +453,13 @@ func (e *runEnv) scaleScenario(ctx context.Context, sc scenario, steps []int, by
 				[]job{{Kind: "scale", Size: n, Total: max(bytes/int64(n), 64<<10)}})
 			srv.stop()
 		}
-		out = append(out, scaleFigures(sc.name, cas, n, res, err, 0)...)
+		out = append(out, scaleFigures(sc.name, cas, n, res, err)...)
 	}
 	return out
 }
 
-// scaleFigures turns one scale step into figures. daemonRSS, when positive, is the
-// RSS growth to count instead of the client's own (the transparent path).
-func scaleFigures(name, cas string, n int, res []jobResult, err error, daemonRSS int64) []Figure {
+// scaleFigures turns one scale step into figures.
+func scaleFigures(name, cas string, n int, res []jobResult, err error) []Figure {
 	opened := newFigure(name, "scale-opened", cas, "conns", nil)
 	tput := newFigure(name, "scale-throughput", cas, "MB/s", nil)
 	setupF := newFigure(name, "scale-setup", cas, "conn/s", nil)
@@ -489,9 +489,6 @@ func scaleFigures(name, cas string, n int, res []jobResult, err error, daemonRSS
 		tput = newFigure(name, "scale-throughput", cas, "MB/s", []float64{float64(s.Bytes) / s.SendIn.Seconds() / 1e6})
 		setupF = newFigure(name, "scale-setup", cas, "conn/s", []float64{float64(s.Opened) / s.SetupIn.Seconds()})
 		grow := r.RSSAfter - r.RSSBefore
-		if daemonRSS != 0 {
-			grow = daemonRSS
-		}
 		mem = newFigure(name, "memory-per-conn", cas, "KiB/conn", []float64{float64(grow) / 1024 / float64(s.Opened)})
 	}
 	return []Figure{opened, tput, setupF, mem}

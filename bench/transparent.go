@@ -295,7 +295,7 @@ func (e *runEnv) transparentRuns(ctx context.Context, bin string, hosts []*host,
 			return nil, "", err
 		}
 		res, err := e.runClientIn(ctx, hosts[0], transportTCP, srv.addr,
-			[]int{srv.pid, ds[0].cmd.Process.Pid, ds[1].cmd.Process.Pid}, nil, jobs)
+			[]int{srv.pid, ds[0].cmd.Process.Pid, ds[1].cmd.Process.Pid}, jobs)
 		srv.stop()
 		if err != nil {
 			return nil, "", err
@@ -325,15 +325,15 @@ func (e *runEnv) transparentRuns(ctx context.Context, bin string, hosts []*host,
 	return figs, note, nil
 }
 
-// transparentScale runs one scale step through fresh smcrds, counting the
-// smcrds' memory growth. extra, when set, is extra configuration, and the step
-// becomes the max_memory check.
+// transparentScale runs one scale step through fresh smcrds, counting the memory
+// growth of the client, the server and both smcrds. extra, when set, is extra
+// configuration, and the step becomes the max_memory check.
 func (e *runEnv) transparentScale(ctx context.Context, bin string, hosts []*host, provider string, n int, per int64, extra []string) []Figure {
 	name := "smcrd-" + provider
 	cas := fmt.Sprintf("%d conns", n)
 	ds, err := e.daemons(ctx, bin, hosts, provider, extra)
 	if err != nil {
-		return scaleFigures(name, cas, n, nil, err, 0)
+		return scaleFigures(name, cas, n, nil, err)
 	}
 	defer func() {
 		for _, d := range ds {
@@ -342,17 +342,16 @@ func (e *runEnv) transparentScale(ctx context.Context, bin string, hosts []*host
 	}()
 	srv, err := e.appServer(ctx, hosts[1])
 	if err != nil {
-		return scaleFigures(name, cas, n, nil, err, 0)
+		return scaleFigures(name, cas, n, nil, err)
 	}
-	pids := []int{ds[0].cmd.Process.Pid, ds[1].cmd.Process.Pid}
-	res, err := e.runClientIn(ctx, hosts[0], transportTCP, srv.addr, append([]int{srv.pid}, pids...), pids,
-		[]job{{Kind: "scale", Size: n, Total: per}})
+	res, err := e.runClientIn(ctx, hosts[0], transportTCP, srv.addr,
+		[]int{srv.pid, ds[0].cmd.Process.Pid, ds[1].cmd.Process.Pid}, []job{{Kind: "scale", Size: n, Total: per}})
 	srv.stop()
 	st, serr := ds[0].stats(ctx)
 	if extra != nil {
 		return []Figure{maxMemoryFigure(name, st, serr, err)}
 	}
-	figs := scaleFigures(name, cas, n, res, err, 0)
+	figs := scaleFigures(name, cas, n, res, err)
 	if serr == nil && st.Connections.Fallback > 0 {
 		figs[0].Note = strings.TrimPrefix(figs[0].Note+fmt.Sprintf("; smcrd: %d of %d connections fell back (%s)",
 			st.Connections.Fallback, st.Connections.Handled, fallbackText(st)), "; ")

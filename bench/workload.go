@@ -177,9 +177,10 @@ type scaleResult struct {
 // them send per bytes at the same time, timed until every server has read its
 // share (on the transparent path a write returns once the local smcrd has the
 // bytes, so the writes alone would time nothing but a socket buffer), and closes
-// them. between runs after the connections are open and before they send (to
-// sample memory).
-func scale(ctx context.Context, dial dialer, n, par int, per int64, between func()) scaleResult {
+// them. sent runs after every server has read its share and before the
+// connections close, to sample memory with every buffer touched (shm and soft
+// map a buffer's pages only when they are first written).
+func scale(ctx context.Context, dial dialer, n, par int, per int64, sent func()) scaleResult {
 	var r scaleResult
 	conns := make([]net.Conn, n)
 	errs := make([]error, n)
@@ -213,9 +214,6 @@ func scale(ctx context.Context, dial dialer, n, par int, per int64, between func
 		}
 	}
 	r.Opened = n - r.Failed
-	if between != nil {
-		between()
-	}
 	buf := make([]byte, min(per, 64<<10))
 	var mu sync.Mutex
 	start = time.Now()
@@ -247,6 +245,9 @@ func scale(ctx context.Context, dial dialer, n, par int, per int64, between func
 	}
 	wg.Wait()
 	r.SendIn = time.Since(start)
+	if sent != nil {
+		sent()
+	}
 	for _, c := range conns {
 		if c != nil {
 			c.Close()
