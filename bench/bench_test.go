@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/smcr-io/smcr/control"
 	"golang.org/x/sys/unix"
 )
 
@@ -295,5 +296,58 @@ func TestProcessCPUClock(t *testing.T) {
 	}
 	if got := cpuOf([]int{1 << 22}); got != 0 { // above PID_MAX_LIMIT
 		t.Errorf("a process that does not exist used %v s, want 0", got)
+	}
+}
+
+// TestFallbackRuns: a run in which any connection fell back is left out of an
+// SMC-R figure with a note, the outcome of a transparent run comes from the
+// difference of two readings of smcrd's counters, and a scenario whose every
+// connection fell back has no figures.
+func TestFallbackRuns(t *testing.T) {
+	before := control.Stats{Connections: control.ConnCounts{SMCR: 5, Fallback: 1},
+		Fallbacks: []control.FallbackCount{{Reason: "no memory", Side: "local", Count: 1}}}
+	after := control.Stats{Connections: control.ConnCounts{SMCR: 7, Fallback: 3},
+		Fallbacks: []control.FallbackCount{{Reason: "no memory", Side: "local", Count: 2}, {Reason: "declined", Side: "peer", Count: 1}}}
+	tl := smcrdTally(before, after)
+	if tl.smc != 2 || tl.fallback != 2 || tl.declines["no memory (local)"] != 1 || tl.declines["declined (peer)"] != 1 || len(tl.declines) != 2 {
+		t.Errorf("smcrd tally %+v, want 2 SMC-R, 2 fallbacks, one of each reason", tl)
+	}
+
+	ok := jobResult{Job: job{Kind: "throughput", Size: 4 << 10}, Elapsed: time.Second, Bytes: 1e9, SMC: 1}
+	fb := ok
+	fb.SMC, fb.Fallback, fb.Declines = 0, 1, map[string]int{"declined (peer)": 1}
+	setupOK := jobResult{Job: job{Kind: "setup", Count: 4}, Samples: []time.Duration{time.Millisecond}, SMC: 4}
+	setupPart := setupOK
+	setupPart.SMC, setupPart.Fallback = 3, 1
+	figs := figuresOf("smcrd-shm", true, [][]jobResult{{ok, setupOK}, {fb, setupPart}, {ok, setupOK}})
+	find := func(figs []Figure, metric, cas string) Figure {
+		for _, f := range figs {
+			if f.Metric == metric && f.Case == cas {
+				return f
+			}
+		}
+		t.Fatalf("no figure %s %s in %+v", metric, cas, figs)
+		return Figure{}
+	}
+	for _, f := range []Figure{find(figs, "throughput", "4KiB"), find(figs, "setup", "reuse")} {
+		if len(f.Runs) != 2 || !strings.Contains(f.Note, "fell back to TCP is not counted") {
+			t.Errorf("%s: %d runs, note %q; want the fallback run left out, with a note", f.Metric, len(f.Runs), f.Note)
+		}
+	}
+	// Plain TCP counts no SMC-R connections and is no less a figure for it.
+	tcp := ok
+	tcp.SMC = 0
+	tcpSetup := setupOK
+	tcpSetup.SMC = 0
+	figs = figuresOf("tcp-veth", false, [][]jobResult{{tcp, tcpSetup}})
+	if f := find(figs, "setup", "connect"); len(f.Runs) != 1 || len(find(figs, "throughput", "4KiB").Runs) != 1 {
+		t.Errorf("TCP runs not counted: %+v", figs)
+	}
+
+	if why := allFellBack([][]jobResult{{fb}, {fb}}); !strings.Contains(why, "every connection fell back") || !strings.Contains(why, "declined (peer)") {
+		t.Errorf("all fell back: %q", why)
+	}
+	if why := allFellBack([][]jobResult{{ok}, {fb}}); why != "" {
+		t.Errorf("one run went SMC-R, yet %q", why)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/smcr-io/smcr/control"
 	"github.com/smcr-io/smcr/smcr"
 	"github.com/smcr-io/smcr/smcr/verbs"
 	"github.com/smcr-io/smcr/smcr/verbs/shm"
@@ -45,6 +46,10 @@ type peerSpec struct {
 	ShmDir    string // shm rendezvous directory, seen by both ends
 	Jobs      []job  // client only
 	PeerPIDs  []int  // client only: processes whose CPU and memory count with ours
+	// Smcrd, client only: the control socket of the smcrd that carries this
+	// client's connections (the transparent path, where the client dials plain
+	// TCP), whose counters before and after each job say how its connections went.
+	Smcrd string `json:",omitempty"`
 }
 
 // job is one measurement a client makes.
@@ -105,6 +110,7 @@ type endpoint struct {
 	spec   peerSpec
 	engine *smcr.Engine
 	dev    verbs.Device
+	smcrd  *control.Client // spec.Smcrd's
 	mu     sync.Mutex
 	tally  tally
 }
@@ -117,6 +123,9 @@ type tally struct {
 
 func openEndpoint(spec peerSpec) (*endpoint, error) {
 	ep := &endpoint{spec: spec}
+	if spec.Smcrd != "" {
+		ep.smcrd = control.NewClient(spec.Smcrd)
+	}
 	if spec.Transport == transportTCP {
 		return ep, nil
 	}
@@ -153,6 +162,9 @@ func openDevice(spec peerSpec) (verbs.Device, error) {
 }
 
 func (ep *endpoint) close() {
+	if ep.smcrd != nil {
+		ep.smcrd.Close()
+	}
 	if ep.engine != nil {
 		ep.engine.Close()
 		ep.dev.Close()
@@ -252,6 +264,11 @@ func (ep *endpoint) run(ctx context.Context, j job) jobResult {
 	r := jobResult{Job: j}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
+	var st0 control.Stats
+	var stErr error
+	if ep.smcrd != nil {
+		st0, stErr = ep.smcrd.Stats(ctx)
+	}
 	self0, peers0 := cpuSelf(), cpuOf(ep.spec.PeerPIDs)
 	var err error
 	switch j.Kind {
@@ -274,12 +291,46 @@ func (ep *endpoint) run(ctx context.Context, j job) jobResult {
 		err = fmt.Errorf("bench: unknown job %q", j.Kind)
 	}
 	r.CPUSelf, r.CPUPeers = cpuSelf()-self0, cpuOf(ep.spec.PeerPIDs)-peers0
+	t := ep.takeTally()
+	if ep.smcrd != nil {
+		st1, err1 := ep.smcrd.Stats(ctx)
+		if e := errors.Join(stErr, err1); e != nil {
+			err = errors.Join(err, fmt.Errorf("bench: smcrd stats: %w", e))
+		}
+		t = smcrdTally(st0, st1)
+	}
 	if err != nil {
 		r.Err = err.Error()
 	}
-	t := ep.takeTally()
 	r.SMC, r.Fallback, r.Declines = t.smc, t.fallback, t.declines
 	return r
+}
+
+// smcrdTally is how the connections an smcrd carried between two readings of
+// its counters came out.
+func smcrdTally(before, after control.Stats) tally {
+	grew := func(was, is uint64) int {
+		if is > was {
+			return int(is - was)
+		}
+		return 0
+	}
+	t := tally{smc: grew(before.Connections.SMCR, after.Connections.SMCR),
+		fallback: grew(before.Connections.Fallback, after.Connections.Fallback)}
+	was := map[string]uint64{}
+	for _, f := range before.Fallbacks {
+		was[f.Reason+" ("+f.Side+")"] += f.Count
+	}
+	for _, f := range after.Fallbacks {
+		k := f.Reason + " (" + f.Side + ")"
+		if n := grew(was[k], f.Count); n > 0 {
+			if t.declines == nil {
+				t.declines = map[string]int{}
+			}
+			t.declines[k] += n
+		}
+	}
+	return t
 }
 
 // fresh returns a dialer on a new engine and device, so its connection is a first

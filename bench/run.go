@@ -179,8 +179,12 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		}
 	}
 	for _, sc := range scens {
-		if rs := results[sc.name]; len(rs) > 0 {
-			rep.Figures = append(rep.Figures, figuresOf(sc.name, rs)...)
+		smc := sc.transport != transportTCP
+		if why := allFellBack(results[sc.name]); smc && why != "" {
+			broken[sc.name] = true
+			rep.Unavailable = append(rep.Unavailable, Unavailable{sc.name, why})
+		} else if rs := results[sc.name]; len(rs) > 0 {
+			rep.Figures = append(rep.Figures, figuresOf(sc.name, smc, rs)...)
 		}
 		if hs := handoffs[sc.name]; len(hs) > 0 {
 			rep.Figures = append(rep.Figures, newFigure(sc.name, "core-handoff", "cpu0-cpu1", "ns", hs),
@@ -315,15 +319,17 @@ func (e *runEnv) startServerCmd(cmd *exec.Cmd) (*server, error) {
 
 // runClient runs a client peer in namespace A and returns its results.
 func (e *runEnv) runClient(ctx context.Context, transport, addr string, peers []int, jobs []job) ([]jobResult, error) {
-	return e.runClientIn(ctx, nil, transport, addr, peers, jobs)
+	return e.runClientIn(ctx, nil, "", transport, addr, peers, jobs)
 }
 
-// runClientIn is runClient inside h's cgroup (when h is not nil).
-func (e *runEnv) runClientIn(ctx context.Context, h *host, transport, addr string, peers []int, jobs []job) ([]jobResult, error) {
+// runClientIn is runClient inside h's cgroup (when h is not nil), telling each
+// job's outcome from the counters of the smcrd whose control socket is smcrd
+// (when set).
+func (e *runEnv) runClientIn(ctx context.Context, h *host, smcrd, transport, addr string, peers []int, jobs []job) ([]jobResult, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	cmd, err := e.peerCmd(ctx, e.pair.A, peerSpec{Role: "client", Transport: transport, Addr: addr,
-		LocalIP: e.pair.A.Addr4().String(), ShmDir: e.shmDir, Jobs: jobs, PeerPIDs: peers})
+		LocalIP: e.pair.A.Addr4().String(), ShmDir: e.shmDir, Jobs: jobs, PeerPIDs: peers, Smcrd: smcrd})
 	if err != nil {
 		return nil, err
 	}
@@ -360,8 +366,9 @@ func lastLine(s string) string {
 	return s
 }
 
-// figuresOf turns the repeats of one scenario into figures.
-func figuresOf(name string, reps [][]jobResult) []Figure {
+// figuresOf turns the repeats of one scenario into figures. smc says the scenario
+// is an SMC-R path: a run whose connections did not all go SMC-R is not counted.
+func figuresOf(name string, smc bool, reps [][]jobResult) []Figure {
 	type key struct{ metric, cas, unit string }
 	runs := map[key][]float64{}
 	notes := map[key][]string{}
@@ -374,16 +381,17 @@ func figuresOf(name string, reps [][]jobResult) []Figure {
 			notes[k] = append(notes[k], r.Err)
 			return
 		}
-		if r.Fallback > 0 && r.SMC == 0 && r.Job.Kind != "setup" && r.Job.Kind != "setup-first" {
-			// Measured over TCP after a fallback: not a figure of this path.
-			notes[k] = append(notes[k], fmt.Sprintf("a run fell back to TCP and is not counted (%s)", declineText(r.Declines)))
+		if smc && r.Fallback > 0 {
+			// Measured over TCP, in part or whole: not a figure of this path.
+			notes[k] = append(notes[k], fmt.Sprintf("a run in which %d of %d connections fell back to TCP is not counted (%s)",
+				r.Fallback, r.Fallback+r.SMC, declineText(r.Declines)))
+			return
+		}
+		if smc && r.SMC == 0 {
+			notes[k] = append(notes[k], "a run whose connections were not seen by SMC-R at all is not counted")
 			return
 		}
 		runs[k] = append(runs[k], v)
-		if r.Fallback > 0 {
-			notes[k] = append(notes[k], fmt.Sprintf("%d of %d connections fell back to TCP (%s)",
-				r.Fallback, r.Fallback+r.SMC, declineText(r.Declines)))
-		}
 	}
 	for _, rep := range reps {
 		for _, r := range rep {
@@ -402,7 +410,7 @@ func figuresOf(name string, reps [][]jobResult) []Figure {
 				cas := "reuse"
 				if j.Kind == "setup-first" {
 					cas = "first-contact"
-				} else if r.SMC+r.Fallback == 0 {
+				} else if !smc {
 					cas = "connect" // plain TCP: no link groups
 				}
 				var sum time.Duration
@@ -424,6 +432,25 @@ func figuresOf(name string, reps [][]jobResult) []Figure {
 		out = append(out, f)
 	}
 	return out
+}
+
+// allFellBack says why an SMC-R scenario has no figures when every connection of
+// every run fell back to TCP (the reasons), and "" when any went SMC-R.
+func allFellBack(reps [][]jobResult) string {
+	var smc, fallback int
+	declines := map[string]int{}
+	for _, rep := range reps {
+		for _, r := range rep {
+			smc, fallback = smc+r.SMC, fallback+r.Fallback
+			for k, v := range r.Declines {
+				declines[k] += v
+			}
+		}
+	}
+	if smc > 0 || fallback == 0 {
+		return ""
+	}
+	return fmt.Sprintf("every connection fell back to TCP (%d: %s)", fallback, declineText(declines))
 }
 
 func declineText(m map[string]int) string {

@@ -294,7 +294,7 @@ func (e *runEnv) transparentRuns(ctx context.Context, bin string, hosts []*host,
 		if err != nil {
 			return nil, "", err
 		}
-		res, err := e.runClientIn(ctx, hosts[0], transportTCP, srv.addr,
+		res, err := e.runClientIn(ctx, hosts[0], ds[0].ctl.Socket(), transportTCP, srv.addr,
 			[]int{srv.pid, ds[0].cmd.Process.Pid, ds[1].cmd.Process.Pid}, jobs)
 		srv.stop()
 		if err != nil {
@@ -311,18 +311,11 @@ func (e *runEnv) transparentRuns(ctx context.Context, bin string, hosts []*host,
 		return nil, "", fmt.Errorf("no connection went SMC-R: smcrd handled %d, %d fell back%s, %d handshake errors",
 			c.Handled, c.Fallback, parens(fallbackText(st)), c.HandshakeErrors)
 	}
+	// Each run's outcome comes from the client smcrd's counters before and after
+	// it (peerSpec.Smcrd), so figuresOf leaves out the runs that fell back.
 	note := fmt.Sprintf("smcrd-%s: client smcrd carried %d connections: %d SMC-R (%d first contact, %d link-group reuse), %d fell back%s.",
 		provider, c.Handled, c.SMCR, c.FirstContact, c.Reused, c.Fallback, parens(fallbackText(st)))
-	figs := figuresOf("smcrd-"+provider, reps)
-	for i := range figs {
-		if figs[i].Metric == "setup" {
-			figs[i].Case = "reuse" // the app dials plain TCP; smcrd reuses its link group
-		}
-		if c.Fallback > 0 && figs[i].Note == "" {
-			figs[i].Note = "some connections of this scenario fell back to TCP: see Notes"
-		}
-	}
-	return figs, note, nil
+	return figuresOf("smcrd-"+provider, true, reps), note, nil
 }
 
 // transparentScale runs one scale step through fresh smcrds, counting the memory
@@ -344,19 +337,15 @@ func (e *runEnv) transparentScale(ctx context.Context, bin string, hosts []*host
 	if err != nil {
 		return scaleFigures(name, cas, n, nil, err)
 	}
-	res, err := e.runClientIn(ctx, hosts[0], transportTCP, srv.addr,
+	res, err := e.runClientIn(ctx, hosts[0], ds[0].ctl.Socket(), transportTCP, srv.addr,
 		[]int{srv.pid, ds[0].cmd.Process.Pid, ds[1].cmd.Process.Pid}, []job{{Kind: "scale", Size: n, Total: per}})
 	srv.stop()
-	st, serr := ds[0].stats(ctx)
 	if extra != nil {
+		st, serr := ds[0].stats(ctx)
 		return []Figure{maxMemoryFigure(name, st, serr, err)}
 	}
-	figs := scaleFigures(name, cas, n, res, err)
-	if serr == nil && st.Connections.Fallback > 0 {
-		figs[0].Note = strings.TrimPrefix(figs[0].Note+fmt.Sprintf("; smcrd: %d of %d connections fell back (%s)",
-			st.Connections.Fallback, st.Connections.Handled, fallbackText(st)), "; ")
-	}
-	return figs
+	// The scale job's fallbacks, from the client smcrd's counters, are in its note.
+	return scaleFigures(name, cas, n, res, err)
 }
 
 // maxMemoryFigure reports how many connections went SMC-R under a small
