@@ -160,7 +160,10 @@ func TestRatiosAndMarkdown(t *testing.T) {
 		newFigure("smcr-shm", "throughput", "4KiB", "MB/s", []float64{300, 600}),
 		newFigure("tcp-veth", "setup", "connect", "conn/s", []float64{1000}),
 		newFigure("smcr-shm", "setup", "reuse", "conn/s", []float64{250}),
+		newFigure("tcp-veth (smcrd-shm phase)", "throughput", "4KiB", "MB/s", []float64{50}),
+		newFigure("smcrd-shm", "throughput", "4KiB", "MB/s", []float64{25}),
 	}}
+	r.Figures[len(r.Figures)-1].Baseline = "tcp-veth (smcrd-shm phase)"
 	r.addRatios(map[string][]string{"throughput": {"tcp-veth"}, "setup": {"tcp-veth"}})
 	if got := r.find("smcr-shm", "throughput", "4KiB").Ratios["tcp-veth"]; got != 3 {
 		t.Errorf("throughput ratio %v, want 450/150 = 3", got)
@@ -171,12 +174,18 @@ func TestRatiosAndMarkdown(t *testing.T) {
 	if _, ok := r.find("tcp-veth", "throughput", "4KiB").Ratios["tcp-veth"]; ok {
 		t.Error("a baseline has a ratio to itself")
 	}
+	// The smcrd row's ratio is to direct TCP of its own phase, not tcp-veth's.
+	if got := r.find("smcrd-shm", "throughput", "4KiB").Ratios; len(got) != 1 || got["tcp-veth (smcrd-shm phase)"] != 0.5 {
+		t.Errorf("smcrd ratios %v, want only 25/50 to its phase's TCP", got)
+	}
 	var b strings.Builder
 	if err := r.WriteMarkdown(&b); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(b.String(), "| smcr-shm | 450 [300–600] ×3.00 |") {
-		t.Errorf("markdown row missing or wrong:\n%s", b.String())
+	for _, row := range []string{"| smcr-shm | 450 [300–600] ×3.00 |", "| tcp-veth (smcrd-shm phase) | 50 ×0.33 |", "| smcrd-shm | 25 ×0.50 |"} {
+		if !strings.Contains(b.String(), row) {
+			t.Errorf("markdown row %q missing or wrong:\n%s", row, b.String())
+		}
 	}
 }
 

@@ -15,6 +15,9 @@
 //	smcrd-<provider>  unmodified TCP client and server, one smcrd per namespace:
 //	                  the transparent path (skipped, with the reason, when smcrd or
 //	                  its eBPF programs cannot run here)
+//	tcp-veth (smcrd-<provider> phase)
+//	                  the same programs as smcrd-<provider>, to a port smcrd does
+//	                  not steer: plain TCP beside each smcrd repeat, its baseline
 //
 // Every scenario but memcpy runs the same workload code (workload.go) in child
 // processes: this binary re-executed inside a namespace (peer.go), so each end
@@ -36,5 +39,7 @@
 //
 // Every figure is the median of Options.Repeats runs, with min and max, and the
 // ratio of its median to its baseline's median from the same run (tcp-veth for
-// the two-namespace paths, memcpy for the provider ceiling).
+// the two-namespace paths, memcpy for the provider ceiling). The smcrd runs come
+// after the others, so each smcrd repeat runs beside a direct TCP repeat between
+// the same programs, "tcp-veth (smcrd-<provider> phase)", their baseline.
 package bench

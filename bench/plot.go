@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -243,5 +244,5 @@ func (r *Report) categoryPlot(title, xlabel, ylabel string, series, cats []strin
 }
 
 func isBaseline(s string) bool {
-	return s == "memcpy" || s == "tcp-loopback" || s == "tcp-veth"
+	return s == "memcpy" || strings.HasPrefix(s, "tcp-")
 }

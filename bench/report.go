@@ -37,6 +37,21 @@ type Figure struct {
 	Runs     []float64          // one value per repeat
 	Ratios   map[string]float64 `json:",omitempty"` // Median / the named baseline's Median
 	Note     string             `json:",omitempty"` // fallbacks, failures: what happened
+	// Baseline, where set, is the scenario that stands in for tcp-veth in this
+	// figure's ratios: direct TCP measured in the same phase (the smcrd rows).
+	Baseline string `json:",omitempty"`
+}
+
+// tcpVeth is the baseline of the two-namespace paths.
+const tcpVeth = "tcp-veth"
+
+// baselineFor is the scenario whose figure b names for f: its same-phase
+// stand-in for tcp-veth where it has one.
+func (f *Figure) baselineFor(b string) string {
+	if b == tcpVeth && f.Baseline != "" {
+		return f.Baseline
+	}
+	return b
 }
 
 // Unavailable names a scenario that could not run here, and why.
@@ -78,7 +93,7 @@ func (r *Report) addRatios(baselines map[string][]string) {
 	for i := range r.Figures {
 		f := &r.Figures[i]
 		for _, b := range baselines[f.Metric] {
-			if b == f.Scenario {
+			if b = f.baselineFor(b); b == f.Scenario {
 				continue
 			}
 			bf := r.find(b, f.Metric, baselineCase(f.Metric, f.Case))
@@ -205,7 +220,12 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		r.Command, r.Duration.Round(time.Second), r.Repeats, map[bool]string{true: ", quick", false: ""}[r.Quick])
 	m := r.Machine
 	fmt.Fprintf(&b, "Machine: %s, %d cores, %s memory, Linux %s, %s %s/%s.\n\n", orDash(m.CPU), m.Cores, orDash(memName(m.MemTotal)), orDash(m.Kernel), m.Go, m.OS, m.Arch)
-	fmt.Fprintf(&b, "Each cell: median [min–max] of the repeats, and × the median of the baseline named in the heading, measured in the same run.\n\n")
+	fmt.Fprintf(&b, "Each cell: median [min–max] of the repeats, and × the median of the baseline named in the heading, measured in the same run.")
+	if slices.ContainsFunc(r.Figures, func(f Figure) bool { return f.Baseline != "" }) {
+		fmt.Fprintf(&b, " The smcrd rows' × tcp-veth is to the row above them, \"tcp-veth (smcrd-… phase)\": "+
+			"direct TCP between the same programs, run beside each smcrd repeat while the smcrds were up.")
+	}
+	fmt.Fprintf(&b, "\n\n")
 	for _, t := range r.tables() {
 		scen := r.scenariosWith(t.cols)
 		if len(scen) == 0 {
@@ -290,7 +310,7 @@ func cell(f *Figure, ratioTo string) string {
 	if len(f.Runs) > 1 {
 		s += fmt.Sprintf(" [%s–%s]", num(f.Min), num(f.Max))
 	}
-	if r, ok := f.Ratios[ratioTo]; ok {
+	if r, ok := f.Ratios[f.baselineFor(ratioTo)]; ok {
 		s += fmt.Sprintf(" ×%.2f", r)
 	}
 	return s

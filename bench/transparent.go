@@ -260,9 +260,10 @@ func (e *runEnv) daemons(ctx context.Context, bin string, hosts []*host, provide
 	return ds, nil
 }
 
-// appServer starts the server peer, plain TCP, in host B's cgroup.
-func (e *runEnv) appServer(ctx context.Context, h *host) (*server, error) {
-	addr := fmt.Sprintf("%s:%d", e.pair.B.Addr4(), transparentPort)
+// appServer starts the server peer, plain TCP, in host B's cgroup, on port (0:
+// one the kernel picks, outside port_range_list, so smcrd leaves it alone).
+func (e *runEnv) appServer(ctx context.Context, h *host, port int) (*server, error) {
+	addr := fmt.Sprintf("%s:%d", e.pair.B.Addr4(), port)
 	cmd, err := e.peerCmd(ctx, e.pair.B, peerSpec{Role: "server", Transport: transportTCP, Addr: addr})
 	if err != nil {
 		return nil, err
@@ -277,7 +278,16 @@ func (d *daemon) stats(ctx context.Context) (control.Stats, error) {
 	return d.ctl.Stats(c)
 }
 
-// transparentRuns runs the throughput, latency and setup jobs through the smcrds.
+// phaseBaseline names the direct TCP runs measured beside the smcrd runs of one
+// provider, the baseline of their ratios.
+func phaseBaseline(provider string) string {
+	return fmt.Sprintf("%s (smcrd-%s phase)", tcpVeth, provider)
+}
+
+// transparentRuns runs the throughput, latency and setup jobs through the
+// smcrds, and beside each repeat the same jobs direct: the same programs in the
+// same cgroups, with the smcrds up, to a port smcrd does not steer. Their
+// figures are phaseBaseline's, and the smcrd figures' ratios are taken to them.
 func (e *runEnv) transparentRuns(ctx context.Context, bin string, hosts []*host, provider string, repeats int, jobs []job) ([]Figure, string, error) {
 	ds, err := e.daemons(ctx, bin, hosts, provider, nil)
 	if err != nil {
@@ -288,19 +298,34 @@ func (e *runEnv) transparentRuns(ctx context.Context, bin string, hosts []*host,
 			d.stop()
 		}
 	}()
-	var reps [][]jobResult
-	for range repeats {
-		srv, err := e.appServer(ctx, hosts[1])
+	var reps, direct [][]jobResult
+	// run runs the jobs once to port, counting the CPU of the server and of
+	// daemons, and appends the results to out.
+	run := func(out *[][]jobResult, port int, smcrd string, daemons ...*daemon) error {
+		srv, err := e.appServer(ctx, hosts[1], port)
 		if err != nil {
-			return nil, "", err
+			return err
 		}
-		res, err := e.runClientIn(ctx, hosts[0], ds[0].ctl.Socket(), transportTCP, srv.addr,
-			[]int{srv.pid, ds[0].cmd.Process.Pid, ds[1].cmd.Process.Pid}, jobs)
-		srv.stop()
-		if err != nil {
-			return nil, "", err
+		defer srv.stop()
+		peers := []int{srv.pid}
+		for _, d := range daemons {
+			peers = append(peers, d.cmd.Process.Pid)
 		}
-		reps = append(reps, res)
+		res, err := e.runClientIn(ctx, hosts[0], smcrd, transportTCP, srv.addr, peers, jobs)
+		*out = append(*out, res)
+		return err
+	}
+	for rpt := range repeats {
+		first, second := func() error { return run(&direct, 0, "") },
+			func() error { return run(&reps, transparentPort, ds[0].ctl.Socket(), ds...) }
+		if rpt%2 == 1 { // neither always follows the other
+			first, second = second, first
+		}
+		for _, f := range []func() error{first, second} {
+			if err := f(); err != nil {
+				return nil, "", err
+			}
+		}
 	}
 	st, err := ds[0].stats(ctx)
 	if err != nil {
@@ -315,7 +340,12 @@ func (e *runEnv) transparentRuns(ctx context.Context, bin string, hosts []*host,
 	// it (peerSpec.Smcrd), so figuresOf leaves out the runs that fell back.
 	note := fmt.Sprintf("smcrd-%s: client smcrd carried %d connections: %d SMC-R (%d first contact, %d link-group reuse), %d fell back%s.",
 		provider, c.Handled, c.SMCR, c.FirstContact, c.Reused, c.Fallback, parens(fallbackText(st)))
-	return figuresOf("smcrd-"+provider, true, reps), note, nil
+	figs := figuresOf(phaseBaseline(provider), false, direct)
+	for _, f := range figuresOf("smcrd-"+provider, true, reps) {
+		f.Baseline = phaseBaseline(provider)
+		figs = append(figs, f)
+	}
+	return figs, note, nil
 }
 
 // transparentScale runs one scale step through fresh smcrds, counting the memory
@@ -333,7 +363,7 @@ func (e *runEnv) transparentScale(ctx context.Context, bin string, hosts []*host
 			d.stop()
 		}
 	}()
-	srv, err := e.appServer(ctx, hosts[1])
+	srv, err := e.appServer(ctx, hosts[1], transparentPort)
 	if err != nil {
 		return scaleFigures(name, cas, n, nil, err)
 	}
