@@ -54,7 +54,7 @@ type peerSpec struct {
 
 // job is one measurement a client makes.
 type job struct {
-	Kind  string // "throughput", "latency", "setup", "setup-first", "scale"
+	Kind  string // "warmup", "throughput", "latency", "setup", "setup-first", "scale"
 	Size  int    // write or message size; scale: connections
 	Total int64  // throughput: bytes; scale: bytes per connection
 	Count int    // latency: round trips; setup: connections
@@ -272,6 +272,8 @@ func (ep *endpoint) run(ctx context.Context, j job) jobResult {
 	self0, peers0 := cpuSelf(), cpuOf(ep.spec.PeerPIDs)
 	var err error
 	switch j.Kind {
+	case "warmup": // a throughput run that no figure counts
+		_, err = throughput(ctx, ep.dial, j.Size, j.Total)
 	case "throughput":
 		r.Elapsed, err = throughput(ctx, ep.dial, j.Size, j.Total)
 		r.Bytes = j.Total

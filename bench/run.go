@@ -48,6 +48,9 @@ type Options struct {
 	Logger        *slog.Logger // progress (default: discarded)
 }
 
+// warmupBytes is the untimed transfer each client makes before its timed jobs.
+const warmupBytes = 16 << 20
+
 // sizes of one run.
 type sizes struct {
 	total      int64 // throughput bytes per run
@@ -142,7 +145,9 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		scens = append(scens, scenario{"smcr-" + p, p, false})
 	}
 	jobs := func(sc scenario) []job {
-		var js []job
+		// A warm-up transfer first, untimed: the peers' first bytes fault in
+		// buffers and grow heaps that no timed job should pay for.
+		js := []job{{Kind: "warmup", Size: 64 << 10, Total: warmupBytes}}
 		for _, s := range ThroughputSizes {
 			js = append(js, job{Kind: "throughput", Size: s, Total: sz.total})
 		}
