@@ -176,15 +176,44 @@ func BenchmarkNamespaces(b *testing.B) {
 		})
 		b.Run(kind+"/connect", func(b *testing.B) {
 			s := newNSSetup(b, kind)
-			go func() {
-				for {
-					c, err := s.ln.AcceptSMC()
-					if err != nil {
-						return
+			// TCP's own listener in B, so no TCP connect starts SMC-R work on
+			// the engine's; both serve alike: accept, read the client's byte,
+			// answer one, wait for EOF (smcrbench's setup, with a shorter
+			// request).
+			tln, err := s.pair.B.Listen("tcp", netip.AddrPortFrom(s.pair.B.Addr4(), 0).String())
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { tln.Close() })
+			for _, ln := range []net.Listener{s.ln, tln} {
+				go func() {
+					for {
+						c, err := ln.Accept()
+						if err != nil {
+							return
+						}
+						go func() {
+							defer c.Close()
+							var one [1]byte
+							if _, err := io.ReadFull(c, one[:]); err == nil {
+								c.Write(one[:])
+								io.Copy(io.Discard, c)
+							}
+						}()
 					}
-					go func() { io.Copy(io.Discard, c); c.Close() }()
+				}()
+			}
+			// exchange is each setup's request and answer, then the close.
+			exchange := func(c net.Conn) {
+				var one [1]byte
+				if _, err := c.Write(one[:]); err != nil {
+					b.Fatal(err)
 				}
-			}()
+				if _, err := io.ReadFull(c, one[:]); err != nil {
+					b.Fatal(err)
+				}
+				c.Close()
+			}
 			const n = 100
 			// Each phase is timed alone: the first contacts' link groups end in
 			// the background, and that work must not fall into the next phase.
@@ -206,11 +235,11 @@ func BenchmarkNamespaces(b *testing.B) {
 			b.ResetTimer()
 			var tcp, first, reuse, ratio []float64
 			tcpConnect := func() {
-				c, err := s.pair.A.Dial("tcp", s.addr)
+				c, err := s.pair.A.Dial("tcp", tln.Addr().String())
 				if err != nil {
 					b.Fatal(err)
 				}
-				c.Close()
+				exchange(c)
 			}
 			for range 10 {
 				tcpConnect() // warm up the namespace threads
@@ -218,10 +247,10 @@ func BenchmarkNamespaces(b *testing.B) {
 			keep := s.dial(b, s.cli) // holds the link group
 			for range b.N {
 				t := rate(tcpConnect)
-				r := rate(func() { s.dial(b, s.cli).Close() })
+				r := rate(func() { exchange(s.dial(b, s.cli)) })
 				f := rate(func() {
 					e := s.newCli()
-					s.dial(b, e).Close()
+					exchange(s.dial(b, e))
 					e.Close()
 				})
 				tcp, first, reuse, ratio = append(tcp, t), append(first, f), append(reuse, r), append(ratio, r/t)
