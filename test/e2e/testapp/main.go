@@ -177,10 +177,10 @@ func client(addr, mode string, size int64, conns, rounds int) Result {
 			if peer != "" {
 				res.Peers = append(res.Peers, peer)
 			}
-			if lat != nil {
+			if len(lat) > 0 {
 				slices.Sort(lat)
-				res.P50us = float64(lat[len(lat)/2].Nanoseconds()) / 1e3
-				res.P99us = float64(lat[len(lat)*99/100].Nanoseconds()) / 1e3
+				res.P50us = float64(percentile(lat, 50).Nanoseconds()) / 1e3
+				res.P99us = float64(percentile(lat, 99).Nanoseconds()) / 1e3
 			}
 		}()
 	}
@@ -188,6 +188,14 @@ func client(addr, mode string, size int64, conns, rounds int) Result {
 	res.Seconds = time.Since(start).Seconds()
 	res.MBps = float64(res.Bytes) / res.Seconds / 1e6
 	return res
+}
+
+// percentile is the p-th percentile of sorted, non-empty d by nearest rank, as
+// nstest.Percentile reckons it for the benchmarks (which this static program
+// does not link).
+func percentile(d []time.Duration, p float64) time.Duration {
+	i := int(p/100*float64(len(d))+0.5) - 1
+	return d[max(0, min(i, len(d)-1))]
 }
 
 // payload is a deterministic pseudo-random stream per connection.
