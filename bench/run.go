@@ -66,7 +66,7 @@ func (o *Options) sizes() sizes {
 		return sizes{total: 48 << 20, roundTrips: 1000, setups: 40, firsts: 8, scalePer: 32 << 20, memcpy: 256 << 20}
 	}
 	// 1 GiB per throughput run: 0.4–2 s over TCP and through smcrd here, ~70 ms
-	// for smcr-shm in a fast spell (384 MiB took 15–800 ms).
+	// for smcr-shm in a fast spell (384 MiB took 25–800 ms).
 	return sizes{total: 1 << 30, roundTrips: 5000, setups: 200, firsts: 30, scalePer: 256 << 20, memcpy: 2 << 30}
 }
 
@@ -393,7 +393,7 @@ func figuresOf(name string, smc bool, reps [][]jobResult) []Figure {
 			return
 		}
 		if smc && r.SMC == 0 {
-			notes[k] = append(notes[k], "a run whose connections were not seen by SMC-R at all is not counted")
+			notes[k] = append(notes[k], "a run whose connections SMC-R never saw (none reached smcrd) is not counted")
 			return
 		}
 		runs[k] = append(runs[k], v)
