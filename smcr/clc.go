@@ -493,7 +493,7 @@ func (e *Engine) serverProposal(ctx context.Context, c *Conn, prop *clc.Proposal
 	if err != nil {
 		return clc.DeclineInternal, err
 	}
-	c.lg, c.reserved = lg, true
+	c.lg, c.reserved, c.reusedLG = lg, true, !first
 	c.peerOffer = o
 	lnk := lg.pick()
 	if first {
@@ -654,7 +654,7 @@ func (e *Engine) clientAccept(ctx context.Context, c *Conn, acc *clc.Accept) (De
 		if err != nil {
 			return clc.DeclineSyncError, err
 		}
-		c.lg, c.lnk, c.reserved = lg, lg.linkByPeer(li.GID, li.QPN), true
+		c.lg, c.lnk, c.reserved, c.reusedLG = lg, lg.linkByPeer(li.GID, li.QPN), true, true
 		if c.lnk == nil {
 			return clc.DeclineNoActiveLink, errors.New("link group has no link")
 		}

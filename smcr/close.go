@@ -369,6 +369,9 @@ func (c *Conn) activate() {
 	}
 	c.mu.Unlock()
 	c.e.st.smc.Add(1)
+	if c.reusedLG {
+		c.e.st.reused.Add(1) // counted once it is SMC-R: a setup may still fall back
+	}
 	c.e.st.active.Add(1)
 	c.e.st.rxBuf.observe(c.rmbSize)
 	c.e.st.txBuf.observe(c.peerSize)

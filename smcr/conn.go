@@ -138,6 +138,7 @@ type Conn struct {
 	sndHeld   int64 // of memHeld, held for the send buffer from allocRMB until setPeer
 	peerOffer offer // the client's offer the server chose
 	reserved  bool  // holds a slot of lg
+	reusedLG  bool  // lg existed before this connection (Stats.Reused once active)
 	// acceptSent: the server sent its Accept, so the client may write into our
 	// RMB as soon as its Confirm is out, even if we decline after all.
 	acceptSent bool

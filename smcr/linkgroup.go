@@ -321,7 +321,6 @@ func (e *Engine) serverLinkGroup(ctx context.Context, key lgKey, di int) (*linkG
 			}
 			continue // that first contact failed: try again, maybe as first contact
 		}
-		e.st.reused.Add(1)
 		return found, false, nil
 	}
 }
@@ -351,7 +350,6 @@ func (e *Engine) clientLinkGroup(ctx context.Context, key lgKey, qpn uint32) (*l
 		found.unreserve()
 		return nil, err
 	}
-	e.st.reused.Add(1)
 	return found, nil
 }
 

@@ -308,3 +308,29 @@ func TestRMBDowngrade(t *testing.T) {
 		})
 	}
 }
+
+// TestReusedCountsSMCROnly: Stats.Reused counts connections that went SMC-R
+// on a link group that existed, not setups that reserved one and fell back.
+func TestReusedCountsSMCROnly(t *testing.T) {
+	p := memPair(t)
+	c1, s1 := p.connect(t)
+	mustSMC(t, c1, s1)
+	if err := p.srv.SetMaxMemory(1); err != nil {
+		t.Fatal(err)
+	}
+	c2, s2 := p.connect(t) // the group is reserved, then the server declines
+	if c2.Mode() != ModeFallback {
+		t.Fatalf("second connection %v, want a fallback for memory", c2.Mode())
+	}
+	echoCheck(t, c2, s2)
+	if err := p.srv.SetMaxMemory(0); err != nil {
+		t.Fatal(err)
+	}
+	c3, s3 := p.connect(t)
+	mustSMC(t, c3, s3)
+	for _, e := range []*Engine{p.cli, p.srv} {
+		if st := e.Stats(); st.Reused != 1 || st.FirstContact != 1 {
+			t.Errorf("reused %d, first contacts %d; want 1 and 1", st.Reused, st.FirstContact)
+		}
+	}
+}
