@@ -54,7 +54,7 @@ func ResolveInterfaces(list []string, host []Interface) ([]Interface, error) {
 			}
 		}
 		if len(out) == 0 {
-			return nil, &Error{Attr: "ip_addr_list", Msg: "empty and no interface is up: name the interfaces to use"}
+			return nil, &Error{Attr: "ip_addr_list", Msg: "empty and no interface is up, not loopback and with an address: name the interfaces to use"}
 		}
 		return out, nil
 	}

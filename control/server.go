@@ -196,8 +196,12 @@ func (s *Server) Handler() http.Handler {
 		peers := make([]netip.Addr, 0, len(req.Addrs))
 		for _, a := range req.Addrs {
 			p, err := netip.ParseAddr(a)
-			if err != nil || p.Zone() != "" {
+			if err != nil {
 				s.reply(w, r, nil, fmt.Errorf("%w: %q is not an IP address", ErrInvalid, a))
+				return
+			}
+			if p.Zone() != "" {
+				s.reply(w, r, nil, fmt.Errorf("%w: %q: zones are not supported (link-local peers are never redirected)", ErrInvalid, a))
 				return
 			}
 			peers = append(peers, p.Unmap())

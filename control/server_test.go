@@ -208,6 +208,9 @@ func TestForgetPeers(t *testing.T) {
 	if _, err := c.ForgetPeers(ctx, "198.18.0.9", "not-an-address"); !errors.Is(err, control.ErrInvalid) {
 		t.Errorf("a malformed address: %v, want ErrInvalid", err)
 	}
+	if _, err := c.ForgetPeers(ctx, "fe80::1%eth0"); !errors.Is(err, control.ErrInvalid) || !strings.Contains(err.Error(), "zones are not supported") {
+		t.Errorf("a zoned address: %v, want ErrInvalid saying zones are not supported", err)
+	}
 	if len(f.Ps) != all {
 		t.Error("a refused request forgot peers")
 	}
