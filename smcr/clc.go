@@ -697,6 +697,12 @@ func (e *Engine) clientConfirm(ctx context.Context, c *Conn, acc *clc.Accept) (D
 	if !acc.FirstContact {
 		return 0, nil
 	}
+	// A server that gave up on us (its CLC timeout passed before our Confirm
+	// came) declines on the TCP connection, and no CONFIRM_LINK will come:
+	// stop waiting for it then, rather than at the LLC timeouts.
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go stopOnInput(ctx, c.tcp, stop)
 	if err := c.lnk.waitConnected(ctx); err != nil {
 		c.lg.setReady(err)
 		return clc.DeclineInternalReadyLink, err
@@ -708,6 +714,28 @@ func (e *Engine) clientConfirm(ctx context.Context, c *Conn, acc *clc.Accept) (D
 	c.lg.setReady(nil)
 	return 0, nil
 }
+
+// stopOnInput calls stop once tcp has bytes to read, looking every
+// inputPoll, until ctx ends.
+func stopOnInput(ctx context.Context, tcp net.Conn, stop func()) {
+	t := time.NewTicker(inputPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if pendingInput(tcp) {
+				stop()
+				return
+			}
+		}
+	}
+}
+
+// inputPoll is how often a first-contact client waiting for CONFIRM_LINK
+// looks for a Decline from the server.
+const inputPoll = 10 * time.Millisecond
 
 // testHookConfirm lets tests play a hostile client that lies in its Confirm.
 var testHookConfirm func(*clc.Confirm)

@@ -702,17 +702,28 @@ func TestFailedCompletionByID(t *testing.T) {
 
 // TestFirstContactDeclineAfterConfirm: the server declined a first contact
 // (its CLC timeout) while the client's Confirm was late; the client, whose
-// CONFIRM_LINK then never comes, must not send a Decline the server's
-// application would read as data: both continue over TCP, bytes intact.
+// CONFIRM_LINK then never comes, stops waiting at the Decline and must not send
+// one the server's application would read as data: both continue over TCP,
+// bytes intact.
 func TestFirstContactDeclineAfterConfirm(t *testing.T) {
 	srv := Config{Devices: memDevices(t, verbs.KindSoft), CLCTimeout: 300 * time.Millisecond, LLCTimeout: 300 * time.Millisecond}
-	p := newPair(t, Config{Devices: memDevices(t, verbs.KindSoft), LLCTimeout: 300 * time.Millisecond}, srv)
+	p := newPair(t, Config{Devices: memDevices(t, verbs.KindSoft), LLCTimeout: 5 * time.Second}, srv)
 	testHookConfirm = func(*clc.Confirm) { time.Sleep(time.Second) }
 	t.Cleanup(func() { testHookConfirm = nil })
+	start := time.Now()
 	c, s := p.connect(t)
+	took := time.Since(start)
 	testHookConfirm = nil
 	if c.Mode() != ModeFallback || s.Mode() != ModeFallback {
 		t.Fatalf("client %v, server %v; want both over TCP", c.Mode(), s.Mode())
+	}
+	if d := c.Decline(); d == nil || d.Side != SidePeer {
+		t.Errorf("client decline %+v, want the server's", d)
+	}
+	// The client stops waiting for CONFIRM_LINK at the server's Decline, not
+	// at its LLC timeouts (10 s here).
+	if took > 4*time.Second {
+		t.Errorf("the setup took %v", took)
 	}
 	echoOK(t, c, s) // the server's application reads "ping", not a Decline
 }
