@@ -420,7 +420,8 @@ func (q *qp) PostRecv(wr *verbs.RecvWR) error {
 	return nil
 }
 
-func (q *qp) deliver(r verbs.RecvWR, msg []byte) {
+// deliver completes r with msg; it reports whether msg landed.
+func (q *qp) deliver(r verbs.RecvWR, msg []byte) bool {
 	n := 0
 	st := verbs.WCSuccess
 	for _, s := range r.SG {
@@ -435,6 +436,7 @@ func (q *qp) deliver(r verbs.RecvWR, msg []byte) {
 		st = verbs.WCLocLenErr
 	}
 	q.rcq.push(verbs.WorkCompletion{ID: r.ID, Status: st, Opcode: verbs.WCRecv, ByteLen: uint32(len(msg)), QPN: q.qpn})
+	return st == verbs.WCSuccess
 }
 
 // receive takes a SEND from the peer.
@@ -454,8 +456,9 @@ func (q *qp) receive(msg []byte) bool {
 	r := q.recvs[0]
 	q.recvs = q.recvs[1:]
 	q.mu.Unlock()
-	q.deliver(r, msg)
-	return true
+	// A SEND that did not land (its RECV's buffer deregistered under it) does
+	// not complete well at the sender either.
+	return q.deliver(r, msg)
 }
 
 func (q *qp) PostSend(wr *verbs.SendWR) error {
