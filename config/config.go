@@ -109,12 +109,11 @@ func Load(path string) (Config, error) {
 	if path == "" {
 		return Default(), nil
 	}
-	f, err := os.Open(path)
+	f, err := LoadFile(path)
 	if err != nil {
-		return Config{}, fmt.Errorf("config: %w", err)
+		return Config{}, err
 	}
-	defer f.Close()
-	return parse(f, path)
+	return f.Config, nil
 }
 
 // Parse reads a configuration in the attribute = value format. Attributes the file

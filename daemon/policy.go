@@ -78,7 +78,7 @@ func (d *Daemon) SetConfig(_ context.Context, req control.SetConfigRequest) (con
 	if err := startable(old, n); err != nil {
 		return control.SetConfigResult{}, err
 	}
-	var file *config.Config
+	var file *config.File
 	if req.Persist {
 		if file, err = d.fileWith(req.Assignments); err != nil {
 			return control.SetConfigResult{}, err
@@ -100,12 +100,13 @@ func (d *Daemon) SetEnabled(ctx context.Context, enabled, persist bool) error {
 // fileWith is the configuration file as it is now with only assignments
 // applied: what -P writes. Writing the configuration in effect instead would
 // make permanent every change made without -P since (a disable meant to last
-// until restart), and undo edits made to the file by hand.
-func (d *Daemon) fileWith(assignments []string) (*config.Config, error) {
+// until restart), and undo edits made to the file by hand. The lines of the
+// named attributes are edited in place; the operator's comments stay.
+func (d *Daemon) fileWith(assignments []string) (*config.File, error) {
 	if d.opts.ConfigFile == "" {
 		return nil, fmt.Errorf("%w: %w", control.ErrInvalid, errNoFile)
 	}
-	saved, err := config.Load(d.opts.ConfigFile)
+	saved, err := config.LoadFile(d.opts.ConfigFile)
 	if err != nil {
 		return nil, fmt.Errorf("%w: -P reads the configuration file as it is now, and it does not load, so nothing changed: %w", control.ErrInvalid, err)
 	}
@@ -114,10 +115,10 @@ func (d *Daemon) fileWith(assignments []string) (*config.Config, error) {
 		return nil, fmt.Errorf("%w: -P: in the configuration file as it is now: %w", control.ErrInvalid, err)
 	}
 	// The value in effect may be the same and yet gone since (a cgroup removed).
-	if err := startable(saved, n); err != nil {
+	if err := startable(saved.Config, n.Config); err != nil {
 		return nil, err
 	}
-	return &n, nil
+	return n, nil
 }
 
 // startable refuses a changed attribute that smcrd reads at start and would
@@ -140,7 +141,7 @@ func startable(old, n config.Config) error {
 
 // commit makes n the configuration in effect and, unless file is nil, saves
 // file as the configuration file. The caller holds cfgMu.
-func (d *Daemon) commit(old, n config.Config, file *config.Config) (control.SetConfigResult, error) {
+func (d *Daemon) commit(old, n config.Config, file *config.File) (control.SetConfigResult, error) {
 	var res control.SetConfigResult
 	persist := file != nil
 	// Interfaces are looked up only when ip_addr_list changes: one renamed or

@@ -332,6 +332,10 @@ func TestPersistWritesOnlyNamed(t *testing.T) {
 		t.Errorf("file after set max_memory=64 -P: max_memory %d MB, enabled %v, port_range_list %s, rmb_size %d; want 64, yes, %s, 64K",
 			saved.MaxMemory>>20, saved.Enabled, saved.PortRanges, saved.RMBSize, def.PortRanges)
 	}
+	// The hand-written comment and line stay as they were.
+	if b, _ := os.ReadFile(d.opts.ConfigFile); !strings.HasPrefix(string(b), "# edited by hand\nrmb_size = 64K\n") || !strings.HasSuffix(string(b), "\nmax_memory = 64\n") {
+		t.Errorf("file after set max_memory=64 -P:\n%s", b)
+	}
 	if cur := d.CurrentConfig(); cur.MaxMemory != 64<<20 || cur.Enabled || cur.PortRanges.String() != "5201" || cur.RMBSize != def.RMBSize {
 		t.Errorf("in effect: %+v", cur)
 	}
