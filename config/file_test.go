@@ -120,3 +120,42 @@ func TestLoadFileErrors(t *testing.T) {
 		t.Errorf("bad file: %v", err)
 	}
 }
+
+// FuzzFileSet: whatever the file and the assignment, an edit Set accepts reads
+// back as the configuration it reports, and lines that do not set the attribute
+// stay as they were.
+func FuzzFileSet(f *testing.F) {
+	f.Add("port_range_list = 2049   # NFS\n\n   rmb_size=64K\n", "rmb_size=128K")
+	f.Add("ip_addr_list =\nrdma_devices = # x\r\n", "rdma_devices=eth1=mlx5_0")
+	f.Add("enabled = no", "max_memory=64")
+	f.Fuzz(func(t *testing.T, text, assignment string) {
+		c, err := Parse(strings.NewReader(text))
+		if err != nil {
+			return
+		}
+		file := &File{Config: c, text: []byte(text)}
+		n, err := file.Set(assignment)
+		if err != nil {
+			if strings.Contains(err.Error(), "would not read back") {
+				t.Fatalf("edit of %q with %q: %v", text, assignment, err)
+			}
+			return
+		}
+		back, err := Parse(strings.NewReader(string(n.Text())))
+		if err != nil || string(back.Format()) != string(n.Config.Format()) {
+			t.Fatalf("edited file does not read back: %v\n%s", err, n.Text())
+		}
+		name, _, _ := strings.Cut(assignment, "=")
+		name = strings.TrimSpace(name)
+		kept := strings.SplitAfter(text, "\n")
+		got := strings.SplitAfter(string(n.Text()), "\n")
+		for i, l := range kept {
+			if settingLine([]string{l}, name) == 0 {
+				continue
+			}
+			if i >= len(got) || (got[i] != l && !(i == len(kept)-1 && got[i] == l+"\n")) {
+				t.Fatalf("line %d %q changed by setting %s:\n%s", i+1, l, name, n.Text())
+			}
+		}
+	})
+}
