@@ -426,3 +426,58 @@ func TestCloseTimeout(t *testing.T) {
 	s.Close()
 	eventually(t, "peer released", func() bool { return p.srv.Stats().MemoryInUse == 0 })
 }
+
+// gatedDevice holds its first AllocPD until release is closed, so that a test
+// can act while a link is being made.
+type gatedDevice struct {
+	*memverbs.Device
+	entered chan struct{} // closed when the first AllocPD waits
+	release chan struct{}
+	once    sync.Once
+}
+
+func (d *gatedDevice) AllocPD() (verbs.PD, error) {
+	first := false
+	d.once.Do(func() { first = true })
+	if first {
+		close(d.entered)
+		<-d.release
+	}
+	return d.Device.AllocPD()
+}
+
+// TestCloseDuringNewLinkGroup: a link group whose first link is being made as
+// Close begins is not left behind it. It was listed after Close had taken the
+// list of groups to end: Close waited its full closeWait for the link, which no
+// one closed, and returned with the group, its QP, CQ and PD still there.
+func TestCloseDuringNewLinkGroup(t *testing.T) {
+	d := memverbs.New(verbs.KindSoft)
+	t.Cleanup(func() { closeChecked(t, d) })
+	g := &gatedDevice{Device: d, entered: make(chan struct{}), release: make(chan struct{})}
+	e := newEngine(t, Config{Devices: []verbs.Device{g}})
+	made := make(chan error, 1)
+	go func() {
+		_, err := e.newLinkGroup(lgKey{peer: [8]byte{1}, kind: verbs.KindSoft}, 0)
+		made <- err
+	}()
+	<-g.entered
+	closed := make(chan struct{})
+	go func() {
+		e.Close()
+		close(closed)
+	}()
+	eventually(t, "Close to begin", e.isClosed)
+	close(g.release)
+	if err := <-made; !errors.Is(err, ErrEngineClosed) {
+		t.Errorf("new link group during Close: %v; want ErrEngineClosed", err)
+	}
+	select {
+	case <-closed:
+	case <-time.After(closeWait / 2):
+		t.Fatal("Close waits for the link of a group made as it ran")
+	}
+	if n := len(e.LinkGroups()); n != 0 {
+		t.Errorf("%d link groups after Close", n)
+	}
+	eventually(t, "the link freed", func() bool { return d.Live() == memverbs.Resources{} })
+}

@@ -278,6 +278,13 @@ func (e *Engine) newLinkGroup(key lgKey, di int) (*linkGroup, error) {
 	}
 	lg.links = []*link{l}
 	e.mu.Lock()
+	if e.closed {
+		// Close began while the link was made and ends the groups listed
+		// then: this one would be left running, its link never freed.
+		e.mu.Unlock()
+		l.close()
+		return nil, ErrEngineClosed
+	}
 	e.lgs = append(e.lgs, lg)
 	e.mu.Unlock()
 	e.st.firstContact.Add(1)
