@@ -303,23 +303,32 @@ func (lg *linkGroup) keepWhenAnswered(b *pooledBuf, answered <-chan struct{}) {
 func (c *Conn) detachBufsLocked() []*pooledBuf {
 	var bufs []*pooledBuf
 	for _, rmb := range []bool{true, false} {
-		own, home, on, size := c.snd, c.sndHome, &c.sndOn, c.peerSize
-		if rmb {
-			own, home, on, size = c.rmb, c.rmbHome, &c.rmbOn, c.rmbSize
-		}
-		b := &pooledBuf{rmb: rmb, size: size, own: own, home: home}
-		held := own != nil
-		for n, m := range on {
-			if m != nil {
-				b.on[n], b.link[n] = m, c.regLink[n]
-				on[n] = nil
-				held = true
-			}
-		}
-		if held {
+		if b := c.detachBufLocked(rmb); b != nil {
 			bufs = append(bufs, b)
 		}
 	}
 	c.regLink = [linkSlots]*link{}
 	return bufs
+}
+
+// detachBufLocked takes c's RMB (rmb) or send buffer, with its registrations,
+// out of c; nil when c holds none. The caller holds c.mu.
+func (c *Conn) detachBufLocked(rmb bool) *pooledBuf {
+	own, home, on, size := c.snd, c.sndHome, &c.sndOn, c.peerSize
+	if rmb {
+		own, home, on, size = c.rmb, c.rmbHome, &c.rmbOn, c.rmbSize
+	}
+	b := &pooledBuf{rmb: rmb, size: size, own: own, home: home}
+	held := own != nil
+	for n, m := range on {
+		if m != nil {
+			b.on[n], b.link[n] = m, c.regLink[n]
+			on[n] = nil
+			held = true
+		}
+	}
+	if !held {
+		return nil
+	}
+	return b
 }

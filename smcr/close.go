@@ -215,7 +215,13 @@ func (c *Conn) linkDown(err error) {
 	}
 	if c.canContinue() && !c.settledLocked() {
 		c.startFailoverLocked()
+		// A continuation the peer began may have ended while the group lived:
+		// its buffers can go now.
+		shed := c.foReady
 		c.mu.Unlock()
+		if shed {
+			go c.shedBuffers()
+		}
 		return
 	}
 	if c.err == nil {

@@ -192,7 +192,8 @@ func (e *Engine) Close() error {
 	e.cancel()
 	// The links free their QPs, CQs and buffers once their goroutines are gone;
 	// a caller may close the devices next. Connection buffers the application
-	// still holds stay registered until it closes those connections.
+	// still holds stay registered until it closes those connections, or they
+	// continue over TCP (shedBuffers).
 	freed := make(chan struct{})
 	go func() {
 		e.links.Wait()

@@ -543,21 +543,31 @@ func exchangeAll(t *testing.T, c, s *Conn, up, down int) {
 // SMC-R, reads the Decline and resends everything over TCP: nothing is lost or
 // duplicated either way, and the link group carries on.
 func TestDeclineCrossesConfirm(t *testing.T) {
-	srv := Config{Devices: memDevices(t, verbs.KindSoft), CLCTimeout: 300 * time.Millisecond, LLCTimeout: 300 * time.Millisecond}
-	p := newPair(t, Config{Devices: memDevices(t, verbs.KindSoft)}, srv)
-	good, gs := p.connect(t)
-	mustSMC(t, good, gs)
-	testHookConfirm = func(*clc.Confirm) { time.Sleep(time.Second) } // past the server's 600 ms
-	c, s := p.connect(t)
-	testHookConfirm = nil
-	if c.Mode() != ModeSMCR || s.Mode() != ModeFallback || s.Decline().Code != DeclineTimeoutCLC {
-		t.Fatalf("client %v, server %v %+v; want SMC-R and a CLC-timeout fallback", c.Mode(), s.Mode(), s.Decline())
-	}
+	_, good, gs, c, s := crossedDecline(t)
 	// More than the RMB up: the writer blocks before the Decline is read.
 	exchangeAll(t, c, s, 600<<10, 100<<10)
 	echoOK(t, good, gs)
 	c.Close()
 	s.Close()
+}
+
+// crossedDecline connects a pair on one link group, then a second connection
+// whose Confirm crosses the server's Decline (its CLC timeout): c is SMC-R, s
+// plain TCP.
+func crossedDecline(t *testing.T) (p *pair, good, gs, c, s *Conn) {
+	t.Helper()
+	srv := Config{Devices: memDevices(t, verbs.KindSoft), CLCTimeout: 300 * time.Millisecond, LLCTimeout: 300 * time.Millisecond}
+	p = newPair(t, Config{Devices: memDevices(t, verbs.KindSoft)}, srv)
+	good, gs = p.connect(t)
+	mustSMC(t, good, gs)
+	testHookConfirm = func(*clc.Confirm) { time.Sleep(time.Second) } // past the server's 600 ms
+	t.Cleanup(func() { testHookConfirm = nil })
+	c, s = p.connect(t)
+	testHookConfirm = nil
+	if c.Mode() != ModeSMCR || s.Mode() != ModeFallback || s.Decline().Code != DeclineTimeoutCLC {
+		t.Fatalf("client %v, server %v %+v; want SMC-R and a CLC-timeout fallback", c.Mode(), s.Mode(), s.Decline())
+	}
+	return p, good, gs, c, s
 }
 
 // TestLateDeclineWritesLand: the server declined (its CLC timeout is shorter

@@ -211,7 +211,64 @@ func (c *Conn) failover() {
 		c.e.log.Info("smcr: connection continues over tcp", "conn", c.id)
 	}
 	// Closed before foDone, however shortly: Close left the release to us.
-	c.maybeRelease()
+	if !c.maybeRelease() && err == nil {
+		c.shedBuffers()
+	}
+}
+
+// shedBuffers gives back, with their share of max_memory, the buffers a
+// connection continued over TCP no longer needs once its link group has ended:
+// the send buffer (the resend is done, writes go to TCP) and, once read empty,
+// the RMB (the cursors are frozen: nothing more is read from it). They were
+// held until the connection closed, and after an outage the connections that
+// lived on kept new ones from SMC-R for want of memory. While the group lives
+// (the peer declined after our Confirm; the connection could not move to the
+// group's other link) a WRITE may still read or land in them: they stay.
+func (c *Conn) shedBuffers() {
+	c.mu.Lock()
+	todo := c.foReady && !c.released && (c.snd != nil || c.rmb != nil && c.rxCons == c.rxProd)
+	regs := c.regLink
+	c.mu.Unlock()
+	if !todo {
+		return
+	}
+	c.lg.mu.RLock()
+	ended := c.lg.dead
+	c.lg.mu.RUnlock()
+	if !ended {
+		return
+	}
+	// Once its QP is closed a link neither reads nor writes our buffers. The
+	// group's end closes its links; this waits for any close under way.
+	for _, l := range regs {
+		if l != nil {
+			l.close()
+		}
+	}
+	var bufs []*pooledBuf
+	c.mu.Lock()
+	if c.released {
+		c.mu.Unlock()
+		return
+	}
+	if b := c.detachBufLocked(false); b != nil {
+		bufs = append(bufs, b)
+		c.snd, c.sndHome = nil, nil
+	}
+	if c.rxCons == c.rxProd && !c.rxBusy {
+		if b := c.detachBufLocked(true); b != nil {
+			bufs = append(bufs, b)
+			c.rmb, c.rmbHome = nil, nil
+		}
+	}
+	for _, b := range bufs {
+		c.memHeld -= int64(b.size)
+	}
+	c.mu.Unlock()
+	for _, b := range bufs {
+		c.lg.drop(b)
+		c.e.unreserve(int64(b.size))
+	}
 }
 
 // testHookFailoverEnd lets tests act as a continuation ends, outside c.mu and

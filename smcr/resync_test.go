@@ -583,3 +583,64 @@ func TestCloseTimeoutEndsResend(t *testing.T) {
 		t.Fatalf("server read %d of %d bytes, then %v; want a reset before the end", len(got), len(up), err)
 	}
 }
+
+// TestContinuationGivesBuffersBack: a connection that continues over TCP after
+// its link group ended gives its send buffer back to max_memory at once, and its
+// RMB once read empty, while it lives on. Both were held until it closed, so
+// that after an outage every continued connection still counted its buffers and
+// new connections were refused SMC-R for memory.
+func TestContinuationGivesBuffersBack(t *testing.T) {
+	p, c, s, d := singleLinkPair(t, nil)
+	echoCheck(t, c, s)
+	// Bytes for the client that it has not read yet when the link fails.
+	if _, err := s.Write([]byte("unread")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "bytes in the client's RMB", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.rxProd-c.rxCons == 6
+	})
+	d.Fail()
+	p.srv.cfg.Devices[0].(*memverbs.Device).Fail() // the outage ends both groups
+	eventually(t, "continued", func() bool { return c.continued() && s.continued() })
+	eventually(t, "the server's buffers given back", func() bool { return p.srv.Stats().MemoryInUse == 0 })
+	if got, want := p.cli.Stats().MemoryInUse, int64(c.rmbSize); got != want {
+		t.Errorf("client holds %d bytes; want %d, its RMB with the unread bytes", got, want)
+	}
+	b := make([]byte, 6)
+	if _, err := io.ReadFull(c, b); err != nil || string(b) != "unread" {
+		t.Fatalf("%q %v", b, err)
+	}
+	echoCheck(t, c, s) // over TCP
+	if got := p.cli.Stats().MemoryInUse; got != 0 {
+		t.Errorf("client holds %d bytes after reading its RMB empty", got)
+	}
+	c.Close()
+	s.Close()
+	eventually(t, "released", func() bool {
+		return p.cli.Stats().MemoryInUse == 0 && p.srv.Stats().MemoryInUse == 0
+	})
+}
+
+// TestContinuationGivesBuffersBackAsGroupEnds: a connection that continued over
+// TCP while its link group lived on (the server declined after the client's
+// Confirm) keeps its buffers, which the group's links may still reach, and
+// gives them back when the group ends.
+func TestContinuationGivesBuffersBackAsGroupEnds(t *testing.T) {
+	p, good, gs, c, s := crossedDecline(t)
+	echoOK(t, c, s)
+	eventually(t, "continued", c.continued)
+	c.mu.Lock()
+	kept := c.rmb != nil && c.snd != nil
+	c.mu.Unlock()
+	if !kept {
+		t.Fatal("buffers given back while the link group lives")
+	}
+	good.lnk.fail(errors.New("test: the group's last link fails"))
+	eventually(t, "the client's buffers given back", func() bool { return p.cli.Stats().MemoryInUse == 0 })
+	echoOK(t, c, s)
+	for _, x := range []*Conn{c, s, good, gs} {
+		x.Close()
+	}
+}

@@ -144,7 +144,11 @@ func (c *Conn) smcRead(p []byte) (int, bool, error) {
 			return n, urgent, nil
 		}
 		if c.fo && !c.appClosed && avail == 0 && c.foReady {
+			shed := c.rmb != nil
 			c.mu.Unlock()
+			if shed {
+				c.shedBuffers() // read empty: the RMB serves no more
+			}
 			n, urgent, err := c.readMarkedTCP(c.tcp, p)
 			c.cs.rx.Add(uint64(n))
 			c.e.st.fbRx.Add(uint64(n))
