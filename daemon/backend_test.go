@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"net"
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -102,5 +104,31 @@ func TestDualPortDevices(t *testing.T) {
 	}
 	if got := d.device("mlx5_0", 2); got == nil || got.Port().Netdev != "eth1" {
 		t.Fatalf("device(mlx5_0, 2) = %v, want the one on eth1", got)
+	}
+}
+
+// TestConnIDsUnique: the connections smcrctl lists have distinct IDs. Those
+// the engine ran and fell back, and those smcrd carried as plain TCP without
+// CLC, took theirs from two sequences: the first of each was connection 1.
+func TestConnIDsUnique(t *testing.T) {
+	d, _ := policyDaemon(t, config.Default(), nil)
+	d.conns = map[uint64]*tracked{}
+	a, b := net.Pipe()
+	defer b.Close()
+	c, err := d.engine.Client(context.Background(), a) // no device: a fallback at once
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	plain := &tracked{local: netip.MustParseAddrPort("10.0.0.1:1000"), remote: netip.MustParseAddrPort("10.0.0.2:2000"),
+		reason: "peer did not echo the option", side: control.SidePeer}
+	d.track(plain)
+	defer d.untrack(plain)
+	cs, err := d.Conns(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cs) != 2 || cs[0].ID == cs[1].ID {
+		t.Fatalf("connections %+v; want two with distinct IDs", cs)
 	}
 }

@@ -115,7 +115,6 @@ type Daemon struct {
 
 	connMu sync.Mutex
 	conns  map[uint64]*tracked
-	connID atomic.Uint64
 	wg     sync.WaitGroup // accept loops and connection handlers
 
 	st daemonStats
@@ -507,7 +506,9 @@ func (d *Daemon) acceptLoop(ln net.Listener, serve func(*net.TCPConn)) {
 }
 
 func (d *Daemon) track(t *tracked) {
-	t.id = d.connID.Add(1)
+	// From the engine's sequence: the engine's fallbacks are listed beside
+	// these, and two sequences gave the first of each ID 1.
+	t.id = d.engine.NewConnID()
 	d.connMu.Lock()
 	d.conns[t.id] = t
 	d.connMu.Unlock()

@@ -495,6 +495,10 @@ func (e *Engine) newConn(tcp net.Conn, client bool) *Conn {
 	return c
 }
 
+// NewConnID returns an ID no connection of the engine has or will have
+// (ConnInfo.ID), for connections an application lists beside the engine's.
+func (e *Engine) NewConnID() uint64 { return e.connSeq.Add(1) }
+
 func (e *Engine) untrack(c *Conn) {
 	e.mu.Lock()
 	delete(e.conns, c.id)
