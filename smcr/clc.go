@@ -427,7 +427,9 @@ func (e *Engine) server(ctx context.Context, tcp net.Conn, listenerAddrs []net.A
 		}
 		// The client's link failed after it sent the Confirm: it activated and
 		// began to continue over TCP. Activate too and read its resync.
+		c.mu.Lock() // for Engine.Conns
 		c.tcp = &readAheadConn{Conn: c.tcp, r: br}
+		c.mu.Unlock()
 	}
 	if code, err := e.serverConfirm(ctx, c, conf); err != nil {
 		if ctxOver(ctx) {

@@ -357,8 +357,8 @@ func (c *Conn) linkFailed() bool {
 
 // activate makes a set-up connection usable.
 func (c *Conn) activate() {
-	c.mode = ModeSMCR
 	c.mu.Lock()
+	c.mode = ModeSMCR // under c.mu for Engine.Conns, as the fields CLC set before
 	c.activated = true
 	c.updateState("clc done")
 	pending := c.ctlPending

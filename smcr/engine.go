@@ -547,10 +547,11 @@ func (e *Engine) Conns() []ConnInfo {
 	slices.SortFunc(cs, func(a, b *Conn) int { return int(a.id - b.id) })
 	out := make([]ConnInfo, 0, len(cs))
 	for _, c := range cs {
-		ci := ConnInfo{ID: c.id, Mode: c.mode, Client: c.client, Local: c.tcp.LocalAddr(),
-			Remote: c.tcp.RemoteAddr(), Decline: c.decline, Stats: c.Stats()}
+		// Under c.mu: a connection is listed while it sets up, and CLC sets
+		// its mode, decline and TCP connection under c.mu.
 		c.mu.Lock()
-		ci.State = c.st.String()
+		ci := ConnInfo{ID: c.id, Mode: c.mode, Client: c.client, Local: c.tcp.LocalAddr(),
+			Remote: c.tcp.RemoteAddr(), Decline: c.decline, Stats: c.Stats(), State: c.st.String()}
 		if c.mode == ModeSMCR {
 			ci.LinkGroup, ci.Token, ci.PeerToken = c.lg.id, c.token, c.peerToken
 			ci.RMBSize, ci.PeerRMB = int(c.rmbSize), int(c.peerSize)

@@ -815,3 +815,40 @@ func echoRaw(t *testing.T, c net.Conn) {
 		t.Fatalf("echo %q %v", got, err)
 	}
 }
+
+// TestConnsDuringSetup: Conns (smcrctl conns) lists connections while they set
+// up, SMC-R or falling back, without a data race on the mode, decline and TCP
+// connection CLC sets (go test -race).
+func TestConnsDuringSetup(t *testing.T) {
+	p := memPair(t)
+	bare := newEngine(t, Config{}) // no device: its connections fall back at once
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			for _, e := range []*Engine{p.cli, p.srv, bare} {
+				e.Conns()
+			}
+			time.Sleep(10 * time.Microsecond)
+		}
+	}()
+	for range 10 {
+		c, s := p.connect(t)
+		c.Close()
+		s.Close()
+		a, b := net.Pipe()
+		fc, err := bare.Client(context.Background(), a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fc.Close()
+		b.Close()
+	}
+	close(stop)
+	<-done
+}

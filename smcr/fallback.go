@@ -68,7 +68,9 @@ func (e *Engine) fallback(c *Conn, code DeclineCode, side Side, send bool, cause
 		c.endCLC()
 	}
 	c.tcp.SetDeadline(noDeadline)
+	c.mu.Lock() // for Engine.Conns
 	c.mode, c.decline = ModeFallback, d
+	c.mu.Unlock()
 	c.fb = c.tcp
 	skip := c.clcUnread // the rest of a message read in part, before anything else
 	switch {
