@@ -940,3 +940,31 @@ func TestLinkGroupTotalsAfterFailover(t *testing.T) {
 	}
 	p.closeAll(t, conns)
 }
+
+// TestFirstLinkFailsDuringAddLink: the group's only live link fails while the
+// client builds the second one (ADD_LINK). The group ends and its connection
+// continues over TCP with its bytes; the half-built link and the server's are
+// freed, and nothing is left on the devices once the connection closes.
+func TestFirstLinkFailsDuringAddLink(t *testing.T) {
+	c1, c2, s1, s2 := fourDevices(t)
+	g := &gatedDevice{Device: c2, entered: make(chan struct{}), release: make(chan struct{})}
+	cfg := func(d ...verbs.Device) Config { return Config{Devices: d, TestLinkInterval: -1} }
+	p := newPair(t, cfg(c1, g), cfg(s1, s2))
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	select {
+	case <-g.entered: // the client answers ADD_LINK: its second link is being made
+	case <-time.After(5 * time.Second):
+		t.Fatal("no ADD_LINK")
+	}
+	c1.Fail()
+	eventually(t, "continued", func() bool { return c.continued() && s.continued() })
+	close(g.release)
+	echoCheck(t, c, s)
+	eventually(t, "no link group left", func() bool { return p.cli.Stats().LinkGroups == 0 && p.srv.Stats().LinkGroups == 0 })
+	c.Close()
+	s.Close()
+	for _, d := range []*memverbs.Device{c1, c2, s1, s2} {
+		eventually(t, d.Name()+" freed", func() bool { return d.Live() == memverbs.Resources{} })
+	}
+}
