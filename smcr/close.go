@@ -503,7 +503,13 @@ func (c *Conn) setPeer(li *clc.LinkInfo) (DeclineCode, error) {
 		return clc.DeclineInternalRegBuf, fmt.Errorf("alloc send buffer: %w", err)
 	}
 	// (With the link gone during setup there may be no buffer: the connection
-	// continues over TCP at once and never writes through the link.)
+	// continues over TCP at once and never writes through the link. Nor does
+	// it hold the buffer's memory, which nothing would give back before it
+	// closed.)
+	if err != nil {
+		c.memHeld -= int64(size)
+		c.e.unreserve(int64(size))
+	}
 	c.mu.Lock()
 	if err == nil {
 		c.snd, c.sndHome = mr, c.lnk

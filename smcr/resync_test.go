@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -641,6 +642,80 @@ func TestContinuationGivesBuffersBackAsGroupEnds(t *testing.T) {
 	eventually(t, "the client's buffers given back", func() bool { return p.cli.Stats().MemoryInUse == 0 })
 	echoOK(t, c, s)
 	for _, x := range []*Conn{c, s, good, gs} {
+		x.Close()
+	}
+}
+
+// hookDevice is a memverbs device whose PDs run hook, when set, before each
+// AllocMR; an error from it is AllocMR's.
+type hookDevice struct {
+	*memverbs.Device
+	hook atomic.Pointer[func(size int, access verbs.Access) error]
+}
+
+type hookPD struct {
+	verbs.PD
+	d *hookDevice
+}
+
+func (d *hookDevice) AllocPD() (verbs.PD, error) {
+	pd, err := d.Device.AllocPD()
+	if err != nil {
+		return nil, err
+	}
+	return &hookPD{PD: pd, d: d}, nil
+}
+
+func (p *hookPD) AllocMR(size int, access verbs.Access) (verbs.MR, error) {
+	if h := p.d.hook.Load(); h != nil {
+		if err := (*h)(size, access); err != nil {
+			return nil, err
+		}
+	}
+	return p.PD.AllocMR(size, access)
+}
+
+func (p *hookPD) RegisterMR(other verbs.MR, access verbs.Access) (verbs.MR, error) {
+	return p.PD.(verbs.Registrar).RegisterMR(other, access)
+}
+
+// TestSendBufferLostInSetupNotCounted: a server whose link fails as it makes a
+// connection's send buffer activates the connection without one, to continue
+// over TCP. The memory it held for that buffer went on counting against
+// max_memory until the connection closed.
+func TestSendBufferLostInSetupNotCounted(t *testing.T) {
+	dc, ds := twoDevices(t)
+	hd := &hookDevice{Device: ds}
+	p := newPair(t, Config{Devices: []verbs.Device{dc}, TestLinkInterval: -1}, Config{Devices: []verbs.Device{hd}, TestLinkInterval: -1})
+	first, fs := p.connect(t)
+	mustSMC(t, first, fs)
+	fail := func(size int, access verbs.Access) error {
+		if access != verbs.AccessLocalWrite || size < minRMB {
+			return nil // a link's own slots
+		}
+		hd.hook.Store(nil)
+		ds.Fail()
+		// Until the group's end has reached every connection, this one too.
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			p.srv.mu.Lock()
+			down := true
+			for _, c := range p.srv.conns {
+				down = down && c.linkFailed()
+			}
+			p.srv.mu.Unlock()
+			if down {
+				break
+			}
+		}
+		return verbs.ErrClosed
+	}
+	hd.hook.Store(&fail)
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	eventually(t, "continued", func() bool { return c.continued() && s.continued() && first.continued() && fs.continued() })
+	echoOK(t, c, s)
+	eventually(t, "the server's memory given back", func() bool { return p.srv.Stats().MemoryInUse == 0 })
+	for _, x := range []*Conn{c, s, first, fs} {
 		x.Close()
 	}
 }
