@@ -122,7 +122,10 @@ func (c *Conn) Close() error {
 	// finish (no new Write starts now), as Linux's close waits for the socket
 	// lock that sendmsg and the switch of a connection to another link hold.
 	c.awaitPostersLocked(true)
-	send := !c.localTerm && !c.lnkErr && !c.fo
+	// With c.err set and the link up, an abort (ours, or our answer to the
+	// peer's) is queued for the worker: a closed flag ahead of it would show
+	// the peer a graceful end, EOF where it must read ErrReset.
+	send := !c.localTerm && !c.lnkErr && !c.fo && c.err == nil
 	if send {
 		c.localTerm, c.localDone = true, true
 	}

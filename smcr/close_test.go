@@ -116,6 +116,29 @@ func TestAbort(t *testing.T) {
 	}
 }
 
+// TestAbortIsNoClose: the peer of an Abort reads the bytes written before it,
+// then ErrReset, never EOF: Close, which Abort ends with, sends no closed flag
+// ahead of the worker's abnormal close (a peer would take the stream for whole).
+func TestAbortIsNoClose(t *testing.T) {
+	p := memPair(t)
+	for range 10 {
+		c, s := p.connect(t)
+		mustSMC(t, c, s)
+		if _, err := c.Write([]byte("partial")); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Abort(); err != nil {
+			t.Fatal(err)
+		}
+		s.SetReadDeadline(time.Now().Add(5 * time.Second))
+		b, err := io.ReadAll(s)
+		if string(b) != "partial" || !errors.Is(err, ErrReset) {
+			t.Fatalf("peer of an abort read %q, %v; want ErrReset after the bytes", b, err)
+		}
+		s.Close()
+	}
+}
+
 func TestDeadlines(t *testing.T) {
 	p := newPair(t, Config{Devices: memDevices(t, 3), RMBSize: 16 << 10}, Config{Devices: memDevices(t, 3), RMBSize: 16 << 10})
 	c, s := p.connect(t)
