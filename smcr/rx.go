@@ -167,6 +167,10 @@ func (c *Conn) smcRead(p []byte) (int, bool, error) {
 		switch {
 		case c.appClosed:
 			err = net.ErrClosed
+		case len(p) == 0:
+			// As TCPConn's: not EOF or the error while bytes wait unread.
+			c.mu.Unlock()
+			return 0, false, nil
 		case c.err != nil && !(c.peerDone && errors.Is(c.err, ErrLinkDown)):
 			// The first cause: ErrReset when the peer aborted first, not when
 			// its abort answers ours (a protocol error we found, say).
@@ -176,9 +180,6 @@ func (c *Conn) smcRead(p []byte) (int, bool, error) {
 			// stream is whole though the link, or a continuation, failed
 			// after (as TCP's read after a FIN, and Linux's SOCK_DONE).
 			err = io.EOF
-		case len(p) == 0:
-			c.mu.Unlock()
-			return 0, false, nil
 		}
 		lnk := c.lnk
 		c.mu.Unlock()

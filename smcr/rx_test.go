@@ -236,3 +236,29 @@ func TestAwaitCLC(t *testing.T) {
 		t.Fatalf("ReadSpin off: %d spins, budget %v; want none", e.clcSpin.spins.Load()-spins, budget())
 	}
 }
+
+// TestZeroReadKeepsData: a zero-length Read returns 0 and no error, as
+// TCPConn's, also once the peer half-closed with bytes still unread: an EOF
+// there would tell the caller the stream ended before them.
+func TestZeroReadKeepsData(t *testing.T) {
+	p := memPair(t)
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	if _, err := s.Write([]byte("abc")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "sending done seen", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.peerDone
+	})
+	if n, err := c.Read(nil); n != 0 || err != nil {
+		t.Fatalf("zero-length read with 3 bytes unread: %d, %v", n, err)
+	}
+	if b, err := io.ReadAll(c); string(b) != "abc" || err != nil {
+		t.Fatalf("read %q, %v", b, err)
+	}
+}
