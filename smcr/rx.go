@@ -131,7 +131,10 @@ func (c *Conn) smcRead(p []byte) (int, bool, error) {
 			c.rxBusy = false
 			c.rxCons += uint64(n)
 			c.passMarkLocked()
-			update := c.rxCons-c.rxConfirmed >= max(c.rmbSize/10, 1)
+			// Taking an urgent byte reports the cursor at once, as smc_rx does:
+			// a Linux writer sends nothing after urgent data until the peer has
+			// confirmed consuming all of it (urg_tx_pend).
+			update := urgent || c.rxCons-c.rxConfirmed >= max(c.rmbSize/10, 1)
 			closed := c.appClosed
 			c.mu.Unlock()
 			if closed {

@@ -156,3 +156,29 @@ func TestUrgentAcrossContinuation(t *testing.T) {
 		t.Fatalf("read %q, urgent bytes at %v; want \"ab!cd\", [2]", got, marks)
 	}
 }
+
+// TestUrgentReadReportsConsumption: the Read that takes an urgent byte sends our
+// consumer cursor at once, however little was read since the last one: a Linux
+// writer sends nothing after urgent data until its peer has confirmed consuming
+// every byte (smc_tx's urg_tx_pend), and a few bytes are far from the 10% rule.
+func TestUrgentReadReportsConsumption(t *testing.T) {
+	p := memPair(t)
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	if _, err := s.Write([]byte("ab")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.WriteUrgent('!'); err != nil {
+		t.Fatal(err)
+	}
+	s.CloseWrite()
+	got, marks := markedStream(t, c, make(chan int, 1))
+	if string(got) != "ab!" || !slices.Equal(marks, []int{2}) {
+		t.Fatalf("read %q, urgent bytes at %v", got, marks)
+	}
+	eventually(t, "the writer sees the urgent byte consumed", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.txCons == s.txProd
+	})
+}
