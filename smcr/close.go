@@ -154,13 +154,18 @@ func (c *Conn) closeTimedOut() {
 	}
 	c.e.log.Info("smcr: peer did not close in time, aborting", "conn", c.id)
 	c.peerClosed = true // stop waiting for it
-	fo := c.fo
+	fo, aborted := c.fo, c.localAbort
 	c.abortLocked(ErrAborted)
 	c.mu.Unlock()
 	if fo {
 		// A continuation's resend to a peer that does not read would hold the
 		// connection for ever: reset it, as Abort does, and failover releases.
 		resetTCP(c.tcp)
+	}
+	if aborted {
+		// Our abort went before (and likely completed): abortLocked queued
+		// nothing, and no completion is left to release the connection.
+		c.maybeRelease()
 	}
 }
 

@@ -508,3 +508,27 @@ func TestCloseDuringNewLinkGroup(t *testing.T) {
 	}
 	eventually(t, "the link freed", func() bool { return d.Live() == memverbs.Resources{} })
 }
+
+// TestCloseTimeoutAfterAbort: a peer that never answers our abnormal close (its
+// software hung, or a hostile peer that broke the protocol and went silent)
+// does not hold the connection either: CloseTimeout after Close it is released.
+func TestCloseTimeoutAfterAbort(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	cfg := func() Config { return Config{Devices: memDevices(t, verbs.KindSoft), CloseTimeout: timeout} }
+	p := newPair(t, cfg(), cfg())
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	s.mu.Lock()
+	s.localTerm = true // it answers no abort (onCDC)
+	s.mu.Unlock()
+	if err := c.Abort(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "released after the timeout", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.released
+	})
+	s.Close()
+	eventually(t, "peer released", func() bool { return p.srv.Stats().MemoryInUse == 0 })
+}
