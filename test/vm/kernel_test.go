@@ -1,0 +1,74 @@
+package vm
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// aptStubs are stand-ins for the tools kernel.sh calls, over lists that name
+// linux-image-6.1.0-98-amd64 until "apt-get update" makes them name -99, and
+// an archive that serves only -99: a machine whose lists predate a Debian
+// kernel update, as on one kept from an earlier session.
+var aptStubs = map[string]string{
+	"apt-cache": `#!/bin/sh
+[ "$1" = depends ] || exit 1
+echo linux-image-amd64
+if [ -e "$STUB_STATE/updated" ]; then echo "  Depends: linux-image-6.1.0-99-amd64"
+else echo "  Depends: linux-image-6.1.0-98-amd64"; fi
+`,
+	"apt-get": `#!/bin/sh
+case $1 in
+update) touch "$STUB_STATE/updated" ;;
+download)
+	echo "$2" >>"$STUB_STATE/downloads"
+	[ "$2" = linux-image-6.1.0-99-amd64 ] || { echo "E: Failed to fetch $2: 404  Not Found" >&2; exit 100; }
+	touch "$2_6.1.999-1_amd64.deb" ;;
+*) exit 1 ;;
+esac
+`,
+	"dpkg-deb": `#!/bin/sh
+[ "$1" = -x ] && mkdir -p "$3/boot"
+`,
+	"depmod": "#!/bin/sh\n",
+}
+
+// TestKernelAfterDebianUpdate: when the lists name a kernel package the archive no
+// longer serves, kernel.sh refreshes them and fetches the kernel they then name,
+// instead of failing every VM test until someone runs apt-get update by hand.
+func TestKernelAfterDebianUpdate(t *testing.T) {
+	stubs, state, cache := t.TempDir(), t.TempDir(), t.TempDir()
+	for name, body := range aptStubs {
+		if err := os.WriteFile(filepath.Join(stubs, name), []byte(body), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run := func() string {
+		t.Helper()
+		cmd := exec.Command(filepath.Join(Dir(), "kernel.sh"))
+		cmd.Env = append(os.Environ(), "PATH="+stubs+":"+os.Getenv("PATH"), "STUB_STATE="+state, "SMCR_VM_CACHE="+cache)
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("kernel.sh: %v\n%s", err, stderr.String())
+		}
+		return strings.TrimSpace(string(out))
+	}
+	if got := run(); got != "6.1.0-99-amd64" {
+		t.Fatalf("kernel.sh printed %q, want 6.1.0-99-amd64", got)
+	}
+	if _, err := os.Stat(filepath.Join(cache, "kernel-6.1.0-99-amd64", ".done")); err != nil {
+		t.Fatalf("kernel not unpacked: %v", err)
+	}
+	// A second run finds it in the cache and downloads nothing.
+	before, _ := os.ReadFile(filepath.Join(state, "downloads"))
+	if got := run(); got != "6.1.0-99-amd64" {
+		t.Fatalf("second run printed %q", got)
+	}
+	if after, _ := os.ReadFile(filepath.Join(state, "downloads")); string(after) != string(before) {
+		t.Fatalf("second run downloaded again: %q", after)
+	}
+}
