@@ -95,12 +95,13 @@ func pcap(frames [][]byte) []byte {
 
 // Check writes frames to a pcap, has tshark decode it, and compares, frame by frame,
 // every field named in want[i] with tshark's value (several occurrences joined by
-// commas; numbers compared by value). It skips the test only when tshark is missing.
+// commas; numbers compared by value). A missing tshark fails the test: the set-up
+// installs it, so its absence is a broken set-up, not a reason to check nothing.
 func Check(t *testing.T, names []string, frames [][]byte, want []map[string]string) {
 	t.Helper()
 	tshark, err := exec.LookPath("tshark")
 	if err != nil {
-		t.Skip("tshark not installed (scripts/deps.sh installs it)")
+		t.Fatalf("tshark is not installed: run scripts/deps.sh (%v)", err)
 	}
 	dir := t.TempDir()
 	path := filepath.Join(dir, "capture.pcap")

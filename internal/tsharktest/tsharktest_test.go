@@ -1,6 +1,11 @@
 package tsharktest
 
-import "testing"
+import (
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+)
 
 func TestSameValue(t *testing.T) {
 	for _, c := range []struct {
@@ -24,4 +29,15 @@ func TestFramingDecodes(t *testing.T) {
 	}})
 	frames = RoCESends([][]byte{make([]byte, 44)})
 	Check(t, []string{"send"}, frames, []map[string]string{{"udp.dstport": "4791", "infiniband.bth.opcode": "4"}})
+}
+
+// TestMissingTsharkFails: scripts/deps.sh installs tshark, so a machine without it
+// is set up wrong, and the wire-format checks must fail there, not skip.
+func TestMissingTsharkFails(t *testing.T) {
+	cmd := exec.Command(os.Args[0], "-test.run=^TestFramingDecodes$", "-test.v")
+	cmd.Env = append(os.Environ(), "PATH="+t.TempDir())
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "scripts/deps.sh") {
+		t.Fatalf("without tshark: err %v, want a failure naming scripts/deps.sh:\n%s", err, out)
+	}
 }
