@@ -12,6 +12,7 @@ import (
 	"go/build"
 	"io"
 	"net/netip"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -46,7 +47,7 @@ func buildCommand(t *testing.T) string {
 func TestTwoNamespaces(t *testing.T) {
 	p := nstest.NewPair(t)
 	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("needs iproute2's ip to run commands in network namespaces")
+		t.Fatalf("iproute2's ip runs commands in network namespaces: run scripts/deps.sh (%v)", err)
 	}
 	bin := buildCommand(t)
 	for i, provider := range []string{"shm", "soft"} {
@@ -92,6 +93,18 @@ func TestTwoNamespaces(t *testing.T) {
 				t.Fatal("server (-once) still running after its client finished")
 			}
 		})
+	}
+}
+
+// TestMissingIPFails: scripts/deps.sh installs iproute2, so without ip the
+// cross-process test must fail, not skip.
+func TestMissingIPFails(t *testing.T) {
+	nstest.Require(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestTwoNamespaces$", "-test.v")
+	cmd.Env = append(os.Environ(), "PATH="+t.TempDir())
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "scripts/deps.sh") {
+		t.Fatalf("without ip: err %v, want a failure naming scripts/deps.sh:\n%s", err, out)
 	}
 }
 
