@@ -1,8 +1,15 @@
 # smcr — make help lists the targets.
-GO        ?= go
 FUZZTIME  ?= 20s
 BENCHTIME ?= 1s
 PKGS      := ./...
+# Go lives in /usr/local/go on these machines; a shell without a login profile,
+# or sudo, may not have it on PATH. Recipes and the tests they run need it there.
+# ($(shell) does not see an exported PATH in make 4.3, hence GO's full path.)
+ifeq ($(shell command -v go),)
+export PATH := $(PATH):/usr/local/go/bin
+GO        ?= /usr/local/go/bin/go
+endif
+GO        ?= go
 # The race pass leaves out what spawns binaries or boots the VM (their own
 # timeouts do not stretch tenfold) and the benchmark driver.
 RACE_PKGS  = $(shell $(GO) list ./... | grep -v -e /test/ -e /bench$$ -e /cmd/smcrbench$$)
