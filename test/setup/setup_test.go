@@ -3,9 +3,15 @@
 package setup
 
 import (
+	"archive/zip"
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -39,5 +45,87 @@ func TestMakeFindsGo(t *testing.T) {
 	want := "/usr/local/go/bin/go\ngithub.com/smcr-io/smcr/"
 	if err != nil || !strings.HasPrefix(string(out), want) {
 		t.Fatalf("make found go and the race packages as %q (%v), want %q...", out, err, want)
+	}
+}
+
+// TestDepsInstallsGo: on a machine without Go, scripts/deps.sh installs the
+// version go.mod names from the toolchain module on the Go module proxy, then
+// downloads the modules with it. Stand-ins answer for dpkg-query (every package
+// installed) and curl (a fake toolchain archive, its checksum given).
+func TestDepsInstallsGo(t *testing.T) {
+	for _, dir := range filepath.SplitList(basePATH) {
+		if _, err := os.Stat(filepath.Join(dir, "go")); err == nil {
+			t.Skipf("a go in %s, on Debian's PATH: deps.sh would use it", dir)
+		}
+	}
+	gomod, err := os.ReadFile(filepath.Join(root, "go.mod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^go (\S+)$`).FindSubmatch(gomod)
+	if m == nil {
+		t.Fatal("go.mod has no go line")
+	}
+	want := string(m[1])
+	stubs, state, dest := t.TempDir(), t.TempDir(), t.TempDir()
+	arch := map[string]string{"amd64": "amd64", "arm64": "arm64"}[runtime.GOARCH]
+	if arch == "" {
+		t.Skipf("deps.sh installs Go for amd64 and arm64, not %s", runtime.GOARCH)
+	}
+	prefix := "golang.org/toolchain@v0.0.1-go" + want + ".linux-" + arch + "/"
+	var zb bytes.Buffer
+	zw := zip.NewWriter(&zb)
+	for name, body := range map[string]string{
+		"VERSION": "go" + want + "\n",
+		"bin/go": "#!/bin/sh\ncase $1 in env) echo go" + want + " ;; " +
+			"mod) echo \"$@\" >>\"$STUB_STATE/go.log\" ;; esac\n",
+		"pkg/tool/linux_" + arch + "/compile": "#!/bin/sh\n",
+	} {
+		w, err := zw.Create(prefix + name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.Write([]byte(body))
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	archive := filepath.Join(state, "go.zip")
+	if err := os.WriteFile(archive, zb.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for name, body := range map[string]string{
+		"dpkg-query": "#!/bin/sh\nprintf 'install ok installed'\n",
+		"curl": "#!/bin/sh\nwhile [ $# -gt 1 ]; do [ \"$1\" = -o ] && cp \"$STUB_STATE/go.zip\" \"$2\"; shift; done\n" +
+			"echo \"$1\" >\"$STUB_STATE/url\"\n",
+	} {
+		if err := os.WriteFile(filepath.Join(stubs, name), []byte(body), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	goroot := filepath.Join(dest, "go")
+	sum := sha256.Sum256(zb.Bytes())
+	run := func() {
+		t.Helper()
+		cmd := exec.Command(filepath.Join(root, "scripts", "deps.sh"))
+		cmd.Env = append(os.Environ(), "PATH="+stubs+":"+basePATH, "STUB_STATE="+state,
+			"SMCR_GOROOT="+goroot, "SMCR_GO_SHA256="+hex.EncodeToString(sum[:]), "GOPROXY=https://proxy.example")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("deps.sh: %v\n%s", err, out)
+		}
+	}
+	run()
+	if url, _ := os.ReadFile(filepath.Join(state, "url")); strings.TrimSpace(string(url)) !=
+		"https://proxy.example/golang.org/toolchain/@v/v0.0.1-go"+want+".linux-"+arch+".zip" {
+		t.Errorf("fetched %q", url)
+	}
+	if log, _ := os.ReadFile(filepath.Join(state, "go.log")); string(log) != "mod download\n" {
+		t.Fatalf("the installed go ran %q, want mod download", log)
+	}
+	// A second run finds it and fetches nothing.
+	os.Remove(filepath.Join(state, "url"))
+	run()
+	if _, err := os.Stat(filepath.Join(state, "url")); err == nil {
+		t.Fatal("the second run fetched Go again")
 	}
 }
