@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bin=$PWD/bin
+bin=${SMCR_DEMO_BIN:-$PWD/bin} # the tests' own builds
 [ -x "$bin/smcrd" ] && [ -x "$bin/smcrctl" ] || { echo "demo: run make build first" >&2; exit 1; }
 [ "$(id -u)" -eq 0 ] || { echo "demo: run as root (namespaces, cgroups, BPF)" >&2; exit 1; }
 
@@ -96,6 +96,15 @@ say "smcrctl links (host a)"
 ctl a links
 wait "$ipf"
 smcr=$(rate < "$work/smcr.json")
+# iperf3 gets through as plain TCP too, when smcrd redirected nothing or fell
+# back: the demo shows SMC-R only if its connections went SMC-R.
+went=$(ctl a stats --json | python3 -c 'import json,sys; c=json.load(sys.stdin)["connections"]; print(c["smcr"] if c["fallback"] == 0 else 0)')
+if [ "$went" -eq 0 ]; then
+	echo "demo: iperf3 did not go through SMC-R; host a's counters and the smcrds' logs:" >&2
+	ctl a stats >&2
+	tail -n 20 "$work"/smcrd-*.log >&2
+	exit 1
+fi
 
 say "iperf3 -c 198.18.0.2 -p $plain from host a: plain TCP over the same veth"
 (on a iperf3 -c 198.18.0.2 -p "$plain" -t 5 -J > "$work/tcp.json")

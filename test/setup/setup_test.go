@@ -129,3 +129,59 @@ func TestDepsInstallsGo(t *testing.T) {
 		t.Fatal("the second run fetched Go again")
 	}
 }
+
+// TestDemo runs the main job, scripts/demo.sh (make demo), on freshly built
+// smcrd and smcrctl: iperf3 between two namespaces, through SMC-R.
+func TestDemo(t *testing.T) {
+	bin := demoBin(t)
+	out, err := runDemo(bin)
+	if err != nil {
+		t.Fatalf("demo: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, "through SMC-R (smcrd, shm provider):") {
+		t.Fatalf("demo printed no result:\n%s", out)
+	}
+}
+
+// TestDemoFailsWithoutSMCR: a demo whose iperf3 did not go through SMC-R shows
+// nothing of what it claims, and must say so and fail. An smcrd whose
+// port_range_list leaves out the demo's port redirects nothing.
+func TestDemoFailsWithoutSMCR(t *testing.T) {
+	bin := demoBin(t)
+	real := filepath.Join(bin, "smcrd.real")
+	if err := os.Rename(filepath.Join(bin, "smcrd"), real); err != nil {
+		t.Fatal(err)
+	}
+	wrapper := "#!/bin/sh\n[ \"$1\" = -config ] && sed -i 's/^port_range_list = .*/port_range_list = 6000/' \"$2\"\nexec " + real + " \"$@\"\n"
+	if err := os.WriteFile(filepath.Join(bin, "smcrd"), []byte(wrapper), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runDemo(bin)
+	if err == nil || !strings.Contains(out, "did not go through SMC-R") {
+		t.Fatalf("demo without SMC-R: %v, want a failure saying so:\n%s", err, out)
+	}
+}
+
+// demoBin builds smcrd and smcrctl for the demo into a directory of the test's.
+func demoBin(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: network namespaces, cgroups and BPF")
+	}
+	bin := t.TempDir()
+	for _, pkg := range []string{"./cmd/smcrd", "./cmd/smcrctl"} {
+		cmd := exec.Command("go", "build", "-o", bin+"/", pkg)
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go build %s: %v\n%s", pkg, err, out)
+		}
+	}
+	return bin
+}
+
+func runDemo(bin string) (string, error) {
+	cmd := exec.Command(filepath.Join(root, "scripts", "demo.sh"))
+	cmd.Env = append(os.Environ(), "SMCR_DEMO_BIN="+bin)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
