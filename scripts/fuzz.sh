@@ -6,7 +6,10 @@ cd "$(dirname "$0")/.."
 t=${1:-20s}
 n=0
 for pkg in $(go list ./...); do
-	for f in $(go test -list '^Fuzz' "$pkg" 2>/dev/null | grep '^Fuzz' || true); do
+	# A package whose tests do not build fails the run: its targets would go
+	# unfuzzed while the others pass.
+	list=$(go test -list '^Fuzz' "$pkg") || { echo "fuzz: cannot list the fuzz targets of $pkg" >&2; exit 1; }
+	for f in $(grep '^Fuzz' <<<"$list" || true); do
 		echo "fuzz $pkg $f ($t)"
 		# -parallel 1: on these 2-core machines more workers only slow the seed
 		# corpus run, which then outlasts a short -fuzztime.

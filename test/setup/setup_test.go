@@ -185,3 +185,43 @@ func runDemo(bin string) (string, error) {
 	out, err := cmd.CombinedOutput()
 	return string(out), err
 }
+
+// TestFuzzFailsOnBrokenPackage: scripts/fuzz.sh (make fuzz) fails when a
+// package's tests do not build, rather than fuzzing the others and passing.
+func TestFuzzFailsOnBrokenPackage(t *testing.T) {
+	mod := t.TempDir()
+	for name, body := range map[string]string{
+		"go.mod":                "module fuzzcheck\n\ngo 1.22\n",
+		"good/good.go":          "package good\n",
+		"good/good_test.go":     "package good\n\nimport \"testing\"\n\nfunc FuzzGood(f *testing.F) { f.Fuzz(func(t *testing.T, b []byte) {}) }\n",
+		"broken/broken.go":      "package broken\n",
+		"broken/broken_test.go": "package broken\n\nimport \"testing\"\n\nfunc FuzzBroken(f *testing.F) { undefined() }\n",
+	} {
+		path := filepath.Join(mod, name)
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	script, err := os.ReadFile(filepath.Join(root, "scripts", "fuzz.sh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(mod, "scripts"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(mod, "scripts", "fuzz.sh"), script, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(mod, "scripts", "fuzz.sh"), "1s")
+	cmd.Env = append(os.Environ(), "GOWORK=off")
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		t.Fatalf("fuzz.sh passed with a package whose tests do not build:\n%s", out)
+	}
+	if !strings.Contains(string(out), "broken") {
+		t.Fatalf("fuzz.sh failed without naming the broken package (%v):\n%s", err, out)
+	}
+}
