@@ -102,10 +102,11 @@ type host struct {
 	pinDir string
 	shmDir string
 
-	smcrd *exec.Cmd
-	log   *syncWriter
-	done  chan struct{}
-	ctl   *control.Client
+	smcrd   *exec.Cmd
+	log     *syncWriter
+	done    chan struct{}
+	exitErr error // smcrd's exit, once done is closed
+	ctl     *control.Client
 }
 
 // hosts makes a pair of hosts A (198.18.0.1) and B (198.18.0.2), each with a
@@ -209,7 +210,7 @@ func (h *host) start(conf ...string) {
 	}
 	h.smcrd = cmd
 	h.done = make(chan struct{})
-	go func() { cmd.Wait(); close(h.done) }()
+	go func() { h.exitErr = cmd.Wait(); close(h.done) }()
 	h.ctl = control.NewClient(sock)
 	deadline := time.Now().Add(15 * time.Second)
 	for {
@@ -239,6 +240,10 @@ func (h *host) stop() {
 	h.smcrd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-h.done:
+		// A drain that ends in a panic or an error exit is a failure too.
+		if h.exitErr != nil {
+			h.t.Errorf("smcrd on %s ended on SIGTERM with %v", h.name, h.exitErr)
+		}
 	case <-time.After(15 * time.Second):
 		h.smcrd.Process.Kill()
 		<-h.done
@@ -380,4 +385,38 @@ func (h *host) conns() []control.Conn {
 		h.t.Fatal(err)
 	}
 	return c
+}
+
+// recordTB keeps the errors a harness function reports instead of failing the test.
+type recordTB struct {
+	testing.TB
+	errs []string
+}
+
+func (r *recordTB) Errorf(format string, args ...any) {
+	r.errs = append(r.errs, fmt.Sprintf(format, args...))
+}
+
+// TestStopSeesFailedExit: an smcrd that exits with an error status at SIGTERM
+// (a panic in its drain, say) fails the test that stops it. The stand-in runs
+// the real smcrd and, at SIGTERM, stops it and exits 3.
+func TestStopSeesFailedExit(t *testing.T) {
+	a, _ := hosts(t)
+	wrapper := filepath.Join(t.TempDir(), "smcrd")
+	script := "#!/bin/bash\n" + bins.smcrd + " \"$@\" &\npid=$!\n" +
+		"trap 'kill -TERM $pid; wait $pid; exit 3' TERM\nwait $pid\n"
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	real := bins.smcrd
+	bins.smcrd = wrapper
+	a.start()
+	bins.smcrd = real
+	rec := &recordTB{TB: t}
+	a.t = rec
+	a.stop()
+	a.t = t
+	if len(rec.errs) != 1 || !strings.Contains(rec.errs[0], "exit status 3") {
+		t.Fatalf("stop reported %q, want the exit status 3", rec.errs)
+	}
 }

@@ -536,6 +536,9 @@ func TestDrainOnSIGTERM(t *testing.T) {
 	}
 	select {
 	case <-a.done:
+		if a.exitErr != nil {
+			t.Errorf("smcrd's drain ended with %v:\n%s", a.exitErr, a.logText())
+		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("smcrd did not exit after draining")
 	}
