@@ -249,10 +249,7 @@ func (h *host) stop() {
 		<-h.done
 		h.t.Errorf("smcrd on %s did not stop on SIGTERM", h.name)
 	}
-	// make test-race runs this suite against an smcrd built with -race.
-	if strings.Contains(h.logText(), "DATA RACE") {
-		h.t.Errorf("the race detector found a data race in smcrd on %s", h.name)
-	}
+	h.checkRace()
 	if h.t.Failed() {
 		h.t.Logf("smcrd %s log:\n%s", h.name, h.logText())
 	}
@@ -264,7 +261,21 @@ func (h *host) stop() {
 func (h *host) kill() {
 	h.smcrd.Process.Kill()
 	<-h.done
+	if h.checkRace() {
+		h.t.Logf("smcrd %s log:\n%s", h.name, h.logText())
+	}
 	h.smcrd = nil
+}
+
+// checkRace fails the test when the race detector reported in smcrd's log
+// (make test-race runs this suite against an smcrd built with -race). A killed
+// smcrd is checked too: a restart replaces the log.
+func (h *host) checkRace() bool {
+	if !strings.Contains(h.logText(), "DATA RACE") {
+		return false
+	}
+	h.t.Errorf("the race detector found a data race in smcrd on %s", h.name)
+	return true
 }
 
 func (h *host) logText() string {
@@ -397,26 +408,51 @@ func (r *recordTB) Errorf(format string, args ...any) {
 	r.errs = append(r.errs, fmt.Sprintf(format, args...))
 }
 
+// errorsOf runs f, a harness function of h, and returns the errors it reported
+// instead of failing the test with them.
+func (h *host) errorsOf(f func()) []string {
+	t := h.t
+	rec := &recordTB{TB: t}
+	h.t = rec
+	defer func() { h.t = t }()
+	f()
+	return rec.errs
+}
+
+// startStandIn starts, in place of smcrd, a script that runs it (the
+// harness's own tests).
+func (h *host) startStandIn(script string) {
+	h.t.Helper()
+	path := filepath.Join(h.t.TempDir(), "smcrd")
+	if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
+		h.t.Fatal(err)
+	}
+	real := bins.smcrd
+	bins.smcrd = path
+	defer func() { bins.smcrd = real }()
+	h.start()
+}
+
 // TestStopSeesFailedExit: an smcrd that exits with an error status at SIGTERM
 // (a panic in its drain, say) fails the test that stops it. The stand-in runs
 // the real smcrd and, at SIGTERM, stops it and exits 3.
 func TestStopSeesFailedExit(t *testing.T) {
 	a, _ := hosts(t)
-	wrapper := filepath.Join(t.TempDir(), "smcrd")
-	script := "#!/bin/bash\n" + bins.smcrd + " \"$@\" &\npid=$!\n" +
-		"trap 'kill -TERM $pid; wait $pid; exit 3' TERM\nwait $pid\n"
-	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
+	a.startStandIn("#!/bin/bash\n" + bins.smcrd + " \"$@\" &\npid=$!\n" +
+		"trap 'kill -TERM $pid; wait $pid; exit 3' TERM\nwait $pid\n")
+	if errs := a.errorsOf(a.stop); len(errs) != 1 || !strings.Contains(errs[0], "exit status 3") {
+		t.Fatalf("stop reported %q, want the exit status 3", errs)
 	}
-	real := bins.smcrd
-	bins.smcrd = wrapper
-	a.start()
-	bins.smcrd = real
-	rec := &recordTB{TB: t}
-	a.t = rec
-	a.stop()
-	a.t = t
-	if len(rec.errs) != 1 || !strings.Contains(rec.errs[0], "exit status 3") {
-		t.Fatalf("stop reported %q, want the exit status 3", rec.errs)
+}
+
+// TestKillSeesRace: a race smcrd reported before it was killed fails the test
+// (TestKill's transfers run against a race-built smcrd in make test-race, and
+// the restart that follows a kill replaces the log). The stand-in prints the
+// race detector's header, then runs the real smcrd.
+func TestKillSeesRace(t *testing.T) {
+	a, _ := hosts(t)
+	a.startStandIn("#!/bin/sh\necho 'WARNING: DATA RACE' >&2\nexec " + bins.smcrd + " \"$@\"\n")
+	if errs := a.errorsOf(a.kill); len(errs) != 1 || !strings.Contains(errs[0], "data race") {
+		t.Fatalf("kill reported %q, want the data race", errs)
 	}
 }
