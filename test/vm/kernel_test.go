@@ -1,6 +1,7 @@
 package vm
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -70,5 +71,27 @@ func TestKernelAfterDebianUpdate(t *testing.T) {
 	}
 	if after, _ := os.ReadFile(filepath.Join(state, "downloads")); string(after) != string(before) {
 		t.Fatalf("second run downloaded again: %q", after)
+	}
+}
+
+// TestRunWithoutKernel: when run.sh cannot prepare the VM (here no kernel
+// package can be resolved), Run says the guest did not run the command, rather
+// than passing on the harness's own exit status as the guest's.
+func TestRunWithoutKernel(t *testing.T) {
+	requireVM(t)
+	stubs := t.TempDir()
+	for name, body := range map[string]string{
+		"apt-cache": "#!/bin/sh\n",
+		"apt-get":   "#!/bin/sh\nexit 100\n",
+	} {
+		if err := os.WriteFile(filepath.Join(stubs, name), []byte(body), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv("PATH", stubs+":"+os.Getenv("PATH"))
+	t.Setenv("SMCR_VM_CACHE", t.TempDir())
+	res, err := Run(context.Background(), Options{Args: []string{"true"}})
+	if err == nil || !strings.Contains(err.Error(), "did not run the command") {
+		t.Fatalf("Run: exit %d, err %v, want an error saying the guest did not run the command\n%s", res.ExitCode, err, res.Output)
 	}
 }

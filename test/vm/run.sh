@@ -10,6 +10,9 @@
 # Its output is printed; the exit status is the command's, 124 when the VM ran out
 # of time (a hang fails instead of stalling CI), 125 when the VM did not run it.
 set -euo pipefail
+# Until qemu runs, a failure is the harness's (no kernel, no initramfs), not
+# the command's: 125, whatever status the failed step had.
+trap 'exit 125' ERR
 here=$(cd "$(dirname "$0")" && pwd)
 timeout_s=300
 mem=2048
@@ -81,6 +84,7 @@ fi
 # calls it unsynchronized and falls back to hpet, whose reads trap into qemu
 # (2-4 us per clock_gettime): tsc=reliable keeps the vDSO's cheap reads, which
 # the latency benchmarks rely on.
+trap - ERR
 set +e
 timeout --kill-after=10 "$timeout_s" qemu-system-x86_64 -accel tcg -cpu max -smp 2 -m "$mem" \
 	-nodefaults -display none -serial stdio -no-reboot \
