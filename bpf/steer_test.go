@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -377,12 +378,27 @@ func progID(t *testing.T, l *Loader) int {
 	return int(id)
 }
 
+// TestNonEthernetWarnedNeedsIP: without iproute2's ip, which the set-up
+// installs, TestNonEthernetWarned fails rather than skips.
+func TestNonEthernetWarnedNeedsIP(t *testing.T) {
+	nstest.Require(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestNonEthernetWarned$", "-test.v")
+	cmd.Env = append(os.Environ(), "PATH="+t.TempDir())
+	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "ip tuntap add") {
+		t.Fatalf("TestNonEthernetWarned without ip: %v, want its ip tuntap add to fail it:\n%s", err, out)
+	}
+}
+
 // TestNonEthernetWarned: tc ingress reads Ethernet headers, so listing a tun
 // device (no link-layer header) is worth a warning; a veth is not.
 func TestNonEthernetWarned(t *testing.T) {
 	p := nstest.NewPair(t)
+	// Only a kernel without TUN skips: a failing ip (or none) is a broken set-up.
+	if _, err := os.Stat("/dev/net/tun"); err != nil {
+		t.Skipf("kernel without TUN: %v", err)
+	}
 	if out, err := p.B.Command("ip", "tuntap", "add", "dev", "smcrtun0", "mode", "tun").CombinedOutput(); err != nil {
-		t.Skipf("no tun device here: %v: %s", err, out)
+		t.Fatalf("ip tuntap add: %v: %s", err, out)
 	}
 	var log bytes.Buffer
 	l := loadIn(t, p.B, Options{CgroupPath: testCgroup(t), Logger: slog.New(slog.NewTextHandler(&log, nil))})
