@@ -16,12 +16,17 @@ RACE_PKGS  = $(shell $(GO) list ./... | grep -v -e /test/ -e /bench$$ -e /cmd/sm
 PREFIX    ?= /usr/local
 DESTDIR   ?=
 
+# Serial even under -j (a MAKEFLAGS=-j in the environment): deps may install Go,
+# which build needs, and nothing here gains from parallel recipes (go
+# parallelises itself).
+.NOTPARALLEL:
+
 .PHONY: help deps build install test test-unit test-race test-vm bench-vm bench-go lint fmt vet generate check-generate fuzz bench demo install clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
-deps: ## install every system package and Go module the project needs (Debian, as root)
+deps: ## install every system package, Go itself where missing, and the Go modules the project needs (Debian, as root)
 	./scripts/deps.sh
 
 build: ## build smcrd, smcrctl (static, no cgo) and the tools into bin/

@@ -225,3 +225,23 @@ func TestFuzzFailsOnBrokenPackage(t *testing.T) {
 		t.Fatalf("fuzz.sh failed without naming the broken package (%v):\n%s", err, out)
 	}
 }
+
+// TestDemoAfterDeps: make demo builds only after scripts/deps.sh is done (it
+// may install Go), under -j too, as from a MAKEFLAGS=-j in the environment.
+// Stand-in recipes: deps takes a while and leaves a mark, build needs it.
+func TestDemoAfterDeps(t *testing.T) {
+	dir := t.TempDir()
+	mark := filepath.Join(dir, "deps-done")
+	stand := filepath.Join(dir, "stand-ins.mk") // read after the Makefile: its recipes win
+	if err := os.WriteFile(stand, []byte("deps: ; @sleep 0.5; touch "+mark+"\n"+
+		"build: ; @test -e "+mark+" || { echo build before deps; exit 1; }\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("make", "-s", "-j4", "-C", root, "-f", "Makefile", "-f", stand, "demo")
+	cmd.Env = append(os.Environ(), "MAKEFLAGS=", "MAKELEVEL=", "SMCR_DEMO_BIN="+t.TempDir())
+	out, _ := cmd.CombinedOutput()
+	// The demo itself then finds no smcrd in its empty bin directory.
+	if strings.Contains(string(out), "build before deps") || !strings.Contains(string(out), "demo: run make build first") {
+		t.Fatalf("make -j4 demo:\n%s", out)
+	}
+}
