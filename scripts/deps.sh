@@ -21,6 +21,8 @@ packages=(
 	qemu-system-x86 busybox-static kmod cpio
 	# the Go toolchain, when this machine lacks it (below)
 	ca-certificates unzip
+	# the demo reads iperf3's and smcrctl's JSON with it
+	python3
 )
 
 missing=()
