@@ -12,6 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/smcr-io/smcr/internal/tcpurg"
 )
 
@@ -69,10 +71,11 @@ func relay(a, b net.Conn, stop <-chan struct{}, counts *byteCounts) relayResult 
 		mu.Unlock()
 		once.Do(func() { close(done) })
 	}
+	var aShut, bShut atomic.Bool // smcrd shut down writing on a, on b
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		n, err := copyHalf(b, a, &counts.tx)
+		n, err := copyHalf(b, a, &counts.tx, &bShut, &aShut)
 		res.AtoB = n
 		if err != nil {
 			fail(err)
@@ -80,7 +83,7 @@ func relay(a, b net.Conn, stop <-chan struct{}, counts *byteCounts) relayResult 
 	}()
 	go func() {
 		defer wg.Done()
-		n, err := copyHalf(a, b, &counts.rx)
+		n, err := copyHalf(a, b, &counts.rx, &aShut, &bShut)
 		res.BtoA = n
 		if err != nil {
 			fail(err)
@@ -109,8 +112,10 @@ var errStopped = errors.New("daemon: relay stopped")
 
 // copyHalf copies src to dst until EOF, then half-closes dst. Between two
 // *net.TCPConn it splices (no copy through user space), urgent data included
-// (splice.go). It adds what it carries to count as it goes.
-func copyHalf(dst, src net.Conn, count *atomic.Uint64) (int64, error) {
+// (splice.go). It adds what it carries to count as it goes. dstShut and srcShut
+// say whether smcrd shut down writing on dst (set here) and on src (by the
+// other direction).
+func copyHalf(dst, src net.Conn, count *atomic.Uint64, dstShut, srcShut *atomic.Bool) (int64, error) {
 	var n int64
 	var err error
 	dstTCP, dok := dst.(*net.TCPConn)
@@ -123,13 +128,63 @@ func copyHalf(dst, src net.Conn, count *atomic.Uint64) (int64, error) {
 	if err != nil {
 		return n, err
 	}
+	if err := resetAtEOF(src, srcShut); err != nil {
+		return n, err
+	}
 	if cw, ok := dst.(closeWriter); ok {
+		// Before the FIN: once it is out, the peer's ACK may close a socket
+		// that had the peer's FIN (LAST_ACK) before this is seen (resetAtEOF).
+		dstShut.Store(true)
 		if err := cw.CloseWrite(); err != nil {
 			return n, err
 		}
 	}
 	return n, nil
 }
+
+// resetAtEOF tells a reset from the FIN that src's end of stream seemed to say.
+// After a reset the error goes to the first system call that asks, and the
+// other direction's write to src may have taken it: the read then sees only
+// the end of the stream, and the peer would get an orderly EOF where bytes may
+// be missing. A FIN leaves the socket open (CLOSE_WAIT) until smcrd shuts down
+// writing on it; a reset closes it at once.
+func resetAtEOF(src net.Conn, srcShut *atomic.Bool) error {
+	tcp, ok := src.(*net.TCPConn)
+	if !ok || srcShut.Load() {
+		return nil
+	}
+	rc, err := tcp.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var reset bool
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		var info *unix.TCPInfo
+		if info, serr = unix.GetsockoptTCPInfo(int(fd), unix.SOL_TCP, unix.TCP_INFO); serr != nil || info.State != tcpClose {
+			return
+		}
+		// Closed. A reset after the FIN (the error EPIPE, still there:
+		// the read stopped at the FIN without taking it) came after every
+		// byte; one that left no error had its error taken by a write.
+		var soerr int
+		soerr, serr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ERROR)
+		reset = serr == nil && soerr != int(unix.EPIPE)
+	}); err != nil {
+		return err
+	}
+	switch {
+	case serr != nil:
+		return &net.OpError{Op: "read", Net: "tcp", Source: tcp.LocalAddr(), Addr: tcp.RemoteAddr(), Err: serr}
+	case reset:
+		return &net.OpError{Op: "read", Net: "tcp", Source: tcp.LocalAddr(), Addr: tcp.RemoteAddr(), Err: unix.ECONNRESET}
+	}
+	return nil
+}
+
+// tcpClose is TCP_CLOSE of the kernel's TCP states (tcp_states.h), as TCP_INFO
+// reports it.
+const tcpClose = 7
 
 // abort ends c abnormally: the peer sees a reset, not an orderly EOF, so it knows
 // bytes may be missing.

@@ -358,3 +358,67 @@ func TestAcceptStall(t *testing.T) {
 		look(at, 5, at-100*time.Millisecond, false, false)
 	}
 }
+
+// TestRelayResetWhileWriting: an application that resets its connection while
+// smcrd is writing to it gives the peer a reset, not an orderly EOF, in both
+// relay modes: the bytes the application had not sent are lost, and the peer
+// must know.
+func TestRelayResetWhileWriting(t *testing.T) {
+	for _, mode := range []string{"splice", "copy"} {
+		t.Run(mode, func(t *testing.T) {
+			for range 10 {
+				app, appSide, peer, peerSide := relayEnds(t, mode)
+				done := make(chan relayResult, 1)
+				go func() { done <- relay(appSide, peer, nil, nil) }()
+				// The peer sends more than the buffers hold and the application
+				// does not read: smcrd is blocked writing to it when the reset
+				// comes. (The peer, over TCP, stops writing at the deadline:
+				// a write of its own would take the reset's error from its read.)
+				peerSide.SetWriteDeadline(time.Now().Add(20 * time.Millisecond))
+				go func() {
+					buf := make([]byte, 64<<10)
+					for {
+						if _, err := peerSide.Write(buf); err != nil {
+							return
+						}
+					}
+				}()
+				if _, err := app.Write([]byte("request")); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(50 * time.Millisecond)
+				app.SetLinger(0)
+				app.Close() // RST
+				got, err := io.ReadAll(peerSide)
+				if err == nil {
+					t.Fatalf("peer saw an orderly EOF after %q; the application reset", got)
+				}
+				if res := <-done; res.Err == nil {
+					t.Fatal("relay reported an orderly close after a reset")
+				}
+			}
+		})
+	}
+}
+
+// TestRelayFINThenReset: an application that sends, shuts down writing and then
+// resets, all before smcrd reads, gave every byte and its EOF: the peer gets
+// them, as it would over TCP, and no reset in their place.
+func TestRelayFINThenReset(t *testing.T) {
+	for _, mode := range []string{"splice", "copy"} {
+		t.Run(mode, func(t *testing.T) {
+			app, appSide, peer, peerSide := relayEnds(t, mode)
+			app.Write([]byte("all of it"))
+			app.CloseWrite()
+			time.Sleep(20 * time.Millisecond) // the FIN is in
+			app.SetLinger(0)
+			app.Close() // RST
+			time.Sleep(20 * time.Millisecond)
+			go relay(appSide, peer, nil, nil)
+			got, err := io.ReadAll(peerSide)
+			if err != nil || string(got) != "all of it" {
+				t.Fatalf("peer got %q, %v; want every byte and EOF", got, err)
+			}
+		})
+	}
+}
