@@ -422,3 +422,40 @@ func TestRelayFINThenReset(t *testing.T) {
 		})
 	}
 }
+
+// TestRelayUrgentBurst: urgent bytes that follow each other closely all arrive,
+// with the bytes between them, in both relay modes. TCP keeps one urgent mark:
+// a later urgent byte can move it on while the splicing relay stands at the
+// earlier one, which is then ordinary data; the relay took that for an error
+// and reset the connection.
+func TestRelayUrgentBurst(t *testing.T) {
+	for _, mode := range []string{"splice", "copy"} {
+		t.Run(mode, func(t *testing.T) {
+			app, appSide, peer, peerSide := relayEnds(t, mode)
+			if tcp, ok := peerSide.(*net.TCPConn); ok {
+				if err := tcpurg.SetInline(tcp); err != nil {
+					t.Fatal(err)
+				}
+				tcp.SetReadDeadline(time.Now().Add(10 * time.Second))
+			}
+			done := make(chan relayResult, 1)
+			go func() { done <- relay(appSide, peer, nil, nil) }()
+			const rounds = 5000
+			go func() {
+				for range rounds {
+					app.Write([]byte("ab"))
+					tcpurg.WriteUrgent(app, '!')
+				}
+				app.CloseWrite()
+			}()
+			got, err := io.ReadAll(peerSide)
+			if err != nil || len(got) != 3*rounds || !bytes.Equal(got, bytes.Repeat([]byte("ab!"), rounds)) {
+				t.Fatalf("peer got %d bytes (%v), want %d: ab! %d times", len(got), err, 3*rounds, rounds)
+			}
+			peerSide.(closeWriter).CloseWrite()
+			if res := <-done; res.Err != nil || res.AtoB != 3*rounds {
+				t.Fatalf("relay: %+v", res)
+			}
+		})
+	}
+}

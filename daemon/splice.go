@@ -106,12 +106,18 @@ func spliceHalf(dst, src *net.TCPConn, count *atomic.Uint64) (int64, error) {
 }
 
 // carryUrgent reads the urgent byte (inline, at the mark) and sends it on as
-// urgent data: the bytes before it are in dst already.
+// urgent data: the bytes before it are in dst already. TCP keeps one mark: an
+// urgent byte that came since the splice stopped moves it on, and the byte
+// here is then ordinary data, sent on as such.
 func carryUrgent(dst, src *net.TCPConn) error {
 	var b [1]byte
 	n, urgent, err := tcpurg.ReadMarked(src, b[:])
-	if err != nil || n != 1 || !urgent {
-		return fmt.Errorf("urgent byte: %d bytes (urgent %v), %v", n, urgent, err)
+	if err != nil || n != 1 {
+		return fmt.Errorf("urgent byte: %d bytes, %w", n, err)
+	}
+	if !urgent {
+		_, err := dst.Write(b[:])
+		return err
 	}
 	return tcpurg.WriteUrgent(dst, b[0])
 }
