@@ -220,30 +220,32 @@ func New(opts Options) (*Daemon, error) {
 		Logger:           d.log,
 	})
 	if err != nil {
-		d.closeSetup()
+		d.Close()
 		return nil, fmt.Errorf("daemon: engine: %w", err)
 	}
 	if err := d.listen(); err != nil {
-		d.closeSetup()
+		d.Close()
 		return nil, err
 	}
 	if err := d.applyPolicy(cfg, ifaceNames(ifaces)); err != nil {
-		d.closeSetup()
+		d.Close()
 		return nil, err
 	}
 	return d, nil
 }
 
-func (d *Daemon) closeSetup() {
+// Close releases what New set up (listeners, engine, devices, the programs'
+// handles, the pin directory) for a Daemon that is not to Run: the caller
+// failed after New. Run releases it all itself.
+func (d *Daemon) Close() error {
 	for _, ln := range append(d.redirect, d.steering...) {
 		ln.Close()
 	}
 	if d.engine != nil {
 		d.engine.Close()
 	}
-	closeDevices(d.devs)
-	d.loader.Close()
-	d.lock.Release()
+	err := errors.Join(closeDevices(d.devs), d.loader.Close())
+	return errors.Join(err, d.lock.Release())
 }
 
 // listen opens the redirect listeners (loopback, where connect4/6 send the

@@ -154,6 +154,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	srv, err := control.NewServer(cfg.ControlSocket, cfg.ControlGroup, d, log)
 	if err != nil {
 		log.Error("control socket", "err", err)
+		if err := d.Close(); err != nil {
+			log.Error("release", "err", err)
+		}
 		return 1
 	}
 	go func() {

@@ -421,3 +421,26 @@ func TestSecondSignalStops(t *testing.T) {
 		t.Errorf("connection after the abort: read %v, want it ended", err)
 	}
 }
+
+// TestControlSocketFailureReleases: smcrd that cannot open its control socket
+// after it set up exits 1 and releases what it set up; its shm rendezvous
+// socket is not left behind. Before, each such start left one in the shm
+// directory.
+func TestControlSocketFailureReleases(t *testing.T) {
+	h := newTestHost(t)
+	sock := filepath.Join(h.dir, "control")
+	if err := os.WriteFile(sock, nil, 0o644); err != nil { // not a socket: refused
+		t.Fatal(err)
+	}
+	s := h.start(sock)
+	if code := s.exit(t, 15*time.Second); code != 1 {
+		t.Fatalf("smcrd exited %d, want 1:\n%s", code, s.out.String())
+	}
+	if out := s.out.String(); !strings.Contains(out, "is not a socket") {
+		t.Fatalf("smcrd did not fail on the control socket:\n%s", out)
+	}
+	left, _ := filepath.Glob(filepath.Join(h.dir, "*.sock"))
+	if len(left) > 0 {
+		t.Errorf("smcrd left %v behind", left)
+	}
+}
