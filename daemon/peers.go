@@ -85,6 +85,13 @@ func (p *peerCache) set(peer netip.Addr, e *peerEntry) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if old, ok := p.peers[peer]; ok {
+		if e.capable && !old.capable && now.Before(old.expires) {
+			// Another connection declined meanwhile: the programs send the
+			// peer's connections direct until the entry expires, and the
+			// view must say so.
+			old.hits++
+			return
+		}
 		e.hits = old.hits + 1
 	} else {
 		e.hits = 1

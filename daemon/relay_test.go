@@ -459,3 +459,23 @@ func TestRelayUrgentBurst(t *testing.T) {
 		})
 	}
 }
+
+// TestPeerCacheCapableKeepsNegative: a connection that went SMC-R while another
+// to the same peer declined does not make the peer show as capable while the
+// programs' negative cache sends connections to it direct; once that entry
+// expires, it does.
+func TestPeerCacheCapableKeepsNegative(t *testing.T) {
+	now := time.Unix(1000, 0)
+	p := newPeerCache(func() time.Time { return now }, func(netip.Addr, time.Duration) error { return nil })
+	x := netip.MustParseAddr("198.18.0.2")
+	p.incapable(x, "fallback", time.Minute)
+	p.capable(x, time.Minute)
+	if l := p.list(); len(l) != 1 || l[0].Capable || l[0].Reason != "fallback" || l[0].ExpiresInSeconds != 60 || l[0].Hits != 2 {
+		t.Fatalf("capable during a negative entry: %+v, want it not capable for 60s, 2 hits", l)
+	}
+	now = now.Add(time.Minute)
+	p.capable(x, time.Minute)
+	if l := p.list(); len(l) != 1 || !l[0].Capable {
+		t.Fatalf("capable after the negative entry expired: %+v", l)
+	}
+}
