@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/smcr-io/smcr/internal/tcpurg"
+	"github.com/smcr-io/smcr/smcr"
 )
 
 // The copy buffers of one direction when splice(2) cannot be used. A direction
@@ -149,8 +150,8 @@ func copyHalf(dst, src net.Conn, count *atomic.Uint64, dstShut, srcShut *atomic.
 // be missing. A FIN leaves the socket open (CLOSE_WAIT) until smcrd shuts down
 // writing on it; a reset closes it at once.
 func resetAtEOF(src net.Conn, srcShut *atomic.Bool) error {
-	tcp, ok := src.(*net.TCPConn)
-	if !ok || srcShut.Load() {
+	tcp := tcpUnder(src)
+	if tcp == nil || srcShut.Load() {
 		return nil
 	}
 	rc, err := tcp.SyscallConn()
@@ -178,6 +179,21 @@ func resetAtEOF(src net.Conn, srcShut *atomic.Bool) error {
 		return &net.OpError{Op: "read", Net: "tcp", Source: tcp.LocalAddr(), Addr: tcp.RemoteAddr(), Err: serr}
 	case reset:
 		return &net.OpError{Op: "read", Net: "tcp", Source: tcp.LocalAddr(), Addr: tcp.RemoteAddr(), Err: unix.ECONNRESET}
+	}
+	return nil
+}
+
+// tcpUnder is the TCP socket that carries c's bytes: c itself, or the one an
+// SMC-R connection fell back to; nil for one over SMC-R.
+func tcpUnder(c net.Conn) *net.TCPConn {
+	switch c := c.(type) {
+	case *net.TCPConn:
+		return c
+	case *smcr.Conn:
+		if c.Mode() == smcr.ModeFallback {
+			tcp, _ := c.TCP().(*net.TCPConn)
+			return tcp
+		}
 	}
 	return nil
 }

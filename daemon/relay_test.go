@@ -5,6 +5,7 @@ package daemon
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"errors"
 	"io"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/smcr-io/smcr/internal/nstest"
 	"github.com/smcr-io/smcr/internal/tcpurg"
+	"github.com/smcr-io/smcr/smcr"
 )
 
 // pipeConn is a net.Pipe end with CloseWrite, standing in for an smcr.Conn (not a
@@ -370,34 +372,43 @@ func TestRelayResetWhileWriting(t *testing.T) {
 				app, appSide, peer, peerSide := relayEnds(t, mode)
 				done := make(chan relayResult, 1)
 				go func() { done <- relay(appSide, peer, nil, nil) }()
-				// The peer sends more than the buffers hold and the application
-				// does not read: smcrd is blocked writing to it when the reset
-				// comes. (The peer, over TCP, stops writing at the deadline:
-				// a write of its own would take the reset's error from its read.)
-				peerSide.SetWriteDeadline(time.Now().Add(20 * time.Millisecond))
-				go func() {
-					buf := make([]byte, 64<<10)
-					for {
-						if _, err := peerSide.Write(buf); err != nil {
-							return
-						}
-					}
-				}()
-				if _, err := app.Write([]byte("request")); err != nil {
-					t.Fatal(err)
-				}
-				time.Sleep(50 * time.Millisecond)
-				app.SetLinger(0)
-				app.Close() // RST
-				got, err := io.ReadAll(peerSide)
-				if err == nil {
-					t.Fatalf("peer saw an orderly EOF after %q; the application reset", got)
-				}
-				if res := <-done; res.Err == nil {
-					t.Fatal("relay reported an orderly close after a reset")
-				}
+				resetWhileFlooded(t, peerSide, app, done)
 			}
 		})
+	}
+}
+
+// resetWhileFlooded has flood send more than the buffers hold toward rst, which
+// does not read: the relay is blocked writing to rst when rst, after a word of
+// its own, resets. flood must then read a reset, not an orderly EOF, and the
+// relay report one. (Over TCP, flood stops writing at a deadline: a write of
+// its own would take the reset's error from its read.)
+func resetWhileFlooded(t *testing.T, flood net.Conn, rst *net.TCPConn, done <-chan relayResult) {
+	t.Helper()
+	flood.SetWriteDeadline(time.Now().Add(20 * time.Millisecond))
+	go func() {
+		buf := make([]byte, 64<<10)
+		for {
+			if _, err := flood.Write(buf); err != nil {
+				return
+			}
+		}
+	}()
+	if _, err := rst.Write([]byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	rst.SetLinger(0)
+	rst.Close() // RST
+	if tcp, ok := flood.(*net.TCPConn); ok {
+		tcp.SetReadDeadline(time.Now().Add(10 * time.Second))
+	}
+	got, err := io.ReadAll(flood)
+	if err == nil {
+		t.Fatalf("an orderly EOF after %q; the other end reset", got)
+	}
+	if res := <-done; res.Err == nil {
+		t.Fatal("relay reported an orderly close after a reset")
 	}
 }
 
@@ -477,5 +488,47 @@ func TestPeerCacheCapableKeepsNegative(t *testing.T) {
 	p.capable(x, time.Minute)
 	if l := p.list(); len(l) != 1 || !l[0].Capable {
 		t.Fatalf("capable after the negative entry expired: %+v", l)
+	}
+}
+
+// fallbackPair returns an smcr.Conn that fell back to TCP (neither engine has a
+// device) and its peer's end, the TCP socket under the peer's fallback.
+func fallbackPair(t *testing.T) (*smcr.Conn, *net.TCPConn) {
+	t.Helper()
+	c, s := nstest.TCPPair(t)
+	ce, err := smcr.NewEngine(smcr.Config{CLCTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	se, err := smcr.NewEngine(smcr.Config{CLCTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ce.Close(); se.Close() })
+	srv := make(chan error, 1)
+	go func() { _, err := se.Server(context.Background(), s); srv <- err }()
+	conn, err := ce.Client(context.Background(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-srv; err != nil {
+		t.Fatal(err)
+	}
+	if conn.Mode() != smcr.ModeFallback {
+		t.Fatalf("mode %v, want fallback", conn.Mode())
+	}
+	return conn, s
+}
+
+// TestRelayFallbackResetWhileWriting: a peer that resets the TCP connection
+// under an SMC-R connection that fell back, while smcrd is writing to it, gives
+// the application a reset, not an orderly EOF.
+func TestRelayFallbackResetWhileWriting(t *testing.T) {
+	for range 10 {
+		app, appSide := nstest.TCPPair(t)
+		conn, peer := fallbackPair(t)
+		done := make(chan relayResult, 1)
+		go func() { done <- relay(appSide, conn, nil, nil) }()
+		resetWhileFlooded(t, app, peer, done)
 	}
 }
