@@ -194,10 +194,12 @@ func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix, opt
 		offers = standardOffers(offers)
 	}
 	if len(offers) == 0 || e.isClosed() {
-		// Without a device we do not propose. A standard server is waiting for
-		// CLC (its SYN-ACK echoed the option) and would take our bytes for it:
-		// tell it, as Linux's client does. Ours looks before it reads.
-		return e.fallback(c, clc.DeclineNoSMCRDevice, SideLocal, opts.Standard, nil, nil), nil
+		// Without a device we do not propose, and say so, as Linux's client
+		// does: the server, ours or another, waits for CLC (its SYN-ACK echoed
+		// the option) and would otherwise hold the connection for its CLC
+		// timeout, which an application whose server speaks first (SSH,
+		// SMTP, MySQL) waits out too.
+		return e.fallback(c, clc.DeclineNoSMCRDevice, SideLocal, true, nil, nil), nil
 	}
 	prop := &clc.Proposal{PeerID: e.peerID, GID: offers[0].GID, MAC: offers[0].MAC}
 	if pfx.IsValid() && pfx.Addr().Is4() {

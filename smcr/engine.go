@@ -573,7 +573,9 @@ func (e *Engine) Conns() []ConnInfo {
 // connection's first bytes, which a plain TCP server reads as data; the connection
 // then falls back at the server's first bytes (0x03010000), or after the CLC
 // timeout, sending a Decline as well (0x02000000). It proposes every device: to a
-// server that may be another implementation, use ClientWith.
+// server that may be another implementation, use ClientWith. With no device (or
+// a closed Engine) it sends a Decline in place of the Proposal, which tells an
+// smcr server to fall back at once.
 func (e *Engine) Dial(ctx context.Context, network, addr string) (*Conn, error) {
 	if err := tcpNetwork(network); err != nil {
 		return nil, fmt.Errorf("smcr: dial: %w", err)

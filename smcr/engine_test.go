@@ -238,19 +238,34 @@ func TestStreamsBothWays(t *testing.T) {
 	}
 }
 
+// TestFallbackNoDevice: a client without a device proposes nothing and tells
+// the server so with a Decline, as Linux's does: the server falls back at once
+// rather than after its CLC timeout, which an application whose server speaks
+// first would have waited out before its first byte.
 func TestFallbackNoDevice(t *testing.T) {
-	p := newPair(t, Config{}, Config{Devices: memDevices(t, verbs.KindSoft), CLCTimeout: 200 * time.Millisecond})
+	const clcTimeout = 5 * time.Second
+	p := newPair(t, Config{}, Config{Devices: memDevices(t, verbs.KindSoft), CLCTimeout: clcTimeout})
+	start := time.Now()
 	c, s := p.connect(t)
+	if d := time.Since(start); d > clcTimeout/2 {
+		t.Errorf("setup took %v: the server waited for CLC", d)
+	}
 	if c.Mode() != ModeFallback || s.Mode() != ModeFallback {
 		t.Fatalf("modes %v %v", c.Mode(), s.Mode())
 	}
-	if c.Decline().Code != clc.DeclineNoSMCRDevice || c.Decline().Sent {
-		t.Fatalf("client decline %+v", c.Decline())
+	if d := c.Decline(); d.Code != clc.DeclineNoSMCRDevice || d.Side != SideLocal || !d.Sent {
+		t.Fatalf("client decline %+v", d)
 	}
-	// The client proposes nothing and waits for the server to talk: the server
-	// times out without sending a Decline, which the client would read as data.
-	if d := s.Decline(); d.Code != DeclineTimeoutCLC || d.Sent {
+	if d := s.Decline(); d.Code != clc.DeclineNoSMCRDevice || d.Side != SidePeer || d.Sent {
 		t.Fatalf("server decline %+v", d)
+	}
+	// The server speaks first, and its bytes are the client's first.
+	if _, err := s.Write([]byte("220 ready")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 9)
+	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "220 ready" {
+		t.Fatalf("client read %q, %v", buf, err)
 	}
 	echoCheck(t, c, s)
 }
