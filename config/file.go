@@ -92,10 +92,9 @@ func settingLine(lines []string, name string) int {
 func withValue(line, value string) string {
 	eq := strings.IndexByte(line, '=')
 	rest := line[eq+1:]
-	end := len(rest) // the value ends at a comment or at the line's end
-	if i := strings.IndexByte(rest, '#'); i >= 0 {
-		end = i
-	} else {
+	// The value ends at a comment or at the line's end.
+	end := strings.IndexByte(rest, '#')
+	if end < 0 {
 		end = len(strings.TrimRight(rest, "\r\n"))
 	}
 	old := rest[:end]
