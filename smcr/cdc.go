@@ -60,6 +60,7 @@ func (c *Conn) onCDC(m *rmb.CDC) (produced uint64) {
 	if h := testHookCDC.Load(); h != nil {
 		cp := *m // a copy: m itself must not escape (no allocation per CDC)
 		(*h)(c, &cp)
+		*m = cp // what a test changed is what is applied
 	}
 	if m.Flags&rmb.FlagFailoverValidation != 0 {
 		// The peer moved us to another link. Its validation names its last
@@ -274,5 +275,6 @@ func (c *Conn) sendCDCKind(flags rmb.ProdFlags, kind cdcKind) error {
 // testHookCursors lets tests act before sendCursors decides, outside every lock.
 var testHookCursors atomic.Pointer[func(*Conn)]
 
-// testHookCDC sees each CDC for a live connection before it is applied, under c.mu.
+// testHookCDC sees each CDC for a live connection before it is applied, under
+// c.mu, and may change it.
 var testHookCDC atomic.Pointer[func(*Conn, *rmb.CDC)]
