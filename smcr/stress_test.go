@@ -106,11 +106,8 @@ func stressEcho(ctx context.Context, s *nsSetup, seed uint64, size int) (string,
 	}
 	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
-	src := make([]byte, size)
+	src := randomBytes(seed, size)
 	rng := rand.New(rand.NewPCG(seed, 7))
-	for i := range src {
-		src[i] = byte(rng.Uint32())
-	}
 	werr := make(chan error, 1)
 	go func() {
 		for off := 0; off < size; {
