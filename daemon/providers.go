@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"syscall"
 
 	"github.com/smcr-io/smcr/config"
@@ -107,6 +108,12 @@ func openDevices(providers []string, ifaces []config.Interface, rdma []config.RD
 	}
 	for _, d := range devs {
 		log.Info("device open", "provider", d.Kind(), "name", d.Name(), "netdev", d.Port().Netdev)
+	}
+	if len(devs) == 0 {
+		// smcrd still runs (its configuration may be changed and it restarted),
+		// but each listed connection then costs a relay and gains nothing.
+		log.Warn("no provider opened a device: every connection smcrd carries falls back to TCP; see the warnings above, or set providers and restart smcrd",
+			"providers", strings.Join(providers, ","))
 	}
 	return devs
 }

@@ -29,3 +29,17 @@ func TestRDMADevices(t *testing.T) {
 		t.Errorf("log:\n%s\nwant a warning for veth0=rxe0 only", out)
 	}
 }
+
+// TestNoDeviceWarned: an smcrd left without any device says so once, plainly:
+// each provider's own warning does not tell that nothing at all opened.
+func TestNoDeviceWarned(t *testing.T) {
+	var buf bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&buf, nil))
+	// soft with an interface that has no address: nothing to listen on.
+	if devs := openDevices([]string{"soft"}, []config.Interface{{Name: "eth9"}}, nil, t.TempDir(), nil, log); len(devs) != 0 {
+		t.Fatalf("%d devices opened", len(devs))
+	}
+	if out := buf.String(); !strings.Contains(out, "level=WARN msg=\"no provider opened a device") || !strings.Contains(out, "providers=soft") {
+		t.Errorf("log:\n%s\nwant the warning that no device opened", out)
+	}
+}
