@@ -10,6 +10,7 @@ package smcr
 
 import (
 	"slices"
+	"time"
 
 	"github.com/smcr-io/smcr/smcr/verbs"
 )
@@ -263,6 +264,7 @@ func (c *Conn) releaseBuffers() (kept int64) {
 	if announcing != nil && isClosed(announcing) {
 		announcing = nil
 	}
+	lateRoom := c.peerLateRoom && c.lg != nil
 	bufs := c.detachBufsLocked()
 	c.mu.Unlock()
 	for _, b := range bufs {
@@ -272,6 +274,10 @@ func (c *Conn) releaseBuffers() (kept int64) {
 			clear(b.own.Bytes())
 		}
 		switch {
+		case b.rmb && lateRoom:
+			kept += int64(b.size)
+			c.e.keeping.Add(1)
+			go c.lg.dropWhenQuiet(b)
 		case !orderly || b.own == nil:
 			c.lg.drop(b)
 		case b.rmb && announcing != nil:
@@ -285,6 +291,22 @@ func (c *Conn) releaseBuffers() (kept int64) {
 		}
 	}
 	return kept
+}
+
+// dropWhenQuiet frees the RMB of a connection whose standard peer may still
+// write into it (lateWrites in cdc.go) after lateFreeMin, or as the engine
+// closes: pooled, a late WRITE would land in the next connection's bytes, and
+// freed at once it would fail the link with every connection on it.
+func (lg *linkGroup) dropWhenQuiet(b *pooledBuf) {
+	defer lg.e.kept()
+	t := time.NewTimer(lateFreeMin)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-lg.e.ctx.Done():
+	}
+	lg.drop(b)
+	lg.e.unreserve(int64(b.size))
 }
 
 // keepWhenAnswered pools b once its CONFIRM_RKEY is answered (or failed, which

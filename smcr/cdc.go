@@ -106,6 +106,10 @@ func (c *Conn) onCDC(m *rmb.CDC) (produced uint64) {
 	if m.Flags&(rmb.FlagUpdateRequested|rmb.FlagFailoverValidation) != 0 {
 		c.queueCtlLocked(ctlUpdate)
 	}
+	if !c.peerDone && !c.smcx && m.State&(rmb.StateClosed|rmb.StateSendingDone) != 0 &&
+		m.State&rmb.StateAbnormalClose == 0 {
+		c.peerLate = c.rxProd-c.rxConfirmed >= c.rmbSize // lateWrites
+	}
 	if m.State&rmb.StateAbnormalClose != 0 && !c.peerAbort {
 		c.peerAbort, c.peerClosed, c.peerDone = true, true, true
 		c.e.st.aborts.Add(1)
@@ -130,6 +134,16 @@ func (c *Conn) onCDC(m *rmb.CDC) (produced uint64) {
 	return produced
 }
 
+// lateWrites: Linux's close (smc_close_active, smc_close_shutdown_write) waits
+// at most 2 s for its send buffer to drain, then sends closed or sending-done
+// with bytes still unsent, and writes them later, whenever one of our CDCs gives
+// it room (smc_cdc_msg_recv_action does not look at its own close). Bytes can be
+// unsent only if our RMBE was full in its view, so a standard peer whose close
+// came then (peerLate) may write after it: those bytes are taken as any others,
+// where from our own peers they are a protocol error. Once we have given such a
+// peer room after its close (peerLateRoom), a WRITE of its may still be on its
+// way as we release, and the RMB must outlive the release (releaseBuffers).
+
 // applyCursors checks both cursors before taking either.
 func (c *Conn) applyCursors(m *rmb.CDC) error {
 	np, stale, err := fromCursor(m.Prod, c.rxProd, c.rmbSize)
@@ -139,7 +153,7 @@ func (c *Conn) applyCursors(m *rmb.CDC) error {
 	if !stale && np-c.rxCons > c.rmbSize {
 		return fmt.Errorf("producer cursor %v claims %d bytes in a %d-byte rmbe", m.Prod, np-c.rxCons, c.rmbSize)
 	}
-	if !stale && c.peerClosed && np > c.rxProd {
+	if !stale && c.peerClosed && np > c.rxProd && !c.peerLate {
 		return fmt.Errorf("data after close")
 	}
 	var nc uint64
@@ -264,6 +278,9 @@ func (c *Conn) sendCDCKind(flags rmb.ProdFlags, kind cdcKind) error {
 	}
 	if c.localAbort {
 		m.State |= rmb.StateAbnormalClose
+	}
+	if c.peerLate && c.rxCons > c.rxConfirmed {
+		c.peerLateRoom = true // lateWrites
 	}
 	c.rxConfirmed = c.rxCons
 	lnk, prod := c.lnk, c.txProd

@@ -1,6 +1,7 @@
 package smcr
 
 import (
+	"errors"
 	"io"
 	"sync/atomic"
 	"testing"
@@ -145,6 +146,106 @@ func TestNoCursorsAfterClose(t *testing.T) {
 				defer s.mu.Unlock()
 				return s.peerClosed
 			})
+		})
+	}
+}
+
+// TestLateWritesFromStandardPeer plays a Linux writer whose close gave up on its
+// send buffer (lateWrites): it fills our RMBE, says closed, and writes the rest
+// once our reader gives it room. From a standard peer those bytes are the
+// stream's tail; from one of ours they are a protocol error. The RMB of a
+// connection that gave such a peer room outlives its release, and goes as the
+// engine closes.
+func TestLateWritesFromStandardPeer(t *testing.T) {
+	for _, standard := range []bool{true, false} {
+		t.Run(map[bool]string{true: "standard", false: "smcr"}[standard], func(t *testing.T) {
+			cfg := func() Config { return Config{Devices: memDevices(t, verbs.KindSoft), RMBSize: 64 << 10} }
+			p := newPair(t, cfg(), cfg())
+			c, s := p.connect(t)
+			mustSMC(t, c, s)
+			c.mu.Lock()
+			c.smcx = !standard
+			size := c.rmbSize
+			c.mu.Unlock()
+			// Fill the RMBE; the reader does not read yet.
+			body := make([]byte, size)
+			for i := range body {
+				body[i] = byte(i * 7)
+			}
+			if _, err := s.Write(body); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "the RMBE full", func() bool {
+				c.mu.Lock()
+				defer c.mu.Unlock()
+				return c.rxProd == size
+			})
+			// Its close, as Linux sends it with bytes still unsent.
+			c.mu.Lock()
+			closeCDC := rmb.CDC{Seq: c.rxSeq + 1, Token: c.token, Prod: toCursor(size, size),
+				State: rmb.StateSendingDone | rmb.StateClosed}
+			c.mu.Unlock()
+			if err := s.lnk.sendCDC(&closeCDC); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "the close taken", func() bool {
+				c.mu.Lock()
+				defer c.mu.Unlock()
+				return c.peerClosed
+			})
+			tail := []byte("the tail its close left unsent")
+			wrote := make(chan error, 1)
+			go func() { _, err := s.Write(tail); wrote <- err }() // once we give it room
+			c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			got := make([]byte, size)
+			if _, err := io.ReadFull(c, got); err != nil {
+				t.Fatal(err)
+			}
+			if string(got) != string(body) {
+				t.Fatal("the body read back differs")
+			}
+			if !standard {
+				// Ours does not write after its close: that is a broken peer.
+				if err := <-wrote; err != nil {
+					t.Fatal(err)
+				}
+				eventually(t, "the connection aborted", func() bool {
+					_, err := c.Read(make([]byte, 1))
+					return errors.Is(err, ErrProtocol)
+				})
+				return
+			}
+			eventually(t, "the tail landed", func() bool {
+				c.mu.Lock()
+				defer c.mu.Unlock()
+				return c.rxProd == size+uint64(len(tail))
+			})
+			rest, err := io.ReadAll(c)
+			if err != nil || string(rest) != string(tail) {
+				t.Fatalf("after the body: %q, %v; want %q and EOF", rest, err, tail)
+			}
+			if err := <-wrote; err != nil {
+				t.Fatal(err)
+			}
+			// Released, its RMB stays ours, neither pooled nor freed.
+			c.Close()
+			s.Close()
+			eventually(t, "released", func() bool {
+				c.mu.Lock()
+				defer c.mu.Unlock()
+				return c.released
+			})
+			if st := p.cli.Stats(); st.MemoryInUse != int64(size) {
+				t.Errorf("memory in use after the release %d, want the RMB's %d", st.MemoryInUse, size)
+			}
+			start := time.Now()
+			p.cli.Close()
+			if d := time.Since(start); d > 2*time.Second {
+				t.Errorf("Close took %v with an RMB held for late writes", d)
+			}
+			if st := p.cli.Stats(); st.MemoryInUse != 0 {
+				t.Errorf("memory in use after Close %d", st.MemoryInUse)
+			}
 		})
 	}
 }

@@ -187,24 +187,28 @@ type Conn struct {
 	rxSeqSet    bool
 	peerDone    bool // peer sent sending-done (or closed)
 	peerClosed  bool // peer sent closed or abort: it will not write again
-	peerAbort   bool
-	localDone   bool // we sent sending-done
-	localTerm   bool // we sent closed or abort
-	localAbort  bool
-	termAcked   bool // a CDC of ours that said closed or abnormal close completed
-	appClosed   bool // Close was called
-	released    bool
-	activated   bool // CLC made it an SMC-R connection (activate)
-	ctlPending  ctlBits
-	err         error // terminal error for Read and Write
-	lnkErr      bool  // the link group is gone: nothing more can be sent
-	txBusy      bool  // a Write is between taking space and counting it in txProd
-	rxBusy      bool  // a Read is copying out of the RMB
-	smcx        bool  // the peer speaks our extensions (continuation over TCP)
-	fo          bool  // continuation over TCP started: cursors frozen
-	foReady     bool  // continuation done: the TCP connection carries the bytes
-	moving      bool  // moving to another link after ours failed: writers wait
-	closeTimer  Timer
+	// A standard peer (Linux) whose close found our RMBE full in its view may
+	// still write what its close left unsent (lateWrites in cdc.go).
+	peerLate     bool
+	peerLateRoom bool // a CDC of ours gave such a peer room since: the RMB outlives the close
+	peerAbort    bool
+	localDone    bool // we sent sending-done
+	localTerm    bool // we sent closed or abort
+	localAbort   bool
+	termAcked    bool // a CDC of ours that said closed or abnormal close completed
+	appClosed    bool // Close was called
+	released     bool
+	activated    bool // CLC made it an SMC-R connection (activate)
+	ctlPending   ctlBits
+	err          error // terminal error for Read and Write
+	lnkErr       bool  // the link group is gone: nothing more can be sent
+	txBusy       bool  // a Write is between taking space and counting it in txProd
+	rxBusy       bool  // a Read is copying out of the RMB
+	smcx         bool  // the peer speaks our extensions (continuation over TCP)
+	fo           bool  // continuation over TCP started: cursors frozen
+	foReady      bool  // continuation done: the TCP connection carries the bytes
+	moving       bool  // moving to another link after ours failed: writers wait
+	closeTimer   Timer
 
 	wrOut atomic.Int32 // RDMA WRITEs posted and not completed
 

@@ -64,7 +64,7 @@ type Engine struct {
 	// into (freeLater).
 	lateFree map[*Conn]*time.Timer
 	releases chan struct{} // a connection was untracked, or a kept RMB settled (awaitClosedReleased)
-	keeping  atomic.Int32  // keepWhenAnswered goroutines holding released RMBs
+	keeping  atomic.Int32  // keepWhenAnswered and dropWhenQuiet goroutines holding released RMBs
 }
 
 // NewEngine checks cfg and returns an Engine.
