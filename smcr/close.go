@@ -104,7 +104,8 @@ func (c *Conn) CloseWrite() error {
 }
 
 // Close closes the connection: the peer reads what was written, then EOF; our
-// buffers go once the peer has closed too (or after CloseTimeout).
+// buffers go once the peer has closed too (or after CloseTimeout). With bytes
+// received and not read, the peer reads ErrReset instead, as TCP's reset.
 func (c *Conn) Close() error {
 	first := false
 	c.closeOnce.Do(func() { first = true; close(c.done) })
@@ -122,6 +123,13 @@ func (c *Conn) Close() error {
 	// finish (no new Write starts now), as Linux's close waits for the socket
 	// lock that sendmsg and the switch of a connection to another link hold.
 	c.awaitPostersLocked(true)
+	// Bytes the application never read end the connection abnormally, as a
+	// TCP close with unread data sends a reset and Linux's smc_close_final an
+	// abnormal close: a peer still reading must not take the end for orderly.
+	// (One that closed already is told nothing it needs.)
+	if c.rxProd > c.rxCons && !c.peerClosed && !c.localTerm && !c.lnkErr && !c.fo && c.err == nil {
+		c.abortLocked(ErrAborted)
+	}
 	// With c.err set and the link up, an abort (ours, or our answer to the
 	// peer's) is queued for the worker: a closed flag ahead of it would show
 	// the peer a graceful end, EOF where it must read ErrReset.

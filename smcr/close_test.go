@@ -532,3 +532,51 @@ func TestCloseTimeoutAfterAbort(t *testing.T) {
 	s.Close()
 	eventually(t, "peer released", func() bool { return p.srv.Stats().MemoryInUse == 0 })
 }
+
+// TestCloseWithUnreadData: a Close that leaves received bytes unread ends the
+// connection abnormally, as TCP's close answers unread data with a reset (and
+// Linux's smc_close_final with an abnormal close): the peer, still reading,
+// reads ErrReset where it read EOF, as if its bytes had all been taken. A peer
+// that closed already is sent a plain close.
+func TestCloseWithUnreadData(t *testing.T) {
+	p := memPair(t)
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	if _, err := c.Write([]byte("a request the server never reads")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the request landed", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.rxProd > 0
+	})
+	s.Close()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadAll(c); !errors.Is(err, ErrReset) {
+		t.Fatalf("client read after the server closed with the request unread: %v, want ErrReset", err)
+	}
+	c.Close()
+
+	// The client closes first; the server closes with bytes unread after.
+	c2, s2 := p.connect(t)
+	mustSMC(t, c2, s2)
+	if _, err := c2.Write([]byte("unread")); err != nil {
+		t.Fatal(err)
+	}
+	before := p.cli.Stats().Aborts
+	c2.Close()
+	eventually(t, "the client's close taken", func() bool {
+		s2.mu.Lock()
+		defer s2.mu.Unlock()
+		return s2.peerClosed
+	})
+	s2.Close()
+	eventually(t, "both released", func() bool {
+		c2.mu.Lock()
+		defer c2.mu.Unlock()
+		return c2.released
+	})
+	if n := p.cli.Stats().Aborts - before; n != 0 {
+		t.Errorf("%d aborts sent to a peer that had closed", n)
+	}
+}
