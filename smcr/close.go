@@ -110,7 +110,7 @@ func (c *Conn) Close() error {
 	first := false
 	c.closeOnce.Do(func() { first = true; close(c.done) })
 	if !first {
-		return nil
+		return errClosedTwice // as TCPConn's second Close
 	}
 	if c.mode == ModeFallback {
 		c.e.untrack(c)

@@ -580,3 +580,24 @@ func TestCloseWithUnreadData(t *testing.T) {
 		t.Errorf("%d aborts sent to a peer that had closed", n)
 	}
 }
+
+// TestCloseTwice: a second Close says the connection is closed, as TCPConn's
+// does, over SMC-R and after a fallback.
+func TestCloseTwice(t *testing.T) {
+	p := memPair(t)
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	fp := newPair(t, Config{}, Config{Devices: memDevices(t, verbs.KindSoft)})
+	fc, fs := fp.connect(t)
+	if fc.Mode() != ModeFallback {
+		t.Fatalf("mode %v", fc.Mode())
+	}
+	for _, conn := range []*Conn{c, s, fc, fs} {
+		if err := conn.Close(); err != nil {
+			t.Fatalf("%v: first Close: %v", conn.Mode(), err)
+		}
+		if err := conn.Close(); !errors.Is(err, net.ErrClosed) {
+			t.Errorf("%v: second Close: %v, want net.ErrClosed", conn.Mode(), err)
+		}
+	}
+}

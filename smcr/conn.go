@@ -101,6 +101,7 @@ var (
 var (
 	errReadTimeout  error = &net.OpError{Op: "read", Net: "smc", Err: os.ErrDeadlineExceeded}
 	errWriteTimeout error = &net.OpError{Op: "write", Net: "smc", Err: os.ErrDeadlineExceeded}
+	errClosedTwice  error = &net.OpError{Op: "close", Net: "smc", Err: net.ErrClosed}
 )
 
 // Conn is one connection. It implements net.Conn; Mode tells whether its bytes go
