@@ -95,3 +95,15 @@ func TestRunWithoutKernel(t *testing.T) {
 		t.Fatalf("Run: exit %d, err %v, want an error saying the guest did not run the command\n%s", res.ExitCode, err, res.Output)
 	}
 }
+
+// TestRunWithDynamicBusybox: a dynamically linked busybox, which the guest's
+// initramfs (no libraries) cannot run, is refused before the VM starts, with
+// what to install, not reported as the guest's failure.
+func TestRunWithDynamicBusybox(t *testing.T) {
+	requireVM(t)
+	t.Setenv("SMCR_VM_BUSYBOX", "/bin/bash") // any dynamic executable
+	res, err := Run(context.Background(), Options{Args: []string{"true"}})
+	if err == nil || !strings.Contains(err.Error(), "did not run the command") || !strings.Contains(string(res.Output), "install busybox-static") {
+		t.Fatalf("Run: exit %d, err %v, want a refusal naming busybox-static\n%s", res.ExitCode, err, res.Output)
+	}
+}

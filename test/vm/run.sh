@@ -31,6 +31,13 @@ done
 for tool in qemu-system-x86_64 busybox cpio depmod modprobe apt-get dpkg-deb; do
 	command -v $tool >/dev/null || { echo "vm: $tool not found: run scripts/deps.sh (needs qemu-system-x86 busybox-static kmod cpio)" >&2; exit 125; }
 done
+# The initramfs has no libraries: a dynamic busybox (Debian's busybox package
+# rather than busybox-static) would fail there with a bare "not found".
+busybox=${SMCR_VM_BUSYBOX:-/bin/busybox} # a test's stand-in
+if ldd "$busybox" >/dev/null 2>&1; then
+	echo "vm: $busybox is dynamically linked: install busybox-static (scripts/deps.sh)" >&2
+	exit 125
+fi
 
 cache=${SMCR_VM_CACHE:-$here/cache}
 release=$("$here/kernel.sh")
@@ -42,7 +49,7 @@ trap 'rm -rf "$job"' EXIT
 # initramfs: static busybox, init.sh and the modules that reach the 9p root.
 stage=$job/initramfs
 mkdir -p "$stage"/{bin,sbin,usr/bin,usr/sbin,proc,sys,dev,tmp} "$stage/lib/modules/$release"
-cp /bin/busybox "$stage/bin/busybox"
+cp "$busybox" "$stage/bin/busybox"
 cp "$here/init.sh" "$stage/init"
 chmod +x "$stage/init"
 for m in virtio_pci 9pnet_virtio 9p; do
