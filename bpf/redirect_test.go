@@ -542,3 +542,33 @@ func connectRaw(t *testing.T, ns *nstest.NS, sa unix.Sockaddr) int {
 	}))
 	return fd
 }
+
+// A socket bound to a device (SO_BINDTODEVICE, a VRF) cannot reach smcrd's
+// loopback listener: redirected, its connect would fail with "no route to
+// host". It goes where it asked, as without smcrd.
+func TestRedirectSkipsBoundToDevice(t *testing.T) {
+	h := newClientHost(t)
+	for _, b := range []netip.Addr{h.p.B.Addr4(), h.p.B.Addr6()} {
+		family, sa := unix.AF_INET6, unix.Sockaddr(&unix.SockaddrInet6{Addr: b.As16(), Port: portListed})
+		if b.Is4() {
+			family, sa = unix.AF_INET, &unix.SockaddrInet4{Addr: b.As4(), Port: portListed}
+		}
+		must(t, h.p.A.Do(func() error {
+			fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+			if err != nil {
+				return err
+			}
+			t.Cleanup(func() { unix.Close(fd) })
+			if err := unix.SetsockoptString(fd, unix.SOL_SOCKET, unix.SO_BINDTODEVICE, h.p.A.Links[0].Name); err != nil {
+				return err
+			}
+			if err := unix.Connect(fd, sa); err != nil {
+				return fmt.Errorf("connect to %s bound to %s: %w", b, h.p.A.Links[0].Name, err)
+			}
+			return nil
+		}))
+		if acceptWithin(t, h.server, time.Second) == nil {
+			t.Errorf("%s: the server accepted nothing", b)
+		}
+	}
+}

@@ -63,6 +63,10 @@ static __always_inline struct config *redirect_ok(struct bpf_sock_addr *ctx)
 	}
 	if (!ctx->sk || is_own(ctx->sk))
 		return 0;
+	/* Bound to a device (SO_BINDTODEVICE, a VRF): no route from there to
+	 * smcrd's loopback listener, so the connect would fail. */
+	if (ctx->sk->bound_dev_if)
+		return 0;
 	return cfg;
 }
 
