@@ -572,3 +572,38 @@ func TestRedirectSkipsBoundToDevice(t *testing.T) {
 		}
 	}
 }
+
+// smcrd may be done with a connection before the application accepts it: a
+// client that sends and closes at once. The application still sees the client,
+// in accept and in getpeername, for as long as its socket lives.
+func TestShowPeerAfterSmcrdClosed(t *testing.T) {
+	p := nstest.NewPair(t)
+	l := loadIn(t, p.B, Options{CgroupPath: testCgroup(t)})
+	app := listen(t, p.B, ":7003", nil, nil)
+	for _, c := range []struct{ dst, client netip.AddrPort }{
+		{netip.AddrPortFrom(p.B.Addr4(), 7003), netip.AddrPortFrom(p.A.Addr4(), 40001)},
+		{netip.AddrPortFrom(p.B.Addr6(), 7003), netip.AddrPortFrom(p.A.Addr6(), 40002)},
+	} {
+		s := dial(t, p.B, c.dst.String(), l, &Tag{ShowPeer: c.client})
+		if _, err := s.Write([]byte("hello")); err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+		time.Sleep(100 * time.Millisecond) // smcrd's socket reaches CLOSE
+		acc := acceptWithin(t, app, time.Second)
+		if acc == nil {
+			t.Fatal("application accepted nothing")
+		}
+		if got := addrPort(acc.RemoteAddr()); got != c.client {
+			t.Errorf("accept after smcrd closed: peer %v, want the client %v", got, c.client)
+		}
+		var peer unix.Sockaddr
+		rc, err := acc.(*net.TCPConn).SyscallConn()
+		must(t, err)
+		must(t, rc.Control(func(fd uintptr) { peer, err = unix.Getpeername(int(fd)) }))
+		must(t, err)
+		if got := sockaddrAP(peer); netip.AddrPortFrom(got.Addr().Unmap(), got.Port()) != c.client {
+			t.Errorf("getpeername after smcrd closed: %v, want the client %v", got, c.client)
+		}
+	}
+}

@@ -49,6 +49,8 @@ struct config {
 #define SK_OPTION 2     /* write the SMC option on SYN / echo it on SYN-ACK (listener) */
 #define SK_SHOW_PEER 4  /* the peer of this connection's other end is addr:port */
 #define SK_REDIRECTED 8 /* set by connect4/6: addr:port is the original destination */
+#define SK_PEER 16      /* set by sockops on an application's socket accepted from smcrd
+			 * (SK_SHOW_PEER): addr:port is the peer getpeername shows */
 
 struct sk_state {
 	__u32 flags;
@@ -210,7 +212,10 @@ struct {
 } smcr_origdst SEC(".maps");
 
 /* Peer to show on the server host: keyed by the connection as the application's
- * accepted socket sees it (smcrd connected to it with SK_SHOW_PEER). */
+ * accepted socket sees it (smcrd connected to it with SK_SHOW_PEER). Only until
+ * that socket is established: sockops then moves the entry into the socket's
+ * storage (SK_PEER), which lives as long as the application's socket does,
+ * however early smcrd's end closes. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 65536);

@@ -218,9 +218,11 @@ static __always_inline struct addr_port *shown_peer(struct bpf_sock_addr *ctx, s
 
 	if (!sk)
 		return 0;
-	/* Client host: the application's redirected socket shows the server it asked for. */
+	/* Client host: the application's redirected socket shows the server it
+	 * asked for. Server host: the application's socket accepted from smcrd
+	 * shows the client (SK_PEER), or, not yet established, smcr_peers does. */
 	st = bpf_sk_storage_get(&smcr_sk, sk, 0, 0);
-	if (st && (st->flags & SK_REDIRECTED)) {
+	if (st && (st->flags & (SK_REDIRECTED | SK_PEER))) {
 		buf->family = st->family;
 		buf->addr[0] = st->addr[0];
 		buf->addr[1] = st->addr[1];
@@ -229,7 +231,6 @@ static __always_inline struct addr_port *shown_peer(struct bpf_sock_addr *ctx, s
 		buf->port = st->port;
 		return buf;
 	}
-	/* Server host: the application's socket accepted from smcrd shows the client. */
 	cfg = config();
 	if (!cfg || !netns_ok(ctx, cfg))
 		return 0;

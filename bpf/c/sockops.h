@@ -196,13 +196,35 @@ static __always_inline void on_active_established(struct bpf_sock_ops *skops)
 	set_cb_flags(skops, 0, BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
 }
 
+/* An application's socket accepted from smcrd (SK_SHOW_PEER): the peer to show
+ * moves from smcr_peers into the socket's storage. smcrd's end may close (and
+ * forget the map entry) before the application accepts or asks getpeername. */
+static __always_inline void adopt_peer(struct bpf_sock_ops *skops, struct tuple *t)
+{
+	struct addr_port *ap = bpf_map_lookup_elem(&smcr_peers, t);
+	struct sk_state *st;
+
+	if (!ap || !skops->sk)
+		return;
+	st = bpf_sk_storage_get(&smcr_sk, skops->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!st)
+		return; /* the map entry serves until smcrd's end closes */
+	st->flags = SK_PEER;
+	st->family = ap->family;
+	__builtin_memcpy(st->addr, ap->addr, sizeof(st->addr));
+	st->port = ap->port;
+	bpf_map_delete_elem(&smcr_peers, t);
+}
+
 static __always_inline void on_passive_established(struct bpf_sock_ops *skops)
 {
 	struct tuple t = {};
 
-	if (!(skops->bpf_sock_ops_cb_flags & BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG))
-		return;
 	ops_tuple(skops, &t, 1);
+	if (!(skops->bpf_sock_ops_cb_flags & BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG)) {
+		adopt_peer(skops, &t);
+		return;
+	}
 	if (bpf_map_lookup_elem(&smcr_seen, &t)) {
 		seen_or(skops, SEEN_ESTABLISHED);
 		set_cb_flags(skops, BPF_SOCK_OPS_STATE_CB_FLAG, BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
