@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 
 	"github.com/smcr-io/smcr/internal/nstest"
@@ -102,21 +104,29 @@ func testOptionAndSteering(t *testing.T, clsBPF bool) {
 	}
 }
 
+// newSteering4: loaders in A and B; in B the application and smcrd's IPv4
+// steering listener on portSteered, listed, smcrd alive.
+func newSteering4(t *testing.T) (p *nstest.Pair, la, lb *Loader, app, steer4 net.Listener) {
+	t.Helper()
+	p = nstest.NewPair(t)
+	cg := testCgroup(t)
+	la = loadIn(t, p.A, Options{CgroupPath: cg})
+	lb = loadIn(t, p.B, Options{CgroupPath: cg, Interfaces: []string{p.B.Links[0].Name}})
+	app = listen(t, p.B, fmt.Sprintf(":%d", portSteered), nil, nil)
+	steer4 = listen(t, p.B, "127.0.0.1:0", lb, &Tag{SMCOption: true})
+	must(t, lb.RegisterSteering(steer4.(*net.TCPListener)))
+	must(t, lb.SetPorts([]PortRange{{portSteered, portSteered}}))
+	must(t, lb.SetAlive(time.Minute))
+	return p, la, lb, app, steer4
+}
+
 // A mark outlives its connection in the LRU. After the port leaves the list, a
 // plain client reusing the marked 4-tuple reaches the application; and
 // sk_lookup steers by a mark only while the port is listed and the mark is
 // recent, whatever tc did (it does not parse every SYN).
 func TestStaleMark(t *testing.T) {
-	p := nstest.NewPair(t)
-	cg := testCgroup(t)
-	la := loadIn(t, p.A, Options{CgroupPath: cg})
-	lb := loadIn(t, p.B, Options{CgroupPath: cg, Interfaces: []string{p.B.Links[0].Name}})
-	app := listen(t, p.B, fmt.Sprintf(":%d", portSteered), nil, nil)
-	steer4 := listen(t, p.B, "127.0.0.1:0", lb, &Tag{SMCOption: true})
-	must(t, lb.RegisterSteering(steer4.(*net.TCPListener)))
+	p, la, lb, app, steer4 := newSteering4(t)
 	listed := []PortRange{{portSteered, portSteered}}
-	must(t, lb.SetPorts(listed))
-	must(t, lb.SetAlive(time.Minute))
 	dst := netip.AddrPortFrom(p.B.Addr4(), portSteered)
 	dialFrom := func(ns *nstest.NS, src netip.AddrPort, l *Loader, tag *Tag) net.Conn {
 		var c net.Conn
@@ -409,5 +419,45 @@ func TestNonEthernetWarned(t *testing.T) {
 	must(t, p.B.Do(func() error { return l.SetInterfaces([]string{p.B.Links[0].Name, "smcrtun0"}) }))
 	if !strings.Contains(log.String(), "without Ethernet headers") || !strings.Contains(log.String(), "interface=smcrtun0") {
 		t.Errorf("listing a tun device logged no warning:\n%s", log.String())
+	}
+}
+
+// A SYN-ACK lost on the way: the steering listener's retransmission, whether
+// its timer or the client's repeated SYN sends it, echoes the option as the
+// first did. Without it the client counts the server as lacking SMC-R.
+func TestOptionSYNACKRetransmitted(t *testing.T) {
+	p, la, _, app, steer4 := newSteering4(t)
+	dst := netip.AddrPortFrom(p.B.Addr4(), portSteered)
+	// Neighbours resolved, so that dropping what A receives drops only the SYN-ACK.
+	dial(t, p.A, dst.String(), nil, nil).Close()
+	if acceptWithin(t, app, time.Second) == nil {
+		t.Fatal("application accepted nothing")
+	}
+
+	drop, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type:         ebpf.SchedCLS,
+		License:      "Dual MIT/GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2 /* TC_ACT_SHOT */), asm.Return()},
+	})
+	must(t, err)
+	defer drop.Close()
+	var dropLink link.Link
+	must(t, p.A.Do(func() error {
+		iface, err := net.InterfaceByName(p.A.Links[0].Name)
+		if err != nil {
+			return err
+		}
+		dropLink, err = link.AttachTCX(link.TCXOptions{Interface: iface.Index, Program: drop, Attach: ebpf.AttachTCXIngress})
+		return err
+	}))
+	time.AfterFunc(300*time.Millisecond, func() { dropLink.Close() })
+	c := dial(t, p.A, dst.String(), la, &Tag{SMCOption: true})
+	if acceptWithin(t, steer4, time.Second) == nil {
+		t.Fatal("SYN with the SMC option not steered")
+	}
+	s, err := la.Seen(addrPort(c.LocalAddr()), addrPort(c.RemoteAddr()))
+	want := SeenSentSYNOption | SeenPeerEchoed | SeenPeerSMCX
+	if err != nil || s&want != want {
+		t.Errorf("client Seen = %#x, %v; want the option sent and echoed with SMCX", s, err)
 	}
 }

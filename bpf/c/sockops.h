@@ -8,6 +8,7 @@
 
 #define TCPHDR_SYN 0x02
 #define TCPHDR_ACK 0x10
+#define SOL_TCP 6
 
 static __always_inline int netns_ok_ops(struct bpf_sock_ops *skops)
 {
@@ -114,8 +115,14 @@ static __always_inline void on_listen(struct bpf_sock_ops *skops)
 	if (!sk)
 		return;
 	st = bpf_sk_storage_get(&smcr_sk, sk, 0, 0);
-	if (st && (st->flags & SK_OPTION))
+	if (st && (st->flags & SK_OPTION)) {
+		int one = 1;
+
+		/* A retransmitted SYN-ACK (lost, or the SYN came again) is built
+		 * without the SYN; only a saved copy tells it to echo the option. */
+		bpf_setsockopt(skops, SOL_TCP, TCP_SAVE_SYN, &one, sizeof(one));
 		set_cb_flags(skops, BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG, 0);
+	}
 }
 
 /* Room for the option: on our SYN always, on a SYN-ACK only when the SYN had it,
