@@ -293,13 +293,23 @@ func TestRedirectSkipsUnspecifiedAndLinkLocal(t *testing.T) {
 // directly, shows that connection's addresses, not the first destination.
 func TestRedirectFailedThenDirect(t *testing.T) {
 	h := newClientHost(t)
-	// Redirect listeners nobody listens on: the redirected connect is refused.
-	dead4 := listen(t, h.p.A, "127.0.0.1:0", nil, nil)
-	dead6 := listen(t, h.p.A, "[::1]:0", nil, nil)
-	dead4.Close()
-	dead6.Close()
-	must(t, h.l.SetRedirect(addrPort(dead4.Addr()), addrPort(dead6.Addr())))
 	for _, b := range []netip.Addr{h.p.B.Addr4(), h.p.B.Addr6()} {
+		// A connect program attached after smcr's refuses the first
+		// connect (EPERM), once connect4/6 has redirected it.
+		at := ebpf.AttachCGroupInet4Connect
+		if b.Is6() {
+			at = ebpf.AttachCGroupInet6Connect
+		}
+		refuse, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+			Type:         ebpf.CGroupSockAddr,
+			AttachType:   at,
+			License:      "Dual MIT/GPL",
+			Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()},
+		})
+		must(t, err)
+		defer refuse.Close()
+		refuseLink, err := link.AttachCgroup(link.CgroupOptions{Path: h.l.cgroup, Attach: at, Program: refuse})
+		must(t, err)
 		sockaddr := func(port int) unix.Sockaddr {
 			if b.Is4() {
 				return &unix.SockaddrInet4{Addr: b.As4(), Port: port}
@@ -317,8 +327,11 @@ func TestRedirectFailedThenDirect(t *testing.T) {
 				return err
 			}
 			t.Cleanup(func() { unix.Close(fd) })
-			if err := unix.Connect(fd, sockaddr(portListed)); err != unix.ECONNREFUSED {
-				return fmt.Errorf("redirected connect to a dead listener: %v, want ECONNREFUSED", err)
+			if err := unix.Connect(fd, sockaddr(portListed)); err != unix.EPERM {
+				return fmt.Errorf("redirected connect, then refused: %v, want EPERM", err)
+			}
+			if err := refuseLink.Close(); err != nil {
+				return err
 			}
 			if err := unix.Connect(fd, sockaddr(portUnlisted)); err != nil {
 				return fmt.Errorf("direct connect after it: %w", err)
@@ -604,6 +617,34 @@ func TestShowPeerAfterSmcrdClosed(t *testing.T) {
 		must(t, err)
 		if got := sockaddrAP(peer); netip.AddrPortFrom(got.Addr().Unmap(), got.Port()) != c.client {
 			t.Errorf("getpeername after smcrd closed: %v, want the client %v", got, c.client)
+		}
+	}
+}
+
+// smcrd crashed: its heartbeat deadline lasts up to the TTL, but its redirect
+// listeners are gone at once. Connections go direct meanwhile instead of being
+// refused at the dead listener.
+func TestRedirectListenerGone(t *testing.T) {
+	h := newClientHost(t)
+	h.redir4.Close()
+	h.redir6.Close()
+	for _, b := range []netip.Addr{h.p.B.Addr4(), h.p.B.Addr6()} {
+		orig := netip.AddrPortFrom(b, portListed).String()
+		var c net.Conn
+		err := h.p.A.Do(func() error {
+			d := net.Dialer{Timeout: 3 * time.Second}
+			d.SetMultipathTCP(false)
+			var err error
+			c, err = d.Dial("tcp", orig)
+			return err
+		})
+		if err != nil {
+			t.Errorf("connect to %s with smcrd's listeners gone: %v", orig, err)
+			continue
+		}
+		c.Close()
+		if acceptWithin(t, h.server, time.Second) == nil {
+			t.Errorf("%s: the server accepted nothing", orig)
 		}
 	}
 }

@@ -45,6 +45,19 @@ static __always_inline int direct(struct bpf_sock_addr *ctx)
 	return 1;
 }
 
+/* listening: smcrd's redirect listener at tup's destination is there. A
+ * crashed smcrd's listeners go with it at once, while its heartbeat deadline
+ * lasts up to the TTL: connects sent there meanwhile would be refused. */
+static __always_inline int listening(struct bpf_sock_addr *ctx, struct bpf_sock_tuple *tup, __u32 size)
+{
+	struct bpf_sock *sk = bpf_sk_lookup_tcp(ctx, tup, size, BPF_F_CURRENT_NETNS, 0);
+
+	if (!sk)
+		return 0;
+	bpf_sk_release(sk);
+	return 1;
+}
+
 /* redirect_ok applies the checks common to both families. */
 static __always_inline struct config *redirect_ok(struct bpf_sock_addr *ctx)
 {
@@ -74,6 +87,7 @@ SEC("cgroup/connect4")
 int smcr_connect4(struct bpf_sock_addr *ctx)
 {
 	struct addr_key nk = {.family = AF_INET};
+	struct bpf_sock_tuple tup = {};
 	struct prefix_val *pv = 0;
 	struct sk_state *st;
 	struct config *cfg;
@@ -100,6 +114,13 @@ int smcr_connect4(struct bpf_sock_addr *ctx)
 		count(STAT_SKIP_NEGATIVE);
 		return direct(ctx);
 	}
+	tup.ipv4.saddr = cfg->redir4_addr;
+	tup.ipv4.daddr = cfg->redir4_addr;
+	tup.ipv4.dport = cfg->redir4_port;
+	if (!listening(ctx, &tup, sizeof(tup.ipv4))) {
+		count(STAT_SKIP_DEAD);
+		return direct(ctx);
+	}
 	st = bpf_sk_storage_get(&smcr_sk, ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
 	if (!st)
 		return 1;
@@ -120,6 +141,7 @@ SEC("cgroup/connect6")
 int smcr_connect6(struct bpf_sock_addr *ctx)
 {
 	struct addr_key nk = {.family = AF_INET6};
+	struct bpf_sock_tuple tup = {};
 	struct prefix_val *pv = 0;
 	struct sk_state *st;
 	struct config *cfg;
@@ -156,6 +178,13 @@ int smcr_connect6(struct bpf_sock_addr *ctx)
 	nk.addr[3] = a3;
 	if (negative(&nk)) {
 		count(STAT_SKIP_NEGATIVE);
+		return direct(ctx);
+	}
+	__builtin_memcpy(tup.ipv6.saddr, cfg->redir6_addr, 16);
+	__builtin_memcpy(tup.ipv6.daddr, cfg->redir6_addr, 16);
+	tup.ipv6.dport = cfg->redir6_port;
+	if (!listening(ctx, &tup, sizeof(tup.ipv6))) {
+		count(STAT_SKIP_DEAD);
 		return direct(ctx);
 	}
 	st = bpf_sk_storage_get(&smcr_sk, ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
