@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -138,13 +139,19 @@ func TestRedirectSendAndClose(t *testing.T) {
 	must(t, h.l.ForgetOriginalDst(local, remote)) // twice: nothing to do
 
 	// A leftover (smcrd crashed before reading it) on the 4-tuple of a new
-	// redirected connection gives way to that connection's destination.
-	const appPort = 41235
+	// redirected connection gives way to that connection's destination. The
+	// application's port is one of two: a bound socket is not redirected.
+	const appPort = 41234
 	stale := netip.AddrPortFrom(h.p.B.Addr4(), 9)
-	key := tuple(addrPort(h.redir4.Addr()), netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), appPort))
-	must(t, h.l.objs.SmcrOrigdst.Put(key, smcrAddrPort{Family: unix.AF_INET, Addr: addrWords(stale.Addr()), Port: netPort(stale.Port())}))
+	for port := uint16(appPort); port <= appPort+1; port++ {
+		key := tuple(addrPort(h.redir4.Addr()), netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port))
+		must(t, h.l.objs.SmcrOrigdst.Put(key, smcrAddrPort{Family: unix.AF_INET, Addr: addrWords(stale.Addr()), Port: netPort(stale.Port())}))
+	}
 	must(t, h.p.A.Do(func() error {
-		d := net.Dialer{Timeout: 3 * time.Second, LocalAddr: &net.TCPAddr{Port: appPort}}
+		return os.WriteFile("/proc/sys/net/ipv4/ip_local_port_range", fmt.Appendf(nil, "%d %d", appPort, appPort+1), 0)
+	}))
+	must(t, h.p.A.Do(func() error {
+		d := net.Dialer{Timeout: 3 * time.Second}
 		d.SetMultipathTCP(false)
 		c, err := d.Dial("tcp", orig.String())
 		if err == nil {
@@ -156,8 +163,8 @@ func TestRedirectSendAndClose(t *testing.T) {
 	if acc == nil {
 		t.Fatal("redirect listener accepted nothing")
 	}
-	if got := addrPort(acc.RemoteAddr()).Port(); got != appPort {
-		t.Fatalf("application's port %d, want %d", got, appPort)
+	if got := addrPort(acc.RemoteAddr()).Port(); got != appPort && got != appPort+1 {
+		t.Fatalf("application's port %d, want %d or %d", got, appPort, appPort+1)
 	}
 	if got, err := OriginalDst(acc.(*net.TCPConn)); err != nil || got != orig {
 		t.Errorf("SO_ORIGINAL_DST over a leftover entry = %v, %v; want %v", got, err, orig)
@@ -645,6 +652,54 @@ func TestRedirectListenerGone(t *testing.T) {
 		c.Close()
 		if acceptWithin(t, h.server, time.Second) == nil {
 			t.Errorf("%s: the server accepted nothing", orig)
+		}
+	}
+}
+
+// An application that bound its socket chose the address or port the server
+// sees (an allow-list, NFS's reserved ports). smcrd's own connection would
+// leave from an address and port of its choosing, so such sockets go direct.
+func TestRedirectSkipsBound(t *testing.T) {
+	h := newClientHost(t)
+	for i, c := range []struct {
+		bind netip.AddrPort
+		dst  netip.Addr
+	}{
+		{netip.AddrPortFrom(h.p.A.Addr4(), 0), h.p.B.Addr4()},
+		{netip.AddrPortFrom(h.p.A.Addr6(), 0), h.p.B.Addr6()},
+		{netip.AddrPortFrom(netip.IPv4Unspecified(), 41250), h.p.B.Addr4()},
+		{netip.AddrPortFrom(netip.IPv6Unspecified(), 41251), h.p.B.Addr6()},
+	} {
+		var local unix.Sockaddr
+		must(t, h.p.A.Do(func() error {
+			family, bind := unix.AF_INET6, unix.Sockaddr(&unix.SockaddrInet6{Addr: c.bind.Addr().As16(), Port: int(c.bind.Port())})
+			dst := unix.Sockaddr(&unix.SockaddrInet6{Addr: c.dst.As16(), Port: portListed})
+			if c.dst.Is4() {
+				family, bind = unix.AF_INET, &unix.SockaddrInet4{Addr: c.bind.Addr().As4(), Port: int(c.bind.Port())}
+				dst = &unix.SockaddrInet4{Addr: c.dst.As4(), Port: portListed}
+			}
+			fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+			if err != nil {
+				return err
+			}
+			t.Cleanup(func() { unix.Close(fd) })
+			if err := unix.Bind(fd, bind); err != nil {
+				return err
+			}
+			if err := unix.Connect(fd, dst); err != nil {
+				return fmt.Errorf("connect bound to %v: %w", c.bind, err)
+			}
+			local, err = unix.Getsockname(fd)
+			return err
+		}))
+		acc := acceptWithin(t, h.server, time.Second)
+		if acc == nil {
+			t.Errorf("%d: bound to %v: the server accepted nothing (redirected)", i, c.bind)
+			continue
+		}
+		if got, want := addrPort(acc.RemoteAddr()), sockaddrAP(local); got != want || (c.bind.Port() != 0 && got.Port() != c.bind.Port()) ||
+			(c.bind.Port() == 0 && got.Addr() != c.bind.Addr()) {
+			t.Errorf("%d: bound to %v: the server sees %v, the application %v", i, c.bind, got, want)
 		}
 	}
 }

@@ -58,6 +58,18 @@ static __always_inline int listening(struct bpf_sock_addr *ctx, struct bpf_sock_
 	return 1;
 }
 
+/* bound: the application bound its socket to an address or a port, chosen
+ * for the server to see (an allow-list, NFS's reserved ports); smcrd's own
+ * connection would leave from an address and port of its choosing. */
+static __always_inline int bound(struct bpf_sock *sk)
+{
+	if (sk->src_port)
+		return 1;
+	if (sk->family == AF_INET)
+		return sk->src_ip4 != 0;
+	return (sk->src_ip6[0] | sk->src_ip6[1] | sk->src_ip6[2] | sk->src_ip6[3]) != 0;
+}
+
 /* redirect_ok applies the checks common to both families. */
 static __always_inline struct config *redirect_ok(struct bpf_sock_addr *ctx)
 {
@@ -78,7 +90,7 @@ static __always_inline struct config *redirect_ok(struct bpf_sock_addr *ctx)
 		return 0;
 	/* Bound to a device (SO_BINDTODEVICE, a VRF): no route from there to
 	 * smcrd's loopback listener, so the connect would fail. */
-	if (ctx->sk->bound_dev_if)
+	if (ctx->sk->bound_dev_if || bound(ctx->sk))
 		return 0;
 	return cfg;
 }
