@@ -3,6 +3,7 @@ package bpf
 import (
 	"encoding/binary"
 	"errors"
+	"net/netip"
 	"os"
 	"testing"
 
@@ -177,4 +178,84 @@ func FuzzTCOptions(f *testing.F) {
 			t.Errorf("options %x: marked %v, reference %v", opts, got, want)
 		}
 	})
+}
+
+var syn6Src, syn6Dst = netip.MustParseAddr("2001:db8::1"), netip.MustParseAddr("2001:db8::2")
+
+var syn6Key = smcrTuple{Family: unix.AF_INET6, Laddr: addrWords(syn6Dst), Raddr: addrWords(syn6Src), Lport: portSteered, Rport: 40000}
+
+// syn6WithOptions builds an Ethernet/IPv6/TCP SYN from [2001:db8::1]:40000 to
+// [2001:db8::2]:7002 with opts (a multiple of 4 long), behind extension
+// headers of the kinds ext (hop-by-hop, destination options, routing), each 16
+// bytes of padding.
+func syn6WithOptions(opts []byte, ext ...uint8) []byte {
+	f := make([]byte, 14+40+16*len(ext)+20+len(opts))
+	binary.BigEndian.PutUint16(f[12:], unix.ETH_P_IPV6)
+	ip := f[14:]
+	ip[0] = 0x60
+	binary.BigEndian.PutUint16(ip[4:], uint16(len(f)-14-40))
+	ip[7] = 64
+	copy(ip[8:], syn6Src.AsSlice())
+	copy(ip[24:], syn6Dst.AsSlice())
+	next := ip[6:7]
+	h := ip[40:]
+	for _, kind := range ext {
+		next[0] = kind
+		h[1] = 1           // (1+1)*8 bytes
+		h[2], h[3] = 1, 12 // PadN over the rest
+		next, h = h[0:1], h[16:]
+	}
+	next[0] = unix.IPPROTO_TCP
+	binary.BigEndian.PutUint16(h[0:], 40000)
+	binary.BigEndian.PutUint16(h[2:], portSteered)
+	h[12] = byte((20+len(opts))/4) << 4
+	h[13] = 0x02 // SYN
+	copy(h[20:], opts)
+	return f
+}
+
+// TestTCIPv6ExtensionHeaders: a SYN behind IPv6 extension headers is read like
+// any other: marked with the option, and without it clearing the mark an
+// earlier connection left on its 4-tuple, which would otherwise steer this
+// plain connection to smcrd (who would wait for a CLC Proposal).
+func TestTCIPv6ExtensionHeaders(t *testing.T) {
+	o := tcObjects(t)
+	smc := append([]byte{1, 1}, smcOpt...)
+	for _, c := range []struct {
+		name string
+		opts []byte
+		ext  []uint8
+		want bool
+	}{
+		{"option", smc, nil, true},
+		{"option behind hop-by-hop", smc, []uint8{unix.IPPROTO_HOPOPTS}, true},
+		{"option behind hop-by-hop, routing, destination", smc, []uint8{unix.IPPROTO_HOPOPTS, unix.IPPROTO_ROUTING, unix.IPPROTO_DSTOPTS}, true},
+		{"no option behind hop-by-hop", nil, []uint8{unix.IPPROTO_HOPOPTS}, false},
+		{"no option behind destination options", nil, []uint8{unix.IPPROTO_DSTOPTS}, false},
+	} {
+		if !c.want {
+			must2(t, o.SmcrSynmark.Put(syn6Key, uint64(monotonic())))
+		} else {
+			o.SmcrSynmark.Delete(syn6Key)
+		}
+		ret, err := o.SmcrTcIngress.Run(&ebpf.RunOptions{Data: syn6WithOptions(c.opts, c.ext...)})
+		if err != nil || int32(ret) != -1 {
+			t.Fatalf("%s: tc program returned %d, %v; want TC_ACT_UNSPEC", c.name, int32(ret), err)
+		}
+		var ts uint64
+		if got := o.SmcrSynmark.Lookup(syn6Key, &ts) == nil; got != c.want {
+			t.Errorf("%s: marked %v, want %v", c.name, got, c.want)
+		}
+	}
+	// A header claiming more than the frame holds: passed on, unread.
+	f := syn6WithOptions(smc, unix.IPPROTO_HOPOPTS)
+	f[14+40+1] = 255
+	o.SmcrSynmark.Delete(syn6Key)
+	if ret, err := o.SmcrTcIngress.Run(&ebpf.RunOptions{Data: f}); err != nil || int32(ret) != -1 {
+		t.Errorf("truncated extension header: tc program returned %d, %v; want TC_ACT_UNSPEC", int32(ret), err)
+	}
+	var ts uint64
+	if o.SmcrSynmark.Lookup(syn6Key, &ts) == nil {
+		t.Error("truncated extension header: marked")
+	}
 }

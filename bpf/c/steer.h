@@ -6,6 +6,10 @@
 #include "maps.h"
 
 #define TCP_MAX_OPTS 40
+/* How far into a frame the TCP header may start (bounds for the verifier):
+ * past IPv4 options, or up to IPV6_EXT_MAX IPv6 extension headers. */
+#define THOFF_MAX 512
+#define IPV6_EXT_MAX 4
 
 /* How long a mark steers. sk_lookup meets it microseconds after tc wrote it, on
  * the SYN, or a round trip or a few retransmissions later, on the handshake's
@@ -76,19 +80,36 @@ int smcr_tc_ingress(struct __sk_buff *skb)
 		t.raddr[0] = ip->saddr;
 	} else if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
 		struct ipv6hdr *ip6 = (void *)(eth + 1);
+		__u8 next;
 
-		/* Extension headers before TCP are not followed: such SYNs go to the
-		 * application (fail open). */
-		if ((void *)(ip6 + 1) > end || ip6->nexthdr != IPPROTO_TCP)
+		if ((void *)(ip6 + 1) > end)
 			return TC_ACT_UNSPEC;
 		thoff = sizeof(*eth) + sizeof(*ip6);
+		/* Hop-by-hop, routing and destination options headers before TCP
+		 * are stepped over: a SYN behind them must clear an old mark as
+		 * much as any. Anything else (a fragment, AH, ESP, more headers)
+		 * is no SYN tc can read: it goes to the application (fail open). */
+		next = ip6->nexthdr;
+#pragma unroll
+		for (int i = 0; i < IPV6_EXT_MAX; i++) {
+			struct ipv6_opt_hdr *h = data + thoff;
+
+			if (next != IPPROTO_HOPOPTS && next != IPPROTO_ROUTING && next != IPPROTO_DSTOPTS)
+				break;
+			if (thoff > THOFF_MAX || (void *)(h + 1) > end)
+				return TC_ACT_UNSPEC;
+			next = h->nexthdr;
+			thoff += (h->hdrlen + 1) * 8;
+		}
+		if (next != IPPROTO_TCP)
+			return TC_ACT_UNSPEC;
 		t.family = AF_INET6;
 		__builtin_memcpy(t.laddr, &ip6->daddr, 16);
 		__builtin_memcpy(t.raddr, &ip6->saddr, 16);
 	} else {
 		return TC_ACT_UNSPEC;
 	}
-	if (thoff > 256)
+	if (thoff > THOFF_MAX)
 		return TC_ACT_UNSPEC;
 	th = data + thoff;
 	if ((void *)(th + 1) > end)
