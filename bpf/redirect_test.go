@@ -343,10 +343,7 @@ func TestRedirectFailedThenDirect(t *testing.T) {
 			if err := unix.Connect(fd, sockaddr(portUnlisted)); err != nil {
 				return fmt.Errorf("direct connect after it: %w", err)
 			}
-			if peer, err = unix.Getpeername(fd); err != nil {
-				return err
-			}
-			local, err = unix.Getsockname(fd)
+			peer, local, err = names(fd)
 			return err
 		}))
 		acc := acceptWithin(t, h.unlisted, time.Second)
@@ -360,6 +357,15 @@ func TestRedirectFailedThenDirect(t *testing.T) {
 			t.Errorf("getsockname = %v, want %v", got, want)
 		}
 	}
+}
+
+// names returns what getpeername and getsockname answer for fd.
+func names(fd int) (peer, local unix.Sockaddr, err error) {
+	if peer, err = unix.Getpeername(fd); err != nil {
+		return nil, nil, err
+	}
+	local, err = unix.Getsockname(fd)
+	return peer, local, err
 }
 
 func sockaddrAP(sa unix.Sockaddr) netip.AddrPort {
@@ -701,5 +707,48 @@ func TestRedirectSkipsBound(t *testing.T) {
 			(c.bind.Port() == 0 && got.Addr() != c.bind.Addr()) {
 			t.Errorf("%d: bound to %v: the server sees %v, the application %v", i, c.bind, got, want)
 		}
+	}
+}
+
+// A dual-stack IPv6 socket reaches IPv4 servers through IPv4-mapped addresses,
+// as every Java application does: redirected like an IPv4 socket, and shown
+// the mapped addresses it would have had.
+func TestRedirectMapped(t *testing.T) {
+	h := newClientHost(t)
+	b4, a4 := h.p.B.Addr4(), h.p.A.Addr4()
+	mapped := netip.AddrFrom16(b4.As16())
+	var peer, local unix.Sockaddr
+	must(t, h.p.A.Do(func() error {
+		fd, err := unix.Socket(unix.AF_INET6, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		t.Cleanup(func() { unix.Close(fd) })
+		if err := unix.Connect(fd, &unix.SockaddrInet6{Addr: mapped.As16(), Port: portListed}); err != nil {
+			return fmt.Errorf("connect to %s: %w", mapped, err)
+		}
+		peer, local, err = names(fd)
+		return err
+	}))
+	acc := acceptWithin(t, h.redir4, time.Second)
+	if acc == nil {
+		acceptWithin(t, h.server, 100*time.Millisecond)
+		t.Fatalf("connection to %s not redirected", mapped)
+	}
+	orig := netip.AddrPortFrom(b4, portListed)
+	if got, err := OriginalDst(acc.(*net.TCPConn)); err != nil || got != orig {
+		t.Errorf("SO_ORIGINAL_DST = %v, %v; want %v", got, err, orig)
+	}
+	if got, want := sockaddrAP(peer), netip.AddrPortFrom(mapped, portListed); got != want {
+		t.Errorf("application's getpeername = %v, want %v", got, want)
+	}
+	if got, want := sockaddrAP(local), netip.AddrPortFrom(netip.AddrFrom16(a4.As16()), addrPort(acc.RemoteAddr()).Port()); got != want {
+		t.Errorf("application's getsockname = %v, want %v", got, want)
+	}
+	// The IPv4 policy applies: a negative entry for the server keeps it direct.
+	must(t, h.l.AddNegative(b4, time.Minute))
+	connectRaw(t, h.p.A, &unix.SockaddrInet6{Addr: mapped.As16(), Port: portListed})
+	if acceptWithin(t, h.server, time.Second) == nil {
+		t.Errorf("%s in the negative cache: the server accepted nothing", b4)
 	}
 }

@@ -45,6 +45,15 @@ static __always_inline int direct(struct bpf_sock_addr *ctx)
 	return 1;
 }
 
+/* set_mapped answers the IPv4 address v4 to a dual-stack socket: mapped. */
+static __always_inline void set_mapped(struct bpf_sock_addr *ctx, __u32 v4)
+{
+	ctx->user_ip6[0] = 0;
+	ctx->user_ip6[1] = 0;
+	ctx->user_ip6[2] = bpf_htonl(0xffff);
+	ctx->user_ip6[3] = v4;
+}
+
 /* listening: smcrd's redirect listener at tup's destination is there. A
  * crashed smcrd's listeners go with it at once, while its heartbeat deadline
  * lasts up to the TTL: connects sent there meanwhile would be refused. */
@@ -95,47 +104,46 @@ static __always_inline struct config *redirect_ok(struct bpf_sock_addr *ctx)
 	return cfg;
 }
 
-SEC("cgroup/connect4")
-int smcr_connect4(struct bpf_sock_addr *ctx)
+/* redirect4: the IPv4 policy, for connect4 and for the IPv4-mapped
+ * destinations of dual-stack sockets in connect6. Records daddr as the
+ * original destination and returns 1 when it goes to smcrd's IPv4 redirect
+ * listener. */
+static __always_inline int redirect4(struct bpf_sock_addr *ctx, struct config *cfg, __u32 daddr)
 {
 	struct addr_key nk = {.family = AF_INET};
 	struct bpf_sock_tuple tup = {};
 	struct prefix_val *pv = 0;
 	struct sk_state *st;
-	struct config *cfg;
-	__u32 daddr;
 
-	cfg = redirect_ok(ctx);
-	if (!cfg || !cfg->redir4_port)
-		return direct(ctx);
-	daddr = ctx->user_ip4;
+	if (!cfg->redir4_port)
+		return 0;
 	/* Loopback, and 0.0.0.0, which Linux connects to this host too. */
 	if (!daddr || (bpf_ntohl(daddr) >> 24) == 127)
-		return direct(ctx);
+		return 0;
 	if (cfg->flags & CFG_CHECK_PREFIX) {
 		struct lpm4_key k = {.prefixlen = 32, .addr = daddr};
 
 		pv = bpf_map_lookup_elem(&smcr_prefix4, &k);
 		if (!pv || !pv->allow) {
 			count(STAT_SKIP_PREFIX);
-			return direct(ctx);
+			return 0;
 		}
 	}
 	nk.addr[0] = daddr;
 	if (negative(&nk)) {
 		count(STAT_SKIP_NEGATIVE);
-		return direct(ctx);
+		return 0;
 	}
 	tup.ipv4.saddr = cfg->redir4_addr;
 	tup.ipv4.daddr = cfg->redir4_addr;
 	tup.ipv4.dport = cfg->redir4_port;
 	if (!listening(ctx, &tup, sizeof(tup.ipv4))) {
 		count(STAT_SKIP_DEAD);
-		return direct(ctx);
+		return 0;
 	}
 	st = bpf_sk_storage_get(&smcr_sk, ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
 	if (!st)
-		return 1;
+		return 0;
 	st->flags = SK_REDIRECTED;
 	st->family = AF_INET;
 	st->addr[0] = daddr;
@@ -143,9 +151,19 @@ int smcr_connect4(struct bpf_sock_addr *ctx)
 	st->src[0] = pv ? pv->src[0] : 0;
 	st->src[1] = st->src[2] = st->src[3] = 0;
 	st->port = (__u16)ctx->user_port;
+	count(STAT_REDIRECTED);
+	return 1;
+}
+
+SEC("cgroup/connect4")
+int smcr_connect4(struct bpf_sock_addr *ctx)
+{
+	struct config *cfg = redirect_ok(ctx);
+
+	if (!cfg || !redirect4(ctx, cfg, ctx->user_ip4))
+		return direct(ctx);
 	ctx->user_ip4 = cfg->redir4_addr;
 	ctx->user_port = cfg->redir4_port;
-	count(STAT_REDIRECTED);
 	return 1;
 }
 
@@ -160,16 +178,25 @@ int smcr_connect6(struct bpf_sock_addr *ctx)
 	__u32 a0, a1, a2, a3;
 
 	cfg = redirect_ok(ctx);
-	if (!cfg || !cfg->redir6_port)
+	if (!cfg)
 		return direct(ctx);
 	a0 = ctx->user_ip6[0];
 	a1 = ctx->user_ip6[1];
 	a2 = ctx->user_ip6[2];
 	a3 = ctx->user_ip6[3];
-	/* ::1 and ::, which Linux connects to this host too, and IPv4-mapped
-	 * destinations (left alone: the IPv4 policy maps are not consulted for
-	 * them). */
-	if (!a0 && !a1 && ((!a2 && (!a3 || a3 == bpf_htonl(1))) || a2 == bpf_htonl(0xffff)))
+	/* IPv4-mapped: a dual-stack socket reaching an IPv4 server, as every
+	 * Java application does. The IPv4 policy and listener apply, mapped. */
+	if (!a0 && !a1 && a2 == bpf_htonl(0xffff)) {
+		if (!redirect4(ctx, cfg, a3))
+			return direct(ctx);
+		set_mapped(ctx, cfg->redir4_addr);
+		ctx->user_port = cfg->redir4_port;
+		return 1;
+	}
+	if (!cfg->redir6_port)
+		return direct(ctx);
+	/* ::1 and ::, which Linux connects to this host too. */
+	if (!a0 && !a1 && !a2 && (!a3 || a3 == bpf_htonl(1)))
 		return direct(ctx);
 	/* Link-local (fe80::/10): the zone that makes it routable is the socket's
 	 * scope id, which smcrd never learns, so it could not dial it. */
@@ -308,10 +335,7 @@ int smcr_getpeername6(struct bpf_sock_addr *ctx)
 		ctx->user_ip6[3] = p->addr[3];
 	} else {
 		/* A dual-stack application socket: the IPv4 peer, mapped. */
-		ctx->user_ip6[0] = 0;
-		ctx->user_ip6[1] = 0;
-		ctx->user_ip6[2] = bpf_htonl(0xffff);
-		ctx->user_ip6[3] = p->addr[0];
+		set_mapped(ctx, p->addr[0]);
 	}
 	ctx->user_port = p->port;
 	return 1;
@@ -340,8 +364,14 @@ int smcr_getsockname6(struct bpf_sock_addr *ctx)
 	if (!ctx->sk)
 		return 1;
 	st = bpf_sk_storage_get(&smcr_sk, ctx->sk, 0, 0);
-	if (!st || !(st->flags & SK_REDIRECTED) || st->family != AF_INET6)
+	if (!st || !(st->flags & SK_REDIRECTED))
 		return 1;
+	if (st->family == AF_INET) {
+		/* A dual-stack socket redirected to an IPv4 server: mapped. */
+		if (st->src[0])
+			set_mapped(ctx, st->src[0]);
+		return 1;
+	}
 	if (!(st->src[0] | st->src[1] | st->src[2] | st->src[3]))
 		return 1;
 	ctx->user_ip6[0] = st->src[0];
