@@ -2,6 +2,7 @@ package bpf
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -17,6 +18,7 @@ import (
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/smcr-io/smcr/internal/nstest"
 )
@@ -441,16 +443,39 @@ func TestOptionSYNACKRetransmitted(t *testing.T) {
 	})
 	must(t, err)
 	defer drop.Close()
-	var dropLink link.Link
+	// TCX where the kernel has it (6.6), else a cls_bpf filter ahead of any other.
+	var undrop func() error
 	must(t, p.A.Do(func() error {
 		iface, err := net.InterfaceByName(p.A.Links[0].Name)
 		if err != nil {
 			return err
 		}
-		dropLink, err = link.AttachTCX(link.TCXOptions{Interface: iface.Index, Program: drop, Attach: ebpf.AttachTCXIngress})
-		return err
+		l, err := link.AttachTCX(link.TCXOptions{Interface: iface.Index, Program: drop, Attach: ebpf.AttachTCXIngress})
+		if err == nil {
+			undrop = l.Close
+			return nil
+		}
+		if !errors.Is(err, ebpf.ErrNotSupported) {
+			return err
+		}
+		nl, err := netlink.NewHandle() // in A, for good
+		if err != nil {
+			return err
+		}
+		qdisc := &netlink.GenericQdisc{QdiscType: "clsact", QdiscAttrs: netlink.QdiscAttrs{
+			LinkIndex: iface.Index, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT}}
+		if err := nl.QdiscReplace(qdisc); err != nil && !errors.Is(err, unix.EEXIST) {
+			return err
+		}
+		f := &netlink.BpfFilter{FilterAttrs: netlink.FilterAttrs{LinkIndex: iface.Index, Parent: netlink.HANDLE_MIN_INGRESS,
+			Handle: 1, Priority: 1, Protocol: unix.ETH_P_ALL}, Fd: drop.FD(), Name: "drop", DirectAction: true}
+		if err := nl.FilterAdd(f); err != nil {
+			return err
+		}
+		undrop = func() error { defer nl.Close(); return nl.FilterDel(f) }
+		return nil
 	}))
-	time.AfterFunc(300*time.Millisecond, func() { dropLink.Close() })
+	time.AfterFunc(300*time.Millisecond, func() { undrop() })
 	c := dial(t, p.A, dst.String(), la, &Tag{SMCOption: true})
 	if acceptWithin(t, steer4, time.Second) == nil {
 		t.Fatal("SYN with the SMC option not steered")
