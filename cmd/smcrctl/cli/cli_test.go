@@ -79,6 +79,14 @@ func TestGolden(t *testing.T) {
 	}
 }
 
+// TestStatusNoDevice: an smcrd whose providers opened no device says what that
+// means rather than a bare dash.
+func TestStatusNoDevice(t *testing.T) {
+	f, h := serve(t)
+	f.St.Providers = nil
+	h.Run(t, clitest.Case{Name: "status_no_device", Args: []string{"status"}})
+}
+
 // TestHelp checks every verb's --help (and help VERB, and -h) against a golden file
 // and that each explains itself with examples.
 func TestHelp(t *testing.T) {

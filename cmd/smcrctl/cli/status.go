@@ -38,7 +38,12 @@ Examples:
 		row(tw, "pid:", st.PID)
 		row(tw, "uptime:", seconds(st.UptimeSeconds))
 		row(tw, "enabled:", enabled)
-		row(tw, "providers:", orDash(strings.Join(st.Providers, ",")))
+		providers := strings.Join(st.Providers, ",")
+		if providers == "" {
+			// Nothing opened a device at start: worth saying what it means.
+			providers = "none (no device opened: every connection falls back to TCP; smcrd's log says why)"
+		}
+		row(tw, "providers:", providers)
 		row(tw, "config file:", orDash(st.ConfigFile))
 		row(tw, "connections:", st.Connections)
 		row(tw, "link groups:", st.LinkGroups)
