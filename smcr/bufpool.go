@@ -62,6 +62,13 @@ func (lg *linkGroup) free(b *pooledBuf) {
 	lg.e.unreserve(int64(b.size))
 }
 
+// dropHeld drops a buffer that is not in the pool (a released connection's, or
+// one taken out of a connection) and gives its memory back to max_memory.
+func (lg *linkGroup) dropHeld(b *pooledBuf) {
+	lg.drop(b)
+	lg.e.unreserve(int64(b.size))
+}
+
 // drop deregisters b. An RMB the peer may know is withdrawn first while the
 // group lives (DELETE_RKEY, as Linux's smc_llc_do_delete_rkey): the peer keeps
 // the RMBs it was told of until then. lg may be nil (a setup that got no group).
@@ -305,8 +312,7 @@ func (lg *linkGroup) dropWhenQuiet(b *pooledBuf) {
 	case <-t.C:
 	case <-lg.e.ctx.Done():
 	}
-	lg.drop(b)
-	lg.e.unreserve(int64(b.size))
+	lg.dropHeld(b)
 }
 
 // keepWhenAnswered pools b once its CONFIRM_RKEY is answered (or failed, which
@@ -315,8 +321,7 @@ func (lg *linkGroup) keepWhenAnswered(b *pooledBuf, answered <-chan struct{}) {
 	defer lg.e.kept()
 	<-answered
 	if !lg.keep(b) {
-		lg.drop(b)
-		lg.e.unreserve(int64(b.size))
+		lg.dropHeld(b)
 	}
 }
 

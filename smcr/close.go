@@ -123,17 +123,18 @@ func (c *Conn) Close() error {
 	// finish (no new Write starts now), as Linux's close waits for the socket
 	// lock that sendmsg and the switch of a connection to another link hold.
 	c.awaitPostersLocked(true)
-	// Bytes the application never read end the connection abnormally, as a
-	// TCP close with unread data sends a reset and Linux's smc_close_final an
-	// abnormal close: a peer still reading must not take the end for orderly.
-	// (One that closed already is told nothing it needs.)
-	if c.rxProd > c.rxCons && !c.peerClosed && !c.localTerm && !c.lnkErr && !c.fo && c.err == nil {
-		c.abortLocked(ErrAborted)
-	}
 	// With c.err set and the link up, an abort (ours, or our answer to the
 	// peer's) is queued for the worker: a closed flag ahead of it would show
 	// the peer a graceful end, EOF where it must read ErrReset.
 	send := !c.localTerm && !c.lnkErr && !c.fo && c.err == nil
+	if send && c.rxProd > c.rxCons && !c.peerClosed {
+		// Bytes the application never read end the connection abnormally, as
+		// a TCP close with unread data sends a reset and Linux's
+		// smc_close_final an abnormal close: a peer still reading must not
+		// take the end for orderly. (One that closed already needs nothing.)
+		c.abortLocked(ErrAborted)
+		send = false
+	}
 	if send {
 		c.localTerm, c.localDone = true, true
 	}

@@ -266,8 +266,7 @@ func (c *Conn) shedBuffers() {
 	}
 	c.mu.Unlock()
 	for _, b := range bufs {
-		c.lg.drop(b)
-		c.e.unreserve(int64(b.size))
+		c.lg.dropHeld(b)
 	}
 }
 
