@@ -206,7 +206,7 @@ func TestLateWritesFromStandardPeer(t *testing.T) {
 			}
 			if !standard {
 				// Ours does not write after its close: that is a broken peer.
-				if err := <-wrote; err != nil {
+				if err := within(t, wrote, "the peer's write"); err != nil {
 					t.Fatal(err)
 				}
 				eventually(t, "the connection aborted", func() bool {
@@ -224,7 +224,7 @@ func TestLateWritesFromStandardPeer(t *testing.T) {
 			if err != nil || string(rest) != string(tail) {
 				t.Fatalf("after the body: %q, %v; want %q and EOF", rest, err, tail)
 			}
-			if err := <-wrote; err != nil {
+			if err := within(t, wrote, "the peer's write"); err != nil {
 				t.Fatal(err)
 			}
 			// Released, its RMB stays ours, neither pooled nor freed.

@@ -28,6 +28,25 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	t.Fatalf("timed out waiting for %s", what)
 }
 
+// within receives from ch, or fails the test after waitLimit: a test that
+// waits for ever hangs the whole suite until its timeout, unnamed.
+func within[T any](t testing.TB, ch <-chan T, what string) T {
+	t.Helper()
+	timer := time.NewTimer(waitLimit)
+	defer timer.Stop()
+	select {
+	case v := <-ch:
+		return v
+	case <-timer.C:
+		t.Fatalf("timed out waiting for %s", what)
+		panic("unreachable")
+	}
+}
+
+// waitLimit bounds a wait in a test for what comes at once when all is well,
+// far beyond the pauses of a busy machine under the race detector.
+const waitLimit = 30 * time.Second
+
 func TestHalfCloseBothWays(t *testing.T) {
 	p := memPair(t)
 	c, s := p.connect(t)
@@ -295,7 +314,7 @@ func TestEngineCloseAfterClose(t *testing.T) {
 		if d := time.Since(start); d > time.Second {
 			t.Errorf("connection %d: Engine.Close took %v", i, d)
 		}
-		if b := <-got; !bytes.Equal(b, msg) {
+		if b := within(t, got, "what the server read"); !bytes.Equal(b, msg) {
 			t.Fatalf("connection %d: server read %d of %d bytes", i, len(b), len(msg))
 		}
 	}
@@ -487,7 +506,7 @@ func TestCloseDuringNewLinkGroup(t *testing.T) {
 		_, err := e.newLinkGroup(lgKey{peer: [8]byte{1}, kind: verbs.KindSoft}, 0)
 		made <- err
 	}()
-	<-g.entered
+	within(t, g.entered, "the link being made")
 	closed := make(chan struct{})
 	go func() {
 		e.Close()
@@ -495,7 +514,7 @@ func TestCloseDuringNewLinkGroup(t *testing.T) {
 	}()
 	eventually(t, "Close to begin", e.isClosed)
 	close(g.release)
-	if err := <-made; !errors.Is(err, ErrEngineClosed) {
+	if err := within(t, made, "newLinkGroup"); !errors.Is(err, ErrEngineClosed) {
 		t.Errorf("new link group during Close: %v; want ErrEngineClosed", err)
 	}
 	select {

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -137,7 +138,7 @@ func (p *pair) connect(t testing.TB) (*Conn, *Conn) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := <-ch
+	r := within(t, ch, "the server's side of a connection the client made: "+c.debugState())
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
@@ -211,6 +212,9 @@ func stream(t testing.TB, w, r *Conn, total int, seed uint64) {
 	rrng := rand.New(rand.NewPCG(seed, 3))
 	n := 0
 	for {
+		// A stream that stops moving fails here, naming where each end
+		// stands, rather than hanging the suite until its timeout.
+		r.SetReadDeadline(time.Now().Add(streamStall))
 		k, err := r.Read(buf[:1+rrng.IntN(len(buf)-1)])
 		got.Write(buf[:k])
 		n += k
@@ -218,15 +222,36 @@ func stream(t testing.TB, w, r *Conn, total int, seed uint64) {
 			break
 		}
 		if err != nil {
-			t.Fatalf("read after %d bytes: %v", n, err)
+			// Errorf, not Fatalf: streams run in goroutines of their tests.
+			t.Errorf("read after %d of %d bytes: %v\nwriter %s\nreader %s", n, total, err, w.debugState(), r.debugState())
+			return
 		}
 	}
+	r.SetReadDeadline(time.Time{})
 	if err := <-errc; err != nil {
-		t.Fatal(err)
+		t.Errorf("write: %v", err)
+		return
 	}
 	if n != total || !bytes.Equal(got.Sum(nil), want.Sum(nil)) {
-		t.Fatalf("received %d of %d bytes, hash match %v", n, total, bytes.Equal(got.Sum(nil), want.Sum(nil)))
+		t.Errorf("received %d of %d bytes, hash match %v", n, total, bytes.Equal(got.Sum(nil), want.Sum(nil)))
 	}
+}
+
+// streamStall is how long stream waits for a byte: far beyond any pause of a
+// working stream, under the race detector on a busy machine too.
+const streamStall = time.Minute
+
+// debugState is what a test that failed prints of c: cursors, close and
+// failover state.
+func (c *Conn) debugState() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return fmt.Sprintf("conn %d %v client=%v: tx prod %d cons %d (peer rmbe %d) wrOut %d busy %v; "+
+		"rx prod %d cons %d confirmed %d (rmbe %d) busy %v; peer done %v closed %v, local done %v term %v; "+
+		"fo %v ready %v moving %v lnkErr %v ctl %v err %v",
+		c.id, c.mode, c.client, c.txProd, c.txCons, c.peerSize, c.wrOut.Load(), c.txBusy,
+		c.rxProd, c.rxCons, c.rxConfirmed, c.rmbSize, c.rxBusy, c.peerDone, c.peerClosed, c.localDone, c.localTerm,
+		c.fo, c.foReady, c.moving, c.lnkErr, c.ctlPending, c.err)
 }
 
 func TestStreamsBothWays(t *testing.T) {
@@ -495,7 +520,7 @@ func TestClientCLCTimeout(t *testing.T) {
 	}
 	c.Write([]byte("app"))
 	c.Close()
-	b := <-got
+	b := within(t, got, "what the server read")
 	// Proposal, Decline, then the application's bytes.
 	if !bytes.HasSuffix(b, []byte("app")) || !bytes.HasPrefix(b, clc.Eyecatcher[:]) {
 		t.Fatalf("server saw %x", b)
@@ -522,7 +547,7 @@ func TestClientMalformedCLC(t *testing.T) {
 	if c.Mode() != ModeFallback || c.Decline().Code != clc.DeclineConfigError || !c.Decline().Sent {
 		t.Fatalf("%v %+v", c.Mode(), c.Decline())
 	}
-	m, err := clc.Parse(<-got)
+	m, err := clc.Parse(within(t, got, "what the server read"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -785,7 +810,7 @@ func TestClientStandard(t *testing.T) {
 
 	addr, got := linuxLikeServer(t)
 	c := dial(e, addr, ClientOptions{Standard: true})
-	p, ok := (<-got).(*clc.Proposal)
+	p, ok := within(t, got, "the client's first CLC message").(*clc.Proposal)
 	if !ok {
 		t.Fatal("no proposal")
 	}
@@ -807,7 +832,7 @@ func TestClientStandard(t *testing.T) {
 	e2 := newEngine(t, Config{Devices: memDevices(t, verbs.KindSoft)})
 	addr, got = linuxLikeServer(t)
 	c = dial(e2, addr, ClientOptions{Standard: true})
-	if d, ok := (<-got).(*clc.Decline); !ok || d.Code != clc.DeclineNoSMCRDevice {
+	if d, ok := within(t, got, "the client's first CLC message").(*clc.Decline); !ok || d.Code != clc.DeclineNoSMCRDevice {
 		t.Fatalf("server read %+v, want a Decline", d)
 	}
 	if c.Mode() != ModeFallback || !c.Decline().Sent {
@@ -818,7 +843,7 @@ func TestClientStandard(t *testing.T) {
 	// The full Proposal, for an smcr server, does not pass Linux's rule.
 	addr, got = linuxLikeServer(t)
 	c = dial(e, addr, ClientOptions{})
-	if p, ok := (<-got).(*clc.Proposal); !ok || len(p.Ext) == 0 {
+	if p, ok := within(t, got, "the client's first CLC message").(*clc.Proposal); !ok || len(p.Ext) == 0 {
 		t.Fatalf("full proposal %+v: want the envelope after the prefixes", p)
 	}
 	if c.Mode() != ModeFallback {
@@ -865,6 +890,7 @@ func TestConnsDuringSetup(t *testing.T) {
 		c.Close()
 		s.Close()
 		a, b := net.Pipe()
+		go io.Copy(io.Discard, b) // the Decline a client without a device sends
 		fc, err := bare.Client(context.Background(), a)
 		if err != nil {
 			t.Fatal(err)

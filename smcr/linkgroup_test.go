@@ -335,6 +335,7 @@ func TestHostilePeer(t *testing.T) {
 	// A count beyond the RMBE and a consumer cursor past what was written.
 	v2, v2s := p.connect(t)
 	send(rmb.CDC{Token: v2.token, Prod: rmb.Cursor{Count: uint32(v2.rmbSize)}})
+	v2.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := v2.Read(make([]byte, 1)); !errors.Is(err, ErrProtocol) {
 		t.Fatalf("count beyond rmbe: %v", err)
 	}
@@ -430,7 +431,7 @@ func TestHostileRKey(t *testing.T) {
 	// stream intact, and the connection already on the link group is untouched.
 	msg := bytes.Repeat([]byte("written before a late decline "), 20000) // more than the RMB
 	go c.Write(msg)
-	s := <-accepted
+	s := within(t, accepted, "the accept")
 	if s == nil || s.Mode() != ModeFallback || s.Decline().Code != clc.DeclineInternalRToken {
 		t.Fatalf("server %v", s)
 	}

@@ -886,7 +886,7 @@ func TestSetupLinkFailsDuringRKeyWait(t *testing.T) {
 		}
 		start := time.Now()
 		c2.Fail()
-		d := <-done
+		d := within(t, done, "the transfer")
 		if d.err != nil {
 			t.Fatal(d.err)
 		}

@@ -318,7 +318,7 @@ func TestResyncBehindConfirm(t *testing.T) {
 	})
 	time.Sleep(20 * time.Millisecond) // its resync on the wire behind the Confirm
 	close(gate.release)
-	r := <-srvc
+	r := within(t, srvc, "the server's setup")
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
@@ -368,7 +368,7 @@ func (p *pair) connectVia(t *testing.T, wrap func(*net.TCPConn) net.Conn) (*Conn
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := <-sc
+	s := within(t, sc, "the accept")
 	mustSMC(t, c, s)
 	return c, s
 }
@@ -417,7 +417,7 @@ func TestContinuationResendWaitsForReader(t *testing.T) {
 	if err != nil || !bytes.Equal(got, up) {
 		t.Fatalf("server read %d of %d bytes: %v (client: %v)", len(got), len(up), err, c.linkError(nil))
 	}
-	if err := <-werr; err != nil {
+	if err := within(t, werr, "the client's write"); err != nil {
 		t.Fatal(err)
 	}
 }

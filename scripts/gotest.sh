@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# gotest.sh: go test, with the lines that say what failed repeated at the end.
+#
+# A suite that times out prints every goroutine's stack after the one line
+# naming the test that hung, and a CI log keeps only its tail: this repeats
+# the failures, the panic and the tests still running once go test is done.
+# Usage: scripts/gotest.sh [go test flags and packages]
+set -uo pipefail
+go=${GO:-go}
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+"$go" test "$@" 2>&1 | tee "$log"
+rc=${PIPESTATUS[0]}
+if [ "$rc" -ne 0 ]; then
+	echo
+	echo "gotest.sh: go test $* failed (exit $rc); what failed:"
+	grep -E -e '^(--- FAIL|FAIL|panic: )' -e '^[[:space:]]*running tests:' -e 'race detected' -e '^[[:space:]]+Test[^ ]* \([0-9.hms]+\)$' "$log" | head -n 60
+fi
+exit "$rc"
