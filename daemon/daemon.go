@@ -309,8 +309,16 @@ const acceptQuiet = 200 * time.Millisecond
 // until the listeners are quiet, closes them, and waits up to DrainTimeout
 // (counted from ctx's end) for the connections it holds, those still being set
 // up included. When the time is up it aborts the rest, and releases everything.
-// ready, when set, is called once smcrd serves (sd_notify READY=1).
+// ready, when set, is called once smcrd serves (sd_notify READY=1). Run that
+// cannot start (the programs' liveness cannot be set) releases it all too.
 func (d *Daemon) Run(ctx context.Context, ready func()) error {
+	// Alive before the accept loops run: what the programs send meanwhile
+	// waits in the listeners' queues, and a failure has nothing to stop.
+	if len(d.devs) > 0 {
+		if err := d.loader.SetAlive(d.opts.LivenessTTL); err != nil {
+			return errors.Join(fmt.Errorf("daemon: %w", err), d.Close())
+		}
+	}
 	for _, ln := range d.redirect {
 		d.wg.Add(1)
 		go d.acceptLoop(ln, d.serveRedirected)
@@ -319,12 +327,17 @@ func (d *Daemon) Run(ctx context.Context, ready func()) error {
 		d.wg.Add(1)
 		go d.acceptLoop(ln, d.serveSteered)
 	}
-	if err := d.loader.SetAlive(d.opts.LivenessTTL); err != nil {
-		return fmt.Errorf("daemon: %w", err)
-	}
 	hbStop, hbDone := make(chan struct{}), make(chan struct{})
-	go d.heartbeat(hbStop, hbDone)
-	d.log.Info("smcrd serving", "providers", d.providerNames(), "liveness_ttl", d.opts.LivenessTTL)
+	if len(d.devs) > 0 {
+		go d.heartbeat(hbStop, hbDone)
+		d.log.Info("smcrd serving", "providers", d.providerNames(), "liveness_ttl", d.opts.LivenessTTL)
+	} else {
+		// Every connection it carried would fall back, through a relay that
+		// costs a third of TCP's throughput: the programs are left to see
+		// smcrd as dead, and connections go direct, as without smcrd.
+		close(hbDone)
+		d.log.Warn("smcrd serving with no device: it redirects and steers nothing, connections go direct; set providers and restart smcrd")
+	}
 	if ready != nil {
 		ready()
 	}

@@ -110,9 +110,9 @@ func openDevices(providers []string, ifaces []config.Interface, rdma []config.RD
 		log.Info("device open", "provider", d.Kind(), "name", d.Name(), "netdev", d.Port().Netdev)
 	}
 	if len(devs) == 0 {
-		// smcrd still runs (its configuration may be changed and it restarted),
-		// but each listed connection then costs a relay and gains nothing.
-		log.Warn("no provider opened a device: every connection smcrd carries falls back to TCP; see the warnings above, or set providers and restart smcrd",
+		// smcrd still runs (its configuration may be changed and it
+		// restarted), and leaves every connection to go direct (Run).
+		log.Warn("no provider opened a device: no connection can use SMC-R; see the warnings above, or set providers and restart smcrd",
 			"providers", strings.Join(providers, ","))
 	}
 	return devs

@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -115,7 +116,9 @@ func (h *testHost) start(sock string, flags ...string) *smcrd {
 		"control_socket = " + sock,
 		"metrics_address =",
 		"log_level = debug",
-		"providers = shm",
+	}
+	if !slices.ContainsFunc(h.conf, func(l string) bool { return strings.HasPrefix(l, "providers") }) {
+		lines = append(lines, "providers = shm")
 	}
 	lines = append(lines, h.conf...)
 	if err := os.WriteFile(conf, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
@@ -443,4 +446,39 @@ func TestControlSocketFailureReleases(t *testing.T) {
 	if len(left) > 0 {
 		t.Errorf("smcrd left %v behind", left)
 	}
+}
+
+// TestNoDeviceGoesDirect: an smcrd whose providers opened no device redirects
+// nothing. Each connection it carried would fall back to TCP through its relay,
+// at a third of TCP's throughput, for nothing: connections go direct, as
+// without smcrd, and smcrd says why.
+func TestNoDeviceGoesDirect(t *testing.T) {
+	h := newTestHost(t)
+	h.conf = []string{"providers = rdma"} // this test's smcrd is built without the ibv tag
+	ln, err := h.pair.B.Listen("tcp", ":5201")
+	if err != nil {
+		t.Fatal(err)
+	}
+	echoServer(t, ln)
+	s := h.start(filepath.Join(h.dir, "smcrd.sock"))
+	s.serving(t)
+	c, err := h.dialFromA(fmt.Sprintf("%s:5201", h.pair.B.Addr4()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := echoes(c, "direct"); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.RemoteAddr().String(); got != fmt.Sprintf("%s:5201", h.pair.B.Addr4()) {
+		t.Errorf("connected to %s", got)
+	}
+	st, err := s.ctl.Stats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Connections.Handled != 0 {
+		t.Errorf("smcrd with no device handled %d connections, want 0 (direct)", st.Connections.Handled)
+	}
+	s.waitLog(t, "smcrd serving with no device")
 }

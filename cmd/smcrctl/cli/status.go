@@ -41,7 +41,7 @@ Examples:
 		providers := strings.Join(st.Providers, ",")
 		if providers == "" {
 			// Nothing opened a device at start: worth saying what it means.
-			providers = "none (no device opened: every connection falls back to TCP; smcrd's log says why)"
+			providers = "none (no device opened: smcrd redirects nothing, connections go direct; its log says why)"
 		}
 		row(tw, "providers:", providers)
 		row(tw, "config file:", orDash(st.ConfigFile))
