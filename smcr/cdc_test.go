@@ -230,10 +230,13 @@ func TestLateWritesFromStandardPeer(t *testing.T) {
 			// Released, its RMB stays ours, neither pooled nor freed.
 			c.Close()
 			s.Close()
+			// The release marks the connection released, then gives its
+			// buffers back: wait for the send buffer's share.
 			eventually(t, "released", func() bool {
 				c.mu.Lock()
-				defer c.mu.Unlock()
-				return c.released
+				released := c.released
+				c.mu.Unlock()
+				return released && p.cli.Stats().MemoryInUse <= int64(size)
 			})
 			if st := p.cli.Stats(); st.MemoryInUse != int64(size) {
 				t.Errorf("memory in use after the release %d, want the RMB's %d", st.MemoryInUse, size)
