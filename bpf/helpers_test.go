@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/features"
 	"github.com/smcr-io/smcr/internal/nstest"
 	"golang.org/x/sys/unix"
 )
@@ -94,11 +95,38 @@ func loadIn(t testing.TB, ns *nstest.NS, opts Options) *Loader {
 	return l
 }
 
+// skipIfUnsupported skips the test when err says the kernel lacks a BPF
+// feature and it does: cilium/ebpf's own finding (ErrNotSupported), or an
+// errno that a missing feature gives and a probe of every program and map
+// type smcr uses confirms. The same errno from a kernel that has them all is a
+// bug of ours, and the caller fails on it.
 func skipIfUnsupported(t testing.TB, err error) {
 	t.Helper()
-	if errors.Is(err, ebpf.ErrNotSupported) || errors.Is(err, syscall.Errno(524) /* ENOTSUPP */) || errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOSYS) {
+	if errors.Is(err, ebpf.ErrNotSupported) {
 		t.Skipf("kernel lacks a BPF feature smcr needs: %v", err)
 	}
+	if errors.Is(err, syscall.Errno(524) /* ENOTSUPP */) || errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOSYS) {
+		if lacks := kernelLacks(); lacks != "" {
+			t.Skipf("kernel lacks %s, which smcr needs: %v", lacks, err)
+		}
+	}
+}
+
+// kernelLacks names the first program or map type of smcr's programs the
+// kernel does not have, or returns "". The program types imply the attach
+// points smcr uses (getpeername hooks came before sk_lookup, in 5.8 and 5.9).
+func kernelLacks() string {
+	for _, pt := range []ebpf.ProgramType{ebpf.SockOps, ebpf.CGroupSockAddr, ebpf.CGroupSockopt, ebpf.SchedCLS, ebpf.SkLookup} {
+		if err := features.HaveProgramType(pt); errors.Is(err, ebpf.ErrNotSupported) {
+			return "program type " + pt.String()
+		}
+	}
+	for _, mt := range []ebpf.MapType{ebpf.Array, ebpf.PerCPUArray, ebpf.LPMTrie, ebpf.LRUHash, ebpf.SkStorage, ebpf.SockMap} {
+		if err := features.HaveMapType(mt); errors.Is(err, ebpf.ErrNotSupported) {
+			return "map type " + mt.String()
+		}
+	}
+	return ""
 }
 
 func must(t testing.TB, err error) {
