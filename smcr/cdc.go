@@ -153,8 +153,14 @@ func (c *Conn) applyCursors(m *rmb.CDC) error {
 	if !stale && np-c.rxCons > c.rmbSize {
 		return fmt.Errorf("producer cursor %v claims %d bytes in a %d-byte rmbe", m.Prod, np-c.rxCons, c.rmbSize)
 	}
-	if !stale && c.peerClosed && np > c.rxProd && !c.peerLate {
-		return fmt.Errorf("data after close")
+	// The peer's close, or our own peers' sending-done, announced its last
+	// byte: a Read may have returned EOF already, and must not return data
+	// after it. A standard peer's sending-done is not checked: Linux's
+	// shutdown, as its close, may leave bytes unsent to write later
+	// (lateWrites), and peerLate cannot tell every such case.
+	last := c.peerClosed || c.smcx && c.peerDone
+	if !stale && last && np > c.rxProd && !c.peerLate {
+		return fmt.Errorf("data after its last byte")
 	}
 	var nc uint64
 	cstale := true

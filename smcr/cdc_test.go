@@ -252,3 +252,39 @@ func TestLateWritesFromStandardPeer(t *testing.T) {
 		})
 	}
 }
+
+// TestNoDataAfterEOF: a peer of ours whose sending-done announced its last
+// byte, and then announces more, is broken: the reader, which may have returned
+// EOF already, gets ErrProtocol, never bytes after its EOF. (Standard peers may
+// write after their sending-done, and after a close that found our RMBE full:
+// TestLateWritesFromStandardPeer.)
+func TestNoDataAfterEOF(t *testing.T) {
+	p := memPair(t)
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	if _, err := s.Write([]byte("all")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if b, err := io.ReadAll(c); err != nil || string(b) != "all" {
+		t.Fatalf("read %q, %v", b, err)
+	}
+	// Three bytes more, announced as the hostile peer would.
+	c.mu.Lock()
+	more := rmb.CDC{Seq: c.rxSeq + 1, Token: c.token, Prod: toCursor(c.rxProd+3, c.rmbSize), State: rmb.StateSendingDone}
+	c.mu.Unlock()
+	if err := s.lnk.sendCDC(&more); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the CDC taken", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.rxSeq == more.Seq
+	})
+	if n, err := c.Read(make([]byte, 10)); !errors.Is(err, ErrProtocol) {
+		t.Fatalf("read after EOF: %d bytes, %v; want ErrProtocol", n, err)
+	}
+}
