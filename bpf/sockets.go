@@ -170,29 +170,28 @@ func (l *Loader) ForgetOriginalDst(local, remote netip.AddrPort) error {
 	return nil
 }
 
-// Seen is what sockops saw of the SMC-R option on one of smcrd's connections.
+// Seen is what sockops saw of the SMC-R option on a connection smcrd opened.
 type Seen uint32
 
 // Seen flags, as in c/maps.h.
 const (
-	SeenSentSYNOption    Seen = 1  // our SYN carried the option
-	SeenPeerEchoed       Seen = 2  // the peer's SYN-ACK carried it back
-	SeenSYNOption        Seen = 4  // the peer's SYN carried it (server side)
-	SeenSentSYNACKOption Seen = 8  // our SYN-ACK echoed it
-	SeenNoSpace          Seen = 16 // no TCP option space was left for it
-	SeenEstablished      Seen = 32 // the handshake completed
-	SeenPeerSMCX         Seen = 64 // the SYN-ACK carried smcr's SMCX option too: the server is smcrd
+	SeenSentSYNOption Seen = 1  // our SYN carried the option
+	SeenPeerEchoed    Seen = 2  // the peer's SYN-ACK carried it back
+	SeenNoSpace       Seen = 16 // no TCP option space was left for it
+	SeenEstablished   Seen = 32 // the handshake completed
+	SeenPeerSMCX      Seen = 64 // the SYN-ACK carried smcr's SMCX option too: the server is smcrd
 )
 
 // PeerSupportsSMC reports whether the option went both ways: worth a CLC
 // Proposal. The option is only a hint; CLC decides.
 func (s Seen) PeerSupportsSMC() bool {
-	return s&(SeenSentSYNOption|SeenPeerEchoed) == SeenSentSYNOption|SeenPeerEchoed ||
-		s&(SeenSYNOption|SeenSentSYNACKOption) == SeenSYNOption|SeenSentSYNACKOption
+	return s&(SeenSentSYNOption|SeenPeerEchoed) == SeenSentSYNOption|SeenPeerEchoed
 }
 
-// Seen returns what sockops recorded for smcrd's connection local↔remote (as
-// net.Conn's LocalAddr and RemoteAddr give them), or ErrUnknown.
+// Seen returns what sockops recorded for a connection smcrd opened,
+// local↔remote (as net.Conn's LocalAddr and RemoteAddr give them), or
+// ErrUnknown. Connections steered to smcrd are not recorded: the packets
+// tell what their handshake carried.
 func (l *Loader) Seen(local, remote netip.AddrPort) (Seen, error) {
 	var v uint32
 	if err := l.objs.SmcrSeen.Lookup(tuple(local, remote), &v); err != nil {

@@ -83,9 +83,11 @@ func testOptionAndSteering(t *testing.T, clsBPF bool) {
 			if err != nil || sa&want != want || !sa.PeerSupportsSMC() {
 				t.Errorf("client Seen = %#x, %v; want sent, echoed with SMCX, established", sa, err)
 			}
-			sb, err := lb.Seen(addrPort(acc.LocalAddr()), addrPort(acc.RemoteAddr()))
-			if err != nil || sb&(SeenSYNOption|SeenSentSYNACKOption) != SeenSYNOption|SeenSentSYNACKOption || !sb.PeerSupportsSMC() {
-				t.Errorf("server Seen = %#x, %v; want SYN option seen and echoed", sb, err)
+			// Steered: nothing recorded (the capture shows the echo). A
+			// handshake that never completes would leave its entry to the
+			// LRU, and a flood of them push out those of smcrd's connects.
+			if sb, err := lb.Seen(addrPort(acc.LocalAddr()), addrPort(acc.RemoteAddr())); err != ErrUnknown {
+				t.Errorf("server Seen = %#x, %v; want ErrUnknown", sb, err)
 			}
 			if _, err := la.Seen(addrPort(plain.LocalAddr()), addrPort(plain.RemoteAddr())); err != ErrUnknown {
 				t.Errorf("untagged connection: Seen error %v, want ErrUnknown", err)

@@ -101,11 +101,10 @@ struct ports {
 	__u64 bits[1024]; /* bit p set: port p is in port_range_list */
 };
 
-/* smcr_seen flags: what sockops saw on a connection of smcrd's. */
+/* smcr_seen flags: what sockops saw on a connection smcrd opened. (4 and 8
+ * were the passive side's, no longer recorded: maps.h, smcr_seen.) */
 #define SEEN_SENT_SYN_OPT 1    /* our SYN carried the option */
 #define SEEN_PEER_ECHOED 2     /* the SYN-ACK carried it back */
-#define SEEN_SYN_OPT 4         /* the peer's SYN carried it (passive side) */
-#define SEEN_SENT_SYNACK_OPT 8 /* our SYN-ACK echoed it */
 #define SEEN_NO_SPACE 16       /* no TCP option space left for it */
 #define SEEN_ESTABLISHED 32    /* the handshake completed */
 #define SEEN_PEER_SMCX 64      /* the SYN-ACK carried smcr's extension option too */
@@ -224,7 +223,12 @@ struct {
 	PIN;
 } smcr_peers SEC(".maps");
 
-/* What sockops saw, keyed by the connection as smcrd's socket sees it. */
+/* What sockops saw of the connections smcrd opened, keyed as smcrd's socket
+ * sees them; smcrd reads it to decide whether to propose SMC-R. Not those
+ * steered to it: smcrd runs CLC on each anyway, and nothing but the LRU would
+ * remove the entry of a steered handshake that never completes, so a flood of
+ * SYNs carrying the option would push out the entries smcrd's connects wait
+ * to read (their connections then carried as plain TCP). */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 65536);

@@ -143,7 +143,8 @@ static __always_inline void on_hdr_len(struct bpf_sock_ops *skops)
 		/* Other options (timestamps, MD5, AO...) took the 40 bytes: the
 		 * connection goes on without the hint, and smcrd learns why. */
 		count(STAT_OPT_NO_SPACE);
-		seen_or(skops, SEEN_NO_SPACE | ((f & TCPHDR_ACK) ? SEEN_SYN_OPT : 0));
+		if (!(f & TCPHDR_ACK))
+			seen_or(skops, SEEN_NO_SPACE);
 	}
 }
 
@@ -151,18 +152,12 @@ static __always_inline void on_write_hdr(struct bpf_sock_ops *skops)
 {
 	__u8 opt[8] = SMC_OPT_INIT;
 	__u8 f = skops->skb_tcp_flags;
-	__u32 seen;
 	long err;
 
 	if (!(f & TCPHDR_SYN))
 		return;
-	if (f & TCPHDR_ACK) {
-		if (!syn_had_option(skops))
-			return;
-		seen = SEEN_SYN_OPT | SEEN_SENT_SYNACK_OPT;
-	} else {
-		seen = SEEN_SENT_SYN_OPT;
-	}
+	if ((f & TCPHDR_ACK) && !syn_had_option(skops))
+		return;
 	err = bpf_store_hdr_opt(skops, opt, SMC_OPT_LEN, 0);
 	if (err == -17 /* EEXIST: a retransmission already has it */)
 		err = 0;
@@ -173,13 +168,12 @@ static __always_inline void on_write_hdr(struct bpf_sock_ops *skops)
 		if (err == -17)
 			err = 0;
 	}
-	if (err) {
-		seen = (seen & SEEN_SYN_OPT) | SEEN_NO_SPACE;
+	if (err)
 		count(STAT_OPT_NO_SPACE);
-	} else {
+	else
 		count((f & TCPHDR_ACK) ? STAT_SYNACK_OPT_SENT : STAT_SYN_OPT_SENT);
-	}
-	seen_or(skops, seen);
+	if (!(f & TCPHDR_ACK))
+		seen_or(skops, err ? SEEN_NO_SPACE : SEEN_SENT_SYN_OPT);
 }
 
 static __always_inline void on_active_established(struct bpf_sock_ops *skops)
@@ -232,11 +226,8 @@ static __always_inline void on_passive_established(struct bpf_sock_ops *skops)
 		adopt_peer(skops, &t);
 		return;
 	}
-	if (bpf_map_lookup_elem(&smcr_seen, &t)) {
-		seen_or(skops, SEEN_ESTABLISHED);
-		set_cb_flags(skops, BPF_SOCK_OPS_STATE_CB_FLAG, BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
-		return;
-	}
+	/* Steered to smcrd: only SYN-ACKs carry the option (nothing recorded,
+	 * smcr_seen). */
 	set_cb_flags(skops, 0, BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
 }
 
