@@ -480,7 +480,12 @@ type gatedDevice struct {
 	entered chan struct{} // closed when the first AllocPD waits
 	release chan struct{}
 	once    sync.Once
+	opened  sync.Once
 }
+
+// open lets the waiting AllocPD go; tests call it from a cleanup too, so that
+// one that failed before leaves no goroutine blocked in it.
+func (d *gatedDevice) open() { d.opened.Do(func() { close(d.release) }) }
 
 func (d *gatedDevice) AllocPD() (verbs.PD, error) {
 	first := false
@@ -501,6 +506,7 @@ func TestCloseDuringNewLinkGroup(t *testing.T) {
 	t.Cleanup(func() { closeChecked(t, d) })
 	g := &gatedDevice{Device: d, entered: make(chan struct{}), release: make(chan struct{})}
 	e := newEngine(t, Config{Devices: []verbs.Device{g}})
+	t.Cleanup(g.open)
 	made := make(chan error, 1)
 	go func() {
 		_, err := e.newLinkGroup(lgKey{peer: [8]byte{1}, kind: verbs.KindSoft}, 0)
@@ -513,7 +519,7 @@ func TestCloseDuringNewLinkGroup(t *testing.T) {
 		close(closed)
 	}()
 	eventually(t, "Close to begin", e.isClosed)
-	close(g.release)
+	g.open()
 	if err := within(t, made, "newLinkGroup"); !errors.Is(err, ErrEngineClosed) {
 		t.Errorf("new link group during Close: %v; want ErrEngineClosed", err)
 	}

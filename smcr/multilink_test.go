@@ -950,6 +950,7 @@ func TestFirstLinkFailsDuringAddLink(t *testing.T) {
 	g := &gatedDevice{Device: c2, entered: make(chan struct{}), release: make(chan struct{})}
 	cfg := func(d ...verbs.Device) Config { return Config{Devices: d, TestLinkInterval: -1} }
 	p := newPair(t, cfg(c1, g), cfg(s1, s2))
+	t.Cleanup(g.open)
 	c, s := p.connect(t)
 	mustSMC(t, c, s)
 	select {
@@ -959,7 +960,7 @@ func TestFirstLinkFailsDuringAddLink(t *testing.T) {
 	}
 	c1.Fail()
 	eventually(t, "continued", func() bool { return c.continued() && s.continued() })
-	close(g.release)
+	g.open()
 	echoCheck(t, c, s)
 	eventually(t, "no link group left", func() bool { return p.cli.Stats().LinkGroups == 0 && p.srv.Stats().LinkGroups == 0 })
 	c.Close()

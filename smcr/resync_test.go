@@ -284,6 +284,13 @@ func TestResyncBehindConfirm(t *testing.T) {
 	}
 	defer ln.Close()
 	gate := &gatedConn{wrote: make(chan struct{}), release: make(chan struct{})}
+	t.Cleanup(func() { // a test that failed before leaves no reader waiting
+		select {
+		case <-gate.release:
+		default:
+			close(gate.release)
+		}
+	})
 	type result struct {
 		c   *Conn
 		err error
