@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/smcr-io/smcr/smcr/verbs"
 	"golang.org/x/net/nettest"
+	"golang.org/x/sys/unix"
 )
 
 // TestNetConnContract runs x/net's net.Conn conformance suite (nettest.TestConn:
@@ -90,49 +92,92 @@ func TestDialCancelled(t *testing.T) {
 // descriptors does not close the Listener under its application: once
 // descriptors are free again, the waiting connection and new ones are served.
 func TestListenerSurvivesEMFILE(t *testing.T) {
-	p := memPair(t)
-	fds, err := os.ReadDir("/proc/self/fd")
+	failed := make(chan struct{}, 1)
+	logged := slog.New(hookHandler{msg: "smcr: accept failed; retrying", seen: failed})
+	srv := Config{Devices: memDevices(t, verbs.KindSoft), Logger: logged}
+	p := newPair(t, Config{Devices: memDevices(t, verbs.KindSoft)}, srv)
+	// The client's socket is made first: its connect takes no descriptor, so
+	// with the limit at the lowest free one, only the accept goes without.
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
-		t.Skipf("no /proc/self/fd: %v", err)
+		t.Fatal(err)
 	}
+	defer unix.Close(fd)
 	var old syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
 		t.Fatal(err)
 	}
 	restore := func() { syscall.Setrlimit(syscall.RLIMIT_NOFILE, &old) }
 	defer restore()
-	// Room for the client's socket and little else: the accept gets EMFILE.
 	low := old
-	low.Cur = uint64(len(fds) + 2)
+	low.Cur = uint64(lowestFreeFD(t))
 	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
-		t.Skipf("cannot lower RLIMIT_NOFILE: %v", err)
+		t.Fatalf("lower RLIMIT_NOFILE to %d: %v", low.Cur, err)
 	}
-	var held []net.Conn
-	for range 3 {
-		c, err := net.Dial("tcp", p.ln.Addr().String())
-		if err != nil {
-			break
+	ap := p.ln.Addr().(*net.TCPAddr).AddrPort()
+	err = unix.Connect(fd, &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()})
+	if err == nil {
+		select {
+		case <-failed: // the listener tried to accept, and failed
+		case <-time.After(waitLimit):
+			err = errors.New("the listener logged no failed accept")
 		}
-		held = append(held, c)
 	}
-	time.Sleep(50 * time.Millisecond) // the listener tries to accept, and fails
 	restore()
-	if len(held) == 0 {
-		t.Skip("no connection got through at the lowered limit")
+	if err != nil {
+		t.Fatal(err)
 	}
-	// The waiting connections are accepted now (their clients gone: EOF in
-	// CLC, plain TCP), then new ones.
-	for _, c := range held {
-		c.Close()
-		s, err := p.ln.AcceptSMC()
-		if err != nil {
-			t.Fatalf("accept after the descriptors came back: %v", err)
-		}
-		s.Close()
+	// The waiting connection is accepted now (its client silent, then gone:
+	// plain TCP after CLC), then new ones.
+	unix.Close(fd)
+	s, err := p.ln.AcceptSMC()
+	if err != nil {
+		t.Fatalf("accept after the descriptors came back: %v", err)
 	}
+	s.Close()
 	c, s := p.connect(t)
 	mustSMC(t, c, s)
 	echoOK(t, c, s)
+}
+
+// lowestFreeFD is the lowest descriptor number the process does not use.
+func lowestFreeFD(t *testing.T) int {
+	t.Helper()
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	used := map[int]bool{}
+	for _, f := range fds {
+		if n, err := strconv.Atoi(f.Name()); err == nil {
+			used[n] = true
+		}
+	}
+	n := 0
+	for used[n] {
+		n++
+	}
+	return n
+}
+
+// hookHandler is a slog handler that signals seen once a record with msg is
+// logged.
+type hookHandler struct {
+	msg  string
+	seen chan<- struct{}
+}
+
+func (h hookHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h hookHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h hookHandler) WithGroup(string) slog.Handler            { return h }
+func (h hookHandler) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == h.msg {
+		select {
+		case h.seen <- struct{}{}:
+		default:
+		}
+	}
+	return nil
 }
 
 // TestHTTPOverSMCR: net/http, unchanged, serves on a Listener and fetches
