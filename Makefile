@@ -41,14 +41,14 @@ test: deps ## the whole suite: lint, generated-code freshness, unit + privileged
 	$(MAKE) fuzz FUZZTIME=$(if $(CI),10s,$(FUZZTIME))
 
 test-unit: ## go test of every package (privileged and VM tests included; no race detector)
-	GO=$(GO) scripts/gotest.sh -count=1 -timeout 30m $(PKGS)
+	scripts/gotest.sh $(GO) -count=1 -timeout 30m $(PKGS)
 
 test-race: ## go test -race of every package but the end-to-end, VM and benchmark drivers, then the end-to-end suite against an smcrd built with -race (~3 min)
-	GO=$(GO) scripts/gotest.sh -race -count=1 -timeout 20m $(RACE_PKGS)
+	scripts/gotest.sh $(GO) -race -count=1 -timeout 20m $(RACE_PKGS)
 	@bin=$$(mktemp -d) && trap 'rm -rf "$$bin"' EXIT && \
 	$(GO) build -race -o "$$bin/smcrd" ./cmd/smcrd && \
 	CGO_ENABLED=0 $(GO) build -o "$$bin/testapp" ./test/e2e/testapp && \
-	SMCR_E2E_BIN="$$bin" GO=$(GO) scripts/gotest.sh -count=1 -timeout 20m ./test/e2e
+	SMCR_E2E_BIN="$$bin" scripts/gotest.sh $(GO) -count=1 -timeout 20m ./test/e2e
 
 lint: ## gofmt, go vet, staticcheck
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

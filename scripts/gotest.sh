@@ -4,9 +4,12 @@
 # A suite that times out prints every goroutine's stack after the one line
 # naming the test that hung, and a CI log keeps only its tail: this repeats
 # the failures, the panic and the tests still running once go test is done.
-# Usage: scripts/gotest.sh [go test flags and packages]
+# Usage: scripts/gotest.sh GO [go test flags and packages], GO the go command.
+# (An argument, not the environment: the tests would inherit it, and a make
+# they run would take it for the Makefile's GO.)
 set -uo pipefail
-go=${GO:-go}
+go=$1
+shift
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 "$go" test "$@" 2>&1 | tee "$log"
