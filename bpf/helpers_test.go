@@ -38,10 +38,7 @@ func randHex() string {
 func testCgroup(t testing.TB) string {
 	t.Helper()
 	nstest.Require(t)
-	mnt, err := CgroupV2Mount()
-	if err != nil {
-		t.Skipf("kernel lacks cgroup v2: %v", err)
-	}
+	mnt := nstest.Cgroup2(t)
 	self, err := os.ReadFile("/proc/self/cgroup")
 	if err != nil {
 		t.Fatal(err)

@@ -375,10 +375,7 @@ func TestPersistBrokenFile(t *testing.T) {
 // smcrd could not start with, checked as start checks it, with -P or without, and
 // with -P even when the value in effect is the same but gone since.
 func TestSetRefusesUnstartable(t *testing.T) {
-	mnt, err := bpf.CgroupV2Mount()
-	if err != nil {
-		t.Skipf("kernel lacks cgroup v2: %v", err)
-	}
+	mnt := nstest.Cgroup2(t)
 	ctx := context.Background()
 	d, _ := policyDaemon(t, config.Default(), nil)
 	d.opts.ConfigFile = filepath.Join(t.TempDir(), "smcrd.conf")

@@ -25,7 +25,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/smcr-io/smcr/bpf"
 	"github.com/smcr-io/smcr/control"
 	"github.com/smcr-io/smcr/internal/nstest"
 	"golang.org/x/sys/unix"
@@ -59,10 +58,7 @@ func newTestHost(t *testing.T) *testHost {
 		t.Skip("runs smcrd with BPF in namespaces; skipped with -short")
 	}
 	nstest.Require(t)
-	mnt, err := bpf.CgroupV2Mount()
-	if err != nil {
-		t.Skipf("kernel lacks cgroup v2: %v", err)
-	}
+	mnt := nstest.Cgroup2(t)
 	var b [4]byte
 	rand.Read(b[:])
 	id := hex.EncodeToString(b[:])
@@ -85,6 +81,7 @@ func newTestHost(t *testing.T) *testHost {
 		os.Remove(cgDir)
 		t.Fatal(err)
 	}
+	var err error
 	if h.cgFD, err = os.Open(cgDir); err != nil {
 		t.Fatal(err)
 	}

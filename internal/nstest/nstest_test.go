@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -195,4 +196,38 @@ func BenchmarkOwnNamespace(b *testing.B) {
 		c.Close()
 	}
 	b.Log("own namespace: A is the process's, dialled without Do")
+}
+
+// TestCgroup2MountsIt: with no cgroup2 mount (a mount namespace of its own,
+// every cgroup2 mount detached), Cgroup2 mounts one, and it is the real
+// hierarchy: it lists the test process's cgroup.
+func TestCgroup2MountsIt(t *testing.T) {
+	Require(t)
+	if os.Getenv("NSTEST_CGROUP2_CHILD") == "1" {
+		if mnt := cgroup2Mounted(); mnt != "" {
+			t.Fatalf("cgroup2 still mounted at %s", mnt)
+		}
+		mnt := Cgroup2(t)
+		if _, err := os.Stat(filepath.Join(mnt, "cgroup.procs")); err != nil {
+			t.Fatalf("Cgroup2 gave %s: %v", mnt, err)
+		}
+		if cgroup2Mounted() != mnt {
+			t.Fatalf("/proc/mounts does not list %s", mnt)
+		}
+		return
+	}
+	if cgroup2Mounted() == "" {
+		Cgroup2(t) // the child detaches every mount there is
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	script := `for m in $(awk '$3 == "cgroup2" {print $2}' /proc/mounts); do umount -l "$m"; done; exec "$0" -test.run '^TestCgroup2MountsIt$' -test.v`
+	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c", script, exe)
+	cmd.Env = append(os.Environ(), "NSTEST_CGROUP2_CHILD=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "--- PASS: TestCgroup2MountsIt") {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
 }

@@ -21,7 +21,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/smcr-io/smcr/bpf"
 	"github.com/smcr-io/smcr/control"
 	"github.com/smcr-io/smcr/internal/nstest"
 )
@@ -120,10 +119,7 @@ func hosts(t testing.TB) (*host, *host) {
 	if bins.err != nil {
 		t.Fatal(bins.err)
 	}
-	mnt, err := bpf.CgroupV2Mount()
-	if err != nil {
-		t.Skipf("kernel lacks cgroup v2: %v", err)
-	}
+	mnt := nstest.Cgroup2(t)
 	pair := nstest.NewPair(t)
 	id := randID()
 	shm := t.TempDir()
@@ -135,6 +131,7 @@ func hosts(t testing.TB) (*host, *host) {
 		if err := os.MkdirAll(h.cgDir, 0o755); err != nil {
 			t.Fatal(err)
 		}
+		var err error
 		h.cgFD, err = os.Open(h.cgDir)
 		if err != nil {
 			t.Fatal(err)

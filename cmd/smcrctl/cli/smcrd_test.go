@@ -5,7 +5,6 @@
 package cli_test
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -27,23 +26,6 @@ import (
 	"github.com/smcr-io/smcr/control"
 	"github.com/smcr-io/smcr/internal/nstest"
 )
-
-// cgroup2Mount finds the cgroup v2 mount: it is not always /sys/fs/cgroup
-// (hybrid hosts mount it at /sys/fs/cgroup/unified).
-func cgroup2Mount() (string, bool) {
-	f, err := os.Open("/proc/mounts")
-	if err != nil {
-		return "", false
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if fs := strings.Fields(sc.Text()); len(fs) > 2 && fs[2] == "cgroup2" {
-			return fs[1], true
-		}
-	}
-	return "", false
-}
 
 type lockedBuffer struct {
 	mu sync.Mutex
@@ -73,10 +55,7 @@ func startSmcrd(t *testing.T, conf string) (sock, file string) {
 		t.Skip("needs root: network namespaces, cgroups and BPF")
 	}
 	nstest.Require(t)
-	mnt, ok := cgroup2Mount()
-	if !ok {
-		t.Skip("kernel lacks cgroup v2 (no cgroup2 mount)")
-	}
+	mnt := nstest.Cgroup2(t)
 	// A directory of fixed path length (/tmp, not $TMPDIR), so that normalizing its
 	// random part keeps the columns of tables that print it (show config) aligned.
 	var id [4]byte
