@@ -184,13 +184,13 @@ func resetAtEOF(src net.Conn, srcShut *atomic.Bool) error {
 }
 
 // tcpUnder is the TCP socket that carries c's bytes: c itself, or the one an
-// SMC-R connection fell back to; nil for one over SMC-R.
+// SMC-R connection fell back to or continued over; nil for one over SMC-R.
 func tcpUnder(c net.Conn) *net.TCPConn {
 	switch c := c.(type) {
 	case *net.TCPConn:
 		return c
 	case *smcr.Conn:
-		if c.Mode() == smcr.ModeFallback {
+		if c.Mode() == smcr.ModeFallback || c.Continued() {
 			tcp, _ := c.TCP().(*net.TCPConn)
 			return tcp
 		}

@@ -18,6 +18,8 @@ import (
 	"github.com/smcr-io/smcr/internal/nstest"
 	"github.com/smcr-io/smcr/internal/tcpurg"
 	"github.com/smcr-io/smcr/smcr"
+	"github.com/smcr-io/smcr/smcr/verbs"
+	"github.com/smcr-io/smcr/smcr/verbs/shm"
 )
 
 // pipeConn is a net.Pipe end with CloseWrite, standing in for an smcr.Conn (not a
@@ -527,6 +529,65 @@ func TestRelayFallbackResetWhileWriting(t *testing.T) {
 	for range 10 {
 		app, appSide := nstest.TCPPair(t)
 		conn, peer := fallbackPair(t)
+		done := make(chan relayResult, 1)
+		go func() { done <- relay(appSide, conn, nil, nil) }()
+		resetWhileFlooded(t, app, peer, done)
+	}
+}
+
+// continuedPair returns an SMC-R connection (shm) that continued over TCP once
+// its link group failed, and the TCP socket under its peer.
+func continuedPair(t *testing.T) (*smcr.Conn, *net.TCPConn) {
+	t.Helper()
+	c, s := nstest.TCPPair(t)
+	dir := t.TempDir()
+	engine := func() (*smcr.Engine, verbs.Device) {
+		d, err := shm.Open(shm.Config{Dir: dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := smcr.NewEngine(smcr.Config{Devices: []verbs.Device{d}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close(); d.Close() })
+		return e, d
+	}
+	ce, cd := engine()
+	se, _ := engine()
+	type result struct {
+		c   *smcr.Conn
+		err error
+	}
+	srv := make(chan result, 1)
+	go func() { c, err := se.Server(context.Background(), s); srv <- result{c, err} }()
+	conn, err := ce.Client(context.Background(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := <-srv
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if conn.Mode() != smcr.ModeSMCR || r.c.Mode() != smcr.ModeSMCR {
+		t.Fatalf("modes %v, %v; want SMC-R", conn.Mode(), r.c.Mode())
+	}
+	cd.Close() // the client's device goes: the link fails, both ends continue over TCP
+	for deadline := time.Now().Add(10 * time.Second); !conn.Continued() || !r.c.Continued(); {
+		if time.Now().After(deadline) {
+			t.Fatal("the connection did not continue over TCP")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return conn, s
+}
+
+// TestRelayContinuedResetWhileWriting: as TestRelayFallbackResetWhileWriting,
+// under an SMC-R connection that continued over TCP after its link failed.
+func TestRelayContinuedResetWhileWriting(t *testing.T) {
+	for range 5 {
+		app, appSide := nstest.TCPPair(t)
+		conn, peer := continuedPair(t)
 		done := make(chan relayResult, 1)
 		go func() { done <- relay(appSide, conn, nil, nil) }()
 		resetWhileFlooded(t, app, peer, done)

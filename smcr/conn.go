@@ -328,6 +328,11 @@ func (c *Conn) SetDeadline(t time.Time) error {
 	return nil
 }
 
+// Continued reports whether the connection's bytes now go over its TCP
+// connection: it ran over SMC-R until its link group failed, and continued
+// over TCP (with smcr peers), as Mode still says ModeSMCR.
+func (c *Conn) Continued() bool { return c.continued() }
+
 // continued reports whether the connection now runs over TCP after its link failed.
 func (c *Conn) continued() bool {
 	c.mu.Lock()
