@@ -231,7 +231,7 @@ const (
 
 // Conn is one connection smcrd handles (GET /v1/conns), after smcss.
 type Conn struct {
-	ID     uint32 `json:"id"`     // local alert token (SMC-R); a sequence number for TCP
+	ID     uint32 `json:"id"`     // local alert token (SMC-R, ≥ 2^31); a sequence number for TCP (below)
 	Local  string `json:"local"`  // address:port as the application sees it
 	Remote string `json:"remote"` // address:port
 	Role   string `json:"role"`   // "client" or "server"

@@ -3,6 +3,7 @@ package daemon
 import (
 	"bytes"
 	"context"
+	"io"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -115,6 +116,7 @@ func TestConnIDsUnique(t *testing.T) {
 	d.conns = map[uint64]*tracked{}
 	a, b := net.Pipe()
 	defer b.Close()
+	go io.Copy(io.Discard, b)                          // the Decline a client without a device sends
 	c, err := d.engine.Client(context.Background(), a) // no device: a fallback at once
 	if err != nil {
 		t.Fatal(err)

@@ -456,20 +456,25 @@ func (e *Engine) raisePeak(m int64) {
 
 func (e *Engine) unreserve(n int64) { e.mem.Add(-n) }
 
-// newToken returns an alert token unique in this engine (never 0).
+// newToken returns an alert token unique in this engine, its top bit set: a
+// connection's ID in listings (smcrd's) is its token over SMC-R and a sequence
+// number (ConnInfo.ID) otherwise, and the two must not meet.
 func (e *Engine) newToken(c *Conn) uint32 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for {
 		var b [4]byte
 		rand.Read(b[:])
-		t := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
-		if _, dup := e.tokens[t]; t != 0 && !dup {
+		t := tokenBit | uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+		if _, dup := e.tokens[t]; !dup {
 			e.tokens[t] = c
 			return t
 		}
 	}
 }
+
+// tokenBit is set in every alert token of ours.
+const tokenBit = 1 << 31
 
 func (e *Engine) freeToken(t uint32) {
 	e.mu.Lock()

@@ -901,3 +901,21 @@ func TestConnsDuringSetup(t *testing.T) {
 	close(stop)
 	<-done
 }
+
+// TestTokensApartFromIDs: an SMC-R connection's alert token, which smcrd
+// lists as its ID, never equals the sequence number a TCP connection is
+// listed by: tokens have their top bit set, sequence numbers never reach it.
+func TestTokensApartFromIDs(t *testing.T) {
+	p := memPair(t)
+	for range 16 {
+		c, s := p.connect(t)
+		mustSMC(t, c, s)
+		for _, x := range []*Conn{c, s} {
+			if ci := connInfo(t, x.e, x); ci.Token < tokenBit || ci.ID >= tokenBit {
+				t.Fatalf("token %#x, ID %d; want the token at or above %#x, the ID below", ci.Token, ci.ID, tokenBit)
+			}
+		}
+		c.Close()
+		s.Close()
+	}
+}
