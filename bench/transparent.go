@@ -19,8 +19,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/smcr-io/smcr/bpf"
 	"github.com/smcr-io/smcr/control"
+	"github.com/smcr-io/smcr/internal/cgroupfs"
 	"github.com/smcr-io/smcr/internal/nstest"
 )
 
@@ -79,7 +79,7 @@ func (e *runEnv) transparent(ctx context.Context, opts Options, sz sizes, jobs f
 		}
 		defer os.RemoveAll(filepath.Dir(bin))
 	}
-	mnt, err := bpf.CgroupV2Mount()
+	mnt, err := cgroupfs.Mount()
 	if err != nil {
 		return unavailable("kernel lacks cgroup v2: " + err.Error())
 	}

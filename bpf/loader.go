@@ -18,6 +18,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/smcr-io/smcr/internal/cgroupfs"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -105,9 +106,9 @@ func Load(opts Options) (*Loader, error) {
 	l := &Loader{log: opts.Logger, opts: opts, links: map[string]link.Link{}}
 	l.cgroup = opts.CgroupPath
 	if l.cgroup == "" {
-		mnt, err := CgroupV2Mount()
+		mnt, err := cgroupfs.Mount()
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("bpf: %w", err)
 		}
 		l.cgroup = mnt
 	}
@@ -428,21 +429,6 @@ func (l *Loader) maps() map[string]*ebpf.Map {
 		"smcr_sk": o.SmcrSk, "smcr_stats": o.SmcrStats, "smcr_steer": o.SmcrSteer,
 		"smcr_synmark": o.SmcrSynmark,
 	}
-}
-
-// CgroupV2Mount returns where the cgroup2 filesystem is mounted, from /proc/mounts.
-func CgroupV2Mount() (string, error) {
-	b, err := os.ReadFile("/proc/mounts")
-	if err != nil {
-		return "", fmt.Errorf("bpf: find cgroup2: %w", err)
-	}
-	for line := range strings.SplitSeq(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) >= 3 && f[2] == "cgroup2" {
-			return f[1], nil
-		}
-	}
-	return "", errors.New("bpf: no cgroup2 filesystem in /proc/mounts")
 }
 
 // ensurePinDir creates dir on a bpf filesystem, mounting one on /sys/fs/bpf when

@@ -46,6 +46,7 @@ import (
 
 	"github.com/smcr-io/smcr/bpf"
 	"github.com/smcr-io/smcr/config"
+	"github.com/smcr-io/smcr/internal/cgroupfs"
 	"github.com/smcr-io/smcr/smcr"
 	"github.com/smcr-io/smcr/smcr/verbs"
 )
@@ -581,7 +582,7 @@ func ifaceNames(ifs []config.Interface) []string {
 
 // cgroupPath is the configured cgroup under the cgroup2 mount found in /proc/mounts.
 func cgroupPath(rel string) (string, error) {
-	mnt, err := bpf.CgroupV2Mount()
+	mnt, err := cgroupfs.Mount()
 	if err != nil {
 		return "", fmt.Errorf("daemon: %w", err)
 	}
@@ -600,7 +601,7 @@ func inCgroup(cgroup string, log *slog.Logger) {
 	if err != nil {
 		return
 	}
-	mnt, err := bpf.CgroupV2Mount()
+	mnt, err := cgroupfs.Mount()
 	if err != nil {
 		return
 	}

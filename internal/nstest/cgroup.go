@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/smcr-io/smcr/internal/cgroupfs"
 	"golang.org/x/sys/unix"
 )
 
@@ -14,7 +15,7 @@ import (
 // would have to mount it without root.
 func Cgroup2(t testing.TB) string {
 	t.Helper()
-	if mnt := cgroup2Mounted(); mnt != "" {
+	if mnt, err := cgroupfs.Mount(); err == nil {
 		return mnt
 	}
 	fs, err := os.ReadFile("/proc/filesystems")
@@ -40,18 +41,4 @@ func Cgroup2(t testing.TB) string {
 		os.Remove(dir)
 	})
 	return dir
-}
-
-// cgroup2Mounted is the first cgroup2 mount in /proc/mounts, or "".
-func cgroup2Mounted() string {
-	b, err := os.ReadFile("/proc/mounts")
-	if err != nil {
-		return ""
-	}
-	for line := range strings.SplitSeq(string(b), "\n") {
-		if f := strings.Fields(line); len(f) > 2 && f[2] == "cgroup2" {
-			return f[1]
-		}
-	}
-	return ""
 }

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/smcr-io/smcr/internal/cgroupfs"
 )
 
 func TestPairCarriesTraffic(t *testing.T) {
@@ -204,21 +206,19 @@ func BenchmarkOwnNamespace(b *testing.B) {
 func TestCgroup2MountsIt(t *testing.T) {
 	Require(t)
 	if os.Getenv("NSTEST_CGROUP2_CHILD") == "1" {
-		if mnt := cgroup2Mounted(); mnt != "" {
+		if mnt, err := cgroupfs.Mount(); err == nil {
 			t.Fatalf("cgroup2 still mounted at %s", mnt)
 		}
 		mnt := Cgroup2(t)
 		if _, err := os.Stat(filepath.Join(mnt, "cgroup.procs")); err != nil {
 			t.Fatalf("Cgroup2 gave %s: %v", mnt, err)
 		}
-		if cgroup2Mounted() != mnt {
+		if got, _ := cgroupfs.Mount(); got != mnt {
 			t.Fatalf("/proc/mounts does not list %s", mnt)
 		}
 		return
 	}
-	if cgroup2Mounted() == "" {
-		Cgroup2(t) // the child detaches every mount there is
-	}
+	Cgroup2(t) // mounted here if nothing is: the child detaches every mount there is
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
