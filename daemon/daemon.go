@@ -315,21 +315,11 @@ const acceptQuiet = 200 * time.Millisecond
 func (d *Daemon) Run(ctx context.Context, ready func()) error {
 	// Alive before the accept loops run: what the programs send meanwhile
 	// waits in the listeners' queues, and a failure has nothing to stop.
+	hbStop, hbDone := make(chan struct{}), make(chan struct{})
 	if len(d.devs) > 0 {
 		if err := d.loader.SetAlive(d.opts.LivenessTTL); err != nil {
 			return errors.Join(fmt.Errorf("daemon: %w", err), d.Close())
 		}
-	}
-	for _, ln := range d.redirect {
-		d.wg.Add(1)
-		go d.acceptLoop(ln, d.serveRedirected)
-	}
-	for _, ln := range d.steering {
-		d.wg.Add(1)
-		go d.acceptLoop(ln, d.serveSteered)
-	}
-	hbStop, hbDone := make(chan struct{}), make(chan struct{})
-	if len(d.devs) > 0 {
 		go d.heartbeat(hbStop, hbDone)
 		d.log.Info("smcrd serving", "providers", d.providerNames(), "liveness_ttl", d.opts.LivenessTTL)
 	} else {
@@ -338,6 +328,14 @@ func (d *Daemon) Run(ctx context.Context, ready func()) error {
 		// smcrd as dead, and connections go direct, as without smcrd.
 		close(hbDone)
 		d.log.Warn("smcrd serving with no device: it redirects and steers nothing, connections go direct; set providers and restart smcrd")
+	}
+	for _, ln := range d.redirect {
+		d.wg.Add(1)
+		go d.acceptLoop(ln, d.serveRedirected)
+	}
+	for _, ln := range d.steering {
+		d.wg.Add(1)
+		go d.acceptLoop(ln, d.serveSteered)
 	}
 	if ready != nil {
 		ready()
