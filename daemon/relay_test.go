@@ -497,29 +497,42 @@ func TestPeerCacheCapableKeepsNegative(t *testing.T) {
 // device) and its peer's end, the TCP socket under the peer's fallback.
 func fallbackPair(t *testing.T) (*smcr.Conn, *net.TCPConn) {
 	t.Helper()
-	c, s := nstest.TCPPair(t)
-	ce, err := smcr.NewEngine(smcr.Config{CLCTimeout: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	se, err := smcr.NewEngine(smcr.Config{CLCTimeout: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ce.Close(); se.Close() })
-	srv := make(chan error, 1)
-	go func() { _, err := se.Server(context.Background(), s); srv <- err }()
-	conn, err := ce.Client(context.Background(), c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := <-srv; err != nil {
-		t.Fatal(err)
-	}
+	conn, _, s := smcrPair(t, func() *smcr.Engine {
+		e, err := smcr.NewEngine(smcr.Config{CLCTimeout: 100 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		return e
+	})
 	if conn.Mode() != smcr.ModeFallback {
 		t.Fatalf("mode %v, want fallback", conn.Mode())
 	}
 	return conn, s
+}
+
+// smcrPair runs CLC over a TCP pair between two engines newEngine makes, the
+// client's first: it returns the client's connection, the server's, and the
+// TCP socket under the server's.
+func smcrPair(t *testing.T, newEngine func() *smcr.Engine) (conn, peer *smcr.Conn, s *net.TCPConn) {
+	t.Helper()
+	c, s := nstest.TCPPair(t)
+	ce, se := newEngine(), newEngine()
+	type result struct {
+		c   *smcr.Conn
+		err error
+	}
+	srv := make(chan result, 1)
+	go func() { c, err := se.Server(context.Background(), s); srv <- result{c, err} }()
+	conn, err := ce.Client(context.Background(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := <-srv
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	return conn, r.c, s
 }
 
 // TestRelayFallbackResetWhileWriting: a peer that resets the TCP connection
@@ -539,9 +552,9 @@ func TestRelayFallbackResetWhileWriting(t *testing.T) {
 // its link group failed, and the TCP socket under its peer.
 func continuedPair(t *testing.T) (*smcr.Conn, *net.TCPConn) {
 	t.Helper()
-	c, s := nstest.TCPPair(t)
 	dir := t.TempDir()
-	engine := func() (*smcr.Engine, verbs.Device) {
+	var devs []verbs.Device
+	conn, peer, s := smcrPair(t, func() *smcr.Engine {
 		d, err := shm.Open(shm.Config{Dir: dir})
 		if err != nil {
 			t.Fatal(err)
@@ -551,29 +564,14 @@ func continuedPair(t *testing.T) (*smcr.Conn, *net.TCPConn) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { e.Close(); d.Close() })
-		return e, d
+		devs = append(devs, d)
+		return e
+	})
+	if conn.Mode() != smcr.ModeSMCR || peer.Mode() != smcr.ModeSMCR {
+		t.Fatalf("modes %v, %v; want SMC-R", conn.Mode(), peer.Mode())
 	}
-	ce, cd := engine()
-	se, _ := engine()
-	type result struct {
-		c   *smcr.Conn
-		err error
-	}
-	srv := make(chan result, 1)
-	go func() { c, err := se.Server(context.Background(), s); srv <- result{c, err} }()
-	conn, err := ce.Client(context.Background(), c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := <-srv
-	if r.err != nil {
-		t.Fatal(r.err)
-	}
-	if conn.Mode() != smcr.ModeSMCR || r.c.Mode() != smcr.ModeSMCR {
-		t.Fatalf("modes %v, %v; want SMC-R", conn.Mode(), r.c.Mode())
-	}
-	cd.Close() // the client's device goes: the link fails, both ends continue over TCP
-	for deadline := time.Now().Add(10 * time.Second); !conn.Continued() || !r.c.Continued(); {
+	devs[0].Close() // the client's device goes: the link fails, both ends continue over TCP
+	for deadline := time.Now().Add(10 * time.Second); !conn.Continued() || !peer.Continued(); {
 		if time.Now().After(deadline) {
 			t.Fatal("the connection did not continue over TCP")
 		}
