@@ -405,34 +405,64 @@ func TestDowngradedBuffersReused(t *testing.T) {
 }
 
 // TestPooledBuffersCleared: a pooled RMB or send buffer reaches the next
-// connection without the previous one's bytes.
+// connection without the previous one's bytes, whether that stream stayed
+// short of the buffer's end or wrapped around it (only the part a stream
+// used is cleared).
 func TestPooledBuffersCleared(t *testing.T) {
 	const size = 16 << 10
 	p := newPair(t, Config{Devices: memDevices(t, verbs.KindSoft), RMBSize: size}, Config{Devices: memDevices(t, verbs.KindSoft), RMBSize: size})
 	secret := []byte("SECRET-OF-CONNECTION-ONE")
+	// The second stream ends with the secret across the wrap: its tail at
+	// the buffer's end, its head at the start.
+	filler := bytes.Repeat([]byte{'f'}, size-len(secret)/2)
+	for round, stream := range [][]byte{secret, append(filler, secret...)} {
+		c, s := p.connect(t)
+		mustSMC(t, c, s)
+		if round > 0 {
+			checkZero(t, round, c, s)
+		}
+		// Both ways, so all four buffers carry it; the filler, read, makes
+		// room for the rest (an RMBE holds size).
+		for _, part := range [][]byte{stream[:len(stream)-len(secret)], stream[len(stream)-len(secret):]} {
+			for _, ends := range [][2]*Conn{{c, s}, {s, c}} {
+				if _, err := ends[0].Write(part); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := io.ReadFull(ends[1], make([]byte, len(part))); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		c.Close()
+		s.Close()
+		eventually(t, "released", func() bool {
+			return len(p.cli.Conns()) == 0 && len(p.srv.Conns()) == 0 &&
+				p.srv.Stats().MemoryPooled == 2*size && p.cli.Stats().MemoryPooled == 2*size
+		})
+	}
 	c, s := p.connect(t)
 	mustSMC(t, c, s)
-	if _, err := c.Write(secret); err != nil {
-		t.Fatal(err)
+	checkZero(t, 2, c, s)
+	for _, e := range []*Engine{p.cli, p.srv} {
+		if st := e.Stats(); st.RxReuses != 2 || st.TxReuses != 2 {
+			t.Fatalf("buffers not reused: rx reuses %d, tx reuses %d", st.RxReuses, st.TxReuses)
+		}
 	}
-	if _, err := io.ReadFull(s, make([]byte, len(secret))); err != nil {
-		t.Fatal(err)
-	}
-	c.Close()
-	s.Close()
-	eventually(t, "released", func() bool {
-		return len(p.cli.Conns()) == 0 && len(p.srv.Conns()) == 0 && p.srv.Stats().MemoryPooled == 2*size
-	})
-	c2, s2 := p.connect(t)
-	mustSMC(t, c2, s2)
-	if p.srv.Stats().RxReuses != 1 || p.cli.Stats().TxReuses != 1 {
-		t.Fatalf("not reused")
-	}
-	if bytes.Contains(s2.rmb.Bytes(), secret) {
-		t.Errorf("the new connection's RMB (server) holds the previous connection's bytes")
-	}
-	if bytes.Contains(c2.snd.Bytes(), secret) {
-		t.Errorf("the new connection's send buffer (client) holds the previous connection's bytes")
+}
+
+// checkZero fails t unless the RMBs and send buffers of c and s, taken from
+// the pool, hold no byte of an earlier connection.
+func checkZero(t *testing.T, round int, c, s *Conn) {
+	t.Helper()
+	for _, b := range []struct {
+		name string
+		mem  []byte
+	}{{"RMB (server)", s.rmb.Bytes()}, {"send buffer (server)", s.snd.Bytes()},
+		{"RMB (client)", c.rmb.Bytes()}, {"send buffer (client)", c.snd.Bytes()}} {
+		if i := slices.IndexFunc(b.mem, func(x byte) bool { return x != 0 }); i >= 0 {
+			t.Errorf("after round %d the new connection's %s holds the previous connection's byte %q at %d of %d",
+				round, b.name, b.mem[i], i, len(b.mem))
+		}
 	}
 }
 
