@@ -7,11 +7,13 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"errors"
 	"io"
 	"net"
 	"net/netip"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -548,18 +550,18 @@ func TestRelayFallbackResetWhileWriting(t *testing.T) {
 	}
 }
 
-// continuedPair returns an SMC-R connection (shm) that continued over TCP once
-// its link group failed, and the TCP socket under its peer.
-func continuedPair(t *testing.T) (*smcr.Conn, *net.TCPConn) {
+// shmPair returns an SMC-R connection (shm) and its peer's end, and the
+// client's device, whose close fails the link.
+func shmPair(t *testing.T) (conn, peer *smcr.Conn, s *net.TCPConn, dev verbs.Device) {
 	t.Helper()
 	dir := t.TempDir()
 	var devs []verbs.Device
-	conn, peer, s := smcrPair(t, func() *smcr.Engine {
+	conn, peer, s = smcrPair(t, func() *smcr.Engine {
 		d, err := shm.Open(shm.Config{Dir: dir})
 		if err != nil {
 			t.Fatal(err)
 		}
-		e, err := smcr.NewEngine(smcr.Config{Devices: []verbs.Device{d}})
+		e, err := smcr.NewEngine(smcr.Config{Devices: []verbs.Device{d}, RMBSize: 64 << 10})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -570,14 +572,119 @@ func continuedPair(t *testing.T) (*smcr.Conn, *net.TCPConn) {
 	if conn.Mode() != smcr.ModeSMCR || peer.Mode() != smcr.ModeSMCR {
 		t.Fatalf("modes %v, %v; want SMC-R", conn.Mode(), peer.Mode())
 	}
-	devs[0].Close() // the client's device goes: the link fails, both ends continue over TCP
-	for deadline := time.Now().Add(10 * time.Second); !conn.Continued() || !peer.Continued(); {
-		if time.Now().After(deadline) {
-			t.Fatal("the connection did not continue over TCP")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	return conn, peer, s, devs[0]
+}
+
+// continuedPair returns an SMC-R connection (shm) that continued over TCP once
+// its link group failed, and the TCP socket under its peer.
+func continuedPair(t *testing.T) (*smcr.Conn, *net.TCPConn) {
+	t.Helper()
+	conn, peer, s, dev := shmPair(t)
+	dev.Close() // the client's device goes: the link fails, both ends continue over TCP
+	awaitContinued(t, conn, peer)
 	return conn, s
+}
+
+func awaitContinued(t *testing.T, conns ...*smcr.Conn) {
+	t.Helper()
+	for _, c := range conns {
+		for deadline := time.Now().Add(10 * time.Second); !c.Continued(); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("the connection did not continue over TCP")
+			}
+		}
+	}
+}
+
+// TestRelaySMCR: between a socket and an SMC-R connection, streams both ways
+// arrive whole, urgent bytes keep their marks, half-closes pass, and the
+// counts are the bytes. Once with the link failing mid-stream, where the
+// relay goes on over the continuation.
+func TestRelaySMCR(t *testing.T) {
+	for _, fail := range []bool{false, true} {
+		app, appSide := nstest.TCPPair(t)
+		conn, peer, _, dev := shmPair(t)
+		done := make(chan relayResult, 1)
+		go func() { done <- relay(appSide, conn, nil, nil) }()
+		const size = 8 << 20
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() { defer wg.Done(); checkStream(t, "app to peer", app, peer, size, 1) }()
+		go func() { defer wg.Done(); checkStream(t, "peer to app", peer, app, size, 2) }()
+		if fail {
+			for peer.Stats().RxBytes < size/4 {
+				time.Sleep(time.Millisecond)
+			}
+			dev.Close()
+		}
+		wg.Wait()
+		if fail {
+			awaitContinued(t, conn, peer)
+		}
+
+		// Urgent bytes, each way, arrive marked.
+		if err := tcpurg.SetInline(app); err != nil {
+			t.Fatal(err)
+		}
+		app.Write([]byte("ab"))
+		tcpurg.WriteUrgent(app, '!')
+		readMarkedUntil(t, "peer", peer.ReadMarked, "ab!", 2)
+		peer.Write([]byte("xy"))
+		peer.WriteUrgent('#')
+		readMarkedUntil(t, "app", func(p []byte) (int, bool, error) { return tcpurg.ReadMarked(app, p) }, "xy#", 2)
+
+		app.CloseWrite()
+		if n, err := peer.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+			t.Fatalf("peer after the app's half-close: %d, %v", n, err)
+		}
+		peer.CloseWrite()
+		if n, err := app.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+			t.Fatalf("app after the peer's half-close: %d, %v", n, err)
+		}
+		if res := <-done; res.Err != nil || res.AtoB != size+3 || res.BtoA != size+3 {
+			t.Fatalf("relay (link failing: %v): %+v, want %d bytes each way", fail, res, size+3)
+		}
+		peer.Close()
+	}
+}
+
+// checkStream writes size random bytes to w and checks, by hash, that r reads
+// them.
+func checkStream(t *testing.T, what string, w io.Writer, r io.Reader, size int, seed byte) {
+	data := make([]byte, size)
+	for i := range data {
+		data[i] = byte(i*7) ^ seed ^ byte(i>>11)
+	}
+	go w.Write(data)
+	h := sha256.New()
+	if n, err := io.CopyN(h, r, int64(size)); err != nil {
+		t.Errorf("%s: %d bytes, %v", what, n, err)
+	}
+	if got, want := h.Sum(nil), sha256.Sum256(data); !bytes.Equal(got, want[:]) {
+		t.Errorf("%s: the bytes differ", what)
+	}
+}
+
+// readMarkedUntil reads want through read and checks that the urgent mark is
+// at markAt.
+func readMarkedUntil(t *testing.T, what string, read func([]byte) (int, bool, error), want string, markAt int) {
+	t.Helper()
+	var got []byte
+	mark := -1
+	buf := make([]byte, 16)
+	for len(got) < len(want) {
+		n, urgent, err := read(buf[:len(want)-len(got)])
+		if urgent {
+			mark = len(got)
+		}
+		got = append(got, buf[:n]...)
+		if err != nil {
+			t.Fatalf("%s: read %v after %q", what, err, got)
+		}
+	}
+	if string(got) != want || mark != markAt {
+		t.Fatalf("%s got %q with the mark at %d; want %q, mark at %d", what, got, mark, want, markAt)
+	}
 }
 
 // TestRelayContinuedResetWhileWriting: as TestRelayFallbackResetWhileWriting,
