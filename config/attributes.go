@@ -154,7 +154,7 @@ var attributes = []attribute{
 		"how long a link may receive nothing before a TEST_LINK checks that its peer answers, which fails the link if not (Linux: smcr_testlink_time 30s; 0: never)",
 		func(c *Config) *time.Duration { return &c.TestLinkTime }, 0, time.Hour),
 	durationAttr("read_spin", "20us",
-		"how long a read waiting for bytes polls its link, and a client its socket for the CLC Accept, before sleeping, at most (adaptive below it; 0: never, always sleep)",
+		"how long a read waiting for bytes polls its link before sleeping, at most (adaptive below it; 0: never, always sleep, and the handshake sleeps too rather than poll its socket for the peer's CLC answer)",
 		func(c *Config) *time.Duration { return &c.ReadSpin }, 0, time.Millisecond),
 	{
 		name: "cgroup", def: "",

@@ -227,7 +227,7 @@ func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix, opt
 		}
 		return e.fallback(c, clc.DeclinePeerNoSMC, SideLocal, false, fmt.Errorf("send proposal: %w", err), br), nil
 	}
-	e.awaitCLC(c.tcp, br)
+	e.awaitCLC(c.tcp, br, &e.acceptSpin)
 	m, code, send, err := e.readCLC(ctx, c, br)
 	if err != nil {
 		if ctxOver(ctx) {
@@ -304,23 +304,29 @@ func (e *Engine) declinedMeanwhile(ctx context.Context, c *Conn, br *bufio.Reade
 	return d, nil
 }
 
-// awaitCLC polls tcp for the peer's next CLC message for up to the engine's
-// adaptive budget (spinBudget, bounded by ReadSpin) before the read that would
-// sleep. Asleep, a client waiting for the Accept is woken when the runtime's
-// network poller notices it, which on these VMs came 34–44 µs (p50) after the
-// server wrote it: the poller's thread sat on the other, halted vCPU, and the
-// busy one polls the network only when it runs out of goroutines. A same-host
-// reuse setup spent a third of its time there; polling for it made setups ~9%
-// faster and took ~9% less CPU (the sleep and wake-up it spares cost more than
-// the poll). A server farther away than the budget soon costs minReadSpin a
-// setup and a probe in 32.
-func (e *Engine) awaitCLC(tcp net.Conn, br *bufio.Reader) {
-	bound := e.settings().ReadSpin
-	if bound <= 0 || br.Buffered() > 0 {
+// clcSpinMax bounds awaitCLC's poll: a same-host peer's answer came 50–150 µs
+// after our message on these VMs (its wake-up, its work and its write), which
+// a Read's ReadSpin (20 µs) does not reach.
+const clcSpinMax = 250 * time.Microsecond
+
+// awaitCLC polls tcp for the peer's next CLC message, the client's for the
+// Accept and the server's for the Confirm, for up to the adaptive budget s
+// (bounded by clcSpinMax; none with ReadSpin off) before the read that would
+// sleep. Asleep, the reader is woken when the runtime's network poller notices
+// the message, and the runtime polls the network only when a P runs out of
+// goroutines: the readers of a reuse setup's first bytes, spinning on both
+// vCPUs, kept the server's Confirm unnoticed for ~100 µs, and a woken poller
+// thread on a halted vCPU took 40–100 µs more. Polling on both sides made
+// same-host reuse setups ~30% faster for ~10% less CPU (the sleep and wake-up
+// it spares cost more than the poll); one side alone, or a bound of 20 µs,
+// gained little. A peer farther away than the budget soon costs minReadSpin
+// a setup and a probe of clcSpinMax in 32.
+func (e *Engine) awaitCLC(tcp net.Conn, br *bufio.Reader, s *spinBudget) {
+	if e.settings().ReadSpin <= 0 || br.Buffered() > 0 {
 		return
 	}
-	budget := e.clcSpin.next(bound)
-	e.clcSpin.done(budget, bound, spinUntil(budget, func() bool { return pendingInput(tcp) }))
+	budget := s.next(clcSpinMax)
+	s.done(budget, clcSpinMax, spinUntil(budget, func() bool { return pendingInput(tcp) }))
 }
 
 // spinUntil polls ready for up to d, letting other goroutines run between rounds.
@@ -407,6 +413,7 @@ func (e *Engine) server(ctx context.Context, tcp net.Conn, listenerAddrs []net.A
 	if c.smcx && c.lg.firstConn != c {
 		wait += e.cfg.LLCTimeout
 	}
+	e.awaitCLC(c.tcp, br, &e.confirmSpin)
 	m, code, send, err = e.readCLCWithin(ctx, c, br, wait)
 	if err != nil {
 		if ctxOver(ctx) {

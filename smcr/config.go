@@ -53,9 +53,10 @@ type Config struct {
 	// link's completions itself before it sleeps (Linux's busy_read): the
 	// bytes then need no hand-off from the link's poller, which halves a small
 	// message's latency. Each connection adapts its spin below this to how
-	// soon its bytes come. It also bounds a client's poll of the TCP socket
-	// for the server's Accept (adapted per engine). Default 20 µs; negative
-	// disables both; Engine.SetReadSpin changes it at run time.
+	// soon its bytes come. Default 20 µs; negative disables it and the
+	// handshake's poll of the TCP socket for the peer's Accept or Confirm
+	// (up to 250 µs, adapted per engine); Engine.SetReadSpin changes it at
+	// run time.
 	ReadSpin time.Duration
 	// PeerID is this endpoint's 8-byte peer ID; zero means 2 random bytes plus the
 	// MAC of the first device.

@@ -47,7 +47,8 @@ type Engine struct {
 	setMu sync.Mutex // serialises the setters
 	set   atomic.Pointer[Settings]
 
-	clcSpin spinBudget // a client's poll for the Accept (awaitCLC)
+	acceptSpin  spinBudget // a client's poll for the Accept (awaitCLC)
+	confirmSpin spinBudget // a server's poll for the Confirm
 
 	lgCreate sync.Mutex // serialises a server's search-or-create of link groups
 	mu       sync.Mutex

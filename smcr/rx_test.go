@@ -191,12 +191,12 @@ func TestSpinBudget(t *testing.T) {
 	}
 }
 
-// TestAwaitCLC: a client polls its socket for the Accept for up to its budget:
-// it finds bytes already there at once (and its budget grows), gives up on a
-// silent peer after the budget (and it shrinks), and does not poll with
-// ReadSpin off.
+// TestAwaitCLC: a handshake polls its socket for the peer's next CLC message
+// for up to its budget (clcSpinMax at most): it finds bytes already there at
+// once (and its budget grows), gives up on a silent peer after the budget (and
+// it shrinks), and does not poll with ReadSpin off.
 func TestAwaitCLC(t *testing.T) {
-	e := newEngine(t, Config{Devices: memDevices(t, verbs.KindSoft), ReadSpin: 200 * time.Microsecond})
+	e := newEngine(t, Config{Devices: memDevices(t, verbs.KindSoft)})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -213,27 +213,47 @@ func TestAwaitCLC(t *testing.T) {
 	}
 	defer srv.Close()
 	br := bufio.NewReader(cli)
-	budget := func() time.Duration { return time.Duration(e.clcSpin.cur.Load()) }
+	var s spinBudget
+	budget := func() time.Duration { return time.Duration(s.cur.Load()) }
 
 	start := time.Now()
-	e.awaitCLC(cli, br) // the first: a probe of the whole bound, nothing comes
-	if d := time.Since(start); d < 200*time.Microsecond || budget() != 100*time.Microsecond {
-		t.Fatalf("silent peer: returned after %v, budget %v; want ≥200µs, 100µs", d, budget())
+	e.awaitCLC(cli, br, &s) // the first: a probe of the whole bound, nothing comes
+	if d := time.Since(start); d < clcSpinMax || budget() != clcSpinMax/2 {
+		t.Fatalf("silent peer: returned after %v, budget %v; want ≥%v, %v", d, budget(), clcSpinMax, clcSpinMax/2)
 	}
 	srv.Write([]byte{1})
 	for !pendingInput(cli) {
 		time.Sleep(time.Millisecond)
 	}
-	e.awaitCLC(cli, br)
-	if budget() != 200*time.Microsecond {
-		t.Fatalf("answered peer: budget %v, want 200µs", budget())
+	e.awaitCLC(cli, br, &s)
+	if budget() != clcSpinMax {
+		t.Fatalf("answered peer: budget %v, want %v", budget(), clcSpinMax)
 	}
 	e.SetReadSpin(-1)
 	br.ReadByte()
-	spins := e.clcSpin.spins.Load()
-	e.awaitCLC(cli, br)
-	if e.clcSpin.spins.Load() != spins || budget() != 200*time.Microsecond {
-		t.Fatalf("ReadSpin off: %d spins, budget %v; want none", e.clcSpin.spins.Load()-spins, budget())
+	spins := s.spins.Load()
+	e.awaitCLC(cli, br, &s)
+	if s.spins.Load() != spins || budget() != clcSpinMax {
+		t.Fatalf("ReadSpin off: %d spins, budget %v; want none", s.spins.Load()-spins, budget())
+	}
+}
+
+// TestHandshakePolls: both ends of a setup poll for the peer's answer, the
+// client for the Accept and the server for the Confirm; with ReadSpin off,
+// neither does.
+func TestHandshakePolls(t *testing.T) {
+	for _, spin := range []time.Duration{0, -1} {
+		p := newPair(t, Config{Devices: memDevices(t, verbs.KindSoft), ReadSpin: spin},
+			Config{Devices: memDevices(t, verbs.KindSoft), ReadSpin: spin})
+		const n = 3
+		p.connectSMC(t, n)
+		want := uint32(n)
+		if spin < 0 {
+			want = 0
+		}
+		if a, c := p.cli.acceptSpin.spins.Load(), p.srv.confirmSpin.spins.Load(); a != want || c != want {
+			t.Errorf("ReadSpin %v: client polled for %d Accepts, server for %d Confirms; want %d each", spin, a, c, want)
+		}
 	}
 }
 
