@@ -47,8 +47,9 @@ type Engine struct {
 	setMu sync.Mutex // serialises the setters
 	set   atomic.Pointer[Settings]
 
-	acceptSpin  spinBudget // a client's poll for the Accept (awaitCLC)
-	confirmSpin spinBudget // a server's poll for the Confirm
+	acceptSpin  spinBudget  // a client's poll for the Accept (awaitCLC)
+	confirmSpin spinBudget  // a server's poll for the Confirm
+	clcPolling  atomic.Bool // a handshake is in awaitCLC's poll
 
 	lgCreate sync.Mutex // serialises a server's search-or-create of link groups
 	mu       sync.Mutex

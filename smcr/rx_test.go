@@ -194,7 +194,8 @@ func TestSpinBudget(t *testing.T) {
 // TestAwaitCLC: a handshake polls its socket for the peer's next CLC message
 // for up to its budget (clcSpinMax at most): it finds bytes already there at
 // once (and its budget grows), gives up on a silent peer after the budget (and
-// it shrinks), and does not poll with ReadSpin off.
+// it shrinks), and does not poll while another handshake of its engine polls,
+// nor with ReadSpin off.
 func TestAwaitCLC(t *testing.T) {
 	e := newEngine(t, Config{Devices: memDevices(t, verbs.KindSoft)})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -229,9 +230,15 @@ func TestAwaitCLC(t *testing.T) {
 	if budget() != clcSpinMax {
 		t.Fatalf("answered peer: budget %v, want %v", budget(), clcSpinMax)
 	}
-	e.SetReadSpin(-1)
 	br.ReadByte()
 	spins := s.spins.Load()
+	e.clcPolling.Store(true) // another handshake polls
+	e.awaitCLC(cli, br, &s)
+	if s.spins.Load() != spins {
+		t.Fatal("polled beside another handshake's poll")
+	}
+	e.clcPolling.Store(false)
+	e.SetReadSpin(-1)
 	e.awaitCLC(cli, br, &s)
 	if s.spins.Load() != spins || budget() != clcSpinMax {
 		t.Fatalf("ReadSpin off: %d spins, budget %v; want none", s.spins.Load()-spins, budget())
