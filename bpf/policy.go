@@ -223,7 +223,7 @@ func InterfacePrefixes(names []string) ([]PrefixRule, error) {
 		}
 		idx := lk.Attrs().Index
 		listed[idx] = true
-		addrs, err := netlink.AddrList(lk, netlink.FAMILY_ALL)
+		addrs, err := retryDump(func() ([]netlink.Addr, error) { return netlink.AddrList(lk, netlink.FAMILY_ALL) })
 		if err != nil {
 			return nil, fmt.Errorf("bpf: addresses of %s: %w", n, err)
 		}
@@ -245,7 +245,9 @@ func InterfacePrefixes(names []string) ([]PrefixRule, error) {
 		prio int
 	}{}
 	for _, table := range []int{unix.RT_TABLE_MAIN, unix.RT_TABLE_LOCAL} {
-		routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: table}, netlink.RT_FILTER_TABLE)
+		routes, err := retryDump(func() ([]netlink.Route, error) {
+			return netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: table}, netlink.RT_FILTER_TABLE)
+		})
 		if err != nil {
 			return nil, fmt.Errorf("bpf: routes: %w", err)
 		}

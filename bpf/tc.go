@@ -57,13 +57,13 @@ func attachClsBPF(nl *netlink.Handle, ifindex int, prog *ebpf.Program) error {
 
 // clsBPFFilters returns smcr's ingress filters, by interface index.
 func clsBPFFilters(nl *netlink.Handle) (map[int]netlink.Filter, error) {
-	links, err := nl.LinkList()
+	links, err := retryDump(nl.LinkList)
 	if err != nil {
 		return nil, fmt.Errorf("list interfaces: %w", err)
 	}
 	out := map[int]netlink.Filter{}
 	for _, lk := range links {
-		fs, err := nl.FilterList(lk, netlink.HANDLE_MIN_INGRESS)
+		fs, err := retryDump(func() ([]netlink.Filter, error) { return nl.FilterList(lk, netlink.HANDLE_MIN_INGRESS) })
 		if err != nil {
 			continue // no clsact qdisc, or the interface went away
 		}
