@@ -249,10 +249,16 @@ func (c *Conn) sendCursors(flags rmb.ProdFlags, kind cdcKind) error {
 	return c.sendCDCKind(flags, kind)
 }
 
-// sendCDCKind builds and sends the CDC under cdcMu, which keeps numbers in order.
+// sendCDCKind builds and sends the CDC under cdcMu, which keeps numbers in order
+// and holds CDCs back while a move resends (moveTo).
 func (c *Conn) sendCDCKind(flags rmb.ProdFlags, kind cdcKind) error {
 	c.cdcMu.Lock()
 	defer c.cdcMu.Unlock()
+	return c.sendCDCHeld(flags, kind)
+}
+
+// sendCDCHeld is sendCDCKind with cdcMu held.
+func (c *Conn) sendCDCHeld(flags rmb.ProdFlags, kind cdcKind) error {
 	c.mu.Lock()
 	if c.peerSize == 0 || c.released || c.lnkErr || c.fo {
 		c.mu.Unlock()

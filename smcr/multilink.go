@@ -794,12 +794,18 @@ func (c *Conn) fenceMovedFrom(l *link) {
 func (c *Conn) moveTo(old, nw *link) {
 	tok, ok := c.lg.peerToken(c.peerKey.link, c.peerKey.rkey, nw)
 	regErr := c.registerSnd(nw)
+	// No CDC of c's may go on nw ahead of the resend's WRITEs: it would announce
+	// bytes the peer does not hold yet, and the peer would read what its RMB held
+	// before (a Read's consumer update carries our producer cursor too). CDCs
+	// wait for cdcMu, which the move holds until its own are posted.
+	c.cdcMu.Lock()
 	c.mu.Lock()
 	if c.released || c.lnk != old || c.fo {
 		// Gone, moved already, or continuing over TCP with frozen cursors.
 		c.moving = false
 		closed := c.appClosed && !c.released
 		c.mu.Unlock()
+		c.cdcMu.Unlock()
 		if closed {
 			c.maybeRelease()
 		}
@@ -811,12 +817,14 @@ func (c *Conn) moveTo(old, nw *link) {
 		// once active, as with a group's last link (linkDown).
 		c.moving = false
 		c.mu.Unlock()
+		c.cdcMu.Unlock()
 		c.linkDown(fmt.Errorf("%w: link %d failed during setup", ErrLinkDown, old.num))
 		return
 	}
 	if !ok || regErr != nil {
 		c.moving = false
 		c.mu.Unlock()
+		c.cdcMu.Unlock()
 		c.e.log.Warn("smcr: cannot move connection", "conn", c.id, "link", nw.num, "rkey_known", ok, "err", regErr)
 		c.linkDown(fmt.Errorf("%w: cannot move to link %d", ErrLinkDown, nw.num))
 		return
@@ -847,11 +855,12 @@ func (c *Conn) moveTo(old, nw *link) {
 		from += n
 	}
 	if err == nil {
-		err = c.sendCDC(rmb.FlagFailoverValidation)
+		err = c.sendCDCHeld(rmb.FlagFailoverValidation, cdcState)
 	}
 	if err == nil {
-		err = c.sendCDC(0) // the cursors: the peer takes none from a validation
+		err = c.sendCDCHeld(0, cdcState) // the cursors: the peer takes none from a validation
 	}
+	c.cdcMu.Unlock()
 	c.awaitResend(nw)
 	c.mu.Lock()
 	c.moving = false

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -968,4 +969,52 @@ func TestFirstLinkFailsDuringAddLink(t *testing.T) {
 	for _, d := range []*memverbs.Device{c1, c2, s1, s2} {
 		eventually(t, d.Name()+" freed", func() bool { return d.Live() == memverbs.Resources{} })
 	}
+}
+
+// TestMoveHoldsCDCsBehindResend: while a connection moves to the surviving
+// link, a CDC of its own (here a Read's consumer update, which carries our
+// producer cursor too) waits until the move's resend and validation are on
+// the new link: ahead of them it would announce bytes the peer does not hold
+// yet, and the peer would read what its RMB held before.
+func TestMoveHoldsCDCsBehindResend(t *testing.T) {
+	p, c, s := twoLinkConn(t)
+	var moving atomic.Bool
+	var mu sync.Mutex
+	var first *rmb.ProdFlags // of the first CDC s receives once c moves
+	copyHook := func(conn *Conn, rx bool) {
+		if conn != c || rx || moving.Swap(true) {
+			return
+		}
+		// In moveTo, c already on the new link, before the resend.
+		go c.sendCursors(0, cdcUpdate)
+		time.Sleep(20 * time.Millisecond)
+	}
+	cdcHook := func(conn *Conn, m *rmb.CDC) {
+		mu.Lock()
+		defer mu.Unlock()
+		if conn == s && moving.Load() && first == nil {
+			f := m.Flags
+			first = &f
+		}
+	}
+	testHookCopy.Store(&copyHook)
+	testHookCDC.Store(&cdcHook)
+	t.Cleanup(func() { testHookCopy.Store(nil); testHookCDC.Store(nil) })
+
+	c.mu.Lock()
+	dev := c.lnk.dev.(*memverbs.Device)
+	c.mu.Unlock()
+	dev.Fail()
+	eventually(t, "the first CDC after the move", func() bool { mu.Lock(); defer mu.Unlock(); return first != nil })
+	mu.Lock()
+	f := *first
+	mu.Unlock()
+	if f&rmb.FlagFailoverValidation == 0 {
+		t.Errorf("the peer's first CDC after the move has flags %v, want the failover validation first", f)
+	}
+	// And the connection still works both ways.
+	testHookCopy.Store(nil)
+	stream(t, c, s, 1<<20, 7)
+	stream(t, s, c, 1<<20, 8)
+	p.closeAll(t, [][2]*Conn{{c, s}})
 }
