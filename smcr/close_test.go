@@ -239,9 +239,10 @@ func TestEngineCloseFreesVerbs(t *testing.T) {
 			t.Errorf("%s after Engine.Close: %+v; want no QP or CQ", d.Name(), live)
 		}
 		// The closed connections released their buffers as the link went;
-		// the held one gives its back once it continues over TCP.
-		if live != (memverbs.Resources{PDs: 1, MRs: 2}) && live != (memverbs.Resources{}) {
-			t.Errorf("%s after Engine.Close: %+v; want only the held connection's RMB and send buffer, in one PD", d.Name(), live)
+		// the held one gives its two back, one after the other, once it
+		// continues over TCP, so anything from both to none may be left.
+		if live.MRs > 2 || live.PDs > 1 {
+			t.Errorf("%s after Engine.Close: %+v; want at most the held connection's RMB and send buffer, in one PD", d.Name(), live)
 		}
 	}
 	for _, d := range []*memverbs.Device{dc, ds} {
