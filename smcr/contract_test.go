@@ -12,7 +12,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"strconv"
 	"sync"
 	"syscall"
@@ -114,6 +113,15 @@ func TestListenerSurvivesEMFILE(t *testing.T) {
 	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
 		t.Fatalf("lower RLIMIT_NOFILE to %d: %v", low.Cur, err)
 	}
+	// A goroutine of an earlier test may have closed a descriptor since: fill
+	// every hole under the limit, or the accept would take it.
+	for {
+		d, err := unix.Dup(0)
+		if err != nil {
+			break
+		}
+		defer unix.Close(d)
+	}
 	ap := p.ln.Addr().(*net.TCPAddr).AddrPort()
 	err = unix.Connect(fd, &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()})
 	if err == nil {
@@ -143,21 +151,14 @@ func TestListenerSurvivesEMFILE(t *testing.T) {
 // lowestFreeFD is the lowest descriptor number the process does not use.
 func lowestFreeFD(t *testing.T) int {
 	t.Helper()
-	fds, err := os.ReadDir("/proc/self/fd")
+	// The kernel hands out the lowest free descriptor. (Listing /proc/self/fd
+	// would count the listing's own descriptor, closed again after it.)
+	fd, err := unix.Dup(0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	used := map[int]bool{}
-	for _, f := range fds {
-		if n, err := strconv.Atoi(f.Name()); err == nil {
-			used[n] = true
-		}
-	}
-	n := 0
-	for used[n] {
-		n++
-	}
-	return n
+	unix.Close(fd)
+	return fd
 }
 
 // hookHandler is a slog handler that signals seen once a record with msg is
