@@ -197,12 +197,25 @@ func TestIdleCostsNoCPU(t *testing.T) {
 			// The heap the package's earlier tests left is collected before the
 			// window, not in it: the suspect when a run of the whole package
 			// with -count=8 measured 50-54 ms here. The log tells the share.
+			// A spin shows in every window; the rest of the process (an
+			// earlier test's goroutines, the race detector on a loaded machine:
+			// 57 ms once beside two other race passes) need not: the least of
+			// three windows is the connections'.
 			runtime.GC()
 			const window = time.Second
-			before, gcBefore := cpu(), gcCPU()
-			time.Sleep(window)
-			used, gc := cpu()-before, gcCPU()-gcBefore
-			t.Logf("%s: %v of CPU (garbage collector: %v) in an idle %v with %d connections open", kind, used, gc, window, len(pairs))
+			var used time.Duration
+			for try := range 3 {
+				before, gcBefore := cpu(), gcCPU()
+				time.Sleep(window)
+				u, gc := cpu()-before, gcCPU()-gcBefore
+				t.Logf("%s: %v of CPU (garbage collector: %v) in an idle %v with %d connections open", kind, u, gc, window, len(pairs))
+				if try == 0 || u < used {
+					used = u
+				}
+				if used <= window/20 {
+					break
+				}
+			}
 			if used > window/20 {
 				t.Errorf("%v of CPU in an idle %v: something spins", used, window)
 			}
