@@ -159,11 +159,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		return 1
 	}
-	go func() {
-		if err := srv.Serve(); err != nil {
-			log.Error("control socket", "err", err)
-		}
-	}()
 	stopMetrics := serveMetrics(cfg.MetricsAddress, d, log)
 
 	// The first SIGTERM or SIGINT drains, a second one aborts what is left.
@@ -189,6 +184,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 	}()
 	err = d.Run(ctx, func() {
+		// The control socket answers once smcrd serves (its liveness set, its
+		// listeners accepting): a script that waits for `smcrctl status` and
+		// then starts its applications finds their connections redirected.
+		// Requests made before wait in the socket's queue.
+		go func() {
+			if err := srv.Serve(); err != nil {
+				log.Error("control socket", "err", err)
+			}
+		}()
 		if _, err := sdnotify.Notify(sdnotify.Ready, sdnotify.Status("serving")); err != nil {
 			log.Warn("sd_notify", "err", err)
 		}

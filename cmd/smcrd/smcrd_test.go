@@ -165,7 +165,7 @@ func (s *smcrd) serving(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("smcrd not answering: %v\n%s", err, s.out.String())
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(time.Millisecond) // the first answer: TestStatusAnswersOnceServing
 	}
 }
 
@@ -316,10 +316,10 @@ func TestUnknownControlGroupTouchesNoBPF(t *testing.T) {
 	}
 }
 
-// listenBacklog0 listens on port in ns with a backlog of 0: one connection
-// waiting to be accepted fills it, and the next SYNs are dropped until it is
-// accepted (the client retransmits its SYN a second later).
-func listenBacklog0(t *testing.T, ns *nstest.NS, port int) net.Listener {
+// fullListener listens on port in ns with a backlog of 0 and fills it with one
+// connection that waits to be accepted: the next SYNs are dropped until it is
+// (the client retransmits its SYN a second later). Both close as the test ends.
+func fullListener(t *testing.T, ns *nstest.NS, port int) net.Listener {
 	t.Helper()
 	var ln net.Listener
 	err := ns.Do(func() error {
@@ -341,6 +341,12 @@ func listenBacklog0(t *testing.T, ns *nstest.NS, port int) net.Listener {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { ln.Close() })
+	filler, err := ns.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { filler.Close() })
 	return ln
 }
 
@@ -351,13 +357,7 @@ func listenBacklog0(t *testing.T, ns *nstest.NS, port int) net.Listener {
 // connect() had succeeded, got a reset.
 func TestSIGTERMFinishesSetup(t *testing.T) {
 	h := newTestHost(t)
-	ln := listenBacklog0(t, h.pair.B, 5202)
-	defer ln.Close()
-	filler, err := h.pair.B.Dial("tcp", "127.0.0.1:5202")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer filler.Close()
+	ln := fullListener(t, h.pair.B, 5202)
 	s := h.start(filepath.Join(h.dir, "smcrd.sock"))
 	s.serving(t)
 
@@ -420,6 +420,29 @@ func TestSecondSignalStops(t *testing.T) {
 	if _, err := app.Read(make([]byte, 1)); err == nil || os.IsTimeout(err) {
 		t.Errorf("connection after the abort: read %v, want it ended", err)
 	}
+}
+
+// TestStatusAnswersOnceServing: the control socket answers only once smcrd
+// serves, so a script that waits for `smcrctl status` and then starts its
+// applications finds their connections redirected. Before, it answered from
+// before the programs' liveness was set, and a connection made then went
+// direct (TestSIGTERMFinishesSetup failed on it under load).
+func TestStatusAnswersOnceServing(t *testing.T) {
+	h := newTestHost(t)
+	// The server's backlog is full: a connection that goes direct gets no
+	// answer to its SYN, one redirected to smcrd is connected at once.
+	fullListener(t, h.pair.B, 5204)
+	s := h.start(filepath.Join(h.dir, "smcrd.sock"))
+	s.serving(t)
+	var c net.Conn
+	err := h.pair.A.Do(func() (err error) {
+		c, err = net.DialTimeout("tcp", fmt.Sprintf("%s:5204", h.pair.B.Addr4()), 500*time.Millisecond)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("a connection made once status answered was not redirected to smcrd: %v", err)
+	}
+	c.Close()
 }
 
 // TestControlSocketFailureReleases: smcrd that cannot open its control socket
