@@ -3,6 +3,7 @@ package smcr
 import (
 	"context"
 	"io"
+	"math"
 	"net"
 	"runtime"
 	"runtime/metrics"
@@ -203,15 +204,13 @@ func TestIdleCostsNoCPU(t *testing.T) {
 			// three windows is the connections'.
 			runtime.GC()
 			const window = time.Second
-			var used time.Duration
-			for try := range 3 {
+			used := time.Duration(math.MaxInt64)
+			for range 3 {
 				before, gcBefore := cpu(), gcCPU()
 				time.Sleep(window)
 				u, gc := cpu()-before, gcCPU()-gcBefore
 				t.Logf("%s: %v of CPU (garbage collector: %v) in an idle %v with %d connections open", kind, u, gc, window, len(pairs))
-				if try == 0 || u < used {
-					used = u
-				}
+				used = min(used, u)
 				if used <= window/20 {
 					break
 				}

@@ -434,11 +434,7 @@ func TestStatusAnswersOnceServing(t *testing.T) {
 	fullListener(t, h.pair.B, 5204)
 	s := h.start(filepath.Join(h.dir, "smcrd.sock"))
 	s.serving(t)
-	var c net.Conn
-	err := h.pair.A.Do(func() (err error) {
-		c, err = net.DialTimeout("tcp", fmt.Sprintf("%s:5204", h.pair.B.Addr4()), 500*time.Millisecond)
-		return err
-	})
+	c, err := h.dialFromA(fmt.Sprintf("%s:5204", h.pair.B.Addr4()))
 	if err != nil {
 		t.Fatalf("a connection made once status answered was not redirected to smcrd: %v", err)
 	}
