@@ -244,7 +244,9 @@ func TestTestLinkKeepalive(t *testing.T) {
 		e.SetTestLinkInterval(-1)
 	}
 	advance() // the links' next looks find it off
-	before = p.cli.Stats().LLCReceived + p.srv.Stats().LLCReceived
+	// Each end may have tested the idle link above; the wait took the first
+	// exchange, and the other end's may still be landing: count from after it.
+	before = settledLLC(p)
 	for range 5 {
 		clk.Advance(time.Second)
 	}
@@ -859,4 +861,19 @@ func (a *advanceOnRead) Read(b []byte) (int, error) {
 	n, err := a.Conn.Read(b)
 	a.once.Do(a.f)
 	return n, err
+}
+
+// settledLLC returns the LLC messages both engines received, once the count has
+// stopped moving for 50 ms (or after 5 s: the caller's check then fails).
+func settledLLC(p *pair) uint64 {
+	n := p.cli.Stats().LLCReceived + p.srv.Stats().LLCReceived
+	for range 100 {
+		time.Sleep(50 * time.Millisecond)
+		m := p.cli.Stats().LLCReceived + p.srv.Stats().LLCReceived
+		if m == n {
+			break
+		}
+		n = m
+	}
+	return n
 }
