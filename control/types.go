@@ -13,6 +13,7 @@ import (
 // Status is smcrd's overall state (GET /v1/status).
 type Status struct {
 	Version       string   `json:"version"`        // smcrd's version
+	State         string   `json:"state"`          // StateStarting, StateServing or StateDraining
 	PID           int      `json:"pid"`            // smcrd's process id
 	UptimeSeconds float64  `json:"uptime_seconds"` // since smcrd started
 	Enabled       bool     `json:"enabled"`        // redirecting matching connections now
@@ -21,6 +22,14 @@ type Status struct {
 	Connections   int      `json:"connections"`    // SMC-R connections open now
 	LinkGroups    int      `json:"link_groups"`    // link groups alive now
 }
+
+// smcrd's states, as Status reports them. The control socket answers from
+// StateServing on; the metrics endpoint, up earlier, may also see StateStarting.
+const (
+	StateStarting = "starting" // setting up: connections go direct
+	StateServing  = "serving"  // redirecting and steering matching connections (when enabled)
+	StateDraining = "draining" // shutting down: new connections go direct, open ones finish
+)
 
 // Attribute is one configuration attribute with its current value, default and
 // description, as `smcrctl show config` prints it (like AIX lsattr -E).

@@ -29,6 +29,7 @@ func (d *Daemon) Status(context.Context) (control.Status, error) {
 	s := d.engine.Stats()
 	return control.Status{
 		Version:       d.opts.Version,
+		State:         *d.state.Load(),
 		PID:           os.Getpid(),
 		UptimeSeconds: time.Since(d.start).Seconds(),
 		Enabled:       d.CurrentConfig().Enabled,

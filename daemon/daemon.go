@@ -46,6 +46,7 @@ import (
 
 	"github.com/smcr-io/smcr/bpf"
 	"github.com/smcr-io/smcr/config"
+	"github.com/smcr-io/smcr/control"
 	"github.com/smcr-io/smcr/internal/cgroupfs"
 	"github.com/smcr-io/smcr/smcr"
 	"github.com/smcr-io/smcr/smcr/verbs"
@@ -87,7 +88,8 @@ type Daemon struct {
 	opts   Options
 	log    *slog.Logger
 	start  time.Time
-	lock   *bpf.PinDirLock // this smcrd's claim on opts.PinDir
+	state  atomic.Pointer[string] // control.StateStarting, StateServing, StateDraining
+	lock   *bpf.PinDirLock        // this smcrd's claim on opts.PinDir
 	loader *bpf.Loader
 	engine *smcr.Engine
 	devs   []verbs.Device
@@ -167,6 +169,7 @@ func New(opts Options) (*Daemon, error) {
 	d := &Daemon{opts: opts, log: opts.Logger, start: time.Now(), conns: map[uint64]*tracked{},
 		stopCh: make(chan struct{}), abortCh: make(chan struct{})}
 	d.st.resetAt.Store(d.start.UnixNano())
+	d.setState(control.StateStarting)
 	d.ctx, d.cancel = context.WithCancel(context.Background())
 	cfg := opts.Config
 	d.cfg.Store(&cfg)
@@ -337,10 +340,12 @@ func (d *Daemon) Run(ctx context.Context, ready func()) error {
 		d.wg.Add(1)
 		go d.acceptLoop(ln, d.serveSteered)
 	}
+	d.setState(control.StateServing)
 	if ready != nil {
 		ready()
 	}
 	<-ctx.Done()
+	d.setState(control.StateDraining)
 	d.log.Info("shutting down: new connections go direct, draining the others", "conns", d.connCount(), "timeout", d.opts.DrainTimeout)
 	deadline := time.Now().Add(d.opts.DrainTimeout)
 	close(hbStop)
@@ -373,6 +378,9 @@ func (d *Daemon) Run(ctx context.Context, ready func()) error {
 	// Only now may another smcrd take the pin directory over.
 	return errors.Join(err, d.lock.Release())
 }
+
+// setState records what Status reports; s is one of control's State constants.
+func (d *Daemon) setState(s string) { d.state.Store(&s) }
 
 // quiesce returns once the listeners have accepted nothing for acceptQuiet,
 // counted from now at the earliest, at deadline, or on Abort.

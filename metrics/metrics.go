@@ -11,6 +11,7 @@
 // Metric names (namespace smcr), labels in braces:
 //
 //	smcr_up, smcr_enabled, smcr_uptime_seconds, smcr_stats_since_reset_seconds
+//	smcr_state{state}
 //	smcr_connections_{handled,smcr,fallback,first_contact,reused}_total
 //	smcr_connection_fallbacks_total{code,reason,side}
 //	smcr_handshake_errors_total, smcr_connections_active
@@ -106,6 +107,7 @@ var (
 	upDesc      = desc("up", "1 when smcrd answered the scrape's snapshots, 0 otherwise.")
 	enabledDesc = desc("enabled", "1 when matching connections are redirected to SMC-R (smcrctl enable).")
 	uptimeDesc  = desc("uptime_seconds", "Seconds since smcrd started.")
+	stateDesc   = desc("state", "1 for smcrd's current state (starting, serving, draining), 0 for the others.", "state")
 
 	scalars = []scalar{
 		{desc("stats_since_reset_seconds", "Seconds the counters cover (since start or smcrctl stats -r)."), prometheus.GaugeValue,
@@ -178,7 +180,7 @@ var (
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{upDesc, enabledDesc, uptimeDesc, fallbackDesc, bufferSizeDesc, requestSizeDesc,
+	for _, d := range []*prometheus.Desc{upDesc, enabledDesc, uptimeDesc, stateDesc, fallbackDesc, bufferSizeDesc, requestSizeDesc,
 		lgInfoDesc, lgConnsDesc, lgLinksDesc, lgMostDesc, lgBytesDesc, lgWRDesc,
 		linkInfoDesc, linkActiveDesc, linkConnsDesc, linkBytesDesc, linkWRDesc, linkErrDesc, linkRTTDesc} {
 		ch <- d
@@ -215,6 +217,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(upDesc, 1)
 	gauge(enabledDesc, b2f(st.Enabled))
 	gauge(uptimeDesc, st.UptimeSeconds)
+	for _, state := range []string{control.StateStarting, control.StateServing, control.StateDraining} {
+		gauge(stateDesc, b2f(st.State == state), state)
+	}
 
 	for _, m := range scalars {
 		ch <- prometheus.MustNewConstMetric(m.d, m.t, m.get(s))

@@ -232,7 +232,8 @@ func TestScrapeMatchesSmcrctl(t *testing.T) {
 	}
 	compare(t, got, expected(t, st, links))
 
-	for k, v := range map[string]float64{key("smcr_up"): 1, key("smcr_enabled"): 1, key("smcr_uptime_seconds"): f.St.UptimeSeconds} {
+	for k, v := range map[string]float64{key("smcr_up"): 1, key("smcr_enabled"): 1, key("smcr_uptime_seconds"): f.St.UptimeSeconds,
+		key("smcr_state", "state", "serving"): 1, key("smcr_state", "state", "starting"): 0, key("smcr_state", "state", "draining"): 0} {
 		if got[k] != v {
 			t.Errorf("%s = %v, want %v", k, got[k], v)
 		}

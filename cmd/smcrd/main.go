@@ -170,7 +170,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	go func() {
 		s := <-sigs
 		log.Info("signal received", "signal", s)
-		sdnotify.Notify(sdnotify.Stopping)
+		sdnotify.Notify(sdnotify.Stopping, sdnotify.Status("draining"))
 		stop()
 		s = <-sigs
 		log.Warn("second signal: stopping at once", "signal", s)

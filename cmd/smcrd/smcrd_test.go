@@ -408,6 +408,12 @@ func TestSecondSignalStops(t *testing.T) {
 	s.cmd.Process.Signal(syscall.SIGTERM)
 	s.waitLog(t, "shutting down")
 	time.Sleep(300 * time.Millisecond) // into the drain, past the listeners' quiet time
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	st, err := s.ctl.Status(ctx)
+	cancel()
+	if err != nil || st.State != control.StateDraining {
+		t.Errorf("status during the drain: state %q, %v; want %q", st.State, err, control.StateDraining)
+	}
 	s.cmd.Process.Signal(syscall.SIGTERM)
 	if code := s.exit(t, 5*time.Second); code != 0 {
 		t.Errorf("smcrd exited %d after a second SIGTERM, want 0", code)

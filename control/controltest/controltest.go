@@ -40,7 +40,7 @@ type Fake struct {
 func NewFake(file string) *Fake {
 	f := &Fake{cfg: config.Default(), file: file}
 	f.St = control.Status{
-		Version: "0.1.0-test", PID: 4242, UptimeSeconds: 3725, Enabled: true,
+		Version: "0.1.0-test", State: control.StateServing, PID: 4242, UptimeSeconds: 3725, Enabled: true,
 		Providers: []string{"shm", "soft"}, ConfigFile: file, Connections: 2, LinkGroups: 2,
 	}
 	f.S = FixedStats()

@@ -87,6 +87,14 @@ func TestStatusNoDevice(t *testing.T) {
 	h.Run(t, clitest.Case{Name: "status_no_device", Args: []string{"status"}})
 }
 
+// TestStatusDraining: an smcrd that was told to stop says that new connections
+// go direct while its open ones finish.
+func TestStatusDraining(t *testing.T) {
+	f, h := serve(t)
+	f.St.State = control.StateDraining
+	h.Run(t, clitest.Case{Name: "status_draining", Args: []string{"status"}})
+}
+
 // TestHelp checks every verb's --help (and help VERB, and -h) against a golden file
 // and that each explains itself with examples.
 func TestHelp(t *testing.T) {

@@ -2,14 +2,20 @@
 
 package cli
 
-import "strings"
+import (
+	"strings"
+
+	"github.com/smcr-io/smcr/control"
+)
 
 var statusCmd = &command{
 	name:  "status",
 	short: "show whether smcrd runs, is enabled, and with which providers",
-	long: `Prints smcrd's version, process id, uptime, whether matching connections are
-redirected (enabled), the RDMA providers in use, the configuration file and how
-many SMC-R connections and link groups are open.
+	long: `Prints smcrd's version, its state (serving, or draining once it was told to
+stop: new connections then go direct while open ones finish), process id,
+uptime, whether matching connections are redirected (enabled), the RDMA
+providers in use, the configuration file and how many SMC-R connections and
+link groups are open.
 
 Options:
   --json  print the status as JSON
@@ -35,6 +41,7 @@ Examples:
 		}
 		tw := table(e.stdout)
 		row(tw, "smcrd:", st.Version)
+		row(tw, "state:", stateText(st.State))
 		row(tw, "pid:", st.PID)
 		row(tw, "uptime:", seconds(st.UptimeSeconds))
 		row(tw, "enabled:", enabled)
@@ -49,4 +56,15 @@ Examples:
 		row(tw, "link groups:", st.LinkGroups)
 		return tw.Flush()
 	},
+}
+
+// stateText says what smcrd's state means for the connections.
+func stateText(s string) string {
+	switch s {
+	case control.StateStarting:
+		return "starting (new connections go direct until it serves)"
+	case control.StateDraining:
+		return "draining (stopping: new connections go direct, open ones finish)"
+	}
+	return orDash(s) // serving, or an older smcrd that does not say
 }
