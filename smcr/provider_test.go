@@ -126,7 +126,13 @@ func TestHotPathAllocations(t *testing.T) {
 	for range 100 {
 		step() // warm up: first-WRITE region mapping, pools
 	}
+	// The count covers the whole process: a goroutine that wakes for something
+	// else meanwhile (an earlier test's engine closing, a timer) counts too. The
+	// best of a few tries is the hot path's; an allocation there shows in each.
 	allocs := testing.AllocsPerRun(200, step)
+	for try := 1; try < 3 && allocs >= 0.5; try++ {
+		allocs = min(allocs, testing.AllocsPerRun(200, step))
+	}
 	t.Logf("%.1f allocations per 64 KiB write+read", allocs)
 	if allocs >= 0.5 {
 		t.Errorf("%.1f allocations per 64 KiB write+read, want none", allocs)
