@@ -211,33 +211,10 @@ func Resolve(ifaceOrIP string) (Target, error) {
 }
 
 func resolveIn(ports []PortInfo, ifaceOrIP string) (Target, error) {
-	ip, ipErr := netip.ParseAddr(ifaceOrIP)
 	best, bestScore := Target{}, -1
 	for _, p := range ports {
 		for _, g := range p.GIDs {
-			score := 0
-			if ipErr == nil {
-				if g.Addr() != ip.Unmap() {
-					continue
-				}
-			} else {
-				if g.Netdev != ifaceOrIP {
-					continue
-				}
-				switch a := g.Addr(); {
-				case a.Is4():
-					score += 4
-				case !a.IsLinkLocalUnicast():
-					score += 2
-				}
-			}
-			if g.Type == GIDTypeRoCEv2 {
-				score += 8
-			}
-			if p.Active() {
-				score += 16
-			}
-			if score > bestScore {
+			if score := gidScore(p, g, ifaceOrIP); score > bestScore {
 				best = Target{Device: p.Device, Port: p.Port, GIDIndex: g.Index, Netdev: g.Netdev, Addr: g.Addr()}
 				bestScore = score
 			}
@@ -247,4 +224,32 @@ func resolveIn(ports []PortInfo, ifaceOrIP string) (Target, error) {
 		return Target{}, fmt.Errorf("%w for %q", ErrNoDevice, ifaceOrIP)
 	}
 	return best, nil
+}
+
+// gidScore rates GID g of port p for a configured interface name or IP address
+// (Resolve's preferences); -1 when g does not serve it.
+func gidScore(p PortInfo, g GIDEntry, ifaceOrIP string) int {
+	score := 0
+	if ip, err := netip.ParseAddr(ifaceOrIP); err == nil {
+		if g.Addr() != ip.Unmap() {
+			return -1
+		}
+	} else {
+		if g.Netdev != ifaceOrIP {
+			return -1
+		}
+		switch a := g.Addr(); {
+		case a.Is4():
+			score += 4
+		case !a.IsLinkLocalUnicast():
+			score += 2
+		}
+	}
+	if g.Type == GIDTypeRoCEv2 {
+		score += 8
+	}
+	if p.Active() {
+		score += 16
+	}
+	return score
 }

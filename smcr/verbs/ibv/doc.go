@@ -9,7 +9,9 @@
 //
 // How the verbs objects map:
 //
-//	verbs.Device  ibv_context + one port + one GID index (RoCE v2 preferred)
+//	verbs.Device  ibv_context + one port + one GID index (RoCE v2 preferred),
+//	              chosen again when the port's GID table changes; each QP
+//	              keeps the GID it was created with
 //	verbs.PD      ibv_pd
 //	verbs.MR      ibv_mr over an anonymous mmap (outside the Go heap)
 //	verbs.CQ      ibv_cq with its own ibv_comp_channel; Wait spins on the CQ,

@@ -1,7 +1,8 @@
 //go:build ibv
 
 // The device's asynchronous events: a port that goes down or comes back, a queue
-// pair the adapter put in the error state, a device that failed. Linux's SMC-R
+// pair the adapter put in the error state, a device that failed, a GID table
+// that changed with the interface's addresses (reselect). Linux's SMC-R
 // acts on them in smc_ib_global_event_handler (a port error fails the port's
 // links at once); here they wake the engine's port watch (verbs.PortNotifier)
 // and go to the log. Reading them also matters by itself: the kernel queues
@@ -61,10 +62,8 @@ import "C"
 
 import (
 	"fmt"
-	"net"
 	"os"
 	"syscall"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -149,29 +148,16 @@ func (d *device) event(ev *C.struct_smcr_async) {
 			return
 		}
 		if uint32(ev._type) == C.IBV_EVENT_PORT_ERR {
-			d.log.Warn("ibv: port down", "device", d.name, "port", d.port, "netdev", d.attr.Netdev)
+			d.log.Warn("ibv: port down", "device", d.name, "port", d.port, "netdev", d.Port().Netdev)
 		} else {
-			d.log.Info("ibv: port up", "device", d.name, "port", d.port, "netdev", d.attr.Netdev)
+			d.log.Info("ibv: port up", "device", d.name, "port", d.port, "netdev", d.Port().Netdev)
 		}
 		d.changes.Notify()
 	case C.IBV_EVENT_GID_CHANGE:
 		if int(ev.port) != d.port {
 			return
 		}
-		// An address of the interface came or went. Peers know the device by
-		// the GID it had at Open; if that entry changed, they reach it no more.
-		var gid C.union_ibv_gid
-		now := [16]byte{}
-		if C.ibv_query_gid(d.ctx, C.uint8_t(d.port), C.int(d.gidIndex), &gid) == 0 {
-			copy(now[:], C.GoBytes(unsafe.Pointer(&gid), 16))
-		}
-		if now != d.attr.GID {
-			d.log.Warn("ibv: the device's GID changed under it; new links need a restart of the device",
-				"device", d.name, "port", d.port, "gid_index", d.gidIndex,
-				"was", net.IP(d.attr.GID[:]).String(), "now", net.IP(now[:]).String())
-		} else {
-			d.log.Debug("ibv: gid table changed", "device", d.name, "port", d.port)
-		}
+		d.reselect()
 	case C.IBV_EVENT_DEVICE_FATAL:
 		d.fatal.Store(true)
 		d.log.Error("ibv: device failed; its links fail over or continue over TCP", "device", d.name)

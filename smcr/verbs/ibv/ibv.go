@@ -50,11 +50,16 @@ func Open(cfg Config) (verbs.Device, error) {
 }
 
 type device struct {
-	ctx      *C.struct_ibv_context
-	name     string
-	port     int
-	gidIndex int
-	attr     verbs.PortAttr
+	ctx  *C.struct_ibv_context
+	name string
+	port int
+	// src is the source GID that Port reports and new queue pairs take. An
+	// address of the interface that comes or goes changes the port's GID
+	// table, and reselect then chooses anew by selector: the interface or
+	// address the device was opened for, or the port's netdev; "" keeps the
+	// index Config set.
+	src      atomic.Pointer[source]
+	selector string
 	cfg      Config
 	log      *slog.Logger
 	events   *asyncEvents      // nil if they could not be watched
@@ -143,7 +148,9 @@ func open(cfg Config) (*device, error) {
 		}
 		ports = append(ports, pi...)
 	}
+	selector := ""
 	if cfg.Device == "" {
+		selector = cfg.Interface
 		t, err := resolveIn(ports, cfg.Interface)
 		if err != nil {
 			if len(failed) > 0 {
@@ -163,6 +170,7 @@ func open(cfg Config) (*device, error) {
 		return nil, fmt.Errorf("%w: %s port %d", ErrNoDevice, cfg.Device, cfg.Port)
 	}
 	if cfg.GIDIndex < 0 {
+		selector = info.Netdev
 		t, err := resolveIn([]PortInfo{*info}, info.Netdev)
 		if err != nil {
 			return nil, err
@@ -171,17 +179,19 @@ func open(cfg Config) (*device, error) {
 	}
 	ctx := ctxs[cfg.Device]
 	delete(ctxs, cfg.Device)
-	d := &device{ctx: ctx, name: cfg.Device, port: cfg.Port, gidIndex: cfg.GIDIndex, cfg: cfg, log: log,
+	d := &device{ctx: ctx, name: cfg.Device, port: cfg.Port, selector: selector, cfg: cfg, log: log,
 		qps: make(map[uint32]*qp)}
-	if err := d.query(info); err != nil {
+	src, err := d.sourceAt(info, cfg.GIDIndex)
+	if err != nil {
 		C.ibv_close_device(ctx)
 		return nil, err
 	}
+	d.src.Store(src)
 	if err := d.watchEvents(); err != nil {
 		log.Warn("ibv: port events unwatched; port changes are seen by polling only", "device", d.name, "err", err)
 	}
-	log.Debug("ibv: opened", "device", d.name, "port", d.port, "gid_index", d.gidIndex,
-		"gid", net.IP(d.attr.GID[:]).String(), "netdev", d.attr.Netdev, "mtu", d.attr.MTU.Bytes())
+	log.Debug("ibv: opened", "device", d.name, "port", d.port, "gid_index", src.index,
+		"gid", net.IP(src.attr.GID[:]).String(), "netdev", src.attr.Netdev, "mtu", src.attr.MTU.Bytes())
 	return d, nil
 }
 
@@ -254,14 +264,21 @@ var portStates = map[C.enum_ibv_port_state]string{
 	C.IBV_PORT_ARMED: "ARMED", C.IBV_PORT_ACTIVE: "ACTIVE", C.IBV_PORT_ACTIVE_DEFER: "ACTIVE_DEFER",
 }
 
-func (d *device) query(info *PortInfo) error {
+// source is a GID entry of the port with the port's attributes that go with it.
+type source struct {
+	index int
+	attr  verbs.PortAttr
+}
+
+// sourceAt describes the port with GID entry index as its source.
+func (d *device) sourceAt(info *PortInfo, index int) (*source, error) {
 	var pa C.struct_ibv_port_attr
 	if rc := C.smcr_query_port(d.ctx, C.uint8_t(d.port), &pa); rc != 0 {
-		return fmt.Errorf("ibv: query port %s/%d: %w", d.name, d.port, syscall.Errno(rc))
+		return nil, fmt.Errorf("ibv: query port %s/%d: %w", d.name, d.port, syscall.Errno(rc))
 	}
 	var gid C.union_ibv_gid
-	if rc := C.ibv_query_gid(d.ctx, C.uint8_t(d.port), C.int(d.gidIndex), &gid); rc != 0 {
-		return fmt.Errorf("ibv: query gid %s/%d/%d: %w", d.name, d.port, d.gidIndex, syscall.Errno(-rc))
+	if rc := C.ibv_query_gid(d.ctx, C.uint8_t(d.port), C.int(index), &gid); rc != 0 {
+		return nil, fmt.Errorf("ibv: query gid %s/%d/%d: %w", d.name, d.port, index, syscall.Errno(-rc))
 	}
 	a := verbs.PortAttr{
 		Num:    d.port,
@@ -270,10 +287,10 @@ func (d *device) query(info *PortInfo) error {
 	}
 	copy(a.GID[:], C.GoBytes(unsafe.Pointer(&gid), 16))
 	if a.GID == ([16]byte{}) {
-		return fmt.Errorf("%w: %s/%d gid index %d is empty", ErrNoDevice, d.name, d.port, d.gidIndex)
+		return nil, fmt.Errorf("%w: %s/%d gid index %d is empty", ErrNoDevice, d.name, d.port, index)
 	}
 	for _, g := range info.GIDs {
-		if g.Index == d.gidIndex {
+		if g.Index == index {
 			a.GIDType, a.Netdev = g.Type, g.Netdev
 		}
 	}
@@ -285,13 +302,73 @@ func (d *device) query(info *PortInfo) error {
 			copy(a.MAC[:], ifi.HardwareAddr)
 		}
 	}
-	d.attr = a
-	return nil
+	return &source{index: index, attr: a}, nil
+}
+
+// reselect chooses the source GID anew after the port's GID table changed (an
+// address of the interface came or went), as Open would choose now: peers reach
+// a new link by the GID its Proposal and queue pair name, and an address that
+// went takes its GID along. The source stays while it is among the best, so a
+// second address does not move it; queue pairs made before keep theirs (a
+// link whose GID went fails, and the engine moves its connections).
+func (d *device) reselect() {
+	old := d.src.Load()
+	ports, err := queryPorts(d.ctx, d.name)
+	if err != nil {
+		d.log.Warn("ibv: gid table changed and cannot be read; the source GID stays", "device", d.name, "err", err)
+		return
+	}
+	var info *PortInfo
+	for i := range ports {
+		if ports[i].Port == d.port {
+			info = &ports[i]
+		}
+	}
+	if info == nil {
+		return
+	}
+	index := old.index
+	if d.selector != "" {
+		t, err := resolveIn([]PortInfo{*info}, d.selector)
+		if err != nil {
+			d.log.Warn("ibv: no GID serves the device's interface any more; new links keep the old one",
+				"device", d.name, "port", d.port, "for", d.selector, "gid", net.IP(old.attr.GID[:]).String())
+			return
+		}
+		index = t.GIDIndex
+		if g := gidAt(info, old.index); g.GID == old.attr.GID && gidScore(*info, g, d.selector) >= gidScore(*info, gidAt(info, index), d.selector) {
+			index = old.index // still as good as any
+		}
+	}
+	nw, err := d.sourceAt(info, index)
+	if err != nil {
+		d.log.Warn("ibv: the source GID is gone; new links keep it until the table has one again",
+			"device", d.name, "port", d.port, "gid_index", index, "err", err)
+		return
+	}
+	if nw.index == old.index && nw.attr.GID == old.attr.GID {
+		d.log.Debug("ibv: gid table changed; the source GID stays", "device", d.name, "port", d.port)
+		return
+	}
+	d.src.Store(nw)
+	d.log.Info("ibv: source GID changed; new links use it", "device", d.name, "port", d.port,
+		"gid_index", nw.index, "gid", net.IP(nw.attr.GID[:]).String(),
+		"was_index", old.index, "was", net.IP(old.attr.GID[:]).String())
+}
+
+// gidAt returns the entry numbered index of the port (zero if it has none).
+func gidAt(info *PortInfo, index int) GIDEntry {
+	for _, g := range info.GIDs {
+		if g.Index == index {
+			return g
+		}
+	}
+	return GIDEntry{}
 }
 
 func (d *device) Kind() verbs.Kind     { return verbs.KindRDMA }
 func (d *device) Name() string         { return d.name }
-func (d *device) Port() verbs.PortAttr { return d.attr }
+func (d *device) Port() verbs.PortAttr { return d.src.Load().attr }
 
 // PortUp queries the port's state now (verbs.PortStater).
 func (d *device) PortUp() bool {

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -459,13 +460,7 @@ func TestNoAllocations(t *testing.T) {
 // (SMCR_IBV_INTERFACE2, rxe2 on dummy1 in the harness), which no other test of
 // the package holds.
 func TestPortEvents(t *testing.T) {
-	ifc := os.Getenv("SMCR_IBV_INTERFACE2")
-	if ifc == "" {
-		if os.Getenv("SMCR_IBV_REQUIRE") == "1" {
-			t.Fatal("no SMCR_IBV_INTERFACE2, and SMCR_IBV_REQUIRE=1")
-		}
-		t.Skip("SMCR_IBV_INTERFACE2 names no interface with an RDMA device to take down; test/vm runs this test on soft-RoCE")
-	}
+	ifc := secondInterface(t, "take down")
 	link, err := netlink.LinkByName(ifc)
 	if err != nil {
 		t.Fatal(err)
@@ -494,5 +489,107 @@ func TestPortEvents(t *testing.T) {
 		if got := ports.PortUp(); got != step.up {
 			t.Fatalf("PortUp after the event = %v, want %v", got, step.up)
 		}
+	}
+}
+
+// secondInterface returns SMCR_IBV_INTERFACE2, an interface with an RDMA device
+// that no other test of the package holds, for a test that would do to it what.
+func secondInterface(t *testing.T, what string) string {
+	t.Helper()
+	ifc := os.Getenv("SMCR_IBV_INTERFACE2")
+	if ifc == "" {
+		if os.Getenv("SMCR_IBV_REQUIRE") == "1" {
+			t.Fatal("no SMCR_IBV_INTERFACE2, and SMCR_IBV_REQUIRE=1")
+		}
+		t.Skipf("SMCR_IBV_INTERFACE2 names no interface with an RDMA device to %s; test/vm runs this test on soft-RoCE", what)
+	}
+	return ifc
+}
+
+// TestGIDChange: the device follows its interface's address. When the address
+// it was opened on goes and another comes, Port reports the new address's GID,
+// as a fresh Open does, and a queue pair made then connects and carries a SEND.
+// A second address alone does not move it. Before, the device kept the GID
+// entry it had at Open, which went with the address: new links failed until
+// smcrd restarted.
+func TestGIDChange(t *testing.T) {
+	ifc := secondInterface(t, "readdress")
+	link, err := netlink.LinkByName(ifc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs, err := netlink.AddrList(link, netlink.FAMILY_V4)
+	if err != nil || len(addrs) != 1 {
+		t.Fatalf("%s has IPv4 addresses %v (%v), want one", ifc, addrs, err)
+	}
+	old := addrs[0]
+	nw := old
+	nw.IPNet = &net.IPNet{IP: slices.Clone(old.IP.To4()), Mask: old.Mask}
+	nw.IP[2] ^= 0x40 // another subnet: deleting old would take a secondary address along
+	nw.Label = ""
+	gidOf := func(ip net.IP) [16]byte { return [16]byte(ip.To16()) }
+
+	d, err := Open(Config{Interface: ifc, GIDIndex: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if got := d.Port().GID; got != gidOf(old.IP) {
+		t.Fatalf("source GID %v at Open, want %v's", net.IP(got[:]), old.IP)
+	}
+	if err := netlink.AddrAdd(link, &nw); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		netlink.AddrDel(link, &nw)
+		netlink.AddrReplace(link, &old)
+	})
+	time.Sleep(time.Second) // for the GID change event
+	if got := d.Port().GID; got != gidOf(old.IP) {
+		t.Fatalf("source GID %v after a second address came, want %v's still", net.IP(got[:]), old.IP)
+	}
+	if err := netlink.AddrDel(link, &old); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); d.Port().GID != gidOf(nw.IP); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			got := d.Port().GID
+			t.Fatalf("source GID %v 5 s after %v went, want %v's", net.IP(got[:]), old.IP, nw.IP)
+		}
+	}
+	fresh, err := Open(Config{Interface: ifc, GIDIndex: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fresh.Close()
+	if fresh.Port() != d.Port() {
+		t.Errorf("port after the change %+v, a fresh Open's %+v", d.Port(), fresh.Port())
+	}
+
+	a, b := newSide(t, d, 4096, verbs.QPConfig{}), newSide(t, fresh, 4096, verbs.QPConfig{})
+	if got := a.qp.Attr().GID; got != gidOf(nw.IP) {
+		t.Fatalf("new queue pair names GID %v, want %v's", net.IP(got[:]), nw.IP)
+	}
+	ctx := context.Background()
+	if err := a.qp.Connect(ctx, b.qp.Attr()); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.qp.Connect(ctx, a.qp.Attr()); err != nil {
+		t.Fatal(err)
+	}
+	msg := "after the address changed"
+	copy(a.mr.Bytes(), msg)
+	if err := b.qp.PostRecv(&verbs.RecvWR{ID: 1, SG: []verbs.SGE{{MR: b.mr, Offset: 1024, Length: 64}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.qp.PostSend(&verbs.SendWR{ID: 2, Opcode: verbs.OpSend, Signaled: true, SG: []verbs.SGE{{MR: a.mr, Length: len(msg)}}}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := next(t, a.scq); wc.Status != verbs.WCSuccess {
+		t.Fatalf("send completion %+v", wc)
+	}
+	wc := next(t, b.rcq)
+	if got := string(b.mr.Bytes()[1024 : 1024+wc.ByteLen]); wc.Status != verbs.WCSuccess || got != msg {
+		t.Fatalf("recv completion %+v, %q", wc, got)
 	}
 }

@@ -122,6 +122,7 @@ type qp struct {
 	qp             *C.struct_ibv_qp
 	sendCQ, recvCQ *cq
 	attr           verbs.QPAttr
+	gidIndex       int // the source GID entry attr.GID came from
 	rnrRetry       int
 	maxInline      int // inline space the device granted, in bytes
 
@@ -209,13 +210,14 @@ func (p *pd) createQP(cfg verbs.QPConfig) (*qp, error) {
 	q.sgeSize = C.size_t(unsafe.Sizeof(C.struct_ibv_sge{}))
 	q.ssge = (*C.struct_ibv_sge)(C.calloc(maxSGE, q.sgeSize))
 	q.rsge = (*C.struct_ibv_sge)(C.calloc(maxSGE, q.sgeSize))
-	port := p.dev.attr
+	src := p.dev.src.Load() // the queue pair keeps the source GID it names
+	q.gidIndex = src.index
 	q.attr = verbs.QPAttr{
 		QPN: uint32(h.qp_num),
 		PSN: rand.Uint32() & 0xffffff,
-		GID: port.GID,
-		MAC: port.MAC,
-		MTU: port.MTU,
+		GID: src.attr.GID,
+		MAC: src.attr.MAC,
+		MTU: src.attr.MTU,
 	}
 	p.dev.mu.Lock()
 	p.dev.qps[q.attr.QPN] = q
@@ -242,7 +244,7 @@ func (q *qp) Connect(ctx context.Context, remote verbs.QPAttr) error {
 	}
 	mtu := min(q.attr.MTU, remote.MTU)
 	if rc := C.smcr_to_rtr(q.qp, C.int(q.dev.port), C.int(mtu), C.uint32_t(remote.QPN), C.uint32_t(remote.PSN),
-		(*C.uint8_t)(unsafe.Pointer(&remote.GID[0])), C.int(q.dev.gidIndex)); rc != 0 {
+		(*C.uint8_t)(unsafe.Pointer(&remote.GID[0])), C.int(q.gidIndex)); rc != 0 {
 		return fmt.Errorf("ibv: qp %#x to RTR: %w", q.attr.QPN, syscall.Errno(rc))
 	}
 	q.state.Store(uint32(verbs.QPRTR))
