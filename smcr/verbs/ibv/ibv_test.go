@@ -593,3 +593,40 @@ func TestGIDChange(t *testing.T) {
 		t.Fatalf("recv completion %+v, %q", wc, got)
 	}
 }
+
+// TestPollOneCallWhenFewer: a Poll that finds fewer completions than it has
+// room for calls into the library once: the CQ is empty then. Before, it asked
+// again and found nothing, a second cgo crossing on every non-empty poll (the
+// engine polls with room for 32).
+func TestPollOneCallWhenFewer(t *testing.T) {
+	a, b := pair(t, 4096, verbs.QPConfig{})
+	if err := b.qp.PostRecv(&verbs.RecvWR{ID: 1, SG: []verbs.SGE{{MR: b.mr, Length: 64}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.qp.PostSend(&verbs.SendWR{ID: 2, Opcode: verbs.OpSend, SG: []verbs.SGE{{MR: a.mr, Length: 8}}}); err != nil {
+		t.Fatal(err)
+	}
+	rcq := b.rcq.(*cq)
+	wc := make([]verbs.WorkCompletion, 32)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		rcq.mu.Lock()
+		before := rcq.polls
+		rcq.mu.Unlock()
+		n, err := rcq.Poll(wc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rcq.mu.Lock()
+		calls := rcq.polls - before
+		rcq.mu.Unlock()
+		if n > 0 {
+			if n != 1 || wc[0].ID != 1 || calls != 1 {
+				t.Fatalf("Poll returned %d completions (first %+v) in %d library calls, want 1 in 1", n, wc[0], calls)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no receive completion in 10 s")
+		}
+	}
+}
