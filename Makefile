@@ -1,6 +1,8 @@
 # smcr — make help lists the targets.
 FUZZTIME  ?= 20s
 BENCHTIME ?= 1s
+VM_ITERS  ?= 2000
+VM_ROUNDS ?= 3
 PKGS      := ./...
 # Go lives in /usr/local/go on these machines; a shell without a login profile,
 # or sudo, may not have it on PATH. Recipes and the tests they run need it there.
@@ -73,8 +75,8 @@ bench-go: ## the packages' go test -bench benchmarks (providers, codecs, e2e)
 test-vm: ## only the VM tests on Debian 12's kernel: ibv provider + verbstest, engines and the transparent path on soft-RoCE, eBPF programs (~5 min)
 	$(GO) test -count=1 -timeout 15m -v ./test/vm/...
 
-bench-vm: ## ibv benchmarks beside ib_write_bw/ib_write_lat in one VM boot
-	./test/vm/bench.sh $(BENCHTIME)
+bench-vm: ## ibv benchmarks beside perftest, and the engine beside TCP, in one VM boot (VM_ITERS, VM_ROUNDS)
+	./test/vm/bench.sh $(VM_ITERS) $(VM_ROUNDS)
 
 demo: deps build ## the main job: smcrd accelerating an unmodified program between two namespaces
 	./scripts/demo.sh

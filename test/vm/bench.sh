@@ -4,7 +4,8 @@
 # events) and ib_write_lat, server and client on rxe0 in the guest, then the
 # provider's benchmarks of the same shapes (smcr/verbs/ibv/bench_test.go) with the
 # same iteration count, in interleaved rounds so a change in the host's load hits
-# both alike. benchsum.sh prints the medians side by side at the end.
+# both alike; each round ends with two smcr engines' 64 B round trip over rxe0
+# beside TCP's. benchsum.sh prints the medians side by side at the end.
 #
 # Go's scheduler matters here: rxe does the whole protocol inside the post_send
 # syscall, so a spinning Go process spends long in syscalls, and sysmon hands its
@@ -19,10 +20,14 @@ root=$(cd "$here/../.." && pwd)
 cd "$root"
 iters=${1:-2000}
 rounds=${2:-3}
+for n in "$iters" "$rounds"; do
+	[[ $n =~ ^[1-9][0-9]*$ ]] || { echo "bench.sh: iterations and rounds are positive integers, not \"$n\" (usage: $0 [iterations [rounds]])" >&2; exit 2; }
+done
 mkdir -p "$here/cache"
 bin=$(mktemp -d "$here/cache/bench.XXXXXX")
 trap 'rm -rf "$bin"' EXIT
 go test -c -tags ibv -o "$bin/ibv.test" ./smcr/verbs/ibv
+go test -c -tags ibv -o "$bin/engine.test" ./test/vm/engine
 cat >"$bin/guest.sh" <<GUEST
 set -u
 # perftest: the server listens on TCP for the out-of-band exchange; -x 1 is the
@@ -60,6 +65,11 @@ for r in \$(seq $rounds); do
 	gobench GOMAXPROCS=2 '^Benchmark(Write|SendPingPong|WritePingPong)\$/^(spin|wait)'
 	gobench GOMAXPROCS=1 '^BenchmarkWrite\$'
 	gobench GOMAXPROCS=1 '^Benchmark(SendPingPong|WritePingPong)\$/^proc-'
+	echo "== round \$r: engine"
+	# 64 B request/response between two smcr engines over rxe0, beside TCP
+	# between the same addresses (test/vm/engine/bench_test.go).
+	SMCR_IBV_INTERFACE=dummy0 SMCR_IBV_REQUIRE=1 $bin/engine.test -test.run '^\$' \
+		-test.bench '^BenchmarkRoundTrip\$' -test.benchtime ${iters}x | grep '^Benchmark'
 done
 GUEST
 set +e

@@ -43,7 +43,7 @@ var trailer = []byte("after your sending-done, still mine to send")
 // iface is the interface whose RDMA device the engines use (the VM: dummy0,
 // carrying rxe0). Without one the test skips, unless SMCR_IBV_REQUIRE=1 (set by
 // the VM harness) makes that a failure.
-func iface(t *testing.T) string {
+func iface(t testing.TB) string {
 	t.Helper()
 	if ifc := os.Getenv("SMCR_IBV_INTERFACE"); ifc != "" {
 		return ifc
@@ -66,7 +66,7 @@ func iface(t *testing.T) string {
 
 // ipv4Of returns the first IPv4 address of the interface: the address the
 // device's RoCE v2 GID encodes and the engines dial.
-func ipv4Of(t *testing.T, name string) net.IP {
+func ipv4Of(t testing.TB, name string) net.IP {
 	t.Helper()
 	ifc, err := net.InterfaceByName(name)
 	if err != nil {
@@ -88,12 +88,12 @@ func ipv4Of(t *testing.T, name string) net.IP {
 // testWriter sends log lines to t.Log while the test runs and to stderr after:
 // an engine's teardown goroutines may still log once the test has ended.
 type testWriter struct {
-	t    *testing.T
+	t    testing.TB
 	mu   sync.Mutex
 	done bool
 }
 
-func newTestWriter(t *testing.T) *testWriter {
+func newTestWriter(t testing.TB) *testWriter {
 	w := &testWriter{t: t}
 	t.Cleanup(func() { w.mu.Lock(); w.done = true; w.mu.Unlock() })
 	return w
@@ -156,13 +156,13 @@ func (p *countedPD) Close() error {
 	return err
 }
 
-func newEngine(t *testing.T, name, ifc string, id byte) *smcr.Engine {
+func newEngine(t testing.TB, name, ifc string, id byte) *smcr.Engine {
 	return newEngineOn(t, name, id, nil, ifc)
 }
 
 // newEngineOn opens the RDMA device of each interface (one link each at most)
 // and makes an engine of them; tweak, if not nil, changes its configuration.
-func newEngineOn(t *testing.T, name string, id byte, tweak func(*smcr.Config), ifcs ...string) *smcr.Engine {
+func newEngineOn(t testing.TB, name string, id byte, tweak func(*smcr.Config), ifcs ...string) *smcr.Engine {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(newTestWriter(t), nil)).With("engine", name)
 	var raws []verbs.Device
@@ -263,7 +263,7 @@ func drain(r io.Reader, seed uint64) (int, [32]byte, error) {
 	}
 }
 
-func mustSMC(t *testing.T, who string, c *smcr.Conn) {
+func mustSMC(t testing.TB, who string, c *smcr.Conn) {
 	t.Helper()
 	if c.Mode() != smcr.ModeSMCR {
 		t.Fatalf("%s connection is %v, not SMC-R: %v", who, c.Mode(), c.Decline())
