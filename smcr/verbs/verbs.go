@@ -286,8 +286,8 @@ type Registrar interface {
 }
 
 // PortStater is implemented by devices whose port can go down and come back
-// (real RDMA): PortUp asks the device now, where Port reports what it was at
-// Open. Devices without it are taken to be up while open.
+// (real RDMA): PortUp asks the device now, where Port's LinkUp may be what it
+// was at Open. Devices without it are taken to be up while open.
 type PortStater interface {
 	PortUp() bool
 }

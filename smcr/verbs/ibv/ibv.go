@@ -310,7 +310,8 @@ func (d *device) sourceAt(info *PortInfo, index int) (*source, error) {
 // a new link by the GID its Proposal and queue pair name, and an address that
 // went takes its GID along. The source stays while it is among the best, so a
 // second address does not move it; queue pairs made before keep theirs (a
-// link whose GID went fails, and the engine moves its connections).
+// link whose GID went fails once the transport gives up on it, and the engine
+// moves its connections).
 func (d *device) reselect() {
 	old := d.src.Load()
 	ports, err := queryPorts(d.ctx, d.name)
