@@ -551,10 +551,10 @@ func TestGIDChange(t *testing.T) {
 	if err := netlink.AddrDel(link, &old); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(5 * time.Second); d.Port().GID != gidOf(nw.IP); time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); d.Port().GID != gidOf(nw.IP); time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			got := d.Port().GID
-			t.Fatalf("source GID %v 5 s after %v went, want %v's", net.IP(got[:]), old.IP, nw.IP)
+			t.Fatalf("source GID %v 10 s after %v went, want %v's", net.IP(got[:]), old.IP, nw.IP)
 		}
 	}
 	fresh, err := Open(Config{Interface: ifc, GIDIndex: -1})
