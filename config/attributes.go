@@ -418,12 +418,13 @@ func validDeviceName(s string) bool {
 // holding one would not read back as written.
 const fileSyntax = "#,="
 
-// validIfName follows the kernel's dev_valid_name: 1-15 bytes, no '/', ':' or space.
+// validIfName follows the kernel's dev_valid_name: 1-15 bytes, no '/', ':' or
+// white space (isspace: a line break too, which no file line could hold).
 func validIfName(s string) bool {
 	if s == "" || len(s) > 15 || s == "." || s == ".." {
 		return false
 	}
-	return !strings.ContainsAny(s, "/: \t")
+	return !strings.ContainsAny(s, "/: \t\n\v\f\r")
 }
 
 func splitList(v string) []string {
