@@ -160,12 +160,7 @@ func open(cfg Config) (*device, error) {
 		}
 		cfg.Device, cfg.Port, cfg.GIDIndex = t.Device, t.Port, t.GIDIndex
 	}
-	var info *PortInfo
-	for i := range ports {
-		if ports[i].Device == cfg.Device && ports[i].Port == cfg.Port {
-			info = &ports[i]
-		}
-	}
+	info := portOf(ports, cfg.Device, cfg.Port)
 	if info == nil {
 		return nil, fmt.Errorf("%w: %s port %d", ErrNoDevice, cfg.Device, cfg.Port)
 	}
@@ -289,11 +284,8 @@ func (d *device) sourceAt(info *PortInfo, index int) (*source, error) {
 	if a.GID == ([16]byte{}) {
 		return nil, fmt.Errorf("%w: %s/%d gid index %d is empty", ErrNoDevice, d.name, d.port, index)
 	}
-	for _, g := range info.GIDs {
-		if g.Index == index {
-			a.GIDType, a.Netdev = g.Type, g.Netdev
-		}
-	}
+	g := gidAt(info, index)
+	a.GIDType, a.Netdev = g.Type, g.Netdev
 	if a.GIDType == "" && pa.link_layer == C.IBV_LINK_LAYER_INFINIBAND {
 		a.GIDType = "IB"
 	}
@@ -319,12 +311,7 @@ func (d *device) reselect() {
 		d.log.Warn("ibv: gid table changed and cannot be read; the source GID stays", "device", d.name, "err", err)
 		return
 	}
-	var info *PortInfo
-	for i := range ports {
-		if ports[i].Port == d.port {
-			info = &ports[i]
-		}
-	}
+	info := portOf(ports, d.name, d.port)
 	if info == nil {
 		return
 	}
@@ -355,6 +342,17 @@ func (d *device) reselect() {
 	d.log.Info("ibv: source GID changed; new links use it", "device", d.name, "port", d.port,
 		"gid_index", nw.index, "gid", net.IP(nw.attr.GID[:]).String(),
 		"was_index", old.index, "was", net.IP(old.attr.GID[:]).String())
+}
+
+// portOf returns the port of ports that is port number port of device dev, nil
+// if none is.
+func portOf(ports []PortInfo, dev string, port int) *PortInfo {
+	for i := range ports {
+		if ports[i].Device == dev && ports[i].Port == port {
+			return &ports[i]
+		}
+	}
+	return nil
 }
 
 // gidAt returns the entry numbered index of the port (zero if it has none).
