@@ -180,6 +180,76 @@ type SendWR struct {
 	// providers that copy at post anyway, go as usual, so the caller keeps the
 	// buffer until the completion either way.
 	Inline bool
+	// Next chains another request behind this one: PostSend posts the whole
+	// chain, at most MaxChain requests, in order and in one call (one doorbell
+	// on an adapter, one system call on rxe), as ibv_post_send does.
+	Next *SendWR
+}
+
+// MaxChain bounds the requests of one chain (SendWR.Next).
+const MaxChain = 8
+
+// ChainLen counts the requests chained from wr, stopping past MaxChain (a
+// longer chain, or a loop, is refused whole).
+func ChainLen(wr *SendWR) int {
+	n := 0
+	for ; wr != nil && n <= MaxChain; wr = wr.Next {
+		n++
+	}
+	return n
+}
+
+// CheckChain refuses a nil request and a chain longer than MaxChain: PostSend
+// posts nothing of either.
+func CheckChain(wr *SendWR) error {
+	switch n := ChainLen(wr); {
+	case n == 0:
+		return fmt.Errorf("%w: no work request", ErrInvalid)
+	case n > MaxChain:
+		return fmt.Errorf("%w: chain of more than %d requests", ErrInvalid, MaxChain)
+	}
+	return nil
+}
+
+// PostError is PostSend's error when a chain failed part way, as ibv_post_send's
+// bad_wr: the first Posted requests went (and complete as usual), the failing
+// one and those after it did not.
+type PostError struct {
+	Posted int
+	Err    error
+}
+
+func (e *PostError) Error() string {
+	return fmt.Sprintf("%v (the chain's first %d posted)", e.Err, e.Posted)
+}
+
+func (e *PostError) Unwrap() error { return e.Err }
+
+// Posted returns how many requests of a chain went before PostSend failed with
+// err: PostError's count, else none.
+func Posted(err error) int {
+	var pe *PostError
+	if errors.As(err, &pe) {
+		return pe.Posted
+	}
+	return 0
+}
+
+// PostChain gives PostSend's chain semantics to a provider that posts one
+// request at a time (post).
+func PostChain(wr *SendWR, post func(*SendWR) error) error {
+	if err := CheckChain(wr); err != nil {
+		return err
+	}
+	for i := 0; wr != nil; i, wr = i+1, wr.Next {
+		if err := post(wr); err != nil {
+			if i == 0 {
+				return err
+			}
+			return &PostError{Posted: i, Err: err}
+		}
+	}
+	return nil
 }
 
 // RecvWR is a receive-queue work request.
@@ -355,6 +425,8 @@ type QP interface {
 	Attr() QPAttr // local attributes to send to the peer
 	// Connect moves the QP through INIT, RTR and RTS towards the remote end.
 	Connect(ctx context.Context, remote QPAttr) error
+	// PostSend posts wr and the requests chained behind it (SendWR.Next). When
+	// one fails, those before it were posted: see PostError.
 	PostSend(wr *SendWR) error
 	PostRecv(wr *RecvWR) error
 	State() QPState

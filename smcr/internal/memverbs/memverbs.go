@@ -461,7 +461,10 @@ func (q *qp) receive(msg []byte) bool {
 	return q.deliver(r, msg)
 }
 
-func (q *qp) PostSend(wr *verbs.SendWR) error {
+// PostSend posts wr's chain one request at a time.
+func (q *qp) PostSend(wr *verbs.SendWR) error { return verbs.PostChain(wr, q.postSend) }
+
+func (q *qp) postSend(wr *verbs.SendWR) error {
 	q.mu.Lock()
 	st, p := q.state, q.peer
 	q.mu.Unlock()

@@ -70,19 +70,46 @@ static int smcr_state(struct ibv_qp *qp) {
 	return rc ? -rc : (int)a.qp_state;
 }
 
-static int smcr_post_send(struct ibv_qp *qp, struct ibv_sge *sg, int nsge, uint64_t id,
-		int opcode, int flags, uint64_t raddr, uint32_t rkey, uint32_t imm) {
-	struct ibv_send_wr wr, *bad;
-	memset(&wr, 0, sizeof wr);
-	wr.wr_id = id;
-	wr.sg_list = sg;
-	wr.num_sge = nsge;
-	wr.opcode = opcode;
-	wr.send_flags = flags;
-	wr.wr.rdma.remote_addr = raddr;
-	wr.wr.rdma.rkey = rkey;
-	wr.imm_data = htonl(imm);
-	return ibv_post_send(qp, &wr, &bad);
+enum { SMCR_MAX_SGE = 4, SMCR_MAX_CHAIN = 8 };
+
+// A flat send request, so Go fills C memory and never builds ibv_send_wr's
+// unions and pointers itself.
+struct smcr_swr {
+	uint64_t id;
+	uint64_t raddr;
+	uint32_t rkey;
+	uint32_t imm;
+	int opcode;
+	int flags;
+	int nsge;
+	struct ibv_sge sg[SMCR_MAX_SGE];
+};
+
+// The send side's requests in C memory, and how many of the last chain went.
+struct smcr_sq {
+	int posted;
+	struct smcr_swr w[SMCR_MAX_CHAIN];
+};
+
+// Posts sq->w[0..n) as one chain (one ibv_post_send: one doorbell).
+static int smcr_post_send(struct ibv_qp *qp, struct smcr_sq *sq, int n) {
+	struct ibv_send_wr wr[SMCR_MAX_CHAIN], *bad = NULL;
+	memset(wr, 0, n * sizeof wr[0]);
+	for (int i = 0; i < n; i++) {
+		struct smcr_swr *w = &sq->w[i];
+		wr[i].wr_id = w->id;
+		wr[i].sg_list = w->sg;
+		wr[i].num_sge = w->nsge;
+		wr[i].opcode = w->opcode;
+		wr[i].send_flags = w->flags;
+		wr[i].wr.rdma.remote_addr = w->raddr;
+		wr[i].wr.rdma.rkey = w->rkey;
+		wr[i].imm_data = htonl(w->imm);
+		wr[i].next = i + 1 < n ? &wr[i + 1] : NULL;
+	}
+	int rc = ibv_post_send(qp, wr, &bad);
+	sq->posted = rc == 0 ? n : (bad >= wr && bad < wr + n ? (int)(bad - wr) : 0);
+	return rc;
 }
 
 static int smcr_post_recv(struct ibv_qp *qp, struct ibv_sge *sg, int nsge, uint64_t id) {
@@ -111,7 +138,10 @@ import (
 )
 
 // maxSGE bounds the scatter/gather list of one work request.
-const maxSGE = 4
+const maxSGE = C.SMCR_MAX_SGE
+
+// maxChain is verbs.MaxChain, the requests one post carries.
+const maxChain = C.SMCR_MAX_CHAIN
 
 // drainTimeout bounds how long Close waits for the flush of its marker requests.
 const drainTimeout = time.Second
@@ -132,13 +162,12 @@ type qp struct {
 	// it for reading and checks closed under it; Close holds it to destroy
 	// them. A post that passed the closed check could otherwise run on a freed
 	// QP (an adapter's doorbell written into unmapped memory).
-	life    sync.RWMutex
-	drains  atomic.Int32 // drain markers seen while closing
-	smu     sync.Mutex
-	ssge    *C.struct_ibv_sge // maxSGE entries, guarded by smu
-	rmu     sync.Mutex
-	rsge    *C.struct_ibv_sge // maxSGE entries, guarded by rmu
-	sgeSize C.size_t
+	life   sync.RWMutex
+	drains atomic.Int32 // drain markers seen while closing
+	smu    sync.Mutex
+	sq     *C.struct_smcr_sq // guarded by smu
+	rmu    sync.Mutex
+	rsge   *C.struct_ibv_sge // maxSGE entries, guarded by rmu
 }
 
 func (p *pd) createQP(cfg verbs.QPConfig) (*qp, error) {
@@ -207,9 +236,8 @@ func (p *pd) createQP(cfg verbs.QPConfig) (*qp, error) {
 	}
 	p.live++ // under p.mu
 	q.state.Store(uint32(verbs.QPInit))
-	q.sgeSize = C.size_t(unsafe.Sizeof(C.struct_ibv_sge{}))
-	q.ssge = (*C.struct_ibv_sge)(C.calloc(maxSGE, q.sgeSize))
-	q.rsge = (*C.struct_ibv_sge)(C.calloc(maxSGE, q.sgeSize))
+	q.sq = (*C.struct_smcr_sq)(C.calloc(1, C.size_t(unsafe.Sizeof(C.struct_smcr_sq{}))))
+	q.rsge = (*C.struct_ibv_sge)(C.calloc(maxSGE, C.size_t(unsafe.Sizeof(C.struct_ibv_sge{}))))
 	src := p.dev.src.Load() // the queue pair keeps the source GID it names
 	q.gidIndex = src.index
 	q.attr = verbs.QPAttr{
@@ -291,7 +319,13 @@ func fillSGE(dst *C.struct_ibv_sge, sg []verbs.SGE) (n, total int, err error) {
 	return n, total, nil
 }
 
+// PostSend fills a C request for each of the chain's and posts them in one call.
+// A request found invalid is not posted, nor those after it; those before it
+// are (ibv_post_send's semantics, which PostError reports).
 func (q *qp) PostSend(wr *verbs.SendWR) error {
+	if err := verbs.CheckChain(wr); err != nil {
+		return err
+	}
 	q.life.RLock()
 	defer q.life.RUnlock()
 	if q.closed.Load() {
@@ -300,6 +334,34 @@ func (q *qp) PostSend(wr *verbs.SendWR) error {
 	if s := verbs.QPState(q.state.Load()); s != verbs.QPRTS {
 		return fmt.Errorf("ibv: post send in %v: %w", s, verbs.ErrQPState)
 	}
+	q.smu.Lock()
+	defer q.smu.Unlock()
+	ws := unsafe.Slice(&q.sq.w[0], maxChain)
+	n := 0
+	var bad error // the invalid request's error, if one stopped the chain
+	for ; wr != nil; wr = wr.Next {
+		if bad = q.fillSend(&ws[n], wr); bad != nil {
+			break
+		}
+		n++
+	}
+	if n == 0 {
+		return bad
+	}
+	rc := C.smcr_post_send(q.qp, q.sq, C.int(n))
+	posted := int(q.sq.posted)
+	err := postErr("send", rc)
+	if err == nil {
+		err = bad
+	}
+	if err != nil && posted > 0 {
+		return &verbs.PostError{Posted: posted, Err: err}
+	}
+	return err
+}
+
+// fillSend checks wr and copies it into w.
+func (q *qp) fillSend(w *C.struct_smcr_swr, wr *verbs.SendWR) error {
 	var op C.int
 	switch wr.Opcode {
 	case verbs.OpWrite:
@@ -311,23 +373,20 @@ func (q *qp) PostSend(wr *verbs.SendWR) error {
 	default:
 		return fmt.Errorf("ibv: post send: %w: opcode %d", verbs.ErrInvalid, wr.Opcode)
 	}
+	n, total, err := fillSGE(&w.sg[0], wr.SG)
+	if err != nil {
+		return err
+	}
 	var flags C.int
 	if wr.Signaled {
 		flags = C.IBV_SEND_SIGNALED
 	}
-	q.smu.Lock()
-	n, total, err := fillSGE(q.ssge, wr.SG)
-	if err != nil {
-		q.smu.Unlock()
-		return err
-	}
 	if wr.Inline && total <= q.maxInline {
 		flags |= C.IBV_SEND_INLINE
 	}
-	rc := C.smcr_post_send(q.qp, q.ssge, C.int(n), C.uint64_t(wr.ID), op, flags,
-		C.uint64_t(wr.RemoteAddr), C.uint32_t(wr.RKey), C.uint32_t(wr.Imm))
-	q.smu.Unlock()
-	return postErr("send", rc)
+	w.id, w.raddr, w.rkey, w.imm = C.uint64_t(wr.ID), C.uint64_t(wr.RemoteAddr), C.uint32_t(wr.RKey), C.uint32_t(wr.Imm)
+	w.opcode, w.flags, w.nsge = op, flags, C.int(n)
+	return nil
 }
 
 func (q *qp) PostRecv(wr *verbs.RecvWR) error {
@@ -409,7 +468,7 @@ func (q *qp) Close() error {
 	if rc := C.ibv_destroy_qp(q.qp); rc != 0 {
 		return fmt.Errorf("ibv: destroy qp %#x: %w", q.attr.QPN, syscall.Errno(rc))
 	}
-	C.free(unsafe.Pointer(q.ssge))
+	C.free(unsafe.Pointer(q.sq))
 	C.free(unsafe.Pointer(q.rsge))
 	q.sendCQ.detach()
 	q.recvCQ.detach()
@@ -420,7 +479,8 @@ func (q *qp) Close() error {
 func (q *qp) drain() {
 	want := int32(0)
 	q.smu.Lock()
-	if C.smcr_post_send(q.qp, nil, 0, drainWRID, C.IBV_WR_SEND, C.IBV_SEND_SIGNALED, 0, 0, 0) == 0 {
+	q.sq.w[0] = C.struct_smcr_swr{id: drainWRID, opcode: C.IBV_WR_SEND, flags: C.IBV_SEND_SIGNALED}
+	if C.smcr_post_send(q.qp, q.sq, 1) == 0 {
 		want++
 	}
 	q.smu.Unlock()

@@ -455,10 +455,13 @@ func (q *qp) sendCtl(m *ctl, fd int) error {
 	}
 }
 
-// PostSend validates and executes or queues one work request. A WRITE is copied
+// PostSend posts wr's chain one request at a time.
+func (q *qp) PostSend(wr *verbs.SendWR) error { return verbs.PostChain(wr, q.postSend) }
+
+// postSend validates and executes or queues one work request. A WRITE is copied
 // into the peer's region here; SEND and WRITE WITH IMMEDIATE go through the ring.
-func (q *qp) PostSend(wr *verbs.SendWR) error {
-	if wr == nil || len(wr.SG) > maxSGE {
+func (q *qp) postSend(wr *verbs.SendWR) error {
+	if len(wr.SG) > maxSGE {
 		return fmt.Errorf("%w: send work request", verbs.ErrInvalid)
 	}
 	q.sqMu.Lock()

@@ -306,7 +306,10 @@ func (q *qp) validSGL(sg []verbs.SGE) (int, error) {
 	return n, nil
 }
 
-func (q *qp) PostSend(wr *verbs.SendWR) error {
+// PostSend posts wr's chain one request at a time.
+func (q *qp) PostSend(wr *verbs.SendWR) error { return verbs.PostChain(wr, q.postSend) }
+
+func (q *qp) postSend(wr *verbs.SendWR) error {
 	if wr.Opcode < verbs.OpWrite || wr.Opcode > verbs.OpSend {
 		return fmt.Errorf("soft: %w: opcode %d", verbs.ErrInvalid, wr.Opcode)
 	}

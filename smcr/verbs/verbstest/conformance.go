@@ -146,6 +146,80 @@ func testWriteLanding(t *testing.T, env Env) {
 	}
 }
 
+// testChain posts chains (SendWR.Next) the way the engine sends data: WRITEs
+// and the SEND that announces them in one post. They execute in order, so the
+// WRITEs have landed when the SEND arrives; a chain that fails part way posts
+// what comes before the failing request (PostError), and one too long or nil
+// posts nothing.
+func testChain(t *testing.T, env Env) {
+	a, b := newPair(t, env, opts{})
+	src, dst := a.mr.Bytes(), b.mr.Bytes()
+	fill(dst, 0)
+	pattern(src, 5)
+	const slot = 60000 // the SENDs' landing place in b, past the WRITEs
+	for i := range 4 {
+		postRecv(t, b.qp, uint64(100+i), b.mr, slot+i*64, 64)
+	}
+	send := &verbs.SendWR{ID: 3, Opcode: verbs.OpSend, Signaled: true, Inline: true,
+		SG: []verbs.SGE{{MR: a.mr, Offset: 50000, Length: 44}}}
+	second := &verbs.SendWR{ID: 2, Opcode: verbs.OpWrite, Signaled: true, Next: send,
+		SG: []verbs.SGE{{MR: a.mr, Offset: 0, Length: 100}}, RemoteAddr: a.remote.Addr, RKey: a.remote.RKey}
+	first := &verbs.SendWR{ID: 1, Opcode: verbs.OpWrite, Signaled: true, Next: second,
+		SG: []verbs.SGE{{MR: a.mr, Offset: 100, Length: 30000}}, RemoteAddr: a.remote.Addr + 100, RKey: a.remote.RKey}
+	postSend(t, a.qp, first)
+	for i, wc := range waitWC(t, env, a.scq, 3) {
+		want := verbs.WCWrite
+		if i == 2 {
+			want = verbs.WCSend
+		}
+		wantWC(t, wc, uint64(i+1), verbs.WCSuccess, want)
+	}
+	wc := waitWC(t, env, b.rcq, 1)[0]
+	wantWC(t, wc, 100, verbs.WCSuccess, verbs.WCRecv)
+	if wc.ByteLen != 44 || !bytes.Equal(dst[slot:slot+44], src[50000:50044]) {
+		t.Fatalf("the chain's SEND: %d bytes, or payload differs", wc.ByteLen)
+	}
+	if i := firstDiff(dst[:30100], src[:30100]); i >= 0 {
+		t.Fatalf("the chain's WRITEs: remote region differs at offset %d", i)
+	}
+
+	// An invalid request in the middle: the one before it goes, it and the
+	// one after it do not.
+	one := func(id uint64, next *verbs.SendWR) *verbs.SendWR {
+		return &verbs.SendWR{ID: id, Opcode: verbs.OpSend, Signaled: true, Next: next,
+			SG: []verbs.SGE{{MR: a.mr, Offset: 50100 + int(id), Length: 1}}}
+	}
+	bad := one(12, one(13, nil))
+	bad.Opcode = 99
+	err := a.qp.PostSend(one(11, bad))
+	var pe *verbs.PostError
+	if !errors.As(err, &pe) || pe.Posted != 1 || !errors.Is(err, verbs.ErrInvalid) || verbs.Posted(err) != 1 {
+		t.Fatalf("chain with an invalid second request: %v, want a PostError of 1 posted wrapping ErrInvalid", err)
+	}
+	wantWC(t, waitWC(t, env, a.scq, 1)[0], 11, verbs.WCSuccess, verbs.WCSend)
+	wantWC(t, waitWC(t, env, b.rcq, 1)[0], 101, verbs.WCSuccess, verbs.WCRecv)
+
+	// Too long a chain, a loop, and nil: refused whole.
+	var long *verbs.SendWR
+	for i := range verbs.MaxChain + 1 {
+		long = one(uint64(20+i), long)
+	}
+	loop := one(40, nil)
+	loop.Next = loop
+	for name, wr := range map[string]*verbs.SendWR{"too long": long, "loop": loop, "nil": nil} {
+		if err := a.qp.PostSend(wr); !errors.Is(err, verbs.ErrInvalid) || verbs.Posted(err) != 0 {
+			t.Fatalf("%s chain: %v, want ErrInvalid with nothing posted", name, err)
+		}
+	}
+	// The next SEND is the next to arrive: nothing of the refused chains went.
+	postSend(t, a.qp, one(50, nil))
+	wantWC(t, waitWC(t, env, a.scq, 1)[0], 50, verbs.WCSuccess, verbs.WCSend)
+	wantWC(t, waitWC(t, env, b.rcq, 1)[0], 102, verbs.WCSuccess, verbs.WCRecv)
+	if got, want := dst[slot+2*64], src[50150]; got != want {
+		t.Fatalf("third SEND's byte %#x, want %#x (of request 50)", got, want)
+	}
+}
+
 func firstDiff(a, b []byte) int {
 	for i := range min(len(a), len(b)) {
 		if a[i] != b[i] {

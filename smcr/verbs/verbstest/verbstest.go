@@ -94,6 +94,7 @@ var conformance = []struct {
 	{"Connect", testConnect},
 	{"SendRecvOrder", testSendRecvOrder},
 	{"WriteLanding", testWriteLanding},
+	{"Chain", testChain},
 	{"WriteImm", testWriteImm},
 	{"Inline", testInline},
 	{"CompletionOrder", testCompletionOrder},
