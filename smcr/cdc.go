@@ -260,13 +260,24 @@ func (c *Conn) sendCDCKind(flags rmb.ProdFlags, kind cdcKind) error {
 // sendCDCHeld is sendCDCKind with cdcMu held.
 func (c *Conn) sendCDCHeld(flags rmb.ProdFlags, kind cdcKind) error {
 	c.mu.Lock()
+	m, ok, err := c.nextCDCLocked(flags, kind)
+	lnk, prod := c.lnk, c.txProd
+	c.mu.Unlock()
+	if !ok {
+		return err
+	}
+	return lnk.sendConnCDC(c, prod, &m)
+}
+
+// nextCDCLocked builds our next CDC with flags, numbered; ok is false when none
+// of kind goes (with ErrLinkDown when the link cannot carry one). The caller
+// holds cdcMu and c.mu, and sends it.
+func (c *Conn) nextCDCLocked(flags rmb.ProdFlags, kind cdcKind) (m rmb.CDC, ok bool, err error) {
 	if c.peerSize == 0 || c.released || c.lnkErr || c.fo {
-		c.mu.Unlock()
-		return ErrLinkDown
+		return m, false, ErrLinkDown
 	}
 	if kind != cdcState && c.localTerm {
-		c.mu.Unlock()
-		return nil
+		return m, false, nil
 	}
 	if kind == cdcUpdate {
 		c.cs.updates.Add(1)
@@ -280,7 +291,7 @@ func (c *Conn) sendCDCHeld(flags rmb.ProdFlags, kind cdcKind) error {
 			c.txUrgent = false
 		}
 	}
-	m := rmb.CDC{Seq: seq, Token: c.peerToken, Prod: toCursor(c.txProd, c.peerSize),
+	m = rmb.CDC{Seq: seq, Token: c.peerToken, Prod: toCursor(c.txProd, c.peerSize),
 		Cons: toCursor(c.rxCons, c.rmbSize), Flags: flags}
 	if c.localDone {
 		m.State |= rmb.StateSendingDone
@@ -295,13 +306,13 @@ func (c *Conn) sendCDCHeld(flags rmb.ProdFlags, kind cdcKind) error {
 		c.peerLateRoom = true // lateWrites
 	}
 	c.rxConfirmed = c.rxCons
-	lnk, prod := c.lnk, c.txProd
-	c.mu.Unlock()
 	c.cs.cdcSent.Add(1)
-	return lnk.sendConnCDC(c, prod, &m)
+	return m, true, nil
 }
 
-// testHookCursors lets tests act before sendCursors decides, outside every lock.
+// testHookCursors lets tests act before sendCursors decides, outside every lock,
+// and before a Write counts a chunk (sendChunk), with cdcMu held and txBusy set:
+// a Close there waits for the chunk.
 var testHookCursors atomic.Pointer[func(*Conn)]
 
 // testHookCDC sees each CDC for a live connection before it is applied, under

@@ -1,6 +1,7 @@
 package smcr
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"sync/atomic"
@@ -96,9 +97,11 @@ func TestNoUpdateAfterClose(t *testing.T) {
 	}
 }
 
-// TestNoCursorsAfterClose: a Write that counted its bytes, or a Read that owes a
-// consumer update, and finds itself overtaken by a Close before its CDC goes,
-// sends none: the closing CDC, sent after the count, carried those cursors.
+// TestNoCursorsAfterClose: a Read that owes a consumer update and finds itself
+// overtaken by a Close before its CDC goes sends none: the closing CDC, sent
+// after the count, carried those cursors. A Close that comes while a Write
+// posts a chunk waits for it: the chunk's CDC goes first, none after the
+// closing one.
 func TestNoCursorsAfterClose(t *testing.T) {
 	for _, side := range []string{"write", "read"} {
 		t.Run(side, func(t *testing.T) {
@@ -111,12 +114,29 @@ func TestNoCursorsAfterClose(t *testing.T) {
 				go s.Write(msg)
 			}
 			var closed atomic.Bool
-			var sentAtClose uint64
+			var sentAtClose atomic.Uint64
+			closeDone := make(chan struct{})
 			hook := func(h *Conn) {
-				if h == c && closed.CompareAndSwap(false, true) {
-					c.Close() // between the count and the CDC that would announce it
-					sentAtClose = c.cs.cdcSent.Load()
+				if h != c || !closed.CompareAndSwap(false, true) {
+					return
 				}
+				if side == "read" {
+					c.Close() // between the count and the CDC that would announce it
+					sentAtClose.Store(c.cs.cdcSent.Load())
+					close(closeDone)
+					return
+				}
+				// The Write holds its chunk (txBusy): Close waits for it.
+				go func() {
+					c.Close()
+					sentAtClose.Store(c.cs.cdcSent.Load())
+					close(closeDone)
+				}()
+				eventually(t, "Close under way", func() bool {
+					c.mu.Lock()
+					defer c.mu.Unlock()
+					return c.appClosed
+				})
 			}
 			testHookCursors.Store(&hook)
 			t.Cleanup(func() { testHookCursors.Store(nil) })
@@ -132,13 +152,15 @@ func TestNoCursorsAfterClose(t *testing.T) {
 			if !closed.Load() {
 				t.Fatal("no cursor CDC was about to go")
 			}
-			if n := c.cs.cdcSent.Load() - sentAtClose; n != 0 {
+			<-closeDone
+			time.Sleep(20 * time.Millisecond)
+			if n := c.cs.cdcSent.Load() - sentAtClose.Load(); n != 0 {
 				t.Errorf("%d CDCs sent after the closing one", n)
 			}
-			if side == "write" { // the closing CDC announced the bytes
-				got := make([]byte, len(msg))
-				if _, err := io.ReadFull(s, got); err != nil {
-					t.Fatalf("peer read: %v", err)
+			if side == "write" { // the chunk's CDC announced the bytes, then the close
+				got, err := io.ReadAll(s)
+				if err != nil || !bytes.Equal(got, msg) {
+					t.Fatalf("peer read %d of %d bytes: %v", len(got), len(msg), err)
 				}
 			}
 			eventually(t, "peer saw the close", func() bool {

@@ -306,11 +306,11 @@ func TestHostilePeer(t *testing.T) {
 	// Unknown alert token: counted, ignored.
 	send(rmb.CDC{Token: 0xdeadbeef, Prod: rmb.Cursor{Count: 100}})
 	// Wrong length: a 20-byte SEND.
-	s, _ := lnk.acquire()
+	s, _ := lnk.acquire(1)
 	lnk.postMu.Lock()
-	lnk.sge[0] = verbs.SGE{MR: lnk.sendMR, Offset: int(s) * slotSize, Length: 20}
-	lnk.swr = verbs.SendWR{ID: tagSlot<<56 | uint64(s), Opcode: verbs.OpSend, SG: lnk.sge[:], Signaled: true}
-	lnk.qp.PostSend(&lnk.swr)
+	wr := lnk.slotWR(0, s)
+	wr.SG[0].Length = 20
+	lnk.qp.PostSend(wr)
 	lnk.postMu.Unlock()
 	lnk.useMu.RUnlock()
 	eventually(t, "protocol errors counted", func() bool { return p.cli.Stats().ProtoErrors >= before+2 })

@@ -76,9 +76,12 @@ type link struct {
 	rwr                [nRecv]verbs.RecvWR // one per receive slot, reposted without allocating
 	rsge               [nRecv][1]verbs.SGE
 
-	postMu sync.Mutex
-	swr    verbs.SendWR
-	sge    [1]verbs.SGE
+	// The requests of one post (a chunk's WRITEs and its CDC: postData), under
+	// postMu. creditMu serializes takers of several credits (takeCredits).
+	postMu   sync.Mutex
+	wr       [3]verbs.SendWR
+	sge      [3][1]verbs.SGE
+	creditMu sync.Mutex
 
 	// The connection and producer cursor of the CDC in each send slot: a CDC
 	// completed means the peer holds the bytes before it (multilink.go).
@@ -475,14 +478,15 @@ func (l *link) earlyLLC(b []byte) bool {
 	return false
 }
 
-// acquire takes a send slot and a work-request credit, and a read hold on useMu
-// that the caller releases after posting.
-func (l *link) acquire() (uint16, error) {
+// acquire takes a send slot and n work-request credits (its SEND's and those
+// of WRITEs posted with it), and a read hold on useMu that the caller releases
+// after posting.
+func (l *link) acquire(n int) (uint16, error) {
 	s, ok := take(l.ctx, l.slots)
 	if !ok {
 		return 0, ErrLinkDown
 	}
-	if _, ok := take(l.ctx, l.credits); !ok {
+	if !l.takeCredits(n) {
 		l.slots <- s
 		return 0, ErrLinkDown
 	}
@@ -490,10 +494,33 @@ func (l *link) acquire() (uint16, error) {
 	if l.freed {
 		l.useMu.RUnlock()
 		l.slots <- s
-		l.credits <- struct{}{}
+		l.giveCredits(n)
 		return 0, ErrLinkDown
 	}
 	return s, nil
+}
+
+// takeCredits takes n work-request credits, or none once l is down. Takers of
+// several queue behind creditMu, so that no two hold part of what they need:
+// between them they could hold every credit, and none would come back.
+func (l *link) takeCredits(n int) bool {
+	if n > 1 {
+		l.creditMu.Lock()
+		defer l.creditMu.Unlock()
+	}
+	for i := range n {
+		if _, ok := take(l.ctx, l.credits); !ok {
+			l.giveCredits(i)
+			return false
+		}
+	}
+	return true
+}
+
+func (l *link) giveCredits(n int) {
+	for range n {
+		l.credits <- struct{}{}
+	}
 }
 
 // take receives from pool (send slots or credits), waiting until ctx ends. It
@@ -517,9 +544,7 @@ func take[T any](ctx context.Context, pool chan T) (T, bool) {
 // postSlot sends the 44 bytes already encoded in slot s.
 func (l *link) postSlot(s uint16) error {
 	l.postMu.Lock()
-	l.sge[0] = verbs.SGE{MR: l.sendMR, Offset: int(s) * slotSize, Length: llc.MsgLen}
-	l.swr = verbs.SendWR{ID: tagSlot<<56 | uint64(s), Opcode: verbs.OpSend, SG: l.sge[:], Signaled: true, Inline: true}
-	err := l.qp.PostSend(&l.swr)
+	err := l.qp.PostSend(l.slotWR(0, s))
 	l.postMu.Unlock()
 	if err != nil {
 		l.putSlot(s)
@@ -530,20 +555,43 @@ func (l *link) postSlot(s uint16) error {
 	return nil
 }
 
+// slotWR fills the post's request i with the SEND of slot s. The caller holds
+// postMu.
+func (l *link) slotWR(i int, s uint16) *verbs.SendWR {
+	l.sge[i][0] = verbs.SGE{MR: l.sendMR, Offset: int(s) * slotSize, Length: llc.MsgLen}
+	l.wr[i] = verbs.SendWR{ID: tagSlot<<56 | uint64(s), Opcode: verbs.OpSend, SG: l.sge[i][:], Signaled: true, Inline: true}
+	return &l.wr[i]
+}
+
+// writeWR fills the post's request i with the WRITE of w of c's send buffer
+// (snd, its registration on l) to the same offset of the peer's RMBE. The
+// caller holds postMu.
+func (l *link) writeWR(i int, c *Conn, snd verbs.MR, w span) *verbs.SendWR {
+	l.sge[i][0] = verbs.SGE{MR: snd, Offset: int(w.off), Length: int(w.n)}
+	l.wr[i] = verbs.SendWR{ID: tagWrite<<56 | uint64(c.token), Opcode: verbs.OpWrite, SG: l.sge[i][:],
+		RemoteAddr: c.peerAddr + w.off, RKey: c.peerRKey, Signaled: true, Inline: w.n <= maxInline}
+	return &l.wr[i]
+}
+
 func (l *link) sendCDC(m *rmb.CDC) error { return l.sendConnCDC(nil, 0, m) }
 
 // sendConnCDC sends c's CDC announcing producer cursor prod (absolute).
 func (l *link) sendConnCDC(c *Conn, prod uint64, m *rmb.CDC) error {
-	s, err := l.acquire()
+	s, err := l.acquire(1)
 	if err != nil {
 		return err
 	}
 	defer l.useMu.RUnlock()
+	l.fillCDC(s, c, prod, m)
+	return l.postSlot(s)
+}
+
+// fillCDC puts c's CDC m, announcing prod, in send slot s.
+func (l *link) fillCDC(s uint16, c *Conn, prod uint64, m *rmb.CDC) {
 	l.slotConn[s], l.slotProd[s], l.slotSeq[s] = c, prod, m.Seq
 	l.slotTerm[s] = m.State&(rmb.StateClosed|rmb.StateAbnormalClose) != 0
 	m.Encode(l.sendMR.Bytes()[int(s)*slotSize:])
 	l.lg.e.st.cdcSent.Add(1)
-	return l.postSlot(s)
 }
 
 // putSlot gives back a send slot after a failed post or encoding.
@@ -647,39 +695,82 @@ func (l *link) sendLLC(m llc.Message) error {
 	return l.postSlot(s)
 }
 
+// span is a part of the send buffer, and of the peer's RMBE.
+type span struct{ off, n uint64 }
+
 // postWrite RDMA-WRITEs n bytes at off of c's send buffer to the same offset of the
 // peer's RMBE.
 func (l *link) postWrite(c *Conn, off, n int) error {
-	if _, ok := take(l.ctx, l.credits); !ok {
+	return l.postData(c, []span{{uint64(off), uint64(n)}}, nil, 0)
+}
+
+// postData posts, as one chain, the WRITEs of c's spans ws and, when m is not
+// nil, c's CDC m announcing prod behind them: RC executes the chain in order, so
+// the peer holds the bytes when it takes the CDC, and one post is one doorbell
+// on an adapter (one system call on rxe) where a post per request cost two.
+func (l *link) postData(c *Conn, ws []span, m *rmb.CDC, prod uint64) error {
+	var s uint16
+	if m != nil {
+		var err error
+		if s, err = l.acquire(1 + len(ws)); err != nil {
+			return err
+		}
+		defer l.useMu.RUnlock()
+	} else if !l.takeCredits(len(ws)) {
 		return ErrLinkDown
 	}
-	c.wrOut.Add(1)
-	c.wrOutOn[l.ix].Add(1)
+	c.wrOut.Add(int32(len(ws)))
+	c.wrOutOn[l.ix].Add(int32(len(ws)))
 	snd := c.sndOn[l.ix] // registered before c moved to l (multilink.go)
 	if snd == nil {
 		snd = c.snd
 	}
+	if m != nil {
+		l.fillCDC(s, c, prod, m)
+	}
 	l.postMu.Lock()
-	l.sge[0] = verbs.SGE{MR: snd, Offset: off, Length: n}
-	l.swr = verbs.SendWR{ID: tagWrite<<56 | uint64(c.token), Opcode: verbs.OpWrite, SG: l.sge[:],
-		RemoteAddr: c.peerAddr + uint64(off), RKey: c.peerRKey, Signaled: true, Inline: n <= maxInline}
-	err := l.qp.PostSend(&l.swr)
+	var bytes uint64
+	for i, w := range ws {
+		l.writeWR(i, c, snd, w)
+		bytes += w.n
+	}
+	k := len(ws)
+	if m != nil {
+		l.slotWR(k, s)
+		k++
+	}
+	for i := range k - 1 {
+		l.wr[i].Next = &l.wr[i+1]
+	}
+	err := l.qp.PostSend(&l.wr[0])
 	l.postMu.Unlock()
 	if err != nil {
-		// Undo the count, unless a failover already took it from wrOutOn and
-		// called writeDone for it (linkFailed, moveTo): then wrOut is settled.
-		if c.wrOutOn[l.ix].Add(-1) >= 0 {
-			c.wrOut.Add(-1)
-		} else {
-			c.wrOutOn[l.ix].Add(1)
+		posted := verbs.Posted(err)
+		for range len(ws) - min(posted, len(ws)) {
+			l.unpostWrite(c)
 		}
-		l.credits <- struct{}{}
-		l.fail(fmt.Errorf("post write: %w", err))
+		if m != nil { // last in the chain: never posted when the post failed
+			l.putSlot(s)
+		}
+		l.posted.Add(uint64(posted))
+		l.fail(fmt.Errorf("post data: %w", err))
 		return ErrLinkDown
 	}
-	l.posted.Add(1)
-	l.txBytes.Add(uint64(n))
+	l.posted.Add(uint64(k))
+	l.txBytes.Add(bytes)
 	return nil
+}
+
+// unpostWrite undoes the counts of one of c's WRITEs that was not posted, unless
+// a failover already took it from wrOutOn and called writeDone for it
+// (linkFailed, moveTo): then wrOut is settled.
+func (l *link) unpostWrite(c *Conn) {
+	if c.wrOutOn[l.ix].Add(-1) >= 0 {
+		c.wrOut.Add(-1)
+	} else {
+		c.wrOutOn[l.ix].Add(1)
+	}
+	l.credits <- struct{}{}
 }
 
 // work runs the LLC flows and the connections' control messages, off the poller.

@@ -1,5 +1,6 @@
 // Sending: bytes RDMA-WRITten into the peer's RMBE at the producer cursor, split at
-// the ring's end, then a CDC that moves the cursor. RFC 7609 §4.2, after smc_tx.
+// the ring's end, and the CDC that moves the cursor, posted behind them in one
+// chain. RFC 7609 §4.2, after smc_tx.
 
 package smcr
 
@@ -27,9 +28,12 @@ func (c *Conn) smcWrite(p []byte, urgent bool) (int, error) {
 		if isClosed(c.writeDL.wait()) {
 			return total, errWriteTimeout
 		}
+		// cdcMu first: a chunk's count, CDC and post happen under it (sendChunk).
+		c.cdcMu.Lock()
 		c.mu.Lock()
 		if c.moving && !c.fo && c.err == nil {
 			c.mu.Unlock()
+			c.cdcMu.Unlock()
 			select { // the connection moves to another link (multilink.go)
 			case <-c.txWake:
 			case <-c.writeDL.wait():
@@ -38,20 +42,23 @@ func (c *Conn) smcWrite(p []byte, urgent bool) (int, error) {
 			continue
 		}
 		// Before the continuation's branch: the same errors over TCP.
+		var err error
 		switch {
 		case c.err != nil:
-			err := c.err
-			c.mu.Unlock()
-			return total, err
+			err = c.err
 		case c.appClosed:
-			c.mu.Unlock()
-			return total, net.ErrClosed
+			err = net.ErrClosed
 		case c.localDone || c.peerClosed:
+			err = ErrWriteClosed
+		}
+		if err != nil {
 			c.mu.Unlock()
-			return total, ErrWriteClosed
+			c.cdcMu.Unlock()
+			return total, err
 		}
 		if c.fo {
 			c.mu.Unlock()
+			c.cdcMu.Unlock()
 			select {
 			case <-c.foDone:
 			case <-c.writeDL.wait():
@@ -75,6 +82,7 @@ func (c *Conn) smcWrite(p []byte, urgent bool) (int, error) {
 		}
 		if len(p) == 0 {
 			c.mu.Unlock()
+			c.cdcMu.Unlock()
 			return 0, nil
 		}
 		free := c.peerSize - (c.txProd - c.txCons)
@@ -82,6 +90,7 @@ func (c *Conn) smcWrite(p []byte, urgent bool) (int, error) {
 			c.cs.blocked.Add(1)
 			c.e.st.writeBlocked.Add(1)
 			c.mu.Unlock()
+			c.cdcMu.Unlock()
 			select {
 			case <-c.txWake:
 			case <-c.writeDL.wait():
@@ -101,56 +110,62 @@ func (c *Conn) smcWrite(p []byte, urgent bool) (int, error) {
 		buf := c.snd.Bytes()
 		first := min(n, c.peerSize-off)
 		copy(buf[off:off+first], p[total:])
-		if err := lnk.postWrite(c, int(off), int(first)); err != nil {
-			c.mu.Lock()
-			c.txBusy = false
-			release = c.appClosed
-			c.mu.Unlock()
-			c.awaitLinkDown(lnk)
-			continue // the bytes were not counted: the continuation or the error path
-		}
 		if first < n {
 			copy(buf[:n-first], p[total+int(first):])
-			if err := lnk.postWrite(c, 0, int(n-first)); err != nil {
-				// The first part may have landed: count only it, the resync sorts it out.
-				c.mu.Lock()
-				c.txProd += first
-				c.txBusy = false
-				release = c.appClosed
-				c.mu.Unlock()
-				total += int(first)
-				c.awaitLinkDown(lnk)
-				continue
-			}
 		}
-		c.mu.Lock()
-		c.txProd += n
-		c.txBusy = false
-		release = c.appClosed
-		if urgent && total+int(n) == len(p) {
-			c.txUrgent = true // on whichever CDC first announces it (sendCDC)
-			c.txUrgentEnd = c.txProd
-		}
-		var flags rmb.ProdFlags
-		if c.txProd-c.txCons == c.peerSize && total+int(n) < len(p) {
-			flags = rmb.FlagWriteBlocked
-		}
-		c.mu.Unlock()
+		last := total+int(n) == len(p)
+		err = c.sendChunk(lnk, off, first, n, urgent && last, !last)
+		c.cdcMu.Unlock()
 		total += int(n)
 		c.cs.tx.Add(n)
 		c.e.st.txBytes.Add(n)
-		if release {
-			// Closed meanwhile: Close waited for this chunk, and its closing CDC
-			// announces it. Ours would follow that one, to a peer that may have
-			// let the connection go.
-			continue
-		}
-		if err := c.sendCursors(flags, cdcCursors); err != nil {
-			// The bytes are in txProd: the resync resends them if the peer lacks them.
+		c.mu.Lock()
+		c.txBusy = false
+		release = c.appClosed
+		c.mu.Unlock()
+		if err != nil {
+			// The bytes are in txProd: a move to another link or the
+			// continuation resends them if the peer lacks them.
 			c.awaitLinkDown(lnk)
 		}
 	}
 	return total, nil
+}
+
+// sendChunk counts n bytes of the send buffer at off (first of them there, the
+// rest from its start) in txProd and posts their WRITEs and the CDC that
+// announces them as one chain (postData): RC executes it in order, so the peer
+// holds the bytes when it takes the CDC, and the whole goes in one post. The
+// caller holds cdcMu, so no other CDC of c's announces the bytes first, and
+// keeps txBusy until the post, so a Close, move or continuation finds the
+// chunk posted. urgent says the chunk ends with an urgent byte; more, that the
+// Write has more to send (the CDC says so when the ring is full).
+func (c *Conn) sendChunk(lnk *link, off, first, n uint64, urgent, more bool) error {
+	if h := testHookCursors.Load(); h != nil {
+		(*h)(c)
+	}
+	c.mu.Lock()
+	c.txProd += n
+	if urgent {
+		c.txUrgent = true // on whichever CDC first announces it (nextCDCLocked)
+		c.txUrgentEnd = c.txProd
+	}
+	var flags rmb.ProdFlags
+	if c.txProd-c.txCons == c.peerSize && more {
+		flags = rmb.FlagWriteBlocked
+	}
+	m, ok, cdcErr := c.nextCDCLocked(flags, cdcCursors)
+	prod := c.txProd
+	c.mu.Unlock()
+	w := [2]span{{off, first}, {0, n - first}}
+	cdc := &m
+	if !ok {
+		cdc = nil // the WRITEs go alone: cdcErr says why
+	}
+	if err := lnk.postData(c, w[:1+min(1, int(n-first))], cdc, prod); err != nil {
+		return err
+	}
+	return cdcErr
 }
 
 // linkError returns the connection's terminal error after a failed post.
