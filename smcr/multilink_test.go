@@ -1,6 +1,7 @@
 package smcr
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -554,6 +555,61 @@ func twoLinkConn(t *testing.T) (*pair, *Conn, *Conn) {
 	mustSMC(t, c, s)
 	eventually(t, "two links on both ends", func() bool { return twoLinks(p.cli) && twoLinks(p.srv) })
 	return p, c, s
+}
+
+// echoN writes n bytes on w and reads them on r.
+func echoN(t *testing.T, w, r *Conn, n int) {
+	t.Helper()
+	msg := randomBytes(uint64(n), n)
+	if _, err := w.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, n)
+	r.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(r, got); err != nil || !bytes.Equal(got, msg) {
+		t.Fatalf("read %d of %d bytes: %v", len(got), n, err)
+	}
+}
+
+// TestChainFailsPartWay: a chunk's post that fails part way (its first
+// requests posted, as a full send queue fails ibv_post_send) fails the link; the
+// connection moves to the group's other link, the peer reads every byte once,
+// and the WRITEs that went are accounted for (the release waits for them).
+func TestChainFailsPartWay(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		wrap bool // the chunk wraps the ring: two WRITEs
+		at   int  // the request that fails
+	}{
+		{"cdc", false, 1},         // WRITE | CDC
+		{"second write", true, 1}, // WRITE | WRITE, CDC
+		{"wrapped cdc", true, 2},  // WRITE, WRITE | CDC
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, c, s := twoLinkConn(t)
+			c.mu.Lock()
+			size, dev := int(c.peerSize), c.lnk.dev.(*memverbs.Device)
+			c.mu.Unlock()
+			if tc.wrap { // the producer cursor 100 bytes before the ring's end
+				echoN(t, c, s, size-100)
+				eventually(t, "the ring free", func() bool { // one chunk of 300 bytes
+					c.mu.Lock()
+					defer c.mu.Unlock()
+					return c.txCons == c.txProd
+				})
+			}
+			dev.FailChainAt(tc.at)
+			echoN(t, c, s, 300)
+			eventually(t, "the connection moved: the chain failed", func() bool { return p.cli.Stats().MovedConns == 1 })
+			eventually(t, "the posted WRITEs accounted for", func() bool { return c.wrOut.Load() == 0 })
+			stream(t, c, s, 1<<20, 4)
+			stream(t, s, c, 1<<20, 5)
+			p.closeAll(t, [][2]*Conn{{c, s}})
+			if n := p.srv.Stats().ProtoErrors; n != 0 {
+				t.Errorf("%d protocol errors at the peer", n)
+			}
+		})
+	}
 }
 
 // TestCloseDuringMove: a connection closed while it moves to the surviving link

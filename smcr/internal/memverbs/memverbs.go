@@ -39,9 +39,10 @@ type Device struct {
 	// changes is closed by SetPortUp (verbs.PortNotifier) unless quiet.
 	changes verbs.PortChanges
 	quiet   atomic.Bool
-	mute    atomic.Bool // SetCarry(false)
-	pds     int         // PDs not yet freed
-	cqs     int         // CQs not yet closed
+	mute    atomic.Bool  // SetCarry(false)
+	failAt  atomic.Int32 // FailChainAt
+	pds     int          // PDs not yet freed
+	cqs     int          // CQs not yet closed
 	bad     []string
 	Sends   atomic.Uint64 // SEND work requests posted, for tests that count messages
 }
@@ -461,8 +462,22 @@ func (q *qp) receive(msg []byte) bool {
 	return q.deliver(r, msg)
 }
 
+// FailChainAt has the next chain of more than k requests (k ≥ 1) posted on
+// the device fail at its request k with ErrQueueFull, as a full send queue
+// fails ibv_post_send part way: the requests before it go.
+func (d *Device) FailChainAt(k int) { d.failAt.Store(int32(k)) }
+
 // PostSend posts wr's chain one request at a time.
-func (q *qp) PostSend(wr *verbs.SendWR) error { return verbs.PostChain(wr, q.postSend) }
+func (q *qp) PostSend(wr *verbs.SendWR) error {
+	i := 0
+	return verbs.PostChain(wr, func(w *verbs.SendWR) error {
+		i++
+		if k := q.d.failAt.Load(); k > 0 && i == int(k)+1 && q.d.failAt.CompareAndSwap(k, 0) {
+			return verbs.ErrQueueFull
+		}
+		return q.postSend(w)
+	})
+}
 
 func (q *qp) postSend(wr *verbs.SendWR) error {
 	q.mu.Lock()
