@@ -88,7 +88,11 @@ func NewEngine(cfg Config) (*Engine, error) {
 		}
 	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
-	if slices.ContainsFunc(c.Devices, func(d verbs.Device) bool { _, ok := d.(verbs.PortStater); return ok }) {
+	if slices.ContainsFunc(c.Devices, func(d verbs.Device) bool {
+		_, ports := d.(verbs.PortStater)
+		_, gids := d.(verbs.GIDHolder)
+		return ports || gids
+	}) {
 		go e.watchPorts()
 	}
 	return e, nil
@@ -99,8 +103,9 @@ func NewEngine(cfg Config) (*Engine, error) {
 const portPoll = 200 * time.Millisecond
 
 // watchPorts fails the links whose device's port went down, as Linux's
-// smcr_port_err does on IB_EVENT_PORT_ERR: at once, rather than when TEST_LINK or
-// the transport's retries give up. Their connections move to the group's other
+// smcr_port_err does on IB_EVENT_PORT_ERR, and those whose address went with an
+// interface's (verbs.GIDHolder): at once, rather than when TEST_LINK or the
+// transport's retries give up. Their connections move to the group's other
 // link, or continue over TCP. It looks every portPoll, and as soon as a device
 // that can tell (verbs.PortNotifier) says its port changed.
 func (e *Engine) watchPorts() {
@@ -141,9 +146,6 @@ func (e *Engine) watchPorts() {
 				down = append(down, d)
 			}
 		}
-		if len(down) == 0 {
-			continue
-		}
 		e.mu.Lock()
 		lgs := slices.Clone(e.lgs)
 		e.mu.Unlock()
@@ -152,13 +154,32 @@ func (e *Engine) watchPorts() {
 			links := slices.Clone(lg.links)
 			lg.mu.RUnlock()
 			for _, l := range links {
-				if slices.Contains(down, l.dev) && !l.down.Load() {
+				if l.down.Load() {
+					continue
+				}
+				if slices.Contains(down, l.dev) {
 					e.log.Warn("smcr: port down, failing its link", "lg", lg.id, "link", l.num, "device", l.dev.Name())
 					l.fail(errLinkPortDown)
+				} else if gid, ok := goneGID(l); ok {
+					e.log.Warn("smcr: the link's address is gone, failing it", "lg", lg.id, "link", l.num,
+						"device", l.dev.Name(), "gid", net.IP(gid[:]).String())
+					l.fail(errLinkGIDGone)
 				}
 			}
 		}
 	}
+}
+
+// goneGID returns l's local GID when its device no longer has it
+// (verbs.GIDHolder): an address of the interface went, and the peer can no
+// longer reach l at it.
+func goneGID(l *link) ([16]byte, bool) {
+	gh, ok := l.dev.(verbs.GIDHolder)
+	if !ok || l.qp == nil {
+		return [16]byte{}, false
+	}
+	gid := l.qp.Attr().GID
+	return gid, !gh.HasGID(gid)
 }
 
 // PeerID is the 8-byte identity this engine sends in CLC.

@@ -113,6 +113,7 @@ var (
 	errNoSecondLink = errors.New("smcr: no second link possible")
 	errPortDown     = errors.New("smcr: the second device's port is down")
 	errLinkPortDown = errors.New("smcr: the link's port went down")
+	errLinkGIDGone  = errors.New("smcr: the link's address went")
 )
 
 // portUp reports whether d's port is up now, for devices that can tell

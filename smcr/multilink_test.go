@@ -557,6 +557,43 @@ func twoLinkConn(t *testing.T) (*pair, *Conn, *Conn) {
 	return p, c, s
 }
 
+// TestGIDGoneFailsLink: a link whose local address went (an interface's
+// address changed, and the RDMA port's GID with it) fails at once, not when
+// TEST_LINK (off here) or the transport's retries give up: its connections
+// move to the group's other link, or continue over TCP with none left.
+func TestGIDGoneFailsLink(t *testing.T) {
+	newGID := [16]byte{0xfe, 0x80, 15: 0x99}
+	t.Run("two links", func(t *testing.T) {
+		p, c, s := twoLinkConn(t)
+		c.mu.Lock()
+		dev := c.lnk.dev.(*memverbs.Device)
+		c.mu.Unlock()
+		dev.ChangeGID(newGID)
+		eventually(t, "the link on the address that went failed", func() bool { return oneLink(p.cli) })
+		eventually(t, "the connection moved", func() bool { return p.cli.Stats().MovedConns == 1 })
+		c.mu.Lock()
+		left := c.lnk.dev
+		c.mu.Unlock()
+		if left == verbs.Device(dev) {
+			t.Fatal("the connection stayed on the link whose address went")
+		}
+		stream(t, c, s, 1<<20, 11)
+		stream(t, s, c, 1<<20, 12)
+		p.closeAll(t, [][2]*Conn{{c, s}})
+	})
+	t.Run("last link", func(t *testing.T) {
+		_, c, s, dev := singleLinkPair(t, func(cfg *Config) { cfg.TestLinkInterval = -1 })
+		dev.ChangeGID(newGID)
+		eventually(t, "the connection continued over TCP", func() bool {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			return c.fo
+		})
+		echoN(t, c, s, 1000)
+		echoN(t, s, c, 1000)
+	})
+}
+
 // echoN writes n bytes on w and reads them on r.
 func echoN(t *testing.T, w, r *Conn, n int) {
 	t.Helper()

@@ -372,6 +372,15 @@ type PortNotifier interface {
 	PortChanged() <-chan struct{}
 }
 
+// GIDHolder is implemented by devices whose addresses can go while links use
+// them (real RDMA: a port's GID table follows its interface's addresses, and a
+// queue pair keeps the GID it was made with). HasGID reports whether gid is
+// still one of the port's: a link whose GID went reaches its peer no more.
+// Changes come through PortNotifier.
+type GIDHolder interface {
+	HasGID(gid [16]byte) bool
+}
+
 // PortChanges is what a PortNotifier hands out: Next is PortChanged, and Notify
 // closes the channel of every waiter. The zero value is ready.
 type PortChanges struct {

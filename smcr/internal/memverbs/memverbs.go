@@ -32,7 +32,7 @@ type Device struct {
 	qps  map[uint32]*qp
 	next uint32
 	kind verbs.Kind
-	gid  [16]byte
+	gid  [16]byte // under mu (ChangeGID)
 	mac  [6]byte
 	shut bool
 	down atomic.Bool // SetPortUp(false)
@@ -62,7 +62,28 @@ func New(kind verbs.Kind) *Device {
 func (d *Device) Kind() verbs.Kind { return d.kind }
 func (d *Device) Name() string     { return d.name }
 func (d *Device) Port() verbs.PortAttr {
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	return verbs.PortAttr{GID: d.gid, MAC: d.mac, MTU: verbs.MTU4096, LinkUp: true, GIDType: "mem"}
+}
+
+// ChangeGID gives the device a new address, as a change of an interface's
+// address gives its RDMA port a new GID: queue pairs made from now on carry
+// it, those made before keep theirs, which is gone (verbs.GIDHolder; the
+// queue pairs still work, unlike real RDMA's), and watchers of PortChanged
+// hear of it.
+func (d *Device) ChangeGID(gid [16]byte) {
+	d.mu.Lock()
+	d.gid = gid
+	d.mu.Unlock()
+	d.changes.Notify()
+}
+
+// HasGID reports whether gid is the device's address now (verbs.GIDHolder).
+func (d *Device) HasGID(gid [16]byte) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return gid == d.gid
 }
 func (d *Device) Endpoint() []byte { return []byte(d.name) }
 
@@ -215,7 +236,7 @@ func (p *pd) CreateQP(cfg verbs.QPConfig) (verbs.QP, error) {
 	if p.d.shut {
 		return nil, verbs.ErrClosed
 	}
-	q := &qp{d: p.d, pd: p, qpn: p.d.id() & 0xffffff, scq: cfg.SendCQ.(*cq), rcq: cfg.RecvCQ.(*cq), state: verbs.QPInit}
+	q := &qp{d: p.d, pd: p, qpn: p.d.id() & 0xffffff, gid: p.d.gid, scq: cfg.SendCQ.(*cq), rcq: cfg.RecvCQ.(*cq), state: verbs.QPInit}
 	q.psn = q.qpn * 7 & 0xffffff
 	p.d.qps[q.qpn] = q
 	p.qps++
@@ -355,6 +376,7 @@ type qp struct {
 	pd       *pd
 	closed   bool // under d.mu
 	qpn, psn uint32
+	gid      [16]byte // the device's when the QP was made
 	scq, rcq *cq
 	mu       sync.Mutex
 	state    verbs.QPState
@@ -364,7 +386,7 @@ type qp struct {
 }
 
 func (q *qp) Attr() verbs.QPAttr {
-	return verbs.QPAttr{QPN: q.qpn, PSN: q.psn, GID: q.d.gid, MAC: q.d.mac, MTU: verbs.MTU4096, Endpoint: q.d.Endpoint()}
+	return verbs.QPAttr{QPN: q.qpn, PSN: q.psn, GID: q.gid, MAC: q.d.mac, MTU: verbs.MTU4096, Endpoint: q.d.Endpoint()}
 }
 
 func (q *qp) Connect(ctx context.Context, remote verbs.QPAttr) error {

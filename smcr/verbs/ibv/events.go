@@ -158,6 +158,7 @@ func (d *device) event(ev *C.struct_smcr_async) {
 			return
 		}
 		d.reselect()
+		d.changes.Notify() // links on a GID that went fail (verbs.GIDHolder)
 	case C.IBV_EVENT_DEVICE_FATAL:
 		d.fatal.Store(true)
 		d.log.Error("ibv: device failed; its links fail over or continue over TCP", "device", d.name)

@@ -24,6 +24,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -62,9 +63,10 @@ type device struct {
 	selector string
 	cfg      Config
 	log      *slog.Logger
-	events   *asyncEvents      // nil if they could not be watched
-	changes  verbs.PortChanges // closed on port events (PortChanged)
-	fatal    atomic.Bool       // IBV_EVENT_DEVICE_FATAL came
+	events   *asyncEvents               // nil if they could not be watched
+	changes  verbs.PortChanges          // closed on port events (PortChanged)
+	gids     atomic.Pointer[[][16]byte] // the port's GIDs as last read (HasGID)
+	fatal    atomic.Bool                // IBV_EVENT_DEVICE_FATAL came
 
 	mu     sync.Mutex
 	closed bool
@@ -182,6 +184,7 @@ func open(cfg Config) (*device, error) {
 		return nil, err
 	}
 	d.src.Store(src)
+	d.keepGIDs(info)
 	if err := d.watchEvents(); err != nil {
 		log.Warn("ibv: port events unwatched; port changes are seen by polling only", "device", d.name, "err", err)
 	}
@@ -302,8 +305,8 @@ func (d *device) sourceAt(info *PortInfo, index int) (*source, error) {
 // a new link by the GID its Proposal and queue pair name, and an address that
 // went takes its GID along. The source stays while it is among the best, so a
 // second address does not move it; queue pairs made before keep theirs (a
-// link whose GID went fails once the transport gives up on it, and the engine
-// moves its connections).
+// link whose GID went is failed by the engine, which moves its connections:
+// PortChanged tells it, HasGID says which).
 func (d *device) reselect() {
 	old := d.src.Load()
 	ports, err := queryPorts(d.ctx, d.name)
@@ -315,6 +318,7 @@ func (d *device) reselect() {
 	if info == nil {
 		return
 	}
+	d.keepGIDs(info)
 	index := old.index
 	if d.selector != "" {
 		t, err := resolveIn([]PortInfo{*info}, d.selector)
@@ -343,6 +347,24 @@ func (d *device) reselect() {
 		"gid_index", nw.index, "gid", net.IP(nw.attr.GID[:]).String(),
 		"was_index", old.index, "was", net.IP(old.attr.GID[:]).String())
 }
+
+// keepGIDs remembers the port's GIDs, for HasGID.
+func (d *device) keepGIDs(info *PortInfo) {
+	gids := make([][16]byte, len(info.GIDs))
+	for i, g := range info.GIDs {
+		gids[i] = g.GID
+	}
+	d.gids.Store(&gids)
+}
+
+// HasGID reports whether gid was among the port's GIDs when the table was last
+// read: at Open and at each IBV_EVENT_GID_CHANGE (verbs.GIDHolder).
+func (d *device) HasGID(gid [16]byte) bool {
+	gids := d.gids.Load()
+	return gids == nil || slices.Contains(*gids, gid)
+}
+
+var _ verbs.GIDHolder = (*device)(nil)
 
 // portOf returns the port of ports that is port number port of device dev, nil
 // if none is.

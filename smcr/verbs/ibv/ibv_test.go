@@ -511,7 +511,8 @@ func secondInterface(t *testing.T, what string) string {
 // as a fresh Open does, and a queue pair made then connects and carries a SEND.
 // A second address alone does not move it. Before, the device kept the GID
 // entry it had at Open, which went with the address: new links failed until
-// smcrd restarted.
+// smcrd restarted. HasGID follows the table, and PortChanged tells the engine,
+// which fails the links on the address that went.
 func TestGIDChange(t *testing.T) {
 	ifc := secondInterface(t, "readdress")
 	link, err := netlink.LinkByName(ifc)
@@ -537,6 +538,10 @@ func TestGIDChange(t *testing.T) {
 	if got := d.Port().GID; got != gidOf(old.IP) {
 		t.Fatalf("source GID %v at Open, want %v's", net.IP(got[:]), old.IP)
 	}
+	gh := d.(verbs.GIDHolder)
+	if !gh.HasGID(gidOf(old.IP)) || gh.HasGID(gidOf(nw.IP)) {
+		t.Fatalf("HasGID at Open: %v's %v, %v's %v", old.IP, gh.HasGID(gidOf(old.IP)), nw.IP, gh.HasGID(gidOf(nw.IP)))
+	}
 	if err := netlink.AddrAdd(link, &nw); err != nil {
 		t.Fatal(err)
 	}
@@ -548,6 +553,10 @@ func TestGIDChange(t *testing.T) {
 	if got := d.Port().GID; got != gidOf(old.IP) {
 		t.Fatalf("source GID %v after a second address came, want %v's still", net.IP(got[:]), old.IP)
 	}
+	if !gh.HasGID(gidOf(old.IP)) || !gh.HasGID(gidOf(nw.IP)) {
+		t.Fatalf("HasGID with both addresses: %v's %v, %v's %v", old.IP, gh.HasGID(gidOf(old.IP)), nw.IP, gh.HasGID(gidOf(nw.IP)))
+	}
+	changed := d.(verbs.PortNotifier).PortChanged()
 	if err := netlink.AddrDel(link, &old); err != nil {
 		t.Fatal(err)
 	}
@@ -556,6 +565,15 @@ func TestGIDChange(t *testing.T) {
 			got := d.Port().GID
 			t.Fatalf("source GID %v 10 s after %v went, want %v's", net.IP(got[:]), old.IP, nw.IP)
 		}
+	}
+	// The engine hears of it, and fails the links on the address that went.
+	select {
+	case <-changed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no PortChanged for the GID change")
+	}
+	if gh.HasGID(gidOf(old.IP)) || !gh.HasGID(gidOf(nw.IP)) {
+		t.Fatalf("HasGID after %v went: its %v, %v's %v", old.IP, gh.HasGID(gidOf(old.IP)), nw.IP, gh.HasGID(gidOf(nw.IP)))
 	}
 	fresh, err := Open(Config{Interface: ifc, GIDIndex: -1})
 	if err != nil {
