@@ -270,7 +270,7 @@ func (c *Conn) queueReleaseIfDueLocked() {
 }
 
 // awaitPostersLocked waits until no Write is between taking space in the send
-// buffer and counting it in txProd (txBusy: its copy and its WRITEs) and, with
+// buffer and posting the chunk (txBusy: its copy, count, WRITEs and CDC) and, with
 // move, until the connection has moved to another link (moving: moveTo resends
 // from the send buffer). The caller holds c.mu, which is released while waiting.
 func (c *Conn) awaitPostersLocked(move bool) {

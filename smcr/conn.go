@@ -203,7 +203,7 @@ type Conn struct {
 	ctlPending   ctlBits
 	err          error // terminal error for Read and Write
 	lnkErr       bool  // the link group is gone: nothing more can be sent
-	txBusy       bool  // a Write is between taking space and counting it in txProd
+	txBusy       bool  // a Write is between taking space and posting the chunk (sendChunk)
 	rxBusy       bool  // a Read is copying out of the RMB
 	smcx         bool  // the peer speaks our extensions (continuation over TCP)
 	fo           bool  // continuation over TCP started: cursors frozen

@@ -311,9 +311,9 @@ func (c *Conn) resync() error {
 	// application to make room, as TCP's send buffer would: its bytes were
 	// written already, whatever deadline the application sets now.
 	c.tcp.SetWriteDeadline(noDeadline)
-	// A Write may have posted a chunk it has not counted yet: wait for it, so the
-	// resend covers every byte the writer will report as written. Writers start no
-	// new chunk once the continuation began, and a posted chunk is counted at once.
+	// A Write may be posting a chunk: wait for it, so the resend covers every
+	// byte the writer will report as written. Writers start no new chunk once
+	// the continuation began, and a chunk is counted before it is posted.
 	c.mu.Lock()
 	c.awaitPostersLocked(false)
 	from, to, cons, urgEnd := peer.r.received, c.txProd, c.txCons, c.txUrgentEnd

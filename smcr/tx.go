@@ -100,7 +100,7 @@ func (c *Conn) smcWrite(p []byte, urgent bool) (int, error) {
 		}
 		n := min(uint64(len(p)-total), free)
 		off := c.txProd % c.peerSize
-		c.txBusy = true // a continuation must wait until txProd counts this chunk
+		c.txBusy = true // a Close, move or continuation waits until this chunk is posted
 		lnk := c.lnk
 		c.mu.Unlock()
 		if h := testHookCopy.Load(); h != nil {
