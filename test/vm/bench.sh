@@ -65,6 +65,9 @@ for r in \$(seq $rounds); do
 	gobench GOMAXPROCS=2 '^Benchmark(Write|SendPingPong|WritePingPong)\$/^(spin|wait)'
 	gobench GOMAXPROCS=1 '^BenchmarkWrite\$'
 	gobench GOMAXPROCS=1 '^Benchmark(SendPingPong|WritePingPong)\$/^proc-'
+	# What one library call costs beyond perftest's: a poll of an empty CQ.
+	SMCR_IBV_INTERFACE=dummy0 SMCR_IBV_REQUIRE=1 $bin/ibv.test -test.run '^\$' \
+		-test.bench '^BenchmarkPollEmpty\$' -test.benchtime 200000x | grep '^Benchmark'
 	echo "== round \$r: engine"
 	# 64 B request/response between two smcr engines over rxe0, beside TCP
 	# between the same addresses (test/vm/engine/bench_test.go).

@@ -8,7 +8,9 @@
 # ib_send_lat -e, which sleeps on CQ events too, and the "-inline" ping-pongs with
 # ib_send_lat -I and ib_write_lat -I. A benchmark name ends in -N when it
 # ran with GOMAXPROCS=N > 1; "proc-" ones ran the responder in a child process.
-# The last row is two engines' 64 B round trip over rxe beside TCP's (p50, µs).
+# The last rows are what a poll of an empty CQ costs (ns: one cgo crossing and
+# the provider's bookkeeping), and two engines' 64 B round trip over rxe beside
+# TCP's (p50, µs).
 #
 #	test/vm/benchsum.sh [bench.sh output...]
 set -euo pipefail
@@ -26,6 +28,10 @@ function add(key, v) { vals[key] = vals[key] " " v; if (!(key in seen)) { seen[k
 /BW average/ { col = 4; next }
 /t_typical/ { col = 5; next }
 tool != "" && col && $1 ~ /^[0-9]+$/ && $2 ~ /^[0-9]+$/ { add(tool, $col); tool = ""; col = 0; next }
+/^BenchmarkPollEmpty/ {
+	for (i = 2; i < NF; i++) if ($(i+1) == "ns/poll") add("poll", $i)
+	next
+}
 /^BenchmarkRoundTrip/ {
 	for (i = 2; i < NF; i++) if ($(i+1) == "us-p50-smcr") add("engine smcr", $i); else if ($(i+1) == "us-p50-tcp") add("engine tcp", $i)
 	next
@@ -52,6 +58,8 @@ END {
 		m = med(vals[key]); r = med(vals[rk])
 		printf "%-38s %10s  %-24s %10s %7s  %s |%s\n", key, m, rk, r, (r + 0 > 0 ? sprintf("%.2f", m / r) : "-"), vals[key], vals[rk]
 	}
+	if ("poll" in vals)
+		printf "%-38s %10s  %-24s %10s %7s  %s\n", "empty poll, ns (one cgo crossing)", med(vals["poll"]), "-", "-", "-", vals["poll"]
 	if ("engine smcr" in vals) {
 		m = med(vals["engine smcr"]); r = med(vals["engine tcp"])
 		printf "%-38s %10s  %-24s %10s %7s  %s |%s\n", "engine 64 B p50 (BenchmarkRoundTrip)", m, "TCP in the guest", r,
