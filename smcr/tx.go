@@ -158,11 +158,15 @@ func (c *Conn) sendChunk(lnk *link, off, first, n uint64, urgent, more bool) err
 	prod := c.txProd
 	c.mu.Unlock()
 	w := [2]span{{off, first}, {0, n - first}}
+	ws := w[:1]
+	if first < n { // the chunk wraps the ring: its rest from the start
+		ws = w[:2]
+	}
 	cdc := &m
 	if !ok {
 		cdc = nil // the WRITEs go alone: cdcErr says why
 	}
-	if err := lnk.postData(c, w[:1+min(1, int(n-first))], cdc, prod); err != nil {
+	if err := lnk.postData(c, ws, cdc, prod); err != nil {
 		return err
 	}
 	return cdcErr

@@ -189,9 +189,9 @@ type SendWR struct {
 // MaxChain bounds the requests of one chain (SendWR.Next).
 const MaxChain = 8
 
-// ChainLen counts the requests chained from wr, stopping past MaxChain (a
+// chainLen counts the requests chained from wr, stopping past MaxChain (a
 // longer chain, or a loop, is refused whole).
-func ChainLen(wr *SendWR) int {
+func chainLen(wr *SendWR) int {
 	n := 0
 	for ; wr != nil && n <= MaxChain; wr = wr.Next {
 		n++
@@ -202,7 +202,7 @@ func ChainLen(wr *SendWR) int {
 // CheckChain refuses a nil request and a chain longer than MaxChain: PostSend
 // posts nothing of either.
 func CheckChain(wr *SendWR) error {
-	switch n := ChainLen(wr); {
+	switch n := chainLen(wr); {
 	case n == 0:
 		return fmt.Errorf("%w: no work request", ErrInvalid)
 	case n > MaxChain:

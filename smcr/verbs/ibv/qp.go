@@ -140,8 +140,12 @@ import (
 // maxSGE bounds the scatter/gather list of one work request.
 const maxSGE = C.SMCR_MAX_SGE
 
-// maxChain is verbs.MaxChain, the requests one post carries.
+// maxChain is verbs.MaxChain, the requests one post carries: PostSend fills
+// that many C requests at most, after verbs.CheckChain.
 const maxChain = C.SMCR_MAX_CHAIN
+
+// The build fails unless the C array holds exactly verbs.MaxChain requests.
+var _ = [1]struct{}{}[maxChain-verbs.MaxChain]
 
 // drainTimeout bounds how long Close waits for the flush of its marker requests.
 const drainTimeout = time.Second
