@@ -698,12 +698,6 @@ func (l *link) sendLLC(m llc.Message) error {
 // span is a part of the send buffer, and of the peer's RMBE.
 type span struct{ off, n uint64 }
 
-// postWrite RDMA-WRITEs n bytes at off of c's send buffer to the same offset of the
-// peer's RMBE.
-func (l *link) postWrite(c *Conn, off, n int) error {
-	return l.postData(c, []span{{uint64(off), uint64(n)}}, nil, 0)
-}
-
 // postData posts, as one chain, the WRITEs of c's spans ws and, when m is not
 // nil, c's CDC m announcing prod behind them: RC executes the chain in order, so
 // the peer holds the bytes when it takes the CDC, and one post is one doorbell

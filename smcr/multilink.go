@@ -738,7 +738,7 @@ func (lg *linkGroup) linkFailed(l *link, err error, notify bool) {
 }
 
 // settleWrites completes c's WRITEs still counted on l, whose poller is gone:
-// they complete never (postWrite's failure path knows they may be taken).
+// they complete never (postData's failure path knows they may be taken).
 func (c *Conn) settleWrites(l *link) {
 	for n := c.wrOutOn[l.ix].Swap(0); n > 0; n-- {
 		c.writeDone()
@@ -760,6 +760,29 @@ func (c *Conn) awaitResend(nw *link) {
 		}
 		time.Sleep(50 * time.Microsecond)
 	}
+}
+
+// resendValidate posts, as one chain on nw, the WRITEs of [from, to) of the send
+// buffer (at most the ring's size, so two spans at most) and the failover
+// validation behind them: one post where a post per request cost a system call
+// each on rxe, for every connection a failover moves. The caller holds cdcMu.
+func (c *Conn) resendValidate(nw *link, from, to uint64) error {
+	c.mu.Lock()
+	m, ok, err := c.nextCDCLocked(rmb.FlagFailoverValidation, cdcState)
+	prod := c.txProd
+	c.mu.Unlock()
+	if !ok {
+		return err
+	}
+	var w [2]span
+	ws := w[:0]
+	for from < to {
+		off := from % c.peerSize
+		n := min(to-from, c.peerSize-off)
+		ws = append(ws, span{off, n})
+		from += n
+	}
+	return nw.postData(c, ws, &m, prod)
 }
 
 // fenceMovedFrom runs in l's poller when the peer validates c on l: the peer
@@ -848,16 +871,7 @@ func (c *Conn) moveTo(old, nw *link) {
 		(*h)(c, false)
 	}
 	resent := to - from
-	var err error
-	for from < to && err == nil {
-		off := from % c.peerSize
-		n := min(to-from, c.peerSize-off)
-		err = nw.postWrite(c, int(off), int(n))
-		from += n
-	}
-	if err == nil {
-		err = c.sendCDCHeld(rmb.FlagFailoverValidation, cdcState)
-	}
+	err := c.resendValidate(nw, from, to)
 	if err == nil {
 		err = c.sendCDCHeld(0, cdcState) // the cursors: the peer takes none from a validation
 	}

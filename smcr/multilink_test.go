@@ -649,6 +649,53 @@ func TestChainFailsPartWay(t *testing.T) {
 	}
 }
 
+// TestMoveChainFailsPartWay: a move posts its resend's WRITE and the failover
+// validation as one chain on the surviving link. When that chain fails after
+// the WRITE, the surviving link fails too, and the connection, with no link
+// left, continues over TCP: the peer reads every byte once, and the WRITE that
+// went is accounted for.
+func TestMoveChainFailsPartWay(t *testing.T) {
+	p, c, s := twoLinkConn(t)
+	c.mu.Lock()
+	old := c.lnk.dev.(*memverbs.Device)
+	c.mu.Unlock()
+	var nw *memverbs.Device
+	for _, d := range p.cli.cfg.Devices {
+		if d != verbs.Device(old) {
+			nw = d.(*memverbs.Device)
+		}
+	}
+	// What c sends on old is lost with no completion, so its last CDC is not
+	// known to have arrived and the move resends its bytes.
+	old.SetCarry(false)
+	msg := randomBytes(21, 3000)
+	if _, err := c.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	c.mu.Lock()
+	resend := c.txProd - max(c.txCons, c.txAcked.Load())
+	c.mu.Unlock()
+	if resend != uint64(len(msg)) {
+		t.Fatalf("%d bytes to resend, want %d", resend, len(msg))
+	}
+	nw.FailChainAt(1) // WRITE | validation
+	old.Fail()
+	eventually(t, "the connection continued over TCP", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.fo
+	})
+	eventually(t, "the posted WRITE accounted for", func() bool { return c.wrOut.Load() == 0 })
+	got := make([]byte, len(msg))
+	s.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(s, got); err != nil || !bytes.Equal(got, msg) {
+		t.Fatalf("the peer read %q..., %v; want the bytes written before the move", got[:16], err)
+	}
+	stream(t, c, s, 1<<20, 22)
+	stream(t, s, c, 1<<20, 23)
+	p.closeAll(t, [][2]*Conn{{c, s}})
+}
+
 // TestCloseDuringMove: a connection closed while it moves to the surviving link
 // keeps its send buffer until the resend from it is posted, and sends its
 // closing CDC after the resent bytes (after it, the peer may let its RMB go).
