@@ -14,6 +14,9 @@
 # ping-pongs in its own process, which is perftest's shape.
 #
 #	test/vm/bench.sh [iterations [rounds]]    (from anywhere; default 2000 3)
+#
+# The guest runs under TCG unless SMCR_VM_ACCEL=kvm (run.sh), which the output
+# names before the figures: figures under TCG and KVM do not compare.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -75,6 +78,7 @@ for r in \$(seq $rounds); do
 		-test.bench '^BenchmarkRoundTrip\$' -test.benchtime ${iters}x | grep '^Benchmark'
 done
 GUEST
+echo "bench.sh: the guest runs under ${SMCR_VM_ACCEL:-tcg}"
 set +e
 "$here/run.sh" -t 590 -- bash "$bin/guest.sh" | tee "$bin/out"
 rc=${PIPESTATUS[0]}

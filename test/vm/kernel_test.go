@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // aptStubs are stand-ins for the tools kernel.sh calls, over lists that name
@@ -106,4 +108,32 @@ func TestRunWithDynamicBusybox(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "did not run the command") || !strings.Contains(string(res.Output), "install busybox-static") {
 		t.Fatalf("Run: exit %d, err %v, want a refusal naming busybox-static\n%s", res.ExitCode, err, res.Output)
 	}
+}
+
+// TestRunAccel: SMCR_VM_ACCEL picks qemu's accelerator. Anything but tcg or
+// kvm is refused before the VM starts, and so is kvm on a host without a
+// /dev/kvm we may use (these machines); where there is one, the guest runs
+// under KVM.
+func TestRunAccel(t *testing.T) {
+	requireVM(t)
+	t.Run("unknown", func(t *testing.T) {
+		t.Setenv("SMCR_VM_ACCEL", "hvf")
+		res, err := Run(context.Background(), Options{Args: []string{"true"}})
+		if err == nil || !strings.Contains(string(res.Output), "want tcg or kvm") {
+			t.Fatalf("Run: exit %d, err %v, want a refusal naming tcg and kvm\n%s", res.ExitCode, err, res.Output)
+		}
+	})
+	t.Run("kvm", func(t *testing.T) {
+		t.Setenv("SMCR_VM_ACCEL", "kvm")
+		res, err := Run(context.Background(), Options{Args: []string{"true"}})
+		if unix.Access("/dev/kvm", unix.R_OK|unix.W_OK) == nil {
+			if err != nil || res.ExitCode != 0 {
+				t.Fatalf("under KVM: exit %d, err %v\n%s", res.ExitCode, err, res.Output)
+			}
+			return
+		}
+		if err == nil || !strings.Contains(string(res.Output), "/dev/kvm") {
+			t.Fatalf("Run without /dev/kvm: exit %d, err %v, want a refusal naming /dev/kvm\n%s", res.ExitCode, err, res.Output)
+		}
+	})
 }

@@ -28,6 +28,21 @@ while [ $# -gt 0 ]; do
 done
 [ $# -gt 0 ] || { echo "usage: $0 [-t timeout_s] [-m mem_mb] [-e VAR=value]... -- command [arg...]" >&2; exit 2; }
 
+# The accelerator: TCG by default, the only one these machines have (no
+# /dev/kvm). SMCR_VM_ACCEL=kvm runs the guest under KVM where the host has it,
+# at the CPU's own speed: under TCG a cgo call costs ~25 times what it does on
+# the host, which sets the ibv benchmarks' gap to perftest (docs/benchmarks.md).
+accel=${SMCR_VM_ACCEL:-tcg}
+case $accel in
+tcg) ;;
+kvm)
+	if [ ! -r /dev/kvm ] || [ ! -w /dev/kvm ]; then
+		echo "vm: SMCR_VM_ACCEL=kvm, but /dev/kvm is not there or not ours to use" >&2
+		exit 125
+	fi ;;
+*) echo "vm: SMCR_VM_ACCEL=$accel: want tcg or kvm" >&2; exit 125 ;;
+esac
+
 for tool in qemu-system-x86_64 busybox cpio depmod modprobe apt-get dpkg-deb; do
 	command -v $tool >/dev/null || { echo "vm: $tool not found: run scripts/deps.sh (needs qemu-system-x86 busybox-static kmod cpio)" >&2; exit 125; }
 done
@@ -86,14 +101,14 @@ if [ ${#keep[@]} -gt 0 ]; then
 	keep_arg="smcr_keep=$keep_arg"
 fi
 
-# TCG is the only accelerator here (no KVM); -cpu max gives the guest PCLMUL for
-# crc32_pclmul. TCG's TSC is the host's, one clock for all vCPUs, but the guest
-# calls it unsynchronized and falls back to hpet, whose reads trap into qemu
-# (2-4 us per clock_gettime): tsc=reliable keeps the vDSO's cheap reads, which
-# the latency benchmarks rely on.
+# -cpu max gives the guest PCLMUL for crc32_pclmul (under KVM: the host's
+# CPU). TCG's TSC is the host's, one clock for all vCPUs, but the guest calls
+# it unsynchronized and falls back to hpet, whose reads trap into qemu (2-4 us
+# per clock_gettime): tsc=reliable keeps the vDSO's cheap reads, which the
+# latency benchmarks rely on.
 trap - ERR
 set +e
-timeout --kill-after=10 "$timeout_s" qemu-system-x86_64 -accel tcg -cpu max -smp 2 -m "$mem" \
+timeout --kill-after=10 "$timeout_s" qemu-system-x86_64 -accel "$accel" -cpu max -smp 2 -m "$mem" \
 	-nodefaults -display none -serial stdio -no-reboot \
 	-kernel "$kroot/boot/vmlinuz-$release" -initrd "$job/initramfs.gz" \
 	-append "console=ttyS0 quiet loglevel=3 panic=-1 tsc=reliable clocksource=tsc smcr_job=$job smcr_modules=$kroot/lib/modules $keep_arg" \
