@@ -19,8 +19,18 @@ import (
 
 // TestMain runs benchmarks in a network namespace of the process's own, host A
 // of their pairs: a client dials from a plain goroutine, as an application does
-// (nstest.BenchMain).
-func TestMain(m *testing.M) { os.Exit(nstest.BenchMain(m)) }
+// (nstest.BenchMain). A run that passed fails if goroutines of this module
+// outlive it.
+func TestMain(m *testing.M) {
+	code := nstest.BenchMain(m)
+	if code == 0 {
+		if left := leakedGoroutines(5 * time.Second); left != "" {
+			fmt.Fprintf(os.Stderr, "goroutines of this module outlived the tests:\n\n%s\n", left)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
 
 // nsSetup is an engine in each of two namespaces, the server's listener in B.
 type nsSetup struct {
@@ -88,6 +98,18 @@ func newNSSetup(b testing.TB, kind string) *nsSetup {
 	return s
 }
 
+// connPair dials from the client's engine and accepts on the server's
+// listener: both ends of one SMC-R connection, closed when b ends.
+func (s *nsSetup) connPair(b testing.TB) (*Conn, *Conn) {
+	c := s.dial(b, s.cli)
+	sc, err := s.ln.AcceptSMC()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { c.Close(); sc.Close() })
+	return c, sc
+}
+
 func (s *nsSetup) dial(b testing.TB, e *Engine) *Conn {
 	var c *Conn
 	err := s.pair.A.Do(func() error {
@@ -117,11 +139,7 @@ func BenchmarkNamespaces(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				c := s.dial(b, s.cli)
-				sc, err := s.ln.AcceptSMC()
-				if err != nil {
-					b.Fatal(err)
-				}
+				c, sc := s.connPair(b)
 				buf := make([]byte, size)
 				b.SetBytes(total)
 				b.ResetTimer()
@@ -155,11 +173,7 @@ func BenchmarkNamespaces(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			c := s.dial(b, s.cli)
-			sc, err := s.ln.AcceptSMC()
-			if err != nil {
-				b.Fatal(err)
-			}
+			c, sc := s.connPair(b)
 			go io.Copy(sc, sc)
 			b.ResetTimer()
 			var rtts []time.Duration

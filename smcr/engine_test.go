@@ -142,6 +142,9 @@ func (p *pair) connect(t testing.TB) (*Conn, *Conn) {
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
+	// Closed before the engines (cleanups run last first): a connection left
+	// open outlives its engine over TCP, with whatever reads it (TestMain).
+	t.Cleanup(func() { c.Close(); r.c.Close() })
 	return c, r.c
 }
 

@@ -22,11 +22,19 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
+	// The caller owns the devices: they are closed after the engines.
+	var devs []verbs.Device
+	defer func() {
+		for _, d := range devs {
+			d.Close()
+		}
+	}()
 	newEngine := func() *smcr.Engine {
 		dev, err := shm.Open(shm.Config{Dir: dir})
 		if err != nil {
 			log.Fatal(err)
 		}
+		devs = append(devs, dev)
 		e, err := smcr.NewEngine(smcr.Config{Devices: []verbs.Device{dev}})
 		if err != nil {
 			log.Fatal(err)

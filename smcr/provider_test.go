@@ -184,11 +184,7 @@ func TestIdleCostsNoCPU(t *testing.T) {
 			s := newNSSetup(t, kind)
 			var pairs [][2]*Conn
 			for range 8 {
-				c := s.dial(t, s.cli)
-				sc, err := s.ln.AcceptSMC()
-				if err != nil {
-					t.Fatal(err)
-				}
+				c, sc := s.connPair(t)
 				mustSMC(t, c, sc)
 				pairs = append(pairs, [2]*Conn{c, sc})
 			}
@@ -200,10 +196,6 @@ func TestIdleCostsNoCPU(t *testing.T) {
 			used := idleCPU(t, window, base+spins, fmt.Sprintf("%d connections open", len(pairs)))
 			if used-base > spins {
 				t.Errorf("%v of CPU in an idle %v with connections open, %v without: something spins", used, window, base)
-			}
-			for _, p := range pairs {
-				p[0].Close()
-				p[1].Close()
 			}
 		})
 	}
