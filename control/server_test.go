@@ -21,6 +21,7 @@ import (
 	"github.com/smcr-io/smcr/config"
 	"github.com/smcr-io/smcr/control"
 	"github.com/smcr-io/smcr/control/controltest"
+	"github.com/smcr-io/smcr/internal/leakcheck"
 )
 
 func setup(t *testing.T) (*controltest.Fake, *control.Client, string) {
@@ -434,5 +435,5 @@ func TestMain(m *testing.M) {
 		os.Stdout.Write(append(b, '\n'))
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	os.Exit(leakcheck.Run(m))
 }

@@ -59,6 +59,7 @@ func relayEnds(t *testing.T, mode string) (app, appSide *net.TCPConn, peer, peer
 		peer, peerSide = nstest.TCPPair(t)
 	} else {
 		peer, peerSide = halfPipes()
+		t.Cleanup(func() { peer.Close(); peerSide.Close() }) // (TCPPair closes its own)
 	}
 	return app, appSide, peer, peerSide
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	drainio "github.com/smcr-io/smcr/internal/drain"
+	"github.com/smcr-io/smcr/internal/leakcheck"
 	"github.com/smcr-io/smcr/internal/nstest"
 	"github.com/smcr-io/smcr/smcr/verbs"
 	"github.com/smcr-io/smcr/smcr/verbs/shm"
@@ -21,16 +22,7 @@ import (
 // of their pairs: a client dials from a plain goroutine, as an application does
 // (nstest.BenchMain). A run that passed fails if goroutines of this module
 // outlive it.
-func TestMain(m *testing.M) {
-	code := nstest.BenchMain(m)
-	if code == 0 {
-		if left := leakedGoroutines(5 * time.Second); left != "" {
-			fmt.Fprintf(os.Stderr, "goroutines of this module outlived the tests:\n\n%s\n", left)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(leakcheck.After(nstest.BenchMain(m))) }
 
 // nsSetup is an engine in each of two namespaces, the server's listener in B.
 type nsSetup struct {

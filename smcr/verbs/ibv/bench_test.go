@@ -33,6 +33,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/smcr-io/smcr/internal/leakcheck"
 	"github.com/smcr-io/smcr/smcr/verbs"
 )
 
@@ -372,7 +373,7 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	os.Exit(leakcheck.Run(m))
 }
 
 // startPeer starts the child, connects to it and returns the initiator's side;
