@@ -13,7 +13,7 @@ import (
 )
 
 // Run runs m and returns its exit code, for os.Exit: 1 when its tests passed
-// but, 5 seconds after, goroutines of this module still run, whose stacks it
+// but, 10 seconds after, goroutines of this module still run, whose stacks it
 // prints.
 func Run(m *testing.M) int { return After(m.Run()) }
 
@@ -22,7 +22,7 @@ func After(code int) int {
 	if code != 0 {
 		return code
 	}
-	if left := Left(5 * time.Second); left != "" {
+	if left := Left(10 * time.Second); left != "" {
 		fmt.Fprintf(os.Stderr, "goroutines of this module outlived the tests:\n\n%s\n", left)
 		return 1
 	}
