@@ -698,6 +698,25 @@ func (l *link) sendLLC(m llc.Message) error {
 // span is a part of the send buffer, and of the peer's RMBE.
 type span struct{ off, n uint64 }
 
+// ringSpans returns where bytes [from, to) of our stream lie in the send
+// buffer, a ring of size that mirrors the peer's RMBE: in one span, in two
+// when they run past its end (the rest from its start), in none when from is
+// to (without a look at size, which a connection still in setup lacks).
+// to-from is at most size. w holds the spans.
+func ringSpans(w *[2]span, from, to, size uint64) []span {
+	n := to - from
+	if n == 0 {
+		return w[:0]
+	}
+	off := from % size
+	first := min(n, size-off)
+	w[0], w[1] = span{off, first}, span{0, n - first}
+	if first < n {
+		return w[:2]
+	}
+	return w[:1]
+}
+
 // postData posts, as one chain, the WRITEs of c's spans ws and, when m is not
 // nil, c's CDC m announcing prod behind them: RC executes the chain in order, so
 // the peer holds the bytes when it takes the CDC, and one post is one doorbell

@@ -763,8 +763,7 @@ func (c *Conn) awaitResend(nw *link) {
 }
 
 // resendValidate posts, as one chain on nw, the WRITEs of [from, to) of the send
-// buffer (at most the ring's size, so two spans at most) and the failover
-// validation behind them: one post where a post per request cost a system call
+// buffer (ringSpans) and the failover validation behind them: one post where a post per request cost a system call
 // each on rxe, for every connection a failover moves. The caller holds cdcMu.
 func (c *Conn) resendValidate(nw *link, from, to uint64) error {
 	c.mu.Lock()
@@ -775,14 +774,7 @@ func (c *Conn) resendValidate(nw *link, from, to uint64) error {
 		return err
 	}
 	var w [2]span
-	ws := w[:0]
-	for from < to {
-		off := from % c.peerSize
-		n := min(to-from, c.peerSize-off)
-		ws = append(ws, span{off, n})
-		from += n
-	}
-	return nw.postData(c, ws, &m, prod)
+	return nw.postData(c, ringSpans(&w, from, to, c.peerSize), &m, prod)
 }
 
 // fenceMovedFrom runs in l's poller when the peer validates c on l: the peer

@@ -345,16 +345,15 @@ func (c *Conn) resync() error {
 }
 
 // resend writes bytes [from, to) of our stream to the TCP connection from the
-// send buffer, which mirrors the peer's RMBE.
+// send buffer, which mirrors the peer's RMBE (the caller checked that the peer
+// consumed all before from, so they are in it). With nothing to resend it
+// touches no buffer: a connection continued during setup may have none.
 func (c *Conn) resend(from, to uint64) error {
-	for from < to {
-		buf := c.snd.Bytes()
-		off := from % c.peerSize
-		n := min(to-from, c.peerSize-off)
-		if _, err := c.tcp.Write(buf[off : off+n]); err != nil {
+	var w [2]span
+	for _, s := range ringSpans(&w, from, to, c.peerSize) {
+		if _, err := c.tcp.Write(c.snd.Bytes()[s.off : s.off+s.n]); err != nil {
 			return fmt.Errorf("resend: %w", err)
 		}
-		from += n
 	}
 	return nil
 }

@@ -99,7 +99,8 @@ func (c *Conn) smcWrite(p []byte, urgent bool) (int, error) {
 			continue
 		}
 		n := min(uint64(len(p)-total), free)
-		off := c.txProd % c.peerSize
+		var w [2]span
+		ws := ringSpans(&w, c.txProd, c.txProd+n, c.peerSize)
 		c.txBusy = true // a Close, move or continuation waits until this chunk is posted
 		lnk := c.lnk
 		c.mu.Unlock()
@@ -108,13 +109,12 @@ func (c *Conn) smcWrite(p []byte, urgent bool) (int, error) {
 		}
 
 		buf := c.snd.Bytes()
-		first := min(n, c.peerSize-off)
-		copy(buf[off:off+first], p[total:])
-		if first < n {
-			copy(buf[:n-first], p[total+int(first):])
+		k := total
+		for _, s := range ws {
+			k += copy(buf[s.off:s.off+s.n], p[k:])
 		}
 		last := total+int(n) == len(p)
-		err = c.sendChunk(lnk, off, first, n, urgent && last, !last)
+		err = c.sendChunk(lnk, ws, n, urgent && last, !last)
 		c.cdcMu.Unlock()
 		total += int(n)
 		c.cs.tx.Add(n)
@@ -132,15 +132,15 @@ func (c *Conn) smcWrite(p []byte, urgent bool) (int, error) {
 	return total, nil
 }
 
-// sendChunk counts n bytes of the send buffer at off (first of them there, the
-// rest from its start) in txProd and posts their WRITEs and the CDC that
+// sendChunk counts the n bytes of the send buffer in spans ws (ringSpans) in
+// txProd and posts their WRITEs and the CDC that
 // announces them as one chain (postData): RC executes it in order, so the peer
 // holds the bytes when it takes the CDC, and the whole goes in one post. The
 // caller holds cdcMu, so no other CDC of c's announces the bytes first, and
 // keeps txBusy until the post, so a Close, move or continuation finds the
 // chunk posted. urgent says the chunk ends with an urgent byte; more, that the
 // Write has more to send (the CDC says so when the ring is full).
-func (c *Conn) sendChunk(lnk *link, off, first, n uint64, urgent, more bool) error {
+func (c *Conn) sendChunk(lnk *link, ws []span, n uint64, urgent, more bool) error {
 	if h := testHookCursors.Load(); h != nil {
 		(*h)(c)
 	}
@@ -157,11 +157,6 @@ func (c *Conn) sendChunk(lnk *link, off, first, n uint64, urgent, more bool) err
 	m, ok, cdcErr := c.nextCDCLocked(flags, cdcCursors)
 	prod := c.txProd
 	c.mu.Unlock()
-	w := [2]span{{off, first}, {0, n - first}}
-	ws := w[:1]
-	if first < n { // the chunk wraps the ring: its rest from the start
-		ws = w[:2]
-	}
 	cdc := &m
 	if !ok {
 		cdc = nil // the WRITEs go alone: cdcErr says why
