@@ -196,15 +196,20 @@ func (c *Conn) queueCtlLocked(b ctlBits) {
 	}
 }
 
-// runCtl sends what queueCtlLocked asked for; it runs in the link worker.
-func (c *Conn) runCtl() {
+// runCtl sends what queueCtlLocked asked for; it runs in the worker of link l.
+func (c *Conn) runCtl(l *link) {
 	c.mu.Lock()
 	b := c.ctlPending
 	c.ctlPending = 0
 	c.mu.Unlock()
 	if b&ctlAbort != 0 {
 		c.mu.Lock()
-		c.awaitPostersLocked(true) // no WRITE after the abort: the peer drops its RMB
+		// No WRITE after the abort, whose peer drops its RMB: wait for a
+		// writer posting, and for a move to another link, but not for a move
+		// off l. That one waits for this worker to end (linkFailed: a wait
+		// here deadlocked both, TestCloseDuringMove hung in CI), and sends
+		// the abort again behind its resend (moveTo).
+		c.awaitPostersLocked(c.lnk != l)
 		c.localTerm, c.localAbort = true, true
 		c.mu.Unlock()
 		c.sendCDC(0)

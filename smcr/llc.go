@@ -797,7 +797,7 @@ func (l *link) work() {
 		case b := <-l.llcIn:
 			l.handleLLC(b[:])
 		case c := <-l.ctl:
-			c.runCtl()
+			c.runCtl(l)
 		case <-l.testDue:
 			go l.testLink()
 		}
