@@ -342,6 +342,8 @@ func (d *Daemon) LogState() {
 			"state", c.State, "tx_bytes", c.TxBytes, "rx_bytes", c.RxBytes}
 		if c.Mode == control.ModeTCP {
 			attrs = append(attrs, "reason", c.DeclineReason)
+		} else {
+			attrs = append(attrs, "tx_prod", c.TxProd, "tx_cons", c.TxCons, "rx_prod", c.RxProd, "rx_cons", c.RxCons)
 		}
 		log.Info("connection", attrs...)
 	}

@@ -93,6 +93,7 @@ type host struct {
 	t      testing.TB
 	ns     *nstest.NS
 	pair   *nstest.Pair // both hosts'; AddLink joins them by one more veth pair
+	other  *host        // the pair's other host
 	name   string
 	cgRel  string // relative to the cgroup2 mount
 	cgDir  string
@@ -146,6 +147,7 @@ func hosts(t testing.TB) (*host, *host) {
 		})
 		out[i] = h
 	}
+	out[0].other, out[1].other = out[1], out[0]
 	return out[0], out[1]
 }
 
@@ -352,12 +354,25 @@ type appResult struct {
 	Err          string
 }
 
+// stuckAfter is how long a client runs before the harness logs both smcrds'
+// connections and links: well before testapp's own 60 s timeout, so that a
+// connection that stopped moving shows its cursors while it is still open.
+const stuckAfter = 40 * time.Second
+
 // client runs the test application's client in the host and decodes its result.
 func (h *host) client(addr string, args ...string) (appResult, error) {
 	cmd := h.command(bins.testapp, append([]string{"-connect", addr}, args...)...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
+	logged := make(chan struct{})
+	watch := time.AfterFunc(stuckAfter, func() {
+		defer close(logged)
+		h.t.Logf("testapp on %s still running after %v:\n%s%s", h.name, stuckAfter, h.snapshot(), h.other.snapshot())
+	})
 	out, err := cmd.Output()
+	if !watch.Stop() {
+		<-logged // the test must not end while it logs
+	}
 	var r appResult
 	if jerr := json.Unmarshal(out, &r); jerr != nil {
 		return r, fmt.Errorf("testapp: %v: %s %s", err, out, stderr.String())
@@ -366,6 +381,35 @@ func (h *host) client(addr string, args ...string) (appResult, error) {
 		return r, fmt.Errorf("testapp: %v: %s (%s)", err, r.Err, stderr.String())
 	}
 	return r, nil
+}
+
+// snapshot is what smcrd on h says of its links and connections, cursors
+// included, for a log; it fails nothing.
+func (h *host) snapshot() string {
+	if h == nil || h.smcrd == nil {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var b strings.Builder
+	fmt.Fprintf(&b, "smcrd on %s:\n", h.name)
+	links, err := h.ctl.Links(ctx)
+	if err != nil {
+		fmt.Fprintf(&b, "  links: %v\n", err)
+	}
+	for _, l := range links {
+		fmt.Fprintf(&b, "  link %d/%d %s: tx %d B %d WR, rx %d B %d WR, errors %d\n", l.LinkGroup, l.Num, l.State,
+			l.TX.Bytes, l.TX.WorkRequests, l.RX.Bytes, l.RX.WorkRequests, l.Errors)
+	}
+	conns, err := h.ctl.Conns(ctx)
+	if err != nil {
+		fmt.Fprintf(&b, "  connections: %v\n", err)
+	}
+	for _, c := range conns {
+		fmt.Fprintf(&b, "  conn %d %s %s %s→%s: tx %d B (prod %v cons %v), rx %d B (prod %v cons %v)\n", c.ID, c.Mode, c.State,
+			c.Local, c.Remote, c.TxBytes, c.TxProd, c.TxCons, c.RxBytes, c.RxProd, c.RxCons)
+	}
+	return b.String()
 }
 
 func (h *host) stats() control.Stats {

@@ -141,13 +141,15 @@ func TestOperatorView(t *testing.T) {
 		}
 	}
 
-	// SIGUSR1: the link groups, links and connections go to the log.
+	// SIGUSR1: the link groups, links and connections (with their cursors) go
+	// to the log.
 	a.smcrd.Process.Signal(syscall.SIGUSR1)
 	for _, want := range []string{
 		fmt.Sprintf(`msg="link group" id=1 role=client peer=%s peer_addr=%s provider=shm conns=1`, links[0].Peer, b.ns.Addr4()),
 		fmt.Sprintf(`msg=link group=1 num=1 state=active device=%s`, links[0].Device),
 		fmt.Sprintf(`tx_bytes=%d rx_bytes=%d`, n, n),
 		`msg=connection id=`,
+		fmt.Sprintf(`tx_prod=%v tx_cons=%v rx_prod=%v rx_cons=%v`, want, want, want, want),
 	} {
 		for i := 0; !strings.Contains(a.logText(), want); i++ {
 			if i == 100 {
