@@ -68,6 +68,12 @@ func testOptionAndSteering(t *testing.T, clsBPF bool) {
 			if got := addrPort(acc.LocalAddr()); got != dst {
 				t.Errorf("steered connection's local address = %v, want %v", got, dst)
 			}
+			// The handshake done, its mark is gone: it could only steer a
+			// later connection on the 4-tuple.
+			var at uint64
+			if err := lb.objs.SmcrSynmark.Lookup(tuple(dst, addrPort(c.LocalAddr())), &at); !errors.Is(err, ebpf.ErrKeyNotExist) {
+				t.Errorf("mark of the steered connection after its handshake: %v (want none)", err)
+			}
 			// Untagged: no option, straight to the application.
 			plain := dial(t, p.A, dst.String(), nil, nil)
 			if acceptWithin(t, app, time.Second) == nil {
@@ -486,5 +492,36 @@ func TestOptionSYNACKRetransmitted(t *testing.T) {
 	want := SeenSentSYNOption | SeenPeerEchoed | SeenPeerSMCX
 	if err != nil || s&want != want {
 		t.Errorf("client Seen = %#x, %v; want the option sent and echoed with SMCX", s, err)
+	}
+}
+
+// TestSteeredBehindSyncookies: a listener answering with a syncookie keeps no
+// state for the SYN, so sk_lookup meets the mark again on the handshake's last
+// ACK (MARK_TTL_NS covers it); the connection reaches smcrd's steering
+// listener, and its mark goes with the handshake.
+func TestSteeredBehindSyncookies(t *testing.T) {
+	p, la, lb, app, steer4 := newSteering4(t)
+	must(t, p.B.Do(func() error { // 2: a cookie for every SYN
+		return os.WriteFile("/proc/sys/net/ipv4/tcp_syncookies", []byte("2"), 0o644)
+	}))
+	st0, err := lb.Stats()
+	must(t, err)
+	dst := netip.AddrPortFrom(p.B.Addr4(), portSteered)
+	c := dial(t, p.A, dst.String(), la, &Tag{SMCOption: true})
+	if acceptWithin(t, steer4, time.Second) == nil {
+		t.Fatal("SYN with the SMC option, answered with a cookie, did not reach the steering listener")
+	}
+	if acceptWithin(t, app, 100*time.Millisecond) != nil {
+		t.Error("the application accepted a connection too")
+	}
+	st, err := lb.Stats()
+	must(t, err)
+	// The SYN and the last ACK each went through sk_lookup.
+	if got := st["steered"] - st0["steered"]; got != 2 {
+		t.Errorf("steered %d times, want 2 (the SYN, the ACK with the cookie)", got)
+	}
+	var at uint64
+	if err := lb.objs.SmcrSynmark.Lookup(tuple(dst, addrPort(c.LocalAddr())), &at); !errors.Is(err, ebpf.ErrKeyNotExist) {
+		t.Errorf("mark after the handshake: %v (want none)", err)
 	}
 }

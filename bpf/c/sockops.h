@@ -227,8 +227,12 @@ static __always_inline void on_passive_established(struct bpf_sock_ops *skops)
 		return;
 	}
 	/* Steered to smcrd: only SYN-ACKs carry the option (nothing recorded,
-	 * smcr_seen). */
+	 * smcr_seen). The mark has done its work: from now on the connection's
+	 * segments find this socket before any sk_lookup. Left in the map, it
+	 * would steer a later connection on the 4-tuple whose SYN tc cannot
+	 * read to clear it (steer.h). */
 	set_cb_flags(skops, 0, BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
+	bpf_map_delete_elem(&smcr_synmark, &t);
 }
 
 /* A tracked connection closed: forget it, so a later connection reusing the

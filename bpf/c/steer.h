@@ -13,9 +13,10 @@
 
 /* How long a mark steers. sk_lookup meets it microseconds after tc wrote it, on
  * the SYN, or a round trip or a few retransmissions later, on the handshake's
- * last ACK when the listener answered with a syncookie. An older mark belongs
- * to a connection gone by, left where tc could not clear it (a SYN it does not
- * parse, such as IPv6 with extension headers). */
+ * last ACK when the listener answered with a syncookie. sockops deletes it once
+ * the handshake completes; an older mark belongs to a handshake that never did,
+ * left where tc could not clear it (a SYN it does not parse, such as IPv6 with
+ * more extension headers than it steps over). */
 #define MARK_TTL_NS (10ULL * 1000000000)
 
 struct optwalk {
