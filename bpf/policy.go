@@ -9,6 +9,10 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -349,8 +353,40 @@ func addrKey(a netip.Addr) smcrAddrKey {
 	return k
 }
 
+// monotonic is CLOCK_MONOTONIC as the programs read it (bpf_ktime_get_ns): the
+// host's. Inside a time namespace (a container restored by CRIU, say) this
+// process's clock runs at an offset from it, and deadlines written unadjusted
+// would be off by that much: liveness for days, or never.
 func monotonic() uint64 {
 	var ts unix.Timespec
 	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts) // cannot fail for this clock
-	return uint64(ts.Nano())
+	return uint64(ts.Nano() - monotonicOffset())
+}
+
+// monotonicOffset is this process's time namespace's CLOCK_MONOTONIC offset,
+// in nanoseconds: 0 outside one, or where the kernel has none.
+var monotonicOffset = sync.OnceValue(func() int64 {
+	b, err := os.ReadFile("/proc/self/timens_offsets")
+	if err != nil {
+		return 0
+	}
+	return parseMonotonicOffset(string(b))
+})
+
+// parseMonotonicOffset reads the monotonic line of timens_offsets
+// ("monotonic <seconds> <nanoseconds>"); 0 when there is none.
+func parseMonotonicOffset(s string) int64 {
+	for line := range strings.Lines(s) {
+		f := strings.Fields(line)
+		if len(f) != 3 || f[0] != "monotonic" {
+			continue
+		}
+		sec, err1 := strconv.ParseInt(f[1], 10, 64)
+		nsec, err2 := strconv.ParseInt(f[2], 10, 64)
+		if err1 != nil || err2 != nil {
+			return 0
+		}
+		return sec*1e9 + nsec
+	}
+	return 0
 }
