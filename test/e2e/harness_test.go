@@ -364,10 +364,13 @@ func (h *host) client(addr string, args ...string) (appResult, error) {
 	cmd := h.command(bins.testapp, append([]string{"-connect", addr}, args...)...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
+	// The test and the smcrds to ask are taken here: the test may stop or
+	// restart an smcrd while the client runs.
+	t, mine, other := h.t, h.snapshotter(), h.other.snapshotter()
 	logged := make(chan struct{})
 	watch := time.AfterFunc(stuckAfter, func() {
 		defer close(logged)
-		h.t.Logf("testapp on %s still running after %v:\n%s%s", h.name, stuckAfter, h.snapshot(), h.other.snapshot())
+		t.Logf("testapp on %s still running after %v:\n%s%s", h.name, stuckAfter, mine(), other())
 	})
 	out, err := cmd.Output()
 	if !watch.Stop() {
@@ -383,17 +386,23 @@ func (h *host) client(addr string, args ...string) (appResult, error) {
 	return r, nil
 }
 
-// snapshot is what smcrd on h says of its links and connections, cursors
-// included, for a log; it fails nothing.
-func (h *host) snapshot() string {
+// snapshotter returns what tells, when called, what smcrd on h says of its
+// links and connections, cursors included, for a log; it fails nothing, and
+// tells nothing when no smcrd runs on h now.
+func (h *host) snapshotter() func() string {
 	if h == nil || h.smcrd == nil {
-		return ""
+		return func() string { return "" }
 	}
+	name, ctl := h.name, h.ctl
+	return func() string { return snapshot(name, ctl) }
+}
+
+func snapshot(name string, ctl *control.Client) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	var b strings.Builder
-	fmt.Fprintf(&b, "smcrd on %s:\n", h.name)
-	links, err := h.ctl.Links(ctx)
+	fmt.Fprintf(&b, "smcrd on %s:\n", name)
+	links, err := ctl.Links(ctx)
 	if err != nil {
 		fmt.Fprintf(&b, "  links: %v\n", err)
 	}
@@ -401,7 +410,7 @@ func (h *host) snapshot() string {
 		fmt.Fprintf(&b, "  link %d/%d %s: tx %d B %d WR, rx %d B %d WR, errors %d\n", l.LinkGroup, l.Num, l.State,
 			l.TX.Bytes, l.TX.WorkRequests, l.RX.Bytes, l.RX.WorkRequests, l.Errors)
 	}
-	conns, err := h.ctl.Conns(ctx)
+	conns, err := ctl.Conns(ctx)
 	if err != nil {
 		fmt.Fprintf(&b, "  connections: %v\n", err)
 	}
