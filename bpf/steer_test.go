@@ -70,10 +70,7 @@ func testOptionAndSteering(t *testing.T, clsBPF bool) {
 			}
 			// The handshake done, its mark is gone: it could only steer a
 			// later connection on the 4-tuple.
-			var at uint64
-			if err := lb.objs.SmcrSynmark.Lookup(tuple(dst, addrPort(c.LocalAddr())), &at); !errors.Is(err, ebpf.ErrKeyNotExist) {
-				t.Errorf("mark of the steered connection after its handshake: %v (want none)", err)
-			}
+			noMark(t, lb, dst, addrPort(c.LocalAddr()))
 			// Untagged: no option, straight to the application.
 			plain := dial(t, p.A, dst.String(), nil, nil)
 			if acceptWithin(t, app, time.Second) == nil {
@@ -520,8 +517,15 @@ func TestSteeredBehindSyncookies(t *testing.T) {
 	if got := st["steered"] - st0["steered"]; got != 2 {
 		t.Errorf("steered %d times, want 2 (the SYN, the ACK with the cookie)", got)
 	}
+	noMark(t, lb, dst, addrPort(c.LocalAddr()))
+}
+
+// noMark fails unless lb's tc holds no SYN mark for the connection from src
+// to dst.
+func noMark(t *testing.T, lb *Loader, dst, src netip.AddrPort) {
+	t.Helper()
 	var at uint64
-	if err := lb.objs.SmcrSynmark.Lookup(tuple(dst, addrPort(c.LocalAddr())), &at); !errors.Is(err, ebpf.ErrKeyNotExist) {
-		t.Errorf("mark after the handshake: %v (want none)", err)
+	if err := lb.objs.SmcrSynmark.Lookup(tuple(dst, src), &at); !errors.Is(err, ebpf.ErrKeyNotExist) {
+		t.Errorf("SYN mark of %v → %v after its handshake: %v (want none)", src, dst, err)
 	}
 }
