@@ -71,7 +71,9 @@ func (l *Loader) Control(t Tag) func(network, address string, c syscall.RawConn)
 
 // RegisterSteering puts smcrd's steering listener in the SOCKMAP sk_lookup assigns
 // from: the IPv4 slot for an IPv4 listener, the IPv6 slot for an IPv6 one (which
-// also takes IPv4 when no IPv4 listener is registered and it is dual-stack). The
+// also takes IPv4 when no IPv4 listener is registered and it is dual-stack:
+// bound to the wildcard address; the kernel refuses to assign an IPv4 SYN to
+// one bound to ::1, whatever IPV6_V6ONLY says). The
 // listener must not be MPTCP (net.ListenConfig.SetMultipathTCP(false)). Closing
 // the listener removes it.
 func (l *Loader) RegisterSteering(ln syscall.Conn) error {

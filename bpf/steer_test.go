@@ -529,3 +529,47 @@ func noMark(t *testing.T, lb *Loader, dst, src netip.AddrPort) {
 		t.Errorf("SYN mark of %v → %v after its handshake: %v (want none)", src, dst, err)
 	}
 }
+
+// With no IPv4 steering listener, an IPv4 SYN goes to the IPv6 one, which
+// takes it when it is dual-stack. Only one bound to the wildcard address is:
+// bpf_sk_assign refuses (steer_failed) one bound to ::1, as smcrd's is, so
+// smcrd warns that IPv4 goes unsteered when it has no IPv4 steering listener.
+func TestSteeredToDualStackListener(t *testing.T) {
+	for _, tc := range []struct {
+		addr    string
+		steered bool
+	}{{"[::]:0", true}, {"[::1]:0", false}} {
+		t.Run(tc.addr, func(t *testing.T) {
+			p := nstest.NewPair(t)
+			cg := testCgroup(t)
+			la := loadIn(t, p.A, Options{CgroupPath: cg})
+			lb := loadIn(t, p.B, Options{CgroupPath: cg, Interfaces: []string{p.B.Links[0].Name}})
+			app := listen(t, p.B, fmt.Sprintf(":%d", portSteered), nil, nil)
+			steer6 := listen(t, p.B, tc.addr, lb, &Tag{SMCOption: true})
+			must(t, lb.RegisterSteering(steer6.(*net.TCPListener)))
+			must(t, lb.SetPorts([]PortRange{{portSteered, portSteered}}))
+			must(t, lb.SetAlive(time.Minute))
+			dst := netip.AddrPortFrom(p.B.Addr4(), portSteered)
+			dial(t, p.A, dst.String(), la, &Tag{SMCOption: true})
+			want, other := app, steer6
+			if tc.steered {
+				want, other = steer6, app
+			}
+			acc := acceptWithin(t, want, time.Second)
+			st, err := lb.Stats()
+			must(t, err)
+			if acc == nil {
+				t.Fatalf("IPv4 SYN with the SMC option: not accepted where expected (steered %v); stats %v", tc.steered, st)
+			}
+			if got := addrPort(acc.LocalAddr()); got.Addr().Unmap() != dst.Addr() || got.Port() != dst.Port() {
+				t.Errorf("accepted connection's local address = %v, want %v", got, dst)
+			}
+			if acceptWithin(t, other, 100*time.Millisecond) != nil {
+				t.Error("accepted on the other listener too")
+			}
+			if tc.steered && st["steered"] != 1 || !tc.steered && st["steer_failed"] != 1 {
+				t.Errorf("stats %v: want steered (or, for ::1, steer_failed) 1", st)
+			}
+		})
+	}
+}

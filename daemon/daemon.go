@@ -297,6 +297,10 @@ func (d *Daemon) listen() error {
 	if len(d.steering) == 0 {
 		return errors.New("daemon: no steering listener")
 	}
+	if len(d.steering) == 1 && d.steering[0].Addr().(*net.TCPAddr).AddrPort().Addr().Is6() {
+		// sk_lookup would try the IPv6 one, which refuses IPv4 (bound to ::1).
+		d.log.Warn("IPv4 connections from peers are not steered: no IPv4 steering listener; they reach the applications as plain TCP")
+	}
 	d.log.Info("listening", "redirect4", v4, "redirect6", v6)
 	return nil
 }
