@@ -297,9 +297,13 @@ func (d *Daemon) listen() error {
 	if len(d.steering) == 0 {
 		return errors.New("daemon: no steering listener")
 	}
-	if len(d.steering) == 1 && d.steering[0].Addr().(*net.TCPAddr).AddrPort().Addr().Is6() {
-		// sk_lookup would try the IPv6 one, which refuses IPv4 (bound to ::1).
-		d.log.Warn("IPv4 connections from peers are not steered: no IPv4 steering listener; they reach the applications as plain TCP")
+	// Neither program can use an IPv6 listener for IPv4: connect4 rewrites to an
+	// IPv4 address, and sk_lookup's fallback to the IPv6 steering listener
+	// takes only a dual-stack one, which loopback's ::1 is not.
+	steer4 := d.steering[0].Addr().(*net.TCPAddr).AddrPort().Addr().Unmap().Is4()
+	if !v4.IsValid() || !steer4 {
+		d.log.Warn("IPv4 connections are not accelerated: no IPv4 listener on loopback (127.0.0.1); they go as plain TCP",
+			"applications_connects", v4.IsValid(), "peers_connects", steer4)
 	}
 	d.log.Info("listening", "redirect4", v4, "redirect6", v6)
 	return nil

@@ -447,6 +447,18 @@ func TestStatusAnswersOnceServing(t *testing.T) {
 	c.Close()
 }
 
+// TestNoIPv4Loopback: on a host whose loopback lost 127.0.0.1 smcrd still
+// serves and says that IPv4 connections are not accelerated (neither program
+// can send them to its IPv6 listeners, on ::1), and they go direct.
+func TestNoIPv4Loopback(t *testing.T) {
+	h := newTestHost(t)
+	if out, err := h.pair.A.Command("ip", "addr", "del", "127.0.0.1/8", "dev", "lo").CombinedOutput(); err != nil {
+		t.Fatalf("ip addr del: %v: %s", err, out)
+	}
+	s := h.goesDirect(t)
+	s.waitLog(t, "IPv4 connections are not accelerated")
+}
+
 // TestControlSocketFailureReleases: smcrd that cannot open its control socket
 // after it set up exits 1 and releases what it set up; its shm rendezvous
 // socket is not left behind. Before, each such start left one in the shm
@@ -477,6 +489,14 @@ func TestControlSocketFailureReleases(t *testing.T) {
 func TestNoDeviceGoesDirect(t *testing.T) {
 	h := newTestHost(t)
 	h.conf = []string{"providers = rdma"} // this test's smcrd is built without the ibv tag
+	s := h.goesDirect(t)
+	s.waitLog(t, "smcrd serving with no device")
+}
+
+// goesDirect starts smcrd in A and checks that an IPv4 connection from A to an
+// echo server in B works and that smcrd did not handle it. It returns smcrd.
+func (h *testHost) goesDirect(t *testing.T) *smcrd {
+	t.Helper()
 	ln, err := h.pair.B.Listen("tcp", ":5201")
 	if err != nil {
 		t.Fatal(err)
@@ -500,7 +520,7 @@ func TestNoDeviceGoesDirect(t *testing.T) {
 		t.Fatal(err)
 	}
 	if st.Connections.Handled != 0 {
-		t.Errorf("smcrd with no device handled %d connections, want 0 (direct)", st.Connections.Handled)
+		t.Errorf("smcrd handled %d connections, want 0 (direct)", st.Connections.Handled)
 	}
-	s.waitLog(t, "smcrd serving with no device")
+	return s
 }
