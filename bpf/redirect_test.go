@@ -2,6 +2,7 @@ package bpf
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -750,5 +751,58 @@ func TestRedirectMapped(t *testing.T) {
 	connectRaw(t, h.p.A, &unix.SockaddrInet6{Addr: mapped.As16(), Port: portListed})
 	if acceptWithin(t, h.server, time.Second) == nil {
 		t.Errorf("%s in the negative cache: the server accepted nothing", b4)
+	}
+}
+
+// An MPTCP socket connects through its first subflow, a TCP socket, which
+// connect4/6 redirect: the MPTCP socket still shows the server it dialled and
+// its own interface's address, IPv4-mapped ones on a dual-stack socket too.
+func TestRedirectMPTCP(t *testing.T) {
+	h := newClientHost(t)
+	b4, a4, b6, a6 := h.p.B.Addr4(), h.p.A.Addr4(), h.p.B.Addr6(), h.p.A.Addr6()
+	mapped := func(a netip.Addr) netip.Addr { return netip.AddrFrom16(a.As16()) }
+	for _, c := range []struct {
+		name         string
+		family       int
+		server, self netip.Addr // as the application's socket shows them
+		redir        net.Listener
+	}{
+		{"ipv4", unix.AF_INET, b4, a4, h.redir4},
+		{"ipv6", unix.AF_INET6, b6, a6, h.redir6},
+		{"mapped", unix.AF_INET6, mapped(b4), mapped(a4), h.redir4},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var peer, local unix.Sockaddr
+			must(t, h.p.A.Do(func() error {
+				fd, err := unix.Socket(c.family, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, unix.IPPROTO_MPTCP)
+				if errors.Is(err, unix.EPROTONOSUPPORT) || errors.Is(err, unix.ENOPROTOOPT) {
+					t.Skipf("kernel without MPTCP: %v", err)
+				}
+				if err != nil {
+					return err
+				}
+				t.Cleanup(func() { unix.Close(fd) })
+				var sa unix.Sockaddr = &unix.SockaddrInet6{Addr: c.server.As16(), Port: portListed}
+				if c.family == unix.AF_INET {
+					sa = &unix.SockaddrInet4{Addr: c.server.As4(), Port: portListed}
+				}
+				if err := unix.Connect(fd, sa); err != nil {
+					return fmt.Errorf("connect to %s: %w", c.server, err)
+				}
+				peer, local, err = names(fd)
+				return err
+			}))
+			acc := acceptWithin(t, c.redir, time.Second)
+			if acc == nil {
+				acceptWithin(t, h.server, 100*time.Millisecond)
+				t.Fatalf("MPTCP connection to %s not redirected", c.server)
+			}
+			if got, want := sockaddrAP(peer), netip.AddrPortFrom(c.server, portListed); got != want {
+				t.Errorf("application's getpeername = %v, want %v", got, want)
+			}
+			if got, want := sockaddrAP(local), netip.AddrPortFrom(c.self, addrPort(acc.RemoteAddr()).Port()); got != want {
+				t.Errorf("application's getsockname = %v, want %v", got, want)
+			}
+		})
 	}
 }

@@ -275,6 +275,54 @@ static __always_inline void sk_tuple(struct bpf_sock *sk, struct tuple *t)
 	tuple_unmap(t);
 }
 
+#ifndef IPPROTO_MPTCP
+#define IPPROTO_MPTCP 262
+#endif
+
+/* app_state: the tag of the application's socket sk. An MPTCP socket's connect
+ * went through its first subflow, a TCP socket, which connect4/6 redirected
+ * and tagged: the MPTCP socket has none, but shows that subflow's addresses,
+ * by which it is found. */
+static __always_inline struct sk_state *app_state(struct bpf_sock_addr *ctx, struct bpf_sock *sk)
+{
+	struct sk_state *st = bpf_sk_storage_get(&smcr_sk, sk, 0, 0);
+	struct bpf_sock_tuple tup = {};
+	struct bpf_sock *sub;
+	__u32 size = sizeof(tup.ipv4);
+
+	if (st || sk->protocol != IPPROTO_MPTCP)
+		return st;
+	/* As a segment from the peer would find the subflow. */
+	tup.ipv4.sport = (__u16)sk->dst_port;
+	tup.ipv4.dport = bpf_htons((__u16)sk->src_port);
+	if (sk->family == AF_INET) {
+		tup.ipv4.saddr = sk->dst_ip4;
+		tup.ipv4.daddr = sk->src_ip4;
+	} else if (!sk->dst_ip6[0] && !sk->dst_ip6[1] && sk->dst_ip6[2] == bpf_htonl(0xffff)) {
+		tup.ipv4.saddr = sk->dst_ip6[3]; /* IPv4-mapped: an IPv4 subflow */
+		tup.ipv4.daddr = sk->src_ip6[3];
+	} else {
+		tup.ipv6.sport = (__u16)sk->dst_port;
+		tup.ipv6.dport = bpf_htons((__u16)sk->src_port);
+		tup.ipv6.saddr[0] = sk->dst_ip6[0];
+		tup.ipv6.saddr[1] = sk->dst_ip6[1];
+		tup.ipv6.saddr[2] = sk->dst_ip6[2];
+		tup.ipv6.saddr[3] = sk->dst_ip6[3];
+		tup.ipv6.daddr[0] = sk->src_ip6[0];
+		tup.ipv6.daddr[1] = sk->src_ip6[1];
+		tup.ipv6.daddr[2] = sk->src_ip6[2];
+		tup.ipv6.daddr[3] = sk->src_ip6[3];
+		size = sizeof(tup.ipv6);
+	}
+	sub = bpf_sk_lookup_tcp(ctx, &tup, size, BPF_F_CURRENT_NETNS, 0);
+	if (!sub)
+		return 0;
+	/* The MPTCP socket holds its first subflow, and so the storage. */
+	st = bpf_sk_storage_get(&smcr_sk, sub, 0, 0);
+	bpf_sk_release(sub);
+	return st;
+}
+
 /* shown_peer: what getpeername should answer for sk, or 0 to leave it. */
 static __always_inline struct addr_port *shown_peer(struct bpf_sock_addr *ctx, struct addr_port *buf)
 {
@@ -289,7 +337,7 @@ static __always_inline struct addr_port *shown_peer(struct bpf_sock_addr *ctx, s
 	/* Client host: the application's redirected socket shows the server it
 	 * asked for. Server host: the application's socket accepted from smcrd
 	 * shows the client (SK_PEER), or, not yet established, smcr_peers does. */
-	st = bpf_sk_storage_get(&smcr_sk, sk, 0, 0);
+	st = app_state(ctx, sk);
 	if (st && (st->flags & (SK_REDIRECTED | SK_PEER))) {
 		buf->family = st->family;
 		buf->addr[0] = st->addr[0];
@@ -350,7 +398,7 @@ int smcr_getsockname4(struct bpf_sock_addr *ctx)
 
 	if (!ctx->sk)
 		return 1;
-	st = bpf_sk_storage_get(&smcr_sk, ctx->sk, 0, 0);
+	st = app_state(ctx, ctx->sk);
 	if (st && (st->flags & SK_REDIRECTED) && st->family == AF_INET && st->src[0])
 		ctx->user_ip4 = st->src[0];
 	return 1;
@@ -363,7 +411,7 @@ int smcr_getsockname6(struct bpf_sock_addr *ctx)
 
 	if (!ctx->sk)
 		return 1;
-	st = bpf_sk_storage_get(&smcr_sk, ctx->sk, 0, 0);
+	st = app_state(ctx, ctx->sk);
 	if (!st || !(st->flags & SK_REDIRECTED))
 		return 1;
 	if (st->family == AF_INET) {

@@ -345,13 +345,13 @@ func (h *host) waitListening(port int) {
 
 // appResult is testapp's client output.
 type appResult struct {
-	OK, Errors   int
-	Bytes        int64
-	Seconds      float64
-	MBps         float64
-	Peers, Local []string
-	P50us, P99us float64
-	Err          string
+	OK, Errors           int
+	Bytes                int64
+	Seconds              float64
+	MBps                 float64
+	Peers, Local, Remote []string
+	P50us, P99us         float64
+	Err                  string
 }
 
 // stuckAfter is how long a client runs before the harness logs both smcrds'

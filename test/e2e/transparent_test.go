@@ -44,21 +44,34 @@ func testTransparent(t *testing.T, provider string) {
 	a.serve(5201)
 
 	// The static Go binary, many concurrent connections, both directions, IPv4
-	// and IPv6; the server must see the client's real address.
+	// and IPv6, TCP and MPTCP sockets; each application sees the addresses it
+	// would without smcrd: the server the client's, the client its own and the
+	// server's.
 	const conns, size = 12, 2 << 20
-	for _, tc := range []struct {
+	cases := []struct {
 		from, to *host
 		addr     netip.Addr
 		client   netip.Addr
+		mptcp    bool
 	}{
-		{a, b, b.ns.Addr4(), a.ns.Addr4()},
-		{b, a, a.ns.Addr4(), b.ns.Addr4()},
-		{a, b, b.ns.Addr6(), a.ns.Addr6()},
-	} {
+		{a, b, b.ns.Addr4(), a.ns.Addr4(), false},
+		{b, a, a.ns.Addr4(), b.ns.Addr4(), false},
+		{a, b, b.ns.Addr6(), a.ns.Addr6(), false},
+		{a, b, b.ns.Addr4(), a.ns.Addr4(), true},
+	}
+	fromA := 0
+	for _, tc := range cases {
 		dst := netip.AddrPortFrom(tc.addr, 5201).String()
-		r, err := tc.from.client(dst, "-mode", "sink", "-bytes", fmt.Sprint(size), "-conns", fmt.Sprint(conns))
+		var mptcp []string
+		if tc.mptcp {
+			mptcp = []string{"-mptcp"}
+		}
+		if tc.from == a {
+			fromA++
+		}
+		r, err := tc.from.client(dst, append(mptcp, "-mode", "sink", "-bytes", fmt.Sprint(size), "-conns", fmt.Sprint(conns))...)
 		if err != nil || r.OK != conns {
-			t.Fatalf("sink to %s: %+v: %v", dst, r, err)
+			t.Fatalf("sink to %s (mptcp %v): %+v: %v", dst, tc.mptcp, r, err)
 		}
 		for _, p := range r.Peers {
 			ap, err := netip.ParseAddrPort(p)
@@ -66,14 +79,21 @@ func testTransparent(t *testing.T, provider string) {
 				t.Errorf("server application saw peer %s, want the client %s", p, tc.client)
 			}
 		}
-		r, err = tc.from.client(dst, "-mode", "echo", "-bytes", fmt.Sprint(size/2), "-conns", fmt.Sprint(conns))
+		for i := range r.Local {
+			local, lerr := netip.ParseAddrPort(r.Local[i])
+			if r.Remote[i] != dst || lerr != nil || local.Addr() != tc.client {
+				t.Errorf("client application (mptcp %v) saw itself at %s and the server at %s, want %s and %s",
+					tc.mptcp, r.Local[i], r.Remote[i], tc.client, dst)
+			}
+		}
+		r, err = tc.from.client(dst, append(mptcp, "-mode", "echo", "-bytes", fmt.Sprint(size/2), "-conns", fmt.Sprint(conns))...)
 		if err != nil || r.OK != conns {
 			t.Fatalf("echo to %s: %+v: %v", dst, r, err)
 		}
 	}
 	// Every one of those went SMC-R, on both sides (each counts the client and the
 	// server connections it carried), and the bytes went over it.
-	wantSMC := uint64(3 * 2 * conns)
+	wantSMC := uint64(len(cases) * 2 * conns)
 	sa, sb := a.stats(), b.stats()
 	if sa.Connections.SMCR != wantSMC || sb.Connections.SMCR != wantSMC {
 		t.Errorf("SMC-R connections: A %d, B %d, want %d each (A fallbacks %+v, B %+v)",
@@ -82,7 +102,7 @@ func testTransparent(t *testing.T, provider string) {
 	if sa.Connections.Fallback+sb.Connections.Fallback != 0 {
 		t.Errorf("fallbacks: A %+v, B %+v", sa.Fallbacks, sb.Fallbacks)
 	}
-	if min := uint64(2*conns*size + 2*conns*size/2); sa.TX.Bytes < min || sb.RX.Bytes < min {
+	if min := uint64(fromA*conns*size + fromA*conns*size/2); sa.TX.Bytes < min || sb.RX.Bytes < min {
 		t.Errorf("A sent %d bytes over SMC-R, B received %d; want at least %d", sa.TX.Bytes, sb.RX.Bytes, min)
 	}
 

@@ -42,6 +42,7 @@ func main() {
 	timeout := flag.Duration("timeout", 60*time.Second, "give up after this long")
 	relayTo := flag.String("relay", "", "with -listen: carry each connection to this address, as smcrd's relay does (a baseline)")
 	flag.BoolVar(&useSMC, "smc", false, "use Linux's AF_SMC sockets (the kernel's SMC) instead of TCP ones")
+	flag.BoolVar(&useMPTCP, "mptcp", false, "connect with MPTCP sockets (IPPROTO_MPTCP) instead of TCP ones")
 	flag.Parse()
 	if *listen != "" && *relayTo != "" {
 		serve(*listen, func(c net.Conn) { relay(c, *relayTo) })
@@ -59,14 +60,17 @@ func main() {
 	}
 }
 
-// useSMC: -smc, connections are Linux AF_SMC sockets (smc.go).
-var useSMC bool
+// useSMC: -smc, connections are Linux AF_SMC sockets (smc.go); useMPTCP:
+// -mptcp, the client's are MPTCP sockets.
+var useSMC, useMPTCP bool
 
 func dial(addr string) (net.Conn, error) {
 	if useSMC {
 		return dialSMC(addr)
 	}
-	return net.Dial("tcp", addr)
+	var d net.Dialer
+	d.SetMultipathTCP(useMPTCP)
+	return d.Dial("tcp", addr)
 }
 
 // serve accepts connections on addr and runs handler on each.
@@ -149,6 +153,7 @@ type Result struct {
 	MBps       float64
 	Peers      []string // the address each sink connection's server saw
 	Local      []string // each connection's local address as getsockname shows it
+	Remote     []string // and its peer's as getpeername does
 	P50us      float64
 	P99us      float64
 	Err        string `json:",omitempty"`
@@ -163,7 +168,7 @@ func client(addr, mode string, size int64, conns, rounds int) Result {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			peer, local, lat, err := one(addr, mode, size, rounds, uint64(i))
+			peer, local, remote, lat, err := one(addr, mode, size, rounds, uint64(i))
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -174,6 +179,7 @@ func client(addr, mode string, size int64, conns, rounds int) Result {
 			res.OK++
 			res.Bytes += size
 			res.Local = append(res.Local, local)
+			res.Remote = append(res.Remote, remote)
 			if peer != "" {
 				res.Peers = append(res.Peers, peer)
 			}
@@ -215,37 +221,37 @@ func (p *prng) Read(b []byte) (int, error) {
 	return len(b) &^ 7, nil
 }
 
-func one(addr, mode string, size int64, rounds int, seed uint64) (peer, local string, lat []time.Duration, err error) {
+func one(addr, mode string, size int64, rounds int, seed uint64) (peer, local, remote string, lat []time.Duration, err error) {
 	c, err := dial(addr)
 	if err != nil {
-		return "", "", nil, err
+		return "", "", "", nil, err
 	}
 	defer c.Close()
-	local = c.LocalAddr().String()
+	local, remote = c.LocalAddr().String(), c.RemoteAddr().String()
 	tc := c.(*net.TCPConn)
 	switch mode {
 	case "sink":
 		h := sha256.New()
 		if _, err := c.Write([]byte{'S'}); err != nil {
-			return "", local, nil, err
+			return "", local, remote, nil, err
 		}
 		buf := make([]byte, 256<<10)
 		if _, err := io.CopyBuffer(io.MultiWriter(c, h), io.LimitReader(payload(seed), size), buf); err != nil {
-			return "", local, nil, fmt.Errorf("send: %w", err)
+			return "", local, remote, nil, fmt.Errorf("send: %w", err)
 		}
 		tc.CloseWrite()
 		var n int64
 		var sum, p string
 		if _, err := fmt.Fscan(bufio.NewReader(c), &n, &sum, &p); err != nil {
-			return "", local, nil, fmt.Errorf("read answer: %w", err)
+			return "", local, remote, nil, fmt.Errorf("read answer: %w", err)
 		}
 		if want := hex.EncodeToString(h.Sum(nil)); n != size || sum != want {
-			return p, local, nil, fmt.Errorf("server got %d bytes %s, sent %d %s", n, sum, size, want)
+			return p, local, remote, nil, fmt.Errorf("server got %d bytes %s, sent %d %s", n, sum, size, want)
 		}
-		return p, local, nil, nil
+		return p, local, remote, nil, nil
 	case "echo":
 		if _, err := c.Write([]byte{'E'}); err != nil {
-			return "", local, nil, err
+			return "", local, remote, nil, err
 		}
 		sent := sha256.New()
 		errc := make(chan error, 1)
@@ -257,43 +263,43 @@ func one(addr, mode string, size int64, rounds int, seed uint64) (peer, local st
 		got := sha256.New()
 		n, rerr := io.Copy(got, c)
 		if err := <-errc; err != nil {
-			return "", local, nil, fmt.Errorf("send: %w", err)
+			return "", local, remote, nil, fmt.Errorf("send: %w", err)
 		}
 		if rerr != nil {
-			return "", local, nil, fmt.Errorf("receive: %w", rerr)
+			return "", local, remote, nil, fmt.Errorf("receive: %w", rerr)
 		}
 		if n != size || !slices.Equal(got.Sum(nil), sent.Sum(nil)) {
-			return "", local, nil, fmt.Errorf("echo returned %d bytes of %d, or other content", n, size)
+			return "", local, remote, nil, fmt.Errorf("echo returned %d bytes of %d, or other content", n, size)
 		}
-		return "", local, nil, nil
+		return "", local, remote, nil, nil
 	case "discard":
 		if _, err := c.Write([]byte{'D'}); err != nil {
-			return "", local, nil, err
+			return "", local, remote, nil, err
 		}
 		buf := make([]byte, 256<<10)
 		io.ReadFull(payload(seed), buf)
 		for left := size; left > 0; {
 			n, err := c.Write(buf[:min(left, int64(len(buf)))])
 			if err != nil {
-				return "", local, nil, fmt.Errorf("send: %w", err)
+				return "", local, remote, nil, fmt.Errorf("send: %w", err)
 			}
 			left -= int64(n)
 		}
 		tc.CloseWrite()
 		var n int64
 		if _, err := fmt.Fscan(bufio.NewReader(c), &n); err != nil {
-			return "", local, nil, fmt.Errorf("read answer: %w", err)
+			return "", local, remote, nil, fmt.Errorf("read answer: %w", err)
 		}
 		if n != size {
-			return "", local, nil, fmt.Errorf("server got %d bytes, sent %d", n, size)
+			return "", local, remote, nil, fmt.Errorf("server got %d bytes, sent %d", n, size)
 		}
-		return "", local, nil, nil
+		return "", local, remote, nil, nil
 	case "urgent":
 		err := sendUrgent(tc, size, seed)
-		return "", local, nil, err
+		return "", local, remote, nil, err
 	case "pingpong":
 		if _, err := c.Write([]byte{'E'}); err != nil {
-			return "", local, nil, err
+			return "", local, remote, nil, err
 		}
 		msg := make([]byte, size)
 		back := make([]byte, size)
@@ -301,14 +307,14 @@ func one(addr, mode string, size int64, rounds int, seed uint64) (peer, local st
 		for range rounds {
 			t := time.Now()
 			if _, err := c.Write(msg); err != nil {
-				return "", local, nil, err
+				return "", local, remote, nil, err
 			}
 			if _, err := io.ReadFull(c, back); err != nil {
-				return "", local, nil, err
+				return "", local, remote, nil, err
 			}
 			lat = append(lat, time.Since(t))
 		}
-		return "", local, lat, nil
+		return "", local, remote, lat, nil
 	}
-	return "", "", nil, fmt.Errorf("unknown mode %q", mode)
+	return "", "", "", nil, fmt.Errorf("unknown mode %q", mode)
 }
