@@ -575,6 +575,23 @@ func connectRaw(t *testing.T, ns *nstest.NS, sa unix.Sockaddr) int {
 // host". It goes where it asked, as without smcrd.
 func TestRedirectSkipsBoundToDevice(t *testing.T) {
 	h := newClientHost(t)
+	goesDirect(t, h, func(fd int) error {
+		return unix.SetsockoptString(fd, unix.SOL_SOCKET, unix.SO_BINDTODEVICE, h.p.A.Links[0].Name)
+	})
+}
+
+// A socket marked for policy routing (SO_MARK) may be routed elsewhere than
+// smcrd's own connection would be (around a VPN, say): it goes where it asked,
+// as without smcrd.
+func TestRedirectSkipsMarked(t *testing.T) {
+	h := newClientHost(t)
+	goesDirect(t, h, func(fd int) error { return unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_MARK, 0x1234) })
+}
+
+// goesDirect connects from A to the server's listed port, IPv4 and IPv6, on
+// sockets prepared by set, and fails unless the server accepts them.
+func goesDirect(t *testing.T, h *clientHost, set func(fd int) error) {
+	t.Helper()
 	for _, b := range []netip.Addr{h.p.B.Addr4(), h.p.B.Addr6()} {
 		family, sa := unix.AF_INET6, unix.Sockaddr(&unix.SockaddrInet6{Addr: b.As16(), Port: portListed})
 		if b.Is4() {
@@ -586,11 +603,11 @@ func TestRedirectSkipsBoundToDevice(t *testing.T) {
 				return err
 			}
 			t.Cleanup(func() { unix.Close(fd) })
-			if err := unix.SetsockoptString(fd, unix.SOL_SOCKET, unix.SO_BINDTODEVICE, h.p.A.Links[0].Name); err != nil {
+			if err := set(fd); err != nil {
 				return err
 			}
 			if err := unix.Connect(fd, sa); err != nil {
-				return fmt.Errorf("connect to %s bound to %s: %w", b, h.p.A.Links[0].Name, err)
+				return fmt.Errorf("connect to %s: %w", b, err)
 			}
 			return nil
 		}))

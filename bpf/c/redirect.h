@@ -98,8 +98,10 @@ static __always_inline struct config *redirect_ok(struct bpf_sock_addr *ctx)
 	if (!ctx->sk || is_own(ctx->sk))
 		return 0;
 	/* Bound to a device (SO_BINDTODEVICE, a VRF): no route from there to
-	 * smcrd's loopback listener, so the connect would fail. */
-	if (ctx->sk->bound_dev_if || bound(ctx->sk))
+	 * smcrd's loopback listener, so the connect would fail. Marked
+	 * (SO_MARK): policy routing may send it elsewhere than smcrd's own
+	 * connection would go (around a VPN, say). */
+	if (ctx->sk->bound_dev_if || ctx->sk->mark || bound(ctx->sk))
 		return 0;
 	return cfg;
 }
