@@ -125,20 +125,72 @@ func (l *Loader) RemoveNegative(peer netip.Addr) error {
 // Negatives returns the live entries of the negative cache and how long each has
 // left. The map is pinned, so it holds what an earlier smcrd put there.
 func (l *Loader) Negatives() (map[netip.Addr]time.Duration, error) {
-	out := map[netip.Addr]time.Duration{}
-	now := monotonic()
-	var k smcrAddrKey
-	var until uint64
-	it := l.objs.SmcrNegative.Iterate()
-	for it.Next(&k, &until) {
-		if until > now {
-			out[wordsAddr(k.Family, k.Addr)] = time.Duration(until - now)
-		}
-	}
-	if err := it.Err(); err != nil {
+	out, err := live(l.objs.SmcrNegative,
+		func(k smcrAddrKey) netip.Addr { return wordsAddr(k.Family, k.Addr) },
+		func(until uint64) uint64 { return until })
+	if err != nil {
 		return nil, fmt.Errorf("bpf: list negative cache: %w", err)
 	}
 	return out, nil
+}
+
+// live returns the entries of an expiring map whose deadline (until) is still
+// ahead, by key, with the time each has left.
+func live[K, V any, O comparable](m *ebpf.Map, key func(K) O, until func(V) uint64) (map[O]time.Duration, error) {
+	out := map[O]time.Duration{}
+	now := monotonic()
+	var k K
+	var v V
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		if u := until(v); u > now {
+			out[key(k)] = time.Duration(u - now)
+		}
+	}
+	return out, it.Err()
+}
+
+// AddUnreachable records that smcrd could not connect to dst (refused,
+// unreachable, timed out): connect4/6 leave connections to it direct, so that
+// the application sees the kernel's answer itself, not a connection to smcrd
+// that smcrd resets. Each of them that fails too keeps dst there for another
+// ttl; the first that connects takes it out (sockops).
+func (l *Loader) AddUnreachable(dst netip.AddrPort, ttl time.Duration) error {
+	ttl = max(ttl, 0)
+	v := smcrUnreach{Until: monotonic() + uint64(ttl), Ttl: uint64(ttl)}
+	if err := l.objs.SmcrUnreach.Update(destKey(dst), v, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("bpf: add unreachable %s: %w", dst, err)
+	}
+	return nil
+}
+
+// RemoveUnreachable takes dst out of the unreachable destinations.
+func (l *Loader) RemoveUnreachable(dst netip.AddrPort) error {
+	err := l.objs.SmcrUnreach.Delete(destKey(dst))
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("bpf: remove unreachable %s: %w", dst, err)
+	}
+	return nil
+}
+
+// Unreachables returns the live entries of AddUnreachable and how long each has
+// left.
+func (l *Loader) Unreachables() (map[netip.AddrPort]time.Duration, error) {
+	out, err := live(l.objs.SmcrUnreach,
+		func(k smcrAddrPort) netip.AddrPort {
+			return netip.AddrPortFrom(wordsAddr(k.Family, k.Addr), hostPort(k.Port))
+		},
+		func(v smcrUnreach) uint64 { return v.Until })
+	if err != nil {
+		return nil, fmt.Errorf("bpf: list unreachable destinations: %w", err)
+	}
+	return out, nil
+}
+
+// destKey is dst as smcr_unreach keys it: IPv4-mapped addresses as IPv4.
+func destKey(dst netip.AddrPort) smcrAddrPort {
+	k := addrKey(dst.Addr())
+	return smcrAddrPort{Family: k.Family, Addr: k.Addr, Port: netPort(dst.Port())}
 }
 
 // SetPrefixes replaces the destination rules: with rules, connect4/6 redirect only

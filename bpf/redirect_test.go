@@ -823,3 +823,58 @@ func TestRedirectMPTCP(t *testing.T) {
 		})
 	}
 }
+
+// A destination smcrd could not reach goes direct, so the application gets the
+// kernel's refusal itself; each refusal keeps it so for another ttl, and the
+// first connection that succeeds makes the next ones go through smcrd again.
+func TestRedirectUnreachable(t *testing.T) {
+	h := newClientHost(t)
+	for _, c := range []struct {
+		dst   netip.AddrPort
+		redir net.Listener
+	}{
+		{netip.AddrPortFrom(h.p.B.Addr4(), portListed+1), h.redir4},
+		{netip.AddrPortFrom(h.p.B.Addr6(), portListed+2), h.redir6},
+	} {
+		t.Run(c.dst.Addr().String(), func(t *testing.T) {
+			const ttl = 3 * time.Second
+			must(t, h.l.AddUnreachable(c.dst, ttl))
+			time.Sleep(time.Second)
+			err := h.p.A.Do(func() error {
+				conn, err := net.DialTimeout("tcp", c.dst.String(), 2*time.Second)
+				if err == nil {
+					conn.Close()
+				}
+				return err
+			})
+			if !errors.Is(err, unix.ECONNREFUSED) {
+				acceptWithin(t, c.redir, 100*time.Millisecond)
+				t.Fatalf("connect to unreachable %s: %v, want the refusal", c.dst, err)
+			}
+			left, err := h.l.Unreachables()
+			must(t, err)
+			if left[c.dst] < ttl-time.Second/2 {
+				t.Errorf("after a refused direct connect, %v has %v left, want about %v (kept for another ttl)", c.dst, left[c.dst], ttl)
+			}
+			// The server comes up: the direct connect succeeds, and the next
+			// one goes through smcrd.
+			server := listen(t, h.p.B, c.dst.String(), nil, nil)
+			if who, _, _ := whoAccepts(t, h.p.A, c.dst.String(), server, c.redir); who != 0 {
+				t.Fatalf("connect to %s once it listens went to listener %d, want the server (direct)", c.dst, who)
+			}
+			left, err = h.l.Unreachables()
+			must(t, err)
+			if _, ok := left[c.dst]; ok {
+				t.Errorf("%v still unreachable after a connection succeeded", c.dst)
+			}
+			if who, _, _ := whoAccepts(t, h.p.A, c.dst.String(), c.redir, server); who != 0 {
+				t.Errorf("connect to %s after that went to listener %d, want smcrd's", c.dst, who)
+			}
+		})
+	}
+	st, err := h.l.Stats()
+	must(t, err)
+	if st["skip_unreachable"] != 4 {
+		t.Errorf("skip_unreachable = %d, want 4", st["skip_unreachable"])
+	}
+}

@@ -80,6 +80,12 @@ type smcrTuple struct {
 	Rport  uint16
 }
 
+type smcrUnreach struct {
+	_     structs.HostLayout
+	Until uint64
+	Ttl   uint64
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -97,6 +103,7 @@ const (
 	smcrMapSmcrStats         = "smcr_stats"
 	smcrMapSmcrSteer         = "smcr_steer"
 	smcrMapSmcrSynmark       = "smcr_synmark"
+	smcrMapSmcrUnreach       = "smcr_unreach"
 	smcrProgSmcrConnect4     = "smcr_connect4"
 	smcrProgSmcrConnect6     = "smcr_connect6"
 	smcrProgSmcrGetpeername4 = "smcr_getpeername4"
@@ -180,6 +187,7 @@ type smcrMapSpecs struct {
 	SmcrStats    *ebpf.MapSpec `ebpf:"smcr_stats"`
 	SmcrSteer    *ebpf.MapSpec `ebpf:"smcr_steer"`
 	SmcrSynmark  *ebpf.MapSpec `ebpf:"smcr_synmark"`
+	SmcrUnreach  *ebpf.MapSpec `ebpf:"smcr_unreach"`
 }
 
 // smcrVariableSpecs contains global variables before they are loaded into the kernel.
@@ -221,6 +229,7 @@ type smcrMaps struct {
 	SmcrStats    *ebpf.Map `ebpf:"smcr_stats"`
 	SmcrSteer    *ebpf.Map `ebpf:"smcr_steer"`
 	SmcrSynmark  *ebpf.Map `ebpf:"smcr_synmark"`
+	SmcrUnreach  *ebpf.Map `ebpf:"smcr_unreach"`
 }
 
 func (m *smcrMaps) Close() error {
@@ -238,6 +247,7 @@ func (m *smcrMaps) Close() error {
 		m.SmcrStats,
 		m.SmcrSteer,
 		m.SmcrSynmark,
+		m.SmcrUnreach,
 	)
 }
 

@@ -219,7 +219,7 @@ var StatNames = []string{
 	"redirected", "skip_dead", "skip_negative", "skip_prefix",
 	"syn_opt_sent", "synack_opt_sent", "opt_no_space", "peer_echoed",
 	"syn_marked", "steered", "steer_no_listener", "steer_failed",
-	"orig_dst_answered",
+	"orig_dst_answered", "skip_unreachable",
 }
 
 // Stats returns the programs' counters, summed over CPUs, by StatNames.

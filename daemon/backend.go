@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -258,18 +259,47 @@ func addrString(a net.Addr) string {
 	return a.String()
 }
 
-// Peers lists the peer capability cache.
-func (d *Daemon) Peers(context.Context) ([]control.Peer, error) { return d.peers.list(), nil }
+// reasonUnreachable is the reason shown for a destination smcrd could not reach.
+const reasonUnreachable = "unreachable when smcrd connected: direct until a connection succeeds"
 
-// ForgetPeers takes peers (all when none is named) out of the peer cache and the
-// programs' negative cache, so the next connections to them are redirected and
-// try SMC-R again.
+// Peers lists the peer capability cache, then the destinations smcrd could not
+// reach, each with its port.
+func (d *Daemon) Peers(context.Context) ([]control.Peer, error) {
+	out := d.peers.list()
+	un, err := d.loader.Unreachables()
+	if err != nil {
+		return nil, fmt.Errorf("daemon: peers: %w", err)
+	}
+	dsts := slices.SortedFunc(maps.Keys(un), netip.AddrPort.Compare)
+	for _, ap := range dsts {
+		out = append(out, control.Peer{Addr: ap.Addr().String(), Port: ap.Port(), Reason: reasonUnreachable,
+			ExpiresInSeconds: un[ap].Seconds()})
+	}
+	return out, nil
+}
+
+// ForgetPeers takes peers (all when none is named) out of the peer cache, the
+// programs' negative cache and their unreachable destinations, so the next
+// connections to them are redirected and try SMC-R again.
 func (d *Daemon) ForgetPeers(_ context.Context, peers []netip.Addr) (int, error) {
 	neg, err := d.loader.Negatives()
 	if err != nil {
 		return 0, fmt.Errorf("daemon: forget peers: %w", err)
 	}
+	un, err := d.loader.Unreachables()
+	if err != nil {
+		return 0, fmt.Errorf("daemon: forget peers: %w", err)
+	}
 	gone := map[netip.Addr]bool{}
+	for ap := range un {
+		if len(peers) > 0 && !slices.Contains(peers, ap.Addr()) {
+			continue
+		}
+		if err := d.loader.RemoveUnreachable(ap); err != nil {
+			return len(gone), fmt.Errorf("daemon: forget peers: %w", err)
+		}
+		gone[ap.Addr()] = true
+	}
 	for _, a := range d.peers.forget(peers) {
 		gone[a] = true
 	}

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"syscall"
 	"time"
 
 	"github.com/smcr-io/smcr/bpf"
@@ -50,8 +51,17 @@ func (d *Daemon) serveRedirected(app *net.TCPConn) {
 	dl.SetMultipathTCP(false)
 	c, err := dl.DialContext(ctx, "tcp", orig.String())
 	if err != nil {
-		// The application sees a reset where it would have seen a refusal.
-		d.log.Debug("connect to original destination", "dst", orig, "err", err)
+		// The application sees a reset where it would have seen a refusal
+		// or a timeout. Its next connections see the kernel's own answer:
+		// they go direct as long as the destination stays unreachable.
+		if unreachable(err) && d.ctx.Err() == nil {
+			d.log.Info("destination unreachable: connections to it go direct until one succeeds", "dst", orig, "err", err)
+			if err := d.loader.AddUnreachable(orig, d.CurrentConfig().PeerCacheTTL); err != nil {
+				d.log.Warn("unreachable destinations", "dst", orig, "err", err)
+			}
+		} else {
+			d.log.Debug("connect to original destination", "dst", orig, "err", err)
+		}
 		abort(app)
 		return
 	}
@@ -87,6 +97,17 @@ func (d *Daemon) serveRedirected(app *net.TCPConn) {
 	}
 	d.settle(t, conn, orig.Addr(), ttl)
 	d.carry(t, app, conn)
+}
+
+// unreachable tells the connect errors that say the destination cannot be
+// reached now from those of smcrd itself (out of ports or files, say).
+func unreachable(err error) bool {
+	for _, e := range []error{syscall.ECONNREFUSED, syscall.EHOSTUNREACH, syscall.ENETUNREACH, syscall.ETIMEDOUT, context.DeadlineExceeded} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 // settle records how the handshake went: the connection in the table, the peer in

@@ -51,6 +51,9 @@ struct config {
 #define SK_REDIRECTED 8 /* set by connect4/6: addr:port is the original destination */
 #define SK_PEER 16      /* set by sockops on an application's socket accepted from smcrd
 			 * (SK_SHOW_PEER): addr:port is the peer getpeername shows */
+#define SK_UNREACH 32   /* set by connect4/6 on a socket left direct because smcrd
+			 * could not reach its destination (smcr_unreach): sockops
+			 * follows whether it connects */
 
 struct sk_state {
 	__u32 flags;
@@ -123,6 +126,7 @@ enum stat {
 	STAT_STEER_NO_LISTENER,
 	STAT_STEER_FAILED,
 	STAT_ORIG_DST_ANSWERED,
+	STAT_SKIP_UNREACHABLE,
 	STAT_MAX,
 };
 
@@ -175,6 +179,24 @@ struct {
 	__type(value, struct prefix_val);
 	PIN;
 } smcr_prefix6 SEC(".maps");
+
+/* Destinations smcrd could not connect to (refused, unreachable, timed out):
+ * connect4/6 leave the connections to them direct, so that the application gets
+ * the kernel's own answer (a refusal, say) rather than a connection to smcrd
+ * that smcrd then resets. Each such direct connect that fails too keeps the
+ * entry for another ttl; the first that connects removes it (sockops). */
+struct unreach {
+	__u64 until; /* CLOCK_MONOTONIC ns */
+	__u64 ttl;   /* ns */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct addr_port); /* IPv4-mapped addresses as IPv4 */
+	__type(value, struct unreach);
+	PIN;
+} smcr_unreach SEC(".maps");
 
 /* Negative peer cache: peer address -> CLOCK_MONOTONIC ns when the entry expires. */
 struct {

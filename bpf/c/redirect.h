@@ -30,6 +30,26 @@ static __always_inline int negative(struct addr_key *k)
 	return 0;
 }
 
+/* unreachable reports whether smcrd could not reach the destination k lately
+ * (smcr_unreach); if so it tags the socket for sockops to follow. */
+static __always_inline int unreachable(struct bpf_sock_addr *ctx, struct addr_port *k)
+{
+	struct unreach *u = bpf_map_lookup_elem(&smcr_unreach, k);
+	struct sk_state *st;
+
+	if (!u)
+		return 0;
+	if (u->until <= bpf_ktime_get_ns()) {
+		bpf_map_delete_elem(&smcr_unreach, k);
+		return 0;
+	}
+	count(STAT_SKIP_UNREACHABLE);
+	st = bpf_sk_storage_get(&smcr_sk, ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (st)
+		st->flags = (st->flags & ~SK_REDIRECTED) | SK_UNREACH;
+	return 1;
+}
+
 /* direct: this connect goes where the application asked. A socket an earlier
  * connect redirected (and that failed, so the application may connect again)
  * must stop showing that destination to getpeername and getsockname. */
@@ -113,6 +133,7 @@ static __always_inline struct config *redirect_ok(struct bpf_sock_addr *ctx)
 static __always_inline int redirect4(struct bpf_sock_addr *ctx, struct config *cfg, __u32 daddr)
 {
 	struct addr_key nk = {.family = AF_INET};
+	struct addr_port dk = {.family = AF_INET};
 	struct bpf_sock_tuple tup = {};
 	struct prefix_val *pv = 0;
 	struct sk_state *st;
@@ -136,6 +157,10 @@ static __always_inline int redirect4(struct bpf_sock_addr *ctx, struct config *c
 		count(STAT_SKIP_NEGATIVE);
 		return 0;
 	}
+	dk.addr[0] = daddr;
+	dk.port = (__u16)ctx->user_port;
+	if (unreachable(ctx, &dk))
+		return 0;
 	tup.ipv4.saddr = cfg->redir4_addr;
 	tup.ipv4.daddr = cfg->redir4_addr;
 	tup.ipv4.dport = cfg->redir4_port;
@@ -173,6 +198,7 @@ SEC("cgroup/connect6")
 int smcr_connect6(struct bpf_sock_addr *ctx)
 {
 	struct addr_key nk = {.family = AF_INET6};
+	struct addr_port dk = {.family = AF_INET6};
 	struct bpf_sock_tuple tup = {};
 	struct prefix_val *pv = 0;
 	struct sk_state *st;
@@ -221,6 +247,13 @@ int smcr_connect6(struct bpf_sock_addr *ctx)
 		count(STAT_SKIP_NEGATIVE);
 		return direct(ctx);
 	}
+	dk.addr[0] = a0;
+	dk.addr[1] = a1;
+	dk.addr[2] = a2;
+	dk.addr[3] = a3;
+	dk.port = (__u16)ctx->user_port;
+	if (unreachable(ctx, &dk))
+		return direct(ctx);
 	__builtin_memcpy(tup.ipv6.saddr, cfg->redir6_addr, 16);
 	__builtin_memcpy(tup.ipv6.daddr, cfg->redir6_addr, 16);
 	tup.ipv6.dport = cfg->redir6_port;

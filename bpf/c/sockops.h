@@ -103,6 +103,8 @@ static __always_inline void on_connect(struct bpf_sock_ops *skops)
 	}
 	if (st->flags & SK_OPTION)
 		set |= BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG | BPF_SOCK_OPS_STATE_CB_FLAG;
+	if (st->flags & SK_UNREACH)
+		set |= BPF_SOCK_OPS_STATE_CB_FLAG; /* to see it fail (on_state) */
 	if (set)
 		set_cb_flags(skops, set, 0);
 }
@@ -176,11 +178,61 @@ static __always_inline void on_write_hdr(struct bpf_sock_ops *skops)
 		seen_or(skops, err ? SEEN_NO_SPACE : SEEN_SENT_SYN_OPT);
 }
 
+/* dest_key: the destination of an application's connection, as connect4/6 keyed
+ * it in smcr_unreach (IPv4-mapped as IPv4). */
+static __always_inline void dest_key(struct bpf_sock_ops *skops, struct addr_port *k)
+{
+	k->port = bpf_htons((__u16)bpf_ntohl(skops->remote_port));
+	if (skops->family == AF_INET) {
+		k->family = AF_INET;
+		k->addr[0] = skops->remote_ip4;
+		return;
+	}
+	if (!skops->remote_ip6[0] && !skops->remote_ip6[1] && skops->remote_ip6[2] == bpf_htonl(0xffff)) {
+		k->family = AF_INET;
+		k->addr[0] = skops->remote_ip6[3];
+		return;
+	}
+	k->family = AF_INET6;
+	k->addr[0] = skops->remote_ip6[0];
+	k->addr[1] = skops->remote_ip6[1];
+	k->addr[2] = skops->remote_ip6[2];
+	k->addr[3] = skops->remote_ip6[3];
+}
+
+/* unreach_outcome: an application's direct connect to a destination smcrd could
+ * not reach (SK_UNREACH) ended: connected, the destination is reachable again
+ * and the next connections go through smcrd; failed, it stays direct for
+ * another ttl. Only an entry still there is kept. */
+static __always_inline void unreach_outcome(struct bpf_sock_ops *skops, int connected)
+{
+	struct sk_state *st;
+	struct addr_port k = {};
+	struct unreach *u;
+
+	if (!skops->sk)
+		return;
+	st = bpf_sk_storage_get(&smcr_sk, skops->sk, 0, 0);
+	if (!st || !(st->flags & SK_UNREACH))
+		return;
+	st->flags &= ~SK_UNREACH;
+	dest_key(skops, &k);
+	if (connected) {
+		bpf_map_delete_elem(&smcr_unreach, &k);
+		return;
+	}
+	u = bpf_map_lookup_elem(&smcr_unreach, &k);
+	if (u)
+		u->until = bpf_ktime_get_ns() + u->ttl;
+}
+
 static __always_inline void on_active_established(struct bpf_sock_ops *skops)
 {
 	__u8 opt[8] = SMC_OPT_INIT;
 	__u32 seen = SEEN_ESTABLISHED;
 
+	if (skops->bpf_sock_ops_cb_flags & BPF_SOCK_OPS_STATE_CB_FLAG)
+		unreach_outcome(skops, 1);
 	if (!(skops->bpf_sock_ops_cb_flags & BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG))
 		return;
 	/* skb is the SYN-ACK here. */
@@ -244,6 +296,8 @@ static __always_inline void on_state(struct bpf_sock_ops *skops)
 
 	if (skops->args[1] != BPF_TCP_CLOSE)
 		return;
+	if (skops->args[0] == BPF_TCP_SYN_SENT)
+		unreach_outcome(skops, 0);
 	ops_tuple(skops, &t, 0);
 	bpf_map_delete_elem(&smcr_peers, &t);
 	ops_tuple(skops, &t, 1);

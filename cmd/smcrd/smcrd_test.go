@@ -459,6 +459,80 @@ func TestNoIPv4Loopback(t *testing.T) {
 	s.waitLog(t, "IPv4 connections are not accelerated")
 }
 
+// TestUnreachableGoesDirect: an application connecting to a port where nothing
+// listens is reset by smcrd the first time (its connection to smcrd was made
+// before smcrd could know), and refused by the kernel from then on, as without
+// smcrd; once the server is up the next connection goes through smcrd again.
+func TestUnreachableGoesDirect(t *testing.T) {
+	h := newTestHost(t)
+	s := h.start(filepath.Join(h.dir, "smcrd.sock"))
+	s.serving(t)
+	dst := fmt.Sprintf("%s:5206", h.pair.B.Addr4())
+	listed := func() bool { // by smcrctl peers, as unreachable
+		ps, err := s.ctl.Peers(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return slices.ContainsFunc(ps, func(p control.Peer) bool {
+			return p.Addr == h.pair.B.Addr4().String() && p.Port == 5206 && p.ExpiresInSeconds > 0
+		})
+	}
+	reset := func(what string) {
+		t.Helper()
+		c, err := h.dialFromA(dst)
+		if err != nil {
+			t.Fatalf("%s connect to %s: %v, want it to reach smcrd", what, dst, err)
+		}
+		defer c.Close()
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, err := c.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) {
+			t.Errorf("%s connection's read: %v, want a reset", what, err)
+		}
+		for deadline := time.Now().Add(5 * time.Second); !listed(); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("after the %s connection, smcrctl peers does not list %s as unreachable", what, dst)
+			}
+		}
+	}
+	reset("first")
+	s.waitLog(t, "destination unreachable")
+	if _, err := h.dialFromA(dst); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("second connect to %s: %v, want the kernel's refusal", dst, err)
+	}
+	// Forgotten, the destination is tried through smcrd again.
+	if n, err := s.ctl.ForgetPeers(context.Background(), h.pair.B.Addr4().String()); err != nil || n != 1 || listed() {
+		t.Fatalf("forget %s: %d, %v; still listed %v", h.pair.B.Addr4(), n, err, listed())
+	}
+	reset("third")
+
+	handled := func() uint64 {
+		st, err := s.ctl.Stats(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Connections.Handled
+	}
+	before := handled()
+	ln, err := h.pair.B.Listen("tcp", ":5206")
+	if err != nil {
+		t.Fatal(err)
+	}
+	echoServer(t, ln)
+	for i, via := range []string{"direct", "through smcrd"} {
+		c, err := h.dialFromA(dst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := echoes(c, via); err != nil {
+			t.Fatal(err)
+		}
+		c.Close()
+		if got := handled() - before; got != uint64(i) {
+			t.Errorf("connection %d (%s): smcrd handled %d since the server came up, want %d", i, via, got, i)
+		}
+	}
+}
+
 // TestControlSocketFailureReleases: smcrd that cannot open its control socket
 // after it set up exits 1 and releases what it set up; its shm rendezvous
 // socket is not left behind. Before, each such start left one in the shm

@@ -83,6 +83,7 @@ func NewFake(file string) *Fake {
 	f.Ps = []control.Peer{
 		{Addr: "198.18.0.2", Capable: true, ExpiresInSeconds: 540, Hits: 12},
 		{Addr: "198.18.0.9", Capable: false, Reason: "peer did not send the SMC option", ExpiresInSeconds: 75.5, Hits: 3},
+		{Addr: "198.18.0.7", Port: 5201, Capable: false, Reason: "unreachable when smcrd connected: direct until a connection succeeds", ExpiresInSeconds: 600},
 	}
 	f.Ds = []control.Device{
 		{Name: "shm0", Provider: "shm", Port: 1, State: "active", Interface: "veth-a", GID: "fe80::200:aff:fe00:1", MAC: "02:00:0a:00:00:01", MTU: 4096, LinkGroups: 1, Links: 1},

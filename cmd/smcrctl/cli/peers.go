@@ -21,14 +21,20 @@ expires (peer_cache_ttl); then SMC-R is tried again.
 Columns: PEER (IP address), SMC-R (yes or no), EXPIRES (time left), HITS
 (connections decided by the entry), REASON (why not SMC-R).
 
+A PEER with a port is a destination smcrd could not connect to (refused,
+unreachable, timed out): connections to it go direct, so that applications see
+the refusal or timeout themselves, for as long as they keep failing; the first
+that connects ends the entry.
+
 The cache outlives smcrd (its programs keep it), so a peer that declined while
 its own smcrd was restarting stays plain TCP until the entry expires: --forget
 takes it out at once.
 
 Options:
   --json    print the cache as JSON
-  --forget  take the named peers (every entry when none is named) out of the
-            cache: their next connections try SMC-R again
+  --forget  take the named peers (every entry when none is named, their
+            unreachable ports included) out of the cache: their next
+            connections try SMC-R again
 
 Examples:
   smcrctl peers
@@ -61,7 +67,11 @@ Examples:
 				capable = "yes"
 			}
 			exp := (time.Duration(p.ExpiresInSeconds * float64(time.Second))).Round(time.Second).String()
-			row(tw, p.Addr, capable, exp, p.Hits, orDash(p.Reason))
+			peer := p.Addr
+			if a, err := netip.ParseAddr(p.Addr); err == nil && p.Port != 0 {
+				peer = netip.AddrPortFrom(a, p.Port).String()
+			}
+			row(tw, peer, capable, exp, p.Hits, orDash(p.Reason))
 		}
 		return tw.Flush()
 	},
