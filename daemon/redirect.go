@@ -55,10 +55,7 @@ func (d *Daemon) serveRedirected(app *net.TCPConn) {
 		// or a timeout. Its next connections see the kernel's own answer:
 		// they go direct as long as the destination stays unreachable.
 		if unreachable(err) && d.ctx.Err() == nil {
-			d.log.Info("destination unreachable: connections to it go direct until one succeeds", "dst", orig, "err", err)
-			if err := d.loader.AddUnreachable(orig, d.CurrentConfig().PeerCacheTTL); err != nil {
-				d.log.Warn("unreachable destinations", "dst", orig, "err", err)
-			}
+			d.addUnreachable(orig, err)
 		} else {
 			d.log.Debug("connect to original destination", "dst", orig, "err", err)
 		}
@@ -95,8 +92,27 @@ func (d *Daemon) serveRedirected(app *net.TCPConn) {
 		abort(app)
 		return
 	}
+	if dc := conn.Decline(); dc != nil && dc.Side == smcr.SideLocal &&
+		(errors.Is(dc.Err, syscall.ECONNRESET) || errors.Is(dc.Err, syscall.EPIPE)) {
+		// Reset before any CLC answer: the peer's smcrd found no application
+		// at orig (steer.go). That says nothing of its other ports, so the
+		// peer is not cached as without SMC-R; orig is unreachable.
+		d.addUnreachable(orig, dc)
+		conn.Close()
+		abort(app)
+		return
+	}
 	d.settle(t, conn, orig.Addr(), ttl)
 	d.carry(t, app, conn)
+}
+
+// addUnreachable has the programs leave the connections to dst direct, so that
+// applications see the kernel's own refusal or timeout, as long as those fail.
+func (d *Daemon) addUnreachable(dst netip.AddrPort, why error) {
+	d.log.Info("destination unreachable: connections to it go direct until one succeeds", "dst", dst, "err", why)
+	if err := d.loader.AddUnreachable(dst, d.CurrentConfig().PeerCacheTTL); err != nil {
+		d.log.Warn("unreachable destinations", "dst", dst, "err", err)
+	}
 }
 
 // unreachable tells the connect errors that say the destination cannot be

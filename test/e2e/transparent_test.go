@@ -350,6 +350,42 @@ func TestPortNotListed(t *testing.T) {
 	}
 }
 
+// TestNothingListens: a client connecting to a port of an smcrd host where
+// no application listens. Its first connection, made to smcrd before either
+// smcrd could know, is reset; the next ones go direct and are refused by the
+// server's kernel, as without smcrd. The server host stays SMC-R capable for
+// the ports where something listens.
+func TestNothingListens(t *testing.T) {
+	a, b := hosts(t)
+	a.start("providers = shm", ports)
+	b.start("providers = shm", ports)
+	b.serve(5201)
+	closed := netip.AddrPortFrom(b.ns.Addr4(), 5207)
+	if _, err := a.client(closed.String(), "-mode", "echo", "-bytes", "16", "-timeout", "20s"); err == nil || !strings.Contains(err.Error(), "reset") {
+		t.Errorf("first connection to %s: %v, want a reset", closed, err)
+	}
+	for i := range 2 {
+		if _, err := a.client(closed.String(), "-mode", "echo", "-bytes", "16", "-timeout", "20s"); err == nil || !strings.Contains(err.Error(), "connection refused") {
+			t.Errorf("connection %d to %s after the first: %v, want the refusal", i+2, closed, err)
+		}
+	}
+	peers, err := a.ctl.Peers(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(peers) != 1 || peers[0].Addr != closed.Addr().String() || peers[0].Port != closed.Port() {
+		t.Errorf("peers = %+v, want %v alone, unreachable (not the host as without SMC-R)", peers, closed)
+	}
+	if r, err := a.client(netip.AddrPortFrom(b.ns.Addr4(), 5201).String(), "-mode", "echo", "-bytes", "1000"); err != nil || r.OK != 1 {
+		t.Fatalf("to the listening port: %+v %v", r, err)
+	}
+	// (The first connection's handshake counts as a fallback: the reset
+	// ended it.)
+	if st := a.stats(); st.Connections.SMCR != 1 {
+		t.Errorf("A: %d SMC-R connections, want 1 (fallbacks %+v)", st.Connections.SMCR, st.Fallbacks)
+	}
+}
+
 // TestNotAccepting: an smcrd that runs but cannot accept (out of file
 // descriptors) stops declaring itself alive, so applications' new connections go
 // direct instead of waiting in its queue; once it accepts again, they come back.
