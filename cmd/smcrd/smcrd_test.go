@@ -479,14 +479,15 @@ func TestUnreachableGoesDirect(t *testing.T) {
 	}
 	reset := func(what string) {
 		t.Helper()
+		// smcrd's reset may come before the connect reports done.
 		c, err := h.dialFromA(dst)
-		if err != nil {
-			t.Fatalf("%s connect to %s: %v, want it to reach smcrd", what, dst, err)
+		if err == nil {
+			defer c.Close()
+			c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			_, err = c.Read(make([]byte, 1))
 		}
-		defer c.Close()
-		c.SetReadDeadline(time.Now().Add(10 * time.Second))
-		if _, err := c.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) {
-			t.Errorf("%s connection's read: %v, want a reset", what, err)
+		if !errors.Is(err, syscall.ECONNRESET) {
+			t.Errorf("%s connection to %s: %v, want smcrd's reset", what, dst, err)
 		}
 		for deadline := time.Now().Add(5 * time.Second); !listed(); time.Sleep(10 * time.Millisecond) {
 			if time.Now().After(deadline) {
