@@ -86,7 +86,7 @@ func (r *Reader) ReadMarked(p []byte) (n int, urgent bool, err error) {
 }
 
 func (r *Reader) readFD(fd uintptr) bool {
-	for {
+	for again := 0; ; again++ {
 		// Peek the first byte before asking for the mark: an urgent byte
 		// arriving between the question and the read can then only lie
 		// after bytes already here, where the read stops. Without the peek
@@ -97,6 +97,9 @@ func (r *Reader) readFD(fd uintptr) bool {
 		case unix.EINTR:
 			continue
 		case unix.EAGAIN:
+			if queued(fd) && again < maxAgain {
+				continue // at the mark with a signal pending (atMarkEAGAIN)
+			}
 			return false // wait until readable
 		case nil:
 		default:
@@ -117,8 +120,8 @@ func (r *Reader) readFD(fd uintptr) bool {
 			buf = r.p[:1]
 		}
 		r.n, r.err = unix.Read(int(fd), buf)
-		if r.err == unix.EINTR {
-			continue
+		if r.err == unix.EINTR || r.err == unix.EAGAIN && again < maxAgain {
+			continue // the peek saw a byte: EAGAIN is atMarkEAGAIN's
 		}
 		if r.n < 0 {
 			r.n = 0
@@ -126,6 +129,26 @@ func (r *Reader) readFD(fd uintptr) bool {
 		r.urgent = mark != 0 && r.n == 1
 		return true
 	}
+}
+
+// atMarkEAGAIN: Linux's recvmsg at the urgent mark returns EAGAIN, on a
+// non-blocking socket, when a signal is pending for the thread (tcp_recvmsg's
+// "Are we at urgent data?": sock_intr_errno of a zero timeout), though the
+// urgent byte is there; and the socket will not become readable again, since
+// nothing more arrives. The Go runtime signals its threads often (SIGURG to
+// preempt, to scan stacks), so a read at the mark that waited for readability
+// on that EAGAIN could wait forever. The signal is taken on the way back from
+// the system call, so asking again succeeds.
+
+// maxAgain bounds the retries: a signal at every one is not to be expected,
+// and a socket whose urgent byte is out of line (not ours) would say EAGAIN
+// with the byte queued for ever.
+const maxAgain = 1000
+
+// queued reports whether bytes wait in the socket's receive queue (SIOCINQ).
+func queued(fd uintptr) bool {
+	n, err := unix.IoctlGetInt(int(fd), unix.SIOCINQ)
+	return err == nil && n > 0
 }
 
 // ReadMarked is a Reader's ReadMarked for one read.
