@@ -150,6 +150,28 @@ func live[K, V any, O comparable](m *ebpf.Map, key func(K) O, until func(V) uint
 	return out, it.Err()
 }
 
+// ShownSource is the local address getsockname shows an application whose
+// connection to dst was redirected: the listed interface's the route leaves
+// through (smcr_prefix4/6). ok is false where the programs show loopback's.
+func (l *Loader) ShownSource(dst netip.Addr) (src netip.Addr, ok bool) {
+	dst = dst.Unmap()
+	var v smcrPrefixVal
+	var err error
+	if dst.Is4() {
+		err = l.objs.SmcrPrefix4.Lookup(smcrLpm4Key{Prefixlen: 32, Addr: addrWords(dst)[0]}, &v)
+	} else {
+		err = l.objs.SmcrPrefix6.Lookup(smcrLpm6Key{Prefixlen: 128, Addr: addrWords(dst)}, &v)
+	}
+	if err != nil || v.Allow == 0 || v.Src == [4]uint32{} {
+		return netip.Addr{}, false
+	}
+	family := uint32(unix.AF_INET6)
+	if dst.Is4() {
+		family = unix.AF_INET
+	}
+	return wordsAddr(family, v.Src), true
+}
+
 // AddUnreachable records that smcrd could not connect to dst (refused,
 // unreachable, timed out): connect4/6 leave connections to it direct, so that
 // the application sees the kernel's answer itself, not a connection to smcrd

@@ -49,7 +49,18 @@ func (d *Daemon) serveRedirected(app *net.TCPConn) {
 	defer cancel()
 	dl := net.Dialer{Control: d.loader.Control(bpf.Tag{SMCOption: true})}
 	dl.SetMultipathTCP(false)
+	// From the address and port the application sees as its own (getsockname),
+	// so that the server's application sees the client the client's does. Where
+	// that is taken (a listener on the port, the 4-tuple in use), any port.
+	if src, ok := d.loader.ShownSource(orig.Addr()); ok {
+		dl.LocalAddr = net.TCPAddrFromAddrPort(netip.AddrPortFrom(src, t.local.Port()))
+	}
 	c, err := dl.DialContext(ctx, "tcp", orig.String())
+	if dl.LocalAddr != nil && (errors.Is(err, syscall.EADDRINUSE) || errors.Is(err, syscall.EADDRNOTAVAIL)) {
+		d.log.Debug("connect from the application's port", "src", dl.LocalAddr, "dst", orig, "err", err)
+		dl.LocalAddr = nil
+		c, err = dl.DialContext(ctx, "tcp", orig.String())
+	}
 	if err != nil {
 		// The application sees a reset where it would have seen a refusal
 		// or a timeout. Its next connections see the kernel's own answer:

@@ -534,6 +534,51 @@ func TestUnreachableGoesDirect(t *testing.T) {
 	}
 }
 
+// TestApplicationPortTaken: smcrd connects from the port the application sees
+// as its own; where that port is taken on the interface's address (here by
+// direct connections holding every ephemeral port), from another port.
+func TestApplicationPortTaken(t *testing.T) {
+	h := newTestHost(t)
+	for _, port := range []string{":80", ":5201"} { // 80: not a listed port
+		ln, err := h.pair.B.Listen("tcp", port)
+		if err != nil {
+			t.Fatal(err)
+		}
+		echoServer(t, ln)
+	}
+	s := h.start(filepath.Join(h.dir, "smcrd.sock"))
+	s.serving(t)
+	// After smcrd bound its listeners: connect() skips the ports bind() took.
+	if err := h.pair.A.Do(func() error {
+		return os.WriteFile("/proc/sys/net/ipv4/ip_local_port_range", []byte("40000 40001"), 0o644)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // 198.18.0.1:40000 and :40001, direct
+		c, err := h.dialFromA(fmt.Sprintf("%s:80", h.pair.B.Addr4()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+	}
+	c, err := h.dialFromA(fmt.Sprintf("%s:5201", h.pair.B.Addr4()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := echoes(c, "through smcrd from another port"); err != nil {
+		t.Fatal(err)
+	}
+	st, err := s.ctl.Stats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Connections.Handled != 1 {
+		t.Errorf("smcrd handled %d connections, want 1", st.Connections.Handled)
+	}
+	s.waitLog(t, "connect from the application's port")
+}
+
 // TestControlSocketFailureReleases: smcrd that cannot open its control socket
 // after it set up exits 1 and releases what it set up; its shm rendezvous
 // socket is not left behind. Before, each such start left one in the shm

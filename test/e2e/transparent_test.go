@@ -79,11 +79,18 @@ func testTransparent(t *testing.T, provider string) {
 				t.Errorf("server application saw peer %s, want the client %s", p, tc.client)
 			}
 		}
+		if len(r.Peers) != len(r.Local) {
+			t.Fatalf("%d peers for %d connections", len(r.Peers), len(r.Local))
+		}
 		for i := range r.Local {
 			local, lerr := netip.ParseAddrPort(r.Local[i])
 			if r.Remote[i] != dst || lerr != nil || local.Addr() != tc.client {
 				t.Errorf("client application (mptcp %v) saw itself at %s and the server at %s, want %s and %s",
 					tc.mptcp, r.Local[i], r.Remote[i], tc.client, dst)
+			}
+			// Ports too: the two applications see one connection.
+			if peer, err := netip.ParseAddrPort(r.Peers[i]); err != nil || peer.Addr().Unmap() != local.Addr() || peer.Port() != local.Port() {
+				t.Errorf("client application (mptcp %v) saw itself at %s, the server application saw it at %s", tc.mptcp, r.Local[i], r.Peers[i])
 			}
 		}
 		r, err = tc.from.client(dst, append(mptcp, "-mode", "echo", "-bytes", fmt.Sprint(size/2), "-conns", fmt.Sprint(conns))...)
