@@ -9,6 +9,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"net/netip"
 	"syscall"
@@ -103,8 +104,7 @@ func (d *Daemon) serveRedirected(app *net.TCPConn) {
 		abort(app)
 		return
 	}
-	if dc := conn.Decline(); dc != nil && dc.Side == smcr.SideLocal &&
-		(errors.Is(dc.Err, syscall.ECONNRESET) || errors.Is(dc.Err, syscall.EPIPE)) {
+	if dc := conn.Decline(); dc != nil && dc.Side == smcr.SideLocal && closedBeforeCLC(dc.Err) {
 		// Reset before any CLC answer: the peer's smcrd found no application
 		// at orig (steer.go). That says nothing of its other ports, so the
 		// peer is not cached as without SMC-R; orig is unreachable.
@@ -127,14 +127,23 @@ func (d *Daemon) addUnreachable(dst netip.AddrPort, why error) {
 }
 
 // unreachable tells the connect errors that say the destination cannot be
-// reached now from those of smcrd itself (out of ports or files, say).
+// reached now from those of smcrd itself (out of ports or files, say). A reset
+// is the server's smcrd finding nothing listening (steer.go), come before the
+// connect was seen done.
 func unreachable(err error) bool {
-	for _, e := range []error{syscall.ECONNREFUSED, syscall.EHOSTUNREACH, syscall.ENETUNREACH, syscall.ETIMEDOUT, context.DeadlineExceeded} {
+	for _, e := range []error{syscall.ECONNREFUSED, syscall.ECONNRESET, syscall.EHOSTUNREACH, syscall.ENETUNREACH, syscall.ETIMEDOUT, context.DeadlineExceeded} {
 		if errors.Is(err, e) {
 			return true
 		}
 	}
 	return false
+}
+
+// closedBeforeCLC tells a handshake the peer ended by closing its connection
+// before any CLC answer: a reset, or the end of the stream when the reset's
+// error went to a write before the read.
+func closedBeforeCLC(err error) bool {
+	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, io.EOF)
 }
 
 // settle records how the handshake went: the connection in the table, the peer in
