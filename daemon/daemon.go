@@ -129,9 +129,6 @@ type Daemon struct {
 type daemonStats struct {
 	redirected, steered, noEcho, noOption, setupErrors atomic.Uint64
 	resetAt                                            atomic.Int64 // unix nanoseconds
-
-	progMu   sync.Mutex
-	progBase map[string]uint64 // the programs' counters at the last reset (programStats)
 }
 
 // tracked is one connection the daemon carries, for drain and for smcrctl conns.
