@@ -98,18 +98,17 @@ func (d *Daemon) serveRedirected(app *net.TCPConn) {
 	// implementation (Linux, z/OS): propose only what it accepts.
 	conn, err := d.engine.ClientWith(d.ctx, tcp, smcr.ClientOptions{Standard: seen&bpf.SeenPeerSMCX == 0})
 	if err != nil {
+		// Reset or closed during CLC: most often the peer's smcrd found no
+		// application at orig (steer.go). That says nothing of its other
+		// ports, so the peer is not cached as without SMC-R; orig is
+		// unreachable, until a direct connection to it succeeds.
 		d.st.setupErrors.Add(1)
-		d.log.Info("clc as client", "dst", orig, "err", err)
+		if unreachable(err) && d.ctx.Err() == nil {
+			d.addUnreachable(orig, err)
+		} else {
+			d.log.Info("clc as client", "dst", orig, "err", err)
+		}
 		abort(tcp)
-		abort(app)
-		return
-	}
-	if dc := conn.Decline(); dc != nil && dc.Side == smcr.SideLocal && closedBeforeCLC(dc.Err) {
-		// Reset before any CLC answer: the peer's smcrd found no application
-		// at orig (steer.go). That says nothing of its other ports, so the
-		// peer is not cached as without SMC-R; orig is unreachable.
-		d.addUnreachable(orig, dc)
-		conn.Close()
 		abort(app)
 		return
 	}
@@ -126,24 +125,18 @@ func (d *Daemon) addUnreachable(dst netip.AddrPort, why error) {
 	}
 }
 
-// unreachable tells the connect errors that say the destination cannot be
-// reached now from those of smcrd itself (out of ports or files, say). A reset
-// is the server's smcrd finding nothing listening (steer.go), come before the
-// connect was seen done.
+// unreachable tells the errors of a connect or a CLC handshake that say the
+// destination cannot be reached now from those of smcrd itself (out of ports
+// or files, say). A reset, or the connection's end, is the server's smcrd
+// finding nothing listening (steer.go), come before the connect was seen done
+// or during CLC (the engine fails a handshake whose TCP connection ended).
 func unreachable(err error) bool {
-	for _, e := range []error{syscall.ECONNREFUSED, syscall.ECONNRESET, syscall.EHOSTUNREACH, syscall.ENETUNREACH, syscall.ETIMEDOUT, context.DeadlineExceeded} {
+	for _, e := range []error{syscall.ECONNREFUSED, syscall.ECONNRESET, syscall.EPIPE, io.EOF, syscall.EHOSTUNREACH, syscall.ENETUNREACH, syscall.ETIMEDOUT, context.DeadlineExceeded} {
 		if errors.Is(err, e) {
 			return true
 		}
 	}
 	return false
-}
-
-// closedBeforeCLC tells a handshake the peer ended by closing its connection
-// before any CLC answer: a reset, or the end of the stream when the reset's
-// error went to a write before the read.
-func closedBeforeCLC(err error) bool {
-	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, io.EOF)
 }
 
 // settle records how the handshake went: the connection in the table, the peer in

@@ -20,6 +20,7 @@ import (
 
 	"github.com/smcr-io/smcr/smcr/clc"
 	"github.com/smcr-io/smcr/smcr/verbs"
+	"golang.org/x/sys/unix"
 )
 
 // clcMaxLen bounds one CLC message we read: a Proposal with 8 IPv6 prefixes and a
@@ -91,6 +92,8 @@ func (e *Engine) readCLCWithin(ctx context.Context, c *Conn, br *bufio.Reader, d
 	e.clcPhaseFor(ctx, c.tcp, d)
 	if err := peekCLC(br); err != nil {
 		switch {
+		case br.Buffered() == 0 && connLost(err):
+			return nil, clc.DeclinePeerNoSMC, false, lostError{err}
 		case errors.Is(err, errNoCLC):
 			return nil, clc.DeclinePeerNoSMC, false, err
 		case isTimeout(err):
@@ -106,6 +109,9 @@ func (e *Engine) readCLCWithin(ctx context.Context, c *Conn, br *bufio.Reader, d
 		}
 		if isTimeout(err) {
 			return nil, DeclineTimeoutCLC, true, err
+		}
+		if connLost(err) {
+			return nil, clc.DeclinePeerNoSMC, false, lostError{err}
 		}
 		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) {
 			return nil, clc.DeclinePeerNoSMC, false, err
@@ -125,8 +131,39 @@ func (e *Engine) writeCLC(c *Conn, m clc.Message) error {
 	if err != nil {
 		return err
 	}
-	_, err = c.tcp.Write(b)
+	if _, err = c.tcp.Write(b); connLost(err) {
+		return lostError{err}
+	}
 	return err
+}
+
+// lostError marks a CLC read or write that failed because the TCP connection
+// ended under it: reset, closed by the peer, timed out by TCP. Nothing can
+// fall back onto such a connection, so once the peer is known to speak CLC
+// the handshake fails with it, as Linux's does (smc_clc_wait_msg's negative
+// reason codes, which smc_connect_decline_fallback returns as errors). The
+// connection handed out as a fallback failed at its first Read or Write
+// instead, and counted as one.
+type lostError struct{ err error }
+
+func (e lostError) Error() string { return "tcp connection lost: " + e.err.Error() }
+func (e lostError) Unwrap() error { return e.err }
+
+// connLost tells the errors of a TCP connection that ended from those of
+// one that lives (a deadline, our own close).
+func connLost(err error) bool {
+	for _, e := range []error{syscall.ECONNRESET, syscall.EPIPE, syscall.ECONNABORTED, syscall.ETIMEDOUT, io.EOF, io.ErrUnexpectedEOF} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+// isLost reports whether err came from a CLC read or write on a lost connection.
+func isLost(err error) bool {
+	var l lostError
+	return errors.As(err, &l)
 }
 
 // ctxOver reports whether ctx ended, or reached its deadline: a CLC read's
@@ -142,13 +179,21 @@ func ctxOver(ctx context.Context) bool {
 	return ok && !time.Now().Before(d)
 }
 
-// ctxErr turns a cancelled handshake into an error rather than a fallback.
-func ctxErr(ctx context.Context, c *Conn) (*Conn, error) {
+// failed reports whether a handshake that met err ends in an error rather
+// than a fallback: ctx ended, or the TCP connection was lost (lostError).
+func failed(ctx context.Context, err error) bool {
+	return ctxOver(ctx) || isLost(err)
+}
+
+// fail ends a handshake with an error (failed): the context's, or err.
+func fail(ctx context.Context, c *Conn, err error) (*Conn, error) {
 	c.abandonSetup()
 	c.e.untrack(c)
-	err := ctx.Err()
-	if err == nil {
-		err = context.DeadlineExceeded // reached, its timer not run yet (ctxOver)
+	if ctxOver(ctx) {
+		err = ctx.Err()
+		if err == nil {
+			err = context.DeadlineExceeded // reached, its timer not run yet (ctxOver)
+		}
 	}
 	return nil, fmt.Errorf("smcr: clc: %w", err)
 }
@@ -222,19 +267,24 @@ func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix, opt
 	prop.SetEnvelope(area)
 	e.clcPhase(ctx, tcp)
 	if err := e.writeCLC(c, prop); err != nil {
-		if ctxOver(ctx) {
-			return ctxErr(ctx, c)
+		err = fmt.Errorf("send proposal: %w", err)
+		if failed(ctx, err) {
+			return fail(ctx, c, err)
 		}
-		return e.fallback(c, clc.DeclinePeerNoSMC, SideLocal, false, fmt.Errorf("send proposal: %w", err), br), nil
+		return e.fallback(c, clc.DeclinePeerNoSMC, SideLocal, false, err, br), nil
 	}
 	e.awaitCLC(c.tcp, br, &e.acceptSpin)
 	m, code, send, err := e.readCLC(ctx, c, br)
 	if err != nil {
-		if ctxOver(ctx) {
-			return ctxErr(ctx, c)
+		// Lost: the server (smcr's or Linux's) runs CLC before its application
+		// sees the connection, so only its SMC layer can have ended it; a
+		// plain server that closes at once is told from it by no one.
+		err = fmt.Errorf("read accept: %w", err)
+		if failed(ctx, err) {
+			return fail(ctx, c, err)
 		}
 		// A timeout after our Proposal: the peer may be a slow SMC peer, so tell it.
-		return e.fallback(c, code, SideLocal, send || code == DeclineTimeoutCLC, fmt.Errorf("read accept: %w", err), br), nil
+		return e.fallback(c, code, SideLocal, send || code == DeclineTimeoutCLC, err, br), nil
 	}
 	var acc *clc.Accept
 	switch m := m.(type) {
@@ -248,14 +298,20 @@ func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix, opt
 	}
 	if code, err := e.clientAccept(ctx, c, acc); err != nil {
 		if ctxOver(ctx) {
-			return ctxErr(ctx, c)
+			return fail(ctx, c, err)
 		}
-		if d, derr := e.declinedMeanwhile(ctx, c, br); d != nil && derr == nil {
+		d, derr := e.declinedMeanwhile(ctx, c, br)
+		if isLost(derr) {
+			return fail(ctx, c, derr)
+		} else if d != nil && derr == nil {
 			return e.fallback(c, d.Code, SidePeer, false, err, br), nil
 		}
 		return e.fallback(c, code, SideLocal, true, err, br), nil
 	}
 	if d, err := e.declinedMeanwhile(ctx, c, br); err != nil {
+		if failed(ctx, err) {
+			return fail(ctx, c, err)
+		}
 		return e.fallback(c, clc.DeclineSyncError, SideLocal, true, err, br), nil
 	} else if d != nil {
 		return e.fallback(c, d.Code, SidePeer, false, nil, br), nil
@@ -266,14 +322,17 @@ func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix, opt
 	}
 	// Send the Confirm while the QP connects: a provider may need both ends to meet.
 	if code, err := e.clientConfirm(ctx, c, acc); err != nil {
-		if ctxOver(ctx) {
-			return ctxErr(ctx, c)
+		if failed(ctx, err) {
+			return fail(ctx, c, err)
 		}
 		// A server that declined while we waited for CONFIRM_LINK is plain TCP
 		// already: our Decline would reach its application as data. The wait
 		// may have outlasted the CLC phase's deadline: the Decline is there.
 		c.tcp.SetReadDeadline(time.Now().Add(e.settings().CLCTimeout))
-		if d, derr := e.declinedMeanwhile(ctx, c, br); d != nil && derr == nil {
+		d, derr := e.declinedMeanwhile(ctx, c, br)
+		if isLost(derr) {
+			return fail(ctx, c, derr)
+		} else if d != nil && derr == nil {
 			return e.fallback(c, d.Code, SidePeer, false, err, br), nil
 		}
 		return e.fallback(c, code, SideLocal, true, err, br), nil
@@ -350,7 +409,10 @@ func spinUntil(d time.Duration, ready func() bool) bool {
 	}
 }
 
-// pendingInput reports, without waiting, whether the peer sent bytes not read yet.
+// pendingInput reports, without waiting, whether a read of conn would not
+// block: the peer sent bytes, closed, or reset the connection. It asks poll,
+// which leaves a pending socket error for the read: a peek (recv) took it, and
+// the read after saw a reset connection as one merely closed.
 func pendingInput(conn net.Conn) bool {
 	sc, ok := conn.(syscall.Conn)
 	if !ok {
@@ -360,13 +422,13 @@ func pendingInput(conn net.Conn) bool {
 	if err != nil {
 		return false
 	}
-	n := 0
-	rc.Read(func(fd uintptr) bool {
-		var b [1]byte
-		n, _, _ = syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		return true
+	ready := false
+	rc.Control(func(fd uintptr) {
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLRDHUP}}
+		n, err := unix.Poll(pfd, 0)
+		ready = err == nil && n > 0 && pfd[0].Revents != 0
 	})
-	return n > 0
+	return ready
 }
 
 // resyncFollows reports whether the bytes buffered after a Confirm start a resync
@@ -386,9 +448,11 @@ func (e *Engine) server(ctx context.Context, tcp net.Conn, listenerAddrs []net.A
 	m, code, send, err := e.readCLC(ctx, c, br)
 	if err != nil {
 		if ctxOver(ctx) {
-			return ctxErr(ctx, c)
+			return fail(ctx, c, err)
 		}
 		// A client that sent no CLC gets no Decline: it may be waiting for us to talk.
+		// One that closed or reset may be a plain client too (a health check),
+		// whose application would have seen the connection: it falls back.
 		return e.fallback(c, code, SideLocal, send, fmt.Errorf("read proposal: %w", err), br), nil
 	}
 	var prop *clc.Proposal
@@ -402,8 +466,8 @@ func (e *Engine) server(ctx context.Context, tcp net.Conn, listenerAddrs []net.A
 		return e.fallback(c, clc.DeclineConfigError, SideLocal, true, fmt.Errorf("clc: %v instead of proposal", m.Type()), br), nil
 	}
 	if code, err := e.serverProposal(ctx, c, prop, listenerAddrs); err != nil {
-		if ctxOver(ctx) {
-			return ctxErr(ctx, c)
+		if failed(ctx, err) { // the Accept's write
+			return fail(ctx, c, err)
 		}
 		return e.fallback(c, code, SideLocal, true, err, br), nil
 	}
@@ -419,10 +483,13 @@ func (e *Engine) server(ctx context.Context, tcp net.Conn, listenerAddrs []net.A
 	e.awaitCLC(c.tcp, br, &e.confirmSpin)
 	m, code, send, err = e.readCLCWithin(ctx, c, br, wait)
 	if err != nil {
-		if ctxOver(ctx) {
-			return ctxErr(ctx, c)
+		// A client that sent a Proposal speaks CLC: lost, it ends the
+		// handshake, and a Listener hands nothing to Accept, as Linux's.
+		err = fmt.Errorf("read confirm: %w", err)
+		if failed(ctx, err) {
+			return fail(ctx, c, err)
 		}
-		return e.fallback(c, code, SideLocal, send || code == DeclineTimeoutCLC, fmt.Errorf("read confirm: %w", err), br), nil
+		return e.fallback(c, code, SideLocal, send || code == DeclineTimeoutCLC, err, br), nil
 	}
 	var conf *clc.Confirm
 	switch m := m.(type) {
@@ -445,7 +512,7 @@ func (e *Engine) server(ctx context.Context, tcp net.Conn, listenerAddrs []net.A
 	}
 	if code, err := e.serverConfirm(ctx, c, conf); err != nil {
 		if ctxOver(ctx) {
-			return ctxErr(ctx, c)
+			return fail(ctx, c, err)
 		}
 		return e.fallback(c, code, SideLocal, true, err, br), nil
 	}

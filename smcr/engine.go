@@ -596,8 +596,9 @@ func (e *Engine) Conns() []ConnInfo {
 
 // Dial connects to addr over TCP and runs CLC as the client. The result is an SMC-R
 // connection or, when SMC-R could not be agreed, a TCP one; err is set when network
-// is not tcp, tcp4 or tcp6, when the TCP connection failed, and when ctx ended
-// during CLC. Dial is for smcr servers (Listen, Server): its CLC Proposal is the
+// is not tcp, tcp4 or tcp6, when the TCP connection failed or ended during CLC
+// (reset, or closed by the server: nothing to fall back onto), and when ctx
+// ended during CLC. Dial is for smcr servers (Listen, Server): its CLC Proposal is the
 // connection's first bytes, which a plain TCP server reads as data; the connection
 // then falls back at the server's first bytes (0x03010000), or after the CLC
 // timeout, sending a Decline as well (0x02000000). It proposes every device: to a

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"io"
-	"net"
 	"sync"
 	"testing"
 	"time"
@@ -198,21 +197,7 @@ func TestSpinBudget(t *testing.T) {
 // nor with ReadSpin off.
 func TestAwaitCLC(t *testing.T) {
 	e := newEngine(t, Config{Devices: memDevices(t, verbs.KindSoft)})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	cli, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	srv, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
+	cli, srv := tcpPair(t)
 	br := bufio.NewReader(cli)
 	var s spinBudget
 	budget := func() time.Duration { return time.Duration(s.cur.Load()) }

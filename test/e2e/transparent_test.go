@@ -380,7 +380,9 @@ func TestNothingListens(t *testing.T) {
 	b.start("providers = shm", ports)
 	b.serve(5201)
 	closed := netip.AddrPortFrom(b.ns.Addr4(), 5207)
-	if _, err := a.client(closed.String(), "-mode", "echo", "-bytes", "16", "-timeout", "20s"); err == nil || !strings.Contains(err.Error(), "reset") {
+	// The reset shows as ECONNRESET, or as EPIPE to a write after testapp's
+	// reader took it.
+	if _, err := a.client(closed.String(), "-mode", "echo", "-bytes", "16", "-timeout", "20s"); err == nil || !strings.Contains(err.Error(), "reset") && !strings.Contains(err.Error(), "broken pipe") {
 		t.Errorf("first connection to %s: %v, want a reset", closed, err)
 	}
 	for i := range 2 {
@@ -398,10 +400,10 @@ func TestNothingListens(t *testing.T) {
 	if r, err := a.client(netip.AddrPortFrom(b.ns.Addr4(), 5201).String(), "-mode", "echo", "-bytes", "1000"); err != nil || r.OK != 1 {
 		t.Fatalf("to the listening port: %+v %v", r, err)
 	}
-	// (The first connection's handshake counts as a fallback: the reset
-	// ended it.)
-	if st := a.stats(); st.Connections.SMCR != 1 {
-		t.Errorf("A: %d SMC-R connections, want 1 (fallbacks %+v)", st.Connections.SMCR, st.Fallbacks)
+	// The first connection's reset, when it came during CLC, is a handshake
+	// error, not a fallback: nothing was carried over TCP.
+	if st := a.stats(); st.Connections.SMCR != 1 || st.Connections.Fallback != 0 {
+		t.Errorf("A: %d SMC-R connections and %d fallbacks (%+v), want 1 and none", st.Connections.SMCR, st.Connections.Fallback, st.Fallbacks)
 	}
 }
 
