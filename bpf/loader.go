@@ -59,8 +59,14 @@ type Loader struct {
 	mu     sync.Mutex
 	links  map[string]link.Link // by pin name
 	closed bool
-	netns  *os.File        // the namespace the programs serve
-	nl     *netlink.Handle // in netns, for the cls_bpf filters (tc.go)
+	// inUse is held for reading by every method that works on the maps
+	// outside mu (hold), for writing by Close: a map closed under a lookup
+	// is a closed, perhaps already reused, descriptor. The control server
+	// asks for counters and peers while smcrd shuts down.
+	inUse    sync.RWMutex
+	mapsGone bool            // under inUse
+	netns    *os.File        // the namespace the programs serve
+	nl       *netlink.Handle // in netns, for the cls_bpf filters (tc.go)
 	// cls: tc ingress is a cls_bpf filter, the kernel having no tcx or
 	// Options.ClsBPF asking for it.
 	cls bool
@@ -261,7 +267,7 @@ func (l *Loader) SetInterfaces(names []string) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
-		return net.ErrClosed
+		return fmt.Errorf("bpf: loader closed: %w", net.ErrClosed)
 	}
 	if err := l.openNetlink(); err != nil {
 		return fmt.Errorf("bpf: %w", err)
@@ -345,6 +351,17 @@ func (l *Loader) attachTC(name string, ifindex int) error {
 	return attachClsBPF(l.nl, ifindex, l.objs.SmcrTcIngress)
 }
 
+// hold keeps Close from closing the maps until l.inUse.RUnlock, and fails
+// once Close began. Methods that hold mu check closed instead.
+func (l *Loader) hold() error {
+	l.inUse.RLock()
+	if l.mapsGone {
+		l.inUse.RUnlock()
+		return fmt.Errorf("bpf: loader closed: %w", net.ErrClosed)
+	}
+	return nil
+}
+
 func (l *Loader) openNetlink() error {
 	if l.nl != nil {
 		return nil
@@ -364,6 +381,9 @@ func (l *Loader) Close() error {
 		return nil
 	}
 	l.closed = true
+	l.inUse.Lock()
+	l.mapsGone = true
+	l.inUse.Unlock()
 	var errs []error
 	for _, lk := range l.links {
 		errs = append(errs, lk.Close())
@@ -408,6 +428,10 @@ func (l *Loader) Remove() error {
 // MapIDs returns the kernel IDs of the loader's maps by name; a loader that took
 // over pinned maps reports the same IDs as the one that created them.
 func (l *Loader) MapIDs() (map[string]ebpf.MapID, error) {
+	if err := l.hold(); err != nil {
+		return nil, err
+	}
+	defer l.inUse.RUnlock()
 	ids := map[string]ebpf.MapID{}
 	for name, m := range l.maps() {
 		info, err := m.Info()

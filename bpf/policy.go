@@ -8,6 +8,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"strconv"
@@ -50,6 +51,10 @@ func (l *Loader) updateConfig(fn func(*smcrConfig)) error {
 // SetPorts replaces the set of ports whose connections are redirected and whose
 // SYNs are inspected. An empty list turns both off.
 func (l *Loader) SetPorts(ranges []PortRange) error {
+	if err := l.hold(); err != nil {
+		return err
+	}
+	defer l.inUse.RUnlock()
 	var p smcrPorts
 	for _, r := range ranges {
 		if r.Lo > r.Hi {
@@ -69,6 +74,10 @@ func (l *Loader) SetPorts(ranges []PortRange) error {
 // redirected IPv4 connections to v4, connect6 IPv6 ones to v6. An invalid address
 // turns redirection off for that family.
 func (l *Loader) SetRedirect(v4, v6 netip.AddrPort) error {
+	if err := l.hold(); err != nil {
+		return err
+	}
+	defer l.inUse.RUnlock()
 	if v4.IsValid() && !v4.Addr().Unmap().Is4() {
 		return fmt.Errorf("bpf: redirect listener %s: not IPv4", v4)
 	}
@@ -93,6 +102,10 @@ func (l *Loader) SetRedirect(v4, v6 netip.AddrPort) error {
 // (every ttl/3, say). ttl <= 0 declares it dead at once. While it is not alive,
 // nothing is redirected or steered: applications connect as plain TCP.
 func (l *Loader) SetAlive(ttl time.Duration) error {
+	if err := l.hold(); err != nil {
+		return err
+	}
+	defer l.inUse.RUnlock()
 	var until uint64
 	if ttl > 0 {
 		until = monotonic() + uint64(ttl)
@@ -106,6 +119,10 @@ func (l *Loader) SetAlive(ttl time.Duration) error {
 // AddNegative puts peer in the negative cache for ttl: connections to it are not
 // redirected until then (it answered without SMC-R).
 func (l *Loader) AddNegative(peer netip.Addr, ttl time.Duration) error {
+	if err := l.hold(); err != nil {
+		return err
+	}
+	defer l.inUse.RUnlock()
 	until := monotonic() + uint64(max(ttl, 0))
 	if err := l.objs.SmcrNegative.Update(addrKey(peer), until, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("bpf: add negative %s: %w", peer, err)
@@ -115,6 +132,10 @@ func (l *Loader) AddNegative(peer netip.Addr, ttl time.Duration) error {
 
 // RemoveNegative takes peer out of the negative cache.
 func (l *Loader) RemoveNegative(peer netip.Addr) error {
+	if err := l.hold(); err != nil {
+		return err
+	}
+	defer l.inUse.RUnlock()
 	err := l.objs.SmcrNegative.Delete(addrKey(peer))
 	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("bpf: remove negative %s: %w", peer, err)
@@ -125,6 +146,10 @@ func (l *Loader) RemoveNegative(peer netip.Addr) error {
 // Negatives returns the live entries of the negative cache and how long each has
 // left. The map is pinned, so it holds what an earlier smcrd put there.
 func (l *Loader) Negatives() (map[netip.Addr]time.Duration, error) {
+	if err := l.hold(); err != nil {
+		return nil, err
+	}
+	defer l.inUse.RUnlock()
 	out, err := live(l.objs.SmcrNegative,
 		func(k smcrAddrKey) netip.Addr { return wordsAddr(k.Family, k.Addr) },
 		func(until uint64) uint64 { return until })
@@ -154,6 +179,10 @@ func live[K, V any, O comparable](m *ebpf.Map, key func(K) O, until func(V) uint
 // connection to dst was redirected: the listed interface's the route leaves
 // through (smcr_prefix4/6). ok is false where the programs show loopback's.
 func (l *Loader) ShownSource(dst netip.Addr) (src netip.Addr, ok bool) {
+	if l.hold() != nil {
+		return netip.Addr{}, false
+	}
+	defer l.inUse.RUnlock()
 	dst = dst.Unmap()
 	var v smcrPrefixVal
 	var err error
@@ -178,6 +207,10 @@ func (l *Loader) ShownSource(dst netip.Addr) (src netip.Addr, ok bool) {
 // that smcrd resets. Each of them that fails too keeps dst there for another
 // ttl; the first that connects takes it out (sockops).
 func (l *Loader) AddUnreachable(dst netip.AddrPort, ttl time.Duration) error {
+	if err := l.hold(); err != nil {
+		return err
+	}
+	defer l.inUse.RUnlock()
 	ttl = max(ttl, 0)
 	v := smcrUnreach{Until: monotonic() + uint64(ttl), Ttl: uint64(ttl)}
 	if err := l.objs.SmcrUnreach.Update(destKey(dst), v, ebpf.UpdateAny); err != nil {
@@ -188,6 +221,10 @@ func (l *Loader) AddUnreachable(dst netip.AddrPort, ttl time.Duration) error {
 
 // RemoveUnreachable takes dst out of the unreachable destinations.
 func (l *Loader) RemoveUnreachable(dst netip.AddrPort) error {
+	if err := l.hold(); err != nil {
+		return err
+	}
+	defer l.inUse.RUnlock()
 	err := l.objs.SmcrUnreach.Delete(destKey(dst))
 	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("bpf: remove unreachable %s: %w", dst, err)
@@ -198,6 +235,10 @@ func (l *Loader) RemoveUnreachable(dst netip.AddrPort) error {
 // Unreachables returns the live entries of AddUnreachable and how long each has
 // left.
 func (l *Loader) Unreachables() (map[netip.AddrPort]time.Duration, error) {
+	if err := l.hold(); err != nil {
+		return nil, err
+	}
+	defer l.inUse.RUnlock()
 	out, err := live(l.objs.SmcrUnreach,
 		func(k smcrAddrPort) netip.AddrPort {
 			return netip.AddrPortFrom(wordsAddr(k.Family, k.Addr), hostPort(k.Port))
@@ -221,6 +262,9 @@ func destKey(dst netip.AddrPort) smcrAddrPort {
 func (l *Loader) SetPrefixes(rules []PrefixRule) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.closed {
+		return fmt.Errorf("bpf: loader closed: %w", net.ErrClosed)
+	}
 	return l.setPrefixes(rules, len(rules) > 0)
 }
 

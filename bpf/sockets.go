@@ -37,6 +37,10 @@ type Tag struct {
 // TagSocket tags the socket fd; call it before connect or listen, since the
 // programs read the tag there.
 func (l *Loader) TagSocket(fd int, t Tag) error {
+	if err := l.hold(); err != nil {
+		return err
+	}
+	defer l.inUse.RUnlock()
 	st := smcrSkState{Flags: skOwn}
 	if t.SMCOption {
 		st.Flags |= skOption
@@ -77,6 +81,10 @@ func (l *Loader) Control(t Tag) func(network, address string, c syscall.RawConn)
 // listener must not be MPTCP (net.ListenConfig.SetMultipathTCP(false)). Closing
 // the listener removes it.
 func (l *Loader) RegisterSteering(ln syscall.Conn) error {
+	if err := l.hold(); err != nil {
+		return err
+	}
+	defer l.inUse.RUnlock()
 	rc, err := ln.SyscallConn()
 	if err != nil {
 		return fmt.Errorf("bpf: register steering listener: %w", err)
@@ -150,6 +158,10 @@ var ErrUnknown = errors.New("bpf: connection unknown")
 // OriginalDstOf looks the original destination up in the map the getsockopt
 // program reads, by the accepted connection's local and remote address.
 func (l *Loader) OriginalDstOf(local, remote netip.AddrPort) (netip.AddrPort, error) {
+	if err := l.hold(); err != nil {
+		return netip.AddrPort{}, err
+	}
+	defer l.inUse.RUnlock()
 	var ap smcrAddrPort
 	if err := l.objs.SmcrOrigdst.Lookup(tuple(local, remote), &ap); err != nil {
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
@@ -165,6 +177,10 @@ func (l *Loader) OriginalDstOf(local, remote netip.AddrPort) (netip.AddrPort, er
 // outlives the application's socket, so nothing else removes it before the LRU
 // evicts it.
 func (l *Loader) ForgetOriginalDst(local, remote netip.AddrPort) error {
+	if err := l.hold(); err != nil {
+		return err
+	}
+	defer l.inUse.RUnlock()
 	err := l.objs.SmcrOrigdst.Delete(tuple(local, remote))
 	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("bpf: forget original destination: %w", err)
@@ -195,6 +211,10 @@ func (s Seen) PeerSupportsSMC() bool {
 // ErrUnknown. Connections steered to smcrd are not recorded: the packets
 // tell what their handshake carried.
 func (l *Loader) Seen(local, remote netip.AddrPort) (Seen, error) {
+	if err := l.hold(); err != nil {
+		return 0, err
+	}
+	defer l.inUse.RUnlock()
 	var v uint32
 	if err := l.objs.SmcrSeen.Lookup(tuple(local, remote), &v); err != nil {
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
@@ -224,6 +244,10 @@ var StatNames = []string{
 
 // Stats returns the programs' counters, summed over CPUs, by StatNames.
 func (l *Loader) Stats() (map[string]uint64, error) {
+	if err := l.hold(); err != nil {
+		return nil, err
+	}
+	defer l.inUse.RUnlock()
 	out := make(map[string]uint64, len(StatNames))
 	for i, name := range StatNames {
 		var per []uint64

@@ -75,6 +75,11 @@ type Stats struct {
 	Aborts         uint64 `json:"aborts"`          // connections ended by abnormal close
 
 	Links LinkEvents `json:"links"`
+
+	// Programs are the eBPF programs' counters (bpf.StatNames): connections
+	// redirected to smcrd or left direct and why (skip_*), SYNs marked and
+	// steered, SMC options sent and echoed.
+	Programs map[string]uint64 `json:"programs,omitempty"`
 }
 
 // LinkEvents count what happened to the links of the link groups: second links

@@ -6,6 +6,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -48,15 +49,50 @@ func (d *Daemon) Config(context.Context) ([]control.Attribute, error) {
 
 // Stats returns the counters since start or the last reset.
 func (d *Daemon) Stats(context.Context) (control.Stats, error) {
-	return d.stats(d.engine.Stats(), false), nil
+	s := d.stats(d.engine.Stats(), false)
+	s.Programs = d.programStats(false)
+	return s, nil
 }
 
 // ResetStats zeroes the counters and returns their values just before, each
 // taken with its reset: what is counted meanwhile goes into one or the other.
 func (d *Daemon) ResetStats(context.Context) (control.Stats, error) {
 	s := d.stats(d.engine.ResetStats(), true)
+	s.Programs = d.programStats(true)
 	d.st.resetAt.Store(time.Now().UnixNano())
 	return s, nil
+}
+
+// programStats are the programs' counters since smcrd's start or the last
+// reset, as the others. The programs' per-CPU counters cannot be zeroed with
+// their reading, and their map is pinned (it holds what earlier smcrds'
+// programs counted), so smcrd keeps the values it read at start and at each
+// reset as the base of the next answer: what is counted after the read goes
+// into the next. A counter below its base was recreated.
+func (d *Daemon) programStats(reset bool) map[string]uint64 {
+	if d.loader == nil {
+		return nil
+	}
+	now, err := d.loader.Stats()
+	if err != nil {
+		if !errors.Is(err, net.ErrClosed) { // shutting down
+			d.log.Warn("programs' counters", "err", err)
+		}
+		return nil
+	}
+	d.st.progMu.Lock()
+	defer d.st.progMu.Unlock()
+	out := make(map[string]uint64, len(now))
+	for name, n := range now {
+		if base := d.st.progBase[name]; n >= base {
+			n -= base
+		}
+		out[name] = n
+	}
+	if reset {
+		d.st.progBase = now
+	}
+	return out
 }
 
 // The fallbacks that never reached CLC (code 0), by whose doing.

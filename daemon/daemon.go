@@ -129,6 +129,9 @@ type Daemon struct {
 type daemonStats struct {
 	redirected, steered, noEcho, noOption, setupErrors atomic.Uint64
 	resetAt                                            atomic.Int64 // unix nanoseconds
+
+	progMu   sync.Mutex
+	progBase map[string]uint64 // the programs' counters at the last reset (programStats)
 }
 
 // tracked is one connection the daemon carries, for drain and for smcrctl conns.
@@ -202,6 +205,9 @@ func New(opts Options) (*Daemon, error) {
 		return nil, fmt.Errorf("daemon: %w", err)
 	}
 	d.maps = d.loader
+	if base, err := d.loader.Stats(); err == nil { // programStats
+		d.st.progBase = base
+	}
 	inCgroup(cgroup, d.log)
 	d.peers = newPeerCache(time.Now, d.loader.AddNegative)
 	// The negative cache is pinned: an earlier smcrd's entries still steer

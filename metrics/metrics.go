@@ -158,6 +158,8 @@ var (
 		{desc("buffer_reuses_total", "Buffers taken from the free pool instead of allocated.", "direction"), func(d control.Direction) uint64 { return d.Reuses }},
 	}
 
+	programDesc = desc("program_events_total", "The eBPF programs' counters: connections redirected or left direct (skip_*), SYNs marked and steered, options sent and echoed.", "event")
+
 	bufferSizeDesc  = desc("buffer_size_total", "Buffers used, by size bucket (upper bound).", "direction", "size")
 	requestSizeDesc = desc("request_size_total", "Requests, by payload size bucket (upper bound).", "direction", "size")
 
@@ -180,7 +182,7 @@ var (
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{upDesc, enabledDesc, uptimeDesc, stateDesc, fallbackDesc, bufferSizeDesc, requestSizeDesc,
+	for _, d := range []*prometheus.Desc{upDesc, enabledDesc, uptimeDesc, stateDesc, fallbackDesc, programDesc, bufferSizeDesc, requestSizeDesc,
 		lgInfoDesc, lgConnsDesc, lgLinksDesc, lgMostDesc, lgBytesDesc, lgWRDesc,
 		linkInfoDesc, linkActiveDesc, linkConnsDesc, linkBytesDesc, linkWRDesc, linkErrDesc, linkRTTDesc} {
 		ch <- d
@@ -223,6 +225,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 
 	for _, m := range scalars {
 		ch <- prometheus.MustNewConstMetric(m.d, m.t, m.get(s))
+	}
+	for event, n := range s.Programs {
+		counter(programDesc, n, event)
 	}
 	// The same reason may be listed twice if a backend splits it; sum per label set
 	// so the registry never sees a duplicate series.

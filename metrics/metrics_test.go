@@ -144,6 +144,10 @@ func expected(t *testing.T, statsJSON map[string]any, links []control.Link) samp
 				want[key(name, "direction", dir)] = v
 				return
 			}
+			if dir == "programs" {
+				want[key("smcr_program_events_total", "event", field)] = v
+				return
+			}
 			t.Errorf("stats field %s has no metric", prefix)
 		case []any:
 			dir, field, _ := strings.Cut(prefix, ".")

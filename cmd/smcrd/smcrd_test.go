@@ -532,6 +532,50 @@ func TestUnreachableGoesDirect(t *testing.T) {
 			t.Errorf("connection %d (%s): smcrd handled %d since the server came up, want %d", i, via, got, i)
 		}
 	}
+	// The programs counted it all (smcrctl stats -d), and a reset zeroes
+	// their counters as it does smcrd's.
+	st, err := s.ctl.ResetStats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := st.Programs; p["redirected"] != 3 || p["skip_unreachable"] != 2 {
+		t.Errorf("programs' counters %v: want 3 redirected, 2 left direct as unreachable", p)
+	}
+	if st, err = s.ctl.Stats(context.Background()); err != nil || st.Programs["redirected"] != 0 || st.Programs["skip_unreachable"] != 0 {
+		t.Errorf("after a reset, programs' counters %v, %v: want 0", st.Programs, err)
+	}
+	// So does a restart, though the counters stay pinned with the programs;
+	// and the control server answers while smcrd shuts down (the loader
+	// refuses reads once closing: go test -race ran them into each other).
+	stop := make(chan struct{})
+	go func() {
+		defer close(stop)
+		for {
+			select {
+			case <-s.done:
+				return
+			default:
+				s.ctl.Stats(context.Background())
+			}
+		}
+	}()
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	if code := s.exit(t, 10*time.Second); code != 0 {
+		t.Errorf("smcrd exited %d on SIGTERM", code)
+	}
+	<-stop
+	s = h.start(filepath.Join(h.dir, "smcrd2.sock"))
+	s.serving(t)
+	if c, err := h.dialFromA(dst); err != nil || echoes(c, "after the restart") != nil {
+		t.Fatalf("after the restart: %v", err)
+	} else {
+		c.Close()
+	}
+	// B runs no smcrd: the connection through smcrd above put it in the
+	// negative cache, which is pinned too, so this one went direct.
+	if st, err = s.ctl.Stats(context.Background()); err != nil || st.Programs["redirected"] != 0 || st.Programs["skip_negative"] != 1 {
+		t.Errorf("after a restart and one connection, programs' counters %v, %v: want 1 left direct for the negative cache, none redirected", st.Programs, err)
+	}
 }
 
 // TestApplicationPortTaken: smcrd connects from the port the application sees

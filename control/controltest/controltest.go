@@ -116,6 +116,8 @@ func FixedStats() control.Stats {
 		RX: rx, TX: tx,
 		MemoryInUse: 1 << 20, MemoryPooled: 512 << 10, MemoryPeak: 6 << 20, ProtocolErrors: 1, Aborts: 2,
 		Links: control.LinkEvents{Added: 1, Deleted: 1, ConnsMoved: 3},
+		Programs: map[string]uint64{"redirected": 25, "skip_negative": 7, "skip_unreachable": 1,
+			"syn_marked": 15, "steered": 15},
 	}
 }
 

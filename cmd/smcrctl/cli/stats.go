@@ -8,6 +8,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 
 	"github.com/smcr-io/smcr/control"
 )
@@ -25,7 +27,12 @@ writer waited for space), too small (a request larger than the buffer), downgrad
 from the pool).
 
 Options:
-  -d      details: buffer and request size histograms, memory, protocol errors
+  -d      details: buffer and request size histograms, memory, protocol
+          errors, and the eBPF programs' counters: connections redirected to
+          smcrd or left direct and why (skip_dead: smcrd not alive,
+          skip_negative: peer without SMC-R, skip_prefix: route not through a
+          listed interface, skip_unreachable: smcrd could not reach it lately),
+          SYNs marked and steered, SMC options sent and echoed
   -r      reset the counters: smcrd hands over their values and zeroes them
           in one step, so nothing counted in between is lost; the values are
           printed afterwards. If they cannot be written, smcrctl says so and
@@ -136,6 +143,16 @@ func writeStats(out io.Writer, st control.Stats, detail bool) error {
 	row(tw, "  connections moved to another link", st.Links.ConnsMoved)
 	row(tw, "  connections continued over TCP", st.Links.ConnsContinued)
 	tw.Flush()
+
+	if len(st.Programs) > 0 {
+		fmt.Fprintln(w)
+		tw = table(w)
+		row(tw, "eBPF programs")
+		for _, name := range slices.Sorted(maps.Keys(st.Programs)) {
+			row(tw, "  "+name, st.Programs[name])
+		}
+		tw.Flush()
+	}
 	return w.err
 }
 
