@@ -48,7 +48,7 @@ func (d *Daemon) serveRedirected(app *net.TCPConn) {
 
 	ctx, cancel := context.WithTimeout(d.ctx, dialTimeout)
 	defer cancel()
-	dl := net.Dialer{Control: d.loader.Control(bpf.Tag{SMCOption: true})}
+	dl := net.Dialer{Control: sharedPort(d.loader.Control(bpf.Tag{SMCOption: true}))}
 	dl.SetMultipathTCP(false)
 	// From the address and port the application sees as its own (getsockname),
 	// so that the server's application sees the client the client's does. Where
@@ -114,6 +114,26 @@ func (d *Daemon) serveRedirected(app *net.TCPConn) {
 	}
 	d.settle(t, conn, orig.Addr(), ttl)
 	d.carry(t, app, conn)
+}
+
+// sharedPort adds SO_REUSEADDR to control, for smcrd's outbound sockets: a
+// port connect() gave one of them (to a local server, say) stays open to
+// another that binds it to show a server the application's port (connect
+// shares a port among destinations; bind refuses one in use unless every
+// holder allows it). The kernel still refuses a 4-tuple in use.
+func sharedPort(control func(network, address string, c syscall.RawConn) error) func(string, string, syscall.RawConn) error {
+	return func(network, address string, c syscall.RawConn) error {
+		if err := control(network, address, c); err != nil {
+			return err
+		}
+		var serr error
+		if err := c.Control(func(fd uintptr) {
+			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}
 }
 
 // addUnreachable has the programs leave the connections to dst direct, so that

@@ -14,6 +14,7 @@ import (
 	"io"
 	"io/fs"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -621,6 +622,77 @@ func TestApplicationPortTaken(t *testing.T) {
 		t.Errorf("smcrd handled %d connections, want 1", st.Connections.Handled)
 	}
 	s.waitLog(t, "connect from the application's port")
+}
+
+// TestApplicationPortShared: the application's port, taken on the
+// interface's address by a connection that allows sharing it (SO_REUSEADDR,
+// as smcrd's own connections to local servers have), is still the port smcrd
+// connects from: the server sees the port the client's application sees.
+// Without SO_REUSEADDR on smcrd's socket, bind refused it.
+func TestApplicationPortShared(t *testing.T) {
+	h := newTestHost(t)
+	direct, err := h.pair.B.Listen("tcp", ":80") // not a listed port
+	if err != nil {
+		t.Fatal(err)
+	}
+	echoServer(t, direct)
+	ln, err := h.pair.B.Listen("tcp", ":5201")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	seen := make(chan netip.AddrPort, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		ap := c.RemoteAddr().(*net.TCPAddr).AddrPort()
+		seen <- netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+		io.Copy(c, c)
+	}()
+	s := h.start(filepath.Join(h.dir, "smcrd.sock"))
+	s.serving(t)
+	if err := h.pair.A.Do(func() error {
+		return os.WriteFile("/proc/sys/net/ipv4/ip_local_port_range", []byte("40000 40000"), 0o644)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var held net.Conn
+	if err := h.pair.A.Do(func() error { // 198.18.0.1:40000, direct, shareable
+		d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+			var serr error
+			c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1) })
+			return serr
+		}}
+		var err error
+		held, err = d.Dial("tcp", fmt.Sprintf("%s:80", h.pair.B.Addr4()))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	c, err := h.dialFromA(fmt.Sprintf("%s:5201", h.pair.B.Addr4()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := echoes(c, "through smcrd from the application's port"); err != nil {
+		t.Fatal(err)
+	}
+	app := c.LocalAddr().(*net.TCPAddr).AddrPort() // as the programs show it
+	select {
+	case got := <-seen:
+		if got != app {
+			t.Errorf("the server sees %v, the client's application %v", got, app)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the server accepted nothing")
+	}
+	if strings.Contains(s.out.String(), "connect from the application's port") {
+		t.Errorf("smcrd could not bind the application's port:\n%s", s.out.String())
+	}
 }
 
 // TestControlSocketFailureReleases: smcrd that cannot open its control socket
