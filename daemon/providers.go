@@ -87,7 +87,7 @@ func openDevices(providers []string, ifaces []config.Interface, rdma []config.RD
 					Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
 						var dl net.Dialer
 						dl.SetMultipathTCP(false)
-						dl.Control = own
+						dl.Control = sharedPort(own) // redirect.go
 						return dl.DialContext(ctx, network, addr)
 					},
 					Logger: log,

@@ -116,7 +116,8 @@ func (d *Daemon) serveRedirected(app *net.TCPConn) {
 	d.carry(t, app, conn)
 }
 
-// sharedPort adds SO_REUSEADDR to control, for smcrd's outbound sockets: a
+// sharedPort adds SO_REUSEADDR to control, for smcrd's outbound sockets (to
+// the original destination, to the local application, the soft provider's): a
 // port connect() gave one of them (to a local server, say) stays open to
 // another that binds it to show a server the application's port (connect
 // shares a port among destinations; bind refuses one in use unless every
