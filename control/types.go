@@ -96,7 +96,7 @@ type ConnCounts struct {
 	Handled         uint64 `json:"handled"`          // connections that ran (or tried) the CLC handshake
 	SMCR            uint64 `json:"smcr"`             // that went SMC-R
 	Fallback        uint64 `json:"fallback"`         // that became plain TCP (sum of Fallbacks)
-	HandshakeErrors uint64 `json:"handshake_errors"` // CLC failures: timeouts, malformed messages
+	HandshakeErrors uint64 `json:"handshake_errors"` // CLC failures: timeouts (fallbacks too), TCP connections lost during CLC, setups smcrd could not start
 	FirstContact    uint64 `json:"first_contact"`    // SMC-R connections that created a link group
 	Reused          uint64 `json:"reused"`           // SMC-R connections that reused a link group
 	Active          int64  `json:"active"`           // SMC-R connections open now

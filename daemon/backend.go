@@ -121,7 +121,7 @@ func (d *Daemon) stats(s smcr.Stats, reset bool) control.Stats {
 		Connections: control.ConnCounts{
 			Handled:         s.Handled + plain,
 			SMCR:            s.SMC,
-			HandshakeErrors: get(&d.st.setupErrors),
+			HandshakeErrors: get(&d.st.setupErrors) + s.HandshakeErrors,
 			FirstContact:    s.FirstContact,
 			Reused:          s.Reused,
 			Active:          s.Active,

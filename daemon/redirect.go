@@ -101,8 +101,8 @@ func (d *Daemon) serveRedirected(app *net.TCPConn) {
 		// Reset or closed during CLC: most often the peer's smcrd found no
 		// application at orig (steer.go). That says nothing of its other
 		// ports, so the peer is not cached as without SMC-R; orig is
-		// unreachable, until a direct connection to it succeeds.
-		d.st.setupErrors.Add(1)
+		// unreachable, until a direct connection to it succeeds. The
+		// engine counts the handshake error.
 		if unreachable(err) && d.ctx.Err() == nil {
 			d.addUnreachable(orig, err)
 		} else {

@@ -35,8 +35,7 @@ func (d *Daemon) serveSteered(peer *net.TCPConn) {
 	}
 	app := c.(*net.TCPConn)
 	conn, err := d.engine.Server(d.ctx, peer)
-	if err != nil {
-		d.st.setupErrors.Add(1)
+	if err != nil { // counted by the engine (handshake errors)
 		d.log.Info("clc as server", "peer", t.remote, "err", err)
 		abort(peer)
 		abort(app)

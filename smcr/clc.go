@@ -189,6 +189,7 @@ func failed(ctx context.Context, err error) bool {
 func fail(ctx context.Context, c *Conn, err error) (*Conn, error) {
 	c.abandonSetup()
 	c.e.untrack(c)
+	c.e.st.handshakeErrors.Add(1)
 	if ctxOver(ctx) {
 		err = ctx.Err()
 		if err == nil {

@@ -85,6 +85,9 @@ func TestDialCancelled(t *testing.T) {
 		st := e.Stats()
 		return len(e.Conns()) == 0 && st.MemoryInUse == 0
 	})
+	if st := e.Stats(); st.HandshakeErrors != 1 || len(st.Fallback) != 0 {
+		t.Errorf("stats %+v: want one handshake error, no fallback", st)
+	}
 }
 
 // TestListenerSurvivesEMFILE: an accept that fails for lack of file

@@ -55,8 +55,8 @@ func TestClientConnLost(t *testing.T) {
 			if !errors.Is(err, tc.want) {
 				t.Fatalf("dial: %v; want an error wrapping %v", err, tc.want)
 			}
-			if s := e.Stats(); s.Handled != 1 || len(s.Fallback) != 0 || s.SMC != 0 {
-				t.Errorf("stats %+v: want one handled, no fallback", s)
+			if s := e.Stats(); s.Handled != 1 || s.HandshakeErrors != 1 || len(s.Fallback) != 0 || s.SMC != 0 {
+				t.Errorf("stats %+v: want one handled, a handshake error, no fallback", s)
 			}
 			if cs := e.Conns(); len(cs) != 0 {
 				t.Errorf("engine still lists %+v", cs)
@@ -106,7 +106,7 @@ func TestServerConnLost(t *testing.T) {
 		defer c.Close()
 	}
 	deadline := time.Now().Add(waitLimit)
-	for p.srv.Stats().Handled == 0 || len(p.srv.Conns()) > 0 {
+	for p.srv.Stats().HandshakeErrors == 0 || len(p.srv.Conns()) > 0 {
 		if time.Now().After(deadline) {
 			t.Fatalf("server: stats %+v, conns %+v", p.srv.Stats(), p.srv.Conns())
 		}

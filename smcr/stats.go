@@ -36,28 +36,32 @@ type FallbackKey struct {
 
 // Stats is a snapshot of an Engine's counters.
 type Stats struct {
-	Handled      uint64                 // connections that ran (or tried) CLC
-	SMC          uint64                 // connections that went SMC-R
-	Fallback     map[FallbackKey]uint64 // connections that became plain TCP, by reason and side
-	FirstContact uint64                 // link groups created
-	LinkConfirms uint64                 // CONFIRM_LINK exchanges completed
-	Reused       uint64                 // SMC-R connections that reused a link group
-	Active       int64                  // SMC-R connections open now
-	TxBytes      uint64                 // bytes sent over RDMA
-	RxBytes      uint64                 // bytes received over RDMA
-	FallbackTx   uint64                 // bytes sent over TCP after a fallback
-	FallbackRx   uint64                 // bytes received over TCP after a fallback
-	CDCSent      uint64
-	CDCReceived  uint64
-	CDCStale     uint64 // CDCs dropped for a sequence number older than one taken
-	LLCSent      uint64
-	LLCReceived  uint64
-	WriteBlocked uint64 // times a writer found the peer's RMBE full
-	RxFull       uint64 // CDCs that filled our RMBE: the peer had to wait for the reader
-	RxTooSmall   uint64 // reads asking for more than the whole RMBE
-	TxTooSmall   uint64 // writes of more than the peer's whole RMBE (the send buffer)
-	RxReuses     uint64 // RMBs taken from the link group's pool instead of allocated
-	TxReuses     uint64 // send buffers taken from the pool instead of allocated
+	Handled  uint64                 // connections that ran (or tried) CLC
+	SMC      uint64                 // connections that went SMC-R
+	Fallback map[FallbackKey]uint64 // connections that became plain TCP, by reason and side
+	// HandshakeErrors counts handshakes that ended in an error instead:
+	// the TCP connection lost during CLC, or the context ended (Linux's
+	// clnt_hshake_err_cnt and srv_hshake_err_cnt together).
+	HandshakeErrors uint64
+	FirstContact    uint64 // link groups created
+	LinkConfirms    uint64 // CONFIRM_LINK exchanges completed
+	Reused          uint64 // SMC-R connections that reused a link group
+	Active          int64  // SMC-R connections open now
+	TxBytes         uint64 // bytes sent over RDMA
+	RxBytes         uint64 // bytes received over RDMA
+	FallbackTx      uint64 // bytes sent over TCP after a fallback
+	FallbackRx      uint64 // bytes received over TCP after a fallback
+	CDCSent         uint64
+	CDCReceived     uint64
+	CDCStale        uint64 // CDCs dropped for a sequence number older than one taken
+	LLCSent         uint64
+	LLCReceived     uint64
+	WriteBlocked    uint64 // times a writer found the peer's RMBE full
+	RxFull          uint64 // CDCs that filled our RMBE: the peer had to wait for the reader
+	RxTooSmall      uint64 // reads asking for more than the whole RMBE
+	TxTooSmall      uint64 // writes of more than the peer's whole RMBE (the send buffer)
+	RxReuses        uint64 // RMBs taken from the link group's pool instead of allocated
+	TxReuses        uint64 // send buffers taken from the pool instead of allocated
 	// RxDowngrades counts RMBs smaller than configured, for lack of memory.
 	// Send buffers mirror the peer's RMBE and are never downgraded.
 	RxDowngrades uint64
@@ -116,6 +120,7 @@ func load(c *atomic.Uint64, reset bool) uint64 {
 
 type stats struct {
 	handled, smc, firstContact, reused, linkConfirms atomic.Uint64
+	handshakeErrors                                  atomic.Uint64
 	active                                           atomic.Int64
 	txBytes, rxBytes, fbTx, fbRx                     atomic.Uint64
 	cdcSent, cdcRecv, cdcStale, llcSent, llcRecv     atomic.Uint64
@@ -159,39 +164,40 @@ func (s *stats) take(reset bool) Stats {
 	}
 	get := func(c *atomic.Uint64) uint64 { return load(c, reset) }
 	return Stats{
-		Handled:      get(&s.handled),
-		SMC:          get(&s.smc),
-		Fallback:     fb,
-		FirstContact: get(&s.firstContact),
-		LinkConfirms: get(&s.linkConfirms),
-		Reused:       get(&s.reused),
-		Active:       s.active.Load(),
-		TxBytes:      get(&s.txBytes),
-		RxBytes:      get(&s.rxBytes),
-		FallbackTx:   get(&s.fbTx),
-		FallbackRx:   get(&s.fbRx),
-		CDCSent:      get(&s.cdcSent),
-		CDCReceived:  get(&s.cdcRecv),
-		CDCStale:     get(&s.cdcStale),
-		LLCSent:      get(&s.llcSent),
-		LLCReceived:  get(&s.llcRecv),
-		WriteBlocked: get(&s.writeBlocked),
-		ProtoErrors:  get(&s.protoErrors),
-		Aborts:       get(&s.aborts),
-		Continued:    get(&s.continued),
-		AddLinks:     get(&s.addLinks),
-		DeleteLinks:  get(&s.deleteLinks),
-		MovedConns:   get(&s.movedConns),
-		RxFull:       get(&s.rxFull),
-		RxTooSmall:   get(&s.rxTooSmall),
-		TxTooSmall:   get(&s.txTooSmall),
-		RxReuses:     get(&s.rxReuses),
-		TxReuses:     get(&s.txReuses),
-		RxDowngrades: get(&s.rxDowngrades),
-		RxBufSizes:   s.rxBuf.take(reset),
-		TxBufSizes:   s.txBuf.take(reset),
-		RxReqSizes:   s.rxReq.take(reset),
-		TxReqSizes:   s.txReq.take(reset),
+		Handled:         get(&s.handled),
+		HandshakeErrors: get(&s.handshakeErrors),
+		SMC:             get(&s.smc),
+		Fallback:        fb,
+		FirstContact:    get(&s.firstContact),
+		LinkConfirms:    get(&s.linkConfirms),
+		Reused:          get(&s.reused),
+		Active:          s.active.Load(),
+		TxBytes:         get(&s.txBytes),
+		RxBytes:         get(&s.rxBytes),
+		FallbackTx:      get(&s.fbTx),
+		FallbackRx:      get(&s.fbRx),
+		CDCSent:         get(&s.cdcSent),
+		CDCReceived:     get(&s.cdcRecv),
+		CDCStale:        get(&s.cdcStale),
+		LLCSent:         get(&s.llcSent),
+		LLCReceived:     get(&s.llcRecv),
+		WriteBlocked:    get(&s.writeBlocked),
+		ProtoErrors:     get(&s.protoErrors),
+		Aborts:          get(&s.aborts),
+		Continued:       get(&s.continued),
+		AddLinks:        get(&s.addLinks),
+		DeleteLinks:     get(&s.deleteLinks),
+		MovedConns:      get(&s.movedConns),
+		RxFull:          get(&s.rxFull),
+		RxTooSmall:      get(&s.rxTooSmall),
+		TxTooSmall:      get(&s.txTooSmall),
+		RxReuses:        get(&s.rxReuses),
+		TxReuses:        get(&s.txReuses),
+		RxDowngrades:    get(&s.rxDowngrades),
+		RxBufSizes:      s.rxBuf.take(reset),
+		TxBufSizes:      s.txBuf.take(reset),
+		RxReqSizes:      s.rxReq.take(reset),
+		TxReqSizes:      s.txReq.take(reset),
 	}
 }
 
