@@ -5,6 +5,7 @@
 package daemon
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 	"sync"
@@ -21,7 +22,22 @@ type peerEntry struct {
 	reason  string
 	expires time.Time
 	hits    uint64
+	// lastCapable is when a connection to the peer last went SMC-R, carried
+	// over to the entries after; retries counts the short negative entries
+	// since (incapable).
+	lastCapable time.Time
+	retries     uint
 }
+
+// retryFirst is how long a peer that had SMC-R lately stays in the negative
+// cache when a connection to it goes without: most often its smcrd is
+// restarting (an upgrade: while it drains and starts, its host answers
+// without the option), and the whole TTL would keep every connection to it
+// off SMC-R for that long (10 minutes by default). Each time it still answers
+// without, the wait doubles, up to the TTL; a connection that goes SMC-R
+// starts over. A peer that really dropped SMC-R costs a few more connections
+// through smcrd's relay, never a failed one.
+const retryFirst = 5 * time.Second
 
 // peerCache is the daemon's view of its peers. negative, when set, also puts a
 // non-capable peer into the programs' negative cache for the same TTL.
@@ -39,15 +55,27 @@ func newPeerCache(now func() time.Time, negative func(netip.Addr, time.Duration)
 
 // capable records that a connection to peer went SMC-R.
 func (p *peerCache) capable(peer netip.Addr, ttl time.Duration) {
-	p.set(peer, &peerEntry{capable: true, expires: p.now().Add(ttl)})
+	now := p.now()
+	p.set(peer, &peerEntry{capable: true, expires: now.Add(ttl), lastCapable: now})
 }
 
 // incapable records that peer did not speak SMC-R and tells the programs to connect
-// to it directly until ttl passes.
+// to it directly until ttl passes, or sooner where it had SMC-R lately
+// (retryFirst).
 func (p *peerCache) incapable(peer netip.Addr, reason string, ttl time.Duration) error {
-	p.set(peer, &peerEntry{reason: reason, expires: p.now().Add(ttl)})
+	peer = peer.Unmap()
+	now := p.now()
+	e := &peerEntry{reason: reason, expires: now.Add(ttl)}
+	p.mu.Lock()
+	if old, ok := p.peers[peer]; ok && !old.lastCapable.IsZero() && now.Sub(old.lastCapable) < ttl {
+		ttl = min(ttl, retryFirst<<min(old.retries, 16))
+		e.expires, e.lastCapable, e.retries = now.Add(ttl), old.lastCapable, old.retries+1
+		e.reason += fmt.Sprintf(" (had SMC-R %v ago: tried again after %v)", now.Sub(old.lastCapable).Round(time.Second), ttl)
+	}
+	p.mu.Unlock()
+	p.set(peer, e)
 	if p.negative != nil {
-		return p.negative(peer.Unmap(), ttl)
+		return p.negative(peer, ttl)
 	}
 	return nil
 }

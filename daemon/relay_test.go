@@ -13,6 +13,8 @@ import (
 	"net"
 	"net/netip"
 	"runtime"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -493,6 +495,43 @@ func TestPeerCacheCapableKeepsNegative(t *testing.T) {
 	p.capable(x, time.Minute)
 	if l := p.list(); len(l) != 1 || !l[0].Capable {
 		t.Fatalf("capable after the negative entry expired: %+v", l)
+	}
+}
+
+// TestPeerCacheRetriesLatelyCapable: a peer whose connections went SMC-R and
+// then one did not (its smcrd restarting) is cached as without SMC-R for
+// retryFirst, twice that the next time, up to the TTL; a connection that goes
+// SMC-R starts over. A peer that had SMC-R longer than a TTL ago, or never,
+// gets the TTL.
+func TestPeerCacheRetriesLatelyCapable(t *testing.T) {
+	now := time.Unix(1000, 0)
+	var got []time.Duration
+	p := newPeerCache(func() time.Time { return now }, func(_ netip.Addr, ttl time.Duration) error {
+		got = append(got, ttl)
+		return nil
+	})
+	x := netip.MustParseAddr("198.18.0.2")
+	step := func(d time.Duration) { now = now.Add(d) }
+	p.capable(x, time.Minute)
+	step(time.Second)
+	p.incapable(x, reasonNoEcho, time.Minute) // 5 s
+	step(6 * time.Second)
+	p.incapable(x, reasonNoEcho, time.Minute) // 10 s
+	step(11 * time.Second)
+	p.incapable(x, reasonNoEcho, time.Minute) // 20 s
+	step(21 * time.Second)
+	p.incapable(x, reasonNoEcho, time.Minute) // 40 s
+	step(41 * time.Second)
+	p.incapable(x, reasonNoEcho, time.Minute) // had SMC-R 80 s ago: the TTL
+	step(61 * time.Second)
+	p.capable(x, time.Minute)
+	p.incapable(x, reasonNoEcho, time.Minute) // started over
+	want := []time.Duration{5 * time.Second, 10 * time.Second, 20 * time.Second, 40 * time.Second, time.Minute, 5 * time.Second}
+	if !slices.Equal(got, want) {
+		t.Fatalf("negative entries for %v, want %v", got, want)
+	}
+	if l := p.list(); len(l) != 1 || l[0].Capable || l[0].ExpiresInSeconds != 5 || !strings.Contains(l[0].Reason, "had SMC-R") {
+		t.Fatalf("list %+v: want x without SMC-R for 5 s, saying why so short", l)
 	}
 }
 

@@ -530,6 +530,48 @@ func TestKill(t *testing.T) {
 	check("new connections after the client's smcrd was killed idle")
 }
 
+// TestServerSmcrdRestart: restarting the server's smcrd (an upgrade) keeps
+// its clients off SMC-R for seconds, not for the negative cache's TTL (a
+// minute here, 10 by default). While it is down, the server host answers
+// without the SMC option and the client caches it as without SMC-R; a peer
+// that had SMC-R lately stays cached for 5 s the first time.
+func TestServerSmcrdRestart(t *testing.T) {
+	a, b := hosts(t)
+	a.start("providers = shm", ports)
+	b.start("providers = shm", ports)
+	b.serve(5201)
+	dst := fmt.Sprintf("%s:5201", b.ns.Addr4())
+	one := func(what string) {
+		t.Helper()
+		if r, err := a.client(dst, "-mode", "echo", "-bytes", "1000"); err != nil || r.OK != 1 {
+			t.Fatalf("%s: %+v %v", what, r, err)
+		}
+	}
+	one("before the restart")
+	if n := a.stats().Connections.SMCR; n != 1 {
+		t.Fatalf("%d SMC-R connections before the restart, want 1", n)
+	}
+	b.stop()
+	one("while the server's smcrd is down")
+	peers, err := a.ctl.Peers(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(peers) != 1 || peers[0].Capable || peers[0].ExpiresInSeconds > 5 {
+		t.Errorf("peers %+v: want B without SMC-R for 5 s at most", peers)
+	}
+	b.start("providers = shm", ports)
+	start := time.Now()
+	for a.stats().Connections.SMCR < 2 {
+		if time.Since(start) > 15*time.Second {
+			t.Fatalf("no connection went SMC-R again %v after the server's smcrd restarted (peers %+v)", time.Since(start), peers)
+		}
+		time.Sleep(250 * time.Millisecond)
+		one("after the restart")
+	}
+	t.Logf("SMC-R again %v after the restart", time.Since(start).Round(time.Millisecond))
+}
+
 // TestRuntimeConfig: smcrctl-style changes take effect for the next connection,
 // and persist writes the file.
 func TestRuntimeConfig(t *testing.T) {
