@@ -61,8 +61,8 @@ func (p *peerCache) capable(peer netip.Addr, ttl time.Duration) {
 
 // incapable records that peer did not speak SMC-R and tells the programs to connect
 // to it directly until ttl passes, or sooner where it had SMC-R lately
-// (retryFirst).
-func (p *peerCache) incapable(peer netip.Addr, reason string, ttl time.Duration) error {
+// (retryFirst). It returns how long.
+func (p *peerCache) incapable(peer netip.Addr, reason string, ttl time.Duration) (time.Duration, error) {
 	peer = peer.Unmap()
 	now := p.now()
 	e := &peerEntry{reason: reason, expires: now.Add(ttl)}
@@ -75,9 +75,9 @@ func (p *peerCache) incapable(peer netip.Addr, reason string, ttl time.Duration)
 	p.mu.Unlock()
 	p.set(peer, e)
 	if p.negative != nil {
-		return p.negative(peer, ttl)
+		return ttl, p.negative(peer, ttl)
 	}
-	return nil
+	return ttl, nil
 }
 
 // reasonKept is the reason of entries an earlier smcrd left in the pinned map.

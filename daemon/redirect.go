@@ -88,9 +88,7 @@ func (d *Daemon) serveRedirected(app *net.TCPConn) {
 		d.direct(t, app, tcp, reasonNoOption)
 		return
 	case !seen.PeerSupportsSMC():
-		if err := d.peers.incapable(orig.Addr(), reasonNoEcho, ttl); err != nil {
-			d.log.Warn("negative cache", "peer", orig.Addr(), "err", err)
-		}
+		d.incapable(orig.Addr(), reasonNoEcho, ttl)
 		d.direct(t, app, tcp, reasonNoEcho)
 		return
 	}
@@ -178,10 +176,19 @@ func (d *Daemon) settle(t *tracked, conn *smcr.Conn, peer netip.Addr, ttl time.D
 	// Memory short on either side is no reason to stop trying the peer: max_memory
 	// may be raised (smcrctl set) or freed at any time, and applies at once.
 	if t.client && (dc == nil || dc.Code != clc.DeclineNoMemory) {
-		if err := d.peers.incapable(peer, reason, ttl); err != nil {
-			d.log.Warn("negative cache", "peer", peer, "err", err)
-		}
+		d.incapable(peer, reason, ttl)
 	}
+}
+
+// incapable puts peer in the negative cache and says so: from now on the
+// programs leave connections to it direct, and smcrd sees none of them.
+func (d *Daemon) incapable(peer netip.Addr, reason string, ttl time.Duration) {
+	ttl, err := d.peers.incapable(peer, reason, ttl)
+	if err != nil {
+		d.log.Warn("negative cache", "peer", peer, "err", err)
+		return
+	}
+	d.log.Info("peer without SMC-R: connections to it go direct", "peer", peer, "reason", reason, "for", ttl)
 }
 
 // direct carries a connection as plain TCP without any CLC: both ends are

@@ -560,6 +560,9 @@ func TestServerSmcrdRestart(t *testing.T) {
 	if len(peers) != 1 || peers[0].Capable || peers[0].ExpiresInSeconds > 5 {
 		t.Errorf("peers %+v: want B without SMC-R for 5 s at most", peers)
 	}
+	if !strings.Contains(a.logText(), "peer without SMC-R: connections to it go direct") || !strings.Contains(a.logText(), "for=5s") {
+		t.Error("A's smcrd did not log that B went into its negative cache for 5 s")
+	}
 	b.start("providers = shm", ports)
 	start := time.Now()
 	for a.stats().Connections.SMCR < 2 {
