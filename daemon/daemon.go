@@ -131,7 +131,7 @@ type daemonStats struct {
 	resetAt                                            atomic.Int64 // unix nanoseconds
 
 	progMu   sync.Mutex
-	progBase map[string]uint64 // the programs' counters at the last reset (programStats)
+	progBase map[string]uint64 // the programs' counters at start or the last reset (programStats)
 }
 
 // tracked is one connection the daemon carries, for drain and for smcrctl conns.
