@@ -113,7 +113,7 @@ func (e *Engine) readCLCWithin(ctx context.Context, c *Conn, br *bufio.Reader, d
 		if connLost(err) {
 			return nil, clc.DeclinePeerNoSMC, false, lostError{err}
 		}
-		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) {
+		if errors.Is(err, net.ErrClosed) { // our own close
 			return nil, clc.DeclinePeerNoSMC, false, err
 		}
 		return nil, clc.DeclineConfigError, true, err
