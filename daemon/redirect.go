@@ -80,6 +80,19 @@ func (d *Daemon) serveRedirected(app *net.TCPConn) {
 	d.connMu.Unlock()
 	ttl := d.CurrentConfig().PeerCacheTTL
 	seen, err := d.loader.Seen(tcp.LocalAddr().(*net.TCPAddr).AddrPort(), tcp.RemoteAddr().(*net.TCPAddr).AddrPort())
+	if errors.Is(err, bpf.ErrUnknown) {
+		// sockops forgets a socket when it closes: a peer that reset the
+		// connection at once (its smcrd found no application at orig,
+		// steer.go) leaves no record. That is the reset of the handshake
+		// below, come early, not a SYN that went without the option.
+		if lost := endedEarly(tcp); lost != nil {
+			d.st.setupErrors.Add(1)
+			d.addUnreachable(orig, lost)
+			abort(tcp)
+			abort(app)
+			return
+		}
+	}
 	switch {
 	case err != nil || seen&bpf.SeenSentSYNOption == 0:
 		// sockops did not tag our SYN (smcrd outside the cgroup, or no option
@@ -112,6 +125,19 @@ func (d *Daemon) serveRedirected(app *net.TCPConn) {
 	}
 	d.settle(t, conn, orig.Addr(), ttl)
 	d.carry(t, app, conn)
+}
+
+// endedEarly is the error of a connection that closed before smcrd used it
+// (ECONNRESET where a system call took the socket's own), nil for one still open.
+func endedEarly(tcp *net.TCPConn) error {
+	closed, soerr, err := closedState(tcp)
+	if err != nil || !closed {
+		return nil
+	}
+	if soerr == 0 {
+		soerr = syscall.ECONNRESET
+	}
+	return &net.OpError{Op: "read", Net: "tcp", Source: tcp.LocalAddr(), Addr: tcp.RemoteAddr(), Err: soerr}
 }
 
 // sharedPort adds SO_REUSEADDR to control, for smcrd's outbound sockets (to

@@ -154,33 +154,41 @@ func resetAtEOF(src net.Conn, srcShut *atomic.Bool) error {
 	if tcp == nil || srcShut.Load() {
 		return nil
 	}
+	closed, soerr, err := closedState(tcp)
+	switch {
+	case err != nil:
+		return &net.OpError{Op: "read", Net: "tcp", Source: tcp.LocalAddr(), Addr: tcp.RemoteAddr(), Err: err}
+	case closed && soerr != unix.EPIPE:
+		// Closed. A reset after the FIN (the error EPIPE, still there:
+		// the read stopped at the FIN without taking it) came after every
+		// byte; one that left no error had its error taken by a write.
+		return &net.OpError{Op: "read", Net: "tcp", Source: tcp.LocalAddr(), Addr: tcp.RemoteAddr(), Err: unix.ECONNRESET}
+	}
+	return nil
+}
+
+// closedState says whether tcp's connection is closed (TCP_CLOSE: reset, or
+// both sides done) and, if so, the error pending on it (SO_ERROR, which this
+// takes), zero when a system call took it first.
+func closedState(tcp *net.TCPConn) (closed bool, soerr unix.Errno, err error) {
 	rc, err := tcp.SyscallConn()
 	if err != nil {
-		return err
+		return false, 0, err
 	}
-	var reset bool
 	var serr error
 	if err := rc.Control(func(fd uintptr) {
 		var info *unix.TCPInfo
 		if info, serr = unix.GetsockoptTCPInfo(int(fd), unix.SOL_TCP, unix.TCP_INFO); serr != nil || info.State != tcpClose {
 			return
 		}
-		// Closed. A reset after the FIN (the error EPIPE, still there:
-		// the read stopped at the FIN without taking it) came after every
-		// byte; one that left no error had its error taken by a write.
-		var soerr int
-		soerr, serr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ERROR)
-		reset = serr == nil && soerr != int(unix.EPIPE)
+		closed = true
+		var e int
+		e, serr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ERROR)
+		soerr = unix.Errno(e)
 	}); err != nil {
-		return err
+		return false, 0, err
 	}
-	switch {
-	case serr != nil:
-		return &net.OpError{Op: "read", Net: "tcp", Source: tcp.LocalAddr(), Addr: tcp.RemoteAddr(), Err: serr}
-	case reset:
-		return &net.OpError{Op: "read", Net: "tcp", Source: tcp.LocalAddr(), Addr: tcp.RemoteAddr(), Err: unix.ECONNRESET}
-	}
-	return nil
+	return closed, soerr, serr
 }
 
 // tcpUnder is the TCP socket that carries c's bytes: c itself, or the one an

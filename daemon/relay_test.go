@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -736,5 +737,36 @@ func TestRelayContinuedResetWhileWriting(t *testing.T) {
 		done := make(chan relayResult, 1)
 		go func() { done <- relay(appSide, conn, nil, nil) }()
 		resetWhileFlooded(t, app, peer, done)
+	}
+}
+
+// TestEndedEarly: a connection the peer reset before smcrd read from it is told
+// from one still open, and from one the peer only half-closed (its bytes and
+// FIN still to carry).
+func TestEndedEarly(t *testing.T) {
+	open, _ := nstest.TCPPair(t)
+	if err := endedEarly(open); err != nil {
+		t.Errorf("open connection: %v, want nil", err)
+	}
+
+	halfClosed, peer := nstest.TCPPair(t)
+	peer.Write([]byte("last bytes"))
+	peer.CloseWrite()
+	time.Sleep(20 * time.Millisecond) // the FIN is in
+	if err := endedEarly(halfClosed); err != nil {
+		t.Errorf("connection the peer half-closed: %v, want nil", err)
+	}
+
+	reset, peer := nstest.TCPPair(t)
+	peer.SetLinger(0)
+	peer.Close() // RST
+	var err error
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if err = endedEarly(reset); err != nil {
+			break
+		}
+	}
+	if !errors.Is(err, syscall.ECONNRESET) || !unreachable(err) {
+		t.Errorf("connection the peer reset: %v, want ECONNRESET", err)
 	}
 }
