@@ -53,6 +53,6 @@ func BenchmarkConnect(b *testing.B) {
 	b.Run("attached-unlisted", func(b *testing.B) { run(b, unlisted, other) })
 	// A listed port with smcrd alive but the destination in the negative cache:
 	// connect4 runs its whole policy, the SYN is parsed by tc, sk_lookup looks up.
-	must2(b, la.AddNegative(p.B.Addr4(), time.Hour))
+	must2(b, la.AddNegative(listed, time.Hour))
 	b.Run("attached-listed-negative", func(b *testing.B) { run(b, listed, app) })
 }

@@ -53,7 +53,7 @@ func TestCloseWhileInUse(t *testing.T) {
 		"SetAlive":       l.SetAlive(time.Second),
 		"SetPorts":       l.SetPorts([]PortRange{{Lo: 80, Hi: 80}}),
 		"SetPrefixes":    l.SetPrefixes(nil),
-		"AddNegative":    l.AddNegative(ap.Addr(), time.Second),
+		"AddNegative":    l.AddNegative(ap, time.Second),
 		"AddUnreachable": l.AddUnreachable(ap, time.Second),
 		"TagSocket":      l.TagSocket(0, Tag{}),
 		"Seen":           second(l.Seen(ap, ap)),

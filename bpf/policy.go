@@ -116,43 +116,41 @@ func (l *Loader) SetAlive(ttl time.Duration) error {
 	return nil
 }
 
-// AddNegative puts peer in the negative cache for ttl: connections to it are not
-// redirected until then (it answered without SMC-R).
-func (l *Loader) AddNegative(peer netip.Addr, ttl time.Duration) error {
+// AddNegative puts dst in the negative cache for ttl: connections to it (that
+// address and port) are not redirected until then (it answered without SMC-R).
+func (l *Loader) AddNegative(dst netip.AddrPort, ttl time.Duration) error {
 	if err := l.hold(); err != nil {
 		return err
 	}
 	defer l.inUse.RUnlock()
 	until := monotonic() + uint64(max(ttl, 0))
-	if err := l.objs.SmcrNegative.Update(addrKey(peer), until, ebpf.UpdateAny); err != nil {
-		return fmt.Errorf("bpf: add negative %s: %w", peer, err)
+	if err := l.objs.SmcrNegative.Update(destKey(dst), until, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("bpf: add negative %s: %w", dst, err)
 	}
 	return nil
 }
 
-// RemoveNegative takes peer out of the negative cache.
-func (l *Loader) RemoveNegative(peer netip.Addr) error {
+// RemoveNegative takes dst out of the negative cache.
+func (l *Loader) RemoveNegative(dst netip.AddrPort) error {
 	if err := l.hold(); err != nil {
 		return err
 	}
 	defer l.inUse.RUnlock()
-	err := l.objs.SmcrNegative.Delete(addrKey(peer))
+	err := l.objs.SmcrNegative.Delete(destKey(dst))
 	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return fmt.Errorf("bpf: remove negative %s: %w", peer, err)
+		return fmt.Errorf("bpf: remove negative %s: %w", dst, err)
 	}
 	return nil
 }
 
 // Negatives returns the live entries of the negative cache and how long each has
 // left. The map is pinned, so it holds what an earlier smcrd put there.
-func (l *Loader) Negatives() (map[netip.Addr]time.Duration, error) {
+func (l *Loader) Negatives() (map[netip.AddrPort]time.Duration, error) {
 	if err := l.hold(); err != nil {
 		return nil, err
 	}
 	defer l.inUse.RUnlock()
-	out, err := live(l.objs.SmcrNegative,
-		func(k smcrAddrKey) netip.Addr { return wordsAddr(k.Family, k.Addr) },
-		func(until uint64) uint64 { return until })
+	out, err := live(l.objs.SmcrNegative, keyDest, func(until uint64) uint64 { return until })
 	if err != nil {
 		return nil, fmt.Errorf("bpf: list negative cache: %w", err)
 	}
@@ -239,21 +237,27 @@ func (l *Loader) Unreachables() (map[netip.AddrPort]time.Duration, error) {
 		return nil, err
 	}
 	defer l.inUse.RUnlock()
-	out, err := live(l.objs.SmcrUnreach,
-		func(k smcrAddrPort) netip.AddrPort {
-			return netip.AddrPortFrom(wordsAddr(k.Family, k.Addr), hostPort(k.Port))
-		},
-		func(v smcrUnreach) uint64 { return v.Until })
+	out, err := live(l.objs.SmcrUnreach, keyDest, func(v smcrUnreach) uint64 { return v.Until })
 	if err != nil {
 		return nil, fmt.Errorf("bpf: list unreachable destinations: %w", err)
 	}
 	return out, nil
 }
 
-// destKey is dst as smcr_unreach keys it: IPv4-mapped addresses as IPv4.
+// destKey is dst as smcr_unreach and smcr_negative key it: IPv4-mapped
+// addresses as IPv4.
 func destKey(dst netip.AddrPort) smcrAddrPort {
-	k := addrKey(dst.Addr())
-	return smcrAddrPort{Family: k.Family, Addr: k.Addr, Port: netPort(dst.Port())}
+	a := dst.Addr().Unmap()
+	k := smcrAddrPort{Family: unix.AF_INET6, Addr: addrWords(a), Port: netPort(dst.Port())}
+	if a.Is4() {
+		k.Family = unix.AF_INET
+	}
+	return k
+}
+
+// keyDest is destKey's inverse.
+func keyDest(k smcrAddrPort) netip.AddrPort {
+	return netip.AddrPortFrom(wordsAddr(k.Family, k.Addr), hostPort(k.Port))
 }
 
 // SetPrefixes replaces the destination rules: with rules, connect4/6 redirect only
@@ -461,15 +465,6 @@ func netPort(p uint16) uint16 {
 }
 
 func hostPort(p uint16) uint16 { return netPort(p) }
-
-func addrKey(a netip.Addr) smcrAddrKey {
-	a = a.Unmap()
-	k := smcrAddrKey{Family: unix.AF_INET6, Addr: addrWords(a)}
-	if a.Is4() {
-		k.Family = unix.AF_INET
-	}
-	return k
-}
 
 // monotonic is CLOCK_MONOTONIC as the programs read it (bpf_ktime_get_ns): the
 // host's. Inside a time namespace (a container restored by CRIU, say) this

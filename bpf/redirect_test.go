@@ -190,6 +190,9 @@ func TestRedirectFailsOpen(t *testing.T) {
 	}
 }
 
+// TestRedirectNegativeCache: a destination in the negative cache is connected to
+// direct until its entry expires or is removed; the same host's other listed
+// ports are still redirected (a server host may offer SMC-R on some only).
 func TestRedirectNegativeCache(t *testing.T) {
 	h := newClientHost(t)
 	for _, b := range []netip.Addr{h.p.B.Addr4(), h.p.B.Addr6()} {
@@ -197,25 +200,30 @@ func TestRedirectNegativeCache(t *testing.T) {
 		if b.Is6() {
 			redir = h.redir6
 		}
-		orig := netip.AddrPortFrom(b, portListed).String()
-		must(t, h.l.AddNegative(b, 300*time.Millisecond))
+		dst := netip.AddrPortFrom(b, portListed)
+		orig := dst.String()
+		must(t, h.l.AddNegative(dst, 300*time.Millisecond))
 		if who, _, _ := whoAccepts(t, h.p.A, orig, h.server, redir); who != 0 {
-			t.Errorf("%s in the negative cache: connection went to listener %d, want the server", b, who)
+			t.Errorf("%s in the negative cache: connection went to listener %d, want the server", dst, who)
+		}
+		other := netip.AddrPortFrom(b, portListed+1).String()
+		if who, _, _ := whoAccepts(t, h.p.A, other, redir); who != 0 {
+			t.Errorf("%s in the negative cache: connection to %s went to listener %d, want the redirect listener", dst, other, who)
 		}
 		time.Sleep(400 * time.Millisecond)
 		if who, _, _ := whoAccepts(t, h.p.A, orig, redir, h.server); who != 0 {
-			t.Errorf("%s's negative entry expired: connection went to listener %d, want the redirect listener", b, who)
+			t.Errorf("%s's negative entry expired: connection went to listener %d, want the redirect listener", dst, who)
 		}
-		must(t, h.l.AddNegative(b, time.Minute))
-		if neg, err := h.l.Negatives(); err != nil || len(neg) != 1 || neg[b] <= 50*time.Second || neg[b] > time.Minute {
-			t.Errorf("Negatives() = %v, %v; want %s with about a minute left", neg, err, b)
+		must(t, h.l.AddNegative(dst, time.Minute))
+		if neg, err := h.l.Negatives(); err != nil || len(neg) != 1 || neg[dst] <= 50*time.Second || neg[dst] > time.Minute {
+			t.Errorf("Negatives() = %v, %v; want %s with about a minute left", neg, err, dst)
 		}
-		must(t, h.l.RemoveNegative(b))
+		must(t, h.l.RemoveNegative(dst))
 		if neg, err := h.l.Negatives(); err != nil || len(neg) != 0 {
 			t.Errorf("Negatives() after the removal = %v, %v; want none", neg, err)
 		}
 		if who, _, _ := whoAccepts(t, h.p.A, orig, redir, h.server); who != 0 {
-			t.Errorf("%s's negative entry removed: connection went to listener %d, want the redirect listener", b, who)
+			t.Errorf("%s's negative entry removed: connection went to listener %d, want the redirect listener", dst, who)
 		}
 	}
 }
@@ -764,7 +772,7 @@ func TestRedirectMapped(t *testing.T) {
 		t.Errorf("application's getsockname = %v, want %v", got, want)
 	}
 	// The IPv4 policy applies: a negative entry for the server keeps it direct.
-	must(t, h.l.AddNegative(b4, time.Minute))
+	must(t, h.l.AddNegative(netip.AddrPortFrom(b4, portListed), time.Minute))
 	connectRaw(t, h.p.A, &unix.SockaddrInet6{Addr: mapped.As16(), Port: portListed})
 	if acceptWithin(t, h.server, time.Second) == nil {
 		t.Errorf("%s in the negative cache: the server accepted nothing", b4)

@@ -13,12 +13,6 @@ import (
 	"github.com/cilium/ebpf"
 )
 
-type smcrAddrKey struct {
-	_      structs.HostLayout
-	Family uint32
-	Addr   [4]uint32
-}
-
 type smcrAddrPort struct {
 	_      structs.HostLayout
 	Family uint32

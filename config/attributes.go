@@ -145,7 +145,7 @@ var attributes = []attribute{
 		},
 	},
 	durationAttr("peer_cache_ttl", "10m",
-		"how long a peer without SMC-R is connected to directly, without trying again (one that had SMC-R lately, its smcrd restarting say: 5s, doubling while it stays without)",
+		"how long a destination (address and port) without SMC-R is connected to directly, without trying again (one that had SMC-R lately, its smcrd restarting say: 5s, doubling while it stays without)",
 		func(c *Config) *time.Duration { return &c.PeerCacheTTL }, time.Second, 7*24*time.Hour),
 	durationAttr("clc_timeout", "6s",
 		"wait for each CLC handshake message before falling back to TCP (Linux: 6s)",

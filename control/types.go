@@ -283,7 +283,7 @@ func (c Cursor) String() string { return fmt.Sprintf("%d:%d", c.Wrap, c.Count) }
 // Peer is one entry of the peer capability cache (GET /v1/peers).
 type Peer struct {
 	Addr             string  `json:"addr"`               // peer IP address
-	Port             uint16  `json:"port,omitempty"`     // set when the entry is for this port alone: a destination smcrd could not reach
+	Port             uint16  `json:"port,omitempty"`     // its port: an entry is for one destination, not the whole host
 	Capable          bool    `json:"capable"`            // the last handshake with it went SMC-R
 	Reason           string  `json:"reason,omitempty"`   // why not, when not capable
 	ExpiresInSeconds float64 `json:"expires_in_seconds"` // until the entry is forgotten and tried again

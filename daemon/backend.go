@@ -314,9 +314,10 @@ func (d *Daemon) Peers(context.Context) ([]control.Peer, error) {
 	return out, nil
 }
 
-// ForgetPeers takes peers (all when none is named) out of the peer cache, the
-// programs' negative cache and their unreachable destinations, so the next
-// connections to them are redirected and try SMC-R again.
+// ForgetPeers takes the entries of peers, every port (all entries when none is
+// named), out of the peer cache, the programs' negative cache and their
+// unreachable destinations, so the next connections to them are redirected and
+// try SMC-R again. It returns how many destinations it took out.
 func (d *Daemon) ForgetPeers(_ context.Context, peers []netip.Addr) (int, error) {
 	neg, err := d.loader.Negatives()
 	if err != nil {
@@ -326,29 +327,33 @@ func (d *Daemon) ForgetPeers(_ context.Context, peers []netip.Addr) (int, error)
 	if err != nil {
 		return 0, fmt.Errorf("daemon: forget peers: %w", err)
 	}
-	gone := map[netip.Addr]bool{}
+	named := func(ap netip.AddrPort) bool { return len(peers) == 0 || slices.Contains(peers, ap.Addr()) }
+	gone := map[netip.AddrPort]bool{}
+	for _, ap := range d.peers.forget(peers) {
+		gone[ap] = true
+	}
+	for ap := range neg {
+		if !named(ap) {
+			continue
+		}
+		if err := d.loader.RemoveNegative(ap); err != nil {
+			return len(gone), fmt.Errorf("daemon: forget peers: %w", err)
+		}
+		gone[ap] = true
+	}
+	// An unreachable destination may also be a peer cache entry (the same
+	// address and port): two entries, each counted.
+	n := len(gone)
 	for ap := range un {
-		if len(peers) > 0 && !slices.Contains(peers, ap.Addr()) {
+		if !named(ap) {
 			continue
 		}
 		if err := d.loader.RemoveUnreachable(ap); err != nil {
-			return len(gone), fmt.Errorf("daemon: forget peers: %w", err)
+			return n, fmt.Errorf("daemon: forget peers: %w", err)
 		}
-		gone[ap.Addr()] = true
+		n++
 	}
-	for _, a := range d.peers.forget(peers) {
-		gone[a] = true
-	}
-	for a := range neg {
-		if len(peers) > 0 && !slices.Contains(peers, a) {
-			continue
-		}
-		if err := d.loader.RemoveNegative(a); err != nil {
-			return len(gone), fmt.Errorf("daemon: forget peers: %w", err)
-		}
-		gone[a] = true
-	}
-	return len(gone), nil
+	return n, nil
 }
 
 // Devices lists the devices the engine uses.

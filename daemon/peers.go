@@ -1,6 +1,10 @@
 // Peer cache: which peers answered with SMC-R and which did not, for how long. A
 // peer without SMC-R goes into the programs' negative cache so the next connections
 // to it are not redirected at all (RFC 7609 §4.3 fallback, made cheap).
+//
+// A peer is a destination, address and port: a server host may offer SMC-R on
+// some ports only (its smcrd's port_range_list, or Linux's SMC for some
+// applications), and a port without must not take the others off SMC-R.
 
 package daemon
 
@@ -43,18 +47,18 @@ const retryFirst = 5 * time.Second
 // non-capable peer into the programs' negative cache for the same TTL.
 type peerCache struct {
 	now      func() time.Time
-	negative func(netip.Addr, time.Duration) error
+	negative func(netip.AddrPort, time.Duration) error
 
 	mu    sync.Mutex
-	peers map[netip.Addr]*peerEntry
+	peers map[netip.AddrPort]*peerEntry // by unmapAP
 }
 
-func newPeerCache(now func() time.Time, negative func(netip.Addr, time.Duration) error) *peerCache {
-	return &peerCache{now: now, negative: negative, peers: map[netip.Addr]*peerEntry{}}
+func newPeerCache(now func() time.Time, negative func(netip.AddrPort, time.Duration) error) *peerCache {
+	return &peerCache{now: now, negative: negative, peers: map[netip.AddrPort]*peerEntry{}}
 }
 
 // capable records that a connection to peer went SMC-R.
-func (p *peerCache) capable(peer netip.Addr, ttl time.Duration) {
+func (p *peerCache) capable(peer netip.AddrPort, ttl time.Duration) {
 	now := p.now()
 	p.set(peer, &peerEntry{capable: true, expires: now.Add(ttl), lastCapable: now})
 }
@@ -62,8 +66,8 @@ func (p *peerCache) capable(peer netip.Addr, ttl time.Duration) {
 // incapable records that peer did not speak SMC-R and tells the programs to connect
 // to it directly until ttl passes, or sooner where it had SMC-R lately
 // (retryFirst). It returns how long.
-func (p *peerCache) incapable(peer netip.Addr, reason string, ttl time.Duration) (time.Duration, error) {
-	peer = peer.Unmap()
+func (p *peerCache) incapable(peer netip.AddrPort, reason string, ttl time.Duration) (time.Duration, error) {
+	peer = unmapAP(peer)
 	now := p.now()
 	e := &peerEntry{reason: reason, expires: now.Add(ttl)}
 	p.mu.Lock()
@@ -85,21 +89,21 @@ const reasonKept = "not SMC-R capable when an earlier smcrd asked"
 
 // restore shows entries already in the programs' negative cache, each with the
 // time it has left.
-func (p *peerCache) restore(negative map[netip.Addr]time.Duration, reason string) {
+func (p *peerCache) restore(negative map[netip.AddrPort]time.Duration, reason string) {
 	now := p.now()
 	for a, left := range negative {
 		p.set(a, &peerEntry{reason: reason, expires: now.Add(left)})
 	}
 }
 
-// forget takes peers out of the cache (every one when none is named) and returns
-// those it held.
-func (p *peerCache) forget(peers []netip.Addr) []netip.Addr {
+// forget takes the entries of addrs, every port, out of the cache (every
+// entry when none is named) and returns those it held.
+func (p *peerCache) forget(addrs []netip.Addr) []netip.AddrPort {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	var gone []netip.Addr
+	var gone []netip.AddrPort
 	for a := range p.peers {
-		if len(peers) == 0 || slices.Contains(peers, a) {
+		if len(addrs) == 0 || slices.Contains(addrs, a.Addr()) {
 			delete(p.peers, a)
 			gone = append(gone, a)
 		}
@@ -107,8 +111,8 @@ func (p *peerCache) forget(peers []netip.Addr) []netip.Addr {
 	return gone
 }
 
-func (p *peerCache) set(peer netip.Addr, e *peerEntry) {
-	peer = peer.Unmap()
+func (p *peerCache) set(peer netip.AddrPort, e *peerEntry) {
+	peer = unmapAP(peer)
 	now := p.now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -141,21 +145,21 @@ func (p *peerCache) expireLocked(now time.Time) {
 	}
 }
 
-// list returns the live entries, sorted by address.
+// list returns the live entries, sorted by address and port.
 func (p *peerCache) list() []control.Peer {
 	now := p.now()
 	p.mu.Lock()
 	p.expireLocked(now)
 	out := make([]control.Peer, 0, len(p.peers))
 	for a, e := range p.peers {
-		out = append(out, control.Peer{Addr: a.String(), Capable: e.capable, Reason: e.reason,
+		out = append(out, control.Peer{Addr: a.Addr().String(), Port: a.Port(), Capable: e.capable, Reason: e.reason,
 			ExpiresInSeconds: e.expires.Sub(now).Seconds(), Hits: e.hits})
 	}
 	p.mu.Unlock()
 	slices.SortFunc(out, func(a, b control.Peer) int {
 		x, _ := netip.ParseAddr(a.Addr)
 		y, _ := netip.ParseAddr(b.Addr)
-		return x.Compare(y)
+		return netip.AddrPortFrom(x, a.Port).Compare(netip.AddrPortFrom(y, b.Port))
 	})
 	return out
 }

@@ -101,7 +101,7 @@ func (d *Daemon) serveRedirected(app *net.TCPConn) {
 		d.direct(t, app, tcp, reasonNoOption)
 		return
 	case !seen.PeerSupportsSMC():
-		d.incapable(orig.Addr(), reasonNoEcho, ttl)
+		d.incapable(orig, reasonNoEcho, ttl)
 		d.direct(t, app, tcp, reasonNoEcho)
 		return
 	}
@@ -123,7 +123,7 @@ func (d *Daemon) serveRedirected(app *net.TCPConn) {
 		abort(app)
 		return
 	}
-	d.settle(t, conn, orig.Addr(), ttl)
+	d.settle(t, conn, ttl)
 	d.carry(t, app, conn)
 }
 
@@ -184,12 +184,19 @@ func unreachable(err error) bool {
 	return false
 }
 
-// settle records how the handshake went: the connection in the table, the peer in
-// the cache (a peer that declined is tried again only after the TTL).
-func (d *Daemon) settle(t *tracked, conn *smcr.Conn, peer netip.Addr, ttl time.Duration) {
+// settle records how the handshake went: the connection in the table and, on
+// the client side, the destination in the peer cache (one that declined is
+// tried again only after the TTL). The server side has no say there: the cache
+// decides which connections the programs redirect, and a client's port is
+// nobody's destination.
+func (d *Daemon) settle(t *tracked, conn *smcr.Conn, ttl time.Duration) {
 	d.connMu.Lock()
 	t.conn = conn
 	d.connMu.Unlock()
+	if !t.client {
+		return
+	}
+	peer := t.remote
 	if conn.Mode() == smcr.ModeSMCR {
 		d.peers.capable(peer, ttl)
 		return
@@ -201,14 +208,14 @@ func (d *Daemon) settle(t *tracked, conn *smcr.Conn, peer netip.Addr, ttl time.D
 	}
 	// Memory short on either side is no reason to stop trying the peer: max_memory
 	// may be raised (smcrctl set) or freed at any time, and applies at once.
-	if t.client && (dc == nil || dc.Code != clc.DeclineNoMemory) {
+	if dc == nil || dc.Code != clc.DeclineNoMemory {
 		d.incapable(peer, reason, ttl)
 	}
 }
 
 // incapable puts peer in the negative cache and says so: from now on the
 // programs leave connections to it direct, and smcrd sees none of them.
-func (d *Daemon) incapable(peer netip.Addr, reason string, ttl time.Duration) {
+func (d *Daemon) incapable(peer netip.AddrPort, reason string, ttl time.Duration) {
 	ttl, err := d.peers.incapable(peer, reason, ttl)
 	if err != nil {
 		d.log.Warn("negative cache", "peer", peer, "err", err)

@@ -218,27 +218,33 @@ func TestRelayStop(t *testing.T) {
 	}
 }
 
+// TestPeerCache: entries by destination, address and port: a port without SMC-R
+// leaves the same host's others alone; expiry, entries an earlier smcrd left,
+// and forgetting an address (every port of it) or everything.
 func TestPeerCache(t *testing.T) {
 	now := time.Unix(1000, 0)
-	var neg []netip.Addr
-	p := newPeerCache(func() time.Time { return now }, func(a netip.Addr, ttl time.Duration) error {
+	var neg []netip.AddrPort
+	p := newPeerCache(func() time.Time { return now }, func(dst netip.AddrPort, ttl time.Duration) error {
 		if ttl != time.Minute {
 			t.Errorf("negative ttl %v", ttl)
 		}
-		neg = append(neg, a)
+		neg = append(neg, dst)
 		return nil
 	})
-	x := netip.MustParseAddr("198.18.0.2")
-	y := netip.MustParseAddr("::ffff:198.18.0.3")
+	x := netip.MustParseAddrPort("198.18.0.2:5201")
+	y := netip.MustParseAddrPort("[::ffff:198.18.0.3]:5201")
+	y2 := netip.MustParseAddrPort("198.18.0.3:6379")
 	p.capable(x, time.Minute)
+	p.capable(y2, time.Minute)
 	p.incapable(y, reasonNoEcho, time.Minute)
 	p.incapable(y, reasonNoEcho, time.Minute)
-	if len(neg) != 2 || neg[0] != y.Unmap() {
+	if len(neg) != 2 || neg[0] != unmapAP(y) {
 		t.Fatalf("negative cache got %v", neg)
 	}
 	l := p.list()
-	if len(l) != 2 || l[0].Addr != "198.18.0.2" || !l[0].Capable || l[1].Addr != "198.18.0.3" || l[1].Capable ||
-		l[1].Hits != 2 || l[1].Reason != reasonNoEcho || l[0].ExpiresInSeconds != 60 {
+	if len(l) != 3 || l[0].Addr != "198.18.0.2" || l[0].Port != 5201 || !l[0].Capable || l[0].ExpiresInSeconds != 60 ||
+		l[1].Addr != "198.18.0.3" || l[1].Port != 5201 || l[1].Capable || l[1].Hits != 2 || l[1].Reason != reasonNoEcho ||
+		l[2].Addr != "198.18.0.3" || l[2].Port != 6379 || !l[2].Capable || l[2].Hits != 1 {
 		t.Fatalf("list %+v", l)
 	}
 	now = now.Add(61 * time.Second)
@@ -246,14 +252,19 @@ func TestPeerCache(t *testing.T) {
 		t.Fatalf("expired entries listed: %+v", l)
 	}
 
-	// Entries an earlier smcrd left, then forgotten one by one and all at once.
-	z := netip.MustParseAddr("2001:db8::7")
-	p.restore(map[netip.Addr]time.Duration{x: 30 * time.Second, z: time.Minute}, reasonKept)
-	if l := p.list(); len(l) != 2 || l[0].Capable || l[0].Reason != reasonKept || l[0].ExpiresInSeconds != 30 || l[1].Addr != z.String() {
+	// Entries an earlier smcrd left, then forgotten by address and all at once.
+	z := netip.MustParseAddrPort("[2001:db8::7]:80")
+	p.restore(map[netip.AddrPort]time.Duration{x: 30 * time.Second, z: time.Minute}, reasonKept)
+	if l := p.list(); len(l) != 2 || l[0].Capable || l[0].Reason != reasonKept || l[0].ExpiresInSeconds != 30 || l[1].Addr != z.Addr().String() {
 		t.Fatalf("restored %+v", l)
 	}
-	if gone := p.forget([]netip.Addr{z, y}); len(gone) != 1 || gone[0] != z {
-		t.Errorf("forget(%s, %s) = %v, want %s", z, y, gone, z)
+	if gone := p.forget([]netip.Addr{z.Addr(), y.Addr()}); len(gone) != 1 || gone[0] != z {
+		t.Errorf("forget(%s, %s) = %v, want %s", z.Addr(), y.Addr(), gone, z)
+	}
+	p.capable(y, time.Minute)
+	p.capable(y2, time.Minute)
+	if gone := p.forget([]netip.Addr{y2.Addr()}); len(gone) != 2 {
+		t.Errorf("forget(%s) = %v, want both its ports", y2.Addr(), gone)
 	}
 	p.capable(y, time.Minute)
 	if gone := p.forget(nil); len(gone) != 2 || len(p.list()) != 0 {
@@ -485,8 +496,8 @@ func TestRelayUrgentBurst(t *testing.T) {
 // expires, it does.
 func TestPeerCacheCapableKeepsNegative(t *testing.T) {
 	now := time.Unix(1000, 0)
-	p := newPeerCache(func() time.Time { return now }, func(netip.Addr, time.Duration) error { return nil })
-	x := netip.MustParseAddr("198.18.0.2")
+	p := newPeerCache(func() time.Time { return now }, func(netip.AddrPort, time.Duration) error { return nil })
+	x := netip.MustParseAddrPort("198.18.0.2:5201")
 	p.incapable(x, "fallback", time.Minute)
 	p.capable(x, time.Minute)
 	if l := p.list(); len(l) != 1 || l[0].Capable || l[0].Reason != "fallback" || l[0].ExpiresInSeconds != 60 || l[0].Hits != 2 {
@@ -507,11 +518,11 @@ func TestPeerCacheCapableKeepsNegative(t *testing.T) {
 func TestPeerCacheRetriesLatelyCapable(t *testing.T) {
 	now := time.Unix(1000, 0)
 	var got []time.Duration
-	p := newPeerCache(func() time.Time { return now }, func(_ netip.Addr, ttl time.Duration) error {
+	p := newPeerCache(func() time.Time { return now }, func(_ netip.AddrPort, ttl time.Duration) error {
 		got = append(got, ttl)
 		return nil
 	})
-	x := netip.MustParseAddr("198.18.0.2")
+	x := netip.MustParseAddrPort("198.18.0.2:5201")
 	step := func(d time.Duration) { now = now.Add(d) }
 	p.capable(x, time.Minute)
 	step(time.Second)

@@ -41,6 +41,6 @@ func (d *Daemon) serveSteered(peer *net.TCPConn) {
 		abort(app)
 		return
 	}
-	d.settle(t, conn, t.remote.Addr(), d.CurrentConfig().PeerCacheTTL)
+	d.settle(t, conn, d.CurrentConfig().PeerCacheTTL)
 	d.carry(t, app, conn)
 }

@@ -80,11 +80,6 @@ struct addr_port {
 	__u16 _pad;
 };
 
-struct addr_key {
-	__u32 family;
-	__u32 addr[4];
-};
-
 struct lpm4_key {
 	__u32 prefixlen;
 	__u32 addr;
@@ -198,11 +193,15 @@ struct {
 	PIN;
 } smcr_unreach SEC(".maps");
 
-/* Negative peer cache: peer address -> CLOCK_MONOTONIC ns when the entry expires. */
+/* Negative peer cache: destination (address and port) that answered without
+ * SMC-R -> CLOCK_MONOTONIC ns when the entry expires. By port, not by host: a
+ * server host may offer SMC-R on some ports only (its port_range_list, or
+ * Linux's SMC for some applications), and one port without must not take the
+ * others off SMC-R. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 16384);
-	__type(key, struct addr_key);
+	__type(key, struct addr_port); /* IPv4-mapped addresses as IPv4 */
 	__type(value, __u64);
 	PIN;
 } smcr_negative SEC(".maps");

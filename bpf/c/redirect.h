@@ -17,8 +17,9 @@ static __always_inline int is_own(struct bpf_sock *sk)
 	return st && (st->flags & SK_OWN);
 }
 
-/* negative reports whether addr is in the negative peer cache and not expired. */
-static __always_inline int negative(struct addr_key *k)
+/* negative reports whether destination k is in the negative peer cache and not
+ * expired. */
+static __always_inline int negative(struct addr_port *k)
 {
 	__u64 *until = bpf_map_lookup_elem(&smcr_negative, k);
 
@@ -132,7 +133,6 @@ static __always_inline struct config *redirect_ok(struct bpf_sock_addr *ctx)
  * listener. */
 static __always_inline int redirect4(struct bpf_sock_addr *ctx, struct config *cfg, __u32 daddr)
 {
-	struct addr_key nk = {.family = AF_INET};
 	struct addr_port dk = {.family = AF_INET};
 	struct bpf_sock_tuple tup = {};
 	struct prefix_val *pv = 0;
@@ -152,13 +152,12 @@ static __always_inline int redirect4(struct bpf_sock_addr *ctx, struct config *c
 			return 0;
 		}
 	}
-	nk.addr[0] = daddr;
-	if (negative(&nk)) {
+	dk.addr[0] = daddr;
+	dk.port = (__u16)ctx->user_port;
+	if (negative(&dk)) {
 		count(STAT_SKIP_NEGATIVE);
 		return 0;
 	}
-	dk.addr[0] = daddr;
-	dk.port = (__u16)ctx->user_port;
 	if (unreachable(ctx, &dk))
 		return 0;
 	tup.ipv4.saddr = cfg->redir4_addr;
@@ -197,7 +196,6 @@ int smcr_connect4(struct bpf_sock_addr *ctx)
 SEC("cgroup/connect6")
 int smcr_connect6(struct bpf_sock_addr *ctx)
 {
-	struct addr_key nk = {.family = AF_INET6};
 	struct addr_port dk = {.family = AF_INET6};
 	struct bpf_sock_tuple tup = {};
 	struct prefix_val *pv = 0;
@@ -239,19 +237,15 @@ int smcr_connect6(struct bpf_sock_addr *ctx)
 			return direct(ctx);
 		}
 	}
-	nk.addr[0] = a0;
-	nk.addr[1] = a1;
-	nk.addr[2] = a2;
-	nk.addr[3] = a3;
-	if (negative(&nk)) {
-		count(STAT_SKIP_NEGATIVE);
-		return direct(ctx);
-	}
 	dk.addr[0] = a0;
 	dk.addr[1] = a1;
 	dk.addr[2] = a2;
 	dk.addr[3] = a3;
 	dk.port = (__u16)ctx->user_port;
+	if (negative(&dk)) {
+		count(STAT_SKIP_NEGATIVE);
+		return direct(ctx);
+	}
 	if (unreachable(ctx, &dk))
 		return direct(ctx);
 	__builtin_memcpy(tup.ipv6.saddr, cfg->redir6_addr, 16);

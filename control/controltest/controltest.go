@@ -81,8 +81,8 @@ func NewFake(file string) *Fake {
 			DeclineSide: control.SidePeer, DeclineCode: 0x03070000, DeclineReason: "IP subnet mismatch", TxBytes: 5, RxBytes: 6},
 	}
 	f.Ps = []control.Peer{
-		{Addr: "198.18.0.2", Capable: true, ExpiresInSeconds: 540, Hits: 12},
-		{Addr: "198.18.0.9", Capable: false, Reason: "peer did not send the SMC option", ExpiresInSeconds: 75.5, Hits: 3},
+		{Addr: "198.18.0.2", Port: 5201, Capable: true, ExpiresInSeconds: 540, Hits: 12},
+		{Addr: "198.18.0.9", Port: 6379, Capable: false, Reason: "peer did not send the SMC option", ExpiresInSeconds: 75.5, Hits: 3},
 		{Addr: "198.18.0.7", Port: 5201, Capable: false, Reason: "unreachable when smcrd connected: direct until a connection succeeds", ExpiresInSeconds: 600},
 	}
 	f.Ds = []control.Device{

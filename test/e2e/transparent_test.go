@@ -309,8 +309,8 @@ func TestFallbackAndNegativeCache(t *testing.T) {
 		t.Fatalf("after the first connection: %+v", s.Connections)
 	}
 	peers, err := a.ctl.Peers(context.Background())
-	if err != nil || len(peers) != 1 || peers[0].Addr != b.ns.Addr4().String() || peers[0].Capable {
-		t.Fatalf("peer cache: %v %+v", err, peers)
+	if err != nil || len(peers) != 1 || peers[0].Addr != b.ns.Addr4().String() || peers[0].Port != 5201 || peers[0].Capable {
+		t.Fatalf("peer cache: %v %+v, want %s not capable", err, peers, dst)
 	}
 	if ap, _ := netip.ParseAddrPort(r.Peers[0]); ap.Addr() != a.ns.Addr4() {
 		t.Errorf("server saw %s, want %s", r.Peers[0], a.ns.Addr4())
@@ -349,6 +349,40 @@ func TestFallbackAndNegativeCache(t *testing.T) {
 	}
 	if s := a.stats(); s.Connections.Handled != 1 || s.Connections.Fallback != 1 {
 		t.Errorf("after forgetting the peer, its connection did not try SMC-R: %+v", s.Connections)
+	}
+}
+
+// TestServerListsFewerPorts: the server host's smcrd lists fewer ports than the
+// client's. A connection to a port the server does not list falls back and
+// puts that port, not the host, into the negative cache: the host's listed
+// port keeps SMC-R, and the other port's next connections go direct.
+func TestServerListsFewerPorts(t *testing.T) {
+	a, b := hosts(t)
+	a.start("providers = shm", ports)
+	b.start("providers = shm", "port_range_list = 5201")
+	b.serve(5201)
+	b.serve(5202)
+	listed, unlisted := netip.AddrPortFrom(b.ns.Addr4(), 5201), netip.AddrPortFrom(b.ns.Addr4(), 5202)
+	if r, err := a.client(unlisted.String(), "-mode", "echo", "-bytes", "100000"); err != nil || r.OK != 1 {
+		t.Fatalf("to %s: %+v %v", unlisted, r, err)
+	}
+	if r, err := a.client(listed.String(), "-mode", "echo", "-bytes", "100000", "-conns", "2"); err != nil || r.OK != 2 {
+		t.Fatalf("to %s: %+v %v", listed, r, err)
+	}
+	if r, err := a.client(unlisted.String(), "-mode", "echo", "-bytes", "100000"); err != nil || r.OK != 1 {
+		t.Fatalf("to %s again: %+v %v", unlisted, r, err)
+	}
+	if s := a.stats(); s.Connections.Handled != 3 || s.Connections.SMCR != 2 || s.Connections.Fallback != 1 {
+		t.Errorf("A: %+v, want 3 through smcrd: the 2 to %s over SMC-R, the first to %s fallen back (its second went direct)", s.Connections, listed, unlisted)
+	}
+	peers, err := a.ctl.Peers(context.Background())
+	if err != nil || len(peers) != 2 {
+		t.Fatalf("peer cache: %v %+v, want %s capable and %s not", err, peers, listed, unlisted)
+	}
+	for _, p := range peers {
+		if p.Addr != b.ns.Addr4().String() || p.Capable != (p.Port == listed.Port()) {
+			t.Errorf("peer cache entry %+v, want %s capable and %s not", p, listed, unlisted)
+		}
 	}
 }
 

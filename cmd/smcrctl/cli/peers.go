@@ -14,17 +14,20 @@ var peersCmd = &command{
 	name:     "peers",
 	synopsis: "[--json] | --forget [ADDR...]",
 	short:    "list the peer cache: SMC-R capable or not, until when",
-	long: `Lists the peer capability cache. A peer that declined SMC-R (or never answered the
-SMC option) is connected to as plain TCP, without redirection, until its entry
-expires (peer_cache_ttl); then SMC-R is tried again.
+	long: `Lists the peer capability cache. A peer is a destination, address and port: a
+server host may offer SMC-R on some ports and not others. A peer that declined
+SMC-R (or never answered the SMC option) is connected to as plain TCP, without
+redirection, until its entry expires (peer_cache_ttl; a few seconds, doubling,
+for one that had SMC-R lately: its smcrd was most likely restarting); then
+SMC-R is tried again. The same host's other ports are not affected.
 
-Columns: PEER (IP address), SMC-R (yes or no), EXPIRES (time left), HITS
+Columns: PEER (address and port), SMC-R (yes or no), EXPIRES (time left), HITS
 (connections decided by the entry), REASON (why not SMC-R).
 
-A PEER with a port is a destination smcrd could not connect to (refused,
-unreachable, timed out): connections to it go direct, so that applications see
-the refusal or timeout themselves, for as long as they keep failing; the first
-that connects ends the entry.
+An entry whose reason says unreachable is a destination smcrd could not connect
+to (refused, unreachable, timed out): connections to it go direct, so that
+applications see the refusal or timeout themselves, for as long as they keep
+failing; the first that connects ends the entry.
 
 The cache outlives smcrd (its programs keep it), so a peer that declined while
 its own smcrd was restarting stays plain TCP until the entry expires: --forget
@@ -32,9 +35,9 @@ takes it out at once.
 
 Options:
   --json    print the cache as JSON
-  --forget  take the named peers (every entry when none is named, their
-            unreachable ports included) out of the cache: their next
-            connections try SMC-R again
+  --forget  take the named addresses, every port of them (every entry
+            when none is named), out of the cache: their next connections
+            try SMC-R again
 
 Examples:
   smcrctl peers
