@@ -31,8 +31,9 @@ type Backend interface {
 	Peers(ctx context.Context) ([]Peer, error)
 	// ForgetPeers takes peers out of the peer cache, every one when peers is
 	// empty, so that the next connections to them try SMC-R again; it returns
-	// how many entries went.
-	ForgetPeers(ctx context.Context, peers []netip.Addr) (int, error)
+	// how many entries went. A peer with port 0 stands for every port of its
+	// address (ParsePeer).
+	ForgetPeers(ctx context.Context, peers []netip.AddrPort) (int, error)
 	Devices(ctx context.Context) ([]Device, error)
 }
 

@@ -100,8 +100,9 @@ func (c *Client) Conns(ctx context.Context) (l []Conn, err error) {
 	return l, c.do(ctx, "GET", "/v1/conns", nil, &l)
 }
 
-// ForgetPeers takes addrs (IP addresses; all entries when none is given) out of
-// the peer cache and returns how many entries went.
+// ForgetPeers takes addrs out of the peer cache (IP addresses, every port of
+// them, or addresses and ports, as ParsePeer reads them; all entries when none
+// is given) and returns how many entries went.
 func (c *Client) ForgetPeers(ctx context.Context, addrs ...string) (int, error) {
 	var r ForgetPeersResult
 	return r.Forgotten, c.do(ctx, "POST", "/v1/peers/forget", ForgetPeersRequest{Addrs: addrs}, &r)

@@ -193,18 +193,14 @@ func (s *Server) Handler() http.Handler {
 			s.reply(w, r, nil, err)
 			return
 		}
-		peers := make([]netip.Addr, 0, len(req.Addrs))
+		peers := make([]netip.AddrPort, 0, len(req.Addrs))
 		for _, a := range req.Addrs {
-			p, err := netip.ParseAddr(a)
+			p, err := ParsePeer(a)
 			if err != nil {
-				s.reply(w, r, nil, fmt.Errorf("%w: %q is not an IP address", ErrInvalid, a))
+				s.reply(w, r, nil, fmt.Errorf("%w: %w", ErrInvalid, err))
 				return
 			}
-			if p.Zone() != "" {
-				s.reply(w, r, nil, fmt.Errorf("%w: %q: zones are not supported (link-local peers are never redirected)", ErrInvalid, a))
-				return
-			}
-			peers = append(peers, p.Unmap())
+			peers = append(peers, p)
 		}
 		n, err := s.b.ForgetPeers(r.Context(), peers)
 		s.log.Info("peer cache entries forgotten", "peers", req.Addrs, "forgotten", n, "uid", uidOf(r), "err", err)

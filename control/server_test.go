@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -212,11 +213,18 @@ func TestForgetPeers(t *testing.T) {
 	if _, err := c.ForgetPeers(ctx, "fe80::1%eth0"); !errors.Is(err, control.ErrInvalid) || !strings.Contains(err.Error(), "zones are not supported") {
 		t.Errorf("a zoned address: %v, want ErrInvalid saying zones are not supported", err)
 	}
+	if _, err := c.ForgetPeers(ctx, "198.18.0.9:0"); !errors.Is(err, control.ErrInvalid) {
+		t.Errorf("port 0: %v, want ErrInvalid", err)
+	}
 	if len(f.Ps) != all {
 		t.Error("a refused request forgot peers")
 	}
-	if n, err := c.ForgetPeers(ctx, f.Ps[0].Addr); err != nil || n != 1 || len(f.Ps) != all-1 {
-		t.Errorf("forgetting one: %d, %v, %d left; want 1 and %d left", n, err, len(f.Ps), all-1)
+	one := netip.AddrPortFrom(netip.MustParseAddr(f.Ps[0].Addr), f.Ps[0].Port)
+	if n, err := c.ForgetPeers(ctx, netip.AddrPortFrom(one.Addr(), one.Port()+1).String()); err != nil || n != 0 || len(f.Ps) != all {
+		t.Errorf("forgetting another port of %s: %d, %v, %d left; want none forgotten", one.Addr(), n, err, len(f.Ps))
+	}
+	if n, err := c.ForgetPeers(ctx, one.String()); err != nil || n != 1 || len(f.Ps) != all-1 {
+		t.Errorf("forgetting %s: %d, %v, %d left; want 1 and %d left", one, n, err, len(f.Ps), all-1)
 	}
 	if n, err := c.ForgetPeers(ctx); err != nil || n != all-1 || len(f.Ps) != 0 {
 		t.Errorf("forgetting all: %d, %v, %d left; want %d and none left", n, err, len(f.Ps), all-1)

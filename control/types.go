@@ -6,6 +6,8 @@ package control
 
 import (
 	"fmt"
+	"net/netip"
+	"slices"
 
 	"github.com/smcr-io/smcr/config"
 )
@@ -291,9 +293,38 @@ type Peer struct {
 }
 
 // ForgetPeersRequest is POST /v1/peers/forget's body: the peers to take out of
-// the peer cache, all of them when Addrs is empty.
+// the peer cache (as ParsePeer reads them), all of them when Addrs is empty.
 type ForgetPeersRequest struct {
 	Addrs []string `json:"addrs,omitempty"`
+}
+
+// ParsePeer reads a peer to forget: an IP address, which stands for every port
+// of it (port 0 in the result), or an address and port ("198.18.0.9:6379",
+// "[2001:db8::7]:443"). IPv4-mapped addresses come back as IPv4.
+func ParsePeer(s string) (netip.AddrPort, error) {
+	ap, err := netip.ParseAddrPort(s)
+	switch {
+	case err == nil && ap.Port() == 0:
+		return netip.AddrPort{}, fmt.Errorf("%q: port 0 is no destination (an address alone stands for all its ports)", s)
+	case err != nil:
+		a, aerr := netip.ParseAddr(s)
+		if aerr != nil {
+			return netip.AddrPort{}, fmt.Errorf("%q is neither an IP address nor an address and port", s)
+		}
+		ap = netip.AddrPortFrom(a, 0)
+	}
+	if ap.Addr().Zone() != "" {
+		return netip.AddrPort{}, fmt.Errorf("%q: zones are not supported: link-local peers are never redirected, so none is cached", s)
+	}
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), nil
+}
+
+// PeerNamed reports whether peers, as ForgetPeers takes them, name dst: every
+// destination when there are none, every port of an address with port 0.
+func PeerNamed(peers []netip.AddrPort, dst netip.AddrPort) bool {
+	return len(peers) == 0 || slices.ContainsFunc(peers, func(p netip.AddrPort) bool {
+		return p.Addr() == dst.Addr() && (p.Port() == 0 || p.Port() == dst.Port())
+	})
 }
 
 // ForgetPeersResult is its answer.

@@ -314,11 +314,11 @@ func (d *Daemon) Peers(context.Context) ([]control.Peer, error) {
 	return out, nil
 }
 
-// ForgetPeers takes the entries of peers, every port (all entries when none is
-// named), out of the peer cache, the programs' negative cache and their
+// ForgetPeers takes the entries peers name (control.PeerNamed: all when none
+// is named) out of the peer cache, the programs' negative cache and their
 // unreachable destinations, so the next connections to them are redirected and
-// try SMC-R again. It returns how many destinations it took out.
-func (d *Daemon) ForgetPeers(_ context.Context, peers []netip.Addr) (int, error) {
+// try SMC-R again. It returns how many entries it took out.
+func (d *Daemon) ForgetPeers(_ context.Context, peers []netip.AddrPort) (int, error) {
 	neg, err := d.loader.Negatives()
 	if err != nil {
 		return 0, fmt.Errorf("daemon: forget peers: %w", err)
@@ -327,7 +327,7 @@ func (d *Daemon) ForgetPeers(_ context.Context, peers []netip.Addr) (int, error)
 	if err != nil {
 		return 0, fmt.Errorf("daemon: forget peers: %w", err)
 	}
-	named := func(ap netip.AddrPort) bool { return len(peers) == 0 || slices.Contains(peers, ap.Addr()) }
+	named := func(ap netip.AddrPort) bool { return control.PeerNamed(peers, ap) }
 	gone := map[netip.AddrPort]bool{}
 	for _, ap := range d.peers.forget(peers) {
 		gone[ap] = true

@@ -96,14 +96,14 @@ func (p *peerCache) restore(negative map[netip.AddrPort]time.Duration, reason st
 	}
 }
 
-// forget takes the entries of addrs, every port, out of the cache (every
-// entry when none is named) and returns those it held.
-func (p *peerCache) forget(addrs []netip.Addr) []netip.AddrPort {
+// forget takes the entries peers name (control.PeerNamed) out of the cache and
+// returns those it held.
+func (p *peerCache) forget(peers []netip.AddrPort) []netip.AddrPort {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var gone []netip.AddrPort
 	for a := range p.peers {
-		if len(addrs) == 0 || slices.Contains(addrs, a.Addr()) {
+		if control.PeerNamed(peers, a) {
 			delete(p.peers, a)
 			gone = append(gone, a)
 		}

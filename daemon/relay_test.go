@@ -258,12 +258,17 @@ func TestPeerCache(t *testing.T) {
 	if l := p.list(); len(l) != 2 || l[0].Capable || l[0].Reason != reasonKept || l[0].ExpiresInSeconds != 30 || l[1].Addr != z.Addr().String() {
 		t.Fatalf("restored %+v", l)
 	}
-	if gone := p.forget([]netip.Addr{z.Addr(), y.Addr()}); len(gone) != 1 || gone[0] != z {
+	whole := func(a netip.Addr) netip.AddrPort { return netip.AddrPortFrom(a, 0) }
+	if gone := p.forget([]netip.AddrPort{whole(z.Addr()), whole(y.Addr())}); len(gone) != 1 || gone[0] != z {
 		t.Errorf("forget(%s, %s) = %v, want %s", z.Addr(), y.Addr(), gone, z)
 	}
 	p.capable(y, time.Minute)
 	p.capable(y2, time.Minute)
-	if gone := p.forget([]netip.Addr{y2.Addr()}); len(gone) != 2 {
+	if gone := p.forget([]netip.AddrPort{y2}); len(gone) != 1 || gone[0] != y2 {
+		t.Errorf("forget(%s) = %v, want it alone", y2, gone)
+	}
+	p.capable(y2, time.Minute)
+	if gone := p.forget([]netip.AddrPort{whole(y2.Addr())}); len(gone) != 2 {
 		t.Errorf("forget(%s) = %v, want both its ports", y2.Addr(), gone)
 	}
 	p.capable(y, time.Minute)

@@ -250,8 +250,8 @@ func (f *Fake) Peers(context.Context) ([]control.Peer, error) {
 }
 
 // ForgetPeers implements control.Backend: the named entries go from Ps (all
-// when none is named).
-func (f *Fake) ForgetPeers(_ context.Context, peers []netip.Addr) (int, error) {
+// when none is named; every port of an address named with port 0).
+func (f *Fake) ForgetPeers(_ context.Context, peers []netip.AddrPort) (int, error) {
 	unlock, err := f.lock()
 	defer unlock()
 	if err != nil {
@@ -260,7 +260,7 @@ func (f *Fake) ForgetPeers(_ context.Context, peers []netip.Addr) (int, error) {
 	n := len(f.Ps)
 	f.Ps = slices.DeleteFunc(f.Ps, func(p control.Peer) bool {
 		a, _ := netip.ParseAddr(p.Addr)
-		return len(peers) == 0 || slices.Contains(peers, a)
+		return control.PeerNamed(peers, netip.AddrPortFrom(a, p.Port))
 	})
 	return n - len(f.Ps), nil
 }

@@ -384,6 +384,13 @@ func TestServerListsFewerPorts(t *testing.T) {
 			t.Errorf("peer cache entry %+v, want %s capable and %s not", p, listed, unlisted)
 		}
 	}
+	// Forgetting the one port leaves the other's entry.
+	if n, err := a.ctl.ForgetPeers(context.Background(), unlisted.String()); err != nil || n != 1 {
+		t.Fatalf("ForgetPeers(%s): %d, %v; want 1", unlisted, n, err)
+	}
+	if peers, err := a.ctl.Peers(context.Background()); err != nil || len(peers) != 1 || peers[0].Port != listed.Port() {
+		t.Errorf("peer cache after forgetting %s: %v %+v, want %s alone", unlisted, err, peers, listed)
+	}
 }
 
 // TestPortNotListed: a port outside port_range_list is never touched.

@@ -59,6 +59,8 @@ func TestGolden(t *testing.T) {
 		{Name: "peers", Args: []string{"peers"}},
 		{Name: "peers_json", Args: []string{"peers", "--json"}},
 		{Name: "peers_forget", Args: []string{"peers", "--forget", "198.18.0.9", "198.18.0.77"}},
+		{Name: "peers_forget_port", Args: []string{"peers", "--forget", "198.18.0.9:6379", "[2001:db8::7]:443"}},
+		{Name: "peers_forget_port0", Args: []string{"peers", "--forget", "198.18.0.9:0"}, Exit: 2},
 		{Name: "peers_forget_all", Args: []string{"peers", "--forget"}},
 		{Name: "peers_forget_bad", Args: []string{"peers", "--forget", "frob"}, Exit: 2},
 		{Name: "peers_forget_zone", Args: []string{"peers", "--forget", "198.18.0.9", "fe80::1%v0"}, Exit: 2},

@@ -8,11 +8,13 @@ import (
 	"fmt"
 	"net/netip"
 	"time"
+
+	"github.com/smcr-io/smcr/control"
 )
 
 var peersCmd = &command{
 	name:     "peers",
-	synopsis: "[--json] | --forget [ADDR...]",
+	synopsis: "[--json] | --forget [ADDR[:PORT]...]",
 	short:    "list the peer cache: SMC-R capable or not, until when",
 	long: `Lists the peer capability cache. A peer is a destination, address and port: a
 server host may offer SMC-R on some ports and not others. A peer that declined
@@ -35,14 +37,15 @@ takes it out at once.
 
 Options:
   --json    print the cache as JSON
-  --forget  take the named addresses, every port of them (every entry
-            when none is named), out of the cache: their next connections
+  --forget  take the named peers out of the cache (an address alone: every
+            port of it; none named: every entry): their next connections
             try SMC-R again
 
 Examples:
   smcrctl peers
   smcrctl peers --json | jq -r '.[] | select(.capable | not) | .addr'
   smcrctl peers --forget 192.0.2.7
+  smcrctl peers --forget 192.0.2.7:6379 [2001:db8::7]:443
   smcrctl peers --forget`,
 	flags: func(fs *flag.FlagSet, o *options) {
 		jsonFlag(fs, o)
@@ -82,12 +85,8 @@ Examples:
 
 func forgetPeers(e *env, args []string) error {
 	for _, a := range args {
-		addr, err := netip.ParseAddr(a)
-		if err != nil {
-			return usagef("%q is not an IP address", a)
-		}
-		if addr.Zone() != "" {
-			return usagef("%q: zones are not supported: link-local peers are never redirected, so none is cached", a)
+		if _, err := control.ParsePeer(a); err != nil {
+			return usagef("%v", err)
 		}
 	}
 	n, err := e.client.ForgetPeers(e.ctx, args...)
