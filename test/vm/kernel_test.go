@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -125,9 +126,18 @@ func TestRunAccel(t *testing.T) {
 	})
 	t.Run("kvm", func(t *testing.T) {
 		t.Setenv("SMCR_VM_ACCEL", "kvm")
-		res, err := Run(context.Background(), Options{Args: []string{"true"}})
+		// Under KVM that works, true takes seconds.
+		res, err := Run(context.Background(), Options{Args: []string{"true"}, Timeout: 2 * time.Minute})
 		if unix.Access("/dev/kvm", unix.R_OK|unix.W_OK) == nil {
 			if err != nil || res.ExitCode != 0 {
+				// Some of these machines have a /dev/kvm whose (nested)
+				// KVM boots no guest: qemu aborts setting MSR 0x10a, or
+				// the guest hangs in early boot (MACHINE.md: "KVM does
+				// not work here"). run.sh's own refusals still fail.
+				if out := string(res.Output); !strings.Contains(out, "SMCR_VM_ACCEL") &&
+					(strings.Contains(out, "the guest did not run the command (qemu exit") || strings.Contains(out, "vm: timed out")) {
+					t.Skipf("this host's KVM boots no guest (exit %d):\n%s", res.ExitCode, lastLines(res.Output, 3))
+				}
 				t.Fatalf("under KVM: exit %d, err %v\n%s", res.ExitCode, err, res.Output)
 			}
 			return

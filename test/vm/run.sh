@@ -28,8 +28,8 @@ while [ $# -gt 0 ]; do
 done
 [ $# -gt 0 ] || { echo "usage: $0 [-t timeout_s] [-m mem_mb] [-e VAR=value]... -- command [arg...]" >&2; exit 2; }
 
-# The accelerator: TCG by default, the only one these machines have (no
-# /dev/kvm). SMCR_VM_ACCEL=kvm runs the guest under KVM where the host has it,
+# The accelerator: TCG by default, the only one that works on these machines
+# (most have no /dev/kvm; where one is, its nested KVM boots no guest). SMCR_VM_ACCEL=kvm runs the guest under KVM where the host has it,
 # at the CPU's own speed: under TCG a cgo call costs ~25 times what it does on
 # the host, which sets the ibv benchmarks' gap to perftest (docs/benchmarks.md).
 accel=${SMCR_VM_ACCEL:-tcg}
