@@ -21,7 +21,9 @@ server host may offer SMC-R on some ports and not others. A peer that declined
 SMC-R (or never answered the SMC option) is connected to as plain TCP, without
 redirection, until its entry expires (peer_cache_ttl; a few seconds, doubling,
 for one that had SMC-R lately: its smcrd was most likely restarting); then
-SMC-R is tried again. The same host's other ports are not affected.
+SMC-R is tried again. The same host's other ports are not affected. Only
+destinations this host's applications connect to are listed: smcrd keeps no
+entries for the clients it serves.
 
 Columns: PEER (address and port), SMC-R (yes or no), EXPIRES (time left), HITS
 (connections decided by the entry), REASON (why not SMC-R).
