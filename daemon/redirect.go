@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/smcr-io/smcr/bpf"
 	"github.com/smcr-io/smcr/control"
 	"github.com/smcr-io/smcr/smcr"
@@ -128,16 +130,30 @@ func (d *Daemon) serveRedirected(app *net.TCPConn) {
 }
 
 // endedEarly is the error of a connection that closed before smcrd used it
-// (ECONNRESET where a system call took the socket's own), nil for one still open.
+// (ECONNRESET where a system call took the socket's own), nil for one still open
+// or with bytes still to read: a server that wrote and reset at once is carried
+// as the application would have read it, bytes then reset.
 func endedEarly(tcp *net.TCPConn) error {
 	closed, soerr, err := closedState(tcp)
-	if err != nil || !closed {
+	if err != nil || !closed || queued(tcp) {
 		return nil
 	}
 	if soerr == 0 {
 		soerr = syscall.ECONNRESET
 	}
 	return &net.OpError{Op: "read", Net: "tcp", Source: tcp.LocalAddr(), Addr: tcp.RemoteAddr(), Err: soerr}
+}
+
+// queued reports whether tcp has received bytes not yet read (SIOCINQ), which
+// a reset leaves readable.
+func queued(tcp *net.TCPConn) bool {
+	rc, err := tcp.SyscallConn()
+	if err != nil {
+		return false
+	}
+	n := 0
+	rc.Control(func(fd uintptr) { n, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
+	return n > 0
 }
 
 // sharedPort adds SO_REUSEADDR to control, for smcrd's outbound sockets (to

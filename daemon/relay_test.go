@@ -785,4 +785,24 @@ func TestEndedEarly(t *testing.T) {
 	if !errors.Is(err, syscall.ECONNRESET) || !unreachable(err) {
 		t.Errorf("connection the peer reset: %v, want ECONNRESET", err)
 	}
+
+	// A server that wrote and then reset: its bytes are still to be read, as
+	// the application would have read them without smcrd.
+	wrote, peer := nstest.TCPPair(t)
+	peer.Write([]byte("banner"))
+	peer.SetLinger(0)
+	time.Sleep(20 * time.Millisecond) // the bytes are in
+	peer.Close()                      // RST
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if closed, _, _ := closedState(wrote); closed {
+			break
+		}
+	}
+	if err := endedEarly(wrote); err != nil {
+		t.Errorf("connection the peer wrote to and reset: %v, want nil (bytes to carry)", err)
+	}
+	b := make([]byte, 16)
+	if n, err := wrote.Read(b); string(b[:n]) != "banner" {
+		t.Errorf("read %q, %v; want the banner", b[:n], err)
+	}
 }
