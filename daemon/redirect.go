@@ -15,10 +15,9 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/smcr-io/smcr/bpf"
 	"github.com/smcr-io/smcr/control"
+	"github.com/smcr-io/smcr/internal/tcpurg"
 	"github.com/smcr-io/smcr/smcr"
 	"github.com/smcr-io/smcr/smcr/clc"
 )
@@ -144,16 +143,16 @@ func endedEarly(tcp *net.TCPConn) error {
 	return &net.OpError{Op: "read", Net: "tcp", Source: tcp.LocalAddr(), Addr: tcp.RemoteAddr(), Err: soerr}
 }
 
-// queued reports whether tcp has received bytes not yet read (SIOCINQ), which
-// a reset leaves readable.
+// queued reports whether tcp has received bytes not yet read, which a reset
+// leaves readable.
 func queued(tcp *net.TCPConn) bool {
 	rc, err := tcp.SyscallConn()
 	if err != nil {
 		return false
 	}
-	n := 0
-	rc.Control(func(fd uintptr) { n, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
-	return n > 0
+	var q bool
+	rc.Control(func(fd uintptr) { q = tcpurg.Queued(fd) })
+	return q
 }
 
 // sharedPort adds SO_REUSEADDR to control, for smcrd's outbound sockets (to

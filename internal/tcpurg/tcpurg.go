@@ -97,7 +97,7 @@ func (r *Reader) readFD(fd uintptr) bool {
 		case unix.EINTR:
 			continue
 		case unix.EAGAIN:
-			if queued(fd) && again < maxAgain {
+			if Queued(fd) && again < maxAgain {
 				continue // at the mark with a signal pending (atMarkEAGAIN)
 			}
 			return false // wait until readable
@@ -145,8 +145,8 @@ func (r *Reader) readFD(fd uintptr) bool {
 // with the byte queued for ever.
 const maxAgain = 1000
 
-// queued reports whether bytes wait in the socket's receive queue (SIOCINQ).
-func queued(fd uintptr) bool {
+// Queued reports whether bytes wait in the receive queue of the socket fd (SIOCINQ).
+func Queued(fd uintptr) bool {
 	n, err := unix.IoctlGetInt(int(fd), unix.SIOCINQ)
 	return err == nil && n > 0
 }
