@@ -140,7 +140,7 @@ func endedEarly(tcp *net.TCPConn) error {
 	if soerr == 0 {
 		soerr = syscall.ECONNRESET
 	}
-	return &net.OpError{Op: "read", Net: "tcp", Source: tcp.LocalAddr(), Addr: tcp.RemoteAddr(), Err: soerr}
+	return readError(tcp, soerr)
 }
 
 // queued reports whether tcp has received bytes not yet read, which a reset

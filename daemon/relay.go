@@ -157,14 +157,19 @@ func resetAtEOF(src net.Conn, srcShut *atomic.Bool) error {
 	closed, soerr, err := closedState(tcp)
 	switch {
 	case err != nil:
-		return &net.OpError{Op: "read", Net: "tcp", Source: tcp.LocalAddr(), Addr: tcp.RemoteAddr(), Err: err}
+		return readError(tcp, err)
 	case closed && soerr != unix.EPIPE:
 		// Closed. A reset after the FIN (the error EPIPE, still there:
 		// the read stopped at the FIN without taking it) came after every
 		// byte; one that left no error had its error taken by a write.
-		return &net.OpError{Op: "read", Net: "tcp", Source: tcp.LocalAddr(), Addr: tcp.RemoteAddr(), Err: unix.ECONNRESET}
+		return readError(tcp, unix.ECONNRESET)
 	}
 	return nil
+}
+
+// readError is err as a read from tcp would have returned it.
+func readError(tcp *net.TCPConn, err error) error {
+	return &net.OpError{Op: "read", Net: "tcp", Source: tcp.LocalAddr(), Addr: tcp.RemoteAddr(), Err: err}
 }
 
 // closedState says whether tcp's connection is closed (TCP_CLOSE: reset, or
