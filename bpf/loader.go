@@ -92,6 +92,7 @@ func (l *Loader) cgroupProgs() []struct {
 		{"getsockname4", o.SmcrGetsockname4, ebpf.AttachCgroupInet4GetSockname},
 		{"getsockname6", o.SmcrGetsockname6, ebpf.AttachCgroupInet6GetSockname},
 		{"getsockopt", o.SmcrGetsockopt, ebpf.AttachCGroupGetsockopt},
+		{"setsockopt", o.SmcrSetsockopt, ebpf.AttachCGroupSetsockopt},
 	}
 }
 

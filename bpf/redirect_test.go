@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -71,9 +72,13 @@ func TestRedirect(t *testing.T) {
 			if err != nil || got != orig {
 				t.Errorf("SO_ORIGINAL_DST = %v, %v; want %v", got, err, orig)
 			}
-			got, err = h.l.OriginalDstOf(addrPort(acc.LocalAddr()), addrPort(acc.RemoteAddr()))
-			if err != nil || got != orig {
-				t.Errorf("OriginalDstOf = %v, %v; want %v", got, err, orig)
+			// Go's dialer turns keepalive on after its connect (15 s, 15 s,
+			// 9 probes): the setsockopt program puts it in the entry.
+			goKeepAlive := []Sockopt{{unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1}, {unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, 15},
+				{unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, 15}, {unix.IPPROTO_TCP, unix.TCP_KEEPCNT, 9}}
+			o, err := h.l.OriginalOf(addrPort(acc.LocalAddr()), addrPort(acc.RemoteAddr()))
+			if err != nil || o.Dst != orig || !slices.Equal(o.Options, goKeepAlive) {
+				t.Errorf("OriginalOf = %+v, %v; want %v and options %v", o, err, orig, goKeepAlive)
 			}
 			// The application's side: getpeername shows the server it dialled,
 			// getsockname the address of the interface the route leaves through.
@@ -125,8 +130,8 @@ func TestRedirectSendAndClose(t *testing.T) {
 		t.Errorf("SO_ORIGINAL_DST after the application closed = %v, %v; want %v", got, err, orig)
 	}
 	local, remote := addrPort(acc.LocalAddr()), addrPort(acc.RemoteAddr())
-	if got, err := h.l.OriginalDstOf(local, remote); err != nil || got != orig {
-		t.Errorf("OriginalDstOf after the application closed = %v, %v; want %v", got, err, orig)
+	if o, err := h.l.OriginalOf(local, remote); err != nil || o.Dst != orig {
+		t.Errorf("OriginalOf after the application closed = %+v, %v; want %v", o, err, orig)
 	}
 	buf := make([]byte, 64)
 	acc.SetReadDeadline(time.Now().Add(time.Second))
@@ -134,8 +139,8 @@ func TestRedirectSendAndClose(t *testing.T) {
 		t.Errorf("read = %q, %v; want the application's bytes", buf[:n], err)
 	}
 	must(t, h.l.ForgetOriginalDst(local, remote))
-	if _, err := h.l.OriginalDstOf(local, remote); err != ErrUnknown {
-		t.Errorf("OriginalDstOf after ForgetOriginalDst: %v, want ErrUnknown", err)
+	if _, err := h.l.OriginalOf(local, remote); err != ErrUnknown {
+		t.Errorf("OriginalOf after ForgetOriginalDst: %v, want ErrUnknown", err)
 	}
 	must(t, h.l.ForgetOriginalDst(local, remote)) // twice: nothing to do
 
@@ -146,13 +151,15 @@ func TestRedirectSendAndClose(t *testing.T) {
 	stale := netip.AddrPortFrom(h.p.B.Addr4(), 9)
 	for port := uint16(appPort); port <= appPort+1; port++ {
 		key := tuple(addrPort(h.redir4.Addr()), netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port))
-		must(t, h.l.objs.SmcrOrigdst.Put(key, smcrAddrPort{Family: unix.AF_INET, Addr: addrWords(stale.Addr()), Port: netPort(stale.Port())}))
+		stale := smcrOrig{Dst: smcrAddrPort{Family: unix.AF_INET, Addr: addrWords(stale.Addr()), Port: netPort(stale.Port())}}
+		stale.Opts.Have, stale.Opts.Tos = optTOS, 0x10
+		must(t, h.l.objs.SmcrOrigdst.Put(key, stale))
 	}
 	must(t, h.p.A.Do(func() error {
 		return os.WriteFile("/proc/sys/net/ipv4/ip_local_port_range", fmt.Appendf(nil, "%d %d", appPort, appPort+1), 0)
 	}))
 	must(t, h.p.A.Do(func() error {
-		d := net.Dialer{Timeout: 3 * time.Second}
+		d := net.Dialer{Timeout: 3 * time.Second, KeepAlive: -1}
 		d.SetMultipathTCP(false)
 		c, err := d.Dial("tcp", orig.String())
 		if err == nil {
@@ -170,6 +177,117 @@ func TestRedirectSendAndClose(t *testing.T) {
 	if got, err := OriginalDst(acc.(*net.TCPConn)); err != nil || got != orig {
 		t.Errorf("SO_ORIGINAL_DST over a leftover entry = %v, %v; want %v", got, err, orig)
 	}
+	if o, err := h.l.OriginalOf(addrPort(acc.LocalAddr()), addrPort(acc.RemoteAddr())); err != nil || len(o.Options) != 0 {
+		t.Errorf("options over a leftover entry = %+v, %v; want none", o.Options, err)
+	}
+}
+
+// TestRedirectSocketOptions: the options an application set on its socket that
+// shape its connection on the wire are recorded for smcrd's connection to take:
+// those set before its connect with its destination, those set after through the
+// ring, in order. A dual-stack socket's IPv4 traffic class set before the connect
+// is not read (bpf_getsockopt answers IP_TOS on IPv4 sockets only); set after, it
+// is.
+func TestRedirectSocketOptions(t *testing.T) {
+	h := newClientHost(t)
+	r, err := h.l.Sockopts()
+	must(t, err)
+	defer r.Close()
+	mapped := netip.AddrFrom16(h.p.B.Addr4().As16())
+	keep := []Sockopt{{unix.SOL_SOCKET, unix.SO_PRIORITY, 3},
+		{unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1}, {unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, 77},
+		{unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, 11}, {unix.IPPROTO_TCP, unix.TCP_KEEPCNT, 4},
+		{unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, 4321}}
+	tos4 := Sockopt{unix.IPPROTO_IP, unix.IP_TOS, 0x28}
+	tos6 := Sockopt{unix.IPPROTO_IPV6, unix.IPV6_TCLASS, 0x28}
+	for _, tc := range []struct {
+		name  string
+		sa    unix.Sockaddr
+		redir net.Listener
+		tos   Sockopt // what the application sets
+		want  []Sockopt
+	}{
+		{"ipv4", &unix.SockaddrInet4{Addr: h.p.B.Addr4().As4(), Port: portListed}, h.redir4, tos4, append([]Sockopt{tos4}, keep...)},
+		{"ipv6", &unix.SockaddrInet6{Addr: h.p.B.Addr6().As16(), Port: portListed}, h.redir6, tos6, append([]Sockopt{tos6}, keep...)},
+		{"ipv4-mapped", &unix.SockaddrInet6{Addr: mapped.As16(), Port: portListed}, h.redir4, tos6, keep},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			family := unix.AF_INET
+			if _, ok := tc.sa.(*unix.SockaddrInet6); ok {
+				family = unix.AF_INET6
+			}
+			var fd int
+			must(t, h.p.A.Do(func() error {
+				var err error
+				if fd, err = unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0); err != nil {
+					return err
+				}
+				t.Cleanup(func() { unix.Close(fd) })
+				for _, o := range append([]Sockopt{tc.tos}, keep...) {
+					if err := unix.SetsockoptInt(fd, o.Level, o.Name, o.Value); err != nil {
+						return fmt.Errorf("setsockopt %v: %w", o, err)
+					}
+				}
+				return unix.Connect(fd, tc.sa)
+			}))
+			acc := acceptWithin(t, tc.redir, time.Second)
+			if acc == nil {
+				t.Fatal("redirect listener accepted nothing")
+			}
+			defer acc.Close()
+			local, remote := addrPort(acc.LocalAddr()), addrPort(acc.RemoteAddr())
+			o, err := h.l.OriginalOf(local, remote)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if o.Dst.Port() != portListed || !slices.Equal(o.Options, tc.want) {
+				t.Errorf("OriginalOf = %v, want options %v", o, tc.want)
+			}
+
+			// After the connect: to the ring, and to the entry while it is there.
+			// A dual-stack socket's IPv4 traffic takes IP_TOS: the mapped
+			// case sets that, as the application would.
+			after := []Sockopt{{unix.SOL_SOCKET, unix.SO_PRIORITY, 5}, {unix.SOL_SOCKET, unix.SO_KEEPALIVE, 0},
+				{unix.IPPROTO_TCP, unix.TCP_NODELAY, 1}, {unix.IPPROTO_IP, unix.IP_TOS, 0x48}}
+			if tc.name == "ipv6" {
+				after[3] = Sockopt{unix.IPPROTO_IPV6, unix.IPV6_TCLASS, 0x48}
+			}
+			for _, s := range after {
+				must(t, unix.SetsockoptInt(fd, s.Level, s.Name, s.Value))
+			}
+			for _, want := range slices.Delete(slices.Clone(after), 2, 3) { // TCP_NODELAY is none of them
+				got, err := readSockopt(r, time.Second)
+				if err != nil || got.App != unmapped(remote) || got.Sockopt != want {
+					t.Errorf("ring: %+v, %v; want %v from %v", got, err, want, remote)
+				}
+			}
+			o, err = h.l.OriginalOf(local, remote)
+			must(t, err)
+			want := []Sockopt{after[3], {unix.SOL_SOCKET, unix.SO_PRIORITY, 5}, {unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, 4321}}
+			if !slices.Equal(o.Options, want) {
+				t.Errorf("OriginalOf after the options changed = %v, want %v", o.Options, want)
+			}
+		})
+	}
+	if got, err := readSockopt(r, 100*time.Millisecond); err == nil {
+		t.Errorf("ring: %+v more", got)
+	}
+	st, err := h.l.Stats()
+	must(t, err)
+	if st["sockopt_lost"] != 0 {
+		t.Errorf("%d options lost", st["sockopt_lost"])
+	}
+}
+
+// readSockopt reads the next option from r, waiting up to d.
+func readSockopt(r *SockoptReader, d time.Duration) (SetSockopt, error) {
+	r.r.SetDeadline(time.Now().Add(d))
+	defer r.r.SetDeadline(time.Time{})
+	return r.Read()
+}
+
+func unmapped(ap netip.AddrPort) netip.AddrPort {
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 }
 
 func TestRedirectFailsOpen(t *testing.T) {

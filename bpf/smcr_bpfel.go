@@ -21,6 +21,17 @@ type smcrAddrPort struct {
 	Pad    uint16
 }
 
+type smcrAppOpts struct {
+	_           structs.HostLayout
+	Have        uint32
+	Tos         uint32
+	Priority    uint32
+	Keepidle    uint32
+	Keepintvl   uint32
+	Keepcnt     uint32
+	UserTimeout uint32
+}
+
 type smcrConfig struct {
 	_           structs.HostLayout
 	NetnsCookie uint64
@@ -42,6 +53,12 @@ type smcrLpm6Key struct {
 	_         structs.HostLayout
 	Prefixlen uint32
 	Addr      [4]uint32
+}
+
+type smcrOrig struct {
+	_    structs.HostLayout
+	Dst  smcrAddrPort
+	Opts smcrAppOpts
 }
 
 type smcrPorts struct {
@@ -94,6 +111,7 @@ const (
 	smcrMapSmcrPrefix6       = "smcr_prefix6"
 	smcrMapSmcrSeen          = "smcr_seen"
 	smcrMapSmcrSk            = "smcr_sk"
+	smcrMapSmcrSockopts      = "smcr_sockopts"
 	smcrMapSmcrStats         = "smcr_stats"
 	smcrMapSmcrSteer         = "smcr_steer"
 	smcrMapSmcrSynmark       = "smcr_synmark"
@@ -105,6 +123,7 @@ const (
 	smcrProgSmcrGetsockname4 = "smcr_getsockname4"
 	smcrProgSmcrGetsockname6 = "smcr_getsockname6"
 	smcrProgSmcrGetsockopt   = "smcr_getsockopt"
+	smcrProgSmcrSetsockopt   = "smcr_setsockopt"
 	smcrProgSmcrSkLookup     = "smcr_sk_lookup"
 	smcrProgSmcrSockops      = "smcr_sockops"
 	smcrProgSmcrTcIngress    = "smcr_tc_ingress"
@@ -159,6 +178,7 @@ type smcrProgramSpecs struct {
 	SmcrGetsockname4 *ebpf.ProgramSpec `ebpf:"smcr_getsockname4"`
 	SmcrGetsockname6 *ebpf.ProgramSpec `ebpf:"smcr_getsockname6"`
 	SmcrGetsockopt   *ebpf.ProgramSpec `ebpf:"smcr_getsockopt"`
+	SmcrSetsockopt   *ebpf.ProgramSpec `ebpf:"smcr_setsockopt"`
 	SmcrSkLookup     *ebpf.ProgramSpec `ebpf:"smcr_sk_lookup"`
 	SmcrSockops      *ebpf.ProgramSpec `ebpf:"smcr_sockops"`
 	SmcrTcIngress    *ebpf.ProgramSpec `ebpf:"smcr_tc_ingress"`
@@ -178,6 +198,7 @@ type smcrMapSpecs struct {
 	SmcrPrefix6  *ebpf.MapSpec `ebpf:"smcr_prefix6"`
 	SmcrSeen     *ebpf.MapSpec `ebpf:"smcr_seen"`
 	SmcrSk       *ebpf.MapSpec `ebpf:"smcr_sk"`
+	SmcrSockopts *ebpf.MapSpec `ebpf:"smcr_sockopts"`
 	SmcrStats    *ebpf.MapSpec `ebpf:"smcr_stats"`
 	SmcrSteer    *ebpf.MapSpec `ebpf:"smcr_steer"`
 	SmcrSynmark  *ebpf.MapSpec `ebpf:"smcr_synmark"`
@@ -220,6 +241,7 @@ type smcrMaps struct {
 	SmcrPrefix6  *ebpf.Map `ebpf:"smcr_prefix6"`
 	SmcrSeen     *ebpf.Map `ebpf:"smcr_seen"`
 	SmcrSk       *ebpf.Map `ebpf:"smcr_sk"`
+	SmcrSockopts *ebpf.Map `ebpf:"smcr_sockopts"`
 	SmcrStats    *ebpf.Map `ebpf:"smcr_stats"`
 	SmcrSteer    *ebpf.Map `ebpf:"smcr_steer"`
 	SmcrSynmark  *ebpf.Map `ebpf:"smcr_synmark"`
@@ -238,6 +260,7 @@ func (m *smcrMaps) Close() error {
 		m.SmcrPrefix6,
 		m.SmcrSeen,
 		m.SmcrSk,
+		m.SmcrSockopts,
 		m.SmcrStats,
 		m.SmcrSteer,
 		m.SmcrSynmark,
@@ -262,6 +285,7 @@ type smcrPrograms struct {
 	SmcrGetsockname4 *ebpf.Program `ebpf:"smcr_getsockname4"`
 	SmcrGetsockname6 *ebpf.Program `ebpf:"smcr_getsockname6"`
 	SmcrGetsockopt   *ebpf.Program `ebpf:"smcr_getsockopt"`
+	SmcrSetsockopt   *ebpf.Program `ebpf:"smcr_setsockopt"`
 	SmcrSkLookup     *ebpf.Program `ebpf:"smcr_sk_lookup"`
 	SmcrSockops      *ebpf.Program `ebpf:"smcr_sockops"`
 	SmcrTcIngress    *ebpf.Program `ebpf:"smcr_tc_ingress"`
@@ -276,6 +300,7 @@ func (p *smcrPrograms) Close() error {
 		p.SmcrGetsockname4,
 		p.SmcrGetsockname6,
 		p.SmcrGetsockopt,
+		p.SmcrSetsockopt,
 		p.SmcrSkLookup,
 		p.SmcrSockops,
 		p.SmcrTcIngress,

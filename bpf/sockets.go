@@ -155,21 +155,93 @@ func originalDst(fd int) (netip.AddrPort, error) {
 // ErrUnknown: the maps hold nothing about that connection.
 var ErrUnknown = errors.New("bpf: connection unknown")
 
-// OriginalDstOf looks the original destination up in the map the getsockopt
-// program reads, by the accepted connection's local and remote address.
-func (l *Loader) OriginalDstOf(local, remote netip.AddrPort) (netip.AddrPort, error) {
+// Sockopt is one option of a redirected application's socket that shapes its
+// connection on the wire (IP_TOS or IPV6_TCLASS, SO_PRIORITY, keepalive and its
+// timings, TCP_USER_TIMEOUT): smcrd sets it on its own connection to the
+// destination.
+type Sockopt struct {
+	Level, Name, Value int
+}
+
+func (o Sockopt) String() string {
+	name, ok := sockoptNames[[2]int{o.Level, o.Name}]
+	if !ok {
+		name = fmt.Sprintf("%d/%d", o.Level, o.Name)
+	}
+	return fmt.Sprintf("%s=%d", name, o.Value)
+}
+
+var sockoptNames = map[[2]int]string{
+	{unix.IPPROTO_IP, unix.IP_TOS}:            "IP_TOS",
+	{unix.IPPROTO_IPV6, unix.IPV6_TCLASS}:     "IPV6_TCLASS",
+	{unix.SOL_SOCKET, unix.SO_PRIORITY}:       "SO_PRIORITY",
+	{unix.SOL_SOCKET, unix.SO_KEEPALIVE}:      "SO_KEEPALIVE",
+	{unix.IPPROTO_TCP, unix.TCP_KEEPIDLE}:     "TCP_KEEPIDLE",
+	{unix.IPPROTO_TCP, unix.TCP_KEEPINTVL}:    "TCP_KEEPINTVL",
+	{unix.IPPROTO_TCP, unix.TCP_KEEPCNT}:      "TCP_KEEPCNT",
+	{unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT}: "TCP_USER_TIMEOUT",
+}
+
+// app_opts.have, as in c/maps.h.
+const (
+	optTOS = 1 << iota
+	optPriority
+	optKeepAlive
+	optUserTimeout
+)
+
+// sockopts lists what o holds for a connection to an IPv4 (v6 false) or IPv6
+// destination: what differs from a new socket's defaults.
+func sockopts(o smcrAppOpts, v6 bool) []Sockopt {
+	var l []Sockopt
+	if o.Have&optTOS != 0 {
+		if v6 {
+			l = append(l, Sockopt{unix.IPPROTO_IPV6, unix.IPV6_TCLASS, int(o.Tos)})
+		} else {
+			l = append(l, Sockopt{unix.IPPROTO_IP, unix.IP_TOS, int(o.Tos)})
+		}
+	}
+	if o.Have&optPriority != 0 {
+		l = append(l, Sockopt{unix.SOL_SOCKET, unix.SO_PRIORITY, int(o.Priority)})
+	}
+	if o.Have&optKeepAlive != 0 {
+		l = append(l, Sockopt{unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1},
+			Sockopt{unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, int(o.Keepidle)},
+			Sockopt{unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, int(o.Keepintvl)},
+			Sockopt{unix.IPPROTO_TCP, unix.TCP_KEEPCNT, int(o.Keepcnt)})
+	}
+	if o.Have&optUserTimeout != 0 {
+		l = append(l, Sockopt{unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(o.UserTimeout)})
+	}
+	return l
+}
+
+// Original is what connect4/6 and sockops recorded of a redirected connection.
+type Original struct {
+	Dst netip.AddrPort // what the application connected to
+	// Options: those of the application's socket at its connect, and any it
+	// set after while the entry was there (see Sockopts for the others).
+	Options []Sockopt
+}
+
+// OriginalOf looks the redirected connection up in the map the getsockopt program
+// reads, by the accepted connection's local and remote address.
+func (l *Loader) OriginalOf(local, remote netip.AddrPort) (Original, error) {
 	if err := l.hold(); err != nil {
-		return netip.AddrPort{}, err
+		return Original{}, err
 	}
 	defer l.inUse.RUnlock()
-	var ap smcrAddrPort
-	if err := l.objs.SmcrOrigdst.Lookup(tuple(local, remote), &ap); err != nil {
+	var o smcrOrig
+	if err := l.objs.SmcrOrigdst.Lookup(tuple(local, remote), &o); err != nil {
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return netip.AddrPort{}, ErrUnknown
+			return Original{}, ErrUnknown
 		}
-		return netip.AddrPort{}, fmt.Errorf("bpf: original destination: %w", err)
+		return Original{}, fmt.Errorf("bpf: original destination: %w", err)
 	}
-	return netip.AddrPortFrom(wordsAddr(ap.Family, ap.Addr), hostPort(ap.Port)), nil
+	return Original{
+		Dst:     netip.AddrPortFrom(wordsAddr(o.Dst.Family, o.Dst.Addr), hostPort(o.Dst.Port)),
+		Options: sockopts(o.Opts, o.Dst.Family == unix.AF_INET6),
+	}, nil
 }
 
 // ForgetOriginalDst deletes the original destination of the accepted connection
@@ -239,7 +311,7 @@ var StatNames = []string{
 	"redirected", "skip_dead", "skip_negative", "skip_prefix",
 	"syn_opt_sent", "synack_opt_sent", "opt_no_space", "peer_echoed",
 	"syn_marked", "steered", "steer_no_listener", "steer_failed",
-	"orig_dst_answered", "skip_unreachable",
+	"orig_dst_answered", "skip_unreachable", "sockopt_lost",
 }
 
 // Stats returns the programs' counters, summed over CPUs, by StatNames.

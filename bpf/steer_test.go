@@ -259,7 +259,7 @@ func TestPinnedTakeover(t *testing.T) {
 			t.Errorf("map %s: id %d after takeover, want %d", name, ids2[name], id)
 		}
 	}
-	want := 8 + 1 + 1 // cgroup hooks, sk_lookup, tc
+	want := 9 + 1 + 1 // cgroup hooks, sk_lookup, tc
 	if l2.cls {
 		want-- // tc is a cls_bpf filter, not a link (no tcx)
 	}

@@ -120,6 +120,9 @@ type Daemon struct {
 	conns  map[uint64]*tracked
 	wg     sync.WaitGroup // accept loops and connection handlers
 
+	optMu sync.Mutex
+	wire  map[netip.AddrPort]*wireOptions // by the redirected application's address (sockopts.go)
+
 	st daemonStats
 }
 
@@ -170,6 +173,7 @@ func New(opts Options) (*Daemon, error) {
 		opts.DrainTimeout = 0
 	}
 	d := &Daemon{opts: opts, log: opts.Logger, start: time.Now(), conns: map[uint64]*tracked{},
+		wire:   map[netip.AddrPort]*wireOptions{},
 		stopCh: make(chan struct{}), abortCh: make(chan struct{})}
 	d.st.resetAt.Store(d.start.UnixNano())
 	d.setState(control.StateStarting)
@@ -346,6 +350,7 @@ func (d *Daemon) Run(ctx context.Context, ready func()) error {
 		close(hbDone)
 		d.log.Warn("smcrd serving with no device: it redirects and steers nothing, connections go direct; set providers and restart smcrd")
 	}
+	sockopts, sockoptsDone := d.followSockopts()
 	for _, ln := range d.redirect {
 		d.wg.Add(1)
 		go d.acceptLoop(ln, d.serveRedirected)
@@ -387,6 +392,10 @@ func (d *Daemon) Run(ctx context.Context, ready func()) error {
 	d.cancel()
 	close(d.stopCh)
 	<-drained
+	if sockopts != nil {
+		sockopts.Close()
+		<-sockoptsDone
+	}
 	d.engine.Close()
 	err = errors.Join(err, closeDevices(d.devs), d.loader.Close())
 	// Only now may another smcrd take the pin directory over.

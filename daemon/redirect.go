@@ -36,7 +36,10 @@ func (d *Daemon) serveRedirected(app *net.TCPConn) {
 	d.st.redirected.Add(1)
 	t := &tracked{client: true}
 	t.local = app.RemoteAddr().(*net.TCPAddr).AddrPort() // the application's own end
-	orig, err := d.originalDst(app)
+	wire, unfollow := d.follow(t.local)
+	defer unfollow()
+	o, err := d.original(app)
+	orig := o.Dst
 	if err != nil {
 		d.st.setupErrors.Add(1)
 		d.log.Error("redirected connection without original destination", "app", t.local, "err", err)
@@ -51,6 +54,10 @@ func (d *Daemon) serveRedirected(app *net.TCPConn) {
 	defer cancel()
 	dl := net.Dialer{Control: sharedPort(d.loader.Control(bpf.Tag{SMCOption: true}))}
 	dl.SetMultipathTCP(false)
+	withOptions(&dl, o.Options, d.log)
+	if len(o.Options) > 0 {
+		d.log.Debug("application's socket options carried", "app", t.local, "dst", orig, "options", o.Options)
+	}
 	// From the address and port the application sees as its own (getsockname),
 	// so that the server's application sees the client the client's does. Where
 	// that is taken (a listener on the port, the 4-tuple in use), any port.
@@ -76,6 +83,7 @@ func (d *Daemon) serveRedirected(app *net.TCPConn) {
 		return
 	}
 	tcp := c.(*net.TCPConn)
+	wire.dialled(tcp, d.log)
 	d.connMu.Lock()
 	t.local = unmapAP(tcp.LocalAddr().(*net.TCPAddr).AddrPort()) // the connection on the wire
 	d.connMu.Unlock()
@@ -263,21 +271,21 @@ func (d *Daemon) carry(t *tracked, app, peer net.Conn) {
 	}
 }
 
-// originalDst is what the application connected to: from SO_ORIGINAL_DST, which
-// the getsockopt program answers, else from the map it reads. Read once, the
-// entry is deleted: it outlives the application's socket.
-func (d *Daemon) originalDst(app *net.TCPConn) (netip.AddrPort, error) {
+// original is what the application connected to, and the options its socket
+// had, from the map the programs fill (the getsockopt program answers
+// SO_ORIGINAL_DST from it too). Read once, the entry is deleted: it outlives the
+// application's socket.
+func (d *Daemon) original(app *net.TCPConn) (bpf.Original, error) {
 	local, remote := app.LocalAddr().(*net.TCPAddr).AddrPort(), app.RemoteAddr().(*net.TCPAddr).AddrPort()
-	ap, err := bpf.OriginalDst(app)
+	o, err := d.loader.OriginalOf(local, remote)
 	if err != nil {
-		if ap, err = d.loader.OriginalDstOf(local, remote); err != nil {
-			return netip.AddrPort{}, err
-		}
+		return bpf.Original{}, err
 	}
 	if err := d.loader.ForgetOriginalDst(local, remote); err != nil {
 		d.log.Warn("original destination", "app", remote, "err", err)
 	}
-	return unmapAP(ap), nil
+	o.Dst = unmapAP(o.Dst)
+	return o, nil
 }
 
 func unmapAP(ap netip.AddrPort) netip.AddrPort {

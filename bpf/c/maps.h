@@ -21,6 +21,10 @@
 #define SOCK_STREAM 1
 #define SOL_IP 0
 #define SOL_IPV6 41
+#define SOL_SOCKET 1
+#define SOL_TCP 6
+#define SO_KEEPALIVE 9
+#define SO_PRIORITY 12
 #define SO_ORIGINAL_DST 80      /* linux/netfilter_ipv4.h */
 #define IP6T_SO_ORIGINAL_DST 80 /* linux/netfilter_ipv6/ip6_tables.h */
 
@@ -80,6 +84,45 @@ struct addr_port {
 	__u16 _pad;
 };
 
+/* app_opts.have */
+#define OPT_TOS 1          /* tos */
+#define OPT_PRIORITY 2     /* priority */
+#define OPT_KEEPALIVE 4    /* SO_KEEPALIVE on, with keepidle, keepintvl, keepcnt */
+#define OPT_USER_TIMEOUT 8 /* user_timeout */
+
+/* The options of a redirected application's socket that shape a connection on
+ * the wire and would otherwise stay on its loopback leg, as its connect() found
+ * them (sockops) and as it changed them since (smcr_setsockopt): smcrd sets them
+ * on its own connection to the destination, as Linux's SMC passes an SMC
+ * socket's options on to its CLC socket. Only what differs from a new socket's
+ * defaults is flagged; the keepalive timings are kept either way. */
+struct app_opts {
+	__u32 have;
+	__u32 tos;      /* IP_TOS; IPV6_TCLASS for an IPv6 destination */
+	__u32 priority; /* SO_PRIORITY */
+	__u32 keepidle; /* TCP_KEEPIDLE, s */
+	__u32 keepintvl;
+	__u32 keepcnt;
+	__u32 user_timeout; /* TCP_USER_TIMEOUT, ms */
+};
+
+/* A redirected connection's original destination and its application's
+ * options. */
+struct orig {
+	struct addr_port dst;
+	struct app_opts opts;
+};
+
+/* An option the application set on its redirected socket after its connect,
+ * for smcrd to set on its connection too (smcr_sockopts). */
+struct sockopt_event {
+	struct tuple conn; /* as smcrd's accepted socket sees it */
+	__u32 level;
+	__u32 optname;
+	__s32 value;
+	__u32 _pad;
+};
+
 struct lpm4_key {
 	__u32 prefixlen;
 	__u32 addr;
@@ -122,6 +165,7 @@ enum stat {
 	STAT_STEER_FAILED,
 	STAT_ORIG_DST_ANSWERED,
 	STAT_SKIP_UNREACHABLE,
+	STAT_SOCKOPT_LOST,
 	STAT_MAX,
 };
 
@@ -214,8 +258,9 @@ struct {
 	PIN;
 } smcr_sk SEC(".maps");
 
-/* Original destination of a redirected connection, keyed by the connection as
- * smcrd's accepted socket sees it; read by the getsockopt program and smcrd.
+/* Original destination of a redirected connection, and its application's socket
+ * options, keyed by the connection as smcrd's accepted socket sees it; read by
+ * the getsockopt program and smcrd.
  * The entry outlives the application's socket: an application that writes and
  * closes at once is gone before smcrd accepts, and its bytes still wait there.
  * smcrd deletes the entry once it has read it; the LRU evicts what a crashed
@@ -227,7 +272,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 65536);
 	__type(key, struct tuple);
-	__type(value, struct addr_port);
+	__type(value, struct orig);
 	PIN;
 } smcr_origdst SEC(".maps");
 
@@ -269,6 +314,15 @@ struct {
 	__type(value, __u64);
 	PIN;
 } smcr_synmark SEC(".maps");
+
+/* Options applications set on their redirected sockets after connect(), in the
+ * order they set them (struct sockopt_event); smcrd reads them. Full (smcrd
+ * gone, or far behind), one is counted lost. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 256 * 1024);
+	PIN;
+} smcr_sockopts SEC(".maps");
 
 /* smcrd's steering listeners: 0 IPv4, 1 IPv6. */
 struct {

@@ -480,6 +480,7 @@ int smcr_getsockopt(struct bpf_sockopt *ctx)
 	struct bpf_sock *sk = ctx->sk;
 	struct addr_port *ap;
 	struct config *cfg;
+	struct orig *o;
 	struct tuple t = {};
 	__u8 *p = ctx->optval, *end = ctx->optval_end;
 
@@ -492,9 +493,10 @@ int smcr_getsockopt(struct bpf_sockopt *ctx)
 	if (!cfg || !netns_ok(ctx, cfg))
 		return sockopt_pass(ctx);
 	sk_tuple(sk, &t);
-	ap = bpf_map_lookup_elem(&smcr_origdst, &t);
-	if (!ap)
+	o = bpf_map_lookup_elem(&smcr_origdst, &t);
+	if (!o)
 		return sockopt_pass(ctx);
+	ap = &o->dst;
 	if (ap->family == AF_INET) {
 		struct sockaddr_in *sin = (void *)p;
 
@@ -521,5 +523,114 @@ int smcr_getsockopt(struct bpf_sockopt *ctx)
 	}
 	ctx->retval = 0;
 	count(STAT_ORIG_DST_ANSWERED);
+	return 1;
+}
+
+/* apply_opt records in o what setsockopt(level, optname, v) does to the options
+ * smcrd carries; 0 when it is none of them. dst_family: the destination's (a
+ * dual-stack socket's IPv4 traffic takes IP_TOS, not IPV6_TCLASS), 0 for any. */
+static __always_inline int apply_opt(struct app_opts *o, __u32 dst_family, __u32 level, __u32 optname, __s32 v)
+{
+	__u32 bit;
+
+	switch (level << 16 | optname) {
+	case SOL_IP << 16 | IP_TOS:
+		if (dst_family && dst_family != AF_INET)
+			return 0;
+		o->tos = v;
+		bit = OPT_TOS;
+		break;
+	case SOL_IPV6 << 16 | IPV6_TCLASS:
+		if (dst_family && dst_family != AF_INET6)
+			return 0;
+		o->tos = v < 0 ? 0 : v; /* -1: the default */
+		bit = OPT_TOS;
+		break;
+	case SOL_SOCKET << 16 | SO_PRIORITY:
+		o->priority = v;
+		bit = OPT_PRIORITY;
+		break;
+	case SOL_SOCKET << 16 | SO_KEEPALIVE:
+		bit = OPT_KEEPALIVE;
+		break;
+	case SOL_TCP << 16 | TCP_KEEPIDLE:
+		o->keepidle = v;
+		return 1;
+	case SOL_TCP << 16 | TCP_KEEPINTVL:
+		o->keepintvl = v;
+		return 1;
+	case SOL_TCP << 16 | TCP_KEEPCNT:
+		o->keepcnt = v;
+		return 1;
+	case SOL_TCP << 16 | TCP_USER_TIMEOUT:
+		o->user_timeout = v;
+		bit = OPT_USER_TIMEOUT;
+		break;
+	default:
+		return 0;
+	}
+	if (v > 0)
+		o->have |= bit;
+	else
+		o->have &= ~bit;
+	return 1;
+}
+
+/* setsockopt on an application's redirected socket, after its connect (before
+ * it, sockops reads the socket's options at the connect): an option its
+ * connection on the wire would carry goes to smcrd's connection too, through
+ * the original-destination entry while smcrd has not read it, and through
+ * smcr_sockopts. Runs before the kernel's setsockopt, so it passes on what the
+ * application asked, whether the kernel takes it or not; smcrd's setsockopt
+ * then refuses what the application's refused. */
+SEC("cgroup/setsockopt")
+int smcr_setsockopt(struct bpf_sockopt *ctx)
+{
+	struct bpf_sock *sk = ctx->sk;
+	__u8 *p = ctx->optval, *end = ctx->optval_end;
+	struct sockopt_event *e;
+	struct app_opts scratch = {};
+	struct sk_state *st;
+	struct config *cfg;
+	struct orig *o;
+	struct tuple t = {};
+	__u32 laddr[4];
+	__u16 lport;
+	__s32 v;
+
+	if (!sk || ctx->optlen != sizeof(v) || p + sizeof(v) > end)
+		return sockopt_pass(ctx);
+	/* From here optlen is 4: the kernel's own setsockopt takes it as it is. */
+	v = *(__s32 *)p;
+	if (!apply_opt(&scratch, 0, ctx->level, ctx->optname, v))
+		return 1;
+	st = bpf_sk_storage_get(&smcr_sk, sk, 0, 0);
+	if (!st || !(st->flags & SK_REDIRECTED))
+		return 1;
+	cfg = config();
+	if (!cfg || !netns_ok(ctx, cfg))
+		return 1;
+	/* The connection as smcrd's accepted socket sees it: the other way. */
+	sk_tuple(sk, &t);
+	__builtin_memcpy(laddr, t.laddr, sizeof(laddr));
+	__builtin_memcpy(t.laddr, t.raddr, sizeof(laddr));
+	__builtin_memcpy(t.raddr, laddr, sizeof(laddr));
+	lport = t.lport;
+	t.lport = t.rport;
+	t.rport = lport;
+	o = bpf_map_lookup_elem(&smcr_origdst, &t);
+	if (o)
+		apply_opt(&o->opts, o->dst.family, ctx->level, ctx->optname, v);
+	e = bpf_ringbuf_reserve(&smcr_sockopts, sizeof(*e), 0);
+	if (!e) {
+		count(STAT_SOCKOPT_LOST);
+		return 1;
+	}
+	e->conn = t;
+	e->level = ctx->level;
+	e->optname = ctx->optname;
+	e->value = v;
+	e->_pad = 0;
+	bpf_ringbuf_submit(e, 0);
 	return 1;
 }

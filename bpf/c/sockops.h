@@ -8,7 +8,6 @@
 
 #define TCPHDR_SYN 0x02
 #define TCPHDR_ACK 0x10
-#define SOL_TCP 6
 
 static __always_inline int netns_ok_ops(struct bpf_sock_ops *skops)
 {
@@ -72,12 +71,58 @@ static __always_inline int syn_had_option(struct bpf_sock_ops *skops)
 	return bpf_load_hdr_opt(skops, opt, sizeof(opt), BPF_LOAD_HDR_OPT_TCP_SYN) == SMC_OPT_LEN;
 }
 
+/* read_app_opts reads what of the options of the application's socket its connection
+ * on the wire would carry (struct app_opts). A kernel whose bpf_getsockopt does
+ * not answer one leaves it unflagged. */
+static __always_inline void read_app_opts(struct bpf_sock_ops *skops, struct sk_state *st, struct app_opts *o)
+{
+	int v = 0;
+
+	/* A dual-stack socket's IPv4 traffic takes IP_TOS, which bpf_getsockopt
+	 * answers for IPv4 sockets only: left as smcrd's. */
+	if (skops->family == AF_INET) {
+		if (!bpf_getsockopt(skops, SOL_IP, IP_TOS, &v, sizeof(v)) && v) {
+			o->tos = v;
+			o->have |= OPT_TOS;
+		}
+	} else if (st->family == AF_INET6) {
+		if (!bpf_getsockopt(skops, SOL_IPV6, IPV6_TCLASS, &v, sizeof(v)) && v > 0) {
+			o->tos = v;
+			o->have |= OPT_TOS;
+		}
+	}
+	v = 0;
+	if (!bpf_getsockopt(skops, SOL_SOCKET, SO_PRIORITY, &v, sizeof(v)) && v) {
+		o->priority = v;
+		o->have |= OPT_PRIORITY;
+	}
+	/* The timings whether keepalive is on or not: an SO_KEEPALIVE that comes
+	 * after the connect (smcr_setsockopt) turns them on as they are. */
+	v = 0;
+	if (!bpf_getsockopt(skops, SOL_TCP, TCP_KEEPIDLE, &v, sizeof(v)))
+		o->keepidle = v;
+	v = 0;
+	if (!bpf_getsockopt(skops, SOL_TCP, TCP_KEEPINTVL, &v, sizeof(v)))
+		o->keepintvl = v;
+	v = 0;
+	if (!bpf_getsockopt(skops, SOL_TCP, TCP_KEEPCNT, &v, sizeof(v)))
+		o->keepcnt = v;
+	v = 0;
+	if (!bpf_getsockopt(skops, SOL_SOCKET, SO_KEEPALIVE, &v, sizeof(v)) && v && o->keepidle && o->keepintvl && o->keepcnt)
+		o->have |= OPT_KEEPALIVE;
+	v = 0;
+	if (!bpf_getsockopt(skops, SOL_TCP, TCP_USER_TIMEOUT, &v, sizeof(v)) && v) {
+		o->user_timeout = v;
+		o->have |= OPT_USER_TIMEOUT;
+	}
+}
+
 /* connect(): the local address is chosen; the socket's tag becomes 4-tuple entries. */
 static __always_inline void on_connect(struct bpf_sock_ops *skops)
 {
 	struct bpf_sock *sk = skops->sk;
 	struct sk_state *st;
-	struct addr_port ap = {};
+	struct orig o = {};
 	struct tuple t = {};
 	__u32 set = 0;
 
@@ -87,18 +132,19 @@ static __always_inline void on_connect(struct bpf_sock_ops *skops)
 	if (!st)
 		return;
 	ops_tuple(skops, &t, 0);
-	ap.family = st->family;
-	ap.addr[0] = st->addr[0];
-	ap.addr[1] = st->addr[1];
-	ap.addr[2] = st->addr[2];
-	ap.addr[3] = st->addr[3];
-	ap.port = st->port;
+	o.dst.family = st->family;
+	o.dst.addr[0] = st->addr[0];
+	o.dst.addr[1] = st->addr[1];
+	o.dst.addr[2] = st->addr[2];
+	o.dst.addr[3] = st->addr[3];
+	o.dst.port = st->port;
 	if (st->flags & SK_REDIRECTED) {
+		read_app_opts(skops, st, &o.opts);
 		/* BPF_ANY: replaces a leftover of an earlier connection on this
 		 * 4-tuple. No close callback: smcrd deletes the entry (maps.h). */
-		bpf_map_update_elem(&smcr_origdst, &t, &ap, BPF_ANY);
+		bpf_map_update_elem(&smcr_origdst, &t, &o, BPF_ANY);
 	} else if (st->flags & SK_SHOW_PEER) {
-		bpf_map_update_elem(&smcr_peers, &t, &ap, BPF_ANY);
+		bpf_map_update_elem(&smcr_peers, &t, &o.dst, BPF_ANY);
 		set |= BPF_SOCK_OPS_STATE_CB_FLAG;
 	}
 	if (st->flags & SK_OPTION)

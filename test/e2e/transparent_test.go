@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -350,6 +351,91 @@ func TestFallbackAndNegativeCache(t *testing.T) {
 	if s := a.stats(); s.Connections.Handled != 1 || s.Connections.Fallback != 1 {
 		t.Errorf("after forgetting the peer, its connection did not try SMC-R: %+v", s.Connections)
 	}
+}
+
+// TestSocketOptions: the options a client application sets to mark its traffic
+// (IP_TOS or IPV6_TCLASS, SO_PRIORITY) go onto the wire with it, while its
+// connection runs over SMC-R: smcrd's connection to the server, the only one
+// host A has to it, carries them, whether the application set them before its
+// connect (testapp) or after (iperf3 -S).
+func TestSocketOptions(t *testing.T) {
+	a, b := hosts(t)
+	p := providers()[0]
+	a.start(append(a.providerConf(p), ports)...)
+	b.start(append(b.providerConf(p), ports)...)
+	b.serve(5201)
+	b.background("iperf3", "-s", "-p", "5202")
+	b.waitListening(5202)
+	for _, addr := range []netip.Addr{b.ns.Addr4(), b.ns.Addr6()} {
+		class := "tos:0x28"
+		if addr.Is6() {
+			class = "tclass:0x28"
+		}
+		dst := netip.AddrPortFrom(addr, 5201)
+		before := a.stats().Connections.SMCR
+		lines := whileRunning(t, a, dst, func() {
+			r, err := a.client(dst.String(), "-mode", "pingpong", "-bytes", "64", "-n", "5000", "-tos", "0x28", "-priority", "3")
+			if err != nil || r.OK != 1 {
+				t.Fatalf("pingpong to %s: %+v: %v", dst, r, err)
+			}
+		})
+		if got := a.stats().Connections.SMCR - before; got != 1 {
+			t.Errorf("%s: %d SMC-R connections, want 1", dst, got)
+		}
+		if len(lines) == 0 {
+			t.Errorf("%s: ss showed no connection to the server while the client ran", dst)
+		}
+		for _, l := range lines {
+			if !strings.Contains(l, class) || !strings.Contains(l, "class_id:0x3") {
+				t.Errorf("%s: smcrd's connection %q, want %s and priority 3 (class_id:0x3)", dst, l, class)
+				break
+			}
+		}
+
+		// iperf3 sets its data connection's class after the connect; its
+		// control connection keeps the default.
+		dst = netip.AddrPortFrom(addr, 5202)
+		lines = whileRunning(t, a, dst, func() {
+			if out, err := a.command("iperf3", "-c", addr.String(), "-p", "5202", "-t", "1", "-S", "0x28").CombinedOutput(); err != nil {
+				t.Fatalf("iperf3: %v\n%s", err, out)
+			}
+		})
+		if !slices.ContainsFunc(lines, func(l string) bool { return strings.Contains(l, class) }) {
+			t.Errorf("%s: no connection of smcrd's to iperf3's server had %s: %q", dst, class, lines)
+		}
+	}
+}
+
+// whileRunning runs f and returns what ss showed of the established connections
+// of h to dst meanwhile, their traffic class and priority (class_id) included.
+func whileRunning(t *testing.T, h *host, dst netip.AddrPort, f func()) []string {
+	done := make(chan struct{})
+	seen := make(chan []string, 1)
+	go func() {
+		var lines []string
+		for {
+			out, err := h.ns.Command("ss", "-tnH", "--tos", "state", "established", "dst", dst.String()).Output()
+			if err != nil {
+				t.Errorf("ss: %v", err)
+			}
+			for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+				if l != "" {
+					lines = append(lines, l)
+				}
+			}
+			select {
+			case <-done:
+				seen <- lines
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}()
+	func() {
+		defer close(done)
+		f()
+	}()
+	return <-seen
 }
 
 // TestServerListsFewerPorts: the server host's smcrd lists fewer ports than the

@@ -129,7 +129,7 @@ func TestBPFOnDebianKernel(t *testing.T) {
 // two hosts in network namespaces, each with its own smcrd built with the ibv
 // provider, carry unmodified programs over rxe (TestTransparent, and nginx and
 // redis in TestServers, on rdma), and the fallback, negative cache, unlisted
-// port, kill and runtime configuration tests run their eBPF programs on
+// port, kill, runtime configuration and socket option tests run their eBPF programs on
 // Debian's kernel, older than the host's (no tcx there).
 // That kernel has AF_SMC too: smcrd meets Linux's own SMC-R as client and server.
 // The tests that size their transfers for a native CPU (drain, stress) stay on
@@ -155,7 +155,7 @@ func TestTransparentOnSoftRoCE(t *testing.T) {
 		}
 	}
 	tests := []string{"TestTransparent", "TestServers", "TestFallbackAndNegativeCache", "TestPortNotListed", "TestKill",
-		"TestRuntimeConfig", "TestOperatorView", "TestLinuxSMCServer", "TestLinuxSMCClient", "TestUrgentData"}
+		"TestRuntimeConfig", "TestOperatorView", "TestLinuxSMCServer", "TestLinuxSMCClient", "TestUrgentData", "TestSocketOptions"}
 	out := runSuiteEnv(t, bin,
 		[]string{"SMCR_E2E_BIN=" + dir, "SMCR_E2E_PROVIDERS=rdma", "SMCR_E2E_RDMA_DEVICE=rxe0"},
 		"-test.run", "^("+strings.Join(tests, "|")+")$")

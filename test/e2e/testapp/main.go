@@ -19,6 +19,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -27,6 +28,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/smcr-io/smcr/internal/drain"
@@ -43,6 +45,8 @@ func main() {
 	relayTo := flag.String("relay", "", "with -listen: carry each connection to this address, as smcrd's relay does (a baseline)")
 	flag.BoolVar(&useSMC, "smc", false, "use Linux's AF_SMC sockets (the kernel's SMC) instead of TCP ones")
 	flag.BoolVar(&useMPTCP, "mptcp", false, "connect with MPTCP sockets (IPPROTO_MPTCP) instead of TCP ones")
+	flag.IntVar(&tos, "tos", 0, "set IP_TOS (IPV6_TCLASS for IPv6) on the client's sockets before they connect")
+	flag.IntVar(&priority, "priority", 0, "set SO_PRIORITY on the client's sockets before they connect")
 	flag.Parse()
 	if *listen != "" && *relayTo != "" {
 		serve(*listen, func(c net.Conn) { relay(c, *relayTo) })
@@ -64,12 +68,30 @@ func main() {
 // -mptcp, the client's are MPTCP sockets.
 var useSMC, useMPTCP bool
 
+// tos, priority: -tos, -priority, socket options set before connect, as programs
+// that mark their traffic do.
+var tos, priority int
+
 func dial(addr string) (net.Conn, error) {
 	if useSMC {
 		return dialSMC(addr)
 	}
 	var d net.Dialer
 	d.SetMultipathTCP(useMPTCP)
+	d.Control = func(network, _ string, c syscall.RawConn) error {
+		var errs []error
+		err := c.Control(func(fd uintptr) {
+			if tos != 0 && network == "tcp6" {
+				errs = append(errs, syscall.SetsockoptInt(int(fd), syscall.IPPROTO_IPV6, syscall.IPV6_TCLASS, tos))
+			} else if tos != 0 {
+				errs = append(errs, syscall.SetsockoptInt(int(fd), syscall.IPPROTO_IP, syscall.IP_TOS, tos))
+			}
+			if priority != 0 {
+				errs = append(errs, syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_PRIORITY, priority))
+			}
+		})
+		return errors.Join(append(errs, err)...)
+	}
 	return d.Dial("tcp", addr)
 }
 

@@ -1,0 +1,82 @@
+// Socket options applications set after their connect: the setsockopt program
+// passes each on through a ring buffer, in order, for smcrd to set on its own
+// connection (daemon/sockopts.go). Those set before the connect come with the
+// original destination (Original.Options).
+
+package bpf
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"unsafe"
+
+	"github.com/cilium/ebpf/ringbuf"
+)
+
+// SetSockopt is an option an application set on its redirected socket after its
+// connect.
+type SetSockopt struct {
+	// App is the application's end of its connection, as smcrd's accepted
+	// socket's remote address (IPv4-mapped addresses as IPv4).
+	App netip.AddrPort
+	Sockopt
+}
+
+// sockoptEvent is struct sockopt_event of c/maps.h: bpf2go emits no type only a
+// ring buffer carries.
+type sockoptEvent struct {
+	Conn    smcrTuple
+	Level   uint32
+	Optname uint32
+	Value   int32
+	_       uint32
+}
+
+// SockoptReader reads the options applications set after their connect.
+type SockoptReader struct {
+	r *ringbuf.Reader
+}
+
+// Sockopts opens a reader of the options applications set after their connect.
+// Close it before the Loader.
+func (l *Loader) Sockopts() (*SockoptReader, error) {
+	if err := l.hold(); err != nil {
+		return nil, err
+	}
+	defer l.inUse.RUnlock()
+	r, err := ringbuf.NewReader(l.objs.SmcrSockopts)
+	if err != nil {
+		return nil, fmt.Errorf("bpf: socket options: %w", err)
+	}
+	return &SockoptReader{r: r}, nil
+}
+
+// Read waits for the next option; after Close it returns an error that is
+// os.ErrClosed.
+func (r *SockoptReader) Read() (SetSockopt, error) {
+	rec, err := r.r.Read()
+	if err != nil {
+		return SetSockopt{}, fmt.Errorf("bpf: socket options: %w", err)
+	}
+	var e sockoptEvent
+	if len(rec.RawSample) < int(unsafe.Sizeof(e)) {
+		return SetSockopt{}, fmt.Errorf("bpf: socket options: a record of %d bytes", len(rec.RawSample))
+	}
+	if _, err := binary.Decode(rec.RawSample, binary.NativeEndian, &e); err != nil {
+		return SetSockopt{}, fmt.Errorf("bpf: socket options: %w", err)
+	}
+	return SetSockopt{
+		App:     netip.AddrPortFrom(wordsAddr(e.Conn.Family, e.Conn.Raddr), e.Conn.Rport),
+		Sockopt: Sockopt{Level: int(e.Level), Name: int(e.Optname), Value: int(e.Value)},
+	}, nil
+}
+
+// Close ends the reader; a Read waiting returns.
+func (r *SockoptReader) Close() error {
+	if err := r.r.Close(); err != nil && !errors.Is(err, ringbuf.ErrClosed) {
+		return fmt.Errorf("bpf: socket options: %w", err)
+	}
+	return nil
+}
