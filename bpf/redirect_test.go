@@ -1,6 +1,7 @@
 package bpf
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 	"unsafe"
@@ -257,8 +259,8 @@ func TestRedirectSocketOptions(t *testing.T) {
 			}
 			for _, want := range slices.Delete(slices.Clone(after), 2, 3) { // TCP_NODELAY is none of them
 				got, err := readSockopt(r, time.Second)
-				if err != nil || got.App != unmapped(remote) || got.Sockopt != want {
-					t.Errorf("ring: %+v, %v; want %v from %v", got, err, want, remote)
+				if err != nil || got.Local != unmapped(local) || got.Remote != unmapped(remote) || got.Sockopt != want {
+					t.Errorf("ring: %+v, %v; want %v on %v-%v", got, err, want, local, remote)
 				}
 			}
 			o, err = h.l.OriginalOf(local, remote)
@@ -674,6 +676,68 @@ func TestShowPeer(t *testing.T) {
 	acc := acceptWithin(t, app, time.Second)
 	if got, want := addrPort(acc.RemoteAddr()), addrPort(c.LocalAddr()); got != want {
 		t.Errorf("untagged: application's peer = %v, want %v", got, want)
+	}
+}
+
+// The server host: the options the application's socket accepted from smcrd
+// inherited from its listener, and those it sets later, go to smcrd for the
+// steered connection on the wire, named by smcrd's connection to the application.
+func TestShowPeerSocketOptions(t *testing.T) {
+	p := nstest.NewPair(t)
+	cg := testCgroup(t)
+	l := loadIn(t, p.B, Options{CgroupPath: cg})
+	r, err := l.Sockopts()
+	must(t, err)
+	defer r.Close()
+	// What the listener has; its accepted sockets inherit all but the
+	// priority (Linux gives them 0).
+	listener := []Sockopt{{unix.IPPROTO_IP, unix.IP_TOS, 0x28}, {unix.SOL_SOCKET, unix.SO_PRIORITY, 3},
+		{unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, 77}, {unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, 11},
+		{unix.IPPROTO_TCP, unix.TCP_KEEPCNT, 4}, {unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1},
+		{unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, 4321}}
+	inherited := slices.Delete(slices.Clone(listener), 1, 2)
+	var app net.Listener
+	must(t, p.B.Do(func() error {
+		lc := net.ListenConfig{KeepAlive: -1, Control: func(_, _ string, c syscall.RawConn) error {
+			var errs []error
+			c.Control(func(fd uintptr) {
+				for _, o := range listener {
+					errs = append(errs, unix.SetsockoptInt(int(fd), o.Level, o.Name, o.Value))
+				}
+			})
+			return errors.Join(errs...)
+		}}
+		lc.SetMultipathTCP(false)
+		var err error
+		app, err = lc.Listen(context.Background(), "tcp4", ":7004")
+		return err
+	}))
+	defer app.Close()
+	dst := netip.AddrPortFrom(p.B.Addr4(), 7004)
+	smcrd := dial(t, p.B, dst.String(), l, &Tag{ShowPeer: netip.AddrPortFrom(p.A.Addr4(), 40004)})
+	acc := acceptWithin(t, app, time.Second)
+	if acc == nil {
+		t.Fatal("application accepted nothing")
+	}
+	defer acc.Close()
+	later := Sockopt{unix.IPPROTO_IP, unix.IP_TOS, 0x48}
+	rc, err := acc.(*net.TCPConn).SyscallConn()
+	must(t, err)
+	rc.Control(func(fd uintptr) { must(t, unix.SetsockoptInt(int(fd), later.Level, later.Name, later.Value)) })
+	for _, want := range append(inherited, later) {
+		got, err := readSockopt(r, time.Second)
+		if err != nil || got.Local != addrPort(smcrd.LocalAddr()) || got.Remote != dst || got.Sockopt != want {
+			t.Errorf("ring: %+v, %v; want %v on %v-%v", got, err, want, smcrd.LocalAddr(), dst)
+		}
+	}
+	// A connection not from smcrd passes nothing on.
+	c := dial(t, p.B, dst.String(), nil, nil)
+	defer c.Close()
+	if acc := acceptWithin(t, app, time.Second); acc != nil {
+		acc.Close()
+	}
+	if got, err := readSockopt(r, 100*time.Millisecond); err == nil {
+		t.Errorf("ring: %+v for a connection not from smcrd", got)
 	}
 }
 

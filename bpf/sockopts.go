@@ -1,7 +1,9 @@
-// Socket options applications set after their connect: the setsockopt program
-// passes each on through a ring buffer, in order, for smcrd to set on its own
-// connection (daemon/sockopts.go). Those set before the connect come with the
-// original destination (Original.Options).
+// Socket options of applications' connections through smcrd: the setsockopt
+// program passes on those set on a redirected socket after its connect and on a
+// socket accepted from smcrd, and sockops those the latter inherited from its
+// listener, each through a ring buffer, in order, for smcrd to set on its
+// connection on the wire (daemon/sockopts.go). Those a redirected socket had at
+// its connect come with the original destination (Original.Options).
 
 package bpf
 
@@ -15,12 +17,15 @@ import (
 	"github.com/cilium/ebpf/ringbuf"
 )
 
-// SetSockopt is an option an application set on its redirected socket after its
-// connect.
+// SetSockopt is an option an application set on its socket, for smcrd's
+// connection on the wire: on its redirected socket after its connect, or on its
+// socket accepted from smcrd (inherited from its listener, or set after).
 type SetSockopt struct {
-	// App is the application's end of its connection, as smcrd's accepted
-	// socket's remote address (IPv4-mapped addresses as IPv4).
-	App netip.AddrPort
+	// Local and Remote name smcrd's socket of the application's connection,
+	// as its LocalAddr and RemoteAddr give them (IPv4-mapped addresses as
+	// IPv4): its accepted redirected connection on the client side, its
+	// connection to the application on the server side.
+	Local, Remote netip.AddrPort
 	Sockopt
 }
 
@@ -34,13 +39,13 @@ type sockoptEvent struct {
 	_       uint32
 }
 
-// SockoptReader reads the options applications set after their connect.
+// SockoptReader reads the options applications set (SetSockopt).
 type SockoptReader struct {
 	r *ringbuf.Reader
 }
 
-// Sockopts opens a reader of the options applications set after their connect.
-// Close it before the Loader.
+// Sockopts opens a reader of the options applications set (SetSockopt). Close
+// it before the Loader.
 func (l *Loader) Sockopts() (*SockoptReader, error) {
 	if err := l.hold(); err != nil {
 		return nil, err
@@ -68,7 +73,8 @@ func (r *SockoptReader) Read() (SetSockopt, error) {
 		return SetSockopt{}, fmt.Errorf("bpf: socket options: %w", err)
 	}
 	return SetSockopt{
-		App:     netip.AddrPortFrom(wordsAddr(e.Conn.Family, e.Conn.Raddr), e.Conn.Rport),
+		Local:   netip.AddrPortFrom(wordsAddr(e.Conn.Family, e.Conn.Laddr), e.Conn.Lport),
+		Remote:  netip.AddrPortFrom(wordsAddr(e.Conn.Family, e.Conn.Raddr), e.Conn.Rport),
 		Sockopt: Sockopt{Level: int(e.Level), Name: int(e.Optname), Value: int(e.Value)},
 	}, nil
 }

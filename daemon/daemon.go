@@ -120,8 +120,9 @@ type Daemon struct {
 	conns  map[uint64]*tracked
 	wg     sync.WaitGroup // accept loops and connection handlers
 
-	optMu sync.Mutex
-	wire  map[netip.AddrPort]*wireOptions // by the redirected application's address (sockopts.go)
+	optMu     sync.Mutex
+	wire      map[sockConn]*wireOptions   // by smcrd's socket of the application's connection (sockopts.go)
+	unclaimed map[sockConn][]unclaimedOpt // options for sockets not followed yet
 
 	st daemonStats
 }
@@ -173,7 +174,7 @@ func New(opts Options) (*Daemon, error) {
 		opts.DrainTimeout = 0
 	}
 	d := &Daemon{opts: opts, log: opts.Logger, start: time.Now(), conns: map[uint64]*tracked{},
-		wire:   map[netip.AddrPort]*wireOptions{},
+		wire: map[sockConn]*wireOptions{}, unclaimed: map[sockConn][]unclaimedOpt{},
 		stopCh: make(chan struct{}), abortCh: make(chan struct{})}
 	d.st.resetAt.Store(d.start.UnixNano())
 	d.setState(control.StateStarting)

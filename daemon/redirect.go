@@ -36,7 +36,7 @@ func (d *Daemon) serveRedirected(app *net.TCPConn) {
 	d.st.redirected.Add(1)
 	t := &tracked{client: true}
 	t.local = app.RemoteAddr().(*net.TCPAddr).AddrPort() // the application's own end
-	wire, unfollow := d.follow(t.local)
+	wire, unfollow := d.follow(app)
 	defer unfollow()
 	o, err := d.original(app)
 	orig := o.Dst
@@ -83,7 +83,7 @@ func (d *Daemon) serveRedirected(app *net.TCPConn) {
 		return
 	}
 	tcp := c.(*net.TCPConn)
-	wire.dialled(tcp, d.log)
+	wire.attach(tcp, d.log)
 	d.connMu.Lock()
 	t.local = unmapAP(tcp.LocalAddr().(*net.TCPAddr).AddrPort()) // the connection on the wire
 	d.connMu.Unlock()

@@ -1,13 +1,14 @@
-// The application's socket options on smcrd's connection. A redirected
-// application's own connection ends on smcrd's loopback listener, so the options
-// it sets for the network (a DSCP class, a priority, keepalive and its timings, a
-// user timeout) would shape only that loopback leg. smcrd's connection to the
-// destination is the one on the wire, the TCP connection of CLC and of a
-// fallback, so it takes them, as Linux's SMC passes an SMC socket's options on to
-// its CLC socket: those set before the application's connect with the original
-// destination, set before smcrd's own connect so that its SYN carries them too;
-// those set after through the setsockopt program's ring (bpf.SockoptReader), in
-// order, as they come.
+// The application's socket options on smcrd's connection. An application's own
+// connection through smcrd ends on loopback (a redirected client's on smcrd's
+// redirect listener, a server's at smcrd's connection to it), so the options it
+// sets for the network (a DSCP class, a priority, keepalive and its timings, a
+// user timeout) would shape only that leg. smcrd's connection on the wire, the
+// TCP connection of CLC and of a fallback, takes them, as Linux's SMC passes an
+// SMC socket's options on to its CLC socket: a client's set before its connect
+// come with the original destination and are set before smcrd's own connect,
+// so that its SYN carries them too; the others (a client's set after its
+// connect, a server's inherited from its listener or set later) come through
+// the programs' ring (bpf.SockoptReader), in order, and are set as they come.
 
 package daemon
 
@@ -19,6 +20,7 @@ import (
 	"os"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -71,41 +73,69 @@ func setSockopt(fd int, network string, o bpf.Sockopt) error {
 	return nil
 }
 
-// wireOptions carries to smcrd's connection the options its application sets
-// after its connect: held until that connection is there, then set as they come.
+// wireOptions carries to smcrd's connection on the wire the options an
+// application sets on its own: held until that connection is attached, then set
+// as they come.
 type wireOptions struct {
 	mu      sync.Mutex
-	conn    syscall.RawConn // smcrd's connection, once dialled
-	network string          // conn's: "tcp4" or "tcp6"
+	conn    syscall.RawConn // smcrd's connection on the wire, once attached
+	network string          // its traffic's: "tcp4" (IPv4-mapped too) or "tcp6"
 	held    []bpf.Sockopt
 }
 
-// follow starts carrying the options the application at app sets from now on;
-// call it before reading its original destination, whose entry holds those set
+// sockConn names one of smcrd's sockets: its local and remote address, unmapped.
+type sockConn struct{ local, remote netip.AddrPort }
+
+func sockConnOf(c net.Conn) sockConn {
+	return sockConn{unmapAP(c.LocalAddr().(*net.TCPAddr).AddrPort()), unmapAP(c.RemoteAddr().(*net.TCPAddr).AddrPort())}
+}
+
+// unclaimedAge is how long options for a socket smcrd does not follow (yet) are
+// kept: the server side's inherited ones come while smcrd's connect to the
+// application completes, before it can follow the connection.
+const unclaimedAge = 5 * time.Second
+
+type unclaimedOpt struct {
+	at time.Time
+	o  bpf.Sockopt
+}
+
+// follow starts carrying the options of the application's connection that
+// smcrd's socket c belongs to (the redirected connection it accepted, or its
+// connection to the application), those that came already included; call it
+// before reading the original destination, whose entry holds those set
 // earlier. The returned function stops it.
-func (d *Daemon) follow(app netip.AddrPort) (*wireOptions, func()) {
+func (d *Daemon) follow(c net.Conn) (*wireOptions, func()) {
 	w := &wireOptions{}
-	app = unmapAP(app)
+	k := sockConnOf(c)
 	d.optMu.Lock()
-	d.wire[app] = w
+	d.wire[k] = w
+	for _, u := range d.unclaimed[k] {
+		w.held = append(w.held, u.o)
+	}
+	delete(d.unclaimed, k)
 	d.optMu.Unlock()
+	if len(w.held) > 0 {
+		d.log.Debug("application's socket options carried", "local", k.local, "remote", k.remote, "options", w.held)
+	}
 	return w, func() {
 		d.optMu.Lock()
-		if d.wire[app] == w {
-			delete(d.wire, app)
+		if d.wire[k] == w {
+			delete(d.wire, k)
 		}
 		d.optMu.Unlock()
 	}
 }
 
-// dialled sets the options held so far on c, and has later ones set as they come.
-func (w *wireOptions) dialled(c *net.TCPConn, log *slog.Logger) {
+// attach sets the options held so far on c, smcrd's connection on the wire, and
+// has later ones set as they come.
+func (w *wireOptions) attach(c *net.TCPConn, log *slog.Logger) {
 	rc, err := c.SyscallConn()
 	if err != nil {
 		return
 	}
 	network := "tcp6"
-	if c.LocalAddr().(*net.TCPAddr).AddrPort().Addr().Is4() {
+	if c.LocalAddr().(*net.TCPAddr).AddrPort().Addr().Unmap().Is4() {
 		network = "tcp4"
 	}
 	w.mu.Lock()
@@ -138,14 +168,38 @@ func (w *wireOptions) set(o bpf.Sockopt, log *slog.Logger) {
 	}
 }
 
-// followSockopts starts passing the options applications set after their
-// connect to their connections' wireOptions, until the reader is closed; done is
-// closed then. Without a reader (nil: the ring could not be read), options set
-// after a connect stay on the loopback leg.
+// claim passes s to the wireOptions following its socket, or keeps it for one
+// that follows it soon.
+func (d *Daemon) claim(s bpf.SetSockopt) {
+	k := sockConn{unmapAP(s.Local), unmapAP(s.Remote)}
+	now := time.Now()
+	d.optMu.Lock()
+	w := d.wire[k]
+	if w == nil {
+		if len(d.unclaimed) >= 1024 {
+			for k, l := range d.unclaimed {
+				if now.Sub(l[len(l)-1].at) > unclaimedAge {
+					delete(d.unclaimed, k)
+				}
+			}
+		}
+		d.unclaimed[k] = append(d.unclaimed[k], unclaimedOpt{now, s.Sockopt})
+	}
+	d.optMu.Unlock()
+	if w != nil {
+		d.log.Debug("application's socket option carried", "local", s.Local, "remote", s.Remote, "option", s.Sockopt)
+		w.add(s.Sockopt, d.log)
+	}
+}
+
+// followSockopts starts passing the options applications set (bpf.SetSockopt)
+// to their connections' wireOptions, until the reader is closed; done is closed
+// then. Without a reader (nil: the ring could not be read), those stay on the
+// loopback leg.
 func (d *Daemon) followSockopts() (r *bpf.SockoptReader, done chan struct{}) {
 	r, err := d.loader.Sockopts()
 	if err != nil {
-		d.log.Warn("socket options applications set after connecting stay on their loopback leg", "err", err)
+		d.log.Warn("socket options applications set after connecting, or on connections accepted from smcrd, stay on their loopback leg", "err", err)
 		return nil, nil
 	}
 	done = make(chan struct{})
@@ -156,8 +210,8 @@ func (d *Daemon) followSockopts() (r *bpf.SockoptReader, done chan struct{}) {
 	return r, done
 }
 
-// carrySockopts reads the options applications set after their connect until r
-// is closed, and passes each to its connection's wireOptions.
+// carrySockopts reads the options applications set until r is closed, and
+// passes each to its connection's wireOptions.
 func (d *Daemon) carrySockopts(r *bpf.SockoptReader) {
 	for {
 		s, err := r.Read()
@@ -168,12 +222,6 @@ func (d *Daemon) carrySockopts(r *bpf.SockoptReader) {
 			d.log.Warn("socket options", "err", err)
 			continue
 		}
-		d.optMu.Lock()
-		w := d.wire[s.App]
-		d.optMu.Unlock()
-		if w != nil {
-			d.log.Debug("application's socket option carried", "app", s.App, "option", s.Sockopt)
-			w.add(s.Sockopt, d.log)
-		}
+		d.claim(s)
 	}
 }

@@ -4,11 +4,13 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -115,32 +117,57 @@ func TestWithOptions(t *testing.T) {
 	}
 }
 
-// TestWireOptions: options the application sets after its connect are held
-// until smcrd's connection is dialled, then set on it, and set as they come
-// after that.
+// TestWireOptions: options an application sets on its end come to smcrd's
+// connection on the wire: those that came before smcrd followed the
+// application's connection (the server side's inherited ones come while smcrd's
+// connect to it completes) and those that come before the connection on the wire
+// is there are held, then set; later ones are set as they come. Options for a
+// connection nobody follows are dropped after a while.
 func TestWireOptions(t *testing.T) {
-	var w wireOptions
-	w.add(tos4, discard)
-	w.add(tclass, discard) // an IPv4 connection's: not set
-	w.add(bpf.Sockopt{Level: unix.SOL_SOCKET, Name: unix.SO_PRIORITY, Value: 6}, discard)
-	w.add(priority, discard) // the last one counts
+	d := &Daemon{log: discard, wire: map[sockConn]*wireOptions{}, unclaimed: map[sockConn][]unclaimedOpt{}}
 	var dl net.Dialer
 	withOptions(&dl, nil, discard)
-	c := dialLoopback(t, "tcp4", "127.0.0.1:0", &dl)
-	def := defaults(t)
-	if got := wireState(t, c); got != def {
-		t.Fatalf("before dialled: %v", got)
+	leg := dialLoopback(t, "tcp4", "127.0.0.1:0", &dl) // smcrd's socket of the application's connection
+	wire := dialLoopback(t, "tcp6", "[::1]:0", &dl)    // smcrd's connection on the wire
+	ev := func(o bpf.Sockopt) bpf.SetSockopt {
+		return bpf.SetSockopt{Local: sockConnOf(leg).local, Remote: sockConnOf(leg).remote, Sockopt: o}
 	}
-	w.dialled(c, discard)
-	if got, want := wireState(t, c), [6]int{0x28, 3, 0, 0, def[4], def[5]}; got != want {
+	d.claim(ev(tclass)) // before smcrd follows
+	w, unfollow := d.follow(leg)
+	d.claim(ev(tos4)) // an IPv6 connection's: not set
+	d.claim(ev(bpf.Sockopt{Level: unix.SOL_SOCKET, Name: unix.SO_PRIORITY, Value: 6}))
+	d.claim(ev(priority)) // the last one counts
+	def := defaults(t)
+	if got := wireState(t, wire); got != def {
+		t.Fatalf("before attached: %v", got)
+	}
+	w.attach(wire, discard)
+	if got, want := wireState(t, wire), [6]int{0x48, 3, 0, 0, def[4], def[5]}; got != want {
 		t.Errorf("held options: %v, want %v", got, want)
 	}
 	for _, o := range append(keep, timeout) {
-		w.add(o, discard)
+		d.claim(ev(o))
 	}
-	if got, want := wireState(t, c), [6]int{0x28, 3, 4321, 1, 77, 4}; got != want {
-		t.Errorf("options after dialled: %v, want %v", got, want)
+	if got, want := wireState(t, wire), [6]int{0x48, 3, 4321, 1, 77, 4}; got != want {
+		t.Errorf("options after attached: %v, want %v", got, want)
 	}
-	c.Close()
-	w.add(tos4, discard) // closed: nothing to set it on, and no panic
+	unfollow()
+	d.claim(ev(bpf.Sockopt{Level: unix.SOL_SOCKET, Name: unix.SO_PRIORITY, Value: 5}))
+	if got := wireState(t, wire); got[1] != 3 {
+		t.Errorf("priority %d after unfollow, want 3 still", got[1])
+	}
+	wire.Close()
+	w.add(tclass, discard) // closed: nothing to set it on, and no panic
+
+	// Unclaimed options age out once many wait.
+	d.unclaimed = map[sockConn][]unclaimedOpt{}
+	old := time.Now().Add(-2 * unclaimedAge)
+	for i := range 1024 {
+		k := sockConn{netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(1000+i)), sockConnOf(leg).remote}
+		d.unclaimed[k] = []unclaimedOpt{{old, priority}}
+	}
+	d.claim(ev(priority))
+	if len(d.unclaimed) != 1 {
+		t.Errorf("%d sockets' options unclaimed, want only the newest", len(d.unclaimed))
+	}
 }

@@ -34,6 +34,10 @@ func (d *Daemon) serveSteered(peer *net.TCPConn) {
 		return
 	}
 	app := c.(*net.TCPConn)
+	// The application's options on its end go onto the steered connection.
+	wire, unfollow := d.follow(app)
+	defer unfollow()
+	wire.attach(peer, d.log)
 	conn, err := d.engine.Server(d.ctx, peer)
 	if err != nil { // counted by the engine (handshake errors)
 		d.log.Info("clc as server", "peer", t.remote, "err", err)

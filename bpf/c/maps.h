@@ -113,8 +113,9 @@ struct orig {
 	struct app_opts opts;
 };
 
-/* An option the application set on its redirected socket after its connect,
- * for smcrd to set on its connection too (smcr_sockopts). */
+/* An option an application set on its socket (redirected, after its connect;
+ * accepted from smcrd, inherited or set after), for smcrd to set on its
+ * connection on the wire too (smcr_sockopts). */
 struct sockopt_event {
 	struct tuple conn; /* as smcrd's accepted socket sees it */
 	__u32 level;
@@ -315,9 +316,10 @@ struct {
 	PIN;
 } smcr_synmark SEC(".maps");
 
-/* Options applications set on their redirected sockets after connect(), in the
- * order they set them (struct sockopt_event); smcrd reads them. Full (smcrd
- * gone, or far behind), one is counted lost. */
+/* Options applications set on their redirected sockets after connect(), and on
+ * their sockets accepted from smcrd, in the order they set them (struct
+ * sockopt_event); smcrd reads them. Full (smcrd gone, or far behind), one is
+ * counted lost. */
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 256 * 1024);
@@ -348,6 +350,24 @@ static __always_inline void count(enum stat s)
 
 	if (v)
 		*v += 1;
+}
+
+/* emit_sockopt passes an application's socket option on to smcrd, for the
+ * connection t (as smcrd's socket sees it): smcr_sockopts. */
+static __always_inline void emit_sockopt(struct tuple *t, __u32 level, __u32 optname, __s32 value)
+{
+	struct sockopt_event *e = bpf_ringbuf_reserve(&smcr_sockopts, sizeof(*e), 0);
+
+	if (!e) {
+		count(STAT_SOCKOPT_LOST);
+		return;
+	}
+	e->conn = *t;
+	e->level = level;
+	e->optname = optname;
+	e->value = value;
+	e->_pad = 0;
+	bpf_ringbuf_submit(e, 0);
 }
 
 static __always_inline struct config *config(void)

@@ -577,18 +577,19 @@ static __always_inline int apply_opt(struct app_opts *o, __u32 dst_family, __u32
 }
 
 /* setsockopt on an application's redirected socket, after its connect (before
- * it, sockops reads the socket's options at the connect): an option its
- * connection on the wire would carry goes to smcrd's connection too, through
- * the original-destination entry while smcrd has not read it, and through
- * smcr_sockopts. Runs before the kernel's setsockopt, so it passes on what the
- * application asked, whether the kernel takes it or not; smcrd's setsockopt
- * then refuses what the application's refused. */
+ * it, sockops reads the socket's options at the connect), or on its socket
+ * accepted from smcrd (sockops passes on what it inherited from the listener):
+ * an option its connection on the wire would carry goes to smcrd's connection
+ * too, through smcr_sockopts, and on the client side into the
+ * original-destination entry while smcrd has not read it. Runs before the
+ * kernel's setsockopt, so it passes on what the application asked, whether the
+ * kernel takes it or not; smcrd's setsockopt then refuses what the
+ * application's refused. */
 SEC("cgroup/setsockopt")
 int smcr_setsockopt(struct bpf_sockopt *ctx)
 {
 	struct bpf_sock *sk = ctx->sk;
 	__u8 *p = ctx->optval, *end = ctx->optval_end;
-	struct sockopt_event *e;
 	struct app_opts scratch = {};
 	struct sk_state *st;
 	struct config *cfg;
@@ -605,7 +606,7 @@ int smcr_setsockopt(struct bpf_sockopt *ctx)
 	if (!apply_opt(&scratch, 0, ctx->level, ctx->optname, v))
 		return 1;
 	st = bpf_sk_storage_get(&smcr_sk, sk, 0, 0);
-	if (!st || !(st->flags & SK_REDIRECTED))
+	if (!st || !(st->flags & (SK_REDIRECTED | SK_PEER)))
 		return 1;
 	cfg = config();
 	if (!cfg || !netns_ok(ctx, cfg))
@@ -618,19 +619,11 @@ int smcr_setsockopt(struct bpf_sockopt *ctx)
 	lport = t.lport;
 	t.lport = t.rport;
 	t.rport = lport;
-	o = bpf_map_lookup_elem(&smcr_origdst, &t);
-	if (o)
-		apply_opt(&o->opts, o->dst.family, ctx->level, ctx->optname, v);
-	e = bpf_ringbuf_reserve(&smcr_sockopts, sizeof(*e), 0);
-	if (!e) {
-		count(STAT_SOCKOPT_LOST);
-		return 1;
+	if (st->flags & SK_REDIRECTED) {
+		o = bpf_map_lookup_elem(&smcr_origdst, &t);
+		if (o)
+			apply_opt(&o->opts, o->dst.family, ctx->level, ctx->optname, v);
 	}
-	e->conn = t;
-	e->level = ctx->level;
-	e->optname = ctx->optname;
-	e->value = v;
-	e->_pad = 0;
-	bpf_ringbuf_submit(e, 0);
+	emit_sockopt(&t, ctx->level, ctx->optname, v);
 	return 1;
 }

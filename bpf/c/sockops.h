@@ -74,7 +74,7 @@ static __always_inline int syn_had_option(struct bpf_sock_ops *skops)
 /* read_app_opts reads what of the options of the application's socket its connection
  * on the wire would carry (struct app_opts). A kernel whose bpf_getsockopt does
  * not answer one leaves it unflagged. */
-static __always_inline void read_app_opts(struct bpf_sock_ops *skops, struct sk_state *st, struct app_opts *o)
+static __always_inline void read_app_opts(struct bpf_sock_ops *skops, __u32 dst_family, struct app_opts *o)
 {
 	int v = 0;
 
@@ -85,7 +85,7 @@ static __always_inline void read_app_opts(struct bpf_sock_ops *skops, struct sk_
 			o->tos = v;
 			o->have |= OPT_TOS;
 		}
-	} else if (st->family == AF_INET6) {
+	} else if (dst_family == AF_INET6) {
 		if (!bpf_getsockopt(skops, SOL_IPV6, IPV6_TCLASS, &v, sizeof(v)) && v > 0) {
 			o->tos = v;
 			o->have |= OPT_TOS;
@@ -117,6 +117,37 @@ static __always_inline void read_app_opts(struct bpf_sock_ops *skops, struct sk_
 	}
 }
 
+/* emit_inherited passes on to smcrd the options an application's socket
+ * accepted from smcrd inherited from its listener, for the steered connection
+ * on the wire (from a client of family dst_family) to take. Those it sets later
+ * go through smcr_setsockopt. */
+static __always_inline void emit_inherited(struct bpf_sock_ops *skops, __u32 dst_family)
+{
+	struct app_opts o = {};
+	struct tuple t = {};
+
+	read_app_opts(skops, dst_family, &o);
+	if (!o.have)
+		return;
+	ops_tuple(skops, &t, 0); /* as smcrd's connection to the application sees it */
+	if (o.have & OPT_TOS) {
+		if (skops->family == AF_INET)
+			emit_sockopt(&t, SOL_IP, IP_TOS, o.tos);
+		else
+			emit_sockopt(&t, SOL_IPV6, IPV6_TCLASS, o.tos);
+	}
+	if (o.have & OPT_PRIORITY)
+		emit_sockopt(&t, SOL_SOCKET, SO_PRIORITY, o.priority);
+	if (o.have & OPT_KEEPALIVE) {
+		emit_sockopt(&t, SOL_TCP, TCP_KEEPIDLE, o.keepidle);
+		emit_sockopt(&t, SOL_TCP, TCP_KEEPINTVL, o.keepintvl);
+		emit_sockopt(&t, SOL_TCP, TCP_KEEPCNT, o.keepcnt);
+		emit_sockopt(&t, SOL_SOCKET, SO_KEEPALIVE, 1);
+	}
+	if (o.have & OPT_USER_TIMEOUT)
+		emit_sockopt(&t, SOL_TCP, TCP_USER_TIMEOUT, o.user_timeout);
+}
+
 /* connect(): the local address is chosen; the socket's tag becomes 4-tuple entries. */
 static __always_inline void on_connect(struct bpf_sock_ops *skops)
 {
@@ -139,7 +170,7 @@ static __always_inline void on_connect(struct bpf_sock_ops *skops)
 	o.dst.addr[3] = st->addr[3];
 	o.dst.port = st->port;
 	if (st->flags & SK_REDIRECTED) {
-		read_app_opts(skops, st, &o.opts);
+		read_app_opts(skops, st->family, &o.opts);
 		/* BPF_ANY: replaces a leftover of an earlier connection on this
 		 * 4-tuple. No close callback: smcrd deletes the entry (maps.h). */
 		bpf_map_update_elem(&smcr_origdst, &t, &o, BPF_ANY);
@@ -313,6 +344,7 @@ static __always_inline void adopt_peer(struct bpf_sock_ops *skops, struct tuple 
 	__builtin_memcpy(st->addr, ap->addr, sizeof(st->addr));
 	st->port = ap->port;
 	bpf_map_delete_elem(&smcr_peers, t);
+	emit_inherited(skops, st->family);
 }
 
 static __always_inline void on_passive_established(struct bpf_sock_ops *skops)

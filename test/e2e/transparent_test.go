@@ -353,11 +353,13 @@ func TestFallbackAndNegativeCache(t *testing.T) {
 	}
 }
 
-// TestSocketOptions: the options a client application sets to mark its traffic
+// TestSocketOptions: the options an application sets to mark its traffic
 // (IP_TOS or IPV6_TCLASS, SO_PRIORITY) go onto the wire with it, while its
-// connection runs over SMC-R: smcrd's connection to the server, the only one
-// host A has to it, carries them, whether the application set them before its
-// connect (testapp) or after (iperf3 -S).
+// connection runs over SMC-R: on the client host, smcrd's connection to the
+// server (the only one host A has to it) carries them, whether the application
+// set them before its connect (testapp) or after (iperf3 -S); on the server
+// host, the steered connection carries the class the application's accepted
+// socket inherited from its listener.
 func TestSocketOptions(t *testing.T) {
 	a, b := hosts(t)
 	p := providers()[0]
@@ -366,6 +368,12 @@ func TestSocketOptions(t *testing.T) {
 	b.serve(5201)
 	b.background("iperf3", "-s", "-p", "5202")
 	b.waitListening(5202)
+	// An IPv4 listener sets IP_TOS; Go's listener on 0.0.0.0 would be a
+	// dual-stack IPv6 socket, whose IPV6_TCLASS IPv4 clients do not get.
+	b.background(bins.testapp, "-listen", netip.AddrPortFrom(b.ns.Addr4(), 5203).String(), "-tos", "0x28")
+	b.background(bins.testapp, "-listen", "[::]:5204", "-tos", "0x28")
+	b.waitListening(5203)
+	b.waitListening(5204)
 	for _, addr := range []netip.Addr{b.ns.Addr4(), b.ns.Addr6()} {
 		class := "tos:0x28"
 		if addr.Is6() {
@@ -373,7 +381,7 @@ func TestSocketOptions(t *testing.T) {
 		}
 		dst := netip.AddrPortFrom(addr, 5201)
 		before := a.stats().Connections.SMCR
-		lines := whileRunning(t, a, dst, func() {
+		lines := whileRunning(t, a, []string{"dst", dst.String()}, func() {
 			r, err := a.client(dst.String(), "-mode", "pingpong", "-bytes", "64", "-n", "5000", "-tos", "0x28", "-priority", "3")
 			if err != nil || r.OK != 1 {
 				t.Fatalf("pingpong to %s: %+v: %v", dst, r, err)
@@ -395,7 +403,7 @@ func TestSocketOptions(t *testing.T) {
 		// iperf3 sets its data connection's class after the connect; its
 		// control connection keeps the default.
 		dst = netip.AddrPortFrom(addr, 5202)
-		lines = whileRunning(t, a, dst, func() {
+		lines = whileRunning(t, a, []string{"dst", dst.String()}, func() {
 			if out, err := a.command("iperf3", "-c", addr.String(), "-p", "5202", "-t", "1", "-S", "0x28").CombinedOutput(); err != nil {
 				t.Fatalf("iperf3: %v\n%s", err, out)
 			}
@@ -403,18 +411,38 @@ func TestSocketOptions(t *testing.T) {
 		if !slices.ContainsFunc(lines, func(l string) bool { return strings.Contains(l, class) }) {
 			t.Errorf("%s: no connection of smcrd's to iperf3's server had %s: %q", dst, class, lines)
 		}
+
+		// The server's listener marks its connections: on host B, the
+		// steered connection from A's address carries the class.
+		port, client := 5203, a.ns.Addr4().String()
+		if addr.Is6() {
+			port, client = 5204, "["+a.ns.Addr6().String()+"]"
+		}
+		dst = netip.AddrPortFrom(addr, uint16(port))
+		lines = whileRunning(t, b, []string{"dst", client, "sport", "=", fmt.Sprintf(":%d", port)}, func() {
+			r, err := a.client(dst.String(), "-mode", "pingpong", "-bytes", "64", "-n", "5000")
+			if err != nil || r.OK != 1 {
+				t.Fatalf("pingpong to %s: %+v: %v", dst, r, err)
+			}
+		})
+		// From the moment smcrd has connected to the application: the
+		// steered connection is there before.
+		if len(lines) == 0 || !strings.Contains(lines[len(lines)-1], class) {
+			t.Errorf("%s: the steered connection showed %q, want %s at last (the application's listener's)", dst, lines, class)
+		}
 	}
 }
 
-// whileRunning runs f and returns what ss showed of the established connections
-// of h to dst meanwhile, their traffic class and priority (class_id) included.
-func whileRunning(t *testing.T, h *host, dst netip.AddrPort, f func()) []string {
+// whileRunning runs f and returns what ss showed meanwhile of the established
+// connections of h that filter selects, their traffic class and priority
+// (class_id) included.
+func whileRunning(t *testing.T, h *host, filter []string, f func()) []string {
 	done := make(chan struct{})
 	seen := make(chan []string, 1)
 	go func() {
 		var lines []string
 		for {
-			out, err := h.ns.Command("ss", "-tnH", "--tos", "state", "established", "dst", dst.String()).Output()
+			out, err := h.ns.Command("ss", append([]string{"-tnH", "--tos", "state", "established"}, filter...)...).Output()
 			if err != nil {
 				t.Errorf("ss: %v", err)
 			}

@@ -33,8 +33,8 @@ Options:
           skip_negative: peer without SMC-R, skip_prefix: route not through a
           listed interface, skip_unreachable: smcrd could not reach it lately),
           SYNs marked and steered, SMC options sent and echoed, and
-          socket options applications set after connecting that smcrd
-          could not be told of (sockopt_lost)
+          applications' socket options smcrd could not be told of
+          (sockopt_lost)
   -r      reset the counters: smcrd hands over their values and zeroes them
           in one step, so nothing counted in between is lost; the values are
           printed afterwards. If they cannot be written, smcrctl says so and

@@ -16,6 +16,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -45,8 +46,8 @@ func main() {
 	relayTo := flag.String("relay", "", "with -listen: carry each connection to this address, as smcrd's relay does (a baseline)")
 	flag.BoolVar(&useSMC, "smc", false, "use Linux's AF_SMC sockets (the kernel's SMC) instead of TCP ones")
 	flag.BoolVar(&useMPTCP, "mptcp", false, "connect with MPTCP sockets (IPPROTO_MPTCP) instead of TCP ones")
-	flag.IntVar(&tos, "tos", 0, "set IP_TOS (IPV6_TCLASS for IPv6) on the client's sockets before they connect")
-	flag.IntVar(&priority, "priority", 0, "set SO_PRIORITY on the client's sockets before they connect")
+	flag.IntVar(&tos, "tos", 0, "set IP_TOS (IPV6_TCLASS for IPv6) on the client's sockets before they connect, or on the listener")
+	flag.IntVar(&priority, "priority", 0, "set SO_PRIORITY on the client's sockets before they connect, or on the listener")
 	flag.Parse()
 	if *listen != "" && *relayTo != "" {
 		serve(*listen, func(c net.Conn) { relay(c, *relayTo) })
@@ -76,28 +77,34 @@ func dial(addr string) (net.Conn, error) {
 	if useSMC {
 		return dialSMC(addr)
 	}
-	var d net.Dialer
+	d := net.Dialer{Control: mark}
 	d.SetMultipathTCP(useMPTCP)
-	d.Control = func(network, _ string, c syscall.RawConn) error {
-		var errs []error
-		err := c.Control(func(fd uintptr) {
-			if tos != 0 && network == "tcp6" {
-				errs = append(errs, syscall.SetsockoptInt(int(fd), syscall.IPPROTO_IPV6, syscall.IPV6_TCLASS, tos))
-			} else if tos != 0 {
-				errs = append(errs, syscall.SetsockoptInt(int(fd), syscall.IPPROTO_IP, syscall.IP_TOS, tos))
-			}
-			if priority != 0 {
-				errs = append(errs, syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_PRIORITY, priority))
-			}
-		})
-		return errors.Join(append(errs, err)...)
-	}
 	return d.Dial("tcp", addr)
+}
+
+// mark sets -tos and -priority on a socket before it connects or listens (its
+// accepted sockets inherit the class).
+func mark(network, _ string, c syscall.RawConn) error {
+	var errs []error
+	err := c.Control(func(fd uintptr) {
+		if tos != 0 && network == "tcp6" {
+			errs = append(errs, syscall.SetsockoptInt(int(fd), syscall.IPPROTO_IPV6, syscall.IPV6_TCLASS, tos))
+		} else if tos != 0 {
+			errs = append(errs, syscall.SetsockoptInt(int(fd), syscall.IPPROTO_IP, syscall.IP_TOS, tos))
+		}
+		if priority != 0 {
+			errs = append(errs, syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_PRIORITY, priority))
+		}
+	})
+	return errors.Join(append(errs, err)...)
 }
 
 // serve accepts connections on addr and runs handler on each.
 func serve(addr string, handler func(net.Conn)) {
-	listen := func(addr string) (net.Listener, error) { return net.Listen("tcp", addr) }
+	listen := func(addr string) (net.Listener, error) {
+		lc := net.ListenConfig{Control: mark}
+		return lc.Listen(context.Background(), "tcp", addr)
+	}
 	if useSMC {
 		listen = listenSMC
 	}
