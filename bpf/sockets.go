@@ -155,10 +155,9 @@ func originalDst(fd int) (netip.AddrPort, error) {
 // ErrUnknown: the maps hold nothing about that connection.
 var ErrUnknown = errors.New("bpf: connection unknown")
 
-// Sockopt is one option of a redirected application's socket that shapes its
-// connection on the wire (IP_TOS or IPV6_TCLASS, SO_PRIORITY, keepalive and its
-// timings, TCP_USER_TIMEOUT): smcrd sets it on its own connection to the
-// destination.
+// Sockopt is one option of an application's socket that shapes its connection
+// on the wire (IP_TOS or IPV6_TCLASS, SO_PRIORITY, keepalive and its timings,
+// TCP_USER_TIMEOUT): smcrd sets it on its own connection on the wire.
 type Sockopt struct {
 	Level, Name, Value int
 }
