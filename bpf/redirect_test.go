@@ -283,8 +283,8 @@ func TestRedirectSocketOptions(t *testing.T) {
 
 // readSockopt reads the next option from r, waiting up to d.
 func readSockopt(r *SockoptReader, d time.Duration) (SetSockopt, error) {
-	r.r.SetDeadline(time.Now().Add(d))
-	defer r.r.SetDeadline(time.Time{})
+	r.SetDeadline(time.Now().Add(d))
+	defer r.SetDeadline(time.Time{})
 	return r.Read()
 }
 
@@ -605,6 +605,31 @@ func TestGetsockoptLargeResult(t *testing.T) {
 	if n := seen(); n != 0 {
 		t.Errorf("the getsockopt program passed optlen %d on, want 0 (keep the kernel's answer)", n)
 	}
+}
+
+// A setsockopt handing more than a page, under the setsockopt program, reaches the
+// kernel as the application gave it: kernels before 6.5 fail it with EFAULT
+// unless the program passes optlen 0 on (the guest's 6.1 checks this).
+func TestSetsockoptLargeValue(t *testing.T) {
+	h := newClientHost(t)
+	must(t, h.p.A.Do(func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		buf := make([]byte, 8192) // IP_TOS takes the first int of it
+		binary.NativeEndian.PutUint32(buf, 0x28)
+		_, _, e := unix.Syscall6(unix.SYS_SETSOCKOPT, uintptr(fd), unix.IPPROTO_IP, unix.IP_TOS,
+			uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)), 0)
+		if e != 0 {
+			return fmt.Errorf("setsockopt IP_TOS with %d bytes: %w", len(buf), e)
+		}
+		if tos, err := unix.GetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_TOS); err != nil || tos != 0x28 {
+			return fmt.Errorf("IP_TOS %#x, %v after setting 0x28", tos, err)
+		}
+		return nil
+	}))
 }
 
 // optlenProbe attaches to cgroup, after smcr's programs, a getsockopt program that

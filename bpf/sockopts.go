@@ -12,6 +12,8 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
+	"time"
 	"unsafe"
 
 	"github.com/cilium/ebpf/ringbuf"
@@ -39,9 +41,15 @@ type sockoptEvent struct {
 	_       uint32
 }
 
+// SockoptPoll is how often a SockoptReader looks at the ring: the programs do not
+// wake it for each record (only when the ring is half full), so an option comes
+// to smcrd at most this late.
+const SockoptPoll = 100 * time.Millisecond
+
 // SockoptReader reads the options applications set (SetSockopt).
 type SockoptReader struct {
-	r *ringbuf.Reader
+	r        *ringbuf.Reader
+	deadline time.Time
 }
 
 // Sockopts opens a reader of the options applications set (SetSockopt). Close
@@ -58,12 +66,28 @@ func (l *Loader) Sockopts() (*SockoptReader, error) {
 	return &SockoptReader{r: r}, nil
 }
 
+// SetDeadline has Read give up at t with an error that is
+// os.ErrDeadlineExceeded; the zero time waits for ever. Not while a Read waits.
+func (r *SockoptReader) SetDeadline(t time.Time) { r.deadline = t }
+
 // Read waits for the next option; after Close it returns an error that is
 // os.ErrClosed.
 func (r *SockoptReader) Read() (SetSockopt, error) {
-	rec, err := r.r.Read()
-	if err != nil {
-		return SetSockopt{}, fmt.Errorf("bpf: socket options: %w", err)
+	var rec ringbuf.Record
+	for {
+		wait := time.Now().Add(SockoptPoll)
+		if !r.deadline.IsZero() && r.deadline.Before(wait) {
+			wait = r.deadline
+		}
+		r.r.SetDeadline(wait)
+		err := r.r.ReadInto(&rec)
+		if errors.Is(err, os.ErrDeadlineExceeded) && (r.deadline.IsZero() || time.Now().Before(r.deadline)) {
+			continue // records wait without waking the reader: look again
+		}
+		if err != nil {
+			return SetSockopt{}, fmt.Errorf("bpf: socket options: %w", err)
+		}
+		break
 	}
 	var e sockoptEvent
 	if len(rec.RawSample) < int(unsafe.Sizeof(e)) {
