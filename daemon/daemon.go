@@ -123,6 +123,7 @@ type Daemon struct {
 	optMu     sync.Mutex
 	wire      map[sockConn]*wireOptions   // by smcrd's socket of the application's connection (sockopts.go)
 	unclaimed map[sockConn][]unclaimedOpt // options for sockets not followed yet
+	prunedAt  time.Time                   // when unclaimed last lost its old entries
 
 	st daemonStats
 }

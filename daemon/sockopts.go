@@ -90,10 +90,11 @@ func sockConnOf(c net.Conn) sockConn {
 	return sockConn{unmapAP(c.LocalAddr().(*net.TCPAddr).AddrPort()), unmapAP(c.RemoteAddr().(*net.TCPAddr).AddrPort())}
 }
 
-// unclaimedAge is how long options for a socket smcrd does not follow (yet) are
-// kept: the server side's inherited ones come while smcrd's connect to the
-// application completes, before it can follow the connection.
-const unclaimedAge = 5 * time.Second
+// unclaimedAge is how long options for a socket smcrd does not follow are kept:
+// the server side's inherited ones may be read while smcrd's connect to the
+// application completes, before it can follow the connection. Those of a
+// connection that ended before its options were read go with them.
+const unclaimedAge = 2 * time.Second
 
 type unclaimedOpt struct {
 	at time.Time
@@ -176,12 +177,13 @@ func (d *Daemon) claim(s bpf.SetSockopt) {
 	d.optMu.Lock()
 	w := d.wire[k]
 	if w == nil {
-		if len(d.unclaimed) >= 1024 {
+		if now.Sub(d.prunedAt) > time.Second { // at most once a second: short connections leave many
 			for k, l := range d.unclaimed {
 				if now.Sub(l[len(l)-1].at) > unclaimedAge {
 					delete(d.unclaimed, k)
 				}
 			}
+			d.prunedAt = now
 		}
 		d.unclaimed[k] = append(d.unclaimed[k], unclaimedOpt{now, s.Sockopt})
 	}

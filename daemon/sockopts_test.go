@@ -159,15 +159,21 @@ func TestWireOptions(t *testing.T) {
 	wire.Close()
 	w.add(tclass, discard) // closed: nothing to set it on, and no panic
 
-	// Unclaimed options age out once many wait.
+	// Unclaimed options age out, looked at once a second at most.
 	d.unclaimed = map[sockConn][]unclaimedOpt{}
 	old := time.Now().Add(-2 * unclaimedAge)
-	for i := range 1024 {
+	for i := range 100 {
 		k := sockConn{netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(1000+i)), sockConnOf(leg).remote}
 		d.unclaimed[k] = []unclaimedOpt{{old, priority}}
 	}
+	d.prunedAt = time.Now()
 	d.claim(ev(priority))
-	if len(d.unclaimed) != 1 {
-		t.Errorf("%d sockets' options unclaimed, want only the newest", len(d.unclaimed))
+	if len(d.unclaimed) != 101 {
+		t.Errorf("%d sockets' options unclaimed right after a pruning, want 101", len(d.unclaimed))
+	}
+	d.prunedAt = old
+	d.claim(ev(tos4))
+	if len(d.unclaimed) != 1 || len(d.unclaimed[sockConnOf(leg)]) != 2 {
+		t.Errorf("unclaimed after pruning: %v, want only the connection's two records", d.unclaimed)
 	}
 }
