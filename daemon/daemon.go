@@ -293,7 +293,9 @@ func (d *Daemon) listen() error {
 		return fmt.Errorf("daemon: %w", err)
 	}
 	for _, addr := range []string{"127.0.0.1:0", "[::1]:0"} {
-		lc := net.ListenConfig{Control: d.loader.Control(bpf.Tag{SMCOption: true})}
+		// No keepalive of Go's own on steered connections: the server
+		// application's, if it asks for it, comes to them (sockopts.go).
+		lc := net.ListenConfig{Control: d.loader.Control(bpf.Tag{SMCOption: true}), KeepAlive: -1}
 		lc.SetMultipathTCP(false)
 		ln, err := lc.Listen(context.Background(), "tcp", addr)
 		if err != nil {

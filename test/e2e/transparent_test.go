@@ -354,12 +354,13 @@ func TestFallbackAndNegativeCache(t *testing.T) {
 }
 
 // TestSocketOptions: the options an application sets to mark its traffic
-// (IP_TOS or IPV6_TCLASS, SO_PRIORITY) go onto the wire with it, while its
-// connection runs over SMC-R: on the client host, smcrd's connection to the
-// server (the only one host A has to it) carries them, whether the application
-// set them before its connect (testapp) or after (iperf3 -S); on the server
-// host, the steered connection carries the class the application's accepted
-// socket inherited from its listener.
+// (IP_TOS or IPV6_TCLASS, SO_PRIORITY) and keepalive go onto the wire with it,
+// while its connection runs over SMC-R: on the client host, smcrd's connection to
+// the server (the only one host A has to it) carries them, whether the
+// application set them before its connect (testapp) or after (iperf3 -S); on the
+// server host, the steered connection carries the class the application's
+// accepted socket inherited from its listener. Keepalive is there only where the
+// application asked for it (testapp, a Go program, does; iperf3 does not).
 func TestSocketOptions(t *testing.T) {
 	a, b := hosts(t)
 	p := providers()[0]
@@ -375,21 +376,30 @@ func TestSocketOptions(t *testing.T) {
 	b.waitListening(5203)
 	b.waitListening(5204)
 	for _, addr := range []netip.Addr{b.ns.Addr4(), b.ns.Addr6()} {
-		class := "tos:0x28"
+		class, client := "tos:0x28", a.ns.Addr4().String()
 		if addr.Is6() {
-			class = "tclass:0x28"
+			class, client = "tclass:0x28", "["+a.ns.Addr6().String()+"]"
+		}
+		// toServer: smcrd's connections on A to the server's port; steered:
+		// the steered connections on B from A.
+		toServer := func(port int) view {
+			return view{a, []string{"dst", netip.AddrPortFrom(addr, uint16(port)).String()}}
+		}
+		steered := func(port int) view {
+			return view{b, []string{"dst", client, "sport", "=", fmt.Sprintf(":%d", port)}}
 		}
 		dst := netip.AddrPortFrom(addr, 5201)
 		before := a.stats().Connections.SMCR
-		lines := whileRunning(t, a, []string{"dst", dst.String()}, func() {
+		seen := whileRunning(t, func() {
 			r, err := a.client(dst.String(), "-mode", "pingpong", "-bytes", "64", "-n", "5000", "-tos", "0x28", "-priority", "3")
 			if err != nil || r.OK != 1 {
 				t.Fatalf("pingpong to %s: %+v: %v", dst, r, err)
 			}
-		})
+		}, toServer(5201))
 		if got := a.stats().Connections.SMCR - before; got != 1 {
 			t.Errorf("%s: %d SMC-R connections, want 1", dst, got)
 		}
+		lines := seen[0]
 		if len(lines) == 0 {
 			t.Errorf("%s: ss showed no connection to the server while the client ran", dst)
 		}
@@ -399,56 +409,74 @@ func TestSocketOptions(t *testing.T) {
 				break
 			}
 		}
+		if len(lines) > 0 && !strings.Contains(lines[len(lines)-1], "keepalive") {
+			t.Errorf("%s: smcrd's connection %q, want the keepalive Go turned on after the connect", dst, lines[len(lines)-1])
+		}
 
 		// iperf3 sets its data connection's class after the connect; its
-		// control connection keeps the default.
+		// control connection keeps the default. Neither end asks for
+		// keepalive: neither connection on the wire has it.
 		dst = netip.AddrPortFrom(addr, 5202)
-		lines = whileRunning(t, a, []string{"dst", dst.String()}, func() {
+		seen = whileRunning(t, func() {
 			if out, err := a.command("iperf3", "-c", addr.String(), "-p", "5202", "-t", "1", "-S", "0x28").CombinedOutput(); err != nil {
 				t.Fatalf("iperf3: %v\n%s", err, out)
 			}
-		})
-		if !slices.ContainsFunc(lines, func(l string) bool { return strings.Contains(l, class) }) {
-			t.Errorf("%s: no connection of smcrd's to iperf3's server had %s: %q", dst, class, lines)
+		}, toServer(5202), steered(5202))
+		if !slices.ContainsFunc(seen[0], func(l string) bool { return strings.Contains(l, class) }) {
+			t.Errorf("%s: no connection of smcrd's to iperf3's server had %s: %q", dst, class, seen[0])
+		}
+		for _, lines := range seen {
+			if i := slices.IndexFunc(lines, func(l string) bool { return strings.Contains(l, "keepalive") }); i >= 0 || len(lines) == 0 {
+				t.Errorf("%s: connections on the wire %q, want some, none with keepalive", dst, lines)
+			}
 		}
 
 		// The server's listener marks its connections: on host B, the
-		// steered connection from A's address carries the class.
-		port, client := 5203, a.ns.Addr4().String()
+		// steered connection from A's address carries the class, from the
+		// moment smcrd has connected to the application (the steered
+		// connection is there before).
+		port := 5203
 		if addr.Is6() {
-			port, client = 5204, "["+a.ns.Addr6().String()+"]"
+			port = 5204
 		}
 		dst = netip.AddrPortFrom(addr, uint16(port))
-		lines = whileRunning(t, b, []string{"dst", client, "sport", "=", fmt.Sprintf(":%d", port)}, func() {
+		seen = whileRunning(t, func() {
 			r, err := a.client(dst.String(), "-mode", "pingpong", "-bytes", "64", "-n", "5000")
 			if err != nil || r.OK != 1 {
 				t.Fatalf("pingpong to %s: %+v: %v", dst, r, err)
 			}
-		})
-		// From the moment smcrd has connected to the application: the
-		// steered connection is there before.
-		if len(lines) == 0 || !strings.Contains(lines[len(lines)-1], class) {
+		}, steered(port))
+		if lines := seen[0]; len(lines) == 0 || !strings.Contains(lines[len(lines)-1], class) {
 			t.Errorf("%s: the steered connection showed %q, want %s at last (the application's listener's)", dst, lines, class)
 		}
 	}
 }
 
-// whileRunning runs f and returns what ss showed meanwhile of the established
-// connections of h that filter selects, their traffic class and priority
-// (class_id) included.
-func whileRunning(t *testing.T, h *host, filter []string, f func()) []string {
+// view is what whileRunning watches: the established connections of h that
+// filter (an ss filter) selects.
+type view struct {
+	h      *host
+	filter []string
+}
+
+// whileRunning runs f and returns what ss showed meanwhile of each view, one
+// line per connection and look, timers, traffic class and priority (class_id)
+// included.
+func whileRunning(t *testing.T, f func(), views ...view) [][]string {
 	done := make(chan struct{})
-	seen := make(chan []string, 1)
+	seen := make(chan [][]string, 1)
 	go func() {
-		var lines []string
+		lines := make([][]string, len(views))
 		for {
-			out, err := h.ns.Command("ss", append([]string{"-tnH", "--tos", "state", "established"}, filter...)...).Output()
-			if err != nil {
-				t.Errorf("ss: %v", err)
-			}
-			for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-				if l != "" {
-					lines = append(lines, l)
+			for i, v := range views {
+				out, err := v.h.ns.Command("ss", append([]string{"-tnoH", "--tos", "state", "established"}, v.filter...)...).Output()
+				if err != nil {
+					t.Errorf("ss: %v", err)
+				}
+				for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+					if l != "" {
+						lines[i] = append(lines[i], l)
+					}
 				}
 			}
 			select {
