@@ -603,6 +603,7 @@ int smcr_setsockopt(struct bpf_sockopt *ctx)
 		return sockopt_pass(ctx);
 	/* From here optlen is 4: the kernel's own setsockopt takes it as it is. */
 	v = *(__s32 *)p;
+	/* One smcrd carries? (One switch decides that and applies it.) */
 	if (!apply_opt(&scratch, 0, ctx->level, ctx->optname, v))
 		return 1;
 	st = bpf_sk_storage_get(&smcr_sk, sk, 0, 0);
