@@ -69,8 +69,8 @@ func main() {
 // -mptcp, the client's are MPTCP sockets.
 var useSMC, useMPTCP bool
 
-// tos, priority: -tos, -priority, socket options set before connect, as programs
-// that mark their traffic do.
+// tos, priority: -tos, -priority, socket options set before connect or listen,
+// as programs that mark their traffic do.
 var tos, priority int
 
 func dial(addr string) (net.Conn, error) {
