@@ -18,6 +18,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -107,17 +108,19 @@ type unclaimedOpt struct {
 // before reading the original destination, whose entry holds those set
 // earlier. The returned function stops it.
 func (d *Daemon) follow(c net.Conn) (*wireOptions, func()) {
-	w := &wireOptions{}
 	k := sockConnOf(c)
+	var held []bpf.Sockopt
 	d.optMu.Lock()
-	d.wire[k] = w
 	for _, u := range d.unclaimed[k] {
-		w.held = append(w.held, u.o)
+		held = append(held, u.o)
 	}
 	delete(d.unclaimed, k)
+	// Held before w is published: claim may add to it at once.
+	w := &wireOptions{held: slices.Clone(held)}
+	d.wire[k] = w
 	d.optMu.Unlock()
-	if len(w.held) > 0 {
-		d.log.Debug("application's socket options carried", "local", k.local, "remote", k.remote, "options", w.held)
+	if len(held) > 0 {
+		d.log.Debug("application's socket options carried", "local", k.local, "remote", k.remote, "options", held)
 	}
 	return w, func() {
 		d.optMu.Lock()
