@@ -276,7 +276,10 @@ func (e *Engine) newLinkGroup(key lgKey, di int) (*linkGroup, error) {
 	if err != nil {
 		return nil, fmt.Errorf("smcr: new link group: %w", err)
 	}
+	// Under lg.mu: the link's poller may already fail it (linkFailed).
+	lg.mu.Lock()
 	lg.links = []*link{l}
+	lg.mu.Unlock()
 	e.mu.Lock()
 	if e.closed {
 		// Close began while the link was made and ends the groups listed

@@ -877,3 +877,44 @@ func settledLLC(p *pair) uint64 {
 	}
 	return n
 }
+
+// TestPeerNamedWhileListed names a listed group's peer QP, as a first contact
+// does (the client in the background, the server before its Confirm), while
+// another connection's setup looks for its own peer's QP among the group's
+// links and smcrctl lists the links: under -race, the peer's name must be
+// written under the lock those readers take. CI's TestStress caught it when a
+// group ended under setups in flight, whose Accepts then named no listed group.
+func TestPeerNamedWhileListed(t *testing.T) {
+	for _, client := range []bool{true, false} {
+		devs := memDevices(t, verbs.KindSoft)
+		e := newEngine(t, Config{Devices: devs})
+		key := lgKey{client: client, peer: [8]byte{1, 2, 3}, kind: verbs.KindSoft, endpoint: string(devs[0].Endpoint())}
+		lg, err := e.newLinkGroup(key, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		peer := verbs.QPAttr{QPN: 99, PSN: 1, GID: [16]byte{9}, MTU: verbs.MTU1024, Endpoint: []byte("nowhere")}
+		named := make(chan struct{})
+		go func() {
+			defer close(named)
+			if client {
+				lg.primary().startConnect(peer)
+				return
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+			defer cancel()
+			lg.primary().connect(ctx, peer) // nobody there: it times out
+		}()
+		for range 50 {
+			e.LinkGroups()
+			if client {
+				e.clientLinkGroup(context.Background(), key, 12345)
+			}
+		}
+		<-named
+		if l := e.LinkGroups()[0].Links[0]; l.PeerQPN != peer.QPN || l.PeerGID != peer.GID {
+			t.Errorf("client %v: the link names peer qp %d gid %x, want %d %x", client, l.PeerQPN, l.PeerGID, peer.QPN, peer.GID)
+		}
+		lg.terminate(ErrEngineClosed, false)
+	}
+}

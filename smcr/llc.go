@@ -66,7 +66,7 @@ type link struct {
 	qp     verbs.QP
 	recvMR verbs.MR
 	sendMR verbs.MR
-	peer   verbs.QPAttr
+	peer   verbs.QPAttr // written under lg.mu (setPeer)
 
 	slots   chan uint16
 	credits chan struct{}
@@ -222,23 +222,36 @@ func (l *link) postRecv(slot uint64) error {
 
 // connect moves the QP to RTS towards the peer.
 func (l *link) connect(ctx context.Context, peer verbs.QPAttr) error {
-	l.peer = peer
-	if err := l.qp.Connect(ctx, peer); err != nil {
-		return fmt.Errorf("smcr: connect qp: %w", err)
-	}
-	return nil
+	l.setPeer(peer)
+	return l.connectQP(ctx, peer)
 }
 
 // startConnect connects in the background, for the client, which must send its
 // Confirm while a provider may still be waiting for both ends to meet.
 func (l *link) startConnect(peer verbs.QPAttr) {
-	l.peer = peer
+	l.setPeer(peer)
 	go func() {
 		ctx, cancel := context.WithTimeout(l.ctx, l.lg.e.settings().CLCTimeout)
 		defer cancel()
-		l.connErr = l.connect(ctx, peer)
+		l.connErr = l.connectQP(ctx, peer)
 		close(l.connected)
 	}()
+}
+
+// setPeer names the link's peer QP. Under lg.mu: the link is listed already,
+// and other connections' setups look for their peer's QP among the group's
+// links (hasPeer), as LinkGroups does.
+func (l *link) setPeer(peer verbs.QPAttr) {
+	l.lg.mu.Lock()
+	l.peer = peer
+	l.lg.mu.Unlock()
+}
+
+func (l *link) connectQP(ctx context.Context, peer verbs.QPAttr) error {
+	if err := l.qp.Connect(ctx, peer); err != nil {
+		return fmt.Errorf("smcr: connect qp: %w", err)
+	}
+	return nil
 }
 
 func (l *link) waitConnected(ctx context.Context) error {
