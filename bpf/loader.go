@@ -64,6 +64,7 @@ type Loader struct {
 	// is a closed, perhaps already reused, descriptor. The control server
 	// asks for counters and peers while smcrd shuts down.
 	inUse    sync.RWMutex
+	cfgMu    sync.Mutex      // updateConfig's read, change and write of smcr_config
 	mapsGone bool            // under inUse
 	netns    *os.File        // the namespace the programs serve
 	nl       *netlink.Handle // in netns, for the cls_bpf filters (tc.go)

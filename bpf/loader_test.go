@@ -72,3 +72,50 @@ func TestCloseWhileInUse(t *testing.T) {
 }
 
 func second[T any](_ T, err error) error { return err }
+
+// TestConfigUpdatesKeepEachOther: SetRedirect and SetPrefixes each change
+// their own fields of smcr_config's one entry, under different locks; run
+// together, neither write may put back what the other replaced. Each checks
+// after its write that its field holds what it wrote.
+func TestConfigUpdatesKeepEachOther(t *testing.T) {
+	p := nstest.NewPair(t)
+	l := loadIn(t, p.A, Options{CgroupPath: testCgroup(t)})
+	config := func() smcrConfig {
+		var c smcrConfig
+		if err := l.objs.SmcrConfig.Lookup(uint32(0), &c); err != nil {
+			t.Error(err)
+		}
+		return c
+	}
+	rule := []PrefixRule{{Prefix: netip.MustParsePrefix("192.0.2.0/24"), Allow: true}}
+	const rounds = 2000
+	var lost atomic.Int64
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i := range rounds {
+			port := uint16(10000 + i)
+			if err := l.SetRedirect(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port), netip.AddrPort{}); err != nil {
+				t.Error(err)
+				return
+			}
+			if hostPort(config().Redir4Port) != port {
+				lost.Add(1)
+			}
+		}
+	})
+	wg.Go(func() {
+		for i := range rounds {
+			if err := l.SetPrefixes(rule[:i%2]); err != nil {
+				t.Error(err)
+				return
+			}
+			if on := config().Flags&cfgCheckPrefix != 0; on != (i%2 == 1) {
+				lost.Add(1)
+			}
+		}
+	})
+	wg.Wait()
+	if n := lost.Load(); n > 0 {
+		t.Errorf("%d of %d writes undone by the other's", n, 2*rounds)
+	}
+}

@@ -36,7 +36,12 @@ type PrefixRule struct {
 	Src    netip.Addr
 }
 
+// updateConfig changes smcr_config's one entry with fn. Its callers hold
+// different locks (SetRedirect inUse, SetPrefixes mu): cfgMu keeps one's write
+// from undoing the other's.
 func (l *Loader) updateConfig(fn func(*smcrConfig)) error {
+	l.cfgMu.Lock()
+	defer l.cfgMu.Unlock()
 	var c smcrConfig
 	if err := l.objs.SmcrConfig.Lookup(uint32(0), &c); err != nil {
 		return fmt.Errorf("bpf: read config: %w", err)
