@@ -18,5 +18,12 @@ if [ "$rc" -ne 0 ]; then
 	echo
 	echo "gotest.sh: go test $* failed (exit $rc); what failed:"
 	grep -E -e '^(--- FAIL|FAIL|panic: )' -e '^[[:space:]]*running tests:' -e 'race detected' -e '^[[:space:]]+Test[^ ]* \([0-9.hms]+\)$' "$log" | head -n 60
+	# A race report (the test's own, or a race-built smcrd's in the log the
+	# e2e harness prints) sits far above the tail: the first one, again.
+	if grep -q 'WARNING: DATA RACE' "$log"; then
+		echo
+		echo "gotest.sh: the first data race reported:"
+		awk '/WARNING: DATA RACE/ { on = 1 } on { print } on && /^[[:space:]]*==================$/ { exit }' "$log" | head -n 80
+	fi
 fi
 exit "$rc"
