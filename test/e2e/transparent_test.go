@@ -391,7 +391,7 @@ func TestSocketOptions(t *testing.T) {
 		dst := netip.AddrPortFrom(addr, 5201)
 		before := a.stats().Connections.SMCR
 		seen := whileRunning(t, func() {
-			r, err := a.client(dst.String(), "-mode", "pingpong", "-bytes", "64", "-n", "5000", "-tos", "0x28", "-priority", "3")
+			r, err := a.client(dst.String(), "-mode", "pingpong", "-bytes", "64", "-for", "2s", "-tos", "0x28", "-priority", "3")
 			if err != nil || r.OK != 1 {
 				t.Fatalf("pingpong to %s: %+v: %v", dst, r, err)
 			}
@@ -441,7 +441,7 @@ func TestSocketOptions(t *testing.T) {
 		}
 		dst = netip.AddrPortFrom(addr, uint16(port))
 		seen = whileRunning(t, func() {
-			r, err := a.client(dst.String(), "-mode", "pingpong", "-bytes", "64", "-n", "5000")
+			r, err := a.client(dst.String(), "-mode", "pingpong", "-bytes", "64", "-for", "2s")
 			if err != nil || r.OK != 1 {
 				t.Fatalf("pingpong to %s: %+v: %v", dst, r, err)
 			}

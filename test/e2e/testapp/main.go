@@ -42,6 +42,7 @@ func main() {
 	size := flag.Int64("bytes", 1<<20, "bytes per connection (sink, echo); message size (pingpong)")
 	conns := flag.Int("conns", 1, "concurrent connections")
 	rounds := flag.Int("n", 1000, "pingpong round trips")
+	flag.DurationVar(&pingFor, "for", 0, "pingpong for this long, however many round trips that takes, rather than -n")
 	timeout := flag.Duration("timeout", 60*time.Second, "give up after this long")
 	relayTo := flag.String("relay", "", "with -listen: carry each connection to this address, as smcrd's relay does (a baseline)")
 	flag.BoolVar(&useSMC, "smc", false, "use Linux's AF_SMC sockets (the kernel's SMC) instead of TCP ones")
@@ -68,6 +69,10 @@ func main() {
 // useSMC: -smc, connections are Linux AF_SMC sockets (smc.go); useMPTCP:
 // -mptcp, the client's are MPTCP sockets.
 var useSMC, useMPTCP bool
+
+// pingFor: -for, a pingpong's length in time: a test that watches the connection
+// while it runs needs it there long enough, on a fast host as in a slow VM.
+var pingFor time.Duration
 
 // tos, priority: -tos, -priority, socket options set before connect or listen,
 // as programs that mark their traffic do.
@@ -333,7 +338,14 @@ func one(addr, mode string, size int64, rounds int, seed uint64) (peer, local, r
 		msg := make([]byte, size)
 		back := make([]byte, size)
 		lat = make([]time.Duration, 0, rounds)
-		for range rounds {
+		end := time.Now().Add(pingFor)
+		more := func(i int) bool {
+			if pingFor > 0 {
+				return time.Now().Before(end)
+			}
+			return i < rounds
+		}
+		for i := 0; more(i); i++ {
 			t := time.Now()
 			if _, err := c.Write(msg); err != nil {
 				return "", local, remote, nil, err

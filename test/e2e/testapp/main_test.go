@@ -1,6 +1,7 @@
 package main
 
 import (
+	"net"
 	"testing"
 	"time"
 
@@ -27,5 +28,39 @@ func TestPercentile(t *testing.T) {
 	}
 	if got := percentile(d, 99); got != 1980 {
 		t.Errorf("p99 of 1..2000 = %v, want 1980", got)
+	}
+}
+
+// TestPingpongFor: -n counts round trips; -for, when given, times them instead.
+func TestPingpongFor(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go handle(c)
+		}
+	}()
+	addr := ln.Addr().String()
+	defer func() { pingFor = 0 }()
+	for _, d := range []time.Duration{0, 200 * time.Millisecond} {
+		pingFor = d
+		start := time.Now()
+		_, _, _, lat, err := one(addr, "pingpong", 64, 5, 0)
+		took := time.Since(start)
+		switch {
+		case err != nil:
+			t.Fatalf("-for %v: %v", d, err)
+		case d == 0 && len(lat) != 5:
+			t.Errorf("-n 5: %d round trips", len(lat))
+		case d > 0 && (took < d || len(lat) <= 5):
+			t.Errorf("-n 5 -for %v: %d round trips in %v", d, len(lat), took)
+		}
 	}
 }
