@@ -471,6 +471,10 @@ func netPort(p uint16) uint16 {
 
 func hostPort(p uint16) uint16 { return netPort(p) }
 
+// Monotonic is the clock of the programs' time stamps (SetSockopt.At,
+// Original.Connected): the time since the host booted, without its suspends.
+func Monotonic() time.Duration { return time.Duration(monotonic()) }
+
 // monotonic is CLOCK_MONOTONIC as the programs read it (bpf_ktime_get_ns): the
 // host's. Inside a time namespace (a container restored by CRIU, say) this
 // process's clock runs at an offset from it, and deadlines written unadjusted

@@ -219,6 +219,7 @@ func TestRedirectSocketOptions(t *testing.T) {
 				family = unix.AF_INET6
 			}
 			var fd int
+			before := Monotonic()
 			must(t, h.p.A.Do(func() error {
 				var err error
 				if fd, err = unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0); err != nil {
@@ -245,6 +246,9 @@ func TestRedirectSocketOptions(t *testing.T) {
 			if o.Dst.Port() != portListed || !slices.Equal(o.Options, tc.want) {
 				t.Errorf("OriginalOf = %v, want options %v", o, tc.want)
 			}
+			if now := Monotonic(); o.Connected < before || o.Connected > now {
+				t.Errorf("connected at %v, want between %v and %v", o.Connected, before, now)
+			}
 
 			// After the connect: to the ring, and to the entry while it is there.
 			// A dual-stack socket's IPv4 traffic takes IP_TOS: the mapped
@@ -254,6 +258,7 @@ func TestRedirectSocketOptions(t *testing.T) {
 			if tc.name == "ipv6" {
 				after[3] = Sockopt{unix.IPPROTO_IPV6, unix.IPV6_TCLASS, 0x48}
 			}
+			set := Monotonic()
 			for _, s := range after {
 				must(t, unix.SetsockoptInt(fd, s.Level, s.Name, s.Value))
 			}
@@ -261,6 +266,9 @@ func TestRedirectSocketOptions(t *testing.T) {
 				got, err := readSockopt(r, time.Second)
 				if err != nil || got.Local != local || got.Remote != remote || got.Sockopt != want {
 					t.Errorf("ring: %+v, %v; want %v on %v-%v", got, err, want, local, remote)
+				}
+				if now := Monotonic(); got.At < set || got.At > now {
+					t.Errorf("%v set at %v, want between %v and %v", got.Sockopt, got.At, set, now)
 				}
 			}
 			o, err = h.l.OriginalOf(local, remote)

@@ -59,6 +59,8 @@ type smcrOrig struct {
 	_    structs.HostLayout
 	Dst  smcrAddrPort
 	Opts smcrAppOpts
+	_    [4]byte
+	At   uint64
 }
 
 type smcrPorts struct {

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/netip"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"github.com/cilium/ebpf"
@@ -221,6 +222,9 @@ type Original struct {
 	// Options: those of the application's socket at its connect, and any it
 	// set after while the entry was there (see Sockopts for the others).
 	Options []Sockopt
+	// Connected is when the application's connect began, on Monotonic's
+	// clock: its options in the ring (SetSockopt) are no older.
+	Connected time.Duration
 }
 
 // OriginalOf looks the redirected connection up in the map the getsockopt program
@@ -238,8 +242,9 @@ func (l *Loader) OriginalOf(local, remote netip.AddrPort) (Original, error) {
 		return Original{}, fmt.Errorf("bpf: original destination: %w", err)
 	}
 	return Original{
-		Dst:     netip.AddrPortFrom(wordsAddr(o.Dst.Family, o.Dst.Addr), hostPort(o.Dst.Port)),
-		Options: sockopts(o.Opts, o.Dst.Family == unix.AF_INET6),
+		Dst:       netip.AddrPortFrom(wordsAddr(o.Dst.Family, o.Dst.Addr), hostPort(o.Dst.Port)),
+		Options:   sockopts(o.Opts, o.Dst.Family == unix.AF_INET6),
+		Connected: time.Duration(o.At),
 	}, nil
 }
 

@@ -29,6 +29,12 @@ type SetSockopt struct {
 	// connection to the application on the server side.
 	Local, Remote netip.AddrPort
 	Sockopt
+	// At is when the application set it (or, inherited, when its socket was
+	// accepted from smcrd), on Monotonic's clock. An earlier connection on
+	// the same 4-tuple (loopback's reuse one in TIME_WAIT after a second)
+	// may leave records that smcrd reads after the next one began: those
+	// are older than that connection's start.
+	At time.Duration
 }
 
 // sockoptEvent is struct sockopt_event of c/maps.h: bpf2go emits no type only a
@@ -39,6 +45,7 @@ type sockoptEvent struct {
 	Optname uint32
 	Value   int32
 	_       uint32
+	At      uint64
 }
 
 // SockoptPoll is how often a SockoptReader looks at the ring: the programs do not
@@ -100,6 +107,7 @@ func (r *SockoptReader) Read() (SetSockopt, error) {
 		Local:   netip.AddrPortFrom(wordsAddr(e.Conn.Family, e.Conn.Laddr), e.Conn.Lport),
 		Remote:  netip.AddrPortFrom(wordsAddr(e.Conn.Family, e.Conn.Raddr), e.Conn.Rport),
 		Sockopt: Sockopt{Level: int(e.Level), Name: int(e.Optname), Value: int(e.Value)},
+		At:      time.Duration(e.At),
 	}, nil
 }
 

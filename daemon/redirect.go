@@ -46,6 +46,7 @@ func (d *Daemon) serveRedirected(app *net.TCPConn) {
 		abort(app)
 		return
 	}
+	wire.since(o.Connected, d.log)
 	t.remote = orig
 	d.track(t)
 	defer d.untrack(t)

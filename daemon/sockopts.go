@@ -81,7 +81,14 @@ type wireOptions struct {
 	mu      sync.Mutex
 	conn    syscall.RawConn // smcrd's connection on the wire, once attached
 	network string          // its traffic's: "tcp4" (IPv4-mapped too) or "tcp6"
-	held    []bpf.Sockopt
+	held    []stampedOpt
+	start   time.Duration // the application's connection's start (since); older options are not its
+}
+
+// stampedOpt is an option with the time the application set it (bpf.SetSockopt.At).
+type stampedOpt struct {
+	at time.Duration
+	bpf.Sockopt
 }
 
 // sockConn names one of smcrd's sockets: its local and remote address, unmapped.
@@ -98,8 +105,8 @@ func sockConnOf(c net.Conn) sockConn {
 const unclaimedAge = 2 * time.Second
 
 type unclaimedOpt struct {
-	at time.Time
-	o  bpf.Sockopt
+	seen time.Time // for the pruning
+	stampedOpt
 }
 
 // follow starts carrying the options of the application's connection that
@@ -109,10 +116,10 @@ type unclaimedOpt struct {
 // earlier. The returned function stops it.
 func (d *Daemon) follow(c net.Conn) (*wireOptions, func()) {
 	k := sockConnOf(c)
-	var held []bpf.Sockopt
+	var held []stampedOpt
 	d.optMu.Lock()
 	for _, u := range d.unclaimed[k] {
-		held = append(held, u.o)
+		held = append(held, u.stampedOpt)
 	}
 	delete(d.unclaimed, k)
 	// Held before w is published: claim may add to it at once.
@@ -131,6 +138,25 @@ func (d *Daemon) follow(c net.Conn) (*wireOptions, func()) {
 	}
 }
 
+// since drops the options held that are older than the application's
+// connection, which began at start (on bpf.Monotonic's clock), and those that
+// come later: they were set on an earlier connection of the same 4-tuple, and
+// smcrd read them late. Call it before attach.
+func (w *wireOptions) since(start time.Duration, log *slog.Logger) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.start = start
+	w.held = slices.DeleteFunc(w.held, func(o stampedOpt) bool { return w.stale(o, log) })
+}
+
+func (w *wireOptions) stale(o stampedOpt, log *slog.Logger) bool {
+	if o.at >= w.start {
+		return false
+	}
+	log.Debug("socket option of an earlier connection not carried", "option", o.Sockopt, "age", w.start-o.at)
+	return true
+}
+
 // attach sets the options held so far on c, smcrd's connection on the wire, and
 // has later ones set as they come.
 func (w *wireOptions) attach(c *net.TCPConn, log *slog.Logger) {
@@ -146,20 +172,23 @@ func (w *wireOptions) attach(c *net.TCPConn, log *slog.Logger) {
 	defer w.mu.Unlock()
 	w.conn, w.network = rc, network
 	for _, o := range w.held {
-		w.set(o, log)
+		w.set(o.Sockopt, log)
 	}
 	w.held = nil
 }
 
 // add sets o on smcrd's connection, or holds it until there is one.
-func (w *wireOptions) add(o bpf.Sockopt, log *slog.Logger) {
+func (w *wireOptions) add(o stampedOpt, log *slog.Logger) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.stale(o, log) {
+		return
+	}
 	if w.conn == nil {
 		w.held = append(w.held, o)
 		return
 	}
-	w.set(o, log)
+	w.set(o.Sockopt, log)
 }
 
 func (w *wireOptions) set(o bpf.Sockopt, log *slog.Logger) {
@@ -182,18 +211,18 @@ func (d *Daemon) claim(s bpf.SetSockopt) {
 	if w == nil {
 		if now.Sub(d.prunedAt) > time.Second { // at most once a second: short connections leave many
 			for k, l := range d.unclaimed {
-				if now.Sub(l[len(l)-1].at) > unclaimedAge {
+				if now.Sub(l[len(l)-1].seen) > unclaimedAge {
 					delete(d.unclaimed, k)
 				}
 			}
 			d.prunedAt = now
 		}
-		d.unclaimed[k] = append(d.unclaimed[k], unclaimedOpt{now, s.Sockopt})
+		d.unclaimed[k] = append(d.unclaimed[k], unclaimedOpt{now, stampedOpt{s.At, s.Sockopt}})
 	}
 	d.optMu.Unlock()
 	if w != nil {
 		d.log.Debug("application's socket option carried", "local", s.Local, "remote", s.Remote, "option", s.Sockopt)
-		w.add(s.Sockopt, d.log)
+		w.add(stampedOpt{s.At, s.Sockopt}, d.log)
 	}
 }
 

@@ -157,14 +157,14 @@ func TestWireOptions(t *testing.T) {
 		t.Errorf("priority %d after unfollow, want 3 still", got[1])
 	}
 	wire.Close()
-	w.add(tclass, discard) // closed: nothing to set it on, and no panic
+	w.add(stampedOpt{Sockopt: tclass}, discard) // closed: nothing to set it on, and no panic
 
 	// Unclaimed options age out, looked at once a second at most.
 	d.unclaimed = map[sockConn][]unclaimedOpt{}
 	old := time.Now().Add(-2 * unclaimedAge)
 	for i := range 100 {
 		k := sockConn{netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(1000+i)), sockConnOf(leg).remote}
-		d.unclaimed[k] = []unclaimedOpt{{old, priority}}
+		d.unclaimed[k] = []unclaimedOpt{{old, stampedOpt{Sockopt: priority}}}
 	}
 	d.prunedAt = time.Now()
 	d.claim(ev(priority))
@@ -175,5 +175,39 @@ func TestWireOptions(t *testing.T) {
 	d.claim(ev(tos4))
 	if len(d.unclaimed) != 1 || len(d.unclaimed[sockConnOf(leg)]) != 2 {
 		t.Errorf("unclaimed after pruning: %v, want only the connection's two records", d.unclaimed)
+	}
+}
+
+// TestWireOptionsOfAnEarlierConnection: options set on an earlier connection of
+// the same 4-tuple (loopback reuses one in TIME_WAIT after a second) that smcrd
+// reads only once the next connection began, held or read later, are not
+// carried onto the next one's connection on the wire; its own are.
+func TestWireOptionsOfAnEarlierConnection(t *testing.T) {
+	d := &Daemon{log: discard, wire: map[sockConn]*wireOptions{}, unclaimed: map[sockConn][]unclaimedOpt{}}
+	var dl net.Dialer
+	withOptions(&dl, nil, discard)
+	leg := dialLoopback(t, "tcp4", "127.0.0.1:0", &dl)
+	wire := dialLoopback(t, "tcp4", "127.0.0.1:0", &dl)
+	ev := func(at time.Duration, o bpf.Sockopt) bpf.SetSockopt {
+		return bpf.SetSockopt{Local: sockConnOf(leg).local, Remote: sockConnOf(leg).remote, Sockopt: o, At: at}
+	}
+	const start = 10 * time.Second
+	d.claim(ev(start-time.Second, tos4))         // the earlier connection's, before smcrd follows
+	d.claim(ev(start+time.Millisecond, timeout)) // this one's, before smcrd follows
+	w, unfollow := d.follow(leg)
+	defer unfollow()
+	d.claim(ev(start-time.Millisecond, priority)) // the earlier connection's, read late
+	w.since(start, discard)
+	d.claim(ev(start-time.Microsecond, keep[0])) // and later still
+	d.claim(ev(start+2*time.Millisecond, bpf.Sockopt{Level: unix.SOL_SOCKET, Name: unix.SO_PRIORITY, Value: 6}))
+	w.attach(wire, discard)
+	def := defaults(t)
+	if got, want := wireState(t, wire), [6]int{def[0], 6, 4321, def[3], def[4], def[5]}; got != want {
+		t.Errorf("options on the wire: %v, want %v (only this connection's)", got, want)
+	}
+	d.claim(ev(start-time.Second, tos4)) // attached: still not carried
+	d.claim(ev(start+time.Second, keep[2]))
+	if got, want := wireState(t, wire), [6]int{def[0], 6, 4321, def[3], def[4], 4}; got != want {
+		t.Errorf("options set as they come: %v, want %v", got, want)
 	}
 }

@@ -27,6 +27,7 @@ func (d *Daemon) serveSteered(peer *net.TCPConn) {
 	defer cancel()
 	dl := net.Dialer{Control: sharedPort(d.loader.Control(bpf.Tag{ShowPeer: t.remote}))}
 	dl.SetMultipathTCP(false)
+	start := bpf.Monotonic()
 	c, err := dl.DialContext(ctx, "tcp", t.local.String())
 	if err != nil {
 		d.log.Debug("connect to local application", "addr", t.local, "err", err)
@@ -37,6 +38,7 @@ func (d *Daemon) serveSteered(peer *net.TCPConn) {
 	// The application's options on its end go onto the steered connection.
 	wire, unfollow := d.follow(app)
 	defer unfollow()
+	wire.since(start, d.log)
 	wire.attach(peer, d.log)
 	conn, err := d.engine.Server(d.ctx, peer)
 	if err != nil { // counted by the engine (handshake errors)

@@ -111,6 +111,7 @@ struct app_opts {
 struct orig {
 	struct addr_port dst;
 	struct app_opts opts;
+	__u64 at; /* the connect (bpf_ktime_get_ns); older records are another's */
 };
 
 /* An option an application set on its socket (redirected, after its connect;
@@ -122,6 +123,7 @@ struct sockopt_event {
 	__u32 optname;
 	__s32 value;
 	__u32 _pad;
+	__u64 at; /* bpf_ktime_get_ns: when it was set (or, inherited, emitted) */
 };
 
 struct lpm4_key {
@@ -372,6 +374,7 @@ static __always_inline void emit_sockopt(struct tuple *t, __u32 level, __u32 opt
 	e->optname = optname;
 	e->value = value;
 	e->_pad = 0;
+	e->at = bpf_ktime_get_ns();
 	if (bpf_ringbuf_query(&smcr_sockopts, BPF_RB_AVAIL_DATA) > SOCKOPT_RING / 2)
 		wake = BPF_RB_FORCE_WAKEUP;
 	bpf_ringbuf_submit(e, wake);

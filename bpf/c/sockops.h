@@ -171,6 +171,7 @@ static __always_inline void on_connect(struct bpf_sock_ops *skops)
 	o.dst.port = st->port;
 	if (st->flags & SK_REDIRECTED) {
 		read_app_opts(skops, st->family, &o.opts);
+		o.at = bpf_ktime_get_ns();
 		/* BPF_ANY: replaces a leftover of an earlier connection on this
 		 * 4-tuple. No close callback: smcrd deletes the entry (maps.h). */
 		bpf_map_update_elem(&smcr_origdst, &t, &o, BPF_ANY);
