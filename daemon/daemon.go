@@ -271,7 +271,7 @@ func (d *Daemon) Close() error {
 func (d *Daemon) listen() error {
 	var v4, v6 netip.AddrPort
 	for _, addr := range []string{"127.0.0.1:0", "[::1]:0"} {
-		lc := net.ListenConfig{Control: d.loader.Control(bpf.Tag{})}
+		lc := net.ListenConfig{Control: urgentInline(d.loader.Control(bpf.Tag{}))}
 		lc.SetMultipathTCP(false)
 		ln, err := lc.Listen(context.Background(), "tcp", addr)
 		if err != nil {
@@ -295,7 +295,7 @@ func (d *Daemon) listen() error {
 	for _, addr := range []string{"127.0.0.1:0", "[::1]:0"} {
 		// No keepalive of Go's own on steered connections: the server
 		// application's, if it asks for it, comes to them (sockopts.go).
-		lc := net.ListenConfig{Control: d.loader.Control(bpf.Tag{SMCOption: true}), KeepAlive: -1}
+		lc := net.ListenConfig{Control: urgentInline(d.loader.Control(bpf.Tag{SMCOption: true})), KeepAlive: -1}
 		lc.SetMultipathTCP(false)
 		ln, err := lc.Listen(context.Background(), "tcp", addr)
 		if err != nil {

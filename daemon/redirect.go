@@ -53,7 +53,7 @@ func (d *Daemon) serveRedirected(app *net.TCPConn) {
 
 	ctx, cancel := context.WithTimeout(d.ctx, dialTimeout)
 	defer cancel()
-	dl := net.Dialer{Control: sharedPort(d.loader.Control(bpf.Tag{SMCOption: true}))}
+	dl := net.Dialer{Control: urgentInline(sharedPort(d.loader.Control(bpf.Tag{SMCOption: true})))}
 	dl.SetMultipathTCP(false)
 	withOptions(&dl, o.Options, d.log)
 	if len(o.Options) > 0 {
@@ -178,6 +178,28 @@ func sharedPort(control func(network, address string, c syscall.RawConn) error) 
 		var serr error
 		if err := c.Control(func(fd uintptr) {
 			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}
+}
+
+// urgentInline adds SO_OOBINLINE to control, for the sockets smcrd carries an
+// application's bytes on (those it dials, and its listeners, whose accepted
+// sockets inherit it): inline from the start, so that no urgent byte comes
+// while it is not (urgent.go, splice.go). The kernel drops an urgent byte from
+// the stream of a socket without it when the next urgent byte arrives while
+// the first is the next to read, which, before the relay begins (smcrd still
+// connecting, or in CLC), is an application's first byte.
+func urgentInline(control func(network, address string, c syscall.RawConn) error) func(string, string, syscall.RawConn) error {
+	return func(network, address string, c syscall.RawConn) error {
+		if err := control(network, address, c); err != nil {
+			return err
+		}
+		var serr error
+		if err := c.Control(func(fd uintptr) {
+			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_OOBINLINE, 1)
 		}); err != nil {
 			return err
 		}

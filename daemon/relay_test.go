@@ -806,3 +806,85 @@ func TestEndedEarly(t *testing.T) {
 		t.Errorf("read %q, %v; want the banner", b[:n], err)
 	}
 }
+
+// TestRelayUrgentDuringSetup: urgent bytes an application sends before the
+// relay begins (smcrd still connecting, or in CLC) all arrive, on the socket
+// smcrd accepted and on the one it dialed. The kernel drops an urgent byte of
+// a socket without SO_OOBINLINE from the stream when the next urgent byte
+// comes while the first is the next to read: the relay made its sockets inline
+// only as it began, and an application's first byte, urgent, was lost.
+func TestRelayUrgentDuringSetup(t *testing.T) {
+	send := func(c *net.TCPConn) {
+		tcpurg.WriteUrgent(c, '1')
+		c.Write([]byte("x"))
+		tcpurg.WriteUrgent(c, '2')
+		tcpurg.WriteUrgent(c, '3')
+		c.CloseWrite()
+		time.Sleep(20 * time.Millisecond) // in, while smcrd sets up
+	}
+	carry := func(t *testing.T, mode string, src *net.TCPConn) {
+		t.Helper()
+		_, _, peer, peerSide := relayEnds(t, mode)
+		if tcp, ok := peerSide.(*net.TCPConn); ok {
+			tcpurg.SetInline(tcp)
+			tcp.SetReadDeadline(time.Now().Add(10 * time.Second))
+		}
+		go relay(src, peer, nil, nil)
+		if got, err := io.ReadAll(peerSide); string(got) != "1x23" || err != nil {
+			t.Errorf("peer got %q, %v; want %q", got, err, "1x23")
+		}
+		peerSide.(closeWriter).CloseWrite()
+	}
+	for _, mode := range []string{"splice", "copy"} {
+		t.Run(mode+"/accepted", func(t *testing.T) {
+			// The bytes come before smcrd accepts: the listener's
+			// SO_OOBINLINE is its accepted sockets' from the start.
+			lc := net.ListenConfig{Control: urgentInline(noControl)}
+			ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			c, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			send(c.(*net.TCPConn))
+			src, err := ln.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			carry(t, mode, src.(*net.TCPConn))
+		})
+		t.Run(mode+"/dialed", func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			served := make(chan net.Conn, 1)
+			go func() {
+				s, err := ln.Accept()
+				if err == nil {
+					send(s.(*net.TCPConn))
+				}
+				served <- s
+			}()
+			defer func() {
+				if s := <-served; s != nil {
+					s.Close()
+				}
+			}()
+			dl := net.Dialer{Control: urgentInline(noControl)}
+			c, err := dl.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(40 * time.Millisecond) // the server's bytes are in
+			carry(t, mode, c.(*net.TCPConn))
+		})
+	}
+}
+
+func noControl(string, string, syscall.RawConn) error { return nil }

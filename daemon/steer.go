@@ -25,7 +25,7 @@ func (d *Daemon) serveSteered(peer *net.TCPConn) {
 	// before any CLC, as it would have without smcrd.
 	ctx, cancel := context.WithTimeout(d.ctx, dialTimeout)
 	defer cancel()
-	dl := net.Dialer{Control: sharedPort(d.loader.Control(bpf.Tag{ShowPeer: t.remote}))}
+	dl := net.Dialer{Control: urgentInline(sharedPort(d.loader.Control(bpf.Tag{ShowPeer: t.remote})))}
 	dl.SetMultipathTCP(false)
 	start := bpf.Monotonic()
 	c, err := dl.DialContext(ctx, "tcp", t.local.String())
