@@ -92,7 +92,11 @@ func (c *Conn) onCDC(m *rmb.CDC) (produced uint64) {
 	}
 	if err != nil {
 		c.e.st.protoErrors.Add(1)
-		c.e.log.Warn("smcr: peer broke the protocol, aborting connection", "conn", c.id, "err", err)
+		if c.err == nil {
+			// Once: a peer may send many more before the application
+			// closes the connection; they are counted.
+			c.e.log.Warn("smcr: peer broke the protocol, aborting connection", "conn", c.id, "err", err)
+		}
 		c.abortLocked(fmt.Errorf("%w: %v", ErrProtocol, err))
 		c.mu.Unlock()
 		wake(c.rxWake)

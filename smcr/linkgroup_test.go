@@ -6,9 +6,11 @@ import (
 	"crypto/rand"
 	"errors"
 	"io"
+	"log/slog"
 	"maps"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -283,7 +285,9 @@ func echoOK(t *testing.T, c, s *Conn) {
 // TestHostilePeer sends broken CDCs and LLC from the server's side: each ends only
 // the connection it names, and the other connection on the link group carries on.
 func TestHostilePeer(t *testing.T) {
-	p := memPair(t)
+	var warned atomic.Int32
+	p := newPair(t, Config{Devices: memDevices(t, verbs.KindSoft), Logger: slog.New(countHandler{"smcr: peer broke the protocol, aborting connection", &warned})},
+		Config{Devices: memDevices(t, verbs.KindSoft)})
 	victim, vs := p.connect(t)
 	other, os := p.connect(t)
 	mustSMC(t, victim, vs, other, os)
@@ -321,10 +325,18 @@ func TestHostilePeer(t *testing.T) {
 	echoOK(t, victim, vs)
 
 	// A producer cursor past the ring: the victim connection is aborted.
-	send(rmb.CDC{Token: victim.token, Prod: rmb.Cursor{Wrap: 3, Count: 5}})
+	// More of them are counted, and logged once.
+	before = p.cli.Stats().ProtoErrors
+	for range 3 {
+		send(rmb.CDC{Token: victim.token, Prod: rmb.Cursor{Wrap: 3, Count: 5}})
+	}
 	victim.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := victim.Read(make([]byte, 10)); !errors.Is(err, ErrProtocol) {
 		t.Fatalf("victim read: %v", err)
+	}
+	eventually(t, "each bad CDC counted", func() bool { return p.cli.Stats().ProtoErrors == before+3 })
+	if n := warned.Load(); n != 1 {
+		t.Errorf("the protocol error logged %d times, want once", n)
 	}
 	// Its peer gets the abort.
 	vs.SetReadDeadline(time.Now().Add(5 * time.Second))
@@ -917,4 +929,20 @@ func TestPeerNamedWhileListed(t *testing.T) {
 		}
 		lg.terminate(ErrEngineClosed, false)
 	}
+}
+
+// countHandler counts the log records of one message.
+type countHandler struct {
+	msg string
+	n   *atomic.Int32
+}
+
+func (h countHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h countHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h countHandler) WithGroup(string) slog.Handler            { return h }
+func (h countHandler) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == h.msg {
+		h.n.Add(1)
+	}
+	return nil
 }
