@@ -9,8 +9,10 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -72,11 +74,11 @@ func relay(a, b net.Conn, stop <-chan struct{}, counts *byteCounts) relayResult 
 		mu.Unlock()
 		once.Do(func() { close(done) })
 	}
-	var aShut, bShut atomic.Bool // smcrd shut down writing on a, on b
+	var aSide, bSide side
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		n, err := copyHalf(b, a, &counts.tx, &bShut, &aShut)
+		n, err := copyHalf(b, a, &counts.tx, &bSide, &aSide)
 		res.AtoB = n
 		if err != nil {
 			fail(err)
@@ -84,7 +86,7 @@ func relay(a, b net.Conn, stop <-chan struct{}, counts *byteCounts) relayResult 
 	}()
 	go func() {
 		defer wg.Done()
-		n, err := copyHalf(a, b, &counts.rx, &aShut, &bShut)
+		n, err := copyHalf(a, b, &counts.rx, &aSide, &bSide)
 		res.BtoA = n
 		if err != nil {
 			fail(err)
@@ -111,31 +113,38 @@ func relay(a, b net.Conn, stop <-chan struct{}, counts *byteCounts) relayResult 
 
 var errStopped = errors.New("daemon: relay stopped")
 
+// side is what the two directions of a relay share about one of its connections.
+type side struct {
+	shut     atomic.Bool // smcrd shut down writing on it
+	finReset atomic.Bool // reset after its FIN, which a watch saw (and took the EPIPE of)
+}
+
 // copyHalf copies src to dst until EOF, then half-closes dst. Between two
 // *net.TCPConn it splices (no copy through user space), urgent data included
-// (splice.go). It adds what it carries to count as it goes. dstShut and srcShut
-// say whether smcrd shut down writing on dst (set here) and on src (by the
-// other direction).
-func copyHalf(dst, src net.Conn, count *atomic.Uint64, dstShut, srcShut *atomic.Bool) (int64, error) {
+// (splice.go). It adds what it carries to count as it goes. dstSide and srcSide
+// are what the other direction shares: whether smcrd shut down writing on dst
+// (set here) and on src (set there).
+func copyHalf(dst, src net.Conn, count *atomic.Uint64, dstSide, srcSide *side) (int64, error) {
 	var n int64
 	var err error
+	w := &watch{dst: dst, ended: func() error { return endedShort(src, srcSide) }}
 	dstTCP, dok := dst.(*net.TCPConn)
 	srcTCP, sok := src.(*net.TCPConn)
 	if dok && sok {
-		n, err = spliceHalf(dstTCP, srcTCP, count)
+		n, err = spliceHalf(dstTCP, srcTCP, count, w)
 	} else {
-		n, err = copyMarked(dst, src, count)
+		n, err = copyMarked(dst, src, count, w)
 	}
 	if err != nil {
 		return n, err
 	}
-	if err := resetAtEOF(src, srcShut); err != nil {
+	if err := resetAtEOF(src, srcSide); err != nil {
 		return n, err
 	}
 	if cw, ok := dst.(closeWriter); ok {
 		// Before the FIN: once it is out, the peer's ACK may close a socket
 		// that had the peer's FIN (LAST_ACK) before this is seen (resetAtEOF).
-		dstShut.Store(true)
+		dstSide.shut.Store(true)
 		if err := cw.CloseWrite(); err != nil {
 			return n, err
 		}
@@ -149,16 +158,16 @@ func copyHalf(dst, src net.Conn, count *atomic.Uint64, dstShut, srcShut *atomic.
 // the end of the stream, and the peer would get an orderly EOF where bytes may
 // be missing. A FIN leaves the socket open (CLOSE_WAIT) until smcrd shuts down
 // writing on it; a reset closes it at once.
-func resetAtEOF(src net.Conn, srcShut *atomic.Bool) error {
+func resetAtEOF(src net.Conn, s *side) error {
 	tcp := tcpUnder(src)
-	if tcp == nil || srcShut.Load() {
+	if tcp == nil || s.shut.Load() {
 		return nil
 	}
 	closed, soerr, err := closedState(tcp)
 	switch {
 	case err != nil:
 		return readError(tcp, err)
-	case closed && soerr != unix.EPIPE:
+	case closed && soerr != unix.EPIPE && !s.finReset.Load():
 		// Closed. A reset after the FIN (the error EPIPE, still there:
 		// the read stopped at the FIN without taking it) came after every
 		// byte; one that left no error had its error taken by a write.
@@ -166,6 +175,76 @@ func resetAtEOF(src net.Conn, srcShut *atomic.Bool) error {
 	}
 	return nil
 }
+
+// watchEvery is how often a relay direction whose write waits (its receiver
+// does not read) looks whether its source ended short. Nothing reads the
+// source meanwhile (the other direction reads the receiver's connection): an
+// application's reset, or the peer's, would wait until the receiver reads
+// again, where TCP would have passed it on at once, and the relay would hold
+// its sockets and buffers until then.
+const watchEvery = time.Second
+
+// watch is one relay direction's writes to dst.
+type watch struct {
+	dst   net.Conn
+	ended func() error // the source's abnormal end, nil while it has none
+	until time.Time    // dst's write deadline
+}
+
+// write runs do, a write to dst that carries on where it stopped when called
+// again, with dst's write deadline between half of watchEvery and watchEvery
+// ahead (set again only when less is left: not a timer per write). Each time
+// the deadline passes it asks whether the source ended short, and gives up
+// with that error if so. Every write of a relay direction goes through it, so
+// a deadline that passed between two never stops the next.
+func (w *watch) write(do func() error) error {
+	for {
+		if now := time.Now(); w.until.Sub(now) < watchEvery/2 {
+			w.until = now.Add(watchEvery)
+			w.dst.SetWriteDeadline(w.until)
+		}
+		err := do()
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			return err
+		}
+		if err := w.ended(); err != nil {
+			return err
+		}
+	}
+}
+
+// endedShort is src's abnormal end before its end of stream, which a watch
+// passes on: a reset that came before the FIN (after it, every byte is here,
+// and the reader finds it: resetAtEOF), or an SMC-R connection broken before
+// the peer's sending-done. After smcrd's own FIN on src, a reset is the
+// answer to that and not looked at here.
+func endedShort(src net.Conn, s *side) error {
+	if c, ok := src.(*smcr.Conn); ok && tcpUnder(c) == nil {
+		if c.Broken() {
+			return errBroken
+		}
+		return nil
+	}
+	tcp := tcpUnder(src)
+	if tcp == nil || s.shut.Load() || s.finReset.Load() {
+		return nil
+	}
+	closed, soerr, err := closedState(tcp)
+	switch {
+	case err != nil:
+		return readError(tcp, err)
+	case !closed:
+		return nil
+	case soerr == unix.EPIPE:
+		s.finReset.Store(true) // resetAtEOF would have read it
+		return nil
+	case soerr == 0:
+		soerr = unix.ECONNRESET // taken by a write of the other direction
+	}
+	return readError(tcp, soerr)
+}
+
+var errBroken = errors.New("daemon: smc-r connection broken while its receiver did not read")
 
 // readError is err as a read from tcp would have returned it.
 func readError(tcp *net.TCPConn, err error) error {
@@ -238,7 +317,7 @@ type urgentWriter interface{ WriteUrgent(b byte) error }
 // copyMarked copies src to dst until EOF, as io.Copy would, and carries urgent
 // data as urgent data: a TCP socket's urgent byte (MSG_OOB) goes over SMC-R with
 // the CDC's urgent flag, and back out with MSG_OOB.
-func copyMarked(dst, src net.Conn, count *atomic.Uint64) (int64, error) {
+func copyMarked(dst, src net.Conn, count *atomic.Uint64, w *watch) (int64, error) {
 	read := func(p []byte) (int, bool, error) { n, err := src.Read(p); return n, false, err }
 	switch s := src.(type) {
 	case markedReader:
@@ -271,9 +350,14 @@ func copyMarked(dst, src net.Conn, count *atomic.Uint64) (int64, error) {
 		if n > 0 {
 			var werr error
 			if urgent {
-				werr = writeUrgent(buf[0])
+				werr = w.write(func() error { return writeUrgent(buf[0]) })
 			} else {
-				_, werr = dst.Write(buf[:n])
+				p := buf[:n]
+				werr = w.write(func() error {
+					m, err := dst.Write(p)
+					p = p[m:]
+					return err
+				})
 			}
 			if werr != nil {
 				return total, werr

@@ -12,6 +12,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"runtime"
 	"slices"
 	"strings"
@@ -19,6 +20,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/smcr-io/smcr/internal/nstest"
 	"github.com/smcr-io/smcr/internal/tcpurg"
@@ -888,3 +891,129 @@ func TestRelayUrgentDuringSetup(t *testing.T) {
 }
 
 func noControl(string, string, syscall.RawConn) error { return nil }
+
+// stallEnds returns the application's connection and smcrd's end of it, and
+// the peer's pair, for the relay modes whose writes can wait for a receiver:
+// TCP to splice between, an smcr.Conn fallen back to TCP, and one over SMC-R
+// (shm). far is the peer's own end.
+func stallEnds(t *testing.T, mode string) (app, appSide *net.TCPConn, peer, far net.Conn) {
+	t.Helper()
+	app, appSide = nstest.TCPPair(t)
+	switch mode {
+	case "splice":
+		peer, far = nstest.TCPPair(t)
+	case "fallback":
+		peer, far = fallbackPair(t)
+	case "smcr":
+		c, p, _, _ := shmPair(t)
+		t.Cleanup(func() { p.Close() })
+		peer, far = c, p
+	default:
+		t.Fatal(mode)
+	}
+	return app, appSide, peer, far
+}
+
+// reset ends c as a TCP reset does (or an SMC-R abort).
+func reset(c net.Conn) {
+	if tcp, ok := c.(*net.TCPConn); ok {
+		tcp.SetLinger(0)
+	}
+	abort(c)
+}
+
+// TestRelayResetWhileReceiverStalls: a reset (or an SMC-R abort) that comes
+// while the relay's write to the other side waits, that side not reading, is
+// passed on within watchEvery or so, as TCP would have passed it on at once:
+// nothing else reads the reset side meanwhile, and the relay held both
+// connections until the receiver read again.
+func TestRelayResetWhileReceiverStalls(t *testing.T) {
+	for _, mode := range []string{"splice", "fallback", "smcr"} {
+		for _, who := range []string{"app", "peer"} {
+			t.Run(mode+"/"+who+"-resets", func(t *testing.T) {
+				app, appSide, peer, far := stallEnds(t, mode)
+				done := make(chan relayResult, 1)
+				go func() { done <- relay(appSide, peer, nil, nil) }()
+				// The side that resets sends more than the buffers on the
+				// way hold; the other never reads it.
+				sender, receiver := net.Conn(app), far
+				if who == "peer" {
+					sender, receiver = far, app
+				}
+				go sender.Write(make([]byte, 64<<20))
+				time.Sleep(300 * time.Millisecond)
+				reset(sender)
+				select {
+				case res := <-done:
+					if res.Err == nil {
+						t.Errorf("relay ended without an error after a reset")
+					}
+				case <-time.After(4 * watchEvery):
+					t.Fatalf("relay still running %v after the %s's reset, the %s not reading", 4*watchEvery, who, map[string]string{"app": "peer", "peer": "app"}[who])
+				}
+				// The receiver reads what came before, then the reset.
+				receiver.SetReadDeadline(time.Now().Add(10 * time.Second))
+				if _, err := io.Copy(io.Discard, receiver); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+					t.Errorf("receiver read %v, want a reset", err)
+				}
+			})
+		}
+	}
+}
+
+// TestRelayResetAfterFINWhileReceiverStalls: a reset that comes after the FIN
+// (the application shut down writing, then closed with bytes unread) leaves
+// every byte before the FIN to deliver: the stalled relay goes on, and the
+// receiver reads them all, then EOF, as it would have over TCP.
+func TestRelayResetAfterFINWhileReceiverStalls(t *testing.T) {
+	app, appSide, peer, far := stallEnds(t, "splice")
+	// Small buffers toward the receiver, so the relay waits early; a large
+	// one at smcrd's end of the application, so the application's bytes and
+	// FIN are all in before it resets.
+	peer.(*net.TCPConn).SetWriteBuffer(64 << 10)
+	far.(*net.TCPConn).SetReadBuffer(64 << 10)
+	appSide.SetReadBuffer(8 << 20)
+	up := make([]byte, 2<<20)
+	rand.Read(up)
+	done := make(chan relayResult, 1)
+	go func() { done <- relay(appSide, peer, nil, nil) }()
+	if _, err := app.Write(up); err != nil {
+		t.Fatal(err)
+	}
+	app.CloseWrite()
+	for deadline := time.Now().Add(5 * time.Second); tcpState(t, appSide) != tcpCloseWait; {
+		if time.Now().After(deadline) {
+			t.Fatal("the application's FIN did not come in")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	app.SetLinger(0)
+	app.Close() // the reset, after the FIN
+	select {
+	case res := <-done:
+		t.Fatalf("relay ended while the receiver stalled: %+v", res)
+	case <-time.After(3 * watchEvery):
+	}
+	far.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got, err := io.ReadAll(far)
+	if err != nil || !bytes.Equal(got, up) {
+		t.Fatalf("receiver read %d bytes (%v), want %d identical, then EOF", len(got), err, len(up))
+	}
+}
+
+// tcpCloseWait is TCP_CLOSE_WAIT of the kernel's TCP states (tcp_states.h).
+const tcpCloseWait = 8
+
+func tcpState(t *testing.T, c *net.TCPConn) uint8 {
+	t.Helper()
+	rc, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info *unix.TCPInfo
+	rc.Control(func(fd uintptr) { info, err = unix.GetsockoptTCPInfo(int(fd), unix.SOL_TCP, unix.TCP_INFO) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State
+}

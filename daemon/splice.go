@@ -25,7 +25,7 @@ const spliceChunk = 1 << 20
 
 // spliceHalf copies src to dst through a pipe in the kernel until src's EOF, and
 // returns the bytes carried. It does not half-close dst (copyHalf does).
-func spliceHalf(dst, src *net.TCPConn, count *atomic.Uint64) (int64, error) {
+func spliceHalf(dst, src *net.TCPConn, count *atomic.Uint64, w *watch) (int64, error) {
 	rs, err := src.SyscallConn()
 	if err != nil {
 		return 0, err
@@ -76,31 +76,38 @@ func spliceHalf(dst, src *net.TCPConn, count *atomic.Uint64) (int64, error) {
 			if !mark {
 				return total, nil // EOF
 			}
-			if err := carryUrgent(dst, src); err != nil {
+			if err := carryUrgent(dst, src, w); err != nil {
 				return total, err
 			}
 			total++
 			count.Add(1)
 			continue
 		}
-		for left := n; left > 0; {
-			var m int64
-			err := rd.Write(func(fd uintptr) bool {
-				m, serr = unix.Splice(p[0], nil, int(fd), nil, int(left), unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
-				return serr != unix.EAGAIN
-			})
-			if err == nil {
-				err = serr
+		left := n
+		err = w.write(func() error {
+			for left > 0 {
+				var m int64
+				err := rd.Write(func(fd uintptr) bool {
+					m, serr = unix.Splice(p[0], nil, int(fd), nil, int(left), unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+					return serr != unix.EAGAIN
+				})
+				if err == nil {
+					err = serr
+				}
+				if err == nil && m == 0 {
+					err = io.ErrShortWrite
+				}
+				if err != nil {
+					return err
+				}
+				left -= m
+				total += m
+				count.Add(uint64(m))
 			}
-			if err == nil && m == 0 {
-				err = io.ErrShortWrite
-			}
-			if err != nil {
-				return total, err
-			}
-			left -= m
-			total += m
-			count.Add(uint64(m))
+			return nil
+		})
+		if err != nil {
+			return total, err
 		}
 	}
 }
@@ -109,15 +116,17 @@ func spliceHalf(dst, src *net.TCPConn, count *atomic.Uint64) (int64, error) {
 // urgent data: the bytes before it are in dst already. TCP keeps one mark: an
 // urgent byte that came since the splice stopped moves it on, and the byte
 // here is then ordinary data, sent on as such.
-func carryUrgent(dst, src *net.TCPConn) error {
+func carryUrgent(dst, src *net.TCPConn, w *watch) error {
 	var b [1]byte
 	n, urgent, err := tcpurg.ReadMarked(src, b[:])
 	if err != nil || n != 1 {
 		return fmt.Errorf("urgent byte: %d bytes, %w", n, err)
 	}
-	if !urgent {
-		_, err := dst.Write(b[:])
-		return err
-	}
-	return tcpurg.WriteUrgent(dst, b[0])
+	return w.write(func() error {
+		if !urgent {
+			_, err := dst.Write(b[:])
+			return err
+		}
+		return tcpurg.WriteUrgent(dst, b[0])
+	})
 }

@@ -115,6 +115,7 @@ func (c *Conn) onCDC(m *rmb.CDC) (produced uint64) {
 		c.peerLate = c.rxProd-c.rxConfirmed >= c.rmbSize // lateWrites
 	}
 	if m.State&rmb.StateAbnormalClose != 0 && !c.peerAbort {
+		c.abortEarly = !c.peerDone
 		c.peerAbort, c.peerClosed, c.peerDone = true, true, true
 		c.e.st.aborts.Add(1)
 		if c.err == nil {

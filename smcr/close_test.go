@@ -135,6 +135,40 @@ func TestAbort(t *testing.T) {
 	}
 }
 
+// TestBroken: a connection is broken once the peer aborted before its
+// sending-done, not while it is healthy, and not when the abort came after its
+// sending-done (the stream was whole, as a TCP reset after the FIN leaves it).
+func TestBroken(t *testing.T) {
+	p := memPair(t)
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	c.Write([]byte("bytes"))
+	s.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(s, make([]byte, 5)); err != nil {
+		t.Fatal(err)
+	}
+	if s.Broken() {
+		t.Fatal("a healthy connection is broken")
+	}
+	c.Abort()
+	eventually(t, "broken after the peer's abort", s.Broken)
+
+	c, s = p.connect(t)
+	mustSMC(t, c, s)
+	c.Write([]byte("bytes"))
+	c.CloseWrite()
+	eventually(t, "sending-done in", func() bool {
+		s.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
+		b, err := io.ReadAll(s)
+		return string(b) == "bytes" && err == nil
+	})
+	c.Abort()
+	time.Sleep(100 * time.Millisecond)
+	if s.Broken() {
+		t.Error("broken by an abort after the sending-done")
+	}
+}
+
 // TestAbortIsNoClose: the peer of an Abort reads the bytes written before it,
 // then ErrReset, never EOF: Close, which Abort ends with, sends no closed flag
 // ahead of the worker's abnormal close (a peer would take the stream for whole).

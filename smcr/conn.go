@@ -193,6 +193,7 @@ type Conn struct {
 	peerLate     bool
 	peerLateRoom bool // a CDC of ours gave such a peer room since: the RMB outlives the close
 	peerAbort    bool
+	abortEarly   bool // the peer aborted before its sending-done: its stream ends short
 	localDone    bool // we sent sending-done
 	localTerm    bool // we sent closed or abort
 	localAbort   bool
@@ -326,6 +327,25 @@ func (c *Conn) SetDeadline(t time.Time) error {
 		c.tcp.SetDeadline(t)
 	}
 	return nil
+}
+
+// Broken reports whether the connection ended abnormally before the peer
+// finished sending (the peer's abort, ours, a protocol error, its links lost
+// with no continuation): the peer's stream is short for good, as after a TCP
+// reset that came before the FIN. Bytes that arrived can still be read. smcrd's
+// relay asks while it is not reading, to pass the reset on at once.
+func (c *Conn) Broken() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case c.err == nil:
+		return false
+	case errors.Is(c.err, ErrReset), errors.Is(c.err, ErrLinkDown):
+		// After the peer's sending-done the stream was whole, as a TCP
+		// reset after the FIN leaves it.
+		return !c.peerDone || c.abortEarly
+	}
+	return true
 }
 
 // Continued reports whether the connection's bytes now go over its TCP
