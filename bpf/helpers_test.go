@@ -316,7 +316,10 @@ func parseSegment(f []byte) (segment, bool) {
 // hasSMCOption is the reference walk of TCP options the tc program must agree with.
 func hasSMCOption(opts []byte) bool { return hasExpOption(opts, "\xe2\xd4\xc3\xd9") }
 
-// hasExpOption reports an experimental option (kind 254, length 6) with ExID exid.
+// hasExpOption reports an experimental option (kind 254, length 6) with ExID exid,
+// found as the kernel's bpf_load_hdr_opt finds it, which sockops asks: an
+// experimental option too short for a 4-byte ExID ends the search, and the first
+// with exid decides by its length.
 func hasExpOption(opts []byte, exid string) bool {
 	for i := 0; i < len(opts); {
 		switch opts[i] {
@@ -333,8 +336,11 @@ func hasExpOption(opts []byte, exid string) bool {
 		if l < 2 || i+l > len(opts) {
 			return false
 		}
-		if opts[i] == 254 && l == 6 && string(opts[i+2:i+6]) == exid {
-			return true
+		if opts[i] == 254 && l < 6 {
+			return false
+		}
+		if opts[i] == 254 && string(opts[i+2:i+6]) == exid {
+			return l == 6
 		}
 		i += l
 	}

@@ -2,6 +2,7 @@ package bpf
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -571,5 +572,99 @@ func TestSteeredToDualStackListener(t *testing.T) {
 				t.Errorf("stats %v: want steered (or, for ::1, steer_failed) 1", st)
 			}
 		})
+	}
+}
+
+// rawSYN sends, from a raw socket in ns, a SYN from src to dst carrying opts (a
+// multiple of 4 long) and returns whether the SYN-ACK that comes back echoes
+// the SMC option, and whether one came at all.
+func rawSYN(t *testing.T, ns *nstest.NS, src, dst netip.AddrPort, opts []byte) (echoed, answered bool) {
+	t.Helper()
+	th := make([]byte, 20+len(opts))
+	binary.BigEndian.PutUint16(th[0:], src.Port())
+	binary.BigEndian.PutUint16(th[2:], dst.Port())
+	binary.BigEndian.PutUint32(th[4:], 0x12345678)
+	th[12] = byte(len(th)/4) << 4
+	th[13] = 0x02 // SYN
+	binary.BigEndian.PutUint16(th[14:], 64240)
+	copy(th[20:], opts)
+	// Checksum over the pseudo-header and the segment.
+	var sum uint32
+	add := func(b []byte) {
+		for i := 0; i+1 < len(b); i += 2 {
+			sum += uint32(binary.BigEndian.Uint16(b[i:]))
+		}
+	}
+	s4, d4 := src.Addr().As4(), dst.Addr().As4()
+	add(s4[:])
+	add(d4[:])
+	sum += unix.IPPROTO_TCP + uint32(len(th))
+	add(th)
+	for sum>>16 != 0 {
+		sum = sum&0xffff + sum>>16
+	}
+	binary.BigEndian.PutUint16(th[16:], ^uint16(sum))
+
+	var fd int
+	must(t, ns.Do(func() error {
+		var err error
+		fd, err = unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_TCP)
+		return err
+	}))
+	defer unix.Close(fd)
+	tv := unix.Timeval{Usec: 100000}
+	must(t, unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv))
+	must(t, unix.Sendto(fd, th, 0, &unix.SockaddrInet4{Addr: d4}))
+	buf := make([]byte, 1500)
+	for end := time.Now().Add(time.Second); time.Now().Before(end); {
+		n, _, err := unix.Recvfrom(fd, buf, 0)
+		if err != nil || n < 20 {
+			continue
+		}
+		p := buf[:n]
+		p = p[int(p[0]&15)*4:]
+		if len(p) < 20 || binary.BigEndian.Uint16(p[0:]) != dst.Port() || binary.BigEndian.Uint16(p[2:]) != src.Port() || p[13]&0x12 != 0x12 {
+			continue
+		}
+		hl := int(p[12]>>4) * 4
+		return hl <= len(p) && hasExpOption(p[20:hl], "\xe2\xd4\xc3\xd9"), true
+	}
+	return false, false
+}
+
+// TestSteeredOnlyEchoed: a SYN is steered to smcrd exactly when smcrd's
+// steering listener echoes its SMC option. The listener finds the option as
+// the kernel's bpf_load_hdr_opt does: the first experimental option with the
+// SMC-R ExID decides, and an experimental option too short for an ExID of 4
+// bytes (RFC 7413's experimental Fast Open, 254 4 F9 89) ends the search. A
+// SYN that tc marked past either reaches smcrd without an echo: its client
+// goes on as plain TCP while smcrd waits for a CLC Proposal.
+func TestSteeredOnlyEchoed(t *testing.T) {
+	p, _, lb, _, _ := newSteering4(t)
+	dst := netip.AddrPortFrom(p.B.Addr4(), portSteered)
+	for i, c := range []struct {
+		name string
+		opts []byte
+	}{
+		{"smc", []byte{1, 1, 254, 6, 0xe2, 0xd4, 0xc3, 0xd9}},
+		{"smcx then smc", []byte{254, 6, 'S', 'M', 'C', 'X', 254, 6, 0xe2, 0xd4, 0xc3, 0xd9}},
+		{"experimental fast open then smc", []byte{254, 4, 0xf9, 0x89, 1, 1, 254, 6, 0xe2, 0xd4, 0xc3, 0xd9}},
+		{"smc of 8 bytes then smc", []byte{254, 8, 0xe2, 0xd4, 0xc3, 0xd9, 0, 0, 1, 1, 254, 6, 0xe2, 0xd4, 0xc3, 0xd9}},
+		{"none", nil},
+	} {
+		st0, err := lb.Stats()
+		must(t, err)
+		src := netip.AddrPortFrom(p.A.Addr4(), uint16(42000+i))
+		echoed, answered := rawSYN(t, p.A, src, dst, c.opts)
+		st, err := lb.Stats()
+		must(t, err)
+		steered := st["steered"] != st0["steered"]
+		if !answered {
+			t.Errorf("%s: no SYN-ACK", c.name)
+			continue
+		}
+		if steered != echoed {
+			t.Errorf("%s: steered to smcrd %v, SYN-ACK echoes the option %v (stats %v)", c.name, steered, echoed, st)
+		}
 	}
 }

@@ -116,6 +116,10 @@ var optionCases = []struct {
 	{"zero length before", append([]byte{8, 0}, smcOpt...), false},
 	{"length past end", []byte{254, 6, 0xe2, 0xd4}, false},
 	{"inside another option", []byte{253, 8, 254, 6, 0xe2, 0xd4, 0xc3, 0xd9}, false},
+	// As the steering listener finds the option to echo it (bpf_load_hdr_opt).
+	{"other ExID then smc", append([]byte{254, 6, 'S', 'M', 'C', 'X'}, smcOpt...), true},
+	{"experimental fast open then smc", append([]byte{254, 4, 0xf9, 0x89}, smcOpt...), false},
+	{"wrong length then smc", append([]byte{254, 8, 0xe2, 0xd4, 0xc3, 0xd9, 0, 0}, smcOpt...), false},
 }
 
 func TestTCOptionWalk(t *testing.T) {

@@ -47,10 +47,18 @@ static long opt_step(__u32 i, void *data)
 	len = w->buf[off + 1];
 	if (len < 2 || off + len > w->end)
 		return 1; /* malformed: stop, nothing found */
-	if (kind == SMC_OPT_KIND && len == SMC_OPT_LEN && w->buf[off + 2] == 0xe2 &&
-	    w->buf[off + 3] == 0xd4 && w->buf[off + 4] == 0xc3 && w->buf[off + 5] == 0xd9) {
-		w->found = 1;
-		return 1;
+	/* As bpf_load_hdr_opt finds it, so that tc marks exactly the SYNs the
+	 * steering listener echoes the option to (sockops.h, syn_had_option):
+	 * an experimental option too short for a 4-byte ExID ends the search,
+	 * and the first with the SMC-R ExID decides, by its length. */
+	if (kind == SMC_OPT_KIND) {
+		if (len < SMC_OPT_LEN)
+			return 1;
+		if (w->buf[off + 2] == 0xe2 && w->buf[off + 3] == 0xd4 && w->buf[off + 4] == 0xc3 &&
+		    w->buf[off + 5] == 0xd9) {
+			w->found = len == SMC_OPT_LEN;
+			return 1;
+		}
 	}
 	w->off = off + len;
 	return 0;
