@@ -234,6 +234,15 @@ func (l *Loader) setup() error {
 // otherwise attaches afresh and pins the new link.
 func (l *Loader) attach(name string, prog *ebpf.Program, same func(link.Info) bool, attach func() (link.Link, error)) error {
 	path := filepath.Join(l.opts.PinDir, "link_"+name)
+	// Asked again (SetInterfaces follows the host's interfaces): a link
+	// still in place is kept; one whose interface went away is let go.
+	if cur, ok := l.links[name]; ok {
+		if info, err := cur.Info(); err == nil && same(*info) {
+			return nil
+		}
+		delete(l.links, name)
+		cur.Close()
+	}
 	if old, err := link.LoadPinnedLink(path, nil); err == nil {
 		info, ierr := old.Info()
 		if ierr == nil && same(*info) {

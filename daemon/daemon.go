@@ -42,6 +42,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/smcr-io/smcr/bpf"
@@ -106,6 +107,7 @@ type Daemon struct {
 	// which may have done part of its work).
 	ifaces   []string
 	ifacesOK bool
+	netns    netns.NsHandle // the namespace smcrd serves (New's thread's)
 
 	// ctx is what setups (dial, CLC) run under. Shutdown lets them finish, like
 	// established connections: it is cancelled only when the drain time is up.
@@ -182,6 +184,17 @@ func New(opts Options) (*Daemon, error) {
 	d.ctx, d.cancel = context.WithCancel(context.Background())
 	cfg := opts.Config
 	d.cfg.Store(&cfg)
+	ns, err := netns.Get() // followInterfaces watches this one
+	if err != nil {
+		return nil, fmt.Errorf("daemon: network namespace: %w", err)
+	}
+	d.netns = ns
+	started := false
+	defer func() {
+		if !started {
+			d.closeNetns()
+		}
+	}()
 
 	ifaces, err := resolveInterfaces(cfg.Interfaces)
 	if err != nil {
@@ -247,6 +260,7 @@ func New(opts Options) (*Daemon, error) {
 		d.Close()
 		return nil, err
 	}
+	started = true
 	return d, nil
 }
 
@@ -261,6 +275,7 @@ func (d *Daemon) Close() error {
 		d.engine.Close()
 	}
 	err := errors.Join(closeDevices(d.devs), d.loader.Close())
+	d.closeNetns()
 	return errors.Join(err, d.lock.Release())
 }
 
@@ -355,6 +370,8 @@ func (d *Daemon) Run(ctx context.Context, ready func()) error {
 		d.log.Warn("smcrd serving with no device: it redirects and steers nothing, connections go direct; set providers and restart smcrd")
 	}
 	sockopts, sockoptsDone := d.followSockopts()
+	ifStop := make(chan struct{})
+	ifDone := d.followInterfaces(ifStop)
 	for _, ln := range d.redirect {
 		d.wg.Add(1)
 		go d.acceptLoop(ln, d.serveRedirected)
@@ -400,10 +417,20 @@ func (d *Daemon) Run(ctx context.Context, ready func()) error {
 		sockopts.Close()
 		<-sockoptsDone
 	}
+	close(ifStop)
+	<-ifDone
+	d.closeNetns()
 	d.engine.Close()
 	err = errors.Join(err, closeDevices(d.devs), d.loader.Close())
 	// Only now may another smcrd take the pin directory over.
 	return errors.Join(err, d.lock.Release())
+}
+
+// closeNetns releases New's handle on the namespace smcrd serves.
+func (d *Daemon) closeNetns() {
+	if d.netns > 0 { // a Daemon not made by New has none
+		d.netns.Close()
+	}
 }
 
 // setState records what Status reports; s is one of control's State constants.

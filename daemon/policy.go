@@ -9,8 +9,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"runtime"
 	"slices"
 	"time"
+
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/smcr-io/smcr/bpf"
 	"github.com/smcr-io/smcr/config"
@@ -280,4 +285,103 @@ func changes(old, n config.Config, persist bool) (changed []control.Attribute, n
 		}
 	}
 	return changed, notes
+}
+
+// refreshEvery is the least time between two refreshes of followInterfaces: on
+// a host whose routes churn (a node adding a route per container), the
+// programs follow once a second, not once per route.
+const refreshEvery = time.Second
+
+// The rtnetlink groups whose messages say that an interface, an address or a
+// route came or went (RTMGRP_* of linux/rtnetlink.h).
+const rtGroups = unix.RTMGRP_LINK | unix.RTMGRP_IPV4_IFADDR | unix.RTMGRP_IPV6_IFADDR |
+	unix.RTMGRP_IPV4_ROUTE | unix.RTMGRP_IPV6_ROUTE
+
+// followInterfaces keeps the programs on ip_addr_list's interfaces as the host
+// changes under them, until stop is closed; done is closed when it returns.
+// SetInterfaces takes the interfaces and their routes as they are when it runs,
+// and nothing else follows them: an interface that goes away and comes back (a
+// driver reloaded, a VLAN or bond made again) is a new device, which the tc
+// program attached to the old one is not on, so no connection arriving on it
+// was steered to smcrd until it restarted; and the destinations a route
+// added later sends through a listed interface were never redirected. Any
+// change of an interface, an address or a route in smcrd's namespace
+// (d.netns) now applies SetInterfaces again, at most once per refreshEvery.
+func (d *Daemon) followInterfaces(stop <-chan struct{}) (done <-chan struct{}) {
+	c := make(chan struct{})
+	go func() {
+		defer close(c)
+		// Never unlocked: a thread moved into d.netns goes with this goroutine.
+		runtime.LockOSThread()
+		if cur, err := netns.Get(); err == nil {
+			same := cur.Equal(d.netns)
+			cur.Close()
+			if !same {
+				if err := netns.Set(d.netns); err != nil {
+					d.log.Warn("interfaces: not followed (changes apply when smcrd restarts)", "err", err)
+					return
+				}
+			}
+		}
+		fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE)
+		if err == nil {
+			err = unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Groups: rtGroups})
+			if err != nil {
+				unix.Close(fd)
+			}
+		}
+		if err != nil {
+			d.log.Warn("interfaces: not followed (changes apply when smcrd restarts)", "err", err)
+			return
+		}
+		defer unix.Close(fd)
+		unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Usec: 250000})
+		// What changed between New's SetInterfaces and the subscription is
+		// taken by a first refresh.
+		dirty, last := true, time.Time{}
+		buf := make([]byte, 64<<10)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			// Any message, or ENOBUFS (messages lost): something changed.
+			// The messages themselves are not read: SetInterfaces looks again.
+			if _, _, err := unix.Recvfrom(fd, buf, 0); err == nil || errors.Is(err, unix.ENOBUFS) {
+				dirty = true
+			}
+			if dirty && time.Since(last) >= refreshEvery {
+				dirty, last = false, time.Now()
+				d.refreshInterfaces()
+			}
+		}
+	}()
+	return c
+}
+
+// refreshInterfaces applies SetInterfaces again to ip_addr_list's interfaces,
+// those of them that exist now: an interface gone takes its tc program and its
+// routes with it, and gets them back when it returns. With none of them there,
+// nothing is done: SetInterfaces with no interface would lift the restriction
+// to destinations routed through them.
+func (d *Daemon) refreshInterfaces() {
+	d.cfgMu.Lock()
+	defer d.cfgMu.Unlock()
+	var present []string
+	for _, n := range d.ifaces {
+		if _, err := net.InterfaceByName(n); err == nil {
+			present = append(present, n)
+		}
+	}
+	if len(present) == 0 {
+		return
+	}
+	if err := d.maps.SetInterfaces(present); err != nil {
+		d.log.Warn("interfaces changed: the programs could not follow", "interfaces", present, "err", err)
+		return
+	}
+	if len(present) == len(d.ifaces) {
+		d.ifacesOK = true
+	}
 }

@@ -10,13 +10,18 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 
 	"github.com/smcr-io/smcr/bpf"
 	"github.com/smcr-io/smcr/config"
@@ -159,13 +164,18 @@ func TestReadSpin(t *testing.T) {
 // fakeMaps stands in for the loader's policy maps. SetInterfaces records its
 // names before failing, as a real one may attach some interfaces and then fail.
 type fakeMaps struct {
+	mu       sync.Mutex // followInterfaces calls from its own goroutine
 	attached []string
+	calls    int // of SetInterfaces
 	ports    []bpf.PortRange
 	fail     func(names []string) bool
 }
 
 func (f *fakeMaps) SetInterfaces(names []string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	f.attached = slices.Clone(names)
+	f.calls++
 	if f.fail != nil && f.fail(names) {
 		return errors.New("fake: attach tc ingress failed")
 	}
@@ -173,6 +183,8 @@ func (f *fakeMaps) SetInterfaces(names []string) error {
 }
 
 func (f *fakeMaps) SetPorts(r []bpf.PortRange) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	f.ports = slices.Clone(r)
 	return nil
 }
@@ -418,4 +430,100 @@ func TestSetRefusesUnstartable(t *testing.T) {
 	if _, err := d.SetConfig(ctx, control.SetConfigRequest{Assignments: []string{"cgroup=" + rel}, Persist: true}); !errors.Is(err, control.ErrInvalid) {
 		t.Errorf("set cgroup=%s -P after it was removed: %v, want refused", rel, err)
 	}
+}
+
+// TestInterfacesFollowed: the programs follow ip_addr_list's interfaces as the
+// host changes: an interface made again (a new device, which the tc program
+// of the old one is not on) and a route added through one each get
+// SetInterfaces again, and an interface gone gets none that would list no
+// interface at all. Before, SetInterfaces ran at start and when ip_addr_list
+// changed, and a remade interface steered nothing until smcrd restarted.
+func TestInterfacesFollowed(t *testing.T) {
+	p := nstest.NewPair(t)
+	const name = "smcrfollow0"
+	var ns netns.NsHandle
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	mkdummy := func() {
+		t.Helper()
+		must(p.A.Do(func() error {
+			// A veth with its peer beside it: the kernel may lack dummy.
+			if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: name + "p"}); err != nil {
+				return err
+			}
+			l, err := netlink.LinkByName(name)
+			if err != nil {
+				return err
+			}
+			if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: net.IPv4(198, 51, 100, 1), Mask: net.CIDRMask(24, 32)}}); err != nil {
+				return err
+			}
+			return netlink.LinkSetUp(l)
+		}))
+	}
+	mkdummy()
+	must(p.A.Do(func() error {
+		var err error
+		ns, err = netns.Get()
+		return err
+	}))
+	cfg := config.Default()
+	cfg.Interfaces = []string{name}
+	d, maps := policyDaemon(t, cfg, []string{name})
+	d.netns = ns
+	defer ns.Close()
+	stop := make(chan struct{})
+	done := d.followInterfaces(stop)
+	defer func() { close(stop); <-done }()
+
+	calls := func() (int, []string) {
+		maps.mu.Lock()
+		defer maps.mu.Unlock()
+		return maps.calls, slices.Clone(maps.attached)
+	}
+	// waitCall waits for a call of SetInterfaces after the n-th.
+	waitCall := func(n int, what string) int {
+		t.Helper()
+		for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+			if c, names := calls(); c > n {
+				if !slices.Equal(names, []string{name}) {
+					t.Errorf("%s: SetInterfaces(%v), want [%s]", what, names, name)
+				}
+				return c
+			}
+		}
+		t.Fatalf("%s: SetInterfaces not called again", what)
+		return 0
+	}
+	waitCall(0, "start")
+	time.Sleep(2 * refreshEvery) // let the first refresh's own changes settle
+	n, _ := calls()
+	must(p.A.Do(func() error {
+		l, err := netlink.LinkByName(name)
+		if err != nil {
+			return err
+		}
+		return netlink.LinkDel(l)
+	}))
+	time.Sleep(2 * refreshEvery)
+	if c, names := calls(); c != n {
+		t.Errorf("interface gone: SetInterfaces(%v) called, want no call", names)
+	}
+	mkdummy()
+	waitCall(n, "interface made again")
+	time.Sleep(2 * refreshEvery)
+	n, _ = calls()
+	must(p.A.Do(func() error {
+		l, err := netlink.LinkByName(name)
+		if err != nil {
+			return err
+		}
+		_, dst, _ := net.ParseCIDR("203.0.113.0/24")
+		return netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: dst})
+	}))
+	waitCall(n, "route added")
 }
