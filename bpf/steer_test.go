@@ -668,3 +668,92 @@ func TestSteeredOnlyEchoed(t *testing.T) {
 		}
 	}
 }
+
+// foreignHdrOpt attaches to cgroup another sockops program, as Katran's TCP
+// packet routing is: it asks for the header option callbacks
+// (BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG) on every connecting and listening
+// socket, for an option of its own. The flags are the socket's, shared by
+// every sockops program of its cgroups.
+func foreignHdrOpt(t *testing.T, cgroup string) {
+	t.Helper()
+	const (
+		connectCB  = 3  // BPF_SOCK_OPS_TCP_CONNECT_CB
+		listenCB   = 11 // BPF_SOCK_OPS_TCP_LISTEN_CB
+		cbFlags    = 84 // offsetof(struct bpf_sock_ops, bpf_sock_ops_cb_flags)
+		writeHdrCB = 64 // BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG
+	)
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type:    ebpf.SockOps,
+		License: "Dual MIT/GPL",
+		Instructions: asm.Instructions{
+			asm.Mov.Reg(asm.R6, asm.R1),
+			asm.LoadMem(asm.R2, asm.R1, 0, asm.Word),
+			asm.JEq.Imm(asm.R2, connectCB, "set"),
+			asm.JEq.Imm(asm.R2, listenCB, "set"),
+			asm.Mov.Imm(asm.R0, 1),
+			asm.Return(),
+			asm.LoadMem(asm.R2, asm.R6, cbFlags, asm.Word).WithSymbol("set"),
+			asm.Or.Imm(asm.R2, writeHdrCB),
+			asm.Mov.Reg(asm.R1, asm.R6),
+			asm.FnSockOpsCbFlagsSet.Call(),
+			asm.Mov.Imm(asm.R0, 1),
+			asm.Return(),
+		},
+	})
+	must(t, err)
+	t.Cleanup(func() { prog.Close() })
+	l, err := link.AttachCgroup(link.CgroupOptions{Path: cgroup, Attach: ebpf.AttachCGroupSockOps, Program: prog})
+	must(t, err)
+	t.Cleanup(func() { l.Close() })
+}
+
+// TestForeignHeaderOptionCallbacks: another sockops program asking for the
+// header option callbacks on an application's sockets does not make them
+// speak SMC-R: its SYNs carry no SMC option (a server's smcrd would steer them
+// and wait for a CLC Proposal), and its listener echoes none (smcrd's client
+// would send its Proposal to the application).
+func TestForeignHeaderOptionCallbacks(t *testing.T) {
+	p, la, lb, app, steer4 := newSteering4(t)
+	foreignHdrOpt(t, lb.cgroup)
+	dst := netip.AddrPortFrom(p.B.Addr4(), portSteered)
+
+	stop := capture(t, p.B, p.B.Links[0].Name)
+	plain := dial(t, p.A, dst.String(), nil, nil)
+	if acceptWithin(t, app, time.Second) == nil {
+		t.Error("the application's plain connection was not accepted by the application")
+		if acceptWithin(t, steer4, 100*time.Millisecond) != nil {
+			t.Error("it was steered to smcrd")
+		}
+	}
+	// smcrd on B not running: its SYN reaches an application listening
+	// since the other program came.
+	must(t, lb.SetAlive(0))
+	app2 := listen(t, p.B, fmt.Sprintf(":%d", portSteered+1), nil, nil)
+	dst2 := netip.AddrPortFrom(p.B.Addr4(), portSteered+1)
+	tagged := dial(t, p.A, dst2.String(), la, &Tag{SMCOption: true})
+	if acceptWithin(t, app2, time.Second) == nil {
+		t.Fatal("smcrd's SYN did not reach the application")
+	}
+	time.Sleep(50 * time.Millisecond)
+	segs := stop()
+	checkHandshake(t, segs, addrPort(plain.LocalAddr()), dst, false)
+	for _, s := range segs {
+		if s.src == dst2 && s.dst == addrPort(tagged.LocalAddr()) && (s.smc || s.smcx) {
+			t.Errorf("the application's SYN-ACK %v echoes the SMC option", s)
+		}
+	}
+	if s, err := la.Seen(addrPort(tagged.LocalAddr()), addrPort(tagged.RemoteAddr())); err == nil && s.PeerSupportsSMC() {
+		t.Errorf("smcrd's client sees the application as SMC-R capable (Seen %#x)", s)
+	}
+	// smcrd's own connections still are.
+	must(t, lb.SetAlive(time.Minute))
+	c := dial(t, p.A, dst.String(), la, &Tag{SMCOption: true})
+	acc := acceptWithin(t, steer4, time.Second)
+	if acc == nil {
+		t.Fatal("smcrd's SYN with the option not steered")
+	}
+	if s, err := la.Seen(addrPort(c.LocalAddr()), addrPort(c.RemoteAddr())); err != nil || !s.PeerSupportsSMC() {
+		t.Errorf("smcrd's connection: Seen %#x, %v; want the option sent and echoed", s, err)
+	}
+	noMark(t, lb, dst, addrPort(c.LocalAddr()))
+}

@@ -307,9 +307,12 @@ struct {
 } smcr_seen SEC(".maps");
 
 /* SYNs that carried the SMC option, keyed as the receiving host sees the
- * connection; written by tc ingress, read by sk_lookup, deleted by sockops once
- * smcrd's steering listener completed the handshake (or by tc on a later SYN
- * of the 4-tuple without the option). */
+ * connection: bpf_ktime_get_ns of the SYN, with MARK_STEERED once sk_lookup
+ * steered the connection to smcrd. Written by tc ingress, read by sk_lookup,
+ * deleted by sockops once smcrd's steering listener completed the handshake
+ * (or by tc on a later SYN of the 4-tuple without the option). */
+#define MARK_STEERED (1ULL << 63)
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 65536);

@@ -205,6 +205,32 @@ static __always_inline void on_listen(struct bpf_sock_ops *skops)
 	}
 }
 
+/* The header option callbacks are the socket's, and other sockops programs
+ * may ask for them too (Katran's TCP packet routing does, on every socket):
+ * the option goes only on the SYN of a socket smcrd tagged SK_OPTION, ... */
+static __always_inline int own_syn(struct bpf_sock_ops *skops)
+{
+	struct sk_state *st;
+
+	if (!skops->sk)
+		return 0;
+	st = bpf_sk_storage_get(&smcr_sk, skops->sk, 0, 0);
+	return st && (st->flags & SK_OPTION);
+}
+
+/* ... and on the SYN-ACK of a connection sk_lookup steered to smcrd's steering
+ * listener (a request socket, without storage of its own): an application's
+ * listener that echoed it would have smcrd's client send it a CLC Proposal. */
+static __always_inline int steered_synack(struct bpf_sock_ops *skops)
+{
+	struct tuple t = {};
+	__u64 *mark;
+
+	ops_tuple(skops, &t, 1);
+	mark = bpf_map_lookup_elem(&smcr_synmark, &t);
+	return mark && (*mark & MARK_STEERED);
+}
+
 /* Room for the option: on our SYN always, on a SYN-ACK only when the SYN had it,
  * and there for the SMCX option too. */
 static __always_inline void on_hdr_len(struct bpf_sock_ops *skops)
@@ -215,9 +241,11 @@ static __always_inline void on_hdr_len(struct bpf_sock_ops *skops)
 	if (!(f & TCPHDR_SYN))
 		return;
 	if (f & TCPHDR_ACK) {
-		if (!syn_had_option(skops))
+		if (!steered_synack(skops) || !syn_had_option(skops))
 			return;
 		len += SMC_OPT_LEN;
+	} else if (!own_syn(skops)) {
+		return;
 	}
 	if (bpf_reserve_hdr_opt(skops, len, 0)) {
 		/* Other options (timestamps, MD5, AO...) took the 40 bytes: the
@@ -236,7 +264,7 @@ static __always_inline void on_write_hdr(struct bpf_sock_ops *skops)
 
 	if (!(f & TCPHDR_SYN))
 		return;
-	if ((f & TCPHDR_ACK) && !syn_had_option(skops))
+	if ((f & TCPHDR_ACK) ? !steered_synack(skops) || !syn_had_option(skops) : !own_syn(skops))
 		return;
 	err = bpf_store_hdr_opt(skops, opt, SMC_OPT_LEN, 0);
 	if (err == -17 /* EEXIST: a retransmission already has it */)
@@ -311,7 +339,7 @@ static __always_inline void on_active_established(struct bpf_sock_ops *skops)
 
 	if (skops->bpf_sock_ops_cb_flags & BPF_SOCK_OPS_STATE_CB_FLAG)
 		unreach_outcome(skops, 1);
-	if (!(skops->bpf_sock_ops_cb_flags & BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG))
+	if (!(skops->bpf_sock_ops_cb_flags & BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG) || !own_syn(skops))
 		return;
 	/* skb is the SYN-ACK here. */
 	if (bpf_load_hdr_opt(skops, opt, sizeof(opt), 0) == SMC_OPT_LEN) {
@@ -351,9 +379,11 @@ static __always_inline void adopt_peer(struct bpf_sock_ops *skops, struct tuple 
 static __always_inline void on_passive_established(struct bpf_sock_ops *skops)
 {
 	struct tuple t = {};
+	__u64 *mark;
 
 	ops_tuple(skops, &t, 1);
-	if (!(skops->bpf_sock_ops_cb_flags & BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG)) {
+	mark = bpf_map_lookup_elem(&smcr_synmark, &t);
+	if (!mark || !(*mark & MARK_STEERED)) {
 		adopt_peer(skops, &t);
 		return;
 	}

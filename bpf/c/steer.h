@@ -146,8 +146,14 @@ int smcr_tc_ingress(struct __sk_buff *skb)
 	}
 	if (w.found) {
 		__u64 now = bpf_ktime_get_ns();
+		__u64 *m = bpf_map_lookup_elem(&smcr_synmark, &t);
 
-		bpf_map_update_elem(&smcr_synmark, &t, &now, BPF_ANY);
+		/* A SYN again (retransmitted): it meets its request socket
+		 * before any sk_lookup, so the connection stays steered. */
+		if (m)
+			*m = now | (*m & MARK_STEERED);
+		else
+			bpf_map_update_elem(&smcr_synmark, &t, &now, BPF_ANY);
 		count(STAT_SYN_MARKED);
 	} else if (bpf_map_lookup_elem(&smcr_synmark, &t)) {
 		/* A new connection reusing the 4-tuple that this SYN does not mark
@@ -186,7 +192,7 @@ int smcr_sk_lookup(struct bpf_sk_lookup *ctx)
 	t.lport = ctx->local_port;
 	t.rport = bpf_ntohs(ctx->remote_port);
 	mark = bpf_map_lookup_elem(&smcr_synmark, &t);
-	if (!mark || bpf_ktime_get_ns() - *mark > MARK_TTL_NS)
+	if (!mark || bpf_ktime_get_ns() - (*mark & ~MARK_STEERED) > MARK_TTL_NS)
 		return SK_PASS;
 	/* As tc decides: a port taken off the list steers nothing, marked or not. */
 	if (!port_listed(t.lport) || !alive())
@@ -203,6 +209,9 @@ int smcr_sk_lookup(struct bpf_sk_lookup *ctx)
 	}
 	err = bpf_sk_assign(ctx, sk, 0);
 	bpf_sk_release(sk);
+	/* For sockops: this connection's SYN-ACK is smcrd's, to echo the option. */
+	if (!err)
+		__sync_fetch_and_or(mark, MARK_STEERED);
 	count(err ? STAT_STEER_FAILED : STAT_STEERED);
 	return SK_PASS;
 }
