@@ -757,3 +757,26 @@ func TestForeignHeaderOptionCallbacks(t *testing.T) {
 	}
 	noMark(t, lb, dst, addrPort(c.LocalAddr()))
 }
+
+// TestSteeredMarkOfAnEarlierHandshake: a handshake steered to smcrd that never
+// completed leaves its SYN's mark, steered; a later SYN of the 4-tuple that goes
+// to the application (smcrd's steering listener is gone: a restart) is answered
+// without the option, even by a listener whose header option callbacks another
+// program asked for.
+func TestSteeredMarkOfAnEarlierHandshake(t *testing.T) {
+	p, _, lb, app, steer4 := newSteering4(t)
+	foreignHdrOpt(t, lb.cgroup)
+	app.Close() // listening again since the other program came
+	listen(t, p.B, fmt.Sprintf(":%d", portSteered), nil, nil)
+	dst := netip.AddrPortFrom(p.B.Addr4(), portSteered)
+	src := netip.AddrPortFrom(p.A.Addr4(), 42100)
+	smc := []byte{1, 1, 254, 6, 0xe2, 0xd4, 0xc3, 0xd9}
+	// A's kernel resets the SYN-ACK of a raw SYN: the handshake ends there.
+	if echoed, answered := rawSYN(t, p.A, src, dst, smc); !answered || !echoed {
+		t.Fatalf("first SYN: answered %v, echoed %v; want smcrd's SYN-ACK with the option", answered, echoed)
+	}
+	steer4.Close()
+	if echoed, answered := rawSYN(t, p.A, src, dst, smc); !answered || echoed {
+		t.Errorf("SYN to the application: answered %v, echoed %v; want an answer without the option", answered, echoed)
+	}
+}

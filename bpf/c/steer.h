@@ -192,7 +192,13 @@ int smcr_sk_lookup(struct bpf_sk_lookup *ctx)
 	t.lport = ctx->local_port;
 	t.rport = bpf_ntohs(ctx->remote_port);
 	mark = bpf_map_lookup_elem(&smcr_synmark, &t);
-	if (!mark || bpf_ktime_get_ns() - (*mark & ~MARK_STEERED) > MARK_TTL_NS)
+	if (!mark)
+		return SK_PASS;
+	/* MARK_STEERED says what this lookup decides, not what one of an
+	 * earlier handshake on the 4-tuple that never completed did: a SYN-ACK
+	 * of the application's listener must not echo the option. */
+	__sync_fetch_and_and(mark, ~MARK_STEERED);
+	if (bpf_ktime_get_ns() - (*mark & ~MARK_STEERED) > MARK_TTL_NS)
 		return SK_PASS;
 	/* As tc decides: a port taken off the list steers nothing, marked or not. */
 	if (!port_listed(t.lport) || !alive())
