@@ -71,6 +71,10 @@ type Loader struct {
 	// cls: tc ingress is a cls_bpf filter, the kernel having no tcx or
 	// Options.ClsBPF asking for it.
 	cls bool
+	// notEther: interfaces warned about as without Ethernet headers, with
+	// their link type, so that SetInterfaces, run again as the host's
+	// interfaces and routes change, warns once.
+	notEther map[string]string
 }
 
 // cgroupProgs: the programs attached to the cgroup, with their hooks.
@@ -111,7 +115,7 @@ func Load(opts Options) (*Loader, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	l := &Loader{log: opts.Logger, opts: opts, links: map[string]link.Link{}}
+	l := &Loader{log: opts.Logger, opts: opts, links: map[string]link.Link{}, notEther: map[string]string{}}
 	l.cgroup = opts.CgroupPath
 	if l.cgroup == "" {
 		mnt, err := cgroupfs.Mount()
@@ -292,9 +296,11 @@ func (l *Loader) SetInterfaces(names []string) error {
 		}
 		// tc ingress reads an Ethernet header: on a tun or WireGuard device it
 		// would silently see no SYN at all.
-		if lk, err := l.nl.LinkByIndex(iface.Index); err == nil && lk.Attrs().EncapType != "ether" && lk.Attrs().EncapType != "loopback" {
+		if lk, err := l.nl.LinkByIndex(iface.Index); err == nil && lk.Attrs().EncapType != "ether" && lk.Attrs().EncapType != "loopback" &&
+			l.notEther[n] != lk.Attrs().EncapType {
 			l.log.Warn("bpf: interface without Ethernet headers: tc ingress cannot read its SYNs, so no connection arriving on it is steered to smcrd",
 				"interface", n, "link_type", lk.Attrs().EncapType)
+			l.notEther[n] = lk.Attrs().EncapType
 		}
 		name := "tc_" + n
 		want[name] = true

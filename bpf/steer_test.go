@@ -428,6 +428,12 @@ func TestNonEthernetWarned(t *testing.T) {
 	if !strings.Contains(log.String(), "without Ethernet headers") || !strings.Contains(log.String(), "interface=smcrtun0") {
 		t.Errorf("listing a tun device logged no warning:\n%s", log.String())
 	}
+	// Once: smcrd applies the list again whenever the host's interfaces or
+	// routes change.
+	must(t, p.B.Do(func() error { return l.SetInterfaces([]string{p.B.Links[0].Name, "smcrtun0"}) }))
+	if n := strings.Count(log.String(), "without Ethernet headers"); n != 1 {
+		t.Errorf("warned %d times, want once:\n%s", n, log.String())
+	}
 }
 
 // A SYN-ACK lost on the way: the steering listener's retransmission, whether
