@@ -107,7 +107,9 @@ type Daemon struct {
 	// which may have done part of its work).
 	ifaces   []string
 	ifacesOK bool
-	netns    netns.NsHandle // the namespace smcrd serves (New's thread's)
+	// refreshErr: refreshInterfaces' last failure, logged once.
+	refreshErr string
+	netns      netns.NsHandle // the namespace smcrd serves (New's thread's)
 
 	// ctx is what setups (dial, CLC) run under. Shutdown lets them finish, like
 	// established connections: it is cancelled only when the drain time is up.

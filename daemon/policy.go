@@ -378,9 +378,14 @@ func (d *Daemon) refreshInterfaces() {
 		return
 	}
 	if err := d.maps.SetInterfaces(present); err != nil {
-		d.log.Warn("interfaces changed: the programs could not follow", "interfaces", present, "err", err)
+		// Once per error: the next change of the host tries again.
+		if msg := err.Error(); msg != d.refreshErr {
+			d.log.Warn("interfaces changed: the programs could not follow", "interfaces", present, "err", err)
+			d.refreshErr = msg
+		}
 		return
 	}
+	d.refreshErr = ""
 	if len(present) == len(d.ifaces) {
 		d.ifacesOK = true
 	}

@@ -527,3 +527,26 @@ func TestInterfacesFollowed(t *testing.T) {
 	}))
 	waitCall(n, "route added")
 }
+
+// TestRefreshFailureLoggedOnce: the programs failing to follow a change of the
+// host's interfaces is logged once, not at every change after (routes may
+// change every second), and again once it failed anew after a success.
+func TestRefreshFailureLoggedOnce(t *testing.T) {
+	var log bytes.Buffer
+	fail := true
+	f := &fakeMaps{fail: func([]string) bool { return fail }}
+	d := &Daemon{log: slog.New(slog.NewTextHandler(&log, nil)), maps: f, ifaces: []string{"lo"}}
+	warned := func() int { return strings.Count(log.String(), "the programs could not follow") }
+	d.refreshInterfaces()
+	d.refreshInterfaces()
+	if n := warned(); n != 1 || f.calls != 2 {
+		t.Errorf("%d warnings after %d failed refreshes, want 1 after 2", n, f.calls)
+	}
+	fail = false
+	d.refreshInterfaces()
+	fail = true
+	d.refreshInterfaces()
+	if n := warned(); n != 2 {
+		t.Errorf("%d warnings, want 2 (failed again after a success):\n%s", n, log.String())
+	}
+}
