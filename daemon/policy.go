@@ -12,6 +12,7 @@ import (
 	"net"
 	"runtime"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/vishvananda/netns"
@@ -89,7 +90,15 @@ func (d *Daemon) SetConfig(_ context.Context, req control.SetConfigRequest) (con
 			return control.SetConfigResult{}, err
 		}
 	}
-	return d.commit(old, n, file)
+	return d.commit(old, n, file, assigns(req.Assignments, "ip_addr_list"))
+}
+
+// assigns reports whether assignments set attribute attr.
+func assigns(assignments []string, attr string) bool {
+	return slices.ContainsFunc(assignments, func(a string) bool {
+		name, _, _ := strings.Cut(a, "=")
+		return strings.TrimSpace(name) == attr
+	})
 }
 
 // SetEnabled turns redirection and steering on or off for new connections.
@@ -145,14 +154,17 @@ func startable(old, n config.Config) error {
 }
 
 // commit makes n the configuration in effect and, unless file is nil, saves
-// file as the configuration file. The caller holds cfgMu.
-func (d *Daemon) commit(old, n config.Config, file *config.File) (control.SetConfigResult, error) {
+// file as the configuration file; setIfaces says the change names
+// ip_addr_list. The caller holds cfgMu.
+func (d *Daemon) commit(old, n config.Config, file *config.File, setIfaces bool) (control.SetConfigResult, error) {
 	var res control.SetConfigResult
 	persist := file != nil
-	// Interfaces are looked up only when ip_addr_list changes: one renamed or
-	// removed since must not block every other change, disable included.
+	// Interfaces are looked up only when ip_addr_list is set: one renamed or
+	// removed since must not block every other change, disable included. Set,
+	// even to the value in effect, every name must exist: -P would otherwise
+	// save one the next start fails on.
 	oldNames, names := d.ifaces, d.ifaces
-	if !slices.Equal(n.Interfaces, old.Interfaces) {
+	if setIfaces || !slices.Equal(n.Interfaces, old.Interfaces) {
 		ifaces, err := resolveInterfaces(n.Interfaces)
 		if err != nil {
 			return res, fmt.Errorf("%w: %w", control.ErrInvalid, err)

@@ -550,3 +550,28 @@ func TestRefreshFailureLoggedOnce(t *testing.T) {
 		t.Errorf("%d warnings, want 2 (failed again after a success):\n%s", n, log.String())
 	}
 }
+
+// TestSetInterfaceGoneAgain pins that naming ip_addr_list looks its interfaces
+// up even when the value is the one in effect: an interface removed or renamed
+// since smcrd started is refused, with -P or without, rather than saved for the
+// next start to fail on ("no interface named gone0", exit 1, over and over
+// under Restart=on-failure).
+func TestSetInterfaceGoneAgain(t *testing.T) {
+	ctx := context.Background()
+	cfg := config.Default()
+	cfg.Interfaces = []string{"gone0"}
+	d, _ := policyDaemon(t, cfg, []string{"gone0"})
+	d.opts.ConfigFile = filepath.Join(t.TempDir(), "smcrd.conf")
+	if err := os.WriteFile(d.opts.ConfigFile, []byte("ip_addr_list = lo\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, persist := range []bool{false, true} {
+		_, err := d.SetConfig(ctx, control.SetConfigRequest{Assignments: []string{"ip_addr_list=gone0"}, Persist: persist})
+		if !errors.Is(err, control.ErrInvalid) || !strings.Contains(err.Error(), `no interface named "gone0"`) {
+			t.Errorf("set ip_addr_list=gone0 (persist %v) with gone0 gone: %v, want refused", persist, err)
+		}
+	}
+	if saved, err := config.Load(d.opts.ConfigFile); err != nil || !slices.Equal(saved.Interfaces, []string{"lo"}) {
+		t.Errorf("file after a refused set: ip_addr_list %v, %v; want [lo]", saved.Interfaces, err)
+	}
+}
