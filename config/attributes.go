@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -175,6 +176,11 @@ var attributes = []attribute{
 		set: func(c *Config, v string) error {
 			if !strings.HasPrefix(v, "/") {
 				return fmt.Errorf("%q is not an absolute path", v)
+			}
+			// bind would fail at start ("invalid argument"): sun_path holds
+			// the path and its terminating NUL.
+			if most := len(syscall.RawSockaddrUnix{}.Path) - 1; len(v) > most {
+				return fmt.Errorf("%q is %d bytes long, longer than a Unix socket's path may be (%d)", v, len(v), most)
 			}
 			c.ControlSocket = v
 			return nil

@@ -70,6 +70,8 @@ func TestParseErrors(t *testing.T) {
 		{"enabled = yes\nenabled = no", `line 2: enabled: set twice (first on line 1)`},
 		{"metrics_address = localhost", `"localhost" is not an address:port`},
 		{"control_socket = run/x.sock", `"run/x.sock" is not an absolute path`},
+		{"control_socket = /" + strings.Repeat("d", 107), `control_socket: "/ddd`},
+		{"control_socket = /" + strings.Repeat("d", 107), `is 108 bytes long, longer than a Unix socket's path may be (107)`},
 		{"rdma_devices = eth0", `rdma_devices: "eth0" is not of the form interface=device[/port]`},
 		{"rdma_devices = eth0=mlx5_0/0", `"eth0=mlx5_0/0": port "0" is not a number from 1 to 255`},
 		{"rdma_devices = eth0=mlx5_0/x", `port "x" is not a number`},
