@@ -312,7 +312,7 @@ func parseDuration(v string, lo, hi time.Duration) (time.Duration, error) {
 		return 0, fmt.Errorf("%q is not a duration such as 30s or 10m", v)
 	}
 	if d < lo || d > hi {
-		return 0, fmt.Errorf("%s is out of range %s-%s", v, lo, hi)
+		return 0, fmt.Errorf("%s is out of range %s-%s", v, formatDuration(lo), formatDuration(hi))
 	}
 	return d, nil
 }

@@ -87,6 +87,22 @@ func TestParseErrors(t *testing.T) {
 	}
 }
 
+// TestDurationRangeAsWritten pins that a duration out of range is refused with
+// its bounds written as the guide and the file write them (1m, 168h), not as
+// Go prints a Duration (1m0s, 168h0m0s).
+func TestDurationRangeAsWritten(t *testing.T) {
+	for in, want := range map[string]string{
+		"clc_timeout = 2m":      `line 1: clc_timeout: 2m is out of range 10ms-1m`,
+		"peer_cache_ttl = 200h": `line 1: peer_cache_ttl: 200h is out of range 1s-168h`,
+		"test_link_time = 90m":  `line 1: test_link_time: 90m is out of range 0s-1h`,
+		"read_spin = 2ms":       `line 1: read_spin: 2ms is out of range 0s-1ms`,
+	} {
+		if _, err := Parse(strings.NewReader(in)); err == nil || err.Error() != want {
+			t.Errorf("Parse(%q) = %v, want %s", in, err, want)
+		}
+	}
+}
+
 // TestMaxMemoryIsMB pins that a max_memory written as a size (512M, as rmb_size
 // takes) is refused with the unit it is in and, where whole, the number to write.
 func TestMaxMemoryIsMB(t *testing.T) {
