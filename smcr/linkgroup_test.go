@@ -189,6 +189,27 @@ func TestIdleLinkGroupFreed(t *testing.T) {
 	}
 }
 
+// TestShortTestLinkTime pins that a test_link_time shorter than a link's
+// set-up does not fail the link while it is set up: it is tested once active,
+// as Linux tests active links only. Before, the worker looked from the link's
+// creation on, sent TEST_LINK before the QP could send, and every first
+// contact fell back ("link not ready").
+func TestShortTestLinkTime(t *testing.T) {
+	const tries = 10
+	for i := range tries {
+		p := newPair(t, Config{Devices: memDevices(t, verbs.KindSoft), TestLinkInterval: time.Microsecond},
+			Config{Devices: memDevices(t, verbs.KindSoft), TestLinkInterval: time.Microsecond})
+		c, s := p.connect(t)
+		if c.Mode() != ModeSMCR || s.Mode() != ModeSMCR {
+			t.Fatalf("try %d of %d: test_link_time 1us: first contact fell back (%v, %v)", i+1, tries, c.Mode(), s.Mode())
+		}
+		eventually(t, "a TEST_LINK answered", func() bool {
+			lgs := p.cli.LinkGroups()
+			return len(lgs) == 1 && len(lgs[0].Links) > 0 && !lgs[0].Links[0].Tested.IsZero()
+		})
+	}
+}
+
 func TestTestLinkKeepalive(t *testing.T) {
 	clk := &fakeClock{}
 	d1, d2 := twoDevices(t)

@@ -842,8 +842,12 @@ func (l *link) watchIdle(idle int, seen uint64) {
 			return
 		}
 		now := l.received.Load()
+		// A link still being set up (its QP in RESET, INIT or RTR) is not
+		// idle: it cannot send yet, and a TEST_LINK would fail it. Linux,
+		// too, tests active links only.
+		settingUp := l.qp.State() < verbs.QPRTS
 		switch iv := l.lg.e.settings().TestLinkInterval; {
-		case iv <= 0 || now != seen:
+		case iv <= 0 || now != seen || settingUp:
 			l.watchIdle(0, now)
 		case idle+1 < testLinkTicks:
 			l.watchIdle(idle+1, seen)
