@@ -170,20 +170,7 @@ func queued(tcp *net.TCPConn) bool {
 // another that binds it to show a server the application's port (connect
 // shares a port among destinations; bind refuses one in use unless every
 // holder allows it). The kernel still refuses a 4-tuple in use.
-func sharedPort(control func(network, address string, c syscall.RawConn) error) func(string, string, syscall.RawConn) error {
-	return func(network, address string, c syscall.RawConn) error {
-		if err := control(network, address, c); err != nil {
-			return err
-		}
-		var serr error
-		if err := c.Control(func(fd uintptr) {
-			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1)
-		}); err != nil {
-			return err
-		}
-		return serr
-	}
-}
+func sharedPort(control dialControl) dialControl { return withFlag(control, syscall.SO_REUSEADDR) }
 
 // urgentInline adds SO_OOBINLINE to control, for the sockets smcrd carries an
 // application's bytes on (those it dials, and its listeners, whose accepted
@@ -192,14 +179,20 @@ func sharedPort(control func(network, address string, c syscall.RawConn) error) 
 // the stream of a socket without it when the next urgent byte arrives while
 // the first is the next to read, which, before the relay begins (smcrd still
 // connecting, or in CLC), is an application's first byte.
-func urgentInline(control func(network, address string, c syscall.RawConn) error) func(string, string, syscall.RawConn) error {
+func urgentInline(control dialControl) dialControl { return withFlag(control, syscall.SO_OOBINLINE) }
+
+// dialControl is a net.Dialer's or net.ListenConfig's Control.
+type dialControl = func(network, address string, c syscall.RawConn) error
+
+// withFlag adds the socket option opt (SOL_SOCKET), turned on, to control.
+func withFlag(control dialControl, opt int) dialControl {
 	return func(network, address string, c syscall.RawConn) error {
 		if err := control(network, address, c); err != nil {
 			return err
 		}
 		var serr error
 		if err := c.Control(func(fd uintptr) {
-			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_OOBINLINE, 1)
+			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, opt, 1)
 		}); err != nil {
 			return err
 		}
