@@ -52,6 +52,30 @@ func durationAttr(name, def, desc string, field func(*Config) *time.Duration, lo
 	}
 }
 
+// offDurationAttr is a durationAttr whose 0 turns what it times off; any other
+// value is between lo and hi.
+func offDurationAttr(name, def, desc string, field func(*Config) *time.Duration, lo, hi time.Duration) attribute {
+	a := durationAttr(name, def, desc, field, lo, hi)
+	a.set = func(c *Config, v string) error {
+		if d, err := time.ParseDuration(v); err == nil && d == 0 {
+			*field(c) = 0
+			return nil
+		}
+		d, err := parseDuration(v, lo, hi)
+		if err != nil {
+			return fmt.Errorf("%w (or 0: never)", err)
+		}
+		*field(c) = d
+		return nil
+	}
+	return a
+}
+
+// testLinkTimeMin is the shortest test_link_time but 0. Below it an idle link
+// group would do little but test its links (at 1us, ~36k TEST_LINKs a second
+// here); Linux's smcr_testlink_time is in whole seconds.
+const testLinkTimeMin = 100 * time.Millisecond
+
 // atRestart are the attributes smcrd reads only when it starts, with why: a
 // change applies at the next start.
 var atRestart = map[string]string{
@@ -151,9 +175,9 @@ var attributes = []attribute{
 	durationAttr("clc_timeout", "6s",
 		"wait for each CLC handshake message before falling back to TCP (Linux: 6s)",
 		func(c *Config) *time.Duration { return &c.CLCTimeout }, 10*time.Millisecond, time.Minute),
-	durationAttr("test_link_time", "30s",
+	offDurationAttr("test_link_time", "30s",
 		"how long a link may receive nothing before a TEST_LINK checks that its peer answers, which fails the link if not (Linux: smcr_testlink_time 30s; 0: never)",
-		func(c *Config) *time.Duration { return &c.TestLinkTime }, 0, time.Hour),
+		func(c *Config) *time.Duration { return &c.TestLinkTime }, testLinkTimeMin, time.Hour),
 	durationAttr("read_spin", "20us",
 		"how long a read waiting for bytes polls its link before sleeping, at most (adaptive below it; 0: never, always sleep, and the handshake sleeps too rather than poll its socket for the peer's CLC answer)",
 		func(c *Config) *time.Duration { return &c.ReadSpin }, 0, time.Millisecond),

@@ -94,11 +94,29 @@ func TestDurationRangeAsWritten(t *testing.T) {
 	for in, want := range map[string]string{
 		"clc_timeout = 2m":      `line 1: clc_timeout: 2m is out of range 10ms-1m`,
 		"peer_cache_ttl = 200h": `line 1: peer_cache_ttl: 200h is out of range 1s-168h`,
-		"test_link_time = 90m":  `line 1: test_link_time: 90m is out of range 0s-1h`,
+		"test_link_time = 90m":  `line 1: test_link_time: 90m is out of range 100ms-1h (or 0: never)`,
+		"test_link_time = 1us":  `line 1: test_link_time: 1us is out of range 100ms-1h (or 0: never)`,
 		"read_spin = 2ms":       `line 1: read_spin: 2ms is out of range 0s-1ms`,
 	} {
 		if _, err := Parse(strings.NewReader(in)); err == nil || err.Error() != want {
 			t.Errorf("Parse(%q) = %v, want %s", in, err, want)
+		}
+	}
+}
+
+// TestTestLinkTimeFloor pins that test_link_time takes 0 (never) and values
+// from 100ms, and nothing in between: a link tested every microsecond would
+// spend its group's time on TEST_LINKs.
+func TestTestLinkTimeFloor(t *testing.T) {
+	for in, want := range map[string]time.Duration{"0": 0, "0s": 0, "100ms": 100 * time.Millisecond, "1h": time.Hour} {
+		c, err := Parse(strings.NewReader("test_link_time = " + in))
+		if err != nil || c.TestLinkTime != want {
+			t.Errorf("test_link_time = %s: %v, %v; want %v", in, c.TestLinkTime, err, want)
+		}
+	}
+	for _, in := range []string{"1ns", "99ms", "-1s"} {
+		if _, err := Parse(strings.NewReader("test_link_time = " + in)); err == nil {
+			t.Errorf("test_link_time = %s: accepted", in)
 		}
 	}
 }
