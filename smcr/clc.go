@@ -234,7 +234,7 @@ func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix, opt
 	c := e.newConn(tcp, true)
 	c.endCLC = interruptOnCancel(ctx, tcp)
 	defer c.endCLC()
-	br := bufio.NewReaderSize(tcp, 4096)
+	br := c.clcReader(4096)
 	offers := e.offers()
 	if opts.Standard {
 		offers = standardOffers(offers)
@@ -445,7 +445,7 @@ func (e *Engine) server(ctx context.Context, tcp net.Conn, listenerAddrs []net.A
 	c := e.newConn(tcp, false)
 	c.endCLC = interruptOnCancel(ctx, tcp)
 	defer c.endCLC()
-	br := bufio.NewReaderSize(tcp, 4096)
+	br := c.clcReader(4096)
 	m, code, send, err := e.readCLC(ctx, c, br)
 	if err != nil {
 		if ctxOver(ctx) {
@@ -508,7 +508,7 @@ func (e *Engine) server(ctx context.Context, tcp net.Conn, listenerAddrs []net.A
 		// The client's link failed after it sent the Confirm: it activated and
 		// began to continue over TCP. Activate too and read its resync.
 		c.mu.Lock() // for Engine.Conns
-		c.tcp = &readAheadConn{Conn: c.tcp, r: br}
+		c.tcp = &readAheadConn{Conn: c.tcp, r: br, mark: c.clcIn}
 		c.mu.Unlock()
 	}
 	if code, err := e.serverConfirm(ctx, c, conf); err != nil {

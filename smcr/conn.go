@@ -170,7 +170,8 @@ type Conn struct {
 	txMu     sync.Mutex              // one Write at a time
 
 	urgOnce sync.Once
-	urgR    *tcpurg.Reader // reads the TCP socket after a fallback or continuation
+	urgR    *tcpurg.Reader // reads the TCP socket: CLC's markReader, then a fallback or continuation
+	clcIn   *markReader    // under CLC's bufio.Reader, which a fallback reads on (readAheadConn)
 
 	mu          sync.Mutex
 	st          state

@@ -86,14 +86,17 @@ func (e *Engine) fallback(c *Conn, code DeclineCode, side Side, send bool, cause
 		// The peer may have answered or given up at the same time: its Accept or
 		// Decline crosses ours.
 		if br == nil {
-			br = bufio.NewReaderSize(c.tcp, clcMaxLen) // room for the longest CLC message
+			br = c.clcReader(clcMaxLen) // room for the longest CLC message
 		}
-		c.fb = &readAheadConn{Conn: c.tcp, r: br, skip: skip, crossing: true, peer: c.clcPeer}
+		c.fb = &readAheadConn{Conn: c.tcp, r: br, mark: c.clcIn, skip: skip, crossing: true, peer: c.clcPeer}
 	case skip > 0 || br != nil && br.Buffered() > 0:
 		if br == nil {
-			br = bufio.NewReaderSize(c.tcp, clcMaxLen)
+			br = c.clcReader(clcMaxLen)
 		}
-		c.fb = &readAheadConn{Conn: c.tcp, r: br, skip: skip}
+		c.fb = &readAheadConn{Conn: c.tcp, r: br, mark: c.clcIn, skip: skip}
+	}
+	if c.clcIn != nil {
+		c.clcIn.marking = true // the bytes from here on are the application's
 	}
 	e.st.countFallback(code, side)
 	e.log.Info("smcr: fallback to tcp", "conn", c.id, "code", fmt.Sprintf("%#08x", uint32(code)),
@@ -114,17 +117,45 @@ func (e *Engine) fallback(c *Conn, code DeclineCode, side Side, send bool, cause
 type readAheadConn struct {
 	net.Conn
 	r        *bufio.Reader
-	skip     int // bytes of a CLC message read in part, to drop first
+	mark     *markReader // r's, which knows where an urgent byte in r lies
+	skip     int         // bytes of a CLC message read in part, to drop first
 	crossing bool
 	peer     [8]byte
 }
 
 func (c *readAheadConn) Read(p []byte) (int, error) {
+	if err := c.dropCLC(); err != nil {
+		return 0, err
+	}
+	if !c.drained() {
+		return c.r.Read(p[:min(len(p), c.r.Buffered())])
+	}
+	return c.Conn.Read(p)
+}
+
+// readBuffered reads the bytes CLC read ahead as ReadMarked reads a stream:
+// up to the urgent byte among them, and that byte alone, reported as urgent.
+func (c *readAheadConn) readBuffered(p []byte) (int, bool, error) {
+	n := min(len(p), c.r.Buffered())
+	at := c.mark.markIn(c.r)
+	switch {
+	case at == 0:
+		n = min(n, 1)
+	case at > 0:
+		n = min(n, at)
+	}
+	n, err := c.r.Read(p[:n])
+	return n, at == 0 && n == 1, err
+}
+
+// dropCLC drops what is left of CLC at the start of the bytes read ahead: the
+// rest of a message read in part, and a message that crossed our Decline.
+func (c *readAheadConn) dropCLC() error {
 	for c.skip > 0 {
 		n, err := c.r.Discard(c.skip)
 		c.skip -= n
 		if err != nil {
-			return 0, err
+			return err
 		}
 	}
 	if c.crossing {
@@ -144,10 +175,7 @@ func (c *readAheadConn) Read(p []byte) (int, error) {
 			c.r.Discard(resyncLen)
 		}
 	}
-	if !c.drained() {
-		return c.r.Read(p[:min(len(p), c.r.Buffered())])
-	}
-	return c.Conn.Read(p)
+	return nil
 }
 
 // isType reports whether the buffered bytes start with a CLC message of type t

@@ -11,6 +11,7 @@
 package smcr
 
 import (
+	"bufio"
 	"net"
 
 	"github.com/smcr-io/smcr/internal/tcpurg"
@@ -54,20 +55,79 @@ func (c *Conn) passMarkLocked() {
 // continuation's), stopping at the kernel's urgent mark.
 func (c *Conn) readMarkedTCP(r net.Conn, p []byte) (int, bool, error) {
 	if ra, ok := r.(*readAheadConn); ok {
+		if err := ra.dropCLC(); err != nil {
+			return 0, false, err
+		}
 		if !ra.drained() {
-			n, err := ra.Read(p) // bytes CLC read ahead: no mark among them
-			return n, false, err
+			return ra.readBuffered(p) // bytes CLC read ahead
 		}
 		r = ra.Conn
 	}
-	if t, ok := r.(*net.TCPConn); ok {
-		c.urgOnce.Do(func() { c.urgR, _ = tcpurg.NewReader(t) })
-		if c.urgR != nil {
-			return c.urgR.ReadMarked(p)
-		}
+	if urg := c.urgentReader(r); urg != nil {
+		return urg.ReadMarked(p)
 	}
 	n, err := r.Read(p) // a test's conn: no mark
 	return n, false, err
+}
+
+// urgentReader is the Reader of the connection's TCP socket r, made at its
+// first use; nil when r is no TCP socket (a test's conn).
+func (c *Conn) urgentReader(r net.Conn) *tcpurg.Reader {
+	if t, ok := r.(*net.TCPConn); ok {
+		c.urgOnce.Do(func() { c.urgR, _ = tcpurg.NewReader(t) })
+	}
+	return c.urgR
+}
+
+// markReader reads the TCP socket for CLC's bufio.Reader. Where application
+// bytes may come it reads as readMarkedTCP does, never past the urgent mark,
+// and notes where in the stream the urgent byte was, so that an urgent byte
+// among the bytes CLC read ahead keeps its mark (readAheadConn): a plain read
+// that began at the mark would take the byte inline with what follows. Those
+// reads are the connection's first (a peer that speaks no CLC) and all after
+// a fallback (marking). Between them come CLC messages only, each read from
+// where the one before ended, which a plain read serves with one system call
+// rather than three.
+type markReader struct {
+	conn     net.Conn
+	urg      *tcpurg.Reader // nil: conn is no TCP socket, no mark to see
+	marking  bool           // every read looks for the mark, not only the first
+	read     int64          // bytes read from conn
+	urgentAt int64          // stream offset of the last urgent byte read; -1: none
+}
+
+// clcReader returns the buffered reader CLC reads c's messages with, size bytes
+// ahead at most, and keeps its markReader for a fallback's readAheadConn.
+func (c *Conn) clcReader(size int) *bufio.Reader {
+	c.clcIn = &markReader{conn: c.tcp, urg: c.urgentReader(c.tcp), urgentAt: -1}
+	return bufio.NewReaderSize(c.clcIn, size)
+}
+
+func (m *markReader) Read(p []byte) (int, error) {
+	if m.urg == nil || m.read > 0 && !m.marking {
+		n, err := m.conn.Read(p)
+		m.read += int64(n)
+		return n, err
+	}
+	n, urgent, err := m.urg.ReadMarked(p)
+	if urgent {
+		m.urgentAt = m.read
+	}
+	m.read += int64(n)
+	return n, err
+}
+
+// markIn returns where the urgent byte lies among the buffered bytes of br,
+// which reads through m: their index, or -1 when it is not among them.
+func (m *markReader) markIn(br *bufio.Reader) int {
+	if m == nil || m.urgentAt < 0 {
+		return -1
+	}
+	at := m.urgentAt - (m.read - int64(br.Buffered()))
+	if at < 0 || at >= int64(br.Buffered()) {
+		return -1
+	}
+	return int(at)
 }
 
 // writeUrgentTCP sends b with MSG_OOB on the connection's TCP socket.

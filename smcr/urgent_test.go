@@ -2,12 +2,19 @@ package smcr
 
 import (
 	"bytes"
+	"context"
+	"fmt"
 	"io"
+	"net"
+	"net/netip"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/smcr-io/smcr/internal/tcpurg"
 	"github.com/smcr-io/smcr/rmb"
 	"github.com/smcr-io/smcr/smcr/verbs"
 )
@@ -181,4 +188,107 @@ func TestUrgentReadReportsConsumption(t *testing.T) {
 		defer s.mu.Unlock()
 		return s.txCons == s.txProd
 	})
+}
+
+// TestUrgentReadAhead: an urgent byte that CLC's reader takes from the socket
+// before the application reads keeps its mark. A plain read that begins at the
+// mark takes the urgent byte inline with what follows, so each of these lost
+// it: a client that speaks no CLC and whose first byte is urgent, and a client
+// we declined, whose bytes our check for a crossing CLC message reads first.
+func TestUrgentReadAhead(t *testing.T) {
+	other := func(netip.Addr) (netip.Prefix, bool) { return netip.MustParsePrefix("10.1.0.0/16"), true }
+	for _, declined := range []bool{false, true} {
+		t.Run(fmt.Sprintf("declined=%v", declined), func(t *testing.T) {
+			e := newEngine(t, Config{Devices: memDevices(t, verbs.KindSoft)})
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			// The client: raw TCP, or an engine in another subnet, which the
+			// server declines (version 1's same-subnet rule).
+			client := make(chan net.Conn, 1)
+			go func() {
+				if !declined {
+					c, err := net.Dial("tcp", ln.Addr().String())
+					if err != nil {
+						t.Error(err)
+					}
+					client <- c
+					return
+				}
+				ce := newEngine(t, Config{Devices: memDevices(t, verbs.KindSoft), Prefixes: other})
+				c, err := ce.Dial(context.Background(), "tcp", ln.Addr().String())
+				if err != nil {
+					t.Error(err)
+				}
+				client <- c
+			}()
+			conn, err := ln.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := conn.(*net.TCPConn)
+			tcpurg.SetInline(srv) // as smcrd's listeners are
+			write := func(c net.Conn) {
+				t.Helper()
+				if c == nil {
+					t.FailNow()
+				}
+				var err error
+				if sc, ok := c.(*Conn); ok {
+					err = sc.WriteUrgent('x')
+				} else {
+					err = tcpurg.WriteUrgent(c.(*net.TCPConn), 'x')
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				c.Write([]byte("23"))
+				c.(interface{ CloseWrite() error }).CloseWrite()
+				waitQueued(t, srv, 3)
+			}
+			var s *Conn
+			if declined {
+				if s, err = e.Server(context.Background(), srv); err != nil {
+					t.Fatal(err)
+				}
+				c := within(t, client, "the client's dial")
+				defer c.Close()
+				write(c)
+			} else {
+				c := within(t, client, "the client's dial")
+				defer c.Close()
+				write(c)
+				if s, err = e.Server(context.Background(), srv); err != nil {
+					t.Fatal(err)
+				}
+			}
+			defer s.Close()
+			if s.Mode() != ModeFallback || s.Decline().Sent != declined {
+				t.Fatalf("server %v %+v", s.Mode(), s.Decline())
+			}
+			got, marks := markedStream(t, s, make(chan int, 1))
+			if string(got) != "x23" || !slices.Equal(marks, []int{0}) {
+				t.Fatalf("read %q, urgent bytes at %v; want \"x23\", [0]", got, marks)
+			}
+		})
+	}
+}
+
+// waitQueued waits until c's receive queue holds n bytes at least.
+func waitQueued(t *testing.T, c *net.TCPConn, n int) {
+	t.Helper()
+	rc, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(waitLimit); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		q := 0
+		rc.Control(func(fd uintptr) { q, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
+		if q >= n {
+			return
+		}
+	}
+	t.Fatalf("fewer than %d bytes queued after %v", n, waitLimit)
 }
