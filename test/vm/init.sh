@@ -69,7 +69,8 @@ in_host ip link set dummy1 up
 in_host rdma link add rxe2 type rxe netdev dummy1 || fail "rdma link add rxe2"
 
 # cmd.sh is written by run.sh; it sets the environment and cds to the caller's
-# directory.
+# directory. started tells run.sh the guest booted.
+: >"$h$smcr_job/started"
 (in_host /bin/bash "$smcr_job/cmd.sh"; echo $? >"$h$smcr_job/rc") 2>&1 | tee "$h$smcr_job/output"
 sync
 umount "$h$smcr_job"

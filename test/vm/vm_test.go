@@ -191,3 +191,21 @@ func TestRunReportsExitCode(t *testing.T) {
 		t.Fatalf("exit %d, output:\n%s", res.ExitCode, res.Output)
 	}
 }
+
+// TestRunBootsAgain checks the harness's second boot: a guest that has not
+// started the command within SMCR_VM_BOOT_TIMEOUT (here 1 s, shorter than any
+// boot) is stopped and booted again, and the command runs once, in the second.
+func TestRunBootsAgain(t *testing.T) {
+	requireVM(t)
+	t.Setenv("SMCR_VM_BOOT_TIMEOUT", "1")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	res, err := Run(ctx, Options{Args: []string{"sh", "-c", "echo ran-the-command; exit 5"}, Timeout: 3 * time.Minute})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, res.Output)
+	}
+	out := string(res.Output)
+	if res.ExitCode != 5 || !strings.Contains(out, "booting it again") || strings.Count(out, "ran-the-command") != 1 {
+		t.Fatalf("exit %d, want 5 after a second boot that ran the command once; output:\n%s", res.ExitCode, out)
+	}
+}
