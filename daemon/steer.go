@@ -8,9 +8,20 @@ package daemon
 import (
 	"context"
 	"net"
+	"time"
 
 	"github.com/smcr-io/smcr/bpf"
 )
+
+// appDialGrace is how long a steered connection's CLC waits for smcrd's connect
+// to the application. On loopback a connect completes or is refused within
+// microseconds; one that takes longer met a full accept queue (the kernel
+// drops the SYN and sends it again after 1 s, then 2 s more, ...), and the
+// client's smcrd, waiting for the CLC Accept meanwhile, would reach
+// clc_timeout, fall back and put this destination in its negative cache. So
+// CLC goes on beside the connect, and the client's bytes wait in the RMB until
+// the application has accepted.
+const appDialGrace = 50 * time.Millisecond
 
 func (d *Daemon) serveSteered(peer *net.TCPConn) {
 	d.st.steered.Add(1)
@@ -22,31 +33,79 @@ func (d *Daemon) serveSteered(peer *net.TCPConn) {
 	defer d.untrack(t)
 
 	// The application first: if nothing listens at S:P the client gets a reset
-	// before any CLC, as it would have without smcrd.
+	// before any CLC, as it would have without smcrd. One slow to accept
+	// gets its CLC meanwhile (appDialGrace).
 	ctx, cancel := context.WithTimeout(d.ctx, dialTimeout)
 	defer cancel()
-	dl := net.Dialer{Control: urgentInline(sharedPort(d.loader.Control(bpf.Tag{ShowPeer: t.remote})))}
-	dl.SetMultipathTCP(false)
 	start := bpf.Monotonic()
-	c, err := dl.DialContext(ctx, "tcp", t.local.String())
-	if err != nil {
-		d.log.Debug("connect to local application", "addr", t.local, "err", err)
-		abort(peer)
-		return
+	dialed := make(chan appDial, 1)
+	go func() { dialed <- d.dialApp(ctx, t) }()
+	var app *net.TCPConn
+	grace := time.NewTimer(appDialGrace)
+	select {
+	case r := <-dialed:
+		grace.Stop()
+		if r.err != nil {
+			abort(peer)
+			return
+		}
+		app = r.app
+		defer d.onWire(app, peer, start)()
+	case <-grace.C:
+		d.log.Debug("application slow to accept: clc goes on meanwhile", "addr", t.local, "peer", t.remote)
 	}
-	app := c.(*net.TCPConn)
-	// The application's options on its end go onto the steered connection.
-	wire, unfollow := d.follow(app)
-	defer unfollow()
-	wire.since(start, d.log)
-	wire.attach(peer, d.log)
 	conn, err := d.engine.Server(d.ctx, peer)
 	if err != nil { // counted by the engine (handshake errors)
 		d.log.Info("clc as server", "peer", t.remote, "err", err)
 		abort(peer)
-		abort(app)
+		if app == nil {
+			cancel()
+			app = (<-dialed).app
+		}
+		if app != nil {
+			abort(app)
+		}
 		return
+	}
+	if app == nil {
+		r := <-dialed
+		if r.err != nil {
+			abort(conn)
+			return
+		}
+		app = r.app
+		defer d.onWire(app, peer, start)()
 	}
 	d.settle(t, conn, d.CurrentConfig().PeerCacheTTL)
 	d.carry(t, app, conn)
+}
+
+// appDial is the outcome of smcrd's connect to a steered connection's application.
+type appDial struct {
+	app *net.TCPConn
+	err error
+}
+
+// dialApp connects to the application at t.local, where the steered
+// connection was headed, showing it the client's address.
+func (d *Daemon) dialApp(ctx context.Context, t *tracked) appDial {
+	dl := net.Dialer{Control: urgentInline(sharedPort(d.loader.Control(bpf.Tag{ShowPeer: t.remote})))}
+	dl.SetMultipathTCP(false)
+	c, err := dl.DialContext(ctx, "tcp", t.local.String())
+	if err != nil {
+		d.log.Debug("connect to local application", "addr", t.local, "err", err)
+		return appDial{err: err}
+	}
+	return appDial{app: c.(*net.TCPConn)}
+}
+
+// onWire puts the options of app, smcrd's connection to the application, onto
+// peer, the steered connection, and follows the ones app takes later; the
+// function it returns stops following. start is from before the connect to
+// app: options older than that were another connection's (sockopts.go).
+func (d *Daemon) onWire(app, peer *net.TCPConn, start time.Duration) func() {
+	wire, unfollow := d.follow(app)
+	wire.since(start, d.log)
+	wire.attach(peer, d.log)
+	return unfollow
 }

@@ -659,6 +659,69 @@ func TestNotAccepting(t *testing.T) {
 	}
 }
 
+// TestApplicationSlowToAccept: a server application whose accept queue is full
+// still gets SMC-R. The server's kernel drops smcrd's SYN to it and sends it
+// again only after a second; the client's smcrd, waiting meanwhile for a CLC
+// Accept that came only once that connect was made, fell back at clc_timeout
+// and put the server in its negative cache.
+func TestApplicationSlowToAccept(t *testing.T) {
+	a, b := hosts(t)
+	a.start("providers = shm", ports, "clc_timeout = 500ms")
+	b.start("providers = shm", ports)
+	const port = 5209
+	ln, err := b.ns.Listen("tcp", fmt.Sprintf(":%d", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	// A backlog of 0 holds one connection; one from inside B fills it.
+	rc, err := ln.(*net.TCPListener).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lerr error
+	if err := rc.Control(func(fd uintptr) { lerr = syscall.Listen(int(fd), 0) }); err != nil || lerr != nil {
+		t.Fatal(err, lerr)
+	}
+	filler, err := b.ns.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer filler.Close()
+	// The application takes its connections after 1.5 s, three times
+	// clc_timeout, and echoes as testapp's server does.
+	go func() {
+		time.Sleep(1500 * time.Millisecond)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				var mode [1]byte
+				if _, err := io.ReadFull(c, mode[:]); err == nil && mode[0] == 'E' {
+					io.Copy(c, c)
+					c.(*net.TCPConn).CloseWrite()
+				}
+			}()
+		}
+	}()
+	start := time.Now()
+	dst := netip.AddrPortFrom(b.ns.Addr4(), port)
+	if r, err := a.client(dst.String(), "-mode", "echo", "-bytes", "100000", "-timeout", "30s"); err != nil || r.OK != 1 {
+		t.Fatalf("connection to a server slow to accept: %+v %v", r, err)
+	}
+	t.Logf("echoed after %v", time.Since(start).Round(time.Millisecond))
+	if st := a.stats(); st.Connections.SMCR != 1 || st.Connections.Fallback != 0 {
+		t.Errorf("A: %d SMC-R connections and %d fallbacks (%+v), want 1 and none", st.Connections.SMCR, st.Connections.Fallback, st.Fallbacks)
+	}
+	peers, err := a.ctl.Peers(context.Background())
+	if err != nil || len(peers) != 1 || !peers[0].Capable {
+		t.Errorf("peers = %+v %v, want %v capable", peers, err, dst)
+	}
+}
+
 // TestKill: smcrd killed on either side, during and between transfers. The
 // applications never hang, and new connections work as plain TCP.
 func TestKill(t *testing.T) {
