@@ -99,7 +99,12 @@ type markReader struct {
 // clcReader returns the buffered reader CLC reads c's messages with, size bytes
 // ahead at most, and keeps its markReader for a fallback's readAheadConn.
 func (c *Conn) clcReader(size int) *bufio.Reader {
-	c.clcIn = &markReader{conn: c.tcp, urg: c.urgentReader(c.tcp), urgentAt: -1}
+	c.clcIn = &markReader{conn: c.tcp, urgentAt: -1}
+	if _, ok := c.tcp.(*net.TCPConn); ok {
+		// Only the socket itself: urg reads it directly, past any wrapper's
+		// buffered bytes.
+		c.clcIn.urg = c.urgentReader(c.tcp)
+	}
 	return bufio.NewReaderSize(c.clcIn, size)
 }
 
