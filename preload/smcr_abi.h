@@ -1,0 +1,110 @@
+/* smcr_abi.h: the direct mode's ABI between smcrd and libsmcr-preload.so, version 1.
+ * The Go side of the same layout is rmb/shared.go; rmb's tests compile this header
+ * and compare every offset. Documented in docs/direct.md. */
+#pragma once
+
+#include <stdint.h>
+#include <stdatomic.h>
+
+#define SMCR_ABI_VERSION 1
+
+/* ---- The channel: one SOCK_SEQPACKET connection to smcrd's direct socket per
+ * accelerated socket (and per registered listener), one message per packet, host
+ * byte order. File descriptors travel as SCM_RIGHTS beside the message. */
+
+#define SMCR_MSG_MAGIC 0x44434d53u /* "SMCD" */
+
+enum smcr_msg_type {
+	/* library -> smcrd */
+	SMCR_MSG_CLIENT = 1,     /* fd: a TCP socket about to connect() */
+	SMCR_MSG_CONNECTING = 2, /* no fd: connect() was called (0 or EINPROGRESS) */
+	SMCR_MSG_LISTENER = 3,   /* fd: a TCP socket about to listen() */
+	SMCR_MSG_ACCEPTED = 4,   /* fd: a socket accept() returned from a registered listener */
+	/* smcrd -> library */
+	SMCR_MSG_REPLY = 16,   /* to CLIENT, LISTENER, ACCEPTED: status 0 (go on) or negative errno */
+	SMCR_MSG_DECIDED = 17, /* to CONNECTING and ACCEPTED (after REPLY 0): mode */
+};
+
+enum smcr_mode {
+	SMCR_MODE_SMCR = 1,   /* fds: memfd (struct smcr_shared + rings), efd_lib, efd_dtx, efd_drx */
+	SMCR_MODE_TCP = 2,    /* plain TCP from here on; len bytes of payload come first (read ahead by CLC) */
+	SMCR_MODE_FAILED = 3, /* connect failed: status is the negative errno (SO_ERROR) */
+};
+
+struct smcr_msg {
+	uint32_t magic;   /* SMCR_MSG_MAGIC */
+	uint16_t version; /* SMCR_ABI_VERSION */
+	uint16_t type;    /* enum smcr_msg_type */
+	int32_t status;   /* REPLY, DECIDED(FAILED): 0 or a negative errno */
+	uint32_t mode;    /* DECIDED: enum smcr_mode */
+	uint32_t len;     /* bytes of payload after this header */
+	uint32_t reserved;
+};
+
+#define SMCR_MSG_MAX_PAYLOAD 65536
+
+/* ---- The connection's shared area: a memfd smcrd makes, sealed against
+ * resizing, mapped MAP_SHARED by both. Page 0 is struct smcr_shared; the rings
+ * follow at tx_off and rx_off. Cursors are absolute byte counts (uint64); a
+ * cursor's place in its ring is cursor % size. Publishing: copy the bytes, then
+ * store the cursor with release order; reading: load the cursor with acquire
+ * order, then copy. */
+
+#define SMCR_SHARED_MAGIC 0x53434d53u /* "SMCS" */
+
+/* lib_flags: the program's side, set by the library */
+#define SMCR_LIB_SHUT_WR 1u /* shutdown(SHUT_WR): after the bytes up to tx_prod, send FIN */
+#define SMCR_LIB_CLOSED 2u  /* close(): the program is gone from this connection */
+
+/* d_flags: smcrd's side */
+#define SMCR_D_EOF 1u       /* the peer sent its last byte: rx_prod is final */
+#define SMCR_D_ERROR 2u     /* the connection failed: d_errno (positive) for reads and writes */
+#define SMCR_D_TX_CLOSED 4u /* the peer will read no more: writes fail with EPIPE */
+
+struct smcr_shared {
+	/* set once by smcrd before it passes the memfd */
+	uint32_t magic;    /* SMCR_SHARED_MAGIC */
+	uint32_t version;  /* SMCR_ABI_VERSION */
+	uint32_t tx_size;  /* bytes in the send ring */
+	uint32_t rx_size;  /* bytes in the receive ring */
+	uint32_t tx_off;   /* offset of the send ring in the mapping */
+	uint32_t rx_off;   /* offset of the receive ring */
+	uint32_t map_size; /* bytes to map: the whole memfd */
+	uint32_t reserved0;
+	uint8_t pad0[32];
+
+	/* written by the library only (offset 64) */
+	_Atomic uint64_t tx_prod;      /* bytes the program wrote into the send ring */
+	_Atomic uint64_t rx_cons;      /* bytes the program took out of the receive ring */
+	_Atomic uint32_t lib_flags;    /* SMCR_LIB_* */
+	_Atomic uint32_t lib_seq;      /* bumped after every publish above */
+	_Atomic uint32_t lib_waiters;  /* threads blocked in a futex wait on d_seq */
+	_Atomic uint32_t lib_pollers;  /* poll/epoll waiters: smcrd writes efd_lib while nonzero */
+	uint8_t pad1[32];
+
+	/* written by smcrd only (offset 128) */
+	_Atomic uint64_t tx_cons;  /* bytes smcrd took from the send ring: free again */
+	_Atomic uint64_t rx_prod;  /* bytes smcrd put into the receive ring */
+	_Atomic uint32_t d_flags;  /* SMCR_D_* */
+	_Atomic int32_t d_errno;   /* with SMCR_D_ERROR: ECONNRESET, ETIMEDOUT, ... */
+	_Atomic uint32_t d_seq;    /* bumped after every publish above; futex word */
+	_Atomic uint32_t d_txwait; /* smcrd sleeps until tx_prod or lib_flags move: write efd_dtx */
+	_Atomic uint32_t d_rxwait; /* smcrd sleeps until rx_cons moves: write efd_drx */
+	uint8_t pad2[28];
+};
+
+/* ---- The policy page: the file <direct socket path>.policy, world-readable,
+ * kept current by smcrd. A library maps it read-only and decides there, with no
+ * round trip, which connections to offer smcrd. */
+
+#define SMCR_POLICY_MAGIC 0x50434d53u /* "SMCP" */
+#define SMCR_POLICY_STALE_NS 3000000000ull /* heartbeat older than this: smcrd is gone */
+
+struct smcr_policy {
+	uint32_t magic;   /* SMCR_POLICY_MAGIC */
+	uint32_t version; /* SMCR_ABI_VERSION */
+	_Atomic uint64_t heartbeat_ns; /* CLOCK_MONOTONIC of smcrd's last beat (every second) */
+	_Atomic uint32_t enabled;      /* smcrd's `enabled` */
+	uint32_t reserved;
+	_Atomic uint64_t ports[1024];  /* bit p of word p/64: port p is in port_range_list */
+};

@@ -1,0 +1,231 @@
+// The direct mode's shared connection area and policy page: the versioned ABI
+// between smcrd and libsmcr-preload.so (preload/smcr_abi.h is the C side; the
+// tests compile it and compare every offset). docs/direct.md tells the protocol.
+
+package rmb
+
+import (
+	"errors"
+	"sync/atomic"
+	"unsafe"
+)
+
+// ABIVersion is the version of the shared area, the policy page and the
+// direct socket's messages.
+const ABIVersion = 1
+
+// The shared area of one connection (struct smcr_shared): a control page, then
+// the send ring (the program writes, smcrd takes) and the receive ring (smcrd
+// writes, the program takes). Cursors are absolute byte counts; a cursor's place
+// in its ring is cursor % size. A side copies its bytes first and stores its
+// cursor after, with release order; the other loads the cursor, then copies.
+//
+//	offset  written by   field
+//	     0  smcrd, once  magic "SMCS", version, tx_size, rx_size, tx_off, rx_off, map_size
+//	    64  library      tx_prod u64, rx_cons u64, lib_flags, lib_seq, lib_waiters, lib_pollers
+//	   128  smcrd        tx_cons u64, rx_prod u64, d_flags, d_errno, d_seq, d_txwait, d_rxwait
+//	  4096  (rings)      send ring at tx_off, receive ring at rx_off
+//
+// Waking: smcrd bumps d_seq after each publish and wakes futex waiters on it
+// while lib_waiters is nonzero, and writes efd_lib while lib_pollers is; the
+// library writes efd_dtx after moving tx_prod or lib_flags while d_txwait is
+// set, and efd_drx after moving rx_cons while d_rxwait is.
+const (
+	SharedMagic    = 0x53434d53 // "SMCS"
+	SharedPageSize = 4096       // the control page; the rings start after it
+
+	offMagic    = 0
+	offVersion  = 4
+	offTxSize   = 8
+	offRxSize   = 12
+	offTxOff    = 16
+	offRxOff    = 20
+	offMapSize  = 24
+	offTxProd   = 64
+	offRxCons   = 72
+	offLibFlags = 80
+	offLibSeq   = 84
+	offLibWait  = 88
+	offLibPoll  = 92
+	offTxCons   = 128
+	offRxProd   = 136
+	offDFlags   = 144
+	offDErrno   = 148
+	offDSeq     = 152
+	offDTxWait  = 156
+	offDRxWait  = 160
+	sharedEnd   = 192 // sizeof(struct smcr_shared)
+)
+
+// Library flags (lib_flags).
+const (
+	LibShutWR = 1 // shutdown(SHUT_WR): after the bytes up to tx_prod, the FIN
+	LibClosed = 2 // close(): the program is gone from the connection
+)
+
+// smcrd's flags (d_flags).
+const (
+	DEOF      = 1 // the peer sent its last byte: rx_prod is final
+	DError    = 2 // the connection failed: d_errno for reads and writes
+	DTxClosed = 4 // the peer reads no more: writes fail with EPIPE
+)
+
+// SharedSize is the size of an area with rings of tx and rx bytes, each
+// rounded up to whole pages.
+func SharedSize(tx, rx int) int { return SharedPageSize + pageUp(tx) + pageUp(rx) }
+
+func pageUp(n int) int { return (n + SharedPageSize - 1) &^ (SharedPageSize - 1) }
+
+// Shared is a view of a connection's shared area over mapped memory.
+type Shared struct{ mem []byte }
+
+// InitShared lays a new area out in mem (zeroed, SharedSize(tx, rx) bytes,
+// 8-byte aligned, as a mapping is) and returns its view.
+func InitShared(mem []byte, tx, rx int) (*Shared, error) {
+	if tx <= 0 || rx <= 0 || len(mem) < SharedSize(tx, rx) || uintptr(unsafe.Pointer(&mem[0]))%8 != 0 {
+		return nil, errors.New("rmb: shared area: bad size or alignment")
+	}
+	s := &Shared{mem: mem[:SharedSize(tx, rx)]}
+	s.u32(offMagic).Store(SharedMagic)
+	s.u32(offVersion).Store(ABIVersion)
+	s.u32(offTxSize).Store(uint32(tx))
+	s.u32(offRxSize).Store(uint32(rx))
+	s.u32(offTxOff).Store(SharedPageSize)
+	s.u32(offRxOff).Store(uint32(SharedPageSize + pageUp(tx)))
+	s.u32(offMapSize).Store(uint32(len(s.mem)))
+	return s, nil
+}
+
+// ViewShared checks the header of an area smcrd laid out and returns its view.
+func ViewShared(mem []byte) (*Shared, error) {
+	if len(mem) < SharedPageSize || uintptr(unsafe.Pointer(&mem[0]))%8 != 0 {
+		return nil, errors.New("rmb: shared area: too short or misaligned")
+	}
+	s := &Shared{mem: mem}
+	tx, rx := int(s.u32(offTxSize).Load()), int(s.u32(offRxSize).Load())
+	switch {
+	case s.u32(offMagic).Load() != SharedMagic:
+		return nil, errors.New("rmb: shared area: bad magic")
+	case s.u32(offVersion).Load() != ABIVersion:
+		return nil, errors.New("rmb: shared area: unknown version")
+	case tx <= 0 || rx <= 0 || SharedSize(tx, rx) > len(mem) || int(s.u32(offMapSize).Load()) != SharedSize(tx, rx):
+		return nil, errors.New("rmb: shared area: rings do not fit")
+	case s.u32(offTxOff).Load() != SharedPageSize || int(s.u32(offRxOff).Load()) != SharedPageSize+pageUp(tx):
+		return nil, errors.New("rmb: shared area: bad ring offsets")
+	}
+	s.mem = mem[:SharedSize(tx, rx)]
+	return s, nil
+}
+
+func (s *Shared) u32(off int) *atomic.Uint32 {
+	return (*atomic.Uint32)(unsafe.Pointer(&s.mem[off]))
+}
+
+func (s *Shared) u64(off int) *atomic.Uint64 {
+	return (*atomic.Uint64)(unsafe.Pointer(&s.mem[off]))
+}
+
+// TxRing and RxRing are the rings' bytes.
+func (s *Shared) TxRing() []byte {
+	o := int(s.u32(offTxOff).Load())
+	return s.mem[o : o+int(s.u32(offTxSize).Load())]
+}
+
+func (s *Shared) RxRing() []byte {
+	o := int(s.u32(offRxOff).Load())
+	return s.mem[o : o+int(s.u32(offRxSize).Load())]
+}
+
+// The library's words.
+func (s *Shared) TxProd() *atomic.Uint64     { return s.u64(offTxProd) }
+func (s *Shared) RxCons() *atomic.Uint64     { return s.u64(offRxCons) }
+func (s *Shared) LibFlags() *atomic.Uint32   { return s.u32(offLibFlags) }
+func (s *Shared) LibSeq() *atomic.Uint32     { return s.u32(offLibSeq) }
+func (s *Shared) LibWaiters() *atomic.Uint32 { return s.u32(offLibWait) }
+func (s *Shared) LibPollers() *atomic.Uint32 { return s.u32(offLibPoll) }
+
+// smcrd's words.
+func (s *Shared) TxCons() *atomic.Uint64   { return s.u64(offTxCons) }
+func (s *Shared) RxProd() *atomic.Uint64   { return s.u64(offRxProd) }
+func (s *Shared) DFlags() *atomic.Uint32   { return s.u32(offDFlags) }
+func (s *Shared) DErrno() *atomic.Int32    { return (*atomic.Int32)(unsafe.Pointer(&s.mem[offDErrno])) }
+func (s *Shared) DSeq() *atomic.Uint32     { return s.u32(offDSeq) }
+func (s *Shared) DTxWait() *atomic.Uint32  { return s.u32(offDTxWait) }
+func (s *Shared) DRxWait() *atomic.Uint32  { return s.u32(offDRxWait) }
+func (s *Shared) DSeqAddr() unsafe.Pointer { return unsafe.Pointer(&s.mem[offDSeq]) }
+
+// RingSpans are the at most two pieces of a ring of size n that the bytes
+// [from, to) of a stream occupy (to - from <= n), in stream order.
+func RingSpans(from, to, n uint64) (a, b [2]uint64) {
+	off := from % n
+	l := to - from
+	if off+l <= n {
+		return [2]uint64{off, off + l}, [2]uint64{}
+	}
+	return [2]uint64{off, n}, [2]uint64{0, off + l - n}
+}
+
+// The policy page (struct smcr_policy): what smcrd decides, for a library to
+// read without a round trip.
+//
+//	offset  field
+//	     0  magic "SMCP", version
+//	     8  heartbeat_ns u64 (CLOCK_MONOTONIC of smcrd's last beat)
+//	    16  enabled u32, reserved u32
+//	    24  ports [1024]u64: bit p of word p/64 set, port p is in port_range_list
+const (
+	PolicyMagic   = 0x50434d53 // "SMCP"
+	PolicySize    = 24 + 1024*8
+	PolicyStaleNS = 3_000_000_000 // a heartbeat older than this: smcrd is gone
+)
+
+// Policy is a view of the policy page.
+type Policy struct{ mem []byte }
+
+// InitPolicy lays a policy page out in mem (PolicySize bytes, 8-aligned).
+func InitPolicy(mem []byte) (*Policy, error) {
+	if len(mem) < PolicySize || uintptr(unsafe.Pointer(&mem[0]))%8 != 0 {
+		return nil, errors.New("rmb: policy page: bad size or alignment")
+	}
+	p := &Policy{mem: mem[:PolicySize]}
+	(*atomic.Uint32)(unsafe.Pointer(&mem[0])).Store(PolicyMagic)
+	(*atomic.Uint32)(unsafe.Pointer(&mem[4])).Store(ABIVersion)
+	return p, nil
+}
+
+// Beat records smcrd alive at monotonic time now (ns).
+func (p *Policy) Beat(now uint64) { (*atomic.Uint64)(unsafe.Pointer(&p.mem[8])).Store(now) }
+
+// Heartbeat is the last beat.
+func (p *Policy) Heartbeat() uint64 { return (*atomic.Uint64)(unsafe.Pointer(&p.mem[8])).Load() }
+
+// SetEnabled sets the enabled word.
+func (p *Policy) SetEnabled(on bool) {
+	v := uint32(0)
+	if on {
+		v = 1
+	}
+	(*atomic.Uint32)(unsafe.Pointer(&p.mem[16])).Store(v)
+}
+
+// Enabled reads it.
+func (p *Policy) Enabled() bool { return (*atomic.Uint32)(unsafe.Pointer(&p.mem[16])).Load() != 0 }
+
+// SetPorts sets the port bitmap to exactly the ports listed says are listed.
+func (p *Policy) SetPorts(listed func(port uint16) bool) {
+	for w := 0; w < 1024; w++ {
+		var v uint64
+		for b := 0; b < 64; b++ {
+			if listed(uint16(w*64 + b)) {
+				v |= 1 << b
+			}
+		}
+		(*atomic.Uint64)(unsafe.Pointer(&p.mem[24+8*w])).Store(v)
+	}
+}
+
+// Port reports whether port is listed.
+func (p *Policy) Port(port uint16) bool {
+	w := (*atomic.Uint64)(unsafe.Pointer(&p.mem[24+8*int(port/64)])).Load()
+	return w&(1<<(port%64)) != 0
+}

@@ -1,0 +1,164 @@
+package rmb
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"unsafe"
+)
+
+// TestSharedMatchesC compiles preload/smcr_abi.h and compares its layout with
+// this package's: the library and smcrd must agree on every byte.
+func TestSharedMatchesC(t *testing.T) {
+	cc, err := exec.LookPath("gcc")
+	if err != nil {
+		t.Skip("no gcc: cannot compile the C side of the ABI")
+	}
+	dir := t.TempDir()
+	src := `#include <stdio.h>
+#include <stddef.h>
+#include "smcr_abi.h"
+#define F(s, f) printf(#f " %zu\n", offsetof(struct s, f))
+int main(void) {
+	F(smcr_shared, magic); F(smcr_shared, version); F(smcr_shared, tx_size); F(smcr_shared, rx_size);
+	F(smcr_shared, tx_off); F(smcr_shared, rx_off); F(smcr_shared, map_size);
+	F(smcr_shared, tx_prod); F(smcr_shared, rx_cons); F(smcr_shared, lib_flags); F(smcr_shared, lib_seq);
+	F(smcr_shared, lib_waiters); F(smcr_shared, lib_pollers);
+	F(smcr_shared, tx_cons); F(smcr_shared, rx_prod); F(smcr_shared, d_flags); F(smcr_shared, d_errno);
+	F(smcr_shared, d_seq); F(smcr_shared, d_txwait); F(smcr_shared, d_rxwait);
+	printf("sizeof_shared %zu\n", sizeof(struct smcr_shared));
+	F(smcr_policy, heartbeat_ns); F(smcr_policy, enabled); F(smcr_policy, ports);
+	printf("sizeof_policy %zu\n", sizeof(struct smcr_policy));
+	printf("sizeof_msg %zu\n", sizeof(struct smcr_msg));
+	printf("SMCR_LIB_SHUT_WR %u\nSMCR_LIB_CLOSED %u\nSMCR_D_EOF %u\nSMCR_D_ERROR %u\nSMCR_D_TX_CLOSED %u\n",
+		SMCR_LIB_SHUT_WR, SMCR_LIB_CLOSED, SMCR_D_EOF, SMCR_D_ERROR, SMCR_D_TX_CLOSED);
+	printf("magic %u\npolicy_magic %u\nversion %u\n", SMCR_SHARED_MAGIC, SMCR_POLICY_MAGIC, SMCR_ABI_VERSION);
+	return 0;
+}
+`
+	if err := os.WriteFile(filepath.Join(dir, "abi.c"), []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "abi")
+	if out, err := exec.Command(cc, "-std=c11", "-Wall", "-Werror", "-I", "../preload", "-o", bin, filepath.Join(dir, "abi.c")).CombinedOutput(); err != nil {
+		t.Fatalf("compile: %v\n%s", err, out)
+	}
+	out, err := exec.Command(bin).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int{
+		"magic": offMagic, "version": offVersion, "tx_size": offTxSize, "rx_size": offRxSize,
+		"tx_off": offTxOff, "rx_off": offRxOff, "map_size": offMapSize,
+		"tx_prod": offTxProd, "rx_cons": offRxCons, "lib_flags": offLibFlags, "lib_seq": offLibSeq,
+		"lib_waiters": offLibWait, "lib_pollers": offLibPoll,
+		"tx_cons": offTxCons, "rx_prod": offRxProd, "d_flags": offDFlags, "d_errno": offDErrno,
+		"d_seq": offDSeq, "d_txwait": offDTxWait, "d_rxwait": offDRxWait, "sizeof_shared": sharedEnd,
+		"heartbeat_ns": 8, "enabled": 16, "ports": 24, "sizeof_policy": PolicySize,
+		"sizeof_msg":       MsgHeaderLen,
+		"SMCR_LIB_SHUT_WR": LibShutWR, "SMCR_LIB_CLOSED": LibClosed,
+		"SMCR_D_EOF": DEOF, "SMCR_D_ERROR": DError, "SMCR_D_TX_CLOSED": DTxClosed,
+		"policy_magic": PolicyMagic, "version ": ABIVersion,
+	}
+	got := map[string]string{}
+	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		k, v, _ := strings.Cut(l, " ")
+		got[k] = v
+	}
+	// "magic" names both the field offset and the constant: the constant comes last.
+	if got["magic"] != itoa(SharedMagic) {
+		t.Errorf("SMCR_SHARED_MAGIC = %s, want %d", got["magic"], SharedMagic)
+	}
+	delete(want, "magic")
+	delete(want, "version ")
+	if got["version"] != "1" {
+		t.Errorf("SMCR_ABI_VERSION = %s, want %d", got["version"], ABIVersion)
+	}
+	delete(want, "version")
+	for k, v := range want {
+		if got[k] != itoa(v) {
+			t.Errorf("%s: C says %s, Go %d", k, got[k], v)
+		}
+	}
+}
+
+func itoa(v int) string {
+	b := []byte{}
+	if v == 0 {
+		return "0"
+	}
+	for ; v > 0; v /= 10 {
+		b = append([]byte{byte('0' + v%10)}, b...)
+	}
+	return string(b)
+}
+
+func TestSharedRoundTrip(t *testing.T) {
+	mem := make([]uint64, SharedSize(5000, 3000)/8)
+	b := unsafe.Slice((*byte)(unsafe.Pointer(&mem[0])), len(mem)*8)
+	s, err := InitShared(b, 5000, 3000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := ViewShared(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(v.TxRing()) != 5000 || len(v.RxRing()) != 3000 {
+		t.Fatalf("rings %d, %d", len(v.TxRing()), len(v.RxRing()))
+	}
+	if &v.RxRing()[0] != &b[SharedPageSize+8192] {
+		t.Fatal("receive ring not after the send ring's pages")
+	}
+	s.TxProd().Store(7)
+	if v.TxProd().Load() != 7 {
+		t.Fatal("views disagree")
+	}
+	b[offMagic] ^= 1
+	if _, err := ViewShared(b); err == nil {
+		t.Fatal("bad magic accepted")
+	}
+	b[offMagic] ^= 1
+	s.u32(offTxSize).Store(1 << 30)
+	if _, err := ViewShared(b); err == nil {
+		t.Fatal("a ring past the mapping accepted")
+	}
+}
+
+func TestRingSpans(t *testing.T) {
+	for _, c := range []struct {
+		from, to, n uint64
+		a, b        [2]uint64
+	}{
+		{0, 10, 16, [2]uint64{0, 10}, [2]uint64{}},
+		{10, 20, 16, [2]uint64{10, 16}, [2]uint64{0, 4}},
+		{16, 32, 16, [2]uint64{0, 16}, [2]uint64{}},
+		{31, 33, 16, [2]uint64{15, 16}, [2]uint64{0, 1}},
+	} {
+		a, b := RingSpans(c.from, c.to, c.n)
+		if a != c.a || b != c.b {
+			t.Errorf("RingSpans(%d, %d, %d) = %v %v, want %v %v", c.from, c.to, c.n, a, b, c.a, c.b)
+		}
+	}
+}
+
+func TestPolicyPorts(t *testing.T) {
+	mem := make([]uint64, PolicySize/8)
+	p, err := InitPolicy(unsafe.Slice((*byte)(unsafe.Pointer(&mem[0])), PolicySize))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.SetPorts(func(port uint16) bool { return port == 5201 || port == 65535 || port == 0 })
+	for port, want := range map[uint16]bool{0: true, 1: false, 5201: true, 5202: false, 65535: true} {
+		if p.Port(port) != want {
+			t.Errorf("port %d: %v", port, !want)
+		}
+	}
+	p.SetEnabled(true)
+	p.Beat(42)
+	if !p.Enabled() || p.Heartbeat() != 42 {
+		t.Fatal("enabled or heartbeat lost")
+	}
+}
