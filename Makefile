@@ -23,7 +23,7 @@ DESTDIR   ?=
 # parallelises itself).
 .NOTPARALLEL:
 
-.PHONY: help deps build install test test-unit test-race test-vm bench-vm bench-go lint fmt vet generate check-generate fuzz bench demo install clean
+.PHONY: help deps build preload install test test-unit test-race test-vm bench-vm bench-go lint fmt vet generate check-generate fuzz bench demo install clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -31,9 +31,12 @@ help: ## list the targets
 deps: ## install every system package, Go itself where missing, and the Go modules the project needs (Debian, as root)
 	./scripts/deps.sh
 
-build: ## build smcrd, smcrctl (static, no cgo) and the tools into bin/
+build: preload ## build smcrd, smcrctl (static, no cgo), the tools and libsmcr-preload.so into bin/
 	$(GO) build -o bin/ ./cmd/smcrd ./cmd/smcrbench ./cmd/verbsbench
 	CGO_ENABLED=0 $(GO) build -o bin/smcrctl ./cmd/smcrctl
+
+preload: ## build libsmcr-preload.so, the direct mode's C library, into bin/ (needs gcc)
+	$(MAKE) -C preload
 
 test: deps ## the whole suite: lint, generated-code freshness, unit + privileged + VM tests, race detector, short fuzzing
 	$(MAKE) lint
@@ -84,6 +87,7 @@ demo: deps build ## the main job: smcrd accelerating an unmodified program betwe
 install: build ## install smcrd, smcrctl, the systemd unit and /etc/smcr/smcrd.conf (as root; PREFIX, DESTDIR)
 	install -D -m 0755 bin/smcrd $(DESTDIR)$(PREFIX)/sbin/smcrd
 	install -D -m 0755 bin/smcrctl $(DESTDIR)$(PREFIX)/bin/smcrctl
+	install -D -m 0755 bin/libsmcr-preload.so $(DESTDIR)$(PREFIX)/lib/smcr/libsmcr-preload.so
 	sed 's#/usr/local/#$(PREFIX)/#g' configs/smcrd.service > bin/smcrd.service
 	install -D -m 0644 bin/smcrd.service $(DESTDIR)/etc/systemd/system/smcrd.service
 	[ -e $(DESTDIR)/etc/smcr/smcrd.conf ] || install -D -m 0644 configs/smcrd.conf $(DESTDIR)/etc/smcr/smcrd.conf

@@ -1,0 +1,249 @@
+/* channel.c: the policy page (mapped read-only, lazily, once per process) and the
+ * channel to smcrd: CLIENT / LISTENER / ACCEPTED with the socket as SCM_RIGHTS, REPLY,
+ * CONNECTING, DECIDED. The protocol is smcr_abi.h's. */
+#include "channel.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "real.h"
+
+int smcr_disabled;
+
+static struct sockaddr_un sock_addr;
+static socklen_t sock_addr_len;
+static char policy_path[sizeof(sock_addr.sun_path) + 8];
+
+static _Atomic(const struct smcr_policy *) policy;
+static _Atomic uint64_t policy_ino;
+static _Atomic uint64_t policy_last_try;
+
+#define POLICY_RETRY_NS 1000000000ull
+
+uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void channel_init(void)
+{
+	const char *e = getenv("SMCR_DIRECT");
+	if (e && strcmp(e, "0") == 0)
+		smcr_disabled = 1;
+	const char *p = getenv("SMCR_DIRECT_SOCKET");
+	if (!p || !*p)
+		p = "/run/smcr/direct.sock";
+	size_t n = strlen(p);
+	if (n >= sizeof(sock_addr.sun_path)) {
+		smcr_disabled = 1;
+		return;
+	}
+	sock_addr.sun_family = AF_UNIX;
+	memcpy(sock_addr.sun_path, p, n);
+	sock_addr_len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n + 1);
+	if (p[0] == '@') { /* abstract name */
+		sock_addr.sun_path[0] = 0;
+		sock_addr_len--;
+	}
+	memcpy(policy_path, p, n);
+	memcpy(policy_path + n, ".policy", 8);
+}
+
+/* policy_try_open maps the policy page if it is not mapped, or maps it again if the
+ * file was replaced (smcrd restarted); at most once a second. */
+static void policy_try_open(void)
+{
+	uint64_t now = now_ns();
+	uint64_t last = atomic_load(&policy_last_try);
+	if (last && now - last < POLICY_RETRY_NS)
+		return;
+	if (!atomic_compare_exchange_strong(&policy_last_try, &last, now))
+		return;
+	if (policy_path[0] == '@' || !policy_path[0])
+		return;
+	int fd = open(policy_path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return;
+	struct stat st;
+	if (fstat(fd, &st) < 0 || st.st_size < (off_t)sizeof(struct smcr_policy) ||
+	    (atomic_load(&policy) && (uint64_t)st.st_ino == atomic_load(&policy_ino))) {
+		close(fd);
+		return;
+	}
+	void *m = mmap(NULL, sizeof(struct smcr_policy), PROT_READ, MAP_SHARED, fd, 0);
+	close(fd);
+	if (m == MAP_FAILED)
+		return;
+	atomic_store(&policy_ino, (uint64_t)st.st_ino);
+	/* An old mapping is left mapped: another thread may be reading it. */
+	atomic_store(&policy, (const struct smcr_policy *)m);
+}
+
+int policy_allows(uint16_t port)
+{
+	if (smcr_disabled)
+		return 0;
+	const struct smcr_policy *p = atomic_load_explicit(&policy, memory_order_acquire);
+	if (!p) {
+		policy_try_open();
+		p = atomic_load_explicit(&policy, memory_order_acquire);
+		if (!p)
+			return 0;
+	}
+	uint64_t hb = atomic_load_explicit(&((struct smcr_policy *)p)->heartbeat_ns, memory_order_acquire);
+	uint64_t now = now_ns();
+	if (p->magic != SMCR_POLICY_MAGIC || p->version != SMCR_ABI_VERSION ||
+	    now - hb >= SMCR_POLICY_STALE_NS) {
+		/* stale: smcrd is gone, or a new smcrd wrote a new file */
+		policy_try_open();
+		p = atomic_load_explicit(&policy, memory_order_acquire);
+		hb = atomic_load_explicit(&((struct smcr_policy *)p)->heartbeat_ns, memory_order_acquire);
+		if (p->magic != SMCR_POLICY_MAGIC || p->version != SMCR_ABI_VERSION ||
+		    now - hb >= SMCR_POLICY_STALE_NS)
+			return 0;
+	}
+	struct smcr_policy *w = (struct smcr_policy *)p;
+	if (!atomic_load_explicit(&w->enabled, memory_order_relaxed))
+		return 0;
+	uint64_t bits = atomic_load_explicit(&w->ports[port / 64], memory_order_relaxed);
+	return (bits >> (port % 64)) & 1;
+}
+
+int channel_open(void)
+{
+	int ch = R(socket)(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (ch < 0)
+		return -1;
+	int r;
+	do
+		r = R(connect)(ch, (struct sockaddr *)&sock_addr, sock_addr_len);
+	while (r < 0 && errno == EINTR);
+	if (r < 0) {
+		R(close)(ch);
+		return -1;
+	}
+	/* REPLY comes at once from a live smcrd; a hung one must not hang the program
+	 * (DECIDED is waited for with poll, not with this timeout). */
+	struct timeval tv = {.tv_sec = 10};
+	R(setsockopt)(ch, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	return ch;
+}
+
+int channel_send(int ch, int type, int fd)
+{
+	struct smcr_msg h = {
+		.magic = SMCR_MSG_MAGIC,
+		.version = SMCR_ABI_VERSION,
+		.type = (uint16_t)type,
+	};
+	struct iovec iov = {.iov_base = &h, .iov_len = sizeof(h)};
+	union {
+		struct cmsghdr c;
+		char buf[CMSG_SPACE(sizeof(int))];
+	} u;
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+	if (fd >= 0) {
+		memset(&u, 0, sizeof(u));
+		mh.msg_control = u.buf;
+		mh.msg_controllen = sizeof(u.buf);
+		struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(c), &fd, sizeof(int));
+	}
+	ssize_t n;
+	do
+		n = R(sendmsg)(ch, &mh, MSG_NOSIGNAL);
+	while (n < 0 && errno == EINTR);
+	return n == (ssize_t)sizeof(h) ? 0 : -1;
+}
+
+void channel_msg_free(struct channel_msg *m)
+{
+	for (int i = 0; i < m->nfds; i++)
+		R(close)(m->fds[i]);
+	m->nfds = 0;
+	free(m->payload);
+	m->payload = NULL;
+}
+
+int channel_recv(int ch, struct channel_msg *m, int flags)
+{
+	unsigned char *buf = malloc(sizeof(struct smcr_msg) + SMCR_MSG_MAX_PAYLOAD);
+	if (!buf)
+		return -ENOMEM;
+	struct iovec iov = {.iov_base = buf, .iov_len = sizeof(struct smcr_msg) + SMCR_MSG_MAX_PAYLOAD};
+	union {
+		struct cmsghdr c;
+		char buf[CMSG_SPACE(8 * sizeof(int))];
+	} u;
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof(u.buf)};
+	ssize_t n;
+	do
+		n = R(recvmsg)(ch, &mh, flags | MSG_CMSG_CLOEXEC);
+	while (n < 0 && errno == EINTR);
+	memset(m, 0, sizeof(*m));
+	if (n < 0) {
+		int e = errno;
+		free(buf);
+		return e == EAGAIN ? -EAGAIN : -EPIPE;
+	}
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+			continue;
+		int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+		for (int i = 0; i < k; i++) {
+			int fd;
+			memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+			if (m->nfds < 4)
+				m->fds[m->nfds++] = fd;
+			else
+				R(close)(fd);
+		}
+	}
+	int bad = n < (ssize_t)sizeof(struct smcr_msg) || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC));
+	if (!bad) {
+		memcpy(&m->h, buf, sizeof(m->h));
+		bad = m->h.magic != SMCR_MSG_MAGIC || m->h.version != SMCR_ABI_VERSION ||
+		      m->h.len > SMCR_MSG_MAX_PAYLOAD || (size_t)n != sizeof(struct smcr_msg) + m->h.len;
+	}
+	if (bad) {
+		free(buf);
+		channel_msg_free(m);
+		return -EPIPE;
+	}
+	if (m->h.len) {
+		memmove(buf, buf + sizeof(struct smcr_msg), m->h.len);
+		m->payload = buf;
+	} else {
+		free(buf);
+	}
+	return 0;
+}
+
+int channel_request(int ch, int type, int fd)
+{
+	if (channel_send(ch, type, fd) < 0)
+		return -EPIPE;
+	struct channel_msg m;
+	int r = channel_recv(ch, &m, 0);
+	if (r < 0)
+		return -EPIPE;
+	int st = m.h.type == SMCR_MSG_REPLY ? m.h.status : -EPROTO;
+	channel_msg_free(&m);
+	if (st > 0)
+		st = -EPROTO;
+	return st;
+}

@@ -1,0 +1,39 @@
+/* channel.h: the daemon side of the direct mode: the policy page smcrd keeps current,
+ * and the SOCK_SEQPACKET channel to smcrd's direct socket (one per offered socket). */
+#pragma once
+
+#include <stdint.h>
+
+#include "smcr_abi.h"
+
+extern int smcr_disabled; /* SMCR_DIRECT=0 */
+
+void channel_init(void);
+
+/* policy_allows reports whether a connection to (client) or a listener on (server)
+ * port, host byte order, is to be offered to smcrd: the policy page exists, its
+ * heartbeat is fresh, smcrd is enabled and the port is in its range. */
+int policy_allows(uint16_t port);
+
+/* channel_open connects a new channel to smcrd: the fd, or -1. */
+int channel_open(void);
+/* channel_send sends one message of type with fd (or -1) beside it: 0 or -1. */
+int channel_send(int ch, int type, int fd);
+/* channel_request sends type with fd and waits for the REPLY: its status (0 or a
+ * negative errno), or -EPIPE if the channel failed. */
+int channel_request(int ch, int type, int fd);
+
+struct channel_msg {
+	struct smcr_msg h;
+	int fds[4];
+	int nfds;
+	unsigned char *payload; /* malloc'd, h.len bytes, or NULL */
+};
+
+/* channel_recv receives one message; flags is 0 or MSG_DONTWAIT. 0, or -errno
+ * (-EAGAIN: nothing yet; -EPIPE: the channel is closed or broken or the message is
+ * malformed). */
+int channel_recv(int ch, struct channel_msg *m, int flags);
+void channel_msg_free(struct channel_msg *m);
+
+uint64_t now_ns(void);

@@ -1,0 +1,315 @@
+/* conn.c: a socket offered to smcrd: its states (conn.h), the DECIDED message, the
+ * readiness of each state, and the end of the connection at the program's last close. */
+#include "conn.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "channel.h"
+#include "ready.h"
+#include "real.h"
+#include "ring.h"
+
+/* fork_gen changes in both processes at every fork: a connection made before it is
+ * shared with another process, and its end is then the channel's close (smcrd sees
+ * that when the last process closes it), not SMCR_LIB_CLOSED. */
+atomic_uint smcr_fork_gen;
+
+static void conn_last_close(struct obj *o);
+static void conn_free(struct obj *o);
+
+const struct obj_ops conn_ops = {.last_close = conn_last_close, .free = conn_free};
+
+struct conn_ext {
+	struct conn c;
+	unsigned fork_gen;
+};
+
+struct conn *conn_new(int chan, int user_nonblock)
+{
+	struct conn_ext *x = calloc(1, sizeof(*x));
+	if (!x)
+		return NULL;
+	struct conn *c = &x->c;
+	obj_init(&c->o, OBJ_CONN, &conn_ops);
+	pthread_mutex_init(&c->mu, NULL);
+	atomic_init(&c->state, CS_PENDING);
+	c->chan = chan;
+	atomic_init(&c->user_nonblock, user_nonblock);
+	c->efd_lib = c->efd_dtx = c->efd_drx = -1;
+	x->fork_gen = atomic_load(&smcr_fork_gen);
+	return c;
+}
+
+void conn_restore_flags(struct conn *c, int fd)
+{
+	int fl = R(fcntl)(fd, F_GETFL);
+	if (fl < 0)
+		return;
+	if (atomic_load(&c->user_nonblock))
+		fl |= O_NONBLOCK;
+	else
+		fl &= ~O_NONBLOCK;
+	R(fcntl)(fd, F_SETFL, fl);
+}
+
+static void set_linger0(int fd)
+{
+	struct linger l = {.l_onoff = 1, .l_linger = 0};
+	R(setsockopt)(fd, SOL_SOCKET, SO_LINGER, &l, sizeof(l));
+}
+
+void conn_mark_reset(struct conn *c, int fd)
+{
+	if (atomic_exchange(&c->reset, 1))
+		return;
+	set_linger0(fd);
+	ring_wake_local(c);
+}
+
+int conn_check_reset(struct conn *c, int fd)
+{
+	if (atomic_load_explicit(&c->reset, memory_order_relaxed))
+		return 1;
+	if (atomic_load(&c->state) != CS_ACCEL || c->chan < 0)
+		return 0;
+	struct pollfd p = {.fd = c->chan, .events = POLLIN};
+	if (R(poll)(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR | POLLIN)))
+		conn_mark_reset(c, fd);
+	return atomic_load(&c->reset);
+}
+
+/* apply_smcr maps the connection's shared area: 0, or -1 if it is not what the ABI
+ * says (the fds are then closed). */
+static int apply_smcr(struct conn *c, struct channel_msg *m)
+{
+	if (m->nfds != 4)
+		return -1;
+	struct stat st;
+	if (fstat(m->fds[0], &st) < 0 || st.st_size < (off_t)sizeof(struct smcr_shared) ||
+	    st.st_size > (off_t)0x7fffffff)
+		return -1;
+	size_t size = (size_t)st.st_size;
+	void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, m->fds[0], 0);
+	if (p == MAP_FAILED)
+		return -1;
+	struct smcr_shared *sh = p;
+	uint64_t ms = sh->map_size, to = sh->tx_off, ts = sh->tx_size, ro = sh->rx_off, rs = sh->rx_size;
+	int ok = sh->magic == SMCR_SHARED_MAGIC && sh->version == SMCR_ABI_VERSION && ms <= size &&
+		 ts > 0 && rs > 0 && to >= sizeof(struct smcr_shared) && ro >= sizeof(struct smcr_shared) &&
+		 to + ts <= ms && ro + rs <= ms && (to + ts <= ro || ro + rs <= to);
+	if (!ok) {
+		munmap(p, size);
+		return -1;
+	}
+	c->sh = sh;
+	c->map_size = size;
+	c->tx = (unsigned char *)p + to;
+	c->rx = (unsigned char *)p + ro;
+	c->tx_size = (uint32_t)ts;
+	c->rx_size = (uint32_t)rs;
+	R(close)(m->fds[0]);
+	c->efd_lib = m->fds[1];
+	c->efd_dtx = m->fds[2];
+	c->efd_drx = m->fds[3];
+	m->nfds = 0;
+	return 0;
+}
+
+static void close_chan(struct conn *c)
+{
+	if (c->chan >= 0) {
+		R(close)(c->chan);
+		c->chan = -1;
+	}
+}
+
+/* decide_locked applies one DECIDED (or the channel's failure); c->mu held. */
+static void decide_locked(struct conn *c, int fd, struct channel_msg *m, int r)
+{
+	int old_chan = c->chan;
+	if (r < 0 || m->h.type != SMCR_MSG_DECIDED) {
+		atomic_store(&c->state, CS_RESET);
+		atomic_store(&c->reset, 1);
+		set_linger0(fd);
+	} else if (m->h.mode == SMCR_MODE_SMCR) {
+		if (apply_smcr(c, m) == 0) {
+			atomic_store(&c->state, CS_ACCEL);
+		} else {
+			atomic_store(&c->state, CS_RESET);
+			atomic_store(&c->reset, 1);
+			set_linger0(fd);
+		}
+	} else if (m->h.mode == SMCR_MODE_TCP) {
+		conn_restore_flags(c, fd);
+		if (m->h.len) {
+			c->prefix = m->payload;
+			c->prefix_len = m->h.len;
+			m->payload = NULL;
+			atomic_store(&c->state, CS_PREFIX);
+		} else {
+			atomic_store(&c->state, CS_TCP);
+		}
+	} else if (m->h.mode == SMCR_MODE_FAILED) {
+		int e = -m->h.status;
+		atomic_store(&c->pending_err, e > 0 ? e : ECONNREFUSED);
+		conn_restore_flags(c, fd);
+		atomic_store(&c->state, CS_FAILED);
+	} else {
+		atomic_store(&c->state, CS_RESET);
+		atomic_store(&c->reset, 1);
+		set_linger0(fd);
+	}
+	ready_decided(c, old_chan);
+	if (atomic_load(&c->state) != CS_ACCEL)
+		close_chan(c);
+}
+
+int conn_decide(struct conn *c, int fd, int block)
+{
+	for (;;) {
+		if (atomic_load(&c->state) != CS_PENDING)
+			return 0;
+		if (block) {
+			struct pollfd p = {.fd = c->chan, .events = POLLIN};
+			R(poll)(&p, 1, -1);
+			if (atomic_load(&c->state) != CS_PENDING)
+				return 0;
+		}
+		if (block)
+			pthread_mutex_lock(&c->mu);
+		else if (pthread_mutex_trylock(&c->mu) != 0) {
+			errno = EAGAIN;
+			return -1;
+		}
+		if (atomic_load(&c->state) != CS_PENDING) {
+			pthread_mutex_unlock(&c->mu);
+			return 0;
+		}
+		struct channel_msg m;
+		int r = channel_recv(c->chan, &m, MSG_DONTWAIT);
+		if (r == -EAGAIN) {
+			pthread_mutex_unlock(&c->mu);
+			if (!block) {
+				errno = EAGAIN;
+				return -1;
+			}
+			continue;
+		}
+		decide_locked(c, fd, &m, r);
+		if (r == 0)
+			channel_msg_free(&m);
+		pthread_mutex_unlock(&c->mu);
+		return 0;
+	}
+}
+
+uint32_t conn_revents(struct conn *c, int fd)
+{
+	struct pollfd p;
+	switch (atomic_load_explicit(&c->state, memory_order_acquire)) {
+	case CS_PENDING:
+		return 0;
+	case CS_ACCEL: {
+		if (atomic_load_explicit(&c->reset, memory_order_relaxed))
+			return POLLIN | POLLRDNORM | POLLOUT | POLLWRNORM | POLLHUP | POLLERR | POLLRDHUP;
+		uint32_t r = 0;
+		uint32_t df = atomic_load_explicit(&c->sh->d_flags, memory_order_acquire);
+		int shr = atomic_load_explicit(&c->shut_rd, memory_order_relaxed);
+		int shw = atomic_load_explicit(&c->shut_wr, memory_order_relaxed);
+		if (ring_rx_avail(c) > 0 || (df & (SMCR_D_EOF | SMCR_D_ERROR)) || shr)
+			r |= POLLIN | POLLRDNORM;
+		if ((df & SMCR_D_EOF) || shr)
+			r |= POLLRDHUP;
+		if (df & SMCR_D_ERROR)
+			r |= POLLERR | POLLHUP;
+		if (((df & SMCR_D_EOF) || shr) && ((df & SMCR_D_TX_CLOSED) || shw))
+			r |= POLLHUP;
+		if (ring_tx_queued(c) < c->tx_size || (df & (SMCR_D_ERROR | SMCR_D_TX_CLOSED)) || shw)
+			r |= POLLOUT | POLLWRNORM;
+		return r;
+	}
+	case CS_PREFIX:
+		p = (struct pollfd){.fd = fd, .events = POLLIN | POLLOUT | POLLRDHUP | POLLPRI};
+		if (R(poll)(&p, 1, 0) != 1)
+			p.revents = 0;
+		if (atomic_load(&c->prefix_off) < c->prefix_len)
+			p.revents |= POLLIN | POLLRDNORM;
+		return (uint16_t)p.revents;
+	case CS_TCP:
+		p = (struct pollfd){.fd = fd, .events = POLLIN | POLLOUT | POLLRDHUP | POLLPRI};
+		if (R(poll)(&p, 1, 0) != 1)
+			p.revents = 0;
+		return (uint16_t)p.revents;
+	case CS_FAILED:
+		return POLLIN | POLLRDNORM | POLLOUT | POLLWRNORM | POLLHUP | POLLRDHUP |
+		       (atomic_load(&c->pending_err) ? POLLERR : 0);
+	default:
+		return POLLIN | POLLRDNORM | POLLOUT | POLLWRNORM | POLLHUP | POLLERR | POLLRDHUP;
+	}
+}
+
+int conn_wait_fd(struct conn *c)
+{
+	switch (atomic_load(&c->state)) {
+	case CS_PENDING:
+		return c->chan;
+	case CS_ACCEL:
+		return atomic_load(&c->reset) ? -1 : c->efd_lib;
+	default:
+		return -1;
+	}
+}
+
+uint64_t conn_seq(struct conn *c)
+{
+	uint64_t s = (uint64_t)atomic_load(&c->state) << 56;
+	if (atomic_load(&c->state) == CS_ACCEL)
+		s |= ((uint64_t)atomic_load(&c->reset) << 48) | atomic_load(&c->sh->d_seq) |
+		     ((uint64_t)(atomic_load(&c->shut_rd) | atomic_load(&c->shut_wr) << 1) << 40);
+	else if (atomic_load(&c->state) == CS_PREFIX)
+		s |= atomic_load(&c->prefix_off);
+	return s;
+}
+
+static void conn_last_close(struct obj *o)
+{
+	struct conn *c = (struct conn *)o;
+	struct conn_ext *x = (struct conn_ext *)c;
+	pthread_mutex_lock(&c->mu);
+	atomic_store(&c->closed, 1);
+	ready_conn_closed(c);
+	if (c->sh) {
+		if (x->fork_gen == atomic_load(&smcr_fork_gen)) {
+			atomic_fetch_or(&c->sh->lib_flags, SMCR_LIB_CLOSED);
+			atomic_fetch_add(&c->sh->lib_seq, 1);
+			ring_kick(c->efd_dtx);
+		}
+		ring_wake_local(c);
+	}
+	close_chan(c);
+	int *efds[] = {&c->efd_lib, &c->efd_dtx, &c->efd_drx};
+	for (int i = 0; i < 3; i++)
+		if (*efds[i] >= 0) {
+			R(close)(*efds[i]);
+			*efds[i] = -1;
+		}
+	pthread_mutex_unlock(&c->mu);
+}
+
+static void conn_free(struct obj *o)
+{
+	struct conn *c = (struct conn *)o;
+	if (c->sh)
+		munmap(c->sh, c->map_size);
+	free(c->prefix);
+	pthread_mutex_destroy(&c->mu);
+	free((struct conn_ext *)c);
+}

@@ -1,0 +1,89 @@
+/* conn.h: one TCP socket offered to smcrd, from the offer to its last close: the state
+ * machine of the direct mode on the library's side.
+ *
+ *   offer (CLIENT / ACCEPTED, REPLY 0)
+ *        |
+ *     PENDING --DECIDED(SMCR)--> ACCEL --(smcrd gone)--> ACCEL + reset
+ *        |   \--DECIDED(TCP, prefix)--> PREFIX --prefix read--> TCP (pass-through)
+ *        |    \-DECIDED(TCP)---------------------------------> TCP
+ *        |-----DECIDED(FAILED)--> FAILED (pending SO_ERROR, then the kernel's)
+ *        \-----channel broken---> RESET
+ */
+#pragma once
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "fdtable.h"
+#include "smcr_abi.h"
+
+enum conn_state {
+	CS_PENDING = 1,
+	CS_ACCEL = 2,
+	CS_PREFIX = 3,
+	CS_TCP = 4,
+	CS_FAILED = 5,
+	CS_RESET = 6,
+};
+
+struct member;
+
+struct conn {
+	struct obj o;
+	pthread_mutex_t mu; /* state transitions and close */
+	_Atomic int state;
+	int chan;                /* the channel to smcrd, or -1 */
+	atomic_int user_nonblock; /* the program's O_NONBLOCK while PENDING / ACCEL */
+	atomic_int shut_rd, shut_wr;
+	atomic_int reset;       /* smcrd is gone: the connection is reset */
+	atomic_int pending_err; /* FAILED: SO_ERROR not yet read (positive errno) */
+	atomic_int closed;      /* the program closed its last alias */
+
+	/* ACCEL */
+	struct smcr_shared *sh;
+	size_t map_size;
+	unsigned char *tx, *rx;
+	uint32_t tx_size, rx_size;
+	int efd_lib, efd_dtx, efd_drx;
+
+	/* PREFIX: bytes CLC read ahead, served before the kernel's */
+	unsigned char *prefix;
+	size_t prefix_len;
+	_Atomic size_t prefix_off;
+
+	struct member *members; /* epoll memberships, under ready.c's lock */
+};
+
+extern const struct obj_ops conn_ops;
+extern atomic_uint smcr_fork_gen;
+
+static inline struct conn *conn_of(struct obj *o)
+{
+	return (o && o->kind == OBJ_CONN) ? (struct conn *)o : 0;
+}
+
+struct conn *conn_new(int chan, int user_nonblock);
+
+/* conn_decide processes DECIDED if it has come (block: wait for it). 0 once decided,
+ * -1 with errno EAGAIN while pending. */
+int conn_decide(struct conn *c, int fd, int block);
+
+/* conn_check_reset looks at the channel of an accelerated connection: if smcrd is
+ * gone, the connection becomes reset. Returns c->reset. */
+int conn_check_reset(struct conn *c, int fd);
+void conn_mark_reset(struct conn *c, int fd);
+
+/* conn_restore_flags gives the kernel socket the program's O_NONBLOCK again. */
+void conn_restore_flags(struct conn *c, int fd);
+
+/* conn_revents: the connection's readiness as poll bits (POLLIN ...), for the states
+ * the library emulates; fd is one of the program's fds of it. */
+uint32_t conn_revents(struct conn *c, int fd);
+
+/* conn_wait_fd: the fd to wait on for a change of the connection's readiness (the
+ * channel while PENDING, efd_lib while ACCEL), or -1 (always ready, or the kernel's). */
+int conn_wait_fd(struct conn *c);
+
+/* a snapshot that changes whenever the connection's readiness may have changed */
+uint64_t conn_seq(struct conn *c);

@@ -1,0 +1,628 @@
+/* ready.c: epoll/poll/select for emulated sockets. An emulated socket's readiness
+ * comes from conn_revents (its cursors and flags); the kernel waits on its wait
+ * object instead (the channel while PENDING, efd_lib while ACCEL, which smcrd writes
+ * after a publish while lib_pollers > 0). Plain fds stay the kernel's, untouched. */
+#include "ready.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "channel.h"
+#include "real.h"
+#include "ring.h"
+
+/* ---- epoll sets */
+
+struct eset;
+
+/* An emulated member of an epoll set. Its kernel registrations carry
+ * data.u64 = &member (| 1 for the channel's hang-up watch); members live in one
+ * static array, so an event whose data points into it is the library's own. */
+struct member {
+	int in_use;
+	struct eset *set;
+	struct member *next_set, *next_conn;
+	struct conn *c;
+	int fd;
+	uint32_t events;
+	epoll_data_t data;
+	int reg_wait; /* fd registered in the kernel set for readiness changes, or -1 */
+	int reg_chan; /* ACCEL: the channel, registered for hang-up only, or -1 */
+	int pollers;  /* lib_pollers counted */
+	uint32_t last_rev;
+	uint64_t last_seq;
+	int kick, disarmed;
+};
+
+struct eset {
+	struct obj o;
+	int epfd;
+	struct member *members;
+	atomic_int nmembers;
+};
+
+#define MAX_MEMBERS 65536
+static struct member arena[MAX_MEMBERS];
+static struct member *free_list;
+static int arena_used;
+static pthread_mutex_t ep_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int own(uint64_t u)
+{
+	return u >= (uint64_t)(uintptr_t)&arena[0] && u < (uint64_t)(uintptr_t)&arena[MAX_MEMBERS];
+}
+
+static struct member *member_alloc(void)
+{
+	struct member *m = free_list;
+	if (m)
+		free_list = m->next_set;
+	else if (arena_used < MAX_MEMBERS)
+		m = &arena[arena_used++];
+	else
+		return NULL;
+	memset(m, 0, sizeof(*m));
+	m->in_use = 1;
+	m->reg_wait = m->reg_chan = -1;
+	return m;
+}
+
+static void kreg(int epfd, int op, int fd, uint32_t events, uint64_t data)
+{
+	struct epoll_event ev = {.events = events, .data.u64 = data};
+	R(epoll_ctl)(epfd, op, fd, &ev);
+}
+
+static void pollers_add(struct member *m, int d)
+{
+	struct conn *c = m->c;
+	if (d > 0 && !m->pollers && c->sh) {
+		atomic_fetch_add(&c->sh->lib_pollers, 1);
+		m->pollers = 1;
+	} else if (d < 0 && m->pollers) {
+		atomic_fetch_sub(&c->sh->lib_pollers, 1);
+		m->pollers = 0;
+	}
+}
+
+/* register the member's wait objects for the connection's present state: 0, or -errno */
+static int member_register(struct member *m)
+{
+	struct conn *c = m->c;
+	int epfd = m->set->epfd;
+	uint64_t tag = (uint64_t)(uintptr_t)m;
+	struct epoll_event ev = {.events = EPOLLIN, .data.u64 = tag};
+	switch (atomic_load(&c->state)) {
+	case CS_PENDING:
+		if (R(epoll_ctl)(epfd, EPOLL_CTL_ADD, c->chan, &ev) < 0 && errno != EEXIST)
+			return -errno;
+		m->reg_wait = c->chan;
+		return 0;
+	case CS_ACCEL:
+		if (atomic_load(&c->reset))
+			return 0;
+		if (R(epoll_ctl)(epfd, EPOLL_CTL_ADD, c->efd_lib, &ev) < 0 && errno != EEXIST)
+			return -errno;
+		m->reg_wait = c->efd_lib;
+		ev.events = 0;
+		ev.data.u64 = tag | 1;
+		if (c->chan >= 0 && R(epoll_ctl)(epfd, EPOLL_CTL_ADD, c->chan, &ev) == 0)
+			m->reg_chan = c->chan;
+		pollers_add(m, 1);
+		return 0;
+	case CS_PREFIX:
+	case CS_TCP:
+		ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLPRI | EPOLLET;
+		if (R(epoll_ctl)(epfd, EPOLL_CTL_ADD, m->fd, &ev) < 0 && errno != EEXIST)
+			return -errno;
+		m->reg_wait = m->fd;
+		return 0;
+	default:
+		return 0;
+	}
+}
+
+static void member_unregister(struct member *m)
+{
+	if (m->reg_wait >= 0)
+		kreg(m->set->epfd, EPOLL_CTL_DEL, m->reg_wait, 0, 0);
+	if (m->reg_chan >= 0)
+		kreg(m->set->epfd, EPOLL_CTL_DEL, m->reg_chan, 0, 0);
+	m->reg_wait = m->reg_chan = -1;
+	pollers_add(m, -1);
+}
+
+/* unlink and free; ep_mu held; drops the member's reference to the connection */
+static void member_free(struct member *m)
+{
+	struct member **pp;
+	for (pp = &m->set->members; *pp; pp = &(*pp)->next_set)
+		if (*pp == m) {
+			*pp = m->next_set;
+			break;
+		}
+	for (pp = &m->c->members; *pp; pp = &(*pp)->next_conn)
+		if (*pp == m) {
+			*pp = m->next_conn;
+			break;
+		}
+	atomic_fetch_sub(&m->set->nmembers, 1);
+	struct conn *c = m->c;
+	m->in_use = 0;
+	m->set = NULL;
+	m->c = NULL;
+	m->next_set = free_list;
+	free_list = m;
+	obj_put(&c->o);
+}
+
+static void eset_last_close(struct obj *o)
+{
+	struct eset *s = (struct eset *)o;
+	pthread_mutex_lock(&ep_mu);
+	while (s->members) {
+		struct member *m = s->members;
+		pollers_add(m, -1); /* the kernel set goes with the epoll fd */
+		member_free(m);
+	}
+	pthread_mutex_unlock(&ep_mu);
+}
+
+static void eset_free(struct obj *o)
+{
+	free(o);
+}
+
+static const struct obj_ops eset_ops = {.last_close = eset_last_close, .free = eset_free};
+
+void ready_epoll_created(int epfd)
+{
+	struct eset *s = calloc(1, sizeof(*s));
+	if (!s)
+		return;
+	obj_init(&s->o, OBJ_EPOLL, &eset_ops);
+	s->epfd = epfd;
+	if (fdt_install(epfd, &s->o) < 0)
+		free(s);
+	else
+		obj_put(&s->o); /* the table's reference remains */
+}
+
+static struct eset *eset_of(int epfd)
+{
+	struct obj *o = fdt_get(epfd);
+	return (o && o->kind == OBJ_EPOLL) ? (struct eset *)o : NULL;
+}
+
+static int emulated(struct conn *c)
+{
+	return c && atomic_load_explicit(&c->state, memory_order_acquire) != CS_TCP;
+}
+
+int ready_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, int *ret)
+{
+	struct eset *s = eset_of(epfd);
+	if (!s)
+		return 0;
+	struct conn *c = conn_of(fdt_get(fd));
+	if (!c)
+		return 0;
+	pthread_mutex_lock(&ep_mu);
+	s->epfd = epfd;
+	struct member *m;
+	for (m = s->members; m; m = m->next_set)
+		if (m->fd == fd && m->c == c)
+			break;
+	int r = 0;
+	if (!m && (op != EPOLL_CTL_ADD || !emulated(c))) {
+		/* the kernel's: registered before the socket was offered, or plain TCP */
+		pthread_mutex_unlock(&ep_mu);
+		return 0;
+	}
+	switch (op) {
+	case EPOLL_CTL_ADD:
+		if (m) {
+			r = -EEXIST;
+			break;
+		}
+		if (!ev) {
+			r = -EFAULT;
+			break;
+		}
+		m = member_alloc();
+		if (!m) {
+			r = -ENOSPC;
+			break;
+		}
+		obj_get(&c->o);
+		m->set = s;
+		m->c = c;
+		m->fd = fd;
+		m->events = ev->events;
+		m->data = ev->data;
+		m->kick = 1;
+		m->next_set = s->members;
+		s->members = m;
+		m->next_conn = c->members;
+		c->members = m;
+		atomic_fetch_add(&s->nmembers, 1);
+		r = member_register(m);
+		if (r < 0) {
+			member_unregister(m);
+			member_free(m);
+		}
+		break;
+	case EPOLL_CTL_MOD:
+		if (!ev) {
+			r = -EFAULT;
+			break;
+		}
+		m->events = ev->events;
+		m->data = ev->data;
+		m->disarmed = 0;
+		m->kick = 1;
+		m->last_rev = 0;
+		break;
+	case EPOLL_CTL_DEL:
+		member_unregister(m);
+		member_free(m);
+		break;
+	default:
+		r = -EINVAL;
+	}
+	pthread_mutex_unlock(&ep_mu);
+	*ret = r < 0 ? (errno = -r, -1) : 0;
+	return 1;
+}
+
+int ready_epoll_emulated(int epfd)
+{
+	struct eset *s = eset_of(epfd);
+	return s && atomic_load_explicit(&s->nmembers, memory_order_relaxed) > 0;
+}
+
+void ready_decided(struct conn *c, int old_chan)
+{
+	pthread_mutex_lock(&ep_mu);
+	struct member *m = c->members, *next;
+	for (; m; m = next) {
+		next = m->next_conn;
+		int epfd = m->set->epfd;
+		uint64_t tag = (uint64_t)(uintptr_t)m;
+		if (m->reg_wait == old_chan && old_chan >= 0)
+			kreg(epfd, EPOLL_CTL_DEL, old_chan, 0, 0);
+		m->reg_wait = -1;
+		m->kick = 1;
+		if (atomic_load(&c->state) == CS_TCP) {
+			/* plain TCP: hand the socket to the kernel set as the program asked */
+			struct epoll_event ev = {.events = m->events, .data = m->data};
+			if (!m->disarmed)
+				R(epoll_ctl)(epfd, EPOLL_CTL_ADD, m->fd, &ev);
+			else {
+				ev.events = 0; /* oneshot, disarmed: registered, reporting nothing */
+				R(epoll_ctl)(epfd, EPOLL_CTL_ADD, m->fd, &ev);
+			}
+			member_free(m);
+			continue;
+		}
+		if (atomic_load(&c->state) == CS_ACCEL) {
+			kreg(epfd, EPOLL_CTL_ADD, c->efd_lib, EPOLLIN, tag);
+			m->reg_wait = c->efd_lib;
+			kreg(epfd, EPOLL_CTL_ADD, old_chan, 0, tag | 1);
+			m->reg_chan = old_chan;
+			pollers_add(m, 1);
+		} else if (atomic_load(&c->state) == CS_PREFIX) {
+			kreg(epfd, EPOLL_CTL_ADD, m->fd, EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLPRI | EPOLLET, tag);
+			m->reg_wait = m->fd;
+		}
+	}
+	pthread_mutex_unlock(&ep_mu);
+}
+
+void ready_conn_closed(struct conn *c)
+{
+	pthread_mutex_lock(&ep_mu);
+	while (c->members) {
+		struct member *m = c->members;
+		member_unregister(m);
+		member_free(m);
+	}
+	pthread_mutex_unlock(&ep_mu);
+}
+
+static int64_t deadline_of(int64_t timeout_ns)
+{
+	return timeout_ns < 0 ? -1 : (int64_t)now_ns() + timeout_ns;
+}
+
+/* milliseconds left until deadline (-1: none), rounded up */
+static int ms_left(int64_t deadline)
+{
+	if (deadline < 0)
+		return -1;
+	int64_t now = (int64_t)now_ns();
+	if (now >= deadline)
+		return 0;
+	int64_t ms = (deadline - now + 999999) / 1000000;
+	return ms > 0x7fffffff ? 0x7fffffff : (int)ms;
+}
+
+static void drain(int efd)
+{
+	uint64_t v;
+	if (efd >= 0)
+		(void)!R(read)(efd, &v, sizeof(v));
+}
+
+/* scan reports the ready members (level, edge, one-shot); ep_mu held */
+static int scan(struct eset *s, struct epoll_event *evs, int max)
+{
+	int n = 0;
+	for (struct member *m = s->members; m && n < max; m = m->next_set) {
+		if (m->disarmed)
+			continue;
+		struct conn *c = m->c;
+		uint64_t seq = conn_seq(c);
+		uint32_t rev = conn_revents(c, m->fd) & (m->events | EPOLLERR | EPOLLHUP);
+		if (!rev) {
+			m->last_rev = 0;
+			continue;
+		}
+		if ((m->events & EPOLLET) && !m->kick && rev == m->last_rev && seq == m->last_seq)
+			continue;
+		evs[n].events = rev;
+		evs[n].data = m->data;
+		n++;
+		m->last_rev = rev;
+		m->last_seq = seq;
+		m->kick = 0;
+		if (m->events & EPOLLONESHOT)
+			m->disarmed = 1;
+	}
+	return n;
+}
+
+#define MAX_DECIDE 64
+
+int ready_epoll_wait(int epfd, struct epoll_event *evs, int max, int64_t timeout_ns, const sigset_t *sigmask)
+{
+	struct eset *s = eset_of(epfd);
+	if (max <= 0 || !s) {
+		errno = EINVAL;
+		return -1;
+	}
+	int64_t deadline = deadline_of(timeout_ns);
+	for (;;) {
+		pthread_mutex_lock(&ep_mu);
+		int n = scan(s, evs, max);
+		pthread_mutex_unlock(&ep_mu);
+		if (n == max)
+			return n;
+		int t = n ? 0 : ms_left(deadline);
+		int k = R(epoll_pwait)(epfd, evs + n, max - n, t, sigmask);
+		if (k < 0)
+			return n ? n : -1;
+		struct conn *decide[MAX_DECIDE];
+		int decide_fd[MAX_DECIDE];
+		int nd = 0, nown = 0, out = n;
+		pthread_mutex_lock(&ep_mu);
+		for (int i = n; i < n + k; i++) {
+			if (!own(evs[i].data.u64)) {
+				evs[out++] = evs[i];
+				continue;
+			}
+			nown++;
+			struct member *m = (struct member *)(uintptr_t)(evs[i].data.u64 & ~(uint64_t)1);
+			if (!m->in_use || m->set != s)
+				continue;
+			struct conn *c = m->c;
+			m->kick = 1;
+			int st = atomic_load(&c->state);
+			if (evs[i].data.u64 & 1) {
+				if (st == CS_ACCEL)
+					conn_mark_reset(c, m->fd);
+			} else if (st == CS_PENDING) {
+				if (nd < MAX_DECIDE) {
+					obj_get(&c->o);
+					decide[nd] = c;
+					decide_fd[nd++] = m->fd;
+				}
+			} else if (st == CS_ACCEL && m->reg_wait == c->efd_lib) {
+				drain(c->efd_lib);
+			}
+		}
+		pthread_mutex_unlock(&ep_mu);
+		for (int i = 0; i < nd; i++) {
+			conn_decide(decide[i], decide_fd[i], 0);
+			obj_put(&decide[i]->o);
+		}
+		if (out > 0)
+			return out;
+		if (nown == 0 && t == 0 && timeout_ns >= 0 && ms_left(deadline) == 0)
+			return 0;
+	}
+}
+
+/* ---- poll */
+
+int ready_poll_emulated(const struct pollfd *fds, nfds_t n)
+{
+	for (nfds_t i = 0; i < n; i++)
+		if (emulated(conn_of(fdt_get(fds[i].fd))))
+			return 1;
+	return 0;
+}
+
+#define STACK_PFD 128
+
+int ready_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *sigmask)
+{
+	struct pollfd stack[STACK_PFD];
+	struct pollfd *tmp = stack;
+	/* per entry: where its wait objects went in tmp (-1 none), and the conn */
+	int stack_at[STACK_PFD / 2];
+	int *at = stack_at;
+	if (n > STACK_PFD / 2) {
+		tmp = malloc(sizeof(*tmp) * 2 * n + sizeof(int) * n);
+		if (!tmp) {
+			errno = ENOMEM;
+			return -1;
+		}
+		at = (int *)(tmp + 2 * n);
+	}
+	int64_t deadline = deadline_of(timeout_ns);
+	int result;
+	for (;;) {
+		int m = 0, ready = 0;
+		for (nfds_t i = 0; i < n; i++) {
+			struct conn *c = conn_of(fdt_get(fds[i].fd));
+			fds[i].revents = 0;
+			at[i] = m;
+			if (!emulated(c)) {
+				tmp[m++] = (struct pollfd){.fd = fds[i].fd, .events = fds[i].events};
+				continue;
+			}
+			if (atomic_load(&c->state) == CS_PENDING)
+				conn_decide(c, fds[i].fd, 0);
+			int st = atomic_load(&c->state);
+			if (st == CS_ACCEL && !atomic_load(&c->reset)) {
+				atomic_fetch_add(&c->sh->lib_pollers, 1);
+				tmp[m++] = (struct pollfd){.fd = c->efd_lib, .events = POLLIN};
+				tmp[m++] = (struct pollfd){.fd = c->chan, .events = 0};
+			} else if (st == CS_PENDING) {
+				tmp[m++] = (struct pollfd){.fd = c->chan, .events = POLLIN};
+			} else if (st == CS_PREFIX || st == CS_TCP) {
+				tmp[m++] = (struct pollfd){.fd = fds[i].fd, .events = fds[i].events};
+			} else {
+				at[i] = -1;
+			}
+			uint32_t rev = conn_revents(c, fds[i].fd) & ((uint16_t)fds[i].events | POLLERR | POLLHUP);
+			fds[i].revents = (short)rev;
+			if (rev)
+				ready++;
+		}
+		int t = ready ? 0 : ms_left(deadline);
+		struct timespec ts, *tsp = NULL;
+		if (t >= 0) {
+			ts.tv_sec = t / 1000;
+			ts.tv_nsec = (long)(t % 1000) * 1000000;
+			tsp = &ts;
+		}
+		int k = R(ppoll)(tmp, (nfds_t)m, tsp, sigmask);
+		int err = errno;
+		int total = 0;
+		for (nfds_t i = 0; i < n; i++) {
+			struct conn *c = conn_of(fdt_get(fds[i].fd));
+			if (!emulated(c) || at[i] < 0) {
+				if (!emulated(c) && k >= 0)
+					fds[i].revents = tmp[at[i]].revents;
+				if (fds[i].revents)
+					total++;
+				continue;
+			}
+			struct pollfd *w = &tmp[at[i]];
+			int st = atomic_load(&c->state);
+			if (st == CS_ACCEL && w->fd == c->efd_lib) {
+				atomic_fetch_sub(&c->sh->lib_pollers, 1);
+				if (k > 0 && (w->revents & POLLIN))
+					drain(c->efd_lib);
+				if (k > 0 && (w[1].revents & (POLLHUP | POLLERR | POLLIN)))
+					conn_mark_reset(c, fds[i].fd);
+			} else if (st == CS_PENDING && k > 0 && w->revents) {
+				conn_decide(c, fds[i].fd, 0);
+			}
+			uint32_t rev = conn_revents(c, fds[i].fd) & ((uint16_t)fds[i].events | POLLERR | POLLHUP);
+			fds[i].revents = (short)rev;
+			if (rev)
+				total++;
+		}
+		if (k < 0 && !total) {
+			errno = err;
+			result = -1;
+			break;
+		}
+		if (total || ms_left(deadline) == 0) {
+			result = total;
+			break;
+		}
+	}
+	if (tmp != stack)
+		free(tmp);
+	return result;
+}
+
+/* ---- select, through ready_poll */
+
+int ready_select_emulated(int nfds, fd_set *r, fd_set *w, fd_set *e)
+{
+	if (nfds > FD_SETSIZE)
+		nfds = FD_SETSIZE;
+	for (int fd = 0; fd < nfds; fd++)
+		if ((r && FD_ISSET(fd, r)) || (w && FD_ISSET(fd, w)) || (e && FD_ISSET(fd, e)))
+			if (emulated(conn_of(fdt_get(fd))))
+				return 1;
+	return 0;
+}
+
+#define IN_SET (POLLIN | POLLRDNORM | POLLRDBAND | POLLHUP | POLLERR)
+#define OUT_SET (POLLOUT | POLLWRNORM | POLLWRBAND | POLLERR)
+
+int ready_select(int nfds, fd_set *r, fd_set *w, fd_set *e, int64_t *timeout_ns, const sigset_t *sigmask)
+{
+	struct pollfd pfd[FD_SETSIZE];
+	int n = 0;
+	if (nfds > FD_SETSIZE)
+		nfds = FD_SETSIZE;
+	for (int fd = 0; fd < nfds; fd++) {
+		short ev = 0;
+		if (r && FD_ISSET(fd, r))
+			ev |= POLLIN | POLLRDNORM | POLLRDBAND;
+		if (w && FD_ISSET(fd, w))
+			ev |= POLLOUT | POLLWRNORM | POLLWRBAND;
+		if (e && FD_ISSET(fd, e))
+			ev |= POLLPRI;
+		if (ev)
+			pfd[n++] = (struct pollfd){.fd = fd, .events = ev};
+	}
+	int64_t deadline = deadline_of(*timeout_ns);
+	int k = ready_poll(pfd, (nfds_t)n, *timeout_ns, sigmask);
+	if (*timeout_ns >= 0) {
+		int64_t left = deadline - (int64_t)now_ns();
+		*timeout_ns = left > 0 ? left : 0;
+	}
+	if (k < 0)
+		return -1;
+	for (int i = 0; i < n; i++)
+		if (pfd[i].revents & POLLNVAL) {
+			errno = EBADF;
+			return -1;
+		}
+	int total = 0;
+	for (int i = 0; i < n; i++) {
+		int fd = pfd[i].fd;
+		short rv = pfd[i].revents;
+		if (r && FD_ISSET(fd, r)) {
+			if (rv & IN_SET)
+				total++;
+			else
+				FD_CLR(fd, r);
+		}
+		if (w && FD_ISSET(fd, w)) {
+			if (rv & OUT_SET)
+				total++;
+			else
+				FD_CLR(fd, w);
+		}
+		if (e && FD_ISSET(fd, e)) {
+			if (rv & POLLPRI)
+				total++;
+			else
+				FD_CLR(fd, e);
+		}
+	}
+	return total;
+}

@@ -1,0 +1,32 @@
+/* ready.h: readiness of emulated sockets for the program's waits: epoll sets with
+ * emulated members, poll/ppoll, select/pselect. */
+#pragma once
+
+#include <poll.h>
+#include <signal.h>
+#include <stdint.h>
+#include <sys/epoll.h>
+#include <sys/select.h>
+
+#include "conn.h"
+
+/* hooks from conn.c, with c->mu held */
+void ready_decided(struct conn *c, int old_chan);
+void ready_conn_closed(struct conn *c);
+
+/* ready_epoll_created records a new epoll fd (so its members can be emulated). */
+void ready_epoll_created(int epfd);
+/* 1 if epoll_ctl was handled here (result in *ret), 0 to pass it to the kernel. */
+int ready_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, int *ret);
+/* 1 if epfd has emulated members (then call ready_epoll_wait). */
+int ready_epoll_emulated(int epfd);
+/* timeout_ns < 0: no timeout */
+int ready_epoll_wait(int epfd, struct epoll_event *evs, int max, int64_t timeout_ns, const sigset_t *sigmask);
+
+/* 1 if any of the fds is an emulated socket */
+int ready_poll_emulated(const struct pollfd *fds, nfds_t n);
+int ready_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *sigmask);
+
+int ready_select_emulated(int nfds, fd_set *r, fd_set *w, fd_set *e);
+/* *timeout_ns: in: the timeout (<0 none); out: what is left of it */
+int ready_select(int nfds, fd_set *r, fd_set *w, fd_set *e, int64_t *timeout_ns, const sigset_t *sigmask);

@@ -1,0 +1,382 @@
+/* ring.c: copies into the send ring and out of the receive ring with absolute cursors
+ * (position = cursor % size), release/acquire publishing, and the blocking waits. */
+#include "ring.h"
+
+#include <errno.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include "channel.h"
+#include "real.h"
+
+#define SPIN_NS 20000ull
+#define NAP_NS 100000000ull /* futex waits are cut to this, to notice a dead smcrd */
+
+struct iovc {
+	const struct iovec *iov;
+	int cnt, i;
+	size_t off;
+};
+
+static size_t iov_total(const struct iovec *iov, int cnt)
+{
+	size_t n = 0;
+	for (int i = 0; i < cnt; i++)
+		n += iov[i].iov_len;
+	return n;
+}
+
+/* ring -> program buffers: n bytes from ring position pos */
+static void copy_out(struct iovc *v, const unsigned char *ring, size_t size, size_t pos, size_t n)
+{
+	while (n > 0 && v->i < v->cnt) {
+		size_t room = v->iov[v->i].iov_len - v->off;
+		if (room == 0) {
+			v->i++;
+			v->off = 0;
+			continue;
+		}
+		size_t k = n < room ? n : room;
+		size_t tail = size - pos;
+		if (k > tail)
+			k = tail;
+		memcpy((unsigned char *)v->iov[v->i].iov_base + v->off, ring + pos, k);
+		v->off += k;
+		n -= k;
+		pos += k;
+		if (pos == size)
+			pos = 0;
+	}
+}
+
+/* program buffers -> ring */
+static void copy_in(struct iovc *v, unsigned char *ring, size_t size, size_t pos, size_t n)
+{
+	while (n > 0 && v->i < v->cnt) {
+		size_t room = v->iov[v->i].iov_len - v->off;
+		if (room == 0) {
+			v->i++;
+			v->off = 0;
+			continue;
+		}
+		size_t k = n < room ? n : room;
+		size_t tail = size - pos;
+		if (k > tail)
+			k = tail;
+		memcpy(ring + pos, (const unsigned char *)v->iov[v->i].iov_base + v->off, k);
+		v->off += k;
+		n -= k;
+		pos += k;
+		if (pos == size)
+			pos = 0;
+	}
+}
+
+void ring_kick(int efd)
+{
+	uint64_t one = 1;
+	if (efd >= 0)
+		(void)!R(write)(efd, &one, sizeof(one));
+}
+
+size_t ring_rx_avail(struct conn *c)
+{
+	uint64_t p = atomic_load_explicit(&c->sh->rx_prod, memory_order_acquire);
+	uint64_t q = atomic_load_explicit(&c->sh->rx_cons, memory_order_relaxed);
+	uint64_t a = p - q;
+	return a > c->rx_size ? c->rx_size : (size_t)a;
+}
+
+size_t ring_tx_queued(struct conn *c)
+{
+	uint64_t p = atomic_load_explicit(&c->sh->tx_prod, memory_order_relaxed);
+	uint64_t q = atomic_load_explicit(&c->sh->tx_cons, memory_order_acquire);
+	uint64_t u = p - q;
+	return u > c->tx_size ? c->tx_size : (size_t)u;
+}
+
+static int rx_ready(struct conn *c)
+{
+	return ring_rx_avail(c) > 0 ||
+	       (atomic_load_explicit(&c->sh->d_flags, memory_order_acquire) & (SMCR_D_EOF | SMCR_D_ERROR)) ||
+	       atomic_load_explicit(&c->reset, memory_order_relaxed) ||
+	       atomic_load_explicit(&c->shut_rd, memory_order_relaxed);
+}
+
+static int tx_ready(struct conn *c)
+{
+	return ring_tx_queued(c) < c->tx_size ||
+	       (atomic_load_explicit(&c->sh->d_flags, memory_order_acquire) & (SMCR_D_ERROR | SMCR_D_TX_CLOSED)) ||
+	       atomic_load_explicit(&c->reset, memory_order_relaxed) ||
+	       atomic_load_explicit(&c->shut_wr, memory_order_relaxed);
+}
+
+static long futex(_Atomic uint32_t *addr, int op, uint32_t val, const struct timespec *ts)
+{
+	return syscall(SYS_futex, (uint32_t *)addr, op, val, ts, NULL, 0);
+}
+
+void ring_wake_local(struct conn *c)
+{
+	if (c->sh)
+		futex(&c->sh->d_seq, FUTEX_WAKE, 0x7fffffff, NULL);
+}
+
+/* deadline of a blocking call from SO_RCVTIMEO / SO_SNDTIMEO: 0 for none */
+static uint64_t call_deadline(int fd, int opt)
+{
+	struct timeval tv = {0};
+	socklen_t l = sizeof(tv);
+	if (R(getsockopt)(fd, SOL_SOCKET, opt, &tv, &l) < 0 || (tv.tv_sec == 0 && tv.tv_usec == 0))
+		return 0;
+	return now_ns() + (uint64_t)tv.tv_sec * 1000000000ull + (uint64_t)tv.tv_usec * 1000ull;
+}
+
+/* wait_dir blocks until the direction is ready (or something ends the wait): 0 to
+ * look again, -1 with errno EAGAIN when the socket's timeout expired. */
+static int wait_dir(struct conn *c, int fd, int tx, uint64_t *deadline, int *have_deadline)
+{
+	int (*ready)(struct conn *) = tx ? tx_ready : rx_ready;
+	uint64_t t0 = now_ns();
+	for (unsigned i = 0;; i++) {
+		if (ready(c))
+			return 0;
+		if ((i & 63) == 63 && now_ns() - t0 > SPIN_NS)
+			break;
+		__builtin_ia32_pause();
+	}
+	if (!*have_deadline) {
+		*deadline = call_deadline(fd, tx ? SO_SNDTIMEO : SO_RCVTIMEO);
+		*have_deadline = 1;
+	}
+	for (;;) {
+		uint64_t wait = NAP_NS;
+		if (*deadline) {
+			uint64_t now = now_ns();
+			if (now >= *deadline) {
+				errno = EAGAIN;
+				return -1;
+			}
+			if (*deadline - now < wait)
+				wait = *deadline - now;
+		}
+		atomic_fetch_add(&c->sh->lib_waiters, 1);
+		uint32_t seen = atomic_load(&c->sh->d_seq);
+		if (ready(c)) {
+			atomic_fetch_sub(&c->sh->lib_waiters, 1);
+			return 0;
+		}
+		struct timespec ts = {.tv_sec = (time_t)(wait / 1000000000ull), .tv_nsec = (long)(wait % 1000000000ull)};
+		futex(&c->sh->d_seq, FUTEX_WAIT, seen, &ts);
+		atomic_fetch_sub(&c->sh->lib_waiters, 1);
+		if (ready(c) || conn_check_reset(c, fd))
+			return 0;
+	}
+}
+
+static void after_rx_publish(struct conn *c)
+{
+	atomic_fetch_add_explicit(&c->sh->lib_seq, 1, memory_order_seq_cst);
+	if (atomic_load_explicit(&c->sh->d_rxwait, memory_order_seq_cst))
+		ring_kick(c->efd_drx);
+}
+
+static void after_tx_publish(struct conn *c)
+{
+	atomic_fetch_add_explicit(&c->sh->lib_seq, 1, memory_order_seq_cst);
+	if (atomic_load_explicit(&c->sh->d_txwait, memory_order_seq_cst))
+		ring_kick(c->efd_dtx);
+}
+
+ssize_t ring_recv(struct conn *c, int fd, const struct iovec *iov, int iovcnt, int flags)
+{
+	if (flags & MSG_OOB) {
+		errno = EINVAL;
+		return -1;
+	}
+	size_t want = iov_total(iov, iovcnt);
+	int nonblock = (flags & MSG_DONTWAIT) || atomic_load_explicit(&c->user_nonblock, memory_order_relaxed);
+	struct iovc v = {.iov = iov, .cnt = iovcnt};
+	size_t done = 0;
+	uint64_t deadline = 0;
+	int have_deadline = 0;
+	struct smcr_shared *sh = c->sh;
+
+	if (want == 0)
+		return 0;
+	for (;;) {
+		if (atomic_load_explicit(&c->shut_rd, memory_order_relaxed))
+			return (ssize_t)done;
+		if (atomic_load_explicit(&c->reset, memory_order_relaxed)) {
+			if (done)
+				return (ssize_t)done;
+			errno = ECONNRESET;
+			return -1;
+		}
+		uint64_t prod = atomic_load_explicit(&sh->rx_prod, memory_order_acquire);
+		uint64_t cons = atomic_load_explicit(&sh->rx_cons, memory_order_relaxed);
+		uint64_t avail = prod - cons;
+		if (avail > c->rx_size) { /* smcrd broke the ring: end the connection */
+			conn_mark_reset(c, fd);
+			continue;
+		}
+		if (avail > 0) {
+			size_t n = want - done < avail ? want - done : (size_t)avail;
+			if (!(flags & MSG_TRUNC))
+				copy_out(&v, c->rx, c->rx_size, (size_t)(cons % c->rx_size), n);
+			done += n;
+			if (flags & MSG_PEEK)
+				return (ssize_t)done;
+			atomic_store_explicit(&sh->rx_cons, cons + n, memory_order_seq_cst);
+			after_rx_publish(c);
+			if (done == want || !(flags & MSG_WAITALL))
+				return (ssize_t)done;
+			continue;
+		}
+		uint32_t df = atomic_load_explicit(&sh->d_flags, memory_order_acquire);
+		/* the flags are set after the last rx_prod: look at the ring once more */
+		if (df & (SMCR_D_EOF | SMCR_D_ERROR)) {
+			if (atomic_load_explicit(&sh->rx_prod, memory_order_acquire) != prod)
+				continue;
+			if (done || (df & SMCR_D_EOF && !(df & SMCR_D_ERROR)))
+				return (ssize_t)done;
+			errno = atomic_load(&sh->d_errno);
+			if (errno <= 0)
+				errno = ECONNRESET;
+			return -1;
+		}
+		if (nonblock) {
+			if (done)
+				return (ssize_t)done;
+			errno = EAGAIN;
+			return -1;
+		}
+		if (wait_dir(c, fd, 0, &deadline, &have_deadline) < 0) {
+			if (done)
+				return (ssize_t)done;
+			return -1;
+		}
+	}
+}
+
+static ssize_t epipe(int flags)
+{
+	if (!(flags & MSG_NOSIGNAL))
+		raise(SIGPIPE);
+	errno = EPIPE;
+	return -1;
+}
+
+ssize_t ring_send_space(struct conn *c, int fd, int flags)
+{
+	int nonblock = (flags & MSG_DONTWAIT) || atomic_load_explicit(&c->user_nonblock, memory_order_relaxed);
+	uint64_t deadline = 0;
+	int have_deadline = 0;
+	for (;;) {
+		if (atomic_load_explicit(&c->reset, memory_order_relaxed)) {
+			errno = ECONNRESET;
+			return -1;
+		}
+		uint32_t df = atomic_load_explicit(&c->sh->d_flags, memory_order_acquire);
+		if (df & SMCR_D_ERROR) {
+			errno = atomic_load(&c->sh->d_errno);
+			if (errno <= 0)
+				errno = ECONNRESET;
+			return -1;
+		}
+		if ((df & SMCR_D_TX_CLOSED) || atomic_load_explicit(&c->shut_wr, memory_order_relaxed))
+			return epipe(flags);
+		size_t fr = c->tx_size - ring_tx_queued(c);
+		if (fr > 0)
+			return (ssize_t)fr;
+		if (nonblock) {
+			errno = EAGAIN;
+			return -1;
+		}
+		if (wait_dir(c, fd, 1, &deadline, &have_deadline) < 0)
+			return -1;
+	}
+}
+
+ssize_t ring_send(struct conn *c, int fd, const struct iovec *iov, int iovcnt, int flags)
+{
+	if (flags & MSG_OOB) {
+		errno = EOPNOTSUPP;
+		return -1;
+	}
+	size_t want = iov_total(iov, iovcnt);
+	int nonblock = (flags & MSG_DONTWAIT) || atomic_load_explicit(&c->user_nonblock, memory_order_relaxed);
+	struct iovc v = {.iov = iov, .cnt = iovcnt};
+	size_t done = 0;
+	uint64_t deadline = 0;
+	int have_deadline = 0;
+	struct smcr_shared *sh = c->sh;
+
+	for (;;) {
+		if (atomic_load_explicit(&c->reset, memory_order_relaxed)) {
+			if (done)
+				return (ssize_t)done;
+			errno = ECONNRESET;
+			return -1;
+		}
+		uint32_t df = atomic_load_explicit(&sh->d_flags, memory_order_acquire);
+		if (df & SMCR_D_ERROR) {
+			if (done)
+				return (ssize_t)done;
+			errno = atomic_load(&sh->d_errno);
+			if (errno <= 0)
+				errno = ECONNRESET;
+			return -1;
+		}
+		if ((df & SMCR_D_TX_CLOSED) || atomic_load_explicit(&c->shut_wr, memory_order_relaxed)) {
+			if (done)
+				return (ssize_t)done;
+			return epipe(flags);
+		}
+		if (want == 0)
+			return 0;
+		uint64_t prod = atomic_load_explicit(&sh->tx_prod, memory_order_relaxed);
+		uint64_t cons = atomic_load_explicit(&sh->tx_cons, memory_order_acquire);
+		uint64_t used = prod - cons;
+		if (used > c->tx_size) {
+			conn_mark_reset(c, fd);
+			continue;
+		}
+		size_t fr = c->tx_size - (size_t)used;
+		if (fr > 0) {
+			size_t n = want - done < fr ? want - done : fr;
+			copy_in(&v, c->tx, c->tx_size, (size_t)(prod % c->tx_size), n);
+			atomic_store_explicit(&sh->tx_prod, prod + n, memory_order_seq_cst);
+			after_tx_publish(c);
+			done += n;
+			if (done == want)
+				return (ssize_t)done;
+			continue;
+		}
+		if (nonblock) {
+			if (done)
+				return (ssize_t)done;
+			errno = EAGAIN;
+			return -1;
+		}
+		if (wait_dir(c, fd, 1, &deadline, &have_deadline) < 0) {
+			if (done)
+				return (ssize_t)done;
+			return -1;
+		}
+	}
+}
+
+void ring_shutdown_wr(struct conn *c)
+{
+	atomic_fetch_or(&c->sh->lib_flags, SMCR_LIB_SHUT_WR);
+	after_tx_publish(c);
+	ring_kick(c->efd_dtx);
+}

@@ -1,0 +1,29 @@
+/* ring.h: the data path of an accelerated connection: copies between the program's
+ * buffers and the rings of struct smcr_shared, cursor publishing, and the waits of
+ * blocking calls (brief spin, then a futex on d_seq). No allocation, no lock. */
+#pragma once
+
+#include <stddef.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#include "conn.h"
+
+/* ring_recv / ring_send: the read and write families on an ACCEL connection; flags
+ * are MSG_* flags (MSG_DONTWAIT, MSG_PEEK, MSG_WAITALL, MSG_TRUNC, MSG_NOSIGNAL).
+ * Bytes, or -1 with errno. */
+ssize_t ring_recv(struct conn *c, int fd, const struct iovec *iov, int iovcnt, int flags);
+ssize_t ring_send(struct conn *c, int fd, const struct iovec *iov, int iovcnt, int flags);
+
+/* ring_send_space: bytes free in the send ring (waiting for some if blocking and none
+ * is free): >0, or -1 with errno. For sendfile and splice. */
+ssize_t ring_send_space(struct conn *c, int fd, int flags);
+
+size_t ring_rx_avail(struct conn *c);
+size_t ring_tx_queued(struct conn *c);
+
+/* ring_shutdown_wr publishes the program's shutdown(SHUT_WR); ring_wake_local wakes
+ * this process's threads blocked on the connection. */
+void ring_shutdown_wr(struct conn *c);
+void ring_wake_local(struct conn *c);
+void ring_kick(int efd);
