@@ -1,0 +1,54 @@
+package preload
+
+import (
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/smcr-io/smcr/daemon"
+)
+
+// fakeSmcrd starts daemon.NewDirectServer: every connection decided SMC-R, its
+// bytes carried over its own TCP connection.
+func fakeSmcrd(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "direct.sock")
+	s, err := daemon.NewDirectServer(daemon.DirectOptions{Path: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		tick := time.NewTicker(500 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+				s.Beat()
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		close(done)
+		s.Close()
+	})
+	return path
+}
+
+// TestAccelerated: with every connection accelerated, programs see what they
+// see of the kernel's sockets.
+func TestAccelerated(t *testing.T) {
+	build(t)
+	sock := fakeSmcrd(t)
+	for _, m := range []mode{
+		{name: "smcr", lib: "libsmcr-preload.so", socket: sock},
+		{name: "smcr-ubsan", lib: "libsmcr-preload-ubsan.so", socket: sock},
+	} {
+		t.Run(m.name, func(t *testing.T) {
+			compareReady(t, m, true)
+			echoAll(t, m, true)
+		})
+	}
+}
