@@ -137,8 +137,6 @@ int main(int argc, char **argv)
 	CHECK(connect(s, (struct sockaddr *)&a, sizeof(a)) == 0);
 	int p = accept(l, NULL, NULL);
 	CHECK(p >= 0);
-	report_accel("client", s);
-	report_accel("server", p);
 	ep_lt = epoll_create1(EPOLL_CLOEXEC);
 	ep_et = epoll_create1(EPOLL_CLOEXEC);
 	ep_os = epoll_create1(EPOLL_CLOEXEC);
@@ -193,6 +191,8 @@ int main(int argc, char **argv)
 	CHECK(write(s, "ping", 4) == 4);
 	CHECK(read(p, buf, 4) == 4);
 	printf("peer got %.4s\n", buf);
+	report_accel("client", s); /* both decided by now */
+	report_accel("server", p);
 	snap("dup", s);
 
 	/* the peer's half-close, then ours */
