@@ -21,6 +21,8 @@ import (
 
 	"github.com/smcr-io/smcr/smcr/verbs"
 	"golang.org/x/sys/unix"
+
+	"github.com/smcr-io/smcr/internal/scm"
 )
 
 // Queue segment layout (see the package doc). Every field the peer writes sits on
@@ -390,7 +392,7 @@ func readHello(c *net.UnixConn, typ uint8) (ctl, int, error) {
 	buf := make([]byte, maxCtlLen)
 	oob := make([]byte, unix.CmsgSpace(4*4))
 	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
-	fds := parseRights(oob[:oobn])
+	fds := scm.Rights(oob[:oobn])
 	if err != nil {
 		closeFDs(fds)
 		return ctl{}, -1, fmt.Errorf("read hello: %w", err)
@@ -981,7 +983,7 @@ func (q *qp) reader() {
 			q.peerGone() // orderly shutdown
 			return
 		}
-		fds := parseRights(r.oob[:r.oobn])
+		fds := scm.Rights(r.oob[:r.oobn])
 		m, err := parseCtl(r.buf[:r.n])
 		if err == nil && r.flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 {
 			err = fmt.Errorf("%w: truncated control message", errPeer)

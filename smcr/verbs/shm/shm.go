@@ -23,6 +23,8 @@ import (
 
 	"github.com/smcr-io/smcr/smcr/verbs"
 	"golang.org/x/sys/unix"
+
+	"github.com/smcr-io/smcr/internal/scm"
 )
 
 var (
@@ -252,7 +254,7 @@ func (d *device) takeHello(c *net.UnixConn) {
 	buf := make([]byte, maxCtlLen)
 	oob := make([]byte, unix.CmsgSpace(4*4))
 	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
-	fds := parseRights(oob[:oobn])
+	fds := scm.Rights(oob[:oobn])
 	var m ctl
 	if err == nil {
 		m, err = parseCtl(buf[:n])

@@ -165,18 +165,3 @@ func closeFDs(fds []int) {
 		unix.Close(fd)
 	}
 }
-
-// parseRights extracts the descriptors of an SCM_RIGHTS control message.
-func parseRights(oob []byte) []int {
-	msgs, err := unix.ParseSocketControlMessage(oob)
-	if err != nil {
-		return nil
-	}
-	var fds []int
-	for _, m := range msgs {
-		if f, err := unix.ParseUnixRights(&m); err == nil {
-			fds = append(fds, f...)
-		}
-	}
-	return fds
-}
