@@ -65,6 +65,7 @@ type Loader struct {
 	// asks for counters and peers while smcrd shuts down.
 	inUse    sync.RWMutex
 	cfgMu    sync.Mutex      // updateConfig's read, change and write of smcr_config
+	directMu sync.Mutex      // AddDirectPort and RemoveDirectPort's read and write of a count
 	mapsGone bool            // under inUse
 	netns    *os.File        // the namespace the programs serve
 	nl       *netlink.Handle // in netns, for the cls_bpf filters (tc.go)

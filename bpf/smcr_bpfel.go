@@ -105,6 +105,7 @@ type smcrUnreach struct {
 const (
 	smcrMapSmcrAlive         = "smcr_alive"
 	smcrMapSmcrConfig        = "smcr_config"
+	smcrMapSmcrDirectPorts   = "smcr_direct_ports"
 	smcrMapSmcrNegative      = "smcr_negative"
 	smcrMapSmcrOrigdst       = "smcr_origdst"
 	smcrMapSmcrPeers         = "smcr_peers"
@@ -190,21 +191,22 @@ type smcrProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type smcrMapSpecs struct {
-	SmcrAlive    *ebpf.MapSpec `ebpf:"smcr_alive"`
-	SmcrConfig   *ebpf.MapSpec `ebpf:"smcr_config"`
-	SmcrNegative *ebpf.MapSpec `ebpf:"smcr_negative"`
-	SmcrOrigdst  *ebpf.MapSpec `ebpf:"smcr_origdst"`
-	SmcrPeers    *ebpf.MapSpec `ebpf:"smcr_peers"`
-	SmcrPorts    *ebpf.MapSpec `ebpf:"smcr_ports"`
-	SmcrPrefix4  *ebpf.MapSpec `ebpf:"smcr_prefix4"`
-	SmcrPrefix6  *ebpf.MapSpec `ebpf:"smcr_prefix6"`
-	SmcrSeen     *ebpf.MapSpec `ebpf:"smcr_seen"`
-	SmcrSk       *ebpf.MapSpec `ebpf:"smcr_sk"`
-	SmcrSockopts *ebpf.MapSpec `ebpf:"smcr_sockopts"`
-	SmcrStats    *ebpf.MapSpec `ebpf:"smcr_stats"`
-	SmcrSteer    *ebpf.MapSpec `ebpf:"smcr_steer"`
-	SmcrSynmark  *ebpf.MapSpec `ebpf:"smcr_synmark"`
-	SmcrUnreach  *ebpf.MapSpec `ebpf:"smcr_unreach"`
+	SmcrAlive       *ebpf.MapSpec `ebpf:"smcr_alive"`
+	SmcrConfig      *ebpf.MapSpec `ebpf:"smcr_config"`
+	SmcrDirectPorts *ebpf.MapSpec `ebpf:"smcr_direct_ports"`
+	SmcrNegative    *ebpf.MapSpec `ebpf:"smcr_negative"`
+	SmcrOrigdst     *ebpf.MapSpec `ebpf:"smcr_origdst"`
+	SmcrPeers       *ebpf.MapSpec `ebpf:"smcr_peers"`
+	SmcrPorts       *ebpf.MapSpec `ebpf:"smcr_ports"`
+	SmcrPrefix4     *ebpf.MapSpec `ebpf:"smcr_prefix4"`
+	SmcrPrefix6     *ebpf.MapSpec `ebpf:"smcr_prefix6"`
+	SmcrSeen        *ebpf.MapSpec `ebpf:"smcr_seen"`
+	SmcrSk          *ebpf.MapSpec `ebpf:"smcr_sk"`
+	SmcrSockopts    *ebpf.MapSpec `ebpf:"smcr_sockopts"`
+	SmcrStats       *ebpf.MapSpec `ebpf:"smcr_stats"`
+	SmcrSteer       *ebpf.MapSpec `ebpf:"smcr_steer"`
+	SmcrSynmark     *ebpf.MapSpec `ebpf:"smcr_synmark"`
+	SmcrUnreach     *ebpf.MapSpec `ebpf:"smcr_unreach"`
 }
 
 // smcrVariableSpecs contains global variables before they are loaded into the kernel.
@@ -233,27 +235,29 @@ func (o *smcrObjects) Close() error {
 //
 // It can be passed to loadSmcrObjects or ebpf.CollectionSpec.LoadAndAssign.
 type smcrMaps struct {
-	SmcrAlive    *ebpf.Map `ebpf:"smcr_alive"`
-	SmcrConfig   *ebpf.Map `ebpf:"smcr_config"`
-	SmcrNegative *ebpf.Map `ebpf:"smcr_negative"`
-	SmcrOrigdst  *ebpf.Map `ebpf:"smcr_origdst"`
-	SmcrPeers    *ebpf.Map `ebpf:"smcr_peers"`
-	SmcrPorts    *ebpf.Map `ebpf:"smcr_ports"`
-	SmcrPrefix4  *ebpf.Map `ebpf:"smcr_prefix4"`
-	SmcrPrefix6  *ebpf.Map `ebpf:"smcr_prefix6"`
-	SmcrSeen     *ebpf.Map `ebpf:"smcr_seen"`
-	SmcrSk       *ebpf.Map `ebpf:"smcr_sk"`
-	SmcrSockopts *ebpf.Map `ebpf:"smcr_sockopts"`
-	SmcrStats    *ebpf.Map `ebpf:"smcr_stats"`
-	SmcrSteer    *ebpf.Map `ebpf:"smcr_steer"`
-	SmcrSynmark  *ebpf.Map `ebpf:"smcr_synmark"`
-	SmcrUnreach  *ebpf.Map `ebpf:"smcr_unreach"`
+	SmcrAlive       *ebpf.Map `ebpf:"smcr_alive"`
+	SmcrConfig      *ebpf.Map `ebpf:"smcr_config"`
+	SmcrDirectPorts *ebpf.Map `ebpf:"smcr_direct_ports"`
+	SmcrNegative    *ebpf.Map `ebpf:"smcr_negative"`
+	SmcrOrigdst     *ebpf.Map `ebpf:"smcr_origdst"`
+	SmcrPeers       *ebpf.Map `ebpf:"smcr_peers"`
+	SmcrPorts       *ebpf.Map `ebpf:"smcr_ports"`
+	SmcrPrefix4     *ebpf.Map `ebpf:"smcr_prefix4"`
+	SmcrPrefix6     *ebpf.Map `ebpf:"smcr_prefix6"`
+	SmcrSeen        *ebpf.Map `ebpf:"smcr_seen"`
+	SmcrSk          *ebpf.Map `ebpf:"smcr_sk"`
+	SmcrSockopts    *ebpf.Map `ebpf:"smcr_sockopts"`
+	SmcrStats       *ebpf.Map `ebpf:"smcr_stats"`
+	SmcrSteer       *ebpf.Map `ebpf:"smcr_steer"`
+	SmcrSynmark     *ebpf.Map `ebpf:"smcr_synmark"`
+	SmcrUnreach     *ebpf.Map `ebpf:"smcr_unreach"`
 }
 
 func (m *smcrMaps) Close() error {
 	return _SmcrClose(
 		m.SmcrAlive,
 		m.SmcrConfig,
+		m.SmcrDirectPorts,
 		m.SmcrNegative,
 		m.SmcrOrigdst,
 		m.SmcrPeers,

@@ -21,6 +21,7 @@ const (
 	skOwn      = 1
 	skOption   = 2
 	skShowPeer = 4
+	skSynOpt   = 64
 )
 
 // Tag describes one of smcrd's sockets to the programs. Every tagged socket is
@@ -315,7 +316,7 @@ var StatNames = []string{
 	"redirected", "skip_dead", "skip_negative", "skip_prefix",
 	"syn_opt_sent", "synack_opt_sent", "opt_no_space", "peer_echoed",
 	"syn_marked", "steered", "steer_no_listener", "steer_failed",
-	"orig_dst_answered", "skip_unreachable", "sockopt_lost",
+	"orig_dst_answered", "skip_unreachable", "sockopt_lost", "direct",
 }
 
 // Stats returns the programs' counters, summed over CPUs, by StatNames.
@@ -337,4 +338,54 @@ func (l *Loader) Stats() (map[string]uint64, error) {
 		out[name] = sum
 	}
 	return out, nil
+}
+
+// AddDirectPort says a program with the direct mode's library listens on port:
+// sk_lookup leaves the SYNs that carry the option to it rather than steering
+// them to smcrd, and its SYN-ACKs echo the option. Each call is undone by one
+// RemoveDirectPort.
+func (l *Loader) AddDirectPort(port uint16) error { return l.countDirectPort(port, 1) }
+
+// RemoveDirectPort undoes one AddDirectPort.
+func (l *Loader) RemoveDirectPort(port uint16) error { return l.countDirectPort(port, -1) }
+
+// countDirectPort adds delta to port's count of listeners, deleting it at 0.
+func (l *Loader) countDirectPort(port uint16, delta int) error {
+	if err := l.hold(); err != nil {
+		return err
+	}
+	defer l.inUse.RUnlock()
+	l.directMu.Lock()
+	defer l.directMu.Unlock()
+	var n uint32
+	err := l.objs.SmcrDirectPorts.Lookup(port, &n)
+	switch {
+	case err != nil && !errors.Is(err, ebpf.ErrKeyNotExist):
+	case int(n)+delta <= 0:
+		err = l.objs.SmcrDirectPorts.Delete(port)
+	default:
+		err = l.objs.SmcrDirectPorts.Update(port, uint32(int(n)+delta), ebpf.UpdateAny)
+	}
+	if err != nil {
+		return fmt.Errorf("bpf: direct port %d: %w", port, err)
+	}
+	return nil
+}
+
+// SYNHadOption reports whether the SYN of fd, a socket a program accepted from
+// a listener of the direct mode, carried the SMC-R option.
+func (l *Loader) SYNHadOption(fd int) (bool, error) {
+	if err := l.hold(); err != nil {
+		return false, err
+	}
+	defer l.inUse.RUnlock()
+	var st smcrSkState
+	err := l.objs.SmcrSk.Lookup(int32(fd), &st)
+	switch {
+	case errors.Is(err, ebpf.ErrKeyNotExist):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("bpf: socket tag: %w", err)
+	}
+	return st.Flags&skSynOpt != 0, nil
 }

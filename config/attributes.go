@@ -84,6 +84,7 @@ var atRestart = map[string]string{
 	"cgroup":          "the programs are attached to the cgroup at start",
 	"control_socket":  "the control socket is opened at start",
 	"control_group":   "the control socket is opened at start",
+	"direct_mode":     "the direct socket is opened at start",
 	"metrics_address": "the metrics listener is opened at start",
 	"log_level":       "the logger is made at start",
 	"log_format":      "the logger is made at start",
@@ -198,18 +199,22 @@ var attributes = []attribute{
 		name: "control_socket", def: "/run/smcr/smcrd.sock",
 		desc: "Unix socket smcrctl talks to smcrd through",
 		set: func(c *Config, v string) error {
-			if !strings.HasPrefix(v, "/") {
-				return fmt.Errorf("%q is not an absolute path", v)
-			}
-			// bind would fail at start ("invalid argument"): sun_path holds
-			// the path and its terminating NUL.
-			if most := len(syscall.RawSockaddrUnix{}.Path) - 1; len(v) > most {
-				return fmt.Errorf("%q is %d bytes long, longer than a Unix socket's path may be (%d)", v, len(v), most)
+			if err := unixSocketPath(v); err != nil {
+				return err
 			}
 			c.ControlSocket = v
 			return nil
 		},
 		get: func(c *Config) string { return c.ControlSocket },
+	},
+	{
+		name: "direct_mode", def: "yes",
+		desc: "serve the direct mode's library (smcrctl run) on direct.sock beside control_socket, open to every local program (no: programs with the library run as plain TCP)",
+		set: func(c *Config, v string) (err error) {
+			c.DirectMode, err = parseBool(v)
+			return err
+		},
+		get: func(c *Config) string { return formatBool(c.DirectMode) },
 	},
 	{
 		name: "control_group", def: "",
@@ -465,4 +470,17 @@ func splitList(v string) []string {
 		}
 	}
 	return out
+}
+
+// unixSocketPath checks a path smcrd binds a Unix socket to.
+func unixSocketPath(v string) error {
+	if !strings.HasPrefix(v, "/") {
+		return fmt.Errorf("%q is not an absolute path", v)
+	}
+	// bind would fail at start ("invalid argument"): sun_path holds the path
+	// and its terminating NUL. (The direct socket's policy page is a file.)
+	if most := len(syscall.RawSockaddrUnix{}.Path) - 1; len(v) > most {
+		return fmt.Errorf("%q is %d bytes long, longer than a Unix socket's path may be (%d)", v, len(v), most)
+	}
+	return nil
 }

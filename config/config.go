@@ -48,6 +48,7 @@ type Config struct {
 	Cgroup         string        // cgroup v2 whose sockets are accelerated; empty = the root
 	ControlSocket  string        // smcrctl talks to smcrd here
 	ControlGroup   string        // Unix group allowed on the control socket besides root
+	DirectMode     bool          // serve the direct mode's libraries on DirectSocket()
 	MetricsAddress string        // Prometheus metrics listener; empty = off
 	LogLevel       string        // debug, info, warn, error
 	LogFormat      string        // text or json
@@ -302,4 +303,11 @@ func stripComment(s string) string {
 		return s[:i]
 	}
 	return s
+}
+
+// DirectSocket is where the direct mode's libraries reach smcrd: direct.sock
+// beside the control socket (the library's default, /run/smcr/direct.sock,
+// is beside the default control socket).
+func (c *Config) DirectSocket() string {
+	return filepath.Join(filepath.Dir(c.ControlSocket), "direct.sock")
 }

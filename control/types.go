@@ -253,6 +253,9 @@ type Conn struct {
 	Role   string `json:"role"`   // "client" or "server"
 	State  string `json:"state"`  // kernel smc_state names: ACTIVE, APPCLOSEWAIT1, …
 	Mode   string `json:"mode"`   // ModeSMCR or ModeTCP
+	// Path is how the program's bytes reach the connection: PathDirect
+	// (the library in the program) or PathRelay (through smcrd's relay).
+	Path string `json:"path"`
 	// For ModeTCP: which side declined and why; empty for SMC-R.
 	DeclineSide   string `json:"decline_side,omitempty"`
 	DeclineCode   uint32 `json:"decline_code,omitempty"`
@@ -273,6 +276,12 @@ type Conn struct {
 	RxProd Cursor `json:"rx_prod"` // how far the peer wrote into ours
 	RxCons Cursor `json:"rx_cons"` // how far we consumed
 }
+
+// The paths of Conn.Path.
+const (
+	PathDirect = "direct"
+	PathRelay  = "relay"
+)
 
 // Cursor is an RMBE position with its wrap count.
 type Cursor struct {

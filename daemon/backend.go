@@ -247,6 +247,10 @@ func (d *Daemon) Conns(context.Context) ([]control.Conn, error) {
 		if cc.ID == 0 {
 			cc.ID = uint32(c.ID)
 		}
+		cc.Path = control.PathRelay
+		if d.direct != nil && d.direct.isDirect(c.ID) {
+			cc.Path = control.PathDirect
+		}
 		if c.Mode != smcr.ModeSMCR {
 			cc.Mode, cc.State = control.ModeTCP, "ACTIVE"
 			if dc := c.Decline; dc != nil {
@@ -262,7 +266,7 @@ func (d *Daemon) Conns(context.Context) ([]control.Conn, error) {
 			continue
 		}
 		out = append(out, control.Conn{ID: uint32(t.id), Local: t.local.String(), Remote: t.remote.String(),
-			Role: role(t.client), State: "ACTIVE", Mode: control.ModeTCP, DeclineSide: t.side,
+			Role: role(t.client), State: "ACTIVE", Mode: control.ModeTCP, Path: control.PathRelay, DeclineSide: t.side,
 			DeclineReason: t.reason, TxBytes: t.bytes.tx.Load(), RxBytes: t.bytes.rx.Load()})
 	}
 	d.connMu.Unlock()

@@ -98,6 +98,7 @@ type Daemon struct {
 
 	redirect []net.Listener // IPv4, IPv6 (loopback)
 	steering []net.Listener
+	direct   *DirectServer // the direct mode's socket; nil when direct_socket is empty
 
 	cfgMu sync.Mutex // serialises configuration changes
 	cfg   atomic.Pointer[config.Config]
@@ -147,6 +148,7 @@ type daemonStats struct {
 type tracked struct {
 	id     uint64
 	client bool
+	direct bool           // a program's own socket, with the direct mode's library
 	local  netip.AddrPort // as the application sees it
 	remote netip.AddrPort
 	conn   *smcr.Conn // nil while setting up and for connections without CLC
@@ -258,6 +260,13 @@ func New(opts Options) (*Daemon, error) {
 		d.Close()
 		return nil, err
 	}
+	if cfg.DirectMode {
+		d.direct, err = newDirectServer(cfg.DirectSocket(), d.directHooks(), d.log)
+		if err != nil {
+			d.Close()
+			return nil, fmt.Errorf("daemon: %w", err)
+		}
+	}
 	if err := d.applyPolicy(cfg, ifaceNames(ifaces)); err != nil {
 		d.Close()
 		return nil, err
@@ -272,6 +281,9 @@ func New(opts Options) (*Daemon, error) {
 func (d *Daemon) Close() error {
 	for _, ln := range append(d.redirect, d.steering...) {
 		ln.Close()
+	}
+	if d.direct != nil {
+		d.direct.Close()
 	}
 	if d.engine != nil {
 		d.engine.Close()
@@ -382,6 +394,9 @@ func (d *Daemon) Run(ctx context.Context, ready func()) error {
 		d.wg.Add(1)
 		go d.acceptLoop(ln, d.serveSteered)
 	}
+	if d.direct != nil && len(d.devs) > 0 {
+		go d.direct.Serve()
+	}
 	d.setState(control.StateServing)
 	if ready != nil {
 		ready()
@@ -393,12 +408,21 @@ func (d *Daemon) Run(ctx context.Context, ready func()) error {
 	close(hbStop)
 	<-hbDone
 	err := d.loader.SetAlive(0)
+	if d.direct != nil {
+		d.direct.Quiesce()
+	}
 	d.quiesce(deadline)
 	for _, ln := range append(d.redirect, d.steering...) {
 		ln.Close()
 	}
 	drained := make(chan struct{})
-	go func() { d.wg.Wait(); close(drained) }()
+	go func() {
+		d.wg.Wait()
+		if d.direct != nil {
+			<-d.direct.Drained()
+		}
+		close(drained)
+	}()
 	drainEnd := time.NewTimer(time.Until(deadline))
 	defer drainEnd.Stop()
 	select {
@@ -414,6 +438,9 @@ func (d *Daemon) Run(ctx context.Context, ready func()) error {
 	}
 	d.cancel()
 	close(d.stopCh)
+	if d.direct != nil {
+		d.direct.Close() // aborts what is left
+	}
 	<-drained
 	if sockopts != nil {
 		sockopts.Close()
@@ -500,6 +527,9 @@ func (d *Daemon) heartbeat(stop, done chan struct{}) {
 				}
 				if err := d.loader.SetAlive(d.opts.LivenessTTL); err != nil {
 					d.log.Error("liveness heartbeat", "err", err)
+				}
+				if d.direct != nil {
+					d.direct.Beat()
 				}
 			}
 		}

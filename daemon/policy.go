@@ -67,6 +67,9 @@ func (d *Daemon) applyPolicy(c config.Config, names []string) error {
 			return fmt.Errorf("daemon: %w", err)
 		}
 	}
+	if d.direct != nil {
+		d.direct.SetPolicy(&c)
+	}
 	d.log.Info("policy", "enabled", c.Enabled, "port_range_list", c.PortRanges.String(), "interfaces", names)
 	return nil
 }

@@ -108,11 +108,11 @@ func (d *Daemon) serveRedirected(app *net.TCPConn) {
 		// sockops did not tag our SYN (smcrd outside the cgroup, or no option
 		// space): the peer cannot have seen it, so CLC would only confuse it.
 		// Not the peer's fault: no negative entry.
-		d.direct(t, app, tcp, reasonNoOption)
+		d.carryPlain(t, app, tcp, reasonNoOption)
 		return
 	case !seen.PeerSupportsSMC():
 		d.incapable(orig, reasonNoEcho, ttl)
-		d.direct(t, app, tcp, reasonNoEcho)
+		d.carryPlain(t, app, tcp, reasonNoEcho)
 		return
 	}
 	// A server whose SYN-ACK lacks smcrd's SMCX option is another SMC-R
@@ -263,9 +263,9 @@ func (d *Daemon) incapable(peer netip.AddrPort, reason string, ttl time.Duration
 	d.log.Info("peer without SMC-R: connections to it go direct", "peer", peer, "reason", reason, "for", ttl)
 }
 
-// direct carries a connection as plain TCP without any CLC: both ends are
+// carryPlain carries a connection as plain TCP without any CLC: both ends are
 // *net.TCPConn, so the relay splices.
-func (d *Daemon) direct(t *tracked, app, tcp *net.TCPConn, reason string) {
+func (d *Daemon) carryPlain(t *tracked, app, tcp *net.TCPConn, reason string) {
 	side := control.SidePeer
 	if reason == reasonNoOption {
 		side = control.SideLocal // our SYN went without the option: not the peer's doing

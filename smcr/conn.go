@@ -248,6 +248,9 @@ func (c *Conn) setState(s state, why string) {
 	c.st = s
 }
 
+// ID is the connection's number in the engine (ConnInfo.ID).
+func (c *Conn) ID() uint64 { return c.id }
+
 // Mode reports whether the connection runs over SMC-R or fell back to TCP.
 func (c *Conn) Mode() Mode { return c.mode }
 

@@ -6,9 +6,12 @@ package smcr
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
+	"time"
 
 	"github.com/smcr-io/smcr/smcr/clc"
 )
@@ -262,4 +265,43 @@ func (c *readAheadConn) CloseWrite() error {
 		return cw.CloseWrite()
 	}
 	return nil
+}
+
+// DetachTCP hands a fallback connection's TCP socket back to the caller, who
+// carries the stream on without the Conn (smcrd's direct mode returns the
+// socket to the program that owns it). It returns the bytes CLC read ahead that
+// belong to the application. Before them it drops what is not the
+// application's: the rest of a CLC message read in part, and a CLC message the
+// peer sent while our Decline was on the way, which it waits for at most
+// crossing (a peer's crossing message left before ours reached it: a few round
+// trips bound it). The Conn is finished after; its TCP connection stays open.
+func (c *Conn) DetachTCP(crossing time.Duration) ([]byte, error) {
+	if c.mode != ModeFallback {
+		return nil, errors.New("smcr: detach: not a fallback connection")
+	}
+	c.closeOnce.Do(func() { close(c.done) })
+	c.e.untrack(c)
+	rc, ok := c.fb.(*readAheadConn)
+	if !ok {
+		return nil, nil
+	}
+	if rc.skip > 0 || rc.crossing {
+		// The rest of a message read in part is on its way for sure: it
+		// gets the CLC timeout. A crossing message only may come.
+		wait := crossing
+		if rc.skip > 0 {
+			wait = c.e.settings().CLCTimeout
+		}
+		c.tcp.SetReadDeadline(c.e.cfg.Clock.Now().Add(wait))
+		err := rc.dropCLC()
+		c.tcp.SetReadDeadline(noDeadline)
+		if rc.skip > 0 {
+			return nil, fmt.Errorf("smcr: detach: the rest of a CLC message: %w", err)
+		}
+	}
+	if rc.r == nil || rc.r.Buffered() == 0 {
+		return nil, nil
+	}
+	b, _ := rc.r.Peek(rc.r.Buffered())
+	return bytes.Clone(b), nil
 }

@@ -58,6 +58,8 @@ struct config {
 #define SK_UNREACH 32   /* set by connect4/6 on a socket left direct because smcrd
 			 * could not reach its destination (smcr_unreach): sockops
 			 * follows whether it connects */
+#define SK_SYN_OPT 64   /* set by sockops on a socket accepted from a listener of the
+			 * direct mode (smcr_direct_ports) whose SYN had the option */
 
 struct sk_state {
 	__u32 flags;
@@ -169,6 +171,7 @@ enum stat {
 	STAT_ORIG_DST_ANSWERED,
 	STAT_SKIP_UNREACHABLE,
 	STAT_SOCKOPT_LOST,
+	STAT_DIRECT, /* a marked SYN left to a listener of the direct mode */
 	STAT_MAX,
 };
 
@@ -312,6 +315,10 @@ struct {
  * deleted by sockops once smcrd's steering listener completed the handshake
  * (or by tc on a later SYN of the 4-tuple without the option). */
 #define MARK_STEERED (1ULL << 63)
+/* MARK_DIRECT: sk_lookup left the SYN to a listener of the direct mode, whose
+ * SYN-ACK echoes the option as the steering listener's does. */
+#define MARK_DIRECT (1ULL << 62)
+#define MARK_FLAGS (MARK_STEERED | MARK_DIRECT)
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -332,6 +339,17 @@ struct {
 	__uint(max_entries, SOCKOPT_RING);
 	PIN;
 } smcr_sockopts SEC(".maps");
+
+/* Ports on which a program with the direct mode's library listens (the key,
+ * host order): the number of its listeners there. sk_lookup leaves their
+ * marked SYNs to them instead of steering them to smcrd. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u16);
+	__type(value, __u32);
+	PIN;
+} smcr_direct_ports SEC(".maps");
 
 /* smcrd's steering listeners: 0 IPv4, 1 IPv6. */
 struct {

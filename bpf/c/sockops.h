@@ -219,8 +219,9 @@ static __always_inline int own_syn(struct bpf_sock_ops *skops)
 }
 
 /* ... and on the SYN-ACK of a connection sk_lookup steered to smcrd's steering
- * listener (a request socket, without storage of its own): an application's
- * listener that echoed it would have smcrd's client send it a CLC Proposal. */
+ * listener or left to a listener of the direct mode (a request socket, without
+ * storage of its own): any other application's listener that echoed it would
+ * have smcrd's client send it a CLC Proposal. */
 static __always_inline int steered_synack(struct bpf_sock_ops *skops)
 {
 	struct tuple t = {};
@@ -228,7 +229,7 @@ static __always_inline int steered_synack(struct bpf_sock_ops *skops)
 
 	ops_tuple(skops, &t, 1);
 	mark = bpf_map_lookup_elem(&smcr_synmark, &t);
-	return mark && (*mark & MARK_STEERED);
+	return mark && (*mark & MARK_FLAGS);
 }
 
 /* Room for the option: on our SYN always, on a SYN-ACK only when the SYN had it,
@@ -383,11 +384,19 @@ static __always_inline void on_passive_established(struct bpf_sock_ops *skops)
 
 	ops_tuple(skops, &t, 1);
 	mark = bpf_map_lookup_elem(&smcr_synmark, &t);
-	if (!mark || !(*mark & MARK_STEERED)) {
+	if (!mark || !(*mark & MARK_FLAGS)) {
 		adopt_peer(skops, &t);
 		return;
 	}
-	/* Steered to smcrd: only SYN-ACKs carry the option (nothing recorded,
+	if (*mark & MARK_DIRECT) {
+		/* For smcrd, which the library asks whether to run CLC on the
+		 * socket its program accepted. */
+		struct sk_state *st = skops->sk ? bpf_sk_storage_get(&smcr_sk, skops->sk, 0, BPF_SK_STORAGE_GET_F_CREATE) : 0;
+
+		if (st)
+			st->flags |= SK_SYN_OPT;
+	}
+	/* Steered to smcrd or to the direct mode: only SYN-ACKs carry the option (nothing recorded,
 	 * smcr_seen). The mark has done its work: from now on the connection's
 	 * segments find this socket before any sk_lookup. Left in the map, it
 	 * would steer a later connection on the 4-tuple whose SYN tc cannot

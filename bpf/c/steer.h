@@ -151,7 +151,7 @@ int smcr_tc_ingress(struct __sk_buff *skb)
 		/* A SYN again (retransmitted): it meets its request socket
 		 * before any sk_lookup, so the connection stays steered. */
 		if (m)
-			*m = now | (*m & MARK_STEERED);
+			*m = now | (*m & MARK_FLAGS);
 		else
 			bpf_map_update_elem(&smcr_synmark, &t, &now, BPF_ANY);
 		count(STAT_SYN_MARKED);
@@ -197,12 +197,19 @@ int smcr_sk_lookup(struct bpf_sk_lookup *ctx)
 	/* MARK_STEERED says what this lookup decides, not what one of an
 	 * earlier handshake on the 4-tuple that never completed did: a SYN-ACK
 	 * of the application's listener must not echo the option. */
-	__sync_fetch_and_and(mark, ~MARK_STEERED);
-	if (bpf_ktime_get_ns() - (*mark & ~MARK_STEERED) > MARK_TTL_NS)
+	__sync_fetch_and_and(mark, ~MARK_FLAGS);
+	if (bpf_ktime_get_ns() - (*mark & ~MARK_FLAGS) > MARK_TTL_NS)
 		return SK_PASS;
 	/* As tc decides: a port taken off the list steers nothing, marked or not. */
 	if (!port_listed(t.lport) || !alive())
 		return SK_PASS;
+	/* A program with the direct mode's library listens here: the connection
+	 * is its own, and smcrd runs CLC on the socket it accepts. */
+	if (bpf_map_lookup_elem(&smcr_direct_ports, &t.lport)) {
+		__sync_fetch_and_or(mark, MARK_DIRECT);
+		count(STAT_DIRECT);
+		return SK_PASS;
+	}
 	key = t.family == AF_INET6 ? 1 : 0;
 	sk = bpf_map_lookup_elem(&smcr_steer, &key);
 	if (!sk && t.family == AF_INET) {

@@ -59,6 +59,8 @@ type command struct {
 	long     string // what it does, options and examples, for --help
 	// flags defines the verb's own flags on fs; nil for none.
 	flags func(fs *flag.FlagSet, o *options)
+	// stopAtArg: the first argument ends the flags (a program's own follow).
+	stopAtArg bool
 	// run does the work; args are the positional arguments.
 	run func(e *env, o *options, args []string) error
 }
@@ -71,6 +73,8 @@ type options struct {
 	reset   bool
 	persist bool
 	forget  bool
+
+	directSocket string
 }
 
 // env is what a verb runs with.
@@ -93,7 +97,7 @@ func usagef(format string, args ...any) error {
 // commands in the order `smcrctl --help` lists them.
 var commands = []*command{
 	statusCmd, enableCmd, disableCmd, setCmd, showCmd,
-	linkgroupsCmd, linksCmd, devicesCmd, connsCmd, peersCmd, statsCmd, versionCmd,
+	linkgroupsCmd, linksCmd, devicesCmd, connsCmd, peersCmd, statsCmd, runCmd, versionCmd,
 }
 
 func lookup(name string) *command {
@@ -180,7 +184,14 @@ func Run(args []string, stdout, stderr io.Writer) int {
 	if cmd.flags != nil {
 		cmd.flags(fs, &o)
 	}
-	pos, err := parseInterleaved(fs, rest)
+	var pos []string
+	var err error
+	if cmd.stopAtArg {
+		err = fs.Parse(rest)
+		pos = fs.Args()
+	} else {
+		pos, err = parseInterleaved(fs, rest)
+	}
 	if errors.Is(err, flag.ErrHelp) {
 		writeCommandHelp(stdout, cmd)
 		return ExitOK

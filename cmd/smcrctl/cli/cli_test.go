@@ -146,7 +146,7 @@ func verbs() []string {
 
 func TestVerbList(t *testing.T) {
 	got := verbs()
-	want := []string{"status", "enable", "disable", "set", "show", "linkgroups", "links", "devices", "conns", "peers", "stats", "version"}
+	want := []string{"status", "enable", "disable", "set", "show", "linkgroups", "links", "devices", "conns", "peers", "stats", "run", "version"}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("verbs = %v, want %v", got, want)
 	}

@@ -1,0 +1,340 @@
+package daemon
+
+import (
+	"bytes"
+	"crypto/rand"
+	"crypto/sha256"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/smcr-io/smcr/internal/scm"
+	"github.com/smcr-io/smcr/rmb"
+)
+
+// libClient plays libsmcr-preload.so's part of the exchange, in Go.
+type libClient struct {
+	t      *testing.T
+	ch     *net.UnixConn
+	fd     int // the program's socket
+	sh     *rmb.Shared
+	mem    []byte
+	efdLib int
+	efdTx  int
+	efdRx  int
+}
+
+func newDirectTestServer(t *testing.T) *DirectServer {
+	t.Helper()
+	s, err := NewDirectServer(DirectOptions{Path: filepath.Join(t.TempDir(), "direct.sock")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func dialChannel(t *testing.T, s *DirectServer) *net.UnixConn {
+	t.Helper()
+	ch, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: s.Path(), Net: "unixpacket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ch.Close() })
+	return ch
+}
+
+// connectDirect connects a new socket to addr as the library does, and
+// returns what smcrd decided.
+func connectDirect(t *testing.T, s *DirectServer, addr *net.TCPAddr) (*libClient, rmb.Msg) {
+	t.Helper()
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	c := &libClient{t: t, ch: dialChannel(t, s), fd: fd}
+	if err := sendDirect(c.ch, rmb.Msg{Type: rmb.MsgClient}, nil, []int{fd}); err != nil {
+		t.Fatal(err)
+	}
+	if m := c.recv(); m.Type != rmb.MsgReply || m.Status != 0 {
+		t.Fatalf("reply to CLIENT: %+v", m)
+	}
+	sa := &unix.SockaddrInet4{Port: addr.Port}
+	copy(sa.Addr[:], addr.IP.To4())
+	if err := unix.Connect(fd, sa); err != nil && err != unix.EINPROGRESS {
+		t.Fatal(err)
+	}
+	if err := sendDirect(c.ch, rmb.Msg{Type: rmb.MsgConnecting}, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	return c, c.decided()
+}
+
+func (c *libClient) recv() rmb.Msg {
+	c.t.Helper()
+	m, fd, _, err := recvDirect(c.ch)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	if fd >= 0 {
+		unix.Close(fd)
+	}
+	return m
+}
+
+// decided reads DECIDED and, for SMC-R, maps the area.
+func (c *libClient) decided() rmb.Msg {
+	c.t.Helper()
+	buf := make([]byte, rmb.MsgHeaderLen+rmb.MsgMaxPayload)
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	n, oobn, _, _, err := c.ch.ReadMsgUnix(buf, oob)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	m, _, err := rmb.ParseMsg(buf[:n])
+	if err != nil || m.Type != rmb.MsgDecided {
+		c.t.Fatalf("decided: %+v %v", m, err)
+	}
+	fds := scm.Rights(oob[:oobn])
+	if m.Mode != rmb.ModeSMCR {
+		return m
+	}
+	if len(fds) != 4 {
+		c.t.Fatalf("DECIDED SMCR with %d descriptors", len(fds))
+	}
+	var st unix.Stat_t
+	unix.Fstat(fds[0], &st)
+	c.mem, err = unix.Mmap(fds[0], 0, int(st.Size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	unix.Close(fds[0])
+	if c.sh, err = rmb.ViewShared(c.mem); err != nil {
+		c.t.Fatal(err)
+	}
+	c.efdLib, c.efdTx, c.efdRx = fds[1], fds[2], fds[3]
+	c.t.Cleanup(func() {
+		unix.Munmap(c.mem)
+		unix.Close(c.efdLib)
+		unix.Close(c.efdTx)
+		unix.Close(c.efdRx)
+	})
+	return m
+}
+
+// waitLib sleeps until smcrd publishes, as the library's poll does.
+func (c *libClient) waitLib(ready func() bool) {
+	c.sh.LibPollers().Add(1)
+	defer c.sh.LibPollers().Add(^uint32(0))
+	for !ready() {
+		pfd := []unix.PollFd{{Fd: int32(c.efdLib), Events: unix.POLLIN}}
+		unix.Poll(pfd, 1000)
+		var b [8]byte
+		unix.Read(c.efdLib, b[:])
+	}
+}
+
+func (c *libClient) kick(efd int, flag *atomic.Uint32) {
+	if flag.Load() != 0 {
+		one := uint64(1)
+		unix.Write(efd, (*[8]byte)(unsafe.Pointer(&one))[:])
+	}
+}
+
+func (c *libClient) write(p []byte) {
+	ring := c.sh.TxRing()
+	size := uint64(len(ring))
+	for len(p) > 0 {
+		prod := c.sh.TxProd().Load()
+		free := size - (prod - c.sh.TxCons().Load())
+		if free == 0 {
+			c.waitLib(func() bool { return c.sh.TxCons().Load()+size > prod || c.sh.DFlags().Load() != 0 })
+			if c.sh.DFlags().Load()&rmb.DError != 0 {
+				c.t.Fatalf("write: error %d", c.sh.DErrno().Load())
+			}
+			continue
+		}
+		n := min(uint64(len(p)), free)
+		a, b := rmb.RingSpans(prod, prod+n, size)
+		k := copy(ring[a[0]:a[1]], p)
+		copy(ring[b[0]:b[1]], p[k:])
+		c.sh.TxProd().Store(prod + n)
+		c.kick(c.efdTx, c.sh.DTxWait())
+		p = p[n:]
+	}
+}
+
+// read reads until EOF.
+func (c *libClient) readAll() []byte {
+	var out []byte
+	ring := c.sh.RxRing()
+	size := uint64(len(ring))
+	for {
+		cons := c.sh.RxCons().Load()
+		prod := c.sh.RxProd().Load()
+		if prod == cons {
+			f := c.sh.DFlags().Load()
+			if f&rmb.DError != 0 {
+				c.t.Fatalf("read: error %d", c.sh.DErrno().Load())
+			}
+			if f&rmb.DEOF != 0 && c.sh.RxProd().Load() == cons {
+				return out
+			}
+			c.waitLib(func() bool { return c.sh.RxProd().Load() != cons || c.sh.DFlags().Load() != f })
+			continue
+		}
+		a, b := rmb.RingSpans(cons, prod, size)
+		out = append(out, ring[a[0]:a[1]]...)
+		out = append(out, ring[b[0]:b[1]]...)
+		c.sh.RxCons().Store(prod)
+		c.kick(c.efdRx, c.sh.DRxWait())
+	}
+}
+
+func (c *libClient) setFlag(f uint32) {
+	c.sh.LibFlags().Or(f)
+	c.kick(c.efdTx, c.sh.DTxWait())
+}
+
+func echoServer(t *testing.T) *net.TCPListener {
+	t.Helper()
+	ln, err := net.ListenTCP("tcp4", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.AcceptTCP()
+			if err != nil {
+				return
+			}
+			go func() {
+				io.Copy(c, c)
+				c.CloseWrite()
+				io.Copy(io.Discard, c)
+				c.Close()
+			}()
+		}
+	}()
+	return ln
+}
+
+// TestDirectStream carries 4 MiB through the rings both ways (an echo server
+// at the other end), shuts down writing, and reads the peer's EOF.
+func TestDirectStream(t *testing.T) {
+	s := newDirectTestServer(t)
+	ln := echoServer(t)
+	c, m := connectDirect(t, s, ln.Addr().(*net.TCPAddr))
+	if m.Mode != rmb.ModeSMCR {
+		t.Fatalf("decided %+v", m)
+	}
+	data := make([]byte, 4<<20)
+	rand.Read(data)
+	got := make(chan []byte)
+	go func() { got <- c.readAll() }()
+	c.write(data)
+	c.setFlag(rmb.LibShutWR)
+	var back []byte
+	select {
+	case back = <-got:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no EOF")
+	}
+	if sha256.Sum256(back) != sha256.Sum256(data) {
+		t.Fatalf("echo: %d bytes, differ", len(back))
+	}
+	c.setFlag(rmb.LibClosed)
+	c.ch.Close()
+	select {
+	case <-s.Drained():
+	case <-time.After(5 * time.Second):
+		t.Fatal("connection not released after the program closed")
+	}
+}
+
+// TestDirectConnectRefused: a connect that fails is DECIDED FAILED with its errno.
+func TestDirectConnectRefused(t *testing.T) {
+	s := newDirectTestServer(t)
+	ln, _ := net.ListenTCP("tcp4", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	addr := ln.Addr().(*net.TCPAddr)
+	ln.Close()
+	_, m := connectDirect(t, s, addr)
+	if m.Mode != rmb.ModeFailed || m.Status != -int32(unix.ECONNREFUSED) {
+		t.Fatalf("decided %+v, want FAILED -ECONNREFUSED", m)
+	}
+}
+
+// TestDirectRefusesOtherDescriptors: a channel reaches only a TCP socket it
+// brings; a pipe, a Unix socket or nothing at all gets nothing.
+func TestDirectRefusesOtherDescriptors(t *testing.T) {
+	s := newDirectTestServer(t)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	udp, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(udp)
+	for name, fd := range map[string]int{"pipe": int(r.Fd()), "udp": udp} {
+		ch := dialChannel(t, s)
+		if err := sendDirect(ch, rmb.Msg{Type: rmb.MsgClient}, nil, []int{fd}); err != nil {
+			t.Fatal(err)
+		}
+		c := &libClient{t: t, ch: ch}
+		if m := c.recv(); m.Type != rmb.MsgReply || m.Status != -int32(unix.EINVAL) {
+			t.Errorf("%s: %+v, want REPLY -EINVAL", name, m)
+		}
+	}
+	// No descriptor, or garbage: the channel is closed without an answer.
+	for name, msg := range map[string][]byte{
+		"no fd":   rmb.Msg{Type: rmb.MsgClient}.Append(nil, nil),
+		"garbage": bytes.Repeat([]byte{0xff}, 40),
+	} {
+		ch := dialChannel(t, s)
+		ch.Write(msg)
+		ch.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if n, err := ch.Read(make([]byte, 64)); n != 0 || err == nil {
+			t.Errorf("%s: answered %d bytes, %v", name, n, err)
+		}
+	}
+}
+
+// TestDirectPolicyPage: the page says what the server was told, and that smcrd
+// is alive; Close turns it off.
+func TestDirectPolicyPage(t *testing.T) {
+	s, err := NewDirectServer(DirectOptions{Path: filepath.Join(t.TempDir(), "d.sock"), Ports: func(p uint16) bool { return p == 5201 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(s.Path() + ".policy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem := make([]uint64, rmb.PolicySize/8)
+	copy(unsafe.Slice((*byte)(unsafe.Pointer(&mem[0])), rmb.PolicySize), b)
+	p, _ := rmb.InitPolicy(unsafe.Slice((*byte)(unsafe.Pointer(&mem[0])), rmb.PolicySize))
+	if !p.Enabled() || !p.Port(5201) || p.Port(5202) || p.Heartbeat() == 0 {
+		t.Fatalf("page: enabled %v, 5201 %v, 5202 %v, beat %d", p.Enabled(), p.Port(5201), p.Port(5202), p.Heartbeat())
+	}
+	st, _ := os.Stat(s.Path() + ".policy")
+	if st.Mode().Perm() != 0o644 {
+		t.Errorf("policy page mode %v", st.Mode().Perm())
+	}
+	s.Close()
+	if _, err := os.Stat(s.Path() + ".policy"); !os.IsNotExist(err) {
+		t.Errorf("policy page left after Close: %v", err)
+	}
+}

@@ -1,0 +1,388 @@
+// A direct connection's shared area and the two pumps that carry its bytes
+// between the rings the library fills and empties and the SMC-R connection
+// (rmb/shared.go has the layout), and the policy page the libraries read.
+
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/smcr-io/smcr/bpf"
+	"github.com/smcr-io/smcr/rmb"
+	"github.com/smcr-io/smcr/smcr"
+)
+
+// directConn is one accelerated connection of a program with the library.
+type directConn struct {
+	log     *slog.Logger
+	carrier carrier
+	mem     []byte
+	sh      *rmb.Shared
+	memfd   int
+	efdLib  *os.File // smcrd writes: the library's pollers wake
+	efdTx   *os.File // the library writes: tx_prod or lib_flags moved
+	efdRx   *os.File // the library writes: rx_cons moved
+	libTx   int      // the library's ends of efdTx and efdRx, until passed
+	libRx   int
+
+	gone    atomic.Bool // the channel closed: the program is gone
+	stopped atomic.Bool // abort: smcrd ends the connection now
+	rxDone  chan struct{}
+}
+
+// newDirectConn makes the shared area (a sealed memfd) with rings of tx and
+// rx bytes and the three eventfds.
+func newDirectConn(c carrier, tx, rx int, log *slog.Logger) (*directConn, error) {
+	size := rmb.SharedSize(tx, rx)
+	memfd, err := unix.MemfdCreate("smcr-direct", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, fmt.Errorf("memfd: %w", err)
+	}
+	dc := &directConn{log: log, carrier: c, memfd: memfd, libTx: -1, libRx: -1, rxDone: make(chan struct{})}
+	fail := func(err error) (*directConn, error) {
+		dc.release()
+		return nil, err
+	}
+	if err := unix.Ftruncate(memfd, int64(size)); err != nil {
+		return fail(fmt.Errorf("memfd size: %w", err))
+	}
+	if _, err := unix.FcntlInt(uintptr(memfd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
+		return fail(fmt.Errorf("memfd seals: %w", err))
+	}
+	dc.mem, err = unix.Mmap(memfd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return fail(fmt.Errorf("mmap: %w", err))
+	}
+	if dc.sh, err = rmb.InitShared(dc.mem, tx, rx); err != nil {
+		return fail(err)
+	}
+	if dc.efdLib, err = eventFile("efd_lib"); err != nil {
+		return fail(err)
+	}
+	if dc.efdTx, err = eventFile("efd_dtx"); err != nil {
+		return fail(err)
+	}
+	if dc.efdRx, err = eventFile("efd_drx"); err != nil {
+		return fail(err)
+	}
+	return dc, nil
+}
+
+func eventFile(name string) (*os.File, error) {
+	fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		return nil, fmt.Errorf("eventfd: %w", err)
+	}
+	return os.NewFile(uintptr(fd), name), nil
+}
+
+// libraryFds are the descriptors DECIDED passes: memfd, efd_lib, efd_dtx,
+// efd_drx. They stay valid until closeLibraryFds.
+func (dc *directConn) libraryFds() []int {
+	return []int{dc.memfd, int(dc.efdLib.Fd()), int(dc.efdTx.Fd()), int(dc.efdRx.Fd())}
+}
+
+// closeLibraryFds closes smcrd's memfd once the library has its own.
+func (dc *directConn) closeLibraryFds() {
+	if dc.memfd >= 0 {
+		unix.Close(dc.memfd)
+		dc.memfd = -1
+	}
+}
+
+// release frees what newDirectConn made.
+func (dc *directConn) release() {
+	dc.closeLibraryFds()
+	for _, f := range []*os.File{dc.efdLib, dc.efdTx, dc.efdRx} {
+		if f != nil {
+			f.Close()
+		}
+	}
+	if dc.mem != nil {
+		unix.Munmap(dc.mem)
+		dc.mem = nil
+	}
+}
+
+// publish tells the library that smcrd's words moved.
+func (dc *directConn) publish() {
+	dc.sh.DSeq().Add(1)
+	if dc.sh.LibWaiters().Load() > 0 {
+		futexWake(dc.sh.DSeqAddr())
+	}
+	if dc.sh.LibPollers().Load() > 0 {
+		signal(dc.efdLib)
+	}
+}
+
+// abort ends the connection from smcrd's side: the program reads ECONNRESET.
+func (dc *directConn) abort() {
+	if dc.stopped.Swap(true) {
+		return
+	}
+	if a, ok := dc.carrier.(interface{ Abort() error }); ok {
+		a.Abort()
+	} else {
+		dc.carrier.Close()
+	}
+	dc.fail(unix.ECONNRESET)
+	signal(dc.efdTx)
+	signal(dc.efdRx)
+}
+
+// fail records err for the program's reads and writes.
+func (dc *directConn) fail(errno syscall.Errno) {
+	if dc.sh.DFlags().Load()&rmb.DError == 0 {
+		dc.sh.DErrno().Store(int32(errno))
+		dc.sh.DFlags().Or(rmb.DError)
+	}
+	dc.publish()
+}
+
+// run carries the bytes until the program has closed and every byte it wrote
+// has gone, or the connection failed; then it closes the carrier and frees
+// the area. ch, the library's channel, closes when the program is gone.
+func (dc *directConn) run(ch *net.UnixConn) {
+	if ch != nil {
+		go func() {
+			recvDirect(ch) // nothing more is sent on it: this is its EOF
+			dc.gone.Store(true)
+			signal(dc.efdTx)
+			signal(dc.efdRx)
+		}()
+	}
+	go dc.receive()
+	dc.send()
+	<-dc.rxDone
+	if ch != nil {
+		ch.Close()
+	}
+	dc.release()
+}
+
+// send carries the program's bytes from the send ring to the carrier, then
+// its half-close and close.
+func (dc *directConn) send() {
+	ring := dc.sh.TxRing()
+	size := uint64(len(ring))
+	cons := dc.sh.TxCons().Load()
+	shut := false
+	defer func() {
+		if dc.stopped.Load() {
+			return // abort closed the carrier
+		}
+		dc.carrier.Close()
+	}()
+	for !dc.stopped.Load() {
+		// Flags before the cursor: bytes the program wrote before it
+		// shut down or closed are all in the cursor read after.
+		flags := dc.sh.LibFlags().Load()
+		prod := dc.sh.TxProd().Load()
+		if prod-cons > size {
+			dc.log.Warn("direct: library's send cursor out of bounds: connection aborted")
+			dc.abort()
+			return
+		}
+		if prod != cons {
+			a, b := rmb.RingSpans(cons, prod, size)
+			for _, s := range [][2]uint64{a, b} {
+				if s[1] == s[0] {
+					continue
+				}
+				n, err := dc.carrier.Write(ring[s[0]:s[1]])
+				cons += uint64(n)
+				dc.sh.TxCons().Store(cons)
+				if err != nil {
+					dc.writeFailed(err)
+					return
+				}
+			}
+			dc.publish()
+			continue
+		}
+		switch {
+		case flags&rmb.LibClosed != 0 || dc.gone.Load():
+			return
+		case flags&rmb.LibShutWR != 0 && !shut:
+			shut = true
+			if err := dc.carrier.CloseWrite(); err != nil {
+				dc.writeFailed(err)
+				return
+			}
+			continue
+		case dc.sh.DFlags().Load()&rmb.DError != 0:
+			// Failed: wait only for the program to close.
+		}
+		dc.wait(dc.efdTx, dc.sh.DTxWait(), func() bool {
+			return dc.sh.TxProd().Load() != cons || dc.sh.LibFlags().Load() != flags || dc.gone.Load()
+		})
+	}
+}
+
+// writeFailed records a failed write: a peer that reads no more is EPIPE to
+// the program, anything else a reset.
+func (dc *directConn) writeFailed(err error) {
+	if errors.Is(err, smcr.ErrWriteClosed) || errors.Is(err, syscall.EPIPE) {
+		dc.sh.DFlags().Or(rmb.DTxClosed)
+		dc.publish()
+		// Wait for the program's close, which ends send's caller.
+		for !dc.stopped.Load() && !dc.gone.Load() && dc.sh.LibFlags().Load()&rmb.LibClosed == 0 {
+			flags := dc.sh.LibFlags().Load()
+			dc.wait(dc.efdTx, dc.sh.DTxWait(), func() bool { return dc.sh.LibFlags().Load() != flags || dc.gone.Load() })
+		}
+		return
+	}
+	dc.fail(errnoOf(err))
+	for !dc.stopped.Load() && !dc.gone.Load() && dc.sh.LibFlags().Load()&rmb.LibClosed == 0 {
+		flags := dc.sh.LibFlags().Load()
+		dc.wait(dc.efdTx, dc.sh.DTxWait(), func() bool { return dc.sh.LibFlags().Load() != flags || dc.gone.Load() })
+	}
+}
+
+// receive carries the peer's bytes from the carrier into the receive ring.
+func (dc *directConn) receive() {
+	defer close(dc.rxDone)
+	ring := dc.sh.RxRing()
+	size := uint64(len(ring))
+	prod := dc.sh.RxProd().Load()
+	for !dc.stopped.Load() && !dc.gone.Load() {
+		cons := dc.sh.RxCons().Load()
+		if prod-cons > size {
+			dc.log.Warn("direct: library's receive cursor out of bounds: connection aborted")
+			dc.abort()
+			return
+		}
+		if prod-cons == size {
+			dc.wait(dc.efdRx, dc.sh.DRxWait(), func() bool {
+				return dc.sh.RxCons().Load() != cons || dc.gone.Load() || dc.stopped.Load()
+			})
+			continue
+		}
+		a, _ := rmb.RingSpans(prod, cons+size, size)
+		n, err := dc.carrier.Read(ring[a[0]:a[1]])
+		if n > 0 {
+			prod += uint64(n)
+			dc.sh.RxProd().Store(prod)
+			dc.publish()
+		}
+		switch {
+		case err == io.EOF:
+			dc.sh.DFlags().Or(rmb.DEOF)
+			dc.publish()
+			return
+		case err != nil:
+			if !dc.gone.Load() && dc.sh.LibFlags().Load()&rmb.LibClosed == 0 {
+				dc.fail(errnoOf(err))
+			}
+			return
+		}
+	}
+}
+
+// wait sleeps on efd until ready reports true, with flag set meanwhile so
+// that the library knows to write efd.
+func (dc *directConn) wait(efd *os.File, flag *atomic.Uint32, ready func() bool) {
+	flag.Store(1)
+	defer flag.Store(0)
+	if ready() || dc.stopped.Load() {
+		return
+	}
+	var b [8]byte
+	efd.Read(b[:]) // blocks in the netpoller; abort and the channel's end write it
+}
+
+// errnoOf is what the program's read or write returns for err.
+func errnoOf(err error) syscall.Errno {
+	var errno syscall.Errno
+	switch {
+	case errors.As(err, &errno):
+		return errno
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return unix.ETIMEDOUT
+	}
+	return unix.ECONNRESET
+}
+
+// signal adds one to an eventfd.
+func signal(f *os.File) {
+	var one [8]byte
+	*(*uint64)(unsafe.Pointer(&one[0])) = 1
+	f.Write(one[:])
+}
+
+func futexWake(addr unsafe.Pointer) {
+	const futexWakeOp = 1 // FUTEX_WAKE, shared: the word is in a MAP_SHARED mapping
+	unix.Syscall6(unix.SYS_FUTEX, uintptr(addr), futexWakeOp, math.MaxInt32, 0, 0, 0)
+}
+
+// policyPage is the policy page the libraries map (rmb.Policy), a file
+// beside the direct socket.
+type policyPage struct {
+	path string
+	mem  []byte
+	p    *rmb.Policy
+	mu   sync.Mutex
+}
+
+// newPolicyPage makes the page at path, world-readable, and beats once.
+func newPolicyPage(path string) (*policyPage, error) {
+	tmp := path + ".new"
+	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("policy page: %w", err)
+	}
+	defer f.Close()
+	if err := f.Chmod(0o644); err != nil { // whatever the umask
+		return nil, fmt.Errorf("policy page: %w", err)
+	}
+	if err := f.Truncate(rmb.PolicySize); err != nil {
+		os.Remove(tmp)
+		return nil, fmt.Errorf("policy page: %w", err)
+	}
+	mem, err := unix.Mmap(int(f.Fd()), 0, rmb.PolicySize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		os.Remove(tmp)
+		return nil, fmt.Errorf("policy page: %w", err)
+	}
+	p, _ := rmb.InitPolicy(mem)
+	pg := &policyPage{path: path, mem: mem, p: p}
+	pg.beat()
+	if err := os.Rename(tmp, path); err != nil {
+		unix.Munmap(mem)
+		os.Remove(tmp)
+		return nil, fmt.Errorf("policy page: %w", err)
+	}
+	return pg, nil
+}
+
+func (pg *policyPage) beat() { pg.p.Beat(uint64(bpf.Monotonic())) }
+
+func (pg *policyPage) set(enabled bool, listed func(uint16) bool) {
+	pg.mu.Lock()
+	defer pg.mu.Unlock()
+	pg.p.SetPorts(listed)
+	pg.p.SetEnabled(enabled)
+}
+
+// close turns the page off for libraries that still map it and removes it.
+func (pg *policyPage) close() error {
+	pg.p.SetEnabled(false)
+	pg.p.Beat(0)
+	err := unix.Munmap(pg.mem)
+	if rerr := os.Remove(pg.path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+		err = errors.Join(err, rerr)
+	}
+	return err
+}
