@@ -52,3 +52,16 @@ func TestAccelerated(t *testing.T) {
 		})
 	}
 }
+
+// TestFork: a connection shared by fork goes on in the child after the parent
+// closed its copy, and ends with the child's close.
+func TestFork(t *testing.T) {
+	build(t)
+	sock := fakeSmcrd(t)
+	for _, m := range []mode{{name: "kernel"}, {name: "smcr", lib: "libsmcr-preload.so", socket: sock}} {
+		out, errOut, err := run(t, m, "fork")
+		if err != nil || out != "ok\n" {
+			t.Errorf("fork %s: %v\nstdout: %s\nstderr: %s", m.name, err, out, errOut)
+		}
+	}
+}

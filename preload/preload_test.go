@@ -37,7 +37,7 @@ func build(t *testing.T) string {
 			buildErr = fmt.Errorf("make: %v\n%s", err, out)
 			return
 		}
-		for _, p := range []string{"ready", "echo", "prefix"} {
+		for _, p := range []string{"ready", "echo", "prefix", "reset", "fork"} {
 			out, err := exec.Command("gcc", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O2", "-pthread",
 				"-o", filepath.Join(buildDir, p), filepath.Join("testdata", p+".c")).CombinedOutput()
 			if err != nil {
@@ -53,6 +53,10 @@ func build(t *testing.T) string {
 }
 
 func TestMain(m *testing.M) {
+	if path := os.Getenv("SMCR_PRELOAD_TEST_SMCRD"); path != "" {
+		helperSmcrd(path) // a fake smcrd in a process of its own, to be killed
+		return
+	}
 	code := m.Run()
 	if buildDir != "" {
 		os.RemoveAll(buildDir)
