@@ -45,6 +45,7 @@ func TestAccelerated(t *testing.T) {
 	for _, m := range []mode{
 		{name: "smcr", lib: "libsmcr-preload.so", socket: sock},
 		{name: "smcr-ubsan", lib: "libsmcr-preload-ubsan.so", socket: sock},
+		{name: "smcr-asan", lib: "libsmcr-preload-asan.so", socket: sock},
 	} {
 		t.Run(m.name, func(t *testing.T) {
 			compareReady(t, m, true)
@@ -58,7 +59,8 @@ func TestAccelerated(t *testing.T) {
 func TestFork(t *testing.T) {
 	build(t)
 	sock := fakeSmcrd(t)
-	for _, m := range []mode{{name: "kernel"}, {name: "smcr", lib: "libsmcr-preload.so", socket: sock}} {
+	for _, m := range []mode{{name: "kernel"}, {name: "smcr", lib: "libsmcr-preload.so", socket: sock},
+		{name: "smcr-asan", lib: "libsmcr-preload-asan.so", socket: sock}} {
 		out, errOut, err := run(t, m, "fork")
 		if err != nil || out != "ok\n" {
 			t.Errorf("fork %s: %v\nstdout: %s\nstderr: %s", m.name, err, out, errOut)
