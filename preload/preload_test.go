@@ -175,6 +175,7 @@ var echoCases = [][]string{
 	{"nonblock", "none"},
 	{"nonblock", "poll"},
 	{"nonblock", "epoll"},
+	{"nonblock", "epoll-early"},
 	{"nonblock", "select"},
 }
 

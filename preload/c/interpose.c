@@ -40,8 +40,10 @@ __attribute__((constructor)) static void smcr_init(void)
 {
 	real_init();
 	channel_init();
-	if (!smcr_disabled)
+	if (!smcr_disabled) {
 		fdt_init();
+		ready_init();
+	}
 	pthread_atfork(NULL, on_fork, on_fork);
 }
 
@@ -118,8 +120,10 @@ static const struct obj_ops listener_ops = {.last_close = listener_last_close, .
 EXPORT int socket(int domain, int type, int protocol)
 {
 	int fd = R(socket)(domain, type, protocol);
-	if (fd >= 0)
+	if (fd >= 0) {
+		ready_forget_fd(fd);
 		fdt_forget(fd);
+	}
 	return fd;
 }
 
@@ -201,6 +205,7 @@ static int connect_offer(int fd, const struct sockaddr *addr, socklen_t len)
 	}
 	fdt_install(fd, &c->o);
 	obj_put(&c->o);
+	ready_adopt(c, fd); /* put in an epoll set before connect() */
 	channel_send(ch, SMCR_MSG_CONNECTING, -1); /* a failure shows as a broken channel */
 	if (fl & O_NONBLOCK) {
 		errno = EINPROGRESS;
@@ -287,6 +292,7 @@ static int do_accept(int fd, struct sockaddr *addr, socklen_t *len, int flags, i
 	if (nfd < 0)
 		return nfd;
 	int e = errno;
+	ready_forget_fd(nfd);
 	fdt_forget(nfd);
 	if (o && o->kind == OBJ_LISTENER)
 		accepted_offer(nfd, !!(flags & SOCK_NONBLOCK));
@@ -308,6 +314,7 @@ EXPORT int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags)
 
 EXPORT int close(int fd)
 {
+	ready_forget_fd(fd);
 	struct obj *o = fdt_take(fd);
 	if (o)
 		fdt_release(o);
@@ -348,6 +355,7 @@ EXPORT int shutdown(int fd, int how)
 
 static void dup_done(int oldfd, int newfd)
 {
+	ready_forget_fd(newfd);
 	fdt_forget(newfd);
 	struct obj *o = fdt_get(oldfd);
 	if (o)
@@ -920,7 +928,10 @@ EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 	int r;
 	if (fdt_get(fd) && ready_epoll_ctl(epfd, op, fd, ev, &r))
 		return r;
-	return R(epoll_ctl)(epfd, op, fd, ev);
+	r = R(epoll_ctl)(epfd, op, fd, ev);
+	if (r == 0)
+		ready_note_ctl(epfd, op, fd, ev);
+	return r;
 }
 
 static int64_t ms_to_ns(int ms)

@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "channel.h"
@@ -203,6 +204,92 @@ static int emulated(struct conn *c)
 	return c && atomic_load_explicit(&c->state, memory_order_acquire) != CS_TCP;
 }
 
+/* member_add makes fd (of c) a member of s; ep_mu held. 0 or -errno. */
+static int member_add(struct eset *s, struct conn *c, int fd, const struct epoll_event *ev)
+{
+	struct member *m = member_alloc();
+	if (!m)
+		return -ENOSPC;
+	obj_get(&c->o);
+	m->set = s;
+	m->c = c;
+	m->fd = fd;
+	m->events = ev->events;
+	m->data = ev->data;
+	m->kick = 1;
+	m->next_set = s->members;
+	s->members = m;
+	m->next_conn = c->members;
+	c->members = m;
+	atomic_fetch_add(&s->nmembers, 1);
+	int r = member_register(m);
+	if (r < 0) {
+		member_unregister(m);
+		member_free(m);
+	}
+	return r;
+}
+
+/* ---- kernel registrations of plain sockets, remembered so that a socket the
+ * program put in an epoll set before its connect() can be emulated once offered:
+ * one (the latest) per fd. */
+
+struct epreg {
+	int epfd_plus1;
+	uint32_t events;
+	epoll_data_t data;
+};
+
+static struct epreg *epreg;
+
+void ready_init(void)
+{
+	if (!smcr_fdt_size)
+		return;
+	void *p = mmap(NULL, (size_t)smcr_fdt_size * sizeof(struct epreg), PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (p != MAP_FAILED)
+		epreg = p;
+}
+
+void ready_note_ctl(int epfd, int op, int fd, const struct epoll_event *ev)
+{
+	if (!epreg || (unsigned)fd >= (unsigned)smcr_fdt_size || !eset_of(epfd))
+		return;
+	struct epreg *e = &epreg[fd];
+	if (op == EPOLL_CTL_DEL) {
+		if (e->epfd_plus1 == epfd + 1)
+			e->epfd_plus1 = 0;
+	} else if (ev) {
+		e->events = ev->events;
+		e->data = ev->data;
+		e->epfd_plus1 = epfd + 1;
+	}
+}
+
+void ready_forget_fd(int fd)
+{
+	if (epreg && (unsigned)fd < (unsigned)smcr_fdt_size && epreg[fd].epfd_plus1)
+		epreg[fd].epfd_plus1 = 0;
+}
+
+void ready_adopt(struct conn *c, int fd)
+{
+	if (!epreg || (unsigned)fd >= (unsigned)smcr_fdt_size || !epreg[fd].epfd_plus1)
+		return;
+	struct epreg e = epreg[fd];
+	epreg[fd].epfd_plus1 = 0;
+	int epfd = e.epfd_plus1 - 1;
+	struct eset *s = eset_of(epfd);
+	if (!s || R(epoll_ctl)(epfd, EPOLL_CTL_DEL, fd, NULL) < 0)
+		return;
+	struct epoll_event ev = {.events = e.events, .data = e.data};
+	pthread_mutex_lock(&ep_mu);
+	s->epfd = epfd;
+	member_add(s, c, fd, &ev);
+	pthread_mutex_unlock(&ep_mu);
+}
+
 int ready_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, int *ret)
 {
 	struct eset *s = eset_of(epfd);
@@ -233,28 +320,7 @@ int ready_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, int *ret)
 			r = -EFAULT;
 			break;
 		}
-		m = member_alloc();
-		if (!m) {
-			r = -ENOSPC;
-			break;
-		}
-		obj_get(&c->o);
-		m->set = s;
-		m->c = c;
-		m->fd = fd;
-		m->events = ev->events;
-		m->data = ev->data;
-		m->kick = 1;
-		m->next_set = s->members;
-		s->members = m;
-		m->next_conn = c->members;
-		c->members = m;
-		atomic_fetch_add(&s->nmembers, 1);
-		r = member_register(m);
-		if (r < 0) {
-			member_unregister(m);
-			member_free(m);
-		}
+		r = member_add(s, c, fd, ev);
 		break;
 	case EPOLL_CTL_MOD:
 		if (!ev) {

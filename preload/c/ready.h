@@ -14,6 +14,14 @@
 void ready_decided(struct conn *c, int old_chan);
 void ready_conn_closed(struct conn *c);
 
+void ready_init(void);
+/* ready_note_ctl remembers a plain fd's kernel registration (epoll_ctl passed
+ * through, successfully); ready_forget_fd forgets it (close); ready_adopt moves it
+ * into the emulation once the socket is offered to smcrd (connect). */
+void ready_note_ctl(int epfd, int op, int fd, const struct epoll_event *ev);
+void ready_forget_fd(int fd);
+void ready_adopt(struct conn *c, int fd);
+
 /* ready_epoll_created records a new epoll fd (so its members can be emulated). */
 void ready_epoll_created(int epfd);
 /* 1 if epoll_ctl was handled here (result in *ret), 0 to pass it to the kernel. */

@@ -1,7 +1,8 @@
 /* echo.c: a TCP echo over loopback, content checked by hash. A server thread echoes
  * (blocking readv/writev, or recv/send) until EOF; the client sends size bytes and
  * reads them back.
- * usage: echo block|nonblock none|poll|epoll|select|sendfile size
+ * usage: echo block|nonblock none|poll|epoll|epoll-early|select|sendfile size
+ * (epoll-early: the socket joins the epoll set before its connect)
  * stdout: "sent N H recv N H"; exit 0 when both match. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -135,7 +136,7 @@ static void wait_io(int s, int want_out, int ep)
 			FD_SET(s, &w);
 		struct timeval tv = {10, 0};
 		CHECK(select(s + 1, &r, &w, NULL, &tv) > 0);
-	} else if (strcmp(wait_mode, "epoll") == 0) {
+	} else if (strncmp(wait_mode, "epoll", 5) == 0) {
 		struct epoll_event ev = {.events = EPOLLIN | (want_out ? EPOLLOUT : 0), .data.u64 = 42};
 		CHECK(epoll_ctl(ep, EPOLL_CTL_MOD, s, &ev) == 0);
 		CHECK(epoll_wait(ep, &ev, 1, 10000) == 1 && ev.data.u64 == 42);
@@ -164,6 +165,12 @@ int main(int argc, char **argv)
 
 	int s = socket(AF_INET, SOCK_STREAM | (nonblock ? SOCK_NONBLOCK : 0), 0);
 	CHECK(s >= 0);
+	int ep = -1;
+	if (strcmp(wait_mode, "epoll-early") == 0) {
+		ep = epoll_create1(0);
+		struct epoll_event ev = {.events = EPOLLOUT, .data.u64 = 42};
+		CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev) == 0);
+	}
 	int r = connect(s, (struct sockaddr *)&a, sizeof(a));
 	CHECK(r == 0 || (nonblock && errno == EINPROGRESS));
 	int view = fcntl(s, F_GETFL), kernel = (int)syscall(SYS_fcntl, s, F_GETFL);
@@ -171,7 +178,6 @@ int main(int argc, char **argv)
 
 	struct hash rh = {0xcbf29ce484222325ull, 0}, *sh;
 	unsigned char buf[65536];
-	int ep = -1;
 	if (strcmp(wait_mode, "epoll") == 0) {
 		ep = epoll_create1(0);
 		struct epoll_event ev = {.events = EPOLLOUT, .data.u64 = 42};
