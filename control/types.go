@@ -78,10 +78,21 @@ type Stats struct {
 
 	Links LinkEvents `json:"links"`
 
+	Direct DirectCounts `json:"direct"`
+
 	// Programs are the eBPF programs' counters (bpf.StatNames): connections
 	// redirected to smcrd or left direct and why (skip_*), SYNs marked and
 	// steered, SMC options sent and echoed.
 	Programs map[string]uint64 `json:"programs,omitempty"`
+}
+
+// DirectCounts count the sockets programs brought to smcrd with the direct
+// mode's library (docs/direct.md), by outcome.
+type DirectCounts struct {
+	SMCR    uint64 `json:"smcr"`    // carried through shared memory over SMC-R
+	TCP     uint64 `json:"tcp"`     // handed back as plain TCP after CLC or without it
+	Failed  uint64 `json:"failed"`  // connects that failed (the program got the error)
+	Refused uint64 `json:"refused"` // not taken: not a TCP socket, no option on the SYN, disabled
 }
 
 // LinkEvents count what happened to the links of the link groups: second links

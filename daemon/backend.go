@@ -140,6 +140,10 @@ func (d *Daemon) stats(s smcr.Stats, reset bool) control.Stats {
 		Links: control.LinkEvents{Added: s.AddLinks, Deleted: s.DeleteLinks,
 			ConnsMoved: s.MovedConns, ConnsContinued: s.Continued},
 	}
+	if d.direct != nil {
+		ds := &d.direct.st
+		out.Direct = control.DirectCounts{SMCR: get(&ds.smcr), TCP: get(&ds.tcp), Failed: get(&ds.failed), Refused: get(&ds.refused)}
+	}
 	for k, n := range s.Fallback {
 		out.Fallbacks = append(out.Fallbacks, control.FallbackCount{Code: uint32(k.Code), Reason: k.Code.String(), Side: k.Side.String(), Count: n})
 		out.Connections.Fallback += n

@@ -109,7 +109,7 @@ type DirectServer struct {
 
 // directStats counts what the direct server did, for smcrctl stats.
 type directStats struct {
-	channels, smcr, tcp, failed, refused atomic.Uint64
+	smcr, tcp, failed, refused atomic.Uint64
 }
 
 // DirectOptions configure a DirectServer made by NewDirectServer.
@@ -213,7 +213,6 @@ func (s *DirectServer) Serve() {
 			time.Sleep(10 * time.Millisecond) // out of descriptors, say
 			continue
 		}
-		s.st.channels.Add(1)
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()

@@ -30,6 +30,7 @@ var bins struct {
 	dir     string
 	smcrd   string
 	testapp string
+	preload string // libsmcr-preload.so, the direct mode's library
 	err     error
 }
 
@@ -40,6 +41,7 @@ func TestMain(m *testing.M) {
 	if dir := os.Getenv("SMCR_E2E_BIN"); dir != "" {
 		bins.smcrd = filepath.Join(dir, "smcrd")
 		bins.testapp = filepath.Join(dir, "testapp")
+		bins.preload = filepath.Join(dir, "libsmcr-preload.so")
 		os.Exit(m.Run())
 	}
 	dir, err := os.MkdirTemp("", "smcr-e2e-bin")
@@ -50,6 +52,10 @@ func TestMain(m *testing.M) {
 	bins.dir = dir
 	bins.smcrd = filepath.Join(dir, "smcrd")
 	bins.testapp = filepath.Join(dir, "testapp")
+	bins.preload = filepath.Join(dir, "libsmcr-preload.so")
+	if out, err := exec.Command("make", "-s", "-C", "../../preload", "BIN="+dir).CombinedOutput(); err != nil {
+		bins.err = fmt.Errorf("make preload: %v\n%s", err, out)
+	}
 	for _, b := range []struct{ out, pkg string }{{bins.smcrd, "../../cmd/smcrd"}, {bins.testapp, "./testapp"}} {
 		cmd := exec.Command("go", "build", "-o", b.out, b.pkg)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0") // static, as the issue asks of the Go program

@@ -146,6 +146,15 @@ func writeStats(out io.Writer, st control.Stats, detail bool) error {
 	row(tw, "  connections continued over TCP", st.Links.ConnsContinued)
 	tw.Flush()
 
+	fmt.Fprintln(w)
+	tw = table(w)
+	row(tw, "Direct mode (smcrctl run)")
+	row(tw, "  SMC-R through shared memory", st.Direct.SMCR)
+	row(tw, "  handed back as TCP", st.Direct.TCP)
+	row(tw, "  connects failed", st.Direct.Failed)
+	row(tw, "  not taken", st.Direct.Refused)
+	tw.Flush()
+
 	if len(st.Programs) > 0 {
 		fmt.Fprintln(w)
 		tw = table(w)
