@@ -31,6 +31,7 @@ var bins struct {
 	smcrd   string
 	testapp string
 	preload string // libsmcr-preload.so, the direct mode's library
+	ddbench string // the direct mode's benchmark peer (testdata/ddbench.c)
 	err     error
 }
 
@@ -42,6 +43,7 @@ func TestMain(m *testing.M) {
 		bins.smcrd = filepath.Join(dir, "smcrd")
 		bins.testapp = filepath.Join(dir, "testapp")
 		bins.preload = filepath.Join(dir, "libsmcr-preload.so")
+		bins.ddbench = filepath.Join(dir, "ddbench")
 		os.Exit(m.Run())
 	}
 	dir, err := os.MkdirTemp("", "smcr-e2e-bin")
@@ -53,8 +55,11 @@ func TestMain(m *testing.M) {
 	bins.smcrd = filepath.Join(dir, "smcrd")
 	bins.testapp = filepath.Join(dir, "testapp")
 	bins.preload = filepath.Join(dir, "libsmcr-preload.so")
+	bins.ddbench = filepath.Join(dir, "ddbench")
 	if out, err := exec.Command("make", "-s", "-C", "../../preload", "BIN="+dir).CombinedOutput(); err != nil {
 		bins.err = fmt.Errorf("make preload: %v\n%s", err, out)
+	} else if out, err := exec.Command("gcc", "-O2", "-Wall", "-Werror", "-o", bins.ddbench, "testdata/ddbench.c", "-lpthread").CombinedOutput(); err != nil {
+		bins.err = fmt.Errorf("build ddbench: %v\n%s", err, out)
 	}
 	for _, b := range []struct{ out, pkg string }{{bins.smcrd, "../../cmd/smcrd"}, {bins.testapp, "./testapp"}} {
 		cmd := exec.Command("go", "build", "-o", b.out, b.pkg)
