@@ -72,6 +72,7 @@ void conn_mark_reset(struct conn *c, int fd)
 		return;
 	set_linger0(fd);
 	ring_wake_local(c);
+	ready_conn_changed(c);
 }
 
 int conn_check_reset(struct conn *c, int fd)

@@ -340,6 +340,7 @@ EXPORT int shutdown(int fd, int how)
 		}
 		if (how != SHUT_RD && !atomic_exchange(&c->shut_wr, 1))
 			ring_shutdown_wr(c);
+		ready_conn_changed(c);
 		return 0;
 	case CS_PREFIX:
 		if (how != SHUT_WR)

@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -37,6 +38,10 @@ struct member {
 	uint32_t last_rev;
 	uint64_t last_seq;
 	int kick, disarmed;
+	/* the set's ready list: members to look at in the next epoll_wait (those
+	 * whose wait object fired, and level-triggered ones that were ready) */
+	struct member *rnext, *rprev;
+	int on_ready;
 };
 
 struct eset {
@@ -44,12 +49,63 @@ struct eset {
 	int epfd;
 	struct member *members;
 	atomic_int nmembers;
+	struct member *rhead, *rtail; /* the ready list */
+	int wake_fd; /* an eventfd in the set (edge-triggered): marks from outside a wait */
 };
+
+/* ready list operations; ep_mu held */
+static void ready_push(struct member *m)
+{
+	struct eset *s = m->set;
+	if (m->on_ready)
+		return;
+	m->on_ready = 1;
+	m->rnext = NULL;
+	m->rprev = s->rtail;
+	if (s->rtail)
+		s->rtail->rnext = m;
+	else
+		s->rhead = m;
+	s->rtail = m;
+}
+
+static void ready_remove(struct member *m)
+{
+	struct eset *s = m->set;
+	if (!m->on_ready)
+		return;
+	if (m->rprev)
+		m->rprev->rnext = m->rnext;
+	else
+		s->rhead = m->rnext;
+	if (m->rnext)
+		m->rnext->rprev = m->rprev;
+	else
+		s->rtail = m->rprev;
+	m->on_ready = 0;
+	m->rnext = m->rprev = NULL;
+}
+
+/* mark: the member's readiness may have changed */
+static void mark(struct member *m)
+{
+	m->kick = 1;
+	ready_push(m);
+}
+
+/* mark_wake: mark, and wake a thread that waits on the set in the kernel */
+static void mark_wake(struct member *m)
+{
+	mark(m);
+	if (m->set->wake_fd >= 0)
+		ring_kick(m->set->wake_fd);
+}
 
 #define MAX_MEMBERS 65536
 static struct member arena[MAX_MEMBERS];
 static struct member *free_list;
-static int arena_used;
+static int arena_used = 1; /* arena[0] is the tag of the sets' wake eventfds */
+#define WAKE_TAG ((uint64_t)(uintptr_t)&arena[0])
 static pthread_mutex_t ep_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static int own(uint64_t u)
@@ -106,6 +162,8 @@ static int member_register(struct member *m)
 	case CS_ACCEL:
 		if (atomic_load(&c->reset))
 			return 0;
+		/* edge-triggered and never drained here: one write reaches every set */
+		ev.events = EPOLLIN | EPOLLET;
 		if (R(epoll_ctl)(epfd, EPOLL_CTL_ADD, c->efd_lib, &ev) < 0 && errno != EEXIST)
 			return -errno;
 		m->reg_wait = c->efd_lib;
@@ -151,6 +209,7 @@ static void member_free(struct member *m)
 			*pp = m->next_conn;
 			break;
 		}
+	ready_remove(m);
 	atomic_fetch_sub(&m->set->nmembers, 1);
 	struct conn *c = m->c;
 	m->in_use = 0;
@@ -170,6 +229,9 @@ static void eset_last_close(struct obj *o)
 		pollers_add(m, -1); /* the kernel set goes with the epoll fd */
 		member_free(m);
 	}
+	if (s->wake_fd >= 0)
+		R(close)(s->wake_fd);
+	s->wake_fd = -1;
 	pthread_mutex_unlock(&ep_mu);
 }
 
@@ -187,6 +249,7 @@ void ready_epoll_created(int epfd)
 		return;
 	obj_init(&s->o, OBJ_EPOLL, &eset_ops);
 	s->epfd = epfd;
+	s->wake_fd = -1;
 	if (fdt_install(epfd, &s->o) < 0)
 		free(s);
 	else
@@ -207,6 +270,18 @@ static int emulated(struct conn *c)
 /* member_add makes fd (of c) a member of s; ep_mu held. 0 or -errno. */
 static int member_add(struct eset *s, struct conn *c, int fd, const struct epoll_event *ev)
 {
+	if (s->wake_fd < 0) {
+		int w = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+		if (w < 0)
+			return -errno;
+		struct epoll_event wev = {.events = EPOLLIN | EPOLLET, .data.u64 = WAKE_TAG};
+		if (R(epoll_ctl)(s->epfd, EPOLL_CTL_ADD, w, &wev) < 0) {
+			int e = errno;
+			R(close)(w);
+			return -e;
+		}
+		s->wake_fd = w;
+	}
 	struct member *m = member_alloc();
 	if (!m)
 		return -ENOSPC;
@@ -216,7 +291,6 @@ static int member_add(struct eset *s, struct conn *c, int fd, const struct epoll
 	m->fd = fd;
 	m->events = ev->events;
 	m->data = ev->data;
-	m->kick = 1;
 	m->next_set = s->members;
 	s->members = m;
 	m->next_conn = c->members;
@@ -226,6 +300,8 @@ static int member_add(struct eset *s, struct conn *c, int fd, const struct epoll
 	if (r < 0) {
 		member_unregister(m);
 		member_free(m);
+	} else {
+		mark_wake(m);
 	}
 	return r;
 }
@@ -330,8 +406,8 @@ int ready_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, int *ret)
 		m->events = ev->events;
 		m->data = ev->data;
 		m->disarmed = 0;
-		m->kick = 1;
 		m->last_rev = 0;
+		mark_wake(m);
 		break;
 	case EPOLL_CTL_DEL:
 		member_unregister(m);
@@ -362,7 +438,6 @@ void ready_decided(struct conn *c, int old_chan)
 		if (m->reg_wait == old_chan && old_chan >= 0)
 			kreg(epfd, EPOLL_CTL_DEL, old_chan, 0, 0);
 		m->reg_wait = -1;
-		m->kick = 1;
 		if (atomic_load(&c->state) == CS_TCP) {
 			/* plain TCP: hand the socket to the kernel set as the program asked */
 			struct epoll_event ev = {.events = m->events, .data = m->data};
@@ -376,7 +451,7 @@ void ready_decided(struct conn *c, int old_chan)
 			continue;
 		}
 		if (atomic_load(&c->state) == CS_ACCEL) {
-			kreg(epfd, EPOLL_CTL_ADD, c->efd_lib, EPOLLIN, tag);
+			kreg(epfd, EPOLL_CTL_ADD, c->efd_lib, EPOLLIN | EPOLLET, tag);
 			m->reg_wait = c->efd_lib;
 			kreg(epfd, EPOLL_CTL_ADD, old_chan, 0, tag | 1);
 			m->reg_chan = old_chan;
@@ -385,7 +460,16 @@ void ready_decided(struct conn *c, int old_chan)
 			kreg(epfd, EPOLL_CTL_ADD, m->fd, EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLPRI | EPOLLET, tag);
 			m->reg_wait = m->fd;
 		}
+		mark_wake(m);
 	}
+	pthread_mutex_unlock(&ep_mu);
+}
+
+void ready_conn_changed(struct conn *c)
+{
+	pthread_mutex_lock(&ep_mu);
+	for (struct member *m = c->members; m; m = m->next_conn)
+		mark_wake(m);
 	pthread_mutex_unlock(&ep_mu);
 }
 
@@ -424,30 +508,40 @@ static void drain(int efd)
 		(void)!R(read)(efd, &v, sizeof(v));
 }
 
-/* scan reports the ready members (level, edge, one-shot); ep_mu held */
+/* scan reports the ready members of the set's ready list (level, edge, one-shot);
+ * ep_mu held. Level-triggered members reported go back to the list's end, to be
+ * looked at again next time. */
 static int scan(struct eset *s, struct epoll_event *evs, int max)
 {
 	int n = 0;
-	for (struct member *m = s->members; m && n < max; m = m->next_set) {
+	struct member *last = s->rtail;
+	int done = !last;
+	while (!done && n < max) {
+		struct member *m = s->rhead;
+		done = m == last;
+		ready_remove(m);
 		if (m->disarmed)
 			continue;
 		struct conn *c = m->c;
 		uint64_t seq = conn_seq(c);
 		uint32_t rev = conn_revents(c, m->fd) & (m->events | EPOLLERR | EPOLLHUP);
+		int kick = m->kick;
+		m->kick = 0;
 		if (!rev) {
 			m->last_rev = 0;
 			continue;
 		}
-		if ((m->events & EPOLLET) && !m->kick && rev == m->last_rev && seq == m->last_seq)
+		if ((m->events & EPOLLET) && !kick && rev == m->last_rev && seq == m->last_seq)
 			continue;
 		evs[n].events = rev;
 		evs[n].data = m->data;
 		n++;
 		m->last_rev = rev;
 		m->last_seq = seq;
-		m->kick = 0;
 		if (m->events & EPOLLONESHOT)
 			m->disarmed = 1;
+		else if (!(m->events & EPOLLET))
+			ready_push(m);
 	}
 	return n;
 }
@@ -472,9 +566,9 @@ int ready_epoll_wait(int epfd, struct epoll_event *evs, int max, int64_t timeout
 		int k = R(epoll_pwait)(epfd, evs + n, max - n, t, sigmask);
 		if (k < 0)
 			return n ? n : -1;
-		struct conn *decide[MAX_DECIDE];
-		int decide_fd[MAX_DECIDE];
-		int nd = 0, nown = 0, out = n;
+		struct conn *decide[MAX_DECIDE], *reset[MAX_DECIDE];
+		int decide_fd[MAX_DECIDE], reset_fd[MAX_DECIDE];
+		int nd = 0, nr = 0, nown = 0, out = n;
 		pthread_mutex_lock(&ep_mu);
 		for (int i = n; i < n + k; i++) {
 			if (!own(evs[i].data.u64)) {
@@ -482,29 +576,40 @@ int ready_epoll_wait(int epfd, struct epoll_event *evs, int max, int64_t timeout
 				continue;
 			}
 			nown++;
+			if (evs[i].data.u64 == WAKE_TAG)
+				continue; /* marked from outside: the scan sees it */
 			struct member *m = (struct member *)(uintptr_t)(evs[i].data.u64 & ~(uint64_t)1);
 			if (!m->in_use || m->set != s)
 				continue;
 			struct conn *c = m->c;
-			m->kick = 1;
+			mark(m);
 			int st = atomic_load(&c->state);
 			if (evs[i].data.u64 & 1) {
-				if (st == CS_ACCEL)
-					conn_mark_reset(c, m->fd);
+				/* the channel hung up: smcrd is gone; stop watching it */
+				if (m->reg_chan >= 0)
+					kreg(s->epfd, EPOLL_CTL_DEL, m->reg_chan, 0, 0);
+				m->reg_chan = -1;
+				if (st == CS_ACCEL && nr < MAX_DECIDE) {
+					obj_get(&c->o);
+					reset[nr] = c;
+					reset_fd[nr++] = m->fd;
+				}
 			} else if (st == CS_PENDING) {
 				if (nd < MAX_DECIDE) {
 					obj_get(&c->o);
 					decide[nd] = c;
 					decide_fd[nd++] = m->fd;
 				}
-			} else if (st == CS_ACCEL && m->reg_wait == c->efd_lib) {
-				drain(c->efd_lib);
 			}
 		}
 		pthread_mutex_unlock(&ep_mu);
 		for (int i = 0; i < nd; i++) {
 			conn_decide(decide[i], decide_fd[i], 0);
 			obj_put(&decide[i]->o);
+		}
+		for (int i = 0; i < nr; i++) {
+			conn_mark_reset(reset[i], reset_fd[i]);
+			obj_put(&reset[i]->o);
 		}
 		if (out > 0)
 			return out;
@@ -594,8 +699,13 @@ int ready_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t 
 			int st = atomic_load(&c->state);
 			if (st == CS_ACCEL && w->fd == c->efd_lib) {
 				atomic_fetch_sub(&c->sh->lib_pollers, 1);
-				if (k > 0 && (w->revents & POLLIN))
+				if (k > 0 && (w->revents & POLLIN)) {
 					drain(c->efd_lib);
+					/* an epoll set that has c would now miss this wake-up
+					 * (epoll drops an edge of an eventfd read empty) */
+					if (c->members)
+						ready_conn_changed(c);
+				}
 				if (k > 0 && (w[1].revents & (POLLHUP | POLLERR | POLLIN)))
 					conn_mark_reset(c, fds[i].fd);
 			} else if (st == CS_PENDING && k > 0 && w->revents) {
