@@ -67,3 +67,26 @@ func TestFork(t *testing.T) {
 		}
 	}
 }
+
+// TestManyConnections: one epoll loop (edge- and level-triggered) over many
+// accelerated connections at once, content checked by hash.
+func TestManyConnections(t *testing.T) {
+	build(t)
+	sock := fakeSmcrd(t)
+	for _, trig := range []string{"et", "lt"} {
+		for _, m := range []mode{{name: "kernel"}, {name: "smcr", lib: "libsmcr-preload.so", socket: sock}} {
+			out, errOut, err := run(t, m, "multi", trig, "40", "300000")
+			if err != nil || out != "ok 40\n" {
+				t.Errorf("multi %s %s: %v\nstdout: %s\nstderr: %s", trig, m.name, err, out, errOut)
+				continue
+			}
+			want := "accelerated 0\n"
+			if m.lib != "" {
+				want = "accelerated 40\n"
+			}
+			if errOut != want {
+				t.Errorf("multi %s %s: %q, want %q", trig, m.name, errOut, want)
+			}
+		}
+	}
+}

@@ -37,7 +37,7 @@ func build(t *testing.T) string {
 			buildErr = fmt.Errorf("make: %v\n%s", err, out)
 			return
 		}
-		for _, p := range []string{"ready", "echo", "prefix", "reset", "fork"} {
+		for _, p := range []string{"ready", "echo", "prefix", "reset", "fork", "multi"} {
 			out, err := exec.Command("gcc", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O2", "-pthread",
 				"-o", filepath.Join(buildDir, p), filepath.Join("testdata", p+".c")).CombinedOutput()
 			if err != nil {
