@@ -68,12 +68,13 @@ func TestFork(t *testing.T) {
 	}
 }
 
-// TestManyConnections: one epoll loop (edge- and level-triggered) over many
+// TestManyConnections: one epoll loop (edge- and level-triggered, and a set
+// inside another set) over many
 // accelerated connections at once, content checked by hash.
 func TestManyConnections(t *testing.T) {
 	build(t)
 	sock := fakeSmcrd(t)
-	for _, trig := range []string{"et", "lt"} {
+	for _, trig := range []string{"et", "lt", "nested"} {
 		for _, m := range []mode{{name: "kernel"}, {name: "smcr", lib: "libsmcr-preload.so", socket: sock}} {
 			out, errOut, err := run(t, m, "multi", trig, "40", "300000")
 			if err != nil || out != "ok 40\n" {

@@ -927,7 +927,10 @@ EXPORT int epoll_create1(int flags)
 EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 {
 	int r;
-	if (fdt_get(fd) && ready_epoll_ctl(epfd, op, fd, ev, &r))
+	struct obj *o = fdt_get(fd);
+	if (o && o->kind == OBJ_EPOLL && op != EPOLL_CTL_DEL)
+		ready_epoll_nested(fd); /* a set inside a set */
+	else if (o && ready_epoll_ctl(epfd, op, fd, ev, &r))
 		return r;
 	r = R(epoll_ctl)(epfd, op, fd, ev);
 	if (r == 0)

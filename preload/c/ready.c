@@ -51,6 +51,7 @@ struct eset {
 	atomic_int nmembers;
 	struct member *rhead, *rtail; /* the ready list */
 	int wake_fd; /* an eventfd in the set (edge-triggered): marks from outside a wait */
+	atomic_int nested; /* the set is itself waited on (poll, select, another set) */
 };
 
 /* ready list operations; ep_mu held */
@@ -611,8 +612,17 @@ int ready_epoll_wait(int epfd, struct epoll_event *evs, int max, int64_t timeout
 			conn_mark_reset(reset[i], reset_fd[i]);
 			obj_put(&reset[i]->o);
 		}
-		if (out > 0)
+		if (out > 0) {
+			/* a set waited on from outside must look readable while level-
+			 * triggered members are still ready */
+			if (atomic_load_explicit(&s->nested, memory_order_relaxed)) {
+				pthread_mutex_lock(&ep_mu);
+				if (s->rhead && s->wake_fd >= 0)
+					ring_kick(s->wake_fd);
+				pthread_mutex_unlock(&ep_mu);
+			}
 			return out;
+		}
 		if (nown == 0 && t == 0 && timeout_ns >= 0 && ms_left(deadline) == 0)
 			return 0;
 	}
@@ -620,12 +630,30 @@ int ready_epoll_wait(int epfd, struct epoll_event *evs, int max, int64_t timeout
 
 /* ---- poll */
 
+void ready_epoll_nested(int epfd)
+{
+	struct eset *s = eset_of(epfd);
+	if (!s || atomic_exchange(&s->nested, 1))
+		return;
+	pthread_mutex_lock(&ep_mu);
+	if (s->rhead && s->wake_fd >= 0)
+		ring_kick(s->wake_fd);
+	pthread_mutex_unlock(&ep_mu);
+}
+
 int ready_poll_emulated(const struct pollfd *fds, nfds_t n)
 {
-	for (nfds_t i = 0; i < n; i++)
-		if (emulated(conn_of(fdt_get(fds[i].fd))))
-			return 1;
-	return 0;
+	int r = 0;
+	for (nfds_t i = 0; i < n; i++) {
+		struct obj *o = fdt_get(fds[i].fd);
+		if (!o)
+			continue;
+		if (o->kind == OBJ_EPOLL)
+			ready_epoll_nested(fds[i].fd);
+		else if (emulated(conn_of(o)))
+			r = 1;
+	}
+	return r;
 }
 
 #define STACK_PFD 128
@@ -735,13 +763,20 @@ int ready_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t 
 
 int ready_select_emulated(int nfds, fd_set *r, fd_set *w, fd_set *e)
 {
+	int res = 0;
 	if (nfds > FD_SETSIZE)
 		nfds = FD_SETSIZE;
 	for (int fd = 0; fd < nfds; fd++)
-		if ((r && FD_ISSET(fd, r)) || (w && FD_ISSET(fd, w)) || (e && FD_ISSET(fd, e)))
-			if (emulated(conn_of(fdt_get(fd))))
-				return 1;
-	return 0;
+		if ((r && FD_ISSET(fd, r)) || (w && FD_ISSET(fd, w)) || (e && FD_ISSET(fd, e))) {
+			struct obj *o = fdt_get(fd);
+			if (!o)
+				continue;
+			if (o->kind == OBJ_EPOLL)
+				ready_epoll_nested(fd);
+			else if (emulated(conn_of(o)))
+				res = 1;
+		}
+	return res;
 }
 
 #define IN_SET (POLLIN | POLLRDNORM | POLLRDBAND | POLLHUP | POLLERR)

@@ -29,6 +29,8 @@ void ready_adopt(struct conn *c, int fd);
 void ready_epoll_created(int epfd);
 /* 1 if epoll_ctl was handled here (result in *ret), 0 to pass it to the kernel. */
 int ready_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, int *ret);
+/* ready_epoll_nested: epfd is waited on from outside (poll, select, another set) */
+void ready_epoll_nested(int epfd);
 /* 1 if epfd has emulated members (then call ready_epoll_wait). */
 int ready_epoll_emulated(int epfd);
 /* timeout_ns < 0: no timeout */
