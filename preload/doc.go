@@ -5,15 +5,51 @@
 // layout as rmb/shared.go), and emulates readiness (epoll, poll, select) from
 // the rings' cursors.
 //
-// The C sources are split by concern: interpose.c (the interposed calls),
-// fdtable.c (the fd table), conn.c (a socket's states), ring.c (copies and
-// waits), ready.c (epoll/poll/select), channel.c (smcrd's channel and the
-// policy page), real.c (the real libc functions). The Makefile here builds it
-// into ../bin, with AddressSanitizer and UndefinedBehaviorSanitizer variants.
+// The C sources are in c/, split by concern: interpose.c (the interposed
+// calls), fdtable.c (the fd table), conn.c (a socket's states: PENDING, ACCEL,
+// PREFIX, TCP, FAILED, RESET), ring.c (copies and blocking waits), ready.c
+// (epoll/poll/select), channel.c (smcrd's channel and the policy page),
+// real.c (the real libc functions). The Makefile here builds it into ../bin,
+// with AddressSanitizer and UndefinedBehaviorSanitizer variants (make asan
+// ubsan; the ASan build must be preloaded after libasan.so).
 //
 // This package has no Go code of its own: its tests build the library, compile
-// the C programs in testdata and run them with LD_PRELOAD, with no smcrd (the
+// the C programs in testdata and run them with LD_PRELOAD: with no smcrd (the
 // library must be a transparent pass-through), against daemon.NewDirectServer
 // (every connection accelerated, its bytes carried over the TCP connection
-// itself) and against a fake smcrd here that decides plain TCP.
+// itself), against a fake smcrd here that decides plain TCP and hands back
+// bytes it read ahead, and against an smcrd that aborts or is killed. The
+// readiness program (testdata/ready.c) writes a transcript that must be the
+// same on the kernel's sockets and on the library's.
+//
+// Known limits:
+//
+//   - MSG_OOB: recv with MSG_OOB on an accelerated socket fails with EINVAL,
+//     send with MSG_OOB with EOPNOTSUPP (the ABI carries no urgent data).
+//   - splice on an accelerated socket is a copy through a 16 KiB buffer (at
+//     most that much per call); sendfile is a copy loop through the send ring.
+//   - MSG_WAITALL on a socket that fell back to TCP returns at the end of the
+//     bytes smcrd read ahead, without going on into the kernel's.
+//   - Blocking calls on an accelerated socket do not return EINTR on a signal:
+//     they go on waiting, as if SA_RESTART were set (SO_RCVTIMEO and
+//     SO_SNDTIMEO are honoured). A blocking connect waits for smcrd's decision
+//     and ignores SO_SNDTIMEO.
+//   - An epoll set with accelerated members that is waited on from outside
+//     (inside another set, or under poll/select) may look readable once when
+//     nothing is (never the other way round).
+//   - Only the latest epoll registration of a socket made before its connect()
+//     is carried into the emulation (a socket in two sets before connect keeps
+//     the other one with the kernel's readiness).
+//   - An accelerated socket kept across exec is unknown to the new image
+//     (its kernel socket carries no data); its channel is close-on-exec, so
+//     smcrd sees the program gone once no process holds it. Sockets passed to
+//     another process with SCM_RIGHTS, io_uring, and close_range/closefrom or
+//     raw close system calls on the library's fds are not followed either.
+//   - After fork both processes use the connection (shared memory); the
+//     library then never sets SMCR_LIB_CLOSED: the connection ends when the
+//     last process closes the channel (smcrd treats the channel's end as the
+//     program's close).
+//   - A thread closing an accelerated socket while another thread is inside a
+//     call on it may see its shared area unmapped (programs that do this race
+//     with fd reuse on the kernel's sockets too).
 package preload
