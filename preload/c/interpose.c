@@ -133,9 +133,7 @@ static int wait_connect(struct conn *c, int fd)
 	switch (atomic_load(&c->state)) {
 	case CS_FAILED: {
 		int e = atomic_exchange(&c->pending_err, 0);
-		if (!e)
-			return R(connect)(fd, NULL, 0);
-		errno = e;
+		errno = e ? e : ECONNABORTED; /* another thread took SO_ERROR */
 		return -1;
 	}
 	case CS_RESET:
@@ -158,9 +156,8 @@ static int connect_again(struct conn *c, int fd, const struct sockaddr *addr, so
 			return connect_again(c, fd, addr, len);
 		}
 		return wait_connect(c, fd);
-	case CS_ACCEL:
-		errno = EISCONN;
-		return -1;
+	case CS_ACCEL: /* the kernel's TCP connection is up: 0 once, then EISCONN */
+		return R(connect)(fd, addr, len);
 	case CS_FAILED: {
 		int e = atomic_exchange(&c->pending_err, 0);
 		if (e) {
