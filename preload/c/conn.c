@@ -118,6 +118,10 @@ static int apply_smcr(struct conn *c, struct channel_msg *m)
 	c->rx_size = (uint32_t)rs;
 	R(close)(m->fds[0]);
 	c->efd_lib = m->fds[1];
+	/* the library drains it: it must not block (smcrd makes it EFD_NONBLOCK) */
+	int fl = R(fcntl)(c->efd_lib, F_GETFL);
+	if (fl >= 0 && !(fl & O_NONBLOCK))
+		R(fcntl)(c->efd_lib, F_SETFL, fl | O_NONBLOCK);
 	c->efd_dtx = m->fds[2];
 	c->efd_drx = m->fds[3];
 	m->nfds = 0;
