@@ -37,9 +37,14 @@ func build(t *testing.T) string {
 			buildErr = fmt.Errorf("make: %v\n%s", err, out)
 			return
 		}
-		for _, p := range []string{"ready", "echo", "prefix", "reset", "fork", "multi"} {
-			out, err := exec.Command("gcc", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O2", "-pthread",
-				"-o", filepath.Join(buildDir, p), filepath.Join("testdata", p+".c")).CombinedOutput()
+		for _, p := range []string{"ready", "echo", "prefix", "reset", "fork", "multi", "ready-fortify"} {
+			src, flags := p, []string{}
+			if p == "ready-fortify" { // the _chk entry points (__poll_chk, __read_chk, ...)
+				src, flags = "ready", []string{"-U_FORTIFY_SOURCE", "-D_FORTIFY_SOURCE=2"}
+			}
+			args := append([]string{"-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O2", "-pthread"}, flags...)
+			args = append(args, "-o", filepath.Join(buildDir, p), filepath.Join("testdata", src+".c"))
+			out, err := exec.Command("gcc", args...).CombinedOutput()
 			if err != nil {
 				buildErr = fmt.Errorf("gcc %s: %v\n%s", p, err, out)
 				return
@@ -126,22 +131,29 @@ func kernelTranscript(t *testing.T, refused string) string {
 	return out
 }
 
-// compareReady runs ready under m and compares its transcript with the kernel's.
+// compareReady runs ready (and its _FORTIFY_SOURCE build) under m and compares
+// its transcript with the kernel's.
 func compareReady(t *testing.T, m mode, wantAccel bool) {
+	t.Helper()
+	compareReadyProg(t, m, wantAccel, "ready")
+	compareReadyProg(t, m, wantAccel, "ready-fortify")
+}
+
+func compareReadyProg(t *testing.T, m mode, wantAccel bool, prog string) {
 	t.Helper()
 	refused := closedPort(t)
 	want := kernelTranscript(t, refused)
-	got, errOut, err := run(t, m, "ready", refused)
+	got, errOut, err := run(t, m, prog, refused)
 	if err != nil {
-		t.Fatalf("ready %s: %v\nstdout:\n%s\nstderr:\n%s", m.name, err, got, errOut)
+		t.Fatalf("%s %s: %v\nstdout:\n%s\nstderr:\n%s", prog, m.name, err, got, errOut)
 	}
 	if got != want {
-		t.Errorf("ready %s: transcript differs from the kernel's\n%s", m.name, diff(want, got))
+		t.Errorf("%s %s: transcript differs from the kernel's\n%s", prog, m.name, diff(want, got))
 	}
 	for _, who := range []string{"client", "server"} {
 		accel := strings.Contains(errOut, who+" accel=1")
 		if accel != wantAccel {
-			t.Errorf("ready %s: %s accelerated %v, want %v (stderr: %q)", m.name, who, accel, wantAccel, errOut)
+			t.Errorf("%s %s: %s accelerated %v, want %v (stderr: %q)", prog, m.name, who, accel, wantAccel, errOut)
 		}
 	}
 }

@@ -29,6 +29,10 @@ enum smcr_mode {
 	SMCR_MODE_SMCR = 1,   /* fds: memfd (struct smcr_shared + rings), efd_lib, efd_dtx, efd_drx */
 	SMCR_MODE_TCP = 2,    /* plain TCP from here on; len bytes of payload come first (read ahead by CLC) */
 	SMCR_MODE_FAILED = 3, /* connect failed: status is the negative errno (SO_ERROR) */
+	/* As SMCR, and the peer is a library on this host: fds memfd, efd_lib, efd_dtx,
+	 * efd_drx, peer_memfd, peer_efd_lib. The library writes into the peer's
+	 * receive ring and publishes its words itself (docs/direct.md, "Same host"). */
+	SMCR_MODE_SHM = 4,
 };
 
 struct smcr_msg {

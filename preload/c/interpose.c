@@ -995,6 +995,14 @@ EXPORT int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *ts, const 
 		return R(ppoll)(fds, n, ts, sigmask);
 	return ready_poll(fds, n, ts_to_ns(ts), sigmask);
 }
+
+EXPORT int __ppoll_chk(struct pollfd *fds, nfds_t n, const struct timespec *ts, const sigset_t *sigmask,
+		       size_t fdslen)
+{
+	if (fdslen / sizeof(*fds) < n)
+		__chk_fail();
+	return ppoll(fds, n, ts, sigmask);
+}
 #pragma GCC diagnostic pop
 
 EXPORT int select(int nfds, fd_set *r, fd_set *w, fd_set *e, struct timeval *tv)
