@@ -184,6 +184,7 @@ var echoCases = [][]string{
 	{"block", "epoll"},
 	{"block", "select"},
 	{"block", "sendfile"},
+	{"block", "splice"},
 	{"nonblock", "none"},
 	{"nonblock", "poll"},
 	{"nonblock", "epoll"},

@@ -1,7 +1,7 @@
 /* echo.c: a TCP echo over loopback, content checked by hash. A server thread echoes
  * (blocking readv/writev, or recv/send) until EOF; the client sends size bytes and
  * reads them back.
- * usage: echo block|nonblock none|poll|epoll|epoll-early|select|sendfile size
+ * usage: echo block|nonblock none|poll|epoll|epoll-early|select|sendfile|splice size
  * (epoll-early: the socket joins the epoll set before its connect)
  * stdout: "sent N H recv N H"; exit 0 when both match. */
 #define _GNU_SOURCE
@@ -106,6 +106,24 @@ static void *writer(void *arg)
 			CHECK(n > 0);
 		}
 		close(f);
+	} else if (strcmp(wait_mode, "splice") == 0) {
+		int pp[2];
+		CHECK(pipe(pp) == 0);
+		for (size_t i = 0; i < total;) {
+			size_t k = total - i < 4000 ? total - i : 4000;
+			for (size_t j = 0; j < k; j++)
+				buf[j] = byte_at(i + j);
+			CHECK(write(pp[1], buf, k) == (ssize_t)k);
+			hash_add(h, buf, k);
+			for (size_t left = k; left > 0;) {
+				ssize_t n = splice(pp[0], NULL, s, NULL, left, 0);
+				CHECK(n > 0);
+				left -= (size_t)n;
+			}
+			i += k;
+		}
+		close(pp[0]);
+		close(pp[1]);
 	} else {
 		for (size_t i = 0; i < total;) {
 			size_t k = total - i < 12345 ? total - i : 12345;
@@ -186,7 +204,19 @@ int main(int argc, char **argv)
 	if (!nonblock) {
 		pthread_t wt;
 		pthread_create(&wt, NULL, writer, &s);
+		int rp[2] = {-1, -1};
+		if (strcmp(wait_mode, "splice") == 0)
+			CHECK(pipe(rp) == 0);
 		for (;;) {
+			if (rp[0] >= 0) { /* socket -> pipe -> buffer */
+				ssize_t n = splice(s, NULL, rp[1], NULL, 5000, 0);
+				CHECK(n >= 0);
+				if (n == 0)
+					break;
+				CHECK(read(rp[0], buf, (size_t)n) == n);
+				hash_add(&rh, buf, (size_t)n);
+				continue;
+			}
 			if (strcmp(wait_mode, "sendfile") != 0 && strcmp(wait_mode, "none") != 0)
 				wait_io(s, 0, ep);
 			ssize_t n = read(s, buf, sizeof(buf));
