@@ -51,6 +51,7 @@ import (
 	"github.com/smcr-io/smcr/internal/cgroupfs"
 	"github.com/smcr-io/smcr/smcr"
 	"github.com/smcr-io/smcr/smcr/verbs"
+	"github.com/smcr-io/smcr/smcr/verbs/shm"
 )
 
 // Options configure a Daemon.
@@ -265,6 +266,15 @@ func New(opts Options) (*Daemon, error) {
 		if err != nil {
 			d.Close()
 			return nil, fmt.Errorf("daemon: %w", err)
+		}
+		if sameHostBypass && hasKind(d.devs, verbs.KindSHM) {
+			dir := opts.ShmDir
+			if dir == "" {
+				dir = shm.DefaultDir()
+			}
+			if d.direct.meet, err = newMeetPoint(dir, d.log); err != nil {
+				d.log.Warn("direct mode: no same-host meeting: libraries' bytes go through smcrd", "err", err)
+			}
 		}
 	}
 	if err := d.applyPolicy(cfg, ifaceNames(ifaces)); err != nil {
@@ -725,4 +735,18 @@ func readSpin(d time.Duration) time.Duration {
 		return -1
 	}
 	return d
+}
+
+// sameHostBypass turns on the libraries' writing into each other's rings
+// (directmeet.go).
+const sameHostBypass = false
+
+// hasKind reports whether a device of kind k is among devs.
+func hasKind(devs []verbs.Device, k verbs.Kind) bool {
+	for _, d := range devs {
+		if d.Kind() == k {
+			return true
+		}
+	}
+	return false
 }

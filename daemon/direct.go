@@ -64,9 +64,10 @@ type carrier interface {
 
 // handshake is the outcome of CLC on a direct connection's socket.
 type handshake struct {
-	carrier carrier // SMC-R: where the bytes go; nil: plain TCP
-	prefix  []byte  // plain TCP: bytes CLC read that are the program's
-	id      uint64  // the engine's connection, for smcrctl conns
+	carrier    carrier // SMC-R: where the bytes go; nil: plain TCP
+	prefix     []byte  // plain TCP: bytes CLC read that are the program's
+	id         uint64  // the engine's connection, for smcrctl conns
+	peerDirect []byte  // the peer is a library over shm too: its tlvDirect (directmeet.go)
 }
 
 // directHooks are what the direct server asks of the rest of smcrd (fakes in
@@ -80,8 +81,11 @@ type directHooks struct {
 	listen, unlisten func(port uint16) error
 	// synOption reports whether an accepted socket's SYN carried the option.
 	synOption func(fd int) (bool, error)
-	// clc runs the handshake on a connected socket.
-	clc func(ctx context.Context, tcp *net.TCPConn, client bool) (handshake, error)
+	// clc runs the handshake on a connected socket; direct, when set, is
+	// this end's tlvDirect.
+	clc func(ctx context.Context, tcp *net.TCPConn, client bool, direct []byte) (handshake, error)
+	// clcTimeout bounds the meeting with the peer's smcrd.
+	clcTimeout func() time.Duration
 	// track and untrack follow the connections for smcrctl conns and drain.
 	track   func(t *tracked)
 	untrack func(t *tracked)
@@ -93,6 +97,7 @@ type DirectServer struct {
 	path   string
 	ln     *net.UnixListener
 	page   *policyPage
+	meet   *meetPoint // nil: no same-host meeting (no shm)
 	hooks  directHooks
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -131,11 +136,12 @@ func NewDirectServer(opts DirectOptions) (*DirectServer, error) {
 		listen:    func(uint16) error { return nil },
 		unlisten:  func(uint16) error { return nil },
 		synOption: func(int) (bool, error) { return true, nil },
-		clc: func(_ context.Context, tcp *net.TCPConn, _ bool) (handshake, error) {
+		clc: func(_ context.Context, tcp *net.TCPConn, _ bool, _ []byte) (handshake, error) {
 			return handshake{carrier: tcp}, nil
 		},
-		track:   func(*tracked) {},
-		untrack: func(*tracked) {},
+		clcTimeout: func() time.Duration { return time.Second },
+		track:      func(*tracked) {},
+		untrack:    func(*tracked) {},
 	}
 	ports := opts.Ports
 	if ports == nil {
@@ -251,6 +257,9 @@ func (s *DirectServer) Close() error {
 	}
 	s.mu.Unlock()
 	s.wg.Wait()
+	if s.meet != nil {
+		s.meet.close()
+	}
 	return s.page.close()
 }
 
@@ -475,7 +484,12 @@ func (s *DirectServer) decide(ch *net.UnixConn, tcp *net.TCPConn, client bool) {
 		local: unmapAP(tcp.LocalAddr().(*net.TCPAddr).AddrPort()), remote: unmapAP(tcp.RemoteAddr().(*net.TCPAddr).AddrPort())}
 	s.hooks.track(t)
 	defer s.hooks.untrack(t)
-	h, err := s.hooks.clc(s.ctx, tcp, client)
+	var nonce [nonceLen]byte
+	var value []byte
+	if s.meet != nil {
+		nonce, value = s.meet.value()
+	}
+	h, err := s.hooks.clc(s.ctx, tcp, client, value)
 	if err != nil {
 		// CLC failed with the TCP connection (a reset, say): the program
 		// finds out from its socket.
@@ -493,17 +507,44 @@ func (s *DirectServer) decide(ch *net.UnixConn, tcp *net.TCPConn, client bool) {
 		sendDirect(ch, rmb.Msg{Type: rmb.MsgDecided, Mode: rmb.ModeTCP}, h.prefix, nil)
 		return
 	}
-	c, err := newDirectConn(h.carrier, directRing, directRing, s.log)
-	if err != nil {
-		s.log.Error("direct: shared area", "err", err)
+	abortAll := func() {
 		abort(tcp)
 		if cc, ok := h.carrier.(interface{ Abort() error }); ok {
 			cc.Abort()
 		}
+	}
+	c, err := newDirectConn(h.carrier, directRing, directRing, s.log)
+	if err != nil {
+		s.log.Error("direct: shared area", "err", err)
+		abortAll()
 		return
 	}
-	fds := c.libraryFds()
-	err = sendDirect(ch, rmb.Msg{Type: rmb.MsgDecided, Mode: rmb.ModeSMCR}, nil, fds)
+	mode, fds := rmb.ModeSMCR, c.libraryFds()
+	if h.peerDirect != nil && s.meet != nil {
+		mine := fds[:2] // memfd, efd_lib
+		var peer []int
+		if client {
+			peer, err = meet(nonce, h.peerDirect, mine, s.hooks.clcTimeout())
+		} else {
+			peer, err = s.meet.swapServer(nonce, h.peerDirect, mine, s.hooks.clcTimeout())
+		}
+		if err != nil {
+			// The other end may have given up too, or may wait for
+			// memory that never comes: the connection ends.
+			s.log.Info("direct: same-host meeting failed: connection reset", "local", t.local, "remote", t.remote, "err", err)
+			abortAll()
+			c.release()
+			sendDirect(ch, rmb.Msg{Type: rmb.MsgDecided, Mode: rmb.ModeTCP}, nil, nil)
+			return
+		}
+		defer func() {
+			for _, fd := range peer {
+				unix.Close(fd)
+			}
+		}()
+		mode, fds, c.bypass = rmb.ModeSHM, append(fds, peer...), true
+	}
+	err = sendDirect(ch, rmb.Msg{Type: rmb.MsgDecided, Mode: mode}, nil, fds)
 	c.closeLibraryFds()
 	if err != nil {
 		s.log.Debug("direct: decided", "err", err)
@@ -624,19 +665,20 @@ func (d *Daemon) directHooks() directHooks {
 		tag: func(fd int, _ bool) error {
 			return d.loader.TagSocket(fd, bpf.Tag{SMCOption: true})
 		},
-		listen:    d.loader.AddDirectPort,
-		unlisten:  d.loader.RemoveDirectPort,
-		synOption: d.loader.SYNHadOption,
-		clc:       d.directCLC,
-		track:     d.track,
-		untrack:   d.untrack,
+		listen:     d.loader.AddDirectPort,
+		unlisten:   d.loader.RemoveDirectPort,
+		synOption:  d.loader.SYNHadOption,
+		clc:        d.directCLC,
+		clcTimeout: func() time.Duration { return d.CurrentConfig().CLCTimeout },
+		track:      d.track,
+		untrack:    d.untrack,
 	}
 }
 
 // directCLC runs CLC on a program's socket as the relay's two sides do on
 // smcrd's own (redirect.go, steer.go): as client only with a peer that echoed
 // the option.
-func (d *Daemon) directCLC(ctx context.Context, tcp *net.TCPConn, client bool) (handshake, error) {
+func (d *Daemon) directCLC(ctx context.Context, tcp *net.TCPConn, client bool, direct []byte) (handshake, error) {
 	var conn *smcr.Conn
 	var err error
 	if client {
@@ -652,19 +694,19 @@ func (d *Daemon) directCLC(ctx context.Context, tcp *net.TCPConn, client bool) (
 			d.incapable(unmapAP(remote), reasonNoEcho, ttl)
 			return handshake{}, nil
 		}
-		conn, err = d.engine.ClientWith(ctx, tcp, smcr.ClientOptions{Standard: seen&bpf.SeenPeerSMCX == 0})
+		conn, err = d.engine.ClientWith(ctx, tcp, smcr.ClientOptions{Standard: seen&bpf.SeenPeerSMCX == 0, Direct: direct})
 		if err != nil {
 			return handshake{}, err
 		}
 		d.settle(&tracked{client: true, remote: unmapAP(remote)}, conn, ttl)
 	} else {
-		conn, err = d.engine.Server(ctx, tcp)
+		conn, err = d.engine.ServerWith(ctx, tcp, smcr.ServerOptions{Direct: direct})
 		if err != nil {
 			return handshake{}, err
 		}
 	}
 	if conn.Mode() == smcr.ModeSMCR {
-		return handshake{carrier: conn, id: conn.ID()}, nil
+		return handshake{carrier: conn, id: conn.ID(), peerDirect: conn.PeerDirect()}, nil
 	}
 	prefix, err := conn.DetachTCP(crossingWait)
 	if err != nil {

@@ -37,6 +37,9 @@ type directConn struct {
 	libTx   int      // the library's ends of efdTx and efdRx, until passed
 	libRx   int
 
+	// bypass: the libraries write into each other's rings (directmeet.go);
+	// the SMC-R connection carries only the close.
+	bypass  bool
 	gone    atomic.Bool // the channel closed: the program is gone
 	stopped atomic.Bool // abort: smcrd ends the connection now
 	rxDone  chan struct{}
@@ -163,8 +166,13 @@ func (dc *directConn) run(ch *net.UnixConn) {
 			signal(dc.efdRx)
 		}()
 	}
-	go dc.receive()
-	dc.send()
+	if dc.bypass {
+		go dc.watchPeer()
+		dc.awaitClose()
+	} else {
+		go dc.receive()
+		dc.send()
+	}
 	<-dc.rxDone
 	if ch != nil {
 		ch.Close()
@@ -228,6 +236,48 @@ func (dc *directConn) send() {
 		dc.wait(dc.efdTx, dc.sh.DTxWait(), func() bool {
 			return dc.sh.TxProd().Load() != cons || dc.sh.LibFlags().Load() != flags || dc.gone.Load()
 		})
+	}
+}
+
+// awaitClose waits, in bypass, for the program's close (or its end), then
+// closes the SMC-R connection: the peer's smcrd tells its library the end
+// came, should the library itself not have.
+func (dc *directConn) awaitClose() {
+	for !dc.stopped.Load() {
+		flags := dc.sh.LibFlags().Load()
+		if flags&rmb.LibClosed != 0 || dc.gone.Load() {
+			dc.carrier.Close()
+			return
+		}
+		dc.wait(dc.efdTx, dc.sh.DTxWait(), func() bool {
+			return dc.sh.LibFlags().Load() != flags || dc.gone.Load()
+		})
+	}
+}
+
+// watchPeer follows, in bypass, the SMC-R connection, which carries no bytes:
+// its end is the peer's close (EOF, which the peer's library has mostly told
+// ours already) or abort (a reset for the program).
+func (dc *directConn) watchPeer() {
+	defer close(dc.rxDone)
+	var b [64]byte
+	for {
+		n, err := dc.carrier.Read(b[:])
+		switch {
+		case n > 0:
+			dc.log.Warn("direct: bytes over SMC-R on a same-host connection: aborted")
+			dc.abort()
+			return
+		case err == io.EOF:
+			dc.sh.DFlags().Or(rmb.DEOF)
+			dc.publish()
+			return
+		case err != nil:
+			if !dc.gone.Load() && dc.sh.LibFlags().Load()&rmb.LibClosed == 0 {
+				dc.fail(errnoOf(err))
+			}
+			return
+		}
 	}
 }
 

@@ -44,6 +44,10 @@ const (
 	ModeSMCR   Mode = 1 // fds: the shared area's memfd, efd_lib, efd_dtx, efd_drx
 	ModeTCP    Mode = 2 // plain TCP; the payload comes first
 	ModeFailed Mode = 3 // the connect failed: Status is its negative errno
+	// ModeSHM: as ModeSMCR, and the peer is a library on this host too: fds
+	// memfd, efd_lib, efd_dtx, efd_drx, then the peer's memfd and efd_lib. The
+	// library writes into the peer's receive ring itself (docs/direct.md).
+	ModeSHM Mode = 4
 )
 
 // Msg is one message's header.
@@ -90,7 +94,7 @@ func ParseMsg(b []byte) (Msg, []byte, error) {
 	case MsgClient, MsgConnecting, MsgListener, MsgAccepted:
 	case MsgReply:
 	case MsgDecided:
-		if m.Mode < ModeSMCR || m.Mode > ModeFailed {
+		if m.Mode < ModeSMCR || m.Mode > ModeSHM {
 			return Msg{}, nil, fmt.Errorf("rmb: direct message: mode %d", m.Mode)
 		}
 	default:

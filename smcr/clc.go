@@ -6,6 +6,7 @@ package smcr
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -258,6 +259,12 @@ func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix, opt
 		return e.fallback(c, clc.DeclineConfigError, SideLocal, false, err, nil), nil
 	}
 	env := clc.Envelope{TLVs: []clc.TLV{{Type: tlvProviders, Value: val}}}
+	if opts.Direct != nil && !opts.Standard {
+		if len(opts.Direct) > maxDirectValue {
+			return e.fallback(c, clc.DeclineConfigError, SideLocal, false, errors.New("direct value too long"), nil), nil
+		}
+		env.TLVs = append(env.TLVs, clc.TLV{Type: tlvDirect, Value: opts.Direct})
+	}
 	area, err := env.AppendTo(nil)
 	if err != nil {
 		return e.fallback(c, clc.DeclineConfigError, SideLocal, false, err, nil), nil
@@ -441,7 +448,7 @@ func resyncFollows(br *bufio.Reader) bool {
 
 // server runs CLC as the server; listenerAddrs are the interface addresses of its
 // Listener's namespace, if any (localPrefix).
-func (e *Engine) server(ctx context.Context, tcp net.Conn, listenerAddrs []net.Addr) (*Conn, error) {
+func (e *Engine) server(ctx context.Context, tcp net.Conn, listenerAddrs []net.Addr, opts ServerOptions) (*Conn, error) {
 	c := e.newConn(tcp, false)
 	c.endCLC = interruptOnCancel(ctx, tcp)
 	defer c.endCLC()
@@ -466,7 +473,7 @@ func (e *Engine) server(ctx context.Context, tcp net.Conn, listenerAddrs []net.A
 	default:
 		return e.fallback(c, clc.DeclineConfigError, SideLocal, true, fmt.Errorf("clc: %v instead of proposal", m.Type()), br), nil
 	}
-	if code, err := e.serverProposal(ctx, c, prop, listenerAddrs); err != nil {
+	if code, err := e.serverProposal(ctx, c, prop, listenerAddrs, opts.Direct); err != nil {
 		if failed(ctx, err) { // the Accept's write
 			return fail(ctx, c, err)
 		}
@@ -541,7 +548,7 @@ func sameSubnet(prop *clc.Proposal, local netip.Prefix) bool {
 
 // serverProposal checks the Proposal, picks the provider and link group, allocates
 // the RMB and sends the Accept.
-func (e *Engine) serverProposal(ctx context.Context, c *Conn, prop *clc.Proposal, listenerAddrs []net.Addr) (DeclineCode, error) {
+func (e *Engine) serverProposal(ctx context.Context, c *Conn, prop *clc.Proposal, listenerAddrs []net.Addr, direct []byte) (DeclineCode, error) {
 	if len(e.cfg.Devices) == 0 || e.isClosed() {
 		return clc.DeclineNoSMCRDevice, errors.New("no device")
 	}
@@ -549,6 +556,7 @@ func (e *Engine) serverProposal(ctx context.Context, c *Conn, prop *clc.Proposal
 		return clc.DeclineIPSubnetMismatch, fmt.Errorf("client subnet %v not ours", prop.IPv4())
 	}
 	var offers []offer
+	var peerDirect []byte
 	ext := false
 	if env, err := clc.ParseEnvelope(prop.EnvelopeArea()); err == nil {
 		val, ok := env.Find(tlvProviders)
@@ -557,6 +565,9 @@ func (e *Engine) serverProposal(ctx context.Context, c *Conn, prop *clc.Proposal
 		}
 		if offers, err = parseOffers(val); err != nil {
 			return clc.DeclineConfigError, err
+		}
+		if v, ok := env.Find(tlvDirect); ok && len(v) <= maxDirectValue {
+			peerDirect = v
 		}
 		ext = true
 		c.smcx = true
@@ -604,6 +615,10 @@ func (e *Engine) serverProposal(ctx context.Context, c *Conn, prop *clc.Proposal
 	}}
 	if ext {
 		env := clc.Envelope{TLVs: []clc.TLV{{Type: tlvChosen, Value: appendChosen(nil, o.Kind, dev.Endpoint())}}}
+		if direct != nil && peerDirect != nil && o.Kind == verbs.KindSHM {
+			env.TLVs = append(env.TLVs, clc.TLV{Type: tlvDirect, Value: direct})
+			c.peerDirect = bytes.Clone(peerDirect)
+		}
 		if len(e.cfg.Devices) > 1 {
 			// Our devices, so the client can reach the second link's (multilink.go).
 			val, err := appendOffers(nil, e.offers())
@@ -704,6 +719,9 @@ func (e *Engine) clientAccept(ctx context.Context, c *Conn, acc *clc.Accept) (De
 			if peerOffers, err = parseOffers(v); err != nil {
 				return clc.DeclineConfigError, err
 			}
+		}
+		if v, ok := env.Find(tlvDirect); ok && kind == verbs.KindSHM && len(v) <= maxDirectValue {
+			c.peerDirect = bytes.Clone(v)
 		}
 		c.smcx = true
 	} else if !errors.Is(err, clc.ErrNoEnvelope) {

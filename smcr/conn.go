@@ -125,21 +125,22 @@ type Conn struct {
 	endCLC func()
 
 	// SMC-R resources, fixed once the Conn is returned.
-	lg        *linkGroup
-	lnk       *link
-	token     uint32 // ours: the peer puts it in every CDC to us
-	peerToken uint32
-	rmb       verbs.MR // our RMBE: the peer writes into it
-	rmbSize   uint64
-	snd       verbs.MR // mirrors the peer's RMBE: the source of our RDMA WRITEs
-	peerSize  uint64
-	peerAddr  uint64
-	peerRKey  uint32
-	memHeld   int64
-	sndHeld   int64 // of memHeld, held for the send buffer from allocRMB until setPeer
-	peerOffer offer // the client's offer the server chose
-	reserved  bool  // holds a slot of lg
-	reusedLG  bool  // lg existed before this connection (Stats.Reused once active)
+	lg         *linkGroup
+	lnk        *link
+	token      uint32 // ours: the peer puts it in every CDC to us
+	peerToken  uint32
+	rmb        verbs.MR // our RMBE: the peer writes into it
+	rmbSize    uint64
+	snd        verbs.MR // mirrors the peer's RMBE: the source of our RDMA WRITEs
+	peerSize   uint64
+	peerAddr   uint64
+	peerRKey   uint32
+	memHeld    int64
+	sndHeld    int64  // of memHeld, held for the send buffer from allocRMB until setPeer
+	peerOffer  offer  // the client's offer the server chose
+	peerDirect []byte // the peer's tlvDirect, when both ends are direct over shm
+	reserved   bool   // holds a slot of lg
+	reusedLG   bool   // lg existed before this connection (Stats.Reused once active)
 	// acceptSent: the server sent its Accept, so the client may write into our
 	// RMB as soon as its Confirm is out, even if we decline after all.
 	acceptSent bool
@@ -247,6 +248,11 @@ func (c *Conn) setState(s state, why string) {
 	c.e.log.Debug("smcr: conn state", "conn", c.id, "from", c.st, "to", s, "why", why)
 	c.st = s
 }
+
+// PeerDirect is what the peer's smcrd sent in tlvDirect, when both ends said
+// in CLC that they are programs' own sockets in the direct mode and the link is
+// shm (ClientOptions.Direct, ServerOptions.Direct); nil otherwise.
+func (c *Conn) PeerDirect() []byte { return c.peerDirect }
 
 // ID is the connection's number in the engine (ConnInfo.ID).
 func (c *Conn) ID() uint64 { return c.id }

@@ -650,6 +650,16 @@ type ClientOptions struct {
 	// accepts — Linux closes the connection on one it refuses (docs/protocol.md,
 	// "Linux peers"): the first rdma device alone; with none, a Decline.
 	Standard bool
+	// Direct, when set, says this end is direct (tlvDirect) and is sent to
+	// an smcr server; Conn.PeerDirect is the server's answer.
+	Direct []byte
+}
+
+// ServerOptions is what the caller knows of its own end before CLC.
+type ServerOptions struct {
+	// Direct, when set, is answered (tlvDirect) to a client whose Proposal
+	// says it is direct, when the chosen provider is shm.
+	Direct []byte
 }
 
 // ClientWith is Client with what the caller knows of the server.
@@ -659,7 +669,12 @@ func (e *Engine) ClientWith(ctx context.Context, tcp net.Conn, opts ClientOption
 
 // Server runs CLC as the server on an accepted TCP connection.
 func (e *Engine) Server(ctx context.Context, tcp net.Conn) (*Conn, error) {
-	return e.server(ctx, tcp, nil)
+	return e.server(ctx, tcp, nil, ServerOptions{})
+}
+
+// ServerWith is Server with what the caller knows of its own end.
+func (e *Engine) ServerWith(ctx context.Context, tcp net.Conn, opts ServerOptions) (*Conn, error) {
+	return e.server(ctx, tcp, nil, opts)
 }
 
 // localPrefix is the subnet of tcp's local address: among listenerAddrs (a
@@ -888,7 +903,7 @@ func (l *Listener) loop() {
 		}
 		backoff = 0
 		go func() {
-			c, err := l.e.server(l.ctx, tcp, l.addrs)
+			c, err := l.e.server(l.ctx, tcp, l.addrs, ServerOptions{})
 			if err != nil {
 				tcp.Close()
 				return

@@ -16,7 +16,16 @@ import (
 const (
 	tlvProviders clc.TLVType = 1 // Proposal: the providers the client offers
 	tlvChosen    clc.TLVType = 2 // Accept: the provider the server picked
+	// tlvDirect, in the Proposal and the Accept: this end is a program's own
+	// socket in smcrd's direct mode, and the value tells the peer's smcrd
+	// where to meet for the connection's memory (smcrd's business; the engine
+	// only carries it). The server answers one only when it chose shm and its
+	// end is direct too: both ends then agree (Conn.PeerDirect).
+	tlvDirect clc.TLVType = 3
 )
+
+// maxDirectValue bounds a tlvDirect value: a nonce and a Unix socket's path.
+const maxDirectValue = 16 + 108
 
 // offerFixed is kind(1) gid(16) mac(6) mtu(1) endpoint-length(1).
 const offerFixed = 25

@@ -58,7 +58,7 @@ type Config struct {
 // Open creates a device with its rendezvous socket.
 func Open(cfg Config) (verbs.Device, error) {
 	if cfg.Dir == "" {
-		cfg.Dir = filepath.Join(os.TempDir(), "smcr-shm")
+		cfg.Dir = DefaultDir()
 	}
 	if cfg.Name == "" {
 		cfg.Name = "shm0"
@@ -556,3 +556,6 @@ func (m *mr) ungrant(q *qp) {
 	delete(m.granted, q)
 	m.mu.Unlock()
 }
+
+// DefaultDir is where peers meet when Config.Dir is empty.
+func DefaultDir() string { return filepath.Join(os.TempDir(), "smcr-shm") }
