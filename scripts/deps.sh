@@ -9,6 +9,8 @@ cd "$(dirname "$0")/.."
 packages=(
 	# eBPF: bpf2go compiles the C programs with clang; headers from libbpf-dev
 	clang llvm libbpf-dev linux-libc-dev bpftool
+	# the direct mode's library (preload/) and the tests' C peers
+	gcc libc6-dev make
 	# network namespaces, real unmodified programs for the end-to-end tests and demo
 	iproute2 iperf3 tcpdump socat ethtool
 	# servers users accelerate, with their clients (the end-to-end tests run
