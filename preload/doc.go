@@ -30,10 +30,12 @@
 //     most that much per call); sendfile is a copy loop through the send ring.
 //   - MSG_WAITALL on a socket that fell back to TCP returns at the end of the
 //     bytes smcrd read ahead, without going on into the kernel's.
-//   - Blocking calls on an accelerated socket do not return EINTR on a signal:
-//     they go on waiting, as if SA_RESTART were set (SO_RCVTIMEO and
-//     SO_SNDTIMEO are honoured). A blocking connect waits for smcrd's decision
-//     and ignores SO_SNDTIMEO.
+//   - A blocking read or write on an accelerated socket that a signal
+//     interrupts fails with EINTR unless every caught signal has SA_RESTART
+//     (and, as Linux, always when the socket has a timeout); a signal that
+//     lands in the few microseconds between two of its waits goes unseen.
+//     SO_RCVTIMEO and SO_SNDTIMEO are honoured. A blocking connect waits for
+//     smcrd's decision through signals and ignores SO_SNDTIMEO.
 //   - An epoll set with accelerated members that is waited on from outside
 //     (inside another set, or under poll/select) may look readable once when
 //     nothing is (never the other way round).

@@ -17,7 +17,7 @@
 #include "real.h"
 
 #define SPIN_NS 20000ull
-#define NAP_NS 100000000ull /* futex waits are cut to this, to notice a dead smcrd */
+#define NAP_NS 500000000ull /* futex waits are cut to this, to notice a dead smcrd */
 
 struct iovc {
 	const struct iovec *iov;
@@ -139,6 +139,23 @@ static uint64_t call_deadline(int fd, int opt)
 	return now_ns() + (uint64_t)tv.tv_sec * 1000000000ull + (uint64_t)tv.tv_usec * 1000ull;
 }
 
+/* all_restart reports whether every caught signal restarts system calls
+ * (SA_RESTART): a wait a signal interrupted then goes on, as the kernel's would;
+ * otherwise the call fails with EINTR. Asked only after an interruption. */
+static int all_restart(void)
+{
+	for (int sig = 1; sig < NSIG; sig++) {
+		struct sigaction sa;
+		if (sig == SIGKILL || sig == SIGSTOP || sigaction(sig, NULL, &sa) < 0)
+			continue;
+		if (!(sa.sa_flags & SA_SIGINFO) && (sa.sa_handler == SIG_DFL || sa.sa_handler == SIG_IGN))
+			continue;
+		if (!(sa.sa_flags & SA_RESTART))
+			return 0;
+	}
+	return 1;
+}
+
 /* wait_dir blocks until the direction is ready (or something ends the wait): 0 to
  * look again, -1 with errno EAGAIN when the socket's timeout expired. */
 static int wait_dir(struct conn *c, int fd, int tx, uint64_t *deadline, int *have_deadline)
@@ -174,8 +191,14 @@ static int wait_dir(struct conn *c, int fd, int tx, uint64_t *deadline, int *hav
 			return 0;
 		}
 		struct timespec ts = {.tv_sec = (time_t)(wait / 1000000000ull), .tv_nsec = (long)(wait % 1000000000ull)};
-		futex(&c->sh->d_seq, FUTEX_WAIT, seen, &ts);
+		long fr = futex(&c->sh->d_seq, FUTEX_WAIT, seen, &ts);
+		int fe = errno;
 		atomic_fetch_sub(&c->sh->lib_waiters, 1);
+		/* as the kernel: a socket timeout makes every interruption EINTR */
+		if (fr < 0 && fe == EINTR && !ready(c) && (*deadline || !all_restart())) {
+			errno = EINTR;
+			return -1;
+		}
 		if (ready(c) || conn_check_reset(c, fd))
 			return 0;
 	}

@@ -8,6 +8,8 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +28,24 @@ static int accel(int fd)
 	int view = fcntl(fd, F_GETFL);
 	int kernel = (int)syscall(SYS_fcntl, fd, F_GETFL);
 	return (kernel & O_NONBLOCK) && !(view & O_NONBLOCK);
+}
+
+static void on_alarm(int sig)
+{
+	(void)sig;
+}
+
+static void alarm_in(long ms)
+{
+	struct itimerval it = {.it_value = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000}};
+	setitimer(ITIMER_REAL, &it, NULL);
+}
+
+static void *late_writer(void *arg)
+{
+	usleep(300000);
+	CHECK(write(*(int *)arg, "late", 4) == 4);
+	return NULL;
 }
 
 int main(void)
@@ -54,8 +74,28 @@ int main(void)
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	long ms = (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000;
 	printf("waited-enough %d\n", ms >= 150 && ms < 2000);
+
+	/* signals: without SA_RESTART a blocking read fails with EINTR; with it, and
+	 * a socket timeout, too (as Linux); with it and no timeout, it goes on */
+	struct sigaction sa = {.sa_handler = on_alarm};
+	CHECK(sigaction(SIGALRM, &sa, NULL) == 0);
 	tv.tv_usec = 0;
 	CHECK(setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) == 0);
+	alarm_in(150);
+	SHOW("eintr", read(s, b, sizeof(b)));
+	sa.sa_flags = SA_RESTART;
+	CHECK(sigaction(SIGALRM, &sa, NULL) == 0);
+	tv.tv_sec = 2;
+	CHECK(setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) == 0);
+	alarm_in(150);
+	SHOW("eintr-timeo", read(s, b, sizeof(b)));
+	tv.tv_sec = 0;
+	CHECK(setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) == 0);
+	pthread_t lw;
+	pthread_create(&lw, NULL, late_writer, &p);
+	alarm_in(150);
+	SHOW("restarted", read(s, b, sizeof(b)));
+	pthread_join(lw, NULL);
 
 	printf("ready\n");
 	fflush(stdout);
