@@ -39,23 +39,33 @@ func needPrograms(t *testing.T, progs ...string) {
 	}
 }
 
-// directHosts makes the pair of hosts with smcrd (shm provider) on both.
-func directHosts(t *testing.T) (*host, *host) {
+// directHosts makes the pair of hosts with smcrd on both, with provider p.
+func directHosts(t *testing.T, p string) (*host, *host) {
 	t.Helper()
 	a, b := hosts(t)
-	startShm(a)
-	startShm(b)
+	startWith(a, p)
+	startWith(b, p)
 	return a, b
 }
 
-// startShm starts smcrd on h with the shm provider, and fails the test if the
-// provider did not open (its rendezvous socket's path, under the test's
-// temporary directory, must fit a Unix socket address: short test names).
-func startShm(h *host) {
+// startWith starts smcrd on h with provider p, and fails the test if the
+// provider did not open (the shm provider's rendezvous socket is under the
+// test's temporary directory, named after the test, and its path must fit a
+// Unix socket address: short test names).
+func startWith(h *host, p string) {
 	h.t.Helper()
-	h.start(append(h.providerConf("shm"), ports)...)
+	h.start(append(h.providerConf(p), ports)...)
 	if log := h.logText(); strings.Contains(log, "no provider opened a device") {
-		h.t.Fatalf("smcrd on %s has no shm device:\n%s", h.name, log)
+		h.t.Fatalf("smcrd on %s has no %s device:\n%s", h.name, p, log)
+	}
+}
+
+// eachProvider runs f once per provider that can run here (shm and soft:
+// the library writes into the peer's RMB itself with shm, smcrd posts the
+// writes from the library's send buffer with the others).
+func eachProvider(t *testing.T, f func(t *testing.T, p string)) {
+	for _, p := range providers() {
+		t.Run(p, func(t *testing.T) { f(t, p) })
 	}
 }
 
@@ -109,7 +119,7 @@ func (p *proc) wait(d time.Duration) bool {
 	}
 }
 
-func (p *proc) out() string { return text(p.stdout) }
+func (p *proc) out() string    { return text(p.stdout) }
 func (p *proc) errOut() string { return text(p.stderr) }
 
 func text(w *syncWriter) string {
@@ -214,12 +224,20 @@ func wireBytes(t *testing.T, h *host) uint64 {
 	return sum
 }
 
-// wantOffWire checks that moving moved bytes between the programs put less
-// than a tenth of that on h's link since it carried before bytes.
-func wantOffWire(t *testing.T, h *host, before, moved uint64) {
+// offWire returns, with the shm provider, the check that the programs' bytes
+// moved from now on stayed off h's link: it carried less than a tenth of
+// them. Other providers carry them over the link.
+func offWire(t *testing.T, h *host, p string) func(moved uint64) {
 	t.Helper()
-	if n := wireBytes(t, h) - before; n > moved/10 {
-		t.Errorf("%s's link carried %d bytes while the programs moved %d: not through shared memory", h.name, n, moved)
+	if p != "shm" {
+		return func(uint64) {}
+	}
+	before := wireBytes(t, h)
+	return func(moved uint64) {
+		t.Helper()
+		if n := wireBytes(t, h) - before; n > moved/10 {
+			t.Errorf("%s's link carried %d bytes while the programs moved %d: not through shared memory", h.name, n, moved)
+		}
 	}
 }
 
@@ -234,7 +252,11 @@ func sha(b []byte) string {
 // hosts while it runs.
 func TestDirectProgramsIperf3(t *testing.T) {
 	needPrograms(t, "iperf3")
-	a, b := directHosts(t)
+	eachProvider(t, testDirectIperf3)
+}
+
+func testDirectIperf3(t *testing.T, p string) {
+	a, b := directHosts(t, p)
 	var conns uint64
 	for _, reverse := range []bool{false, true} {
 		srv := b.startProc(true, "iperf3", "-s", "-p", "5201", "-1", "-J")
@@ -243,7 +265,7 @@ func TestDirectProgramsIperf3(t *testing.T) {
 		if reverse {
 			args = append(args, "-R")
 		}
-		wire := wireBytes(t, a)
+		wire := offWire(t, a, p)
 		cli := a.startProc(true, "iperf3", args...)
 		// While it runs: control and data connection, SMC-R, direct, on both.
 		wantDirectConns(t, a, 2)
@@ -290,7 +312,7 @@ func TestDirectProgramsIperf3(t *testing.T) {
 			t.Errorf("reverse %v: the client reports sent %d received %d, the server sent %d received %d", reverse,
 				c.End.Sent.Bytes, c.End.Received.Bytes, s.End.Sent.Bytes, s.End.Received.Bytes)
 		}
-		wantOffWire(t, a, wire, uint64(recv))
+		wire(uint64(recv))
 		conns += 2
 	}
 	for _, h := range []*host{a, b} {
@@ -307,7 +329,11 @@ func TestDirectProgramsIperf3(t *testing.T) {
 func TestDirectProgramsSocat(t *testing.T) {
 	needPrograms(t, "socat")
 	requirePython(t)
-	a, b := directHosts(t)
+	eachProvider(t, testDirectSocat)
+}
+
+func testDirectSocat(t *testing.T, p string) {
+	a, b := directHosts(t, p)
 	b.startProc(true, "socat", "TCP-LISTEN:5201,reuseaddr,fork", "PIPE")
 	b.waitListening(5201)
 
@@ -327,9 +353,9 @@ func TestDirectProgramsSocat(t *testing.T) {
 	defer fout.Close()
 	cmd := a.direct(a.command("socat", "-t", "30", "-", fmt.Sprintf("TCP:%s:5201", b.ns.Addr4())))
 	cmd.Stdin, cmd.Stdout = fin, fout
-	wire := wireBytes(t, a)
+	wire := offWire(t, a, p)
 	a.run(cmd, 30*time.Second)
-	wantOffWire(t, a, wire, 2*uint64(len(data)))
+	wire(2 * uint64(len(data)))
 	if got, err := os.ReadFile(outName); err != nil || sha(got) != sha(data) {
 		t.Fatalf("socat client: %d bytes came back (%v), want the %d sent (sha256 %s, got %s)", len(got), err, len(data), sha(data), sha(got))
 	}
@@ -374,7 +400,11 @@ http {
 // every one checked by hash.
 func TestDirectProgramsNginx(t *testing.T) {
 	needPrograms(t, "nginx", "curl")
-	a, b := directHosts(t)
+	eachProvider(t, testDirectNginx)
+}
+
+func testDirectNginx(t *testing.T, p string) {
+	a, b := directHosts(t, p)
 	dir := t.TempDir()
 	www := filepath.Join(dir, "www")
 	if err := os.MkdirAll(www, 0o755); err != nil {
@@ -410,10 +440,10 @@ func TestDirectProgramsNginx(t *testing.T) {
 	for i, name := range names {
 		args = append(args, "-o", filepath.Join(got, fmt.Sprint(i)), url+name)
 	}
-	wire := wireBytes(t, a)
+	wire := offWire(t, a, p)
 	a.run(a.direct(a.command("curl", args...)), 30*time.Second)
 	check("keep-alive", names)
-	wantOffWire(t, a, wire, 2*uint64(len(files["big"])+len(files["odd"])))
+	wire(2 * uint64(len(files["big"])+len(files["odd"])))
 	wantDirect(t, a, 1)
 	wantDirect(t, b, 1)
 
@@ -423,10 +453,10 @@ func TestDirectProgramsNginx(t *testing.T) {
 	for i, name := range names {
 		args = append(args, "-o", filepath.Join(got, fmt.Sprint(i)), url+name)
 	}
-	wire = wireBytes(t, a)
+	wire = offWire(t, a, p)
 	a.run(a.direct(a.command("curl", args...)), 30*time.Second)
 	check("parallel", names)
-	wantOffWire(t, a, wire, uint64(2*len(files["big"])+len(files["odd"])))
+	wire(uint64(2*len(files["big"]) + len(files["odd"])))
 	wantDirect(t, a, 4)
 	wantDirect(t, b, 4)
 	wantIdle(t, a)
@@ -446,7 +476,11 @@ func TestDirectProgramsNginx(t *testing.T) {
 // redis-cli, every byte intact.
 func TestDirectProgramsRedis(t *testing.T) {
 	needPrograms(t, "redis-server", "redis-benchmark", "redis-cli")
-	a, b := directHosts(t)
+	eachProvider(t, testDirectRedis)
+}
+
+func testDirectRedis(t *testing.T, p string) {
+	a, b := directHosts(t, p)
 	b.startProc(true, "redis-server", "--port", "5201", "--bind", "0.0.0.0", "--protected-mode", "no",
 		"--save", "", "--appendonly", "no", "--dir", t.TempDir())
 	b.waitListening(5201)
@@ -462,7 +496,7 @@ func TestDirectProgramsRedis(t *testing.T) {
 		t.Logf("redis-benchmark -P %s: %s", pipeline, lastLines(out))
 	}
 	value := randomBytes(1 << 20)
-	wire := wireBytes(t, a)
+	wire := offWire(t, a, p)
 	set := a.direct(a.command("redis-cli", "-h", addr, "-p", "5201", "-x", "SET", "big"))
 	set.Stdin = bytes.NewReader(value)
 	if out := a.run(set, 20*time.Second); strings.TrimSpace(out) != "OK" {
@@ -472,7 +506,7 @@ func TestDirectProgramsRedis(t *testing.T) {
 	if want := append(value, '\n'); sha([]byte(out)) != sha(want) {
 		t.Fatalf("GET returned %d bytes, differing from the %d set", len(out), len(value))
 	}
-	wantOffWire(t, a, wire, 2<<20)
+	wire(2 << 20)
 
 	// Every connection of every client went the direct mode's SMC-R, and as
 	// many on both sides.
@@ -524,7 +558,7 @@ func TestDirectProgramsMixed(t *testing.T) {
 	relayed := func(st control.Stats) uint64 { return st.Programs["redirected"] + st.Programs["steered"] }
 
 	t.Run("lib-relay", func(t *testing.T) {
-		a, b := directHosts(t)
+		a, b := directHosts(t, "shm")
 		b.startProc(false, "python3", "testdata/echo_server.py", "5202")
 		b.waitListening(5202)
 		echo(t, a, true, 5202)
@@ -536,7 +570,7 @@ func TestDirectProgramsMixed(t *testing.T) {
 		}
 	})
 	t.Run("relay-lib", func(t *testing.T) {
-		a, b := directHosts(t)
+		a, b := directHosts(t, "shm")
 		b.startProc(true, "python3", "testdata/echo_server.py", "5201")
 		b.waitListening(5201)
 		echo(t, a, false, 5201)
@@ -549,7 +583,7 @@ func TestDirectProgramsMixed(t *testing.T) {
 	})
 	t.Run("lib-nosmcrd", func(t *testing.T) {
 		a, b := hosts(t)
-		startShm(a)
+		startWith(a, "shm")
 		b.startProc(false, "python3", "testdata/echo_server.py", "5201")
 		b.waitListening(5201)
 		echo(t, a, true, 5201)
@@ -561,7 +595,7 @@ func TestDirectProgramsMixed(t *testing.T) {
 	})
 	t.Run("nosmcrd-lib", func(t *testing.T) {
 		a, b := hosts(t)
-		startShm(b)
+		startWith(b, "shm")
 		b.startProc(true, "python3", "testdata/echo_server.py", "5201")
 		b.waitListening(5201)
 		echo(t, a, true, 5201)
@@ -609,7 +643,7 @@ func TestDirectProgramsFaults(t *testing.T) {
 	const size = 512 << 20 // read at 64 MB/s: about 8 s
 	const rate = 64e6
 	setup := func(t *testing.T) (a, b *host, sender, reader *proc) {
-		a, b = directHosts(t)
+		a, b = directHosts(t, "shm")
 		sender = b.startProc(true, "python3", "testdata/direct_sender.py", "5201", strconv.Itoa(size))
 		b.waitListening(5201)
 		reader = a.startProc(true, "python3", "testdata/direct_reader.py", b.ns.Addr4().String(), "5201", fmt.Sprint(rate))
@@ -662,6 +696,20 @@ func TestDirectProgramsFaults(t *testing.T) {
 			whole(t, result(t, reader))
 			senderEnds(t, sender)
 			wantIdle(t, survivor)
+
+			// New connections, the library still on both sides, are
+			// plain TCP once the dead smcrd's liveness (1 s) lapsed,
+			// every byte intact.
+			time.Sleep(1500 * time.Millisecond)
+			before := survivor.stats().Direct
+			reader = a.startProc(true, "python3", "testdata/direct_reader.py", b.ns.Addr4().String(), "5201", "0")
+			if r := result(t, reader); r.Err != "" || !r.EOF || r.Bytes != size {
+				t.Errorf("a new connection with smcrd on the %s dead: %+v, want the whole stream", side, r)
+			}
+			after := survivor.stats().Direct
+			if after.SMCR != before.SMCR || after.TCP+after.Refused != before.TCP+before.Refused+1 {
+				t.Errorf("smcrd on %s counted the new connection as %+v (before: %+v), want plain TCP", survivor.name, after, before)
+			}
 		})
 	}
 	t.Run("kill-server", func(t *testing.T) {
