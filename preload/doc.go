@@ -28,8 +28,6 @@
 //     send with MSG_OOB with EOPNOTSUPP (the ABI carries no urgent data).
 //   - splice on an accelerated socket is a copy through a 16 KiB buffer (at
 //     most that much per call); sendfile is a copy loop through the send ring.
-//   - MSG_WAITALL on a socket that fell back to TCP returns at the end of the
-//     bytes smcrd read ahead, without going on into the kernel's.
 //   - A blocking read or write on an accelerated socket that a signal
 //     interrupts fails with EINTR unless every caught signal has SA_RESTART
 //     (and, as Linux, always when the socket has a timeout); a signal that

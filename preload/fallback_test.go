@@ -219,7 +219,7 @@ func TestFallback(t *testing.T) {
 	for _, lib := range []string{"libsmcr-preload.so", "libsmcr-preload-ubsan.so"} {
 		m := mode{name: "tcp-prefix", lib: lib, socket: f5.path}
 		compareReady(t, m, false)
-		for _, how := range []string{"poll", "epoll", "select", "peek"} {
+		for _, how := range []string{"poll", "epoll", "select", "peek", "waitall"} {
 			f5.mu.Lock()
 			before := f5.handed
 			f5.mu.Unlock()

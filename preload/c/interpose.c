@@ -413,6 +413,34 @@ static ssize_t prefix_recv(struct conn *c, const struct iovec *iov, int cnt, int
 	return (ssize_t)n;
 }
 
+/* waitall_rest: MSG_WAITALL after the read-ahead bytes ran out: the rest from the
+ * kernel. Bytes added (0 when none came, or on an error: the bytes already read
+ * are returned first, as TCP does). */
+static size_t waitall_rest(struct conn *c, int fd, const struct iovec *iov, int cnt, size_t done, int flags)
+{
+	struct iovec rest[64];
+	int k = 0;
+	if (atomic_load(&c->state) != CS_TCP || cnt > 64)
+		return 0;
+	for (int i = 0; i < cnt; i++) {
+		if (done >= iov[i].iov_len) {
+			done -= iov[i].iov_len;
+			continue;
+		}
+		rest[k].iov_base = (char *)iov[i].iov_base + done;
+		rest[k].iov_len = iov[i].iov_len - done;
+		done = 0;
+		k++;
+	}
+	if (k == 0)
+		return 0;
+	struct msghdr mh = {.msg_iov = rest, .msg_iovlen = (size_t)k};
+	int e = errno;
+	ssize_t more = R(recvmsg)(fd, &mh, flags);
+	errno = e;
+	return more > 0 ? (size_t)more : 0;
+}
+
 static ssize_t conn_recv(struct conn *c, int fd, const struct iovec *iov, int cnt, int flags)
 {
 	for (;;) {
@@ -427,6 +455,8 @@ static ssize_t conn_recv(struct conn *c, int fd, const struct iovec *iov, int cn
 			ssize_t r = prefix_recv(c, iov, cnt, flags);
 			if (r == PASS)
 				continue;
+			if (r > 0 && (flags & MSG_WAITALL) && !(flags & MSG_PEEK))
+				r += waitall_rest(c, fd, iov, cnt, (size_t)r, flags);
 			return r;
 		}
 		case CS_RESET:

@@ -2,7 +2,8 @@
  * a fake smcrd that falls back to TCP reads some of them ahead (its CLC would) and
  * hands them back with DECIDED: the program must see them first, and see the socket
  * readable for them, whatever it waits with.
- * usage: prefix poll|epoll|select|peek
+ * usage: prefix poll|epoll|select|peek|waitall
+ * (waitall: a blocking recv with MSG_WAITALL of all the bytes at once)
  * stdout: what the server read, then "ok". */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -36,6 +37,16 @@ int main(int argc, char **argv)
 	int s = socket(AF_INET, SOCK_STREAM, 0);
 	CHECK(s >= 0);
 	CHECK(connect(s, (struct sockaddr *)&a, sizeof(a)) == 0);
+	if (strcmp(how, "waitall") == 0) {
+		CHECK(write(s, msg, 20) == 20);
+		int p = accept(l, NULL, NULL);
+		CHECK(p >= 0);
+		char all[32];
+		ssize_t k = recv(p, all, 20, MSG_WAITALL);
+		CHECK(k == 20 && memcmp(all, msg, 20) == 0);
+		printf("read %.20s\nok\n", all);
+		return 0;
+	}
 	CHECK(write(s, msg, 10) == 10);
 	int p = accept4(l, NULL, NULL, SOCK_NONBLOCK);
 	CHECK(p >= 0);
