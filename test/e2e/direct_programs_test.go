@@ -635,21 +635,38 @@ type readerResult struct {
 }
 
 // TestDirectProgramsFaults: smcrd or a program killed with SIGKILL while a
-// stream moves (Python, the library on both sides). The reader never hangs,
+// stream moves (Python, the library on both sides), the reader the client
+// or (rev-) the server. The reader never hangs,
 // every byte it got is the stream's, and it never takes a short stream for
 // a whole one: unless its peer program died, it gets every byte or an error.
 func TestDirectProgramsFaults(t *testing.T) {
 	requirePython(t)
+	eachProvider(t, testDirectFaults)
+}
+
+func testDirectFaults(t *testing.T, p string) {
 	const size = 512 << 20 // read at 64 MB/s: about 8 s
 	const rate = 64e6
 	setup := func(t *testing.T) (a, b *host, sender, reader *proc) {
-		a, b = directHosts(t, "shm")
+		a, b = directHosts(t, p)
 		sender = b.startProc(true, "python3", "testdata/direct_sender.py", "5201", strconv.Itoa(size))
 		b.waitListening(5201)
 		reader = a.startProc(true, "python3", "testdata/direct_reader.py", b.ns.Addr4().String(), "5201", fmt.Sprint(rate))
 		wantDirectConns(t, a, 1)
 		wantDirectConns(t, b, 1)
 		time.Sleep(time.Second) // mid-transfer
+		return
+	}
+	// setupRev: the other way round, the reader is the server (its socket
+	// accepted) and the sender its client.
+	setupRev := func(t *testing.T) (a, b *host, sender, reader *proc) {
+		a, b = directHosts(t, p)
+		reader = b.startProc(true, "python3", "testdata/direct_reader.py", "-", "5201", fmt.Sprint(rate))
+		b.waitListening(5201)
+		sender = a.startProc(true, "python3", "testdata/direct_sender.py", "5201", strconv.Itoa(size), b.ns.Addr4().String())
+		wantDirectConns(t, a, 1)
+		wantDirectConns(t, b, 1)
+		time.Sleep(time.Second)
 		return
 	}
 	// result waits for the reader's verdict and checks its bytes.
@@ -712,6 +729,28 @@ func TestDirectProgramsFaults(t *testing.T) {
 			}
 		})
 	}
+	for _, side := range []string{"client", "server"} {
+		t.Run("rev-kill-smcrd-"+side, func(t *testing.T) {
+			a, b, sender, reader := setupRev(t)
+			victim, survivor := a, b
+			if side == "server" {
+				victim, survivor = b, a
+			}
+			victim.kill()
+			whole(t, result(t, reader))
+			senderEnds(t, sender)
+			wantIdle(t, survivor)
+		})
+	}
+	t.Run("rev-kill-sender", func(t *testing.T) {
+		a, b, sender, reader := setupRev(t)
+		sender.kill()
+		if r := result(t, reader); r.Bytes == size && r.EOF {
+			t.Errorf("the reader got the whole stream from a sender killed mid-way")
+		}
+		wantIdle(t, a)
+		wantIdle(t, b)
+	})
 	t.Run("kill-server", func(t *testing.T) {
 		a, b, sender, reader := setup(t)
 		sender.kill()

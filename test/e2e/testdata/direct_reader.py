@@ -2,13 +2,22 @@
 # comes), and prints one JSON line: the bytes received, their sha256, whether
 # the stream ended with a clean EOF, and otherwise the error that ended it.
 # A reader that gets a short stream must see an error, never a clean EOF.
+# HOST "-": it listens on PORT and reads the first connection it accepts.
 import hashlib, json, socket, sys, time
 
 host, port, rate = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 h, n, eof, err = hashlib.sha256(), 0, False, ""
 start = time.monotonic()
 try:
-    s = socket.create_connection((host, port))
+    if host == "-":
+        ln = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        ln.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        ln.bind(("0.0.0.0", port))
+        ln.listen(1)
+        s, _ = ln.accept()
+        start = time.monotonic()
+    else:
+        s = socket.create_connection((host, port))
     print("connected", file=sys.stderr, flush=True)
     while True:
         b = s.recv(1 << 16)

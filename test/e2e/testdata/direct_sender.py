@@ -2,7 +2,8 @@
 # direct_reader.py and the test know (1 MiB blocks, each starting with its
 # index), then the end of the stream. One thread per connection, blocking
 # sockets. Prints one JSON line per connection when it ends: bytes sent, and
-# the error that ended it early, if any.
+# the error that ended it early, if any. With HOST, it connects to HOST:PORT
+# instead and sends on that one connection.
 import json, socket, sys, threading
 
 BLOCK = 1 << 20
@@ -31,6 +32,10 @@ def serve(c):
         c.close()
     with lock:
         print(json.dumps({"sent": sent, "err": err}), flush=True)
+
+if len(sys.argv) > 3:
+    serve(socket.create_connection((sys.argv[3], port)))
+    sys.exit(0)
 
 ln = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
 ln.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
