@@ -86,6 +86,8 @@ func checkReset(t *testing.T, out string) {
 		"poll err-or-hup 1\n",
 		"read -1 Connection reset by peer\n",
 		"write fails 1\n",
+		"read-again 0 \n",
+		"so_error-after 0\n",
 		"new accel 0 0\n",
 		"done\n",
 	} {

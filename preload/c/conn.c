@@ -224,7 +224,8 @@ uint32_t conn_revents(struct conn *c, int fd)
 		return 0;
 	case CS_ACCEL: {
 		if (atomic_load_explicit(&c->reset, memory_order_relaxed))
-			return POLLIN | POLLRDNORM | POLLOUT | POLLWRNORM | POLLHUP | POLLERR | POLLRDHUP;
+			return POLLIN | POLLRDNORM | POLLOUT | POLLWRNORM | POLLHUP | POLLRDHUP |
+			       (atomic_load_explicit(&c->err_taken, memory_order_relaxed) ? 0 : POLLERR);
 		uint32_t r = 0;
 		uint32_t df = atomic_load_explicit(&c->sh->d_flags, memory_order_acquire);
 		int shr = atomic_load_explicit(&c->shut_rd, memory_order_relaxed);
@@ -234,7 +235,7 @@ uint32_t conn_revents(struct conn *c, int fd)
 		if ((df & SMCR_D_EOF) || shr)
 			r |= POLLRDHUP;
 		if (df & SMCR_D_ERROR)
-			r |= POLLERR | POLLHUP;
+			r |= (atomic_load_explicit(&c->err_taken, memory_order_relaxed) ? 0 : POLLERR) | POLLHUP;
 		if (((df & SMCR_D_EOF) || shr) && ((df & SMCR_D_TX_CLOSED) || shw))
 			r |= POLLHUP;
 		if (ring_tx_queued(c) < c->tx_size || (df & (SMCR_D_ERROR | SMCR_D_TX_CLOSED)) || shw)
@@ -259,6 +260,17 @@ uint32_t conn_revents(struct conn *c, int fd)
 	default:
 		return POLLIN | POLLRDNORM | POLLOUT | POLLWRNORM | POLLHUP | POLLERR | POLLRDHUP;
 	}
+}
+
+int conn_error(struct conn *c)
+{
+	if (atomic_load(&c->reset))
+		return ECONNRESET;
+	if (atomic_load(&c->sh->d_flags) & SMCR_D_ERROR) {
+		int e = atomic_load(&c->sh->d_errno);
+		return e > 0 ? e : ECONNRESET;
+	}
+	return 0;
 }
 
 int conn_wait_fd(struct conn *c)

@@ -39,6 +39,7 @@ struct conn {
 	atomic_int reset;       /* smcrd is gone: the connection is reset */
 	atomic_int pending_err; /* FAILED: SO_ERROR not yet read (positive errno) */
 	atomic_int closed;      /* the program closed its last alias */
+	atomic_int err_taken;   /* ACCEL: the connection's error was returned once (SO_ERROR) */
 
 	/* ACCEL */
 	struct smcr_shared *sh;
@@ -84,6 +85,9 @@ uint32_t conn_revents(struct conn *c, int fd);
 /* conn_wait_fd: the fd to wait on for a change of the connection's readiness (the
  * channel while PENDING, efd_lib while ACCEL), or -1 (always ready, or the kernel's). */
 int conn_wait_fd(struct conn *c);
+
+/* conn_error: an ACCEL connection's error (positive errno), 0 if none */
+int conn_error(struct conn *c);
 
 /* a snapshot that changes whenever the connection's readiness may have changed */
 uint64_t conn_seq(struct conn *c);

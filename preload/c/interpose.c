@@ -916,6 +916,8 @@ EXPORT int getsockopt(int fd, int level, int opt, void *val, socklen_t *len)
 	int e = 0;
 	if (st == CS_FAILED)
 		e = atomic_exchange(&c->pending_err, 0);
+	else if (st == CS_ACCEL && conn_error(c) && !atomic_exchange(&c->err_taken, 1))
+		e = conn_error(c); /* once, as the kernel's sk_err */
 	else if (st == CS_RESET)
 		e = 0;
 	else if (st != CS_PENDING && st != CS_ACCEL)

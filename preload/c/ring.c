@@ -218,6 +218,27 @@ static void after_tx_publish(struct conn *c)
 		ring_kick(c->efd_dtx);
 }
 
+/* failed_read / failed_write: what a read or write returns on a
+ * connection that failed (reset, or d_errno): the error once (as the kernel's
+ * sk_err), then end of file for reads and EPIPE for writes. */
+static ssize_t failed_read(struct conn *c, int err)
+{
+	if (atomic_exchange(&c->err_taken, 1))
+		return 0;
+	errno = err > 0 ? err : ECONNRESET;
+	return -1;
+}
+
+static ssize_t epipe(int flags);
+
+static ssize_t failed_write(struct conn *c, int err, int flags)
+{
+	if (atomic_exchange(&c->err_taken, 1))
+		return epipe(flags);
+	errno = err > 0 ? err : ECONNRESET;
+	return -1;
+}
+
 ssize_t ring_recv(struct conn *c, int fd, const struct iovec *iov, int iovcnt, int flags)
 {
 	if (flags & MSG_OOB) {
@@ -240,8 +261,7 @@ ssize_t ring_recv(struct conn *c, int fd, const struct iovec *iov, int iovcnt, i
 		if (atomic_load_explicit(&c->reset, memory_order_relaxed)) {
 			if (done)
 				return (ssize_t)done;
-			errno = ECONNRESET;
-			return -1;
+			return failed_read(c, ECONNRESET);
 		}
 		uint64_t prod = atomic_load_explicit(&sh->rx_prod, memory_order_acquire);
 		uint64_t cons = atomic_load_explicit(&sh->rx_cons, memory_order_relaxed);
@@ -270,10 +290,7 @@ ssize_t ring_recv(struct conn *c, int fd, const struct iovec *iov, int iovcnt, i
 				continue;
 			if (done || (df & SMCR_D_EOF && !(df & SMCR_D_ERROR)))
 				return (ssize_t)done;
-			errno = atomic_load(&sh->d_errno);
-			if (errno <= 0)
-				errno = ECONNRESET;
-			return -1;
+			return failed_read(c, atomic_load(&sh->d_errno));
 		}
 		if (nonblock) {
 			if (done)
@@ -303,17 +320,11 @@ ssize_t ring_send_space(struct conn *c, int fd, int flags)
 	uint64_t deadline = 0;
 	int have_deadline = 0;
 	for (;;) {
-		if (atomic_load_explicit(&c->reset, memory_order_relaxed)) {
-			errno = ECONNRESET;
-			return -1;
-		}
+		if (atomic_load_explicit(&c->reset, memory_order_relaxed))
+			return failed_write(c, ECONNRESET, flags);
 		uint32_t df = atomic_load_explicit(&c->sh->d_flags, memory_order_acquire);
-		if (df & SMCR_D_ERROR) {
-			errno = atomic_load(&c->sh->d_errno);
-			if (errno <= 0)
-				errno = ECONNRESET;
-			return -1;
-		}
+		if (df & SMCR_D_ERROR)
+			return failed_write(c, atomic_load(&c->sh->d_errno), flags);
 		if ((df & SMCR_D_TX_CLOSED) || atomic_load_explicit(&c->shut_wr, memory_order_relaxed))
 			return epipe(flags);
 		size_t fr = c->tx_size - ring_tx_queued(c);
@@ -346,17 +357,13 @@ ssize_t ring_send(struct conn *c, int fd, const struct iovec *iov, int iovcnt, i
 		if (atomic_load_explicit(&c->reset, memory_order_relaxed)) {
 			if (done)
 				return (ssize_t)done;
-			errno = ECONNRESET;
-			return -1;
+			return failed_write(c, ECONNRESET, flags);
 		}
 		uint32_t df = atomic_load_explicit(&sh->d_flags, memory_order_acquire);
 		if (df & SMCR_D_ERROR) {
 			if (done)
 				return (ssize_t)done;
-			errno = atomic_load(&sh->d_errno);
-			if (errno <= 0)
-				errno = ECONNRESET;
-			return -1;
+			return failed_write(c, atomic_load(&sh->d_errno), flags);
 		}
 		if ((df & SMCR_D_TX_CLOSED) || atomic_load_explicit(&c->shut_wr, memory_order_relaxed)) {
 			if (done)

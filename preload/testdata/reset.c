@@ -109,6 +109,11 @@ int main(void)
 	errno = 0;
 	ssize_t w = send(s, "y", 1, MSG_NOSIGNAL);
 	printf("write fails %d\n", w < 0 && (errno == ECONNRESET || errno == EPIPE));
+	SHOW("read-again", read(s, b, sizeof(b))); /* the error was taken: end of file */
+	int soerr = -1;
+	socklen_t sl = sizeof(soerr);
+	CHECK(getsockopt(s, SOL_SOCKET, SO_ERROR, &soerr, &sl) == 0);
+	printf("so_error-after %d\n", soerr);
 	close(s);
 	close(p);
 
