@@ -183,10 +183,17 @@ int conn_decide(struct conn *c, int fd, int block)
 		if (atomic_load(&c->state) != CS_PENDING)
 			return 0;
 		if (block) {
+			/* timed, to notice another thread's close of the socket */
 			struct pollfd p = {.fd = c->chan, .events = POLLIN};
-			R(poll)(&p, 1, -1);
+			R(poll)(&p, 1, 1000);
 			if (atomic_load(&c->state) != CS_PENDING)
 				return 0;
+			if (atomic_load(&c->closed)) {
+				errno = EBADF;
+				return -1;
+			}
+			if (p.revents == 0)
+				continue;
 		}
 		if (block)
 			pthread_mutex_lock(&c->mu);

@@ -129,7 +129,8 @@ EXPORT int socket(int domain, int type, int protocol)
 
 static int wait_connect(struct conn *c, int fd)
 {
-	conn_decide(c, fd, 1);
+	if (conn_decide(c, fd, 1) < 0)
+		return -1;
 	switch (atomic_load(&c->state)) {
 	case CS_FAILED: {
 		int e = atomic_exchange(&c->pending_err, 0);
