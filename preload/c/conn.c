@@ -177,7 +177,24 @@ static void decide_locked(struct conn *c, int fd, struct channel_msg *m, int r)
 		close_chan(c);
 }
 
+static int decide(struct conn *c, int fd, int block);
+
 int conn_decide(struct conn *c, int fd, int block)
+{
+	if (atomic_load(&c->state) != CS_PENDING)
+		return 0;
+	if (!block)
+		return decide(c, fd, 0);
+	/* a blocking wait holds the connection: another thread may close it */
+	obj_get(&c->o);
+	int r = decide(c, fd, 1);
+	int e = errno;
+	obj_put(&c->o);
+	errno = e;
+	return r;
+}
+
+static int decide(struct conn *c, int fd, int block)
 {
 	for (;;) {
 		if (atomic_load(&c->state) != CS_PENDING)
