@@ -543,11 +543,12 @@ func lastLines(s string) string {
 func TestDirectProgramsMixed(t *testing.T) {
 	requirePython(t)
 	const conns, size = 2, 2 << 20
-	echo := func(t *testing.T, from *host, lib bool, port int) {
+	echo := func(t *testing.T, from *host, lib bool, port int, env ...string) {
 		t.Helper()
 		cmd := from.command("python3", "testdata/hash_client.py", from.other.ns.Addr4().String(), strconv.Itoa(port), strconv.Itoa(size), strconv.Itoa(conns))
 		if lib {
 			from.direct(cmd)
+			cmd.Env = append(cmd.Env, env...)
 		}
 		out := from.run(cmd, 30*time.Second)
 		var r hashResult
@@ -579,6 +580,33 @@ func TestDirectProgramsMixed(t *testing.T) {
 		if sa.Direct.SMCR != 0 || sa.Connections.SMCR != conns || relayed(sa) < conns {
 			t.Errorf("client's smcrd: direct %+v, %d SMC-R connections, %d relayed; want %d SMC-R through the relay",
 				sa.Direct, sa.Connections.SMCR, relayed(sa), conns)
+		}
+	})
+	t.Run("optout", func(t *testing.T) {
+		// SMCR_DIRECT=0 turns the library off for one program: that
+		// client goes through the relay instead.
+		a, b := directHosts(t, "shm")
+		b.startProc(true, "python3", "testdata/echo_server.py", "5201")
+		b.waitListening(5201)
+		echo(t, a, true, 5201, "SMCR_DIRECT=0")
+		wantDirect(t, b, conns)
+		sa := a.stats()
+		if sa.Direct != (control.DirectCounts{}) || sa.Connections.SMCR != conns || sa.Programs["redirected"] < conns {
+			t.Errorf("client's smcrd: direct %+v, %d SMC-R connections, %d redirected; want %d SMC-R through the relay",
+				sa.Direct, sa.Connections.SMCR, sa.Programs["redirected"], conns)
+		}
+	})
+	t.Run("unlisted", func(t *testing.T) {
+		// A port outside port_range_list: the library passes the
+		// connections through without asking smcrd (the policy page).
+		a, b := directHosts(t, "shm")
+		b.startProc(true, "python3", "testdata/echo_server.py", "6001")
+		b.waitListening(6001)
+		echo(t, a, true, 6001)
+		for _, h := range []*host{a, b} {
+			if st := h.stats(); st.Direct != (control.DirectCounts{}) || st.Connections.Handled != 0 {
+				t.Errorf("smcrd %s: direct %+v, %d connections handled; want none: the port is not listed", h.name, st.Direct, st.Connections.Handled)
+			}
 		}
 	})
 	t.Run("lib-nosmcrd", func(t *testing.T) {
@@ -771,4 +799,65 @@ func testDirectFaults(t *testing.T, p string) {
 		wantIdle(t, a)
 		wantIdle(t, b)
 	})
+}
+
+// knownExec skips the exec tests unless SMCR_E2E_KNOWN is set: today the
+// library's channel to smcrd is close-on-exec (preload/c/channel.c,
+// channel_open's SOCK_CLOEXEC), smcrd takes its end as the program gone
+// (daemon/directconn.go, run: gone) and resets the connection, so the
+// program after exec never gets a byte and its peer reads ECONNRESET. With
+// socat's EXEC,nofork the exec comes before CLC has decided: smcrd's DECIDED
+// finds the channel closed ("direct: decided ... broken pipe") and aborts.
+// No hang and no silent loss, but issue #35 asks that the connection goes on
+// across exec (re-attached, or over its TCP connection); docs/direct.md lists
+// exec among the limits.
+func knownExec(t *testing.T) {
+	if os.Getenv("SMCR_E2E_KNOWN") == "" {
+		t.Skip("known: a socket inherited across exec is reset (the library's channel is close-on-exec, smcrd aborts the connection when it closes); SMCR_E2E_KNOWN=1 runs it")
+	}
+}
+
+// TestDirectProgramsExec: socat's EXEC with nofork hands the accepted socket
+// itself to cat across exec (stdin and stdout), as inetd and sshd do. The
+// issue asks that exec never hangs and never loses a byte: cat echoes what
+// the client sends, every byte.
+func TestDirectProgramsExec(t *testing.T) {
+	knownExec(t)
+	needPrograms(t, "socat", "cat")
+	requirePython(t)
+	a, b := directHosts(t, "shm")
+	b.startProc(true, "socat", "TCP-LISTEN:5201,reuseaddr,fork", "EXEC:cat,nofork")
+	b.waitListening(5201)
+	out := a.run(a.direct(a.command("python3", "testdata/hash_client.py", b.ns.Addr4().String(), "5201", strconv.Itoa(1<<20), "2")), 20*time.Second)
+	var r hashResult
+	if err := json.Unmarshal([]byte(out), &r); err != nil || !r.OK || len(r.Ports) != 2 {
+		t.Fatalf("python client: %s (%v)", out, err)
+	}
+	for _, h := range []*host{a, b} {
+		wantIdle(t, h)
+	}
+}
+
+// TestDirectProgramsExecDecided: an inetd-style server (Python, the library)
+// reads a line from each connection, so the connection is SMC-R by then, and
+// execs cat on the socket. cat echoes the rest, every byte, and never hangs.
+func TestDirectProgramsExecDecided(t *testing.T) {
+	knownExec(t)
+	requirePython(t)
+	a, b := directHosts(t, "shm")
+	b.startProc(true, "python3", "testdata/direct_exec_server.py", "5201")
+	b.waitListening(5201)
+	cli := a.startProc(true, "python3", "testdata/direct_exec_client.py", b.ns.Addr4().String(), "5201", strconv.Itoa(1<<20))
+	if !cli.wait(20 * time.Second) {
+		t.Logf("%s%s", a.snapshotter()(), b.snapshotter()())
+		t.Fatalf("the client hung: its echo never came back from cat")
+	}
+	var r struct {
+		OK    bool
+		Bytes int
+		Err   string
+	}
+	if err := json.Unmarshal([]byte(cli.out()), &r); err != nil || !r.OK {
+		t.Fatalf("client: %s (%v) %s", cli.out(), err, cli.errOut())
+	}
 }
