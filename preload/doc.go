@@ -49,7 +49,9 @@
 //     library then never sets SMCR_LIB_CLOSED: the connection ends when the
 //     last process closes the channel (smcrd treats the channel's end as the
 //     program's close).
-//   - A thread closing an accelerated socket while another thread is inside a
-//     call on it may see its shared area unmapped (programs that do this race
-//     with fd reuse on the kernel's sockets too).
+//   - A thread blocked on an accelerated socket that another thread closes
+//     wakes with EBADF (the kernel's would go on waiting); a thread inside a
+//     copy (not blocked) while another closes the socket races with the unmap
+//     of the shared area (such programs race with fd reuse on kernel sockets
+//     too).
 package preload

@@ -201,7 +201,32 @@ static int wait_dir(struct conn *c, int fd, int tx, uint64_t *deadline, int *hav
 		}
 		if (ready(c) || conn_check_reset(c, fd))
 			return 0;
+		if (atomic_load(&c->closed)) { /* another thread closed the socket */
+			errno = EBADF;
+			return -1;
+		}
 	}
+}
+
+/* wait_held: wait_dir, the connection held from the first wait to the end of the
+ * call (ring_recv and ring_send drop it): another thread may close the socket */
+static int wait_held(struct conn *c, int fd, int tx, uint64_t *deadline, int *have_deadline, int *held)
+{
+	if (!*held) {
+		obj_get(&c->o);
+		*held = 1;
+	}
+	return wait_dir(c, fd, tx, deadline, have_deadline);
+}
+
+static ssize_t unhold(struct conn *c, int held, ssize_t r)
+{
+	if (held) {
+		int e = errno;
+		obj_put(&c->o);
+		errno = e;
+	}
+	return r;
 }
 
 static void after_rx_publish(struct conn *c)
@@ -239,7 +264,7 @@ static ssize_t failed_write(struct conn *c, int err, int flags)
 	return -1;
 }
 
-ssize_t ring_recv(struct conn *c, int fd, const struct iovec *iov, int iovcnt, int flags)
+static ssize_t recv_inner(struct conn *c, int fd, const struct iovec *iov, int iovcnt, int flags, int *held)
 {
 	if (flags & MSG_OOB) {
 		errno = EINVAL;
@@ -298,7 +323,7 @@ ssize_t ring_recv(struct conn *c, int fd, const struct iovec *iov, int iovcnt, i
 			errno = EAGAIN;
 			return -1;
 		}
-		if (wait_dir(c, fd, 0, &deadline, &have_deadline) < 0) {
+		if (wait_held(c, fd, 0, &deadline, &have_deadline, held) < 0) {
 			if (done)
 				return (ssize_t)done;
 			return -1;
@@ -314,7 +339,7 @@ static ssize_t epipe(int flags)
 	return -1;
 }
 
-ssize_t ring_send_space(struct conn *c, int fd, int flags)
+static ssize_t space_inner(struct conn *c, int fd, int flags, int *held)
 {
 	int nonblock = (flags & MSG_DONTWAIT) || atomic_load_explicit(&c->user_nonblock, memory_order_relaxed);
 	uint64_t deadline = 0;
@@ -334,12 +359,12 @@ ssize_t ring_send_space(struct conn *c, int fd, int flags)
 			errno = EAGAIN;
 			return -1;
 		}
-		if (wait_dir(c, fd, 1, &deadline, &have_deadline) < 0)
+		if (wait_held(c, fd, 1, &deadline, &have_deadline, held) < 0)
 			return -1;
 	}
 }
 
-ssize_t ring_send(struct conn *c, int fd, const struct iovec *iov, int iovcnt, int flags)
+static ssize_t send_inner(struct conn *c, int fd, const struct iovec *iov, int iovcnt, int flags, int *held)
 {
 	if (flags & MSG_OOB) {
 		errno = EOPNOTSUPP;
@@ -396,12 +421,33 @@ ssize_t ring_send(struct conn *c, int fd, const struct iovec *iov, int iovcnt, i
 			errno = EAGAIN;
 			return -1;
 		}
-		if (wait_dir(c, fd, 1, &deadline, &have_deadline) < 0) {
+		if (wait_held(c, fd, 1, &deadline, &have_deadline, held) < 0) {
 			if (done)
 				return (ssize_t)done;
 			return -1;
 		}
 	}
+}
+
+ssize_t ring_recv(struct conn *c, int fd, const struct iovec *iov, int iovcnt, int flags)
+{
+	int held = 0;
+	ssize_t r = recv_inner(c, fd, iov, iovcnt, flags, &held);
+	return unhold(c, held, r);
+}
+
+ssize_t ring_send(struct conn *c, int fd, const struct iovec *iov, int iovcnt, int flags)
+{
+	int held = 0;
+	ssize_t r = send_inner(c, fd, iov, iovcnt, flags, &held);
+	return unhold(c, held, r);
+}
+
+ssize_t ring_send_space(struct conn *c, int fd, int flags)
+{
+	int held = 0;
+	ssize_t r = space_inner(c, fd, flags, &held);
+	return unhold(c, held, r);
 }
 
 void ring_shutdown_wr(struct conn *c)
