@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"os/exec"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/smcr-io/smcr/internal/nstest"
@@ -100,5 +102,94 @@ func BenchmarkDirect(b *testing.B) {
 			b.ReportMetric(nstest.Median(tput["direct"][1<<20])/nstest.Median(tput["tcp"][1<<20]), "direct/tcp-1M")
 			b.ReportMetric(nstest.Median(p50["direct"])/nstest.Median(p50["tcp"]), "direct/tcp-p50")
 		})
+	}
+}
+
+// redisRPS runs redis-benchmark against addr:port and returns the requests per
+// second of SET and GET.
+func redisRPS(b *testing.B, cmd *exec.Cmd) (set, get float64) {
+	b.Helper()
+	out, err := cmd.Output()
+	if err != nil {
+		b.Fatalf("redis-benchmark %v: %v %s", cmd.Args, err, out)
+	}
+	// Progress lines end in \r, the results in \n.
+	for _, l := range strings.FieldsFunc(string(out), func(r rune) bool { return r == '\r' || r == '\n' }) {
+		// "SET: 12345.67 requests per second, p50=0.1 msec"
+		name, rest, ok := strings.Cut(strings.TrimSpace(l), ": ")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(rest)
+		if len(f) == 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(f[0], 64)
+		if err != nil {
+			continue
+		}
+		switch name {
+		case "SET":
+			set = v
+		case "GET":
+			get = v
+		}
+	}
+	if set == 0 || get == 0 {
+		b.Fatalf("redis-benchmark said: %s", out)
+	}
+	return set, get
+}
+
+// BenchmarkDirectRedis: redis-benchmark against redis-server, both with the
+// library (direct mode, shm), beside both without it to a port not listed
+// (plain TCP) and to a listed one (the relay), with and without pipelining.
+func BenchmarkDirectRedis(b *testing.B) {
+	for _, p := range []string{"redis-server", "redis-benchmark"} {
+		if _, err := exec.LookPath(p); err != nil {
+			b.Skipf("%s not installed (scripts/deps.sh installs it)", p)
+		}
+	}
+	a, s := hosts(b)
+	a.start("providers = shm", ports)
+	s.start("providers = shm", ports)
+	server := func(port int) []string {
+		return []string{"--port", fmt.Sprint(port), "--save", "", "--appendonly", "no", "--protected-mode", "no"}
+	}
+	s.directBackground("redis-server", server(5201)...)
+	s.background("redis-server", server(5202)...)
+	s.background("redis-server", server(6001)...)
+	for _, p := range []int{5201, 5202, 6001} {
+		s.waitListening(p)
+	}
+	addr := s.ns.Addr4().String()
+	type path struct {
+		name   string
+		port   int
+		direct bool
+	}
+	paths := []path{{"direct", 5201, true}, {"tcp", 6001, false}, {"relay", 5202, false}}
+	rps := map[string][]float64{}
+	for b.Loop() {
+		for _, p := range paths {
+			for _, pipeline := range []string{"1", "16"} {
+				c := a.command("redis-benchmark", "-h", addr, "-p", fmt.Sprint(p.port), "-t", "set,get", "-n", "20000", "-c", "8", "-P", pipeline, "-q")
+				if p.direct {
+					a.direct(c)
+				}
+				set, get := redisRPS(b, c)
+				rps[p.name+"-P"+pipeline+"-set"] = append(rps[p.name+"-P"+pipeline+"-set"], set)
+				rps[p.name+"-P"+pipeline+"-get"] = append(rps[p.name+"-P"+pipeline+"-get"], get)
+			}
+		}
+	}
+	if st := a.stats(); st.Direct.SMCR == 0 {
+		b.Fatalf("no direct connection went SMC-R: %+v", st.Direct)
+	}
+	for k, v := range rps {
+		b.ReportMetric(nstest.Median(v), k+"-rps")
+	}
+	for _, pl := range []string{"1", "16"} {
+		b.ReportMetric(nstest.Median(rps["direct-P"+pl+"-get"])/nstest.Median(rps["tcp-P"+pl+"-get"]), "direct/tcp-P"+pl+"-get")
 	}
 }
