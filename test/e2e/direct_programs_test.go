@@ -662,17 +662,25 @@ type readerResult struct {
 	Seconds float64
 }
 
-// TestDirectProgramsFaults: smcrd or a program killed with SIGKILL while a
-// stream moves (Python, the library on both sides), the reader the client
-// or (rev-) the server. The reader never hangs,
-// every byte it got is the stream's, and it never takes a short stream for
-// a whole one: unless its peer program died, it gets every byte or an error.
-func TestDirectProgramsFaults(t *testing.T) {
+// TestDirectProgramsKillSmcrd and TestDirectProgramsKillProgram: smcrd or a
+// program killed with SIGKILL while a stream moves (Python, the library on
+// both sides), the reader the client or (rev-) the server. The reader never
+// hangs, every byte it got is the stream's, and it never takes a short
+// stream for a whole one: unless its peer program died, it gets every byte or
+// an error. smcrd's death on every provider (the shm provider's connections
+// bypass smcrd's pumps, the others' go through them); the programs' deaths
+// with shm.
+func TestDirectProgramsKillSmcrd(t *testing.T) {
 	requirePython(t)
-	eachProvider(t, testDirectFaults)
+	eachProvider(t, func(t *testing.T, p string) { testDirectFaults(t, p, true) })
 }
 
-func testDirectFaults(t *testing.T, p string) {
+func TestDirectProgramsKillProgram(t *testing.T) {
+	requirePython(t)
+	testDirectFaults(t, "shm", false)
+}
+
+func testDirectFaults(t *testing.T, p string, smcrd bool) {
 	const size = 512 << 20 // read at 64 MB/s: about 8 s
 	const rate = 64e6
 	setup := func(t *testing.T) (a, b *host, sender, reader *proc) {
@@ -720,16 +728,11 @@ func testDirectFaults(t *testing.T, p string) {
 			t.Errorf("the reader saw a clean end of the stream after %d of %d bytes: a short stream taken for a whole one", r.Bytes, size)
 		}
 	}
-	// senderEnds: the server program does not hang either.
-	senderEnds := func(t *testing.T, sender *proc) {
-		t.Helper()
-		if !waitFor(20*time.Second, func() bool { return strings.Contains(sender.out(), "\n") }) {
-			t.Errorf("the sender still sends 20 s after its reader ended:\n%s", sender.errOut())
-			return
-		}
-		t.Logf("sender: %s", strings.TrimSpace(sender.out()))
-	}
 
+	if !smcrd {
+		testProgramDeath(t, setup, setupRev, result)
+		return
+	}
 	for _, side := range []string{"client", "server"} {
 		t.Run("kill-smcrd-"+side, func(t *testing.T) {
 			a, b, sender, reader := setup(t)
@@ -770,6 +773,21 @@ func testDirectFaults(t *testing.T, p string) {
 			wantIdle(t, survivor)
 		})
 	}
+}
+
+// senderEnds: the sender program does not hang either once its reader ended.
+func senderEnds(t *testing.T, sender *proc) {
+	t.Helper()
+	if !waitFor(20*time.Second, func() bool { return strings.Contains(sender.out(), "\n") }) {
+		t.Errorf("the sender still sends 20 s after its reader ended:\n%s", sender.errOut())
+		return
+	}
+	t.Logf("sender: %s", strings.TrimSpace(sender.out()))
+}
+
+// testProgramDeath kills the sender or the reader program mid-transfer.
+func testProgramDeath(t *testing.T, setup, setupRev func(*testing.T) (a, b *host, sender, reader *proc), result func(*testing.T, *proc) readerResult) {
+	const size = 512 << 20
 	t.Run("rev-kill-sender", func(t *testing.T) {
 		a, b, sender, reader := setupRev(t)
 		sender.kill()
