@@ -390,14 +390,19 @@ http {
 	server {
 		listen 5201;
 		root {dir}/www;
+		location /up/ {
+			dav_methods PUT;
+			client_max_body_size 64m;
+		}
 	}
 }
 `
 
 // TestDirectProgramsNginx: nginx (two workers, edge-triggered epoll,
 // sendfile) and curl, both with the library: several files over one
-// keep-alive connection, then three parallel downloads on three connections,
-// every one checked by hash.
+// keep-alive connection, three parallel downloads on three connections,
+// forty small responses on one connection, and an upload, every one checked
+// by hash.
 func TestDirectProgramsNginx(t *testing.T) {
 	needPrograms(t, "nginx", "curl")
 	eachProvider(t, testDirectNginx)
@@ -407,7 +412,7 @@ func testDirectNginx(t *testing.T, p string) {
 	a, b := directHosts(t, p)
 	dir := t.TempDir()
 	www := filepath.Join(dir, "www")
-	if err := os.MkdirAll(www, 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Join(www, "up"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	files := map[string][]byte{
@@ -459,6 +464,27 @@ func testDirectNginx(t *testing.T, p string) {
 	wire(uint64(2*len(files["big"]) + len(files["odd"])))
 	wantDirect(t, a, 4)
 	wantDirect(t, b, 4)
+
+	// Forty small responses on one keep-alive connection, then an upload
+	// (the bytes the other way: curl writes, nginx reads and stores them).
+	args = []string{"-sS", "--fail"}
+	for range 40 {
+		args = append(args, url+"small")
+	}
+	if out := a.run(a.direct(a.command("curl", args...)), 30*time.Second); sha([]byte(out)) != sha(bytes.Repeat(files["small"], 40)) {
+		t.Errorf("keep-alive small: got %d bytes, want 40 × %d", len(out), len(files["small"]))
+	}
+	up := randomBytes(5<<20 + 77)
+	upFile := filepath.Join(got, "up")
+	writeFile(t, upFile, up)
+	wire = offWire(t, a, p)
+	a.run(a.direct(a.command("curl", "-sS", "--fail", "-T", upFile, url+"up/data")), 30*time.Second)
+	wire(uint64(len(up)))
+	if b, err := os.ReadFile(filepath.Join(www, "up", "data")); err != nil || sha(b) != sha(up) {
+		t.Errorf("upload: nginx stored %d bytes (%v), want the %d sent", len(b), err, len(up))
+	}
+	wantDirect(t, a, 6)
+	wantDirect(t, b, 6)
 	wantIdle(t, a)
 
 	if log, err := os.ReadFile(filepath.Join(dir, "error.log")); err == nil {
@@ -507,6 +533,10 @@ func testDirectRedis(t *testing.T, p string) {
 		t.Fatalf("GET returned %d bytes, differing from the %d set", len(out), len(value))
 	}
 	wire(2 << 20)
+	// redis sees the client's own address: the socket stays the program's.
+	if out := a.run(a.direct(a.command("redis-cli", "-h", addr, "-p", "5201", "CLIENT", "LIST")), 20*time.Second); !strings.Contains(out, "addr="+a.ns.Addr4().String()+":") {
+		t.Errorf("CLIENT LIST does not show the client %s:\n%s", a.ns.Addr4(), out)
+	}
 
 	// Every connection of every client went the direct mode's SMC-R, and as
 	// many on both sides.
