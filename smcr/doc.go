@@ -17,7 +17,9 @@
 //	ext.go        the SMCX provider-choice extension (docs/protocol.md)
 //	fallback.go   the one place a connection becomes plain TCP          ← smc_switch_to_fallback
 //	linkgroup.go  link groups, their reuse and idle expiry (§3.3, §3.4) ← smc_core
-//	llc.go        links: QP, receive slots, LLC messages (§3.8)         ← smc_llc, smc_wr
+//	link.go       a link: its QP and buffers, created, failed, freed    ← smcr_link_init, smcr_link_clear
+//	wr.go         work requests and completions: slots, credits, poller ← smc_wr
+//	llc.go        LLC messages: CONFIRM_LINK, RKEYs, TEST_LINK (§3.8)   ← smc_llc
 //	multilink.go  the second link: ADD_LINK, load balancing, failover   ← smc_llc_*_add_link, smc_switch_conns
 //	cdc.go        CDC messages and their validation (§3.9)              ← smc_cdc
 //	tx.go, rx.go  data over the RMBEs, cursors, the 10% rule (§4)       ← smc_tx, smc_rx
