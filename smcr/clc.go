@@ -769,8 +769,8 @@ func (e *Engine) clientConfirm(ctx context.Context, c *Conn, acc *clc.Accept) (D
 		AlertToken: c.token, SizeCode: sizeCode(int(c.rmbSize)), MTU: uint8(c.lnk.mtu), RMBAddr: c.rmb.Addr(),
 		PSN: qa.PSN, FirstContact: acc.FirstContact,
 	}}
-	if testHookConfirm != nil {
-		testHookConfirm(conf)
+	if h := e.confirmHook.Load(); h != nil {
+		(*h)(conf)
 	}
 	e.clcPhase(ctx, c.tcp)
 	if err := e.writeCLC(c, conf); err != nil {
@@ -818,6 +818,3 @@ func stopOnInput(ctx context.Context, tcp net.Conn, stop func()) {
 // inputPoll is how often a first-contact client waiting for CONFIRM_LINK
 // looks for a Decline from the server.
 const inputPoll = 10 * time.Millisecond
-
-// testHookConfirm lets tests play a hostile client that lies in its Confirm.
-var testHookConfirm func(*clc.Confirm)

@@ -362,9 +362,7 @@ func TestEngineCloseAfterClose(t *testing.T) {
 // release their buffers ends when the last one does, not at its next poll (with
 // the poll made an hour here, only the release can end it).
 func TestCloseWakesOnRelease(t *testing.T) {
-	defer func(d time.Duration) { releasePoll = d }(releasePoll)
-	releasePoll = time.Hour
-	e := newEngine(t, Config{Devices: memDevices(t, verbs.KindSoft)})
+	e := newEngine(t, Config{Devices: memDevices(t, verbs.KindSoft), releasePoll: time.Hour})
 	c := &Conn{e: e, id: 1, appClosed: true}
 	e.mu.Lock()
 	e.conns[c.id] = c

@@ -73,6 +73,9 @@ type Config struct {
 	Logger *slog.Logger
 	// portPoll is the port watch's pace when not zero (tests).
 	portPoll time.Duration
+	// releasePoll is the longest pause of Close's wait for closed connections'
+	// releases when not zero (tests).
+	releasePoll time.Duration
 }
 
 // Clock is the engine's source of time, so timers are testable without sleeping.

@@ -64,6 +64,10 @@ type Engine struct {
 	lateFree map[*Conn]*time.Timer
 	releases chan struct{} // a connection was untracked, or a kept RMB settled (awaitClosedReleased)
 	keeping  atomic.Int32  // keepWhenAnswered and dropWhenQuiet goroutines holding released RMBs
+
+	// confirmHook lets tests play a hostile client that changes its Confirm
+	// before it goes (clientConfirm).
+	confirmHook atomic.Pointer[func(*clc.Confirm)]
 }
 
 // NewEngine checks cfg and returns an Engine.
@@ -233,17 +237,21 @@ func (e *Engine) Close() error {
 	return nil
 }
 
-// releasePoll is the longest awaitClosedReleased sleeps between looks.
-var releasePoll = time.Millisecond
+// releasePoll is the longest awaitClosedReleased sleeps between looks
+// (Config.releasePoll in tests).
+const releasePoll = time.Millisecond
 
 // awaitClosedReleased waits until every connection the application closed has
 // released its buffers, or until deadline; it reports whether they all did.
 // A release wakes it (untrack); the timer, backing off to releasePoll, is for
-// the paths that release without untracking. It polled every millisecond
-// before, which made every Close of an engine with a connection just closed
-// take that millisecond, though the release comes within a round trip.
+// the paths that release without untracking. It starts short, since a release
+// comes within a round trip, and a Close must not wait a whole poll for it.
 func (e *Engine) awaitClosedReleased(deadline <-chan time.Time) bool {
-	for wait := min(50*time.Microsecond, releasePoll); e.closedUnreleased() > 0; wait = min(2*wait, releasePoll) {
+	poll := releasePoll
+	if e.cfg.releasePoll > 0 {
+		poll = e.cfg.releasePoll
+	}
+	for wait := min(50*time.Microsecond, poll); e.closedUnreleased() > 0; wait = min(2*wait, poll) {
 		t := time.NewTimer(wait)
 		select {
 		case <-deadline:

@@ -824,3 +824,13 @@ func TestTokensApartFromIDs(t *testing.T) {
 		s.Close()
 	}
 }
+
+// setConfirmHook has e's client handshakes pass their Confirm to f before it
+// goes; nil ends that.
+func setConfirmHook(e *Engine, f func(*clc.Confirm)) {
+	if f == nil {
+		e.confirmHook.Store(nil)
+		return
+	}
+	e.confirmHook.Store(&f)
+}

@@ -447,7 +447,7 @@ func TestHostileRKey(t *testing.T) {
 	p := memPair(t)
 	good, gs := p.connect(t)
 	mustSMC(t, good, gs)
-	testHookConfirm = func(m *clc.Confirm) { m.RKey ^= 0x5a5a }
+	setConfirmHook(p.cli, func(m *clc.Confirm) { m.RKey ^= 0x5a5a })
 	accepted := make(chan *Conn, 1)
 	go func() {
 		s, _ := p.ln.AcceptSMC()
@@ -456,7 +456,7 @@ func TestHostileRKey(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	c, err := p.cli.Dial(ctx, "tcp", p.ln.Addr().String())
-	testHookConfirm = nil
+	setConfirmHook(p.cli, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -506,10 +506,9 @@ func TestHostileConfirmFields(t *testing.T) {
 		{"size code 15", func(li *clc.LinkInfo) { li.SizeCode = clc.MaxSizeCode }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			testHookConfirm = func(m *clc.Confirm) { tc.lie(&m.LinkInfo) }
-			t.Cleanup(func() { testHookConfirm = nil })
+			setConfirmHook(p.cli, func(m *clc.Confirm) { tc.lie(&m.LinkInfo) })
 			c, s := p.connect(t)
-			testHookConfirm = nil
+			setConfirmHook(p.cli, nil)
 			if s.Mode() != ModeFallback || s.Decline().Code != clc.DeclineConfigError {
 				t.Fatalf("server %v %+v, want a config-error fallback", s.Mode(), s.Decline())
 			}
@@ -596,10 +595,9 @@ func crossedDecline(t *testing.T) (p *pair, good, gs, c, s *Conn) {
 	p = newPair(t, Config{Devices: memDevices(t, verbs.KindSoft)}, srv)
 	good, gs = p.connect(t)
 	mustSMC(t, good, gs)
-	testHookConfirm = func(*clc.Confirm) { time.Sleep(time.Second) } // past the server's 600 ms
-	t.Cleanup(func() { testHookConfirm = nil })
+	setConfirmHook(p.cli, func(*clc.Confirm) { time.Sleep(time.Second) }) // past the server's 600 ms
 	c, s = p.connect(t)
-	testHookConfirm = nil
+	setConfirmHook(p.cli, nil)
 	if c.Mode() != ModeSMCR || s.Mode() != ModeFallback || s.Decline().Code != DeclineTimeoutCLC {
 		t.Fatalf("client %v, server %v %+v; want SMC-R and a CLC-timeout fallback", c.Mode(), s.Mode(), s.Decline())
 	}
@@ -618,11 +616,10 @@ func TestLateDeclineWritesLand(t *testing.T) {
 	mustSMC(t, good, gs)
 	// The Confirm goes after the server's decline and after the time it kept
 	// RMBs before (its CLC timeout); the client reads the Decline only later.
-	testHookConfirm = func(*clc.Confirm) { time.Sleep(time.Second) }
-	t.Cleanup(func() { testHookConfirm = nil })
+	setConfirmHook(p.cli, func(*clc.Confirm) { time.Sleep(time.Second) })
 	release := holdWatch(t, true)
 	c, s := p.connect(t)
-	testHookConfirm = nil
+	setConfirmHook(p.cli, nil)
 	if c.Mode() != ModeSMCR || s.Mode() != ModeFallback {
 		t.Fatalf("client %v, server %v; want SMC-R and a fallback", c.Mode(), s.Mode())
 	}
@@ -754,12 +751,11 @@ func TestFailedCompletionByID(t *testing.T) {
 func TestFirstContactDeclineAfterConfirm(t *testing.T) {
 	srv := Config{Devices: memDevices(t, verbs.KindSoft), CLCTimeout: 300 * time.Millisecond, LLCTimeout: 300 * time.Millisecond}
 	p := newPair(t, Config{Devices: memDevices(t, verbs.KindSoft), LLCTimeout: 5 * time.Second}, srv)
-	testHookConfirm = func(*clc.Confirm) { time.Sleep(time.Second) }
-	t.Cleanup(func() { testHookConfirm = nil })
+	setConfirmHook(p.cli, func(*clc.Confirm) { time.Sleep(time.Second) })
 	start := time.Now()
 	c, s := p.connect(t)
 	took := time.Since(start)
-	testHookConfirm = nil
+	setConfirmHook(p.cli, nil)
 	if c.Mode() != ModeFallback || s.Mode() != ModeFallback {
 		t.Fatalf("client %v, server %v; want both over TCP", c.Mode(), s.Mode())
 	}

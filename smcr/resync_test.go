@@ -214,13 +214,13 @@ func TestDeclineCrossesContinuation(t *testing.T) {
 	p := newPair(t, Config{Devices: []verbs.Device{d1}}, srv)
 	good, gs := p.connect(t)
 	mustSMC(t, good, gs)
-	testHookConfirm = func(*clc.Confirm) {
+	setConfirmHook(p.cli, func(*clc.Confirm) {
 		time.Sleep(time.Second) // past the server's 600 ms: it declines
 		d1.Fail()
 		eventually(t, "client link down", func() bool { return p.cli.Stats().LinkGroups == 0 })
-	}
+	})
 	c, s := p.connect(t)
-	testHookConfirm = nil
+	setConfirmHook(p.cli, nil)
 	if c.Mode() != ModeSMCR || s.Mode() != ModeFallback || s.Decline().Code != DeclineTimeoutCLC {
 		t.Fatalf("client %v, server %v %+v; want SMC-R and a CLC-timeout fallback", c.Mode(), s.Mode(), s.Decline())
 	}
@@ -306,18 +306,17 @@ func TestResyncBehindConfirm(t *testing.T) {
 		s, err := p.srv.Server(context.Background(), gate)
 		srvc <- result{s, err}
 	}()
-	testHookConfirm = func(*clc.Confirm) {
+	setConfirmHook(p.cli, func(*clc.Confirm) {
 		d1.Fail()
 		eventually(t, "client link down", func() bool { return p.cli.Stats().LinkGroups == 0 })
-	}
-	t.Cleanup(func() { testHookConfirm = nil })
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	c, err := p.cli.Dial(ctx, "tcp", ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
-	testHookConfirm = nil
+	setConfirmHook(p.cli, nil)
 	eventually(t, "client continuing", func() bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()
