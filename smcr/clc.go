@@ -245,7 +245,7 @@ func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix, opt
 		// the option) and would otherwise hold the connection for its CLC
 		// timeout, which an application whose server speaks first (SSH,
 		// SMTP, MySQL) waits out too.
-		return e.fallback(c, clc.DeclineNoSMCRDevice, SideLocal, true, nil, nil), nil
+		return e.fallback(c, decline(clc.DeclineNoSMCRDevice, nil), nil), nil
 	}
 	prop := &clc.Proposal{PeerID: e.peerID, GID: offers[0].GID, MAC: offers[0].MAC}
 	if pfx.IsValid() && pfx.Addr().Is4() {
@@ -255,12 +255,12 @@ func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix, opt
 	}
 	val, err := appendOffers(nil, offers)
 	if err != nil {
-		return e.fallback(c, clc.DeclineConfigError, SideLocal, false, err, nil), nil
+		return e.fallback(c, giveUp(clc.DeclineConfigError, err), nil), nil
 	}
 	env := clc.Envelope{TLVs: []clc.TLV{{Type: tlvProviders, Value: val}}}
 	area, err := env.AppendTo(nil)
 	if err != nil {
-		return e.fallback(c, clc.DeclineConfigError, SideLocal, false, err, nil), nil
+		return e.fallback(c, giveUp(clc.DeclineConfigError, err), nil), nil
 	}
 	if opts.Standard && len(area) > clc.LinuxIPAreaOffset {
 		area = nil // a plain version-1 Proposal: the device is in its own fields
@@ -272,7 +272,7 @@ func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix, opt
 		if failed(ctx, err) {
 			return fail(ctx, c, err)
 		}
-		return e.fallback(c, clc.DeclinePeerNoSMC, SideLocal, false, err, br), nil
+		return e.fallback(c, giveUp(clc.DeclinePeerNoSMC, err), br), nil
 	}
 	e.awaitCLC(c.tcp, br, &e.acceptSpin)
 	m, code, send, err := e.readCLC(ctx, c, br)
@@ -285,17 +285,17 @@ func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix, opt
 			return fail(ctx, c, err)
 		}
 		// A timeout after our Proposal: the peer may be a slow SMC peer, so tell it.
-		return e.fallback(c, code, SideLocal, send || code == DeclineTimeoutCLC, err, br), nil
+		return e.fallback(c, fallbackWhy{code: code, side: SideLocal, tell: send || code == DeclineTimeoutCLC, err: err}, br), nil
 	}
 	var acc *clc.Accept
 	switch m := m.(type) {
 	case *clc.Decline:
-		return e.fallback(c, m.Code, SidePeer, false, nil, br), nil
+		return e.fallback(c, peerDeclined(m.Code, nil), br), nil
 	case *clc.Accept:
 		acc = m
 		c.clcPeer = m.PeerID
 	default:
-		return e.fallback(c, clc.DeclineConfigError, SideLocal, true, fmt.Errorf("clc: %v instead of accept", m.Type()), br), nil
+		return e.fallback(c, decline(clc.DeclineConfigError, fmt.Errorf("clc: %v instead of accept", m.Type())), br), nil
 	}
 	if code, err := e.clientAccept(ctx, c, acc); err != nil {
 		if ctxOver(ctx) {
@@ -305,21 +305,21 @@ func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix, opt
 		if isLost(derr) {
 			return fail(ctx, c, derr)
 		} else if d != nil && derr == nil {
-			return e.fallback(c, d.Code, SidePeer, false, err, br), nil
+			return e.fallback(c, peerDeclined(d.Code, err), br), nil
 		}
-		return e.fallback(c, code, SideLocal, true, err, br), nil
+		return e.fallback(c, decline(code, err), br), nil
 	}
 	if d, err := e.declinedMeanwhile(ctx, c, br); err != nil {
 		if failed(ctx, err) {
 			return fail(ctx, c, err)
 		}
-		return e.fallback(c, clc.DeclineSyncError, SideLocal, true, err, br), nil
+		return e.fallback(c, decline(clc.DeclineSyncError, err), br), nil
 	} else if d != nil {
-		return e.fallback(c, d.Code, SidePeer, false, nil, br), nil
+		return e.fallback(c, peerDeclined(d.Code, nil), br), nil
 	}
 	if br.Buffered() > 0 {
 		// Bytes after a Confirm on the TCP stream: the peer is out of step.
-		return e.fallback(c, clc.DeclineSyncError, SideLocal, true, errors.New("bytes after accept"), br), nil
+		return e.fallback(c, decline(clc.DeclineSyncError, errors.New("bytes after accept")), br), nil
 	}
 	// Send the Confirm while the QP connects: a provider may need both ends to meet.
 	if code, err := e.clientConfirm(ctx, c, acc); err != nil {
@@ -334,9 +334,9 @@ func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix, opt
 		if isLost(derr) {
 			return fail(ctx, c, derr)
 		} else if d != nil && derr == nil {
-			return e.fallback(c, d.Code, SidePeer, false, err, br), nil
+			return e.fallback(c, peerDeclined(d.Code, err), br), nil
 		}
-		return e.fallback(c, code, SideLocal, true, err, br), nil
+		return e.fallback(c, decline(code, err), br), nil
 	}
 	c.endCLC()
 	tcp.SetDeadline(noDeadline)
@@ -454,7 +454,7 @@ func (e *Engine) server(ctx context.Context, tcp net.Conn, listenerAddrs []net.A
 		// A client that sent no CLC gets no Decline: it may be waiting for us to talk.
 		// One that closed or reset may be a plain client too (a health check),
 		// whose application would have seen the connection: it falls back.
-		return e.fallback(c, code, SideLocal, send, fmt.Errorf("read proposal: %w", err), br), nil
+		return e.fallback(c, fallbackWhy{code: code, side: SideLocal, tell: send, err: fmt.Errorf("read proposal: %w", err)}, br), nil
 	}
 	var prop *clc.Proposal
 	switch m := m.(type) {
@@ -462,15 +462,15 @@ func (e *Engine) server(ctx context.Context, tcp net.Conn, listenerAddrs []net.A
 		prop = m
 		c.clcPeer = m.PeerID
 	case *clc.Decline:
-		return e.fallback(c, m.Code, SidePeer, false, nil, br), nil
+		return e.fallback(c, peerDeclined(m.Code, nil), br), nil
 	default:
-		return e.fallback(c, clc.DeclineConfigError, SideLocal, true, fmt.Errorf("clc: %v instead of proposal", m.Type()), br), nil
+		return e.fallback(c, decline(clc.DeclineConfigError, fmt.Errorf("clc: %v instead of proposal", m.Type())), br), nil
 	}
 	if code, err := e.serverProposal(ctx, c, prop, listenerAddrs); err != nil {
 		if failed(ctx, err) { // the Accept's write
 			return fail(ctx, c, err)
 		}
-		return e.fallback(c, code, SideLocal, true, err, br), nil
+		return e.fallback(c, decline(code, err), br), nil
 	}
 	// A client of this engine that joins a link group may wait up to LLCTimeout for
 	// our CONFIRM_RKEY before it answers (waitPeerRKey), then answers within a CLC
@@ -490,20 +490,20 @@ func (e *Engine) server(ctx context.Context, tcp net.Conn, listenerAddrs []net.A
 		if failed(ctx, err) {
 			return fail(ctx, c, err)
 		}
-		return e.fallback(c, code, SideLocal, send || code == DeclineTimeoutCLC, err, br), nil
+		return e.fallback(c, fallbackWhy{code: code, side: SideLocal, tell: send || code == DeclineTimeoutCLC, err: err}, br), nil
 	}
 	var conf *clc.Confirm
 	switch m := m.(type) {
 	case *clc.Confirm:
 		conf = m
 	case *clc.Decline:
-		return e.fallback(c, m.Code, SidePeer, false, nil, br), nil
+		return e.fallback(c, peerDeclined(m.Code, nil), br), nil
 	default:
-		return e.fallback(c, clc.DeclineConfigError, SideLocal, true, fmt.Errorf("clc: %v instead of confirm", m.Type()), br), nil
+		return e.fallback(c, decline(clc.DeclineConfigError, fmt.Errorf("clc: %v instead of confirm", m.Type())), br), nil
 	}
 	if br.Buffered() > 0 {
 		if !resyncFollows(br) {
-			return e.fallback(c, clc.DeclineSyncError, SideLocal, true, errors.New("bytes after confirm"), br), nil
+			return e.fallback(c, decline(clc.DeclineSyncError, errors.New("bytes after confirm")), br), nil
 		}
 		// The client's link failed after it sent the Confirm: it activated and
 		// began to continue over TCP. Activate too and read its resync.
@@ -515,7 +515,7 @@ func (e *Engine) server(ctx context.Context, tcp net.Conn, listenerAddrs []net.A
 		if ctxOver(ctx) {
 			return fail(ctx, c, err)
 		}
-		return e.fallback(c, code, SideLocal, true, err, br), nil
+		return e.fallback(c, decline(code, err), br), nil
 	}
 	c.endCLC()
 	tcp.SetDeadline(noDeadline)
