@@ -427,7 +427,7 @@ func TestHostileAddLinkFlood(t *testing.T) {
 	before := p.cli.Stats().ProtoErrors
 	lg.addMu.Lock() // an exchange under way
 	for range 20 {
-		if err := s.lnk.sendLLC(&llc.AddLink{Link: 2, MTU: verbs.MTU1024, QPN: 7}); err != nil {
+		if err := s.lnk.sendLLC(&llc.AddLink{Link: 2, MTU: llc.MTU1024, QPN: 7}); err != nil {
 			t.Fatal(err)
 		}
 	}

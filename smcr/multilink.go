@@ -346,7 +346,7 @@ func (lg *linkGroup) serverAddLinkOn(l1, l2 *link, po offer) error {
 	defer cancel()
 	drain(lg.addCont)
 	qa := l2.qp.Attr()
-	req := &llc.AddLink{MAC: qa.MAC, GID: qa.GID, QPN: llc.QPN(qa.QPN), Link: llc.LinkID(l2.num), MTU: l2.mtu, PSN: llc.PSN(qa.PSN)}
+	req := &llc.AddLink{MAC: qa.MAC, GID: qa.GID, QPN: llc.QPN(qa.QPN), Link: llc.LinkID(l2.num), MTU: llc.MTU(l2.mtu), PSN: llc.PSN(qa.PSN)}
 	b, err := l1.request(ctx, pendKey{t: llc.TypeAddLink}, req, 2*cfg.LLCTimeout)
 	if err != nil {
 		return fmt.Errorf("add link: %w", err)
@@ -358,7 +358,7 @@ func (lg *linkGroup) serverAddLinkOn(l1, l2 *link, po offer) error {
 	if resp.Rejected() {
 		return fmt.Errorf("peer rejected the link: %v", resp.RejectReason)
 	}
-	peer := verbs.QPAttr{QPN: uint32(resp.QPN), PSN: uint32(resp.PSN), GID: resp.GID, MAC: resp.MAC, MTU: resp.MTU, Endpoint: po.Endpoint}
+	peer := verbs.QPAttr{QPN: uint32(resp.QPN), PSN: uint32(resp.PSN), GID: resp.GID, MAC: resp.MAC, MTU: verbs.MTU(resp.MTU), Endpoint: po.Endpoint}
 	if err := l2.connect(ctx, peer); err != nil {
 		return err
 	}
@@ -443,9 +443,9 @@ func (lg *linkGroup) clientAddLinkOn(l1, l2 *link, req llc.AddLink, po offer) er
 	cfg := lg.e.cfg
 	ctx, cancel := context.WithTimeout(l1.ctx, cfg.CLCTimeout+4*cfg.LLCTimeout)
 	defer cancel()
-	l2.startConnect(verbs.QPAttr{QPN: uint32(req.QPN), PSN: uint32(req.PSN), GID: req.GID, MAC: req.MAC, MTU: req.MTU, Endpoint: po.Endpoint})
+	l2.startConnect(verbs.QPAttr{QPN: uint32(req.QPN), PSN: uint32(req.PSN), GID: req.GID, MAC: req.MAC, MTU: verbs.MTU(req.MTU), Endpoint: po.Endpoint})
 	qa := l2.qp.Attr()
-	resp := &llc.AddLink{Flags: llc.FlagResponse, MAC: qa.MAC, GID: qa.GID, QPN: llc.QPN(qa.QPN), Link: req.Link, MTU: l2.mtu, PSN: llc.PSN(qa.PSN)}
+	resp := &llc.AddLink{Flags: llc.FlagResponse, MAC: qa.MAC, GID: qa.GID, QPN: llc.QPN(qa.QPN), Link: req.Link, MTU: llc.MTU(l2.mtu), PSN: llc.PSN(qa.PSN)}
 	if err := l1.sendLLC(resp); err != nil {
 		return err
 	}
