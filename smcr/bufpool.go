@@ -10,7 +10,6 @@ package smcr
 
 import (
 	"slices"
-	"time"
 
 	"github.com/smcr-io/smcr/smcr/verbs"
 )
@@ -315,7 +314,7 @@ func (c *Conn) releaseBuffers() (kept int64) {
 // freed at once it would fail the link with every connection on it.
 func (lg *linkGroup) dropWhenQuiet(b *pooledBuf) {
 	defer lg.e.kept()
-	t := time.NewTimer(lateFreeMin)
+	t := newTimer(lg.e.cfg.Clock, lateFreeMin)
 	defer t.Stop()
 	select {
 	case <-t.C:

@@ -176,7 +176,7 @@ func ctxOver(ctx context.Context) bool {
 		return true
 	}
 	d, ok := ctx.Deadline()
-	return ok && !time.Now().Before(d)
+	return ok && !realNow().Before(d)
 }
 
 // failed reports whether a handshake that met err ends in an error rather
@@ -329,7 +329,7 @@ func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix, opt
 		// A server that declined while we waited for CONFIRM_LINK is plain TCP
 		// already: our Decline would reach its application as data. The wait
 		// may have outlasted the CLC phase's deadline: the Decline is there.
-		c.tcp.SetReadDeadline(time.Now().Add(e.settings().CLCTimeout))
+		c.tcp.SetReadDeadline(e.cfg.Clock.Now().Add(e.settings().CLCTimeout))
 		d, derr := e.declinedMeanwhile(ctx, c, br)
 		if isLost(derr) {
 			return fail(ctx, c, derr)
@@ -401,8 +401,8 @@ func spinUntil(d time.Duration, ready func() bool) bool {
 		}
 		if i%4 == 0 {
 			if start.IsZero() {
-				start = time.Now()
-			} else if time.Since(start) > d {
+				start = realNow()
+			} else if realNow().Sub(start) > d {
 				return false
 			}
 			runtime.Gosched()
@@ -784,7 +784,7 @@ func (e *Engine) clientConfirm(ctx context.Context, c *Conn, acc *clc.Accept) (D
 	// stop waiting for it then, rather than at the LLC timeouts.
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
-	go stopOnInput(ctx, c.tcp, stop)
+	go stopOnInput(ctx, e.cfg.Clock, c.tcp, stop)
 	if err := c.lnk.waitConnected(ctx); err != nil {
 		c.lg.setReady(err)
 		return clc.DeclineInternalReadyLink, err
@@ -799,8 +799,8 @@ func (e *Engine) clientConfirm(ctx context.Context, c *Conn, acc *clc.Accept) (D
 
 // stopOnInput calls stop once tcp has bytes to read, looking every
 // inputPoll, until ctx ends.
-func stopOnInput(ctx context.Context, tcp net.Conn, stop func()) {
-	t := time.NewTicker(inputPoll)
+func stopOnInput(ctx context.Context, clk Clock, tcp net.Conn, stop func()) {
+	t := newTicker(clk, inputPoll)
 	defer t.Stop()
 	for {
 		select {

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"net"
 	"sync/atomic"
-	"time"
 
 	"github.com/smcr-io/smcr/smcr/clc"
 	"github.com/smcr-io/smcr/smcr/verbs"
@@ -276,7 +275,7 @@ func (c *Conn) queueReleaseIfDueLocked() {
 func (c *Conn) awaitPostersLocked(move bool) {
 	for c.txBusy || move && c.moving {
 		c.mu.Unlock()
-		time.Sleep(50 * time.Microsecond)
+		pause()
 		c.mu.Lock()
 	}
 }

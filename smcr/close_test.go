@@ -368,7 +368,7 @@ func TestCloseWakesOnRelease(t *testing.T) {
 	e.conns[c.id] = c
 	e.mu.Unlock()
 	done := make(chan bool)
-	go func() { done <- e.awaitClosedReleased(time.After(time.Minute)) }()
+	go func() { done <- e.awaitClosedReleased(make(chan struct{})) }()
 	select {
 	case <-done:
 		t.Fatal("returned while the closed connection holds its buffers")

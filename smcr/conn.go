@@ -416,12 +416,12 @@ func (d *deadline) set(t time.Time) {
 		}
 		return
 	}
-	if dur := time.Until(t); dur > 0 {
+	if dur := t.Sub(realNow()); dur > 0 {
 		if closed || d.cancel == nil {
 			d.cancel = make(chan struct{})
 		}
 		ch := d.cancel
-		d.timer = time.AfterFunc(dur, func() { close(ch) })
+		d.timer = realAfterFunc(dur, func() { close(ch) })
 		return
 	}
 	if !closed {

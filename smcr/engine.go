@@ -61,7 +61,7 @@ type Engine struct {
 	pooled   atomic.Int64   // bytes of mem in the link groups' buffer pools
 	// lateFree holds declined connections whose RMB the client may still write
 	// into (freeLater).
-	lateFree map[*Conn]*time.Timer
+	lateFree map[*Conn]Timer
 	releases chan struct{} // a connection was untracked, or a kept RMB settled (awaitClosedReleased)
 	keeping  atomic.Int32  // keepWhenAnswered and dropWhenQuiet goroutines holding released RMBs
 
@@ -114,7 +114,7 @@ func (e *Engine) watchPorts() {
 	if e.cfg.portPoll > 0 {
 		poll = e.cfg.portPoll
 	}
-	t := time.NewTicker(poll)
+	t := newTicker(e.cfg.Clock, poll)
 	defer t.Stop()
 	changed := make(chan struct{}, 1)
 	for _, d := range e.cfg.Devices {
@@ -209,7 +209,9 @@ func (e *Engine) Close() error {
 	// Connections the application closed usually finish closing within a
 	// round trip (the peer closes in answer): let them, over SMC-R, rather than
 	// end them with the link groups and continue each over TCP.
-	e.awaitClosedReleased(time.After(closeGrace))
+	grace := newTimer(e.cfg.Clock, closeGrace)
+	e.awaitClosedReleased(grace.C)
+	grace.Stop()
 	for _, lg := range lgs {
 		lg.terminate(ErrEngineClosed, true)
 	}
@@ -223,7 +225,9 @@ func (e *Engine) Close() error {
 		e.links.Wait()
 		close(freed)
 	}()
-	deadline := time.After(closeWait)
+	wait := newTimer(e.cfg.Clock, closeWait)
+	defer wait.Stop()
+	deadline := wait.C
 	select {
 	case <-freed:
 	case <-deadline:
@@ -246,13 +250,13 @@ const releasePoll = time.Millisecond
 // A release wakes it (untrack); the timer, backing off to releasePoll, is for
 // the paths that release without untracking. It starts short, since a release
 // comes within a round trip, and a Close must not wait a whole poll for it.
-func (e *Engine) awaitClosedReleased(deadline <-chan time.Time) bool {
+func (e *Engine) awaitClosedReleased(deadline <-chan struct{}) bool {
 	poll := releasePoll
 	if e.cfg.releasePoll > 0 {
 		poll = e.cfg.releasePoll
 	}
 	for wait := min(50*time.Microsecond, poll); e.closedUnreleased() > 0; wait = min(2*wait, poll) {
-		t := time.NewTimer(wait)
+		t := newTimer(e.cfg.Clock, wait)
 		select {
 		case <-deadline:
 			t.Stop()
@@ -304,9 +308,9 @@ func (e *Engine) freeLater(c *Conn) {
 		return
 	}
 	if e.lateFree == nil {
-		e.lateFree = map[*Conn]*time.Timer{}
+		e.lateFree = map[*Conn]Timer{}
 	}
-	e.lateFree[c] = time.AfterFunc(max(e.settings().CLCTimeout, lateFreeMin), func() {
+	e.lateFree[c] = e.cfg.Clock.AfterFunc(max(e.settings().CLCTimeout, lateFreeMin), func() {
 		e.mu.Lock()
 		_, ok := e.lateFree[c]
 		delete(e.lateFree, c)
@@ -718,9 +722,11 @@ func (l *Listener) loop() {
 			// net/http's does, not close under its application.
 			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
 			l.e.log.Warn("smcr: accept failed; retrying", "addr", l.ln.Addr(), "in", backoff, "err", err)
+			t := newTimer(l.e.cfg.Clock, backoff)
 			select {
-			case <-time.After(backoff):
+			case <-t.C:
 			case <-l.done:
+				t.Stop()
 				return
 			}
 			continue

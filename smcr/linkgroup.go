@@ -620,7 +620,7 @@ func (lg *linkGroup) peerToken(from uint8, rkey uint32, to *link) (rtoken, bool)
 // either may arrive first. It gives up at once when l fails: the request is lost
 // with it, though the group may live on over another link.
 func (lg *linkGroup) waitPeerRKey(ctx context.Context, l *link, rkey uint32) bool {
-	t := time.NewTimer(lg.e.cfg.LLCTimeout)
+	t := newTimer(lg.e.cfg.Clock, lg.e.cfg.LLCTimeout)
 	defer t.Stop()
 	for {
 		lg.mu.RLock()

@@ -278,7 +278,7 @@ func (l *link) request(ctx context.Context, k pendKey, m llc.Message, timeout ti
 	if err := l.sendLLC(m); err != nil {
 		return [llc.MsgLen]byte{}, err
 	}
-	t := time.NewTimer(timeout)
+	t := newTimer(l.lg.e.cfg.Clock, timeout)
 	defer t.Stop()
 	select {
 	case b := <-ch:
@@ -320,7 +320,7 @@ func (l *link) confirmLinkServer(ctx context.Context) error {
 
 // confirmLinkClient waits for the server's CONFIRM_LINK and answers it.
 func (l *link) confirmLinkClient(ctx context.Context) error {
-	t := time.NewTimer(2 * l.lg.e.cfg.LLCTimeout)
+	t := newTimer(l.lg.e.cfg.Clock, 2*l.lg.e.cfg.LLCTimeout)
 	defer t.Stop()
 	select {
 	case m := <-l.clReq:
@@ -361,7 +361,7 @@ func (l *link) announceRKey(mr verbs.MR, others ...llc.RToken) (done <-chan stru
 	answered := make(chan struct{})
 	go func() {
 		defer close(answered)
-		t := time.NewTimer(l.lg.e.cfg.LLCTimeout)
+		t := newTimer(l.lg.e.cfg.Clock, l.lg.e.cfg.LLCTimeout)
 		defer t.Stop()
 		select {
 		case b := <-ch:
@@ -414,10 +414,10 @@ func (l *link) testOnce(ctx context.Context) error {
 	l.pmu.Unlock()
 	m := &llc.TestLink{}
 	binary.BigEndian.PutUint64(m.Data[:], seq)
-	start := time.Now()
+	start := l.lg.e.cfg.Clock.Now()
 	_, err := l.request(ctx, pendKey{t: llc.TypeTestLink, key: seq}, m, l.lg.e.cfg.LLCTimeout)
 	if err == nil {
-		now := time.Now()
+		now := l.lg.e.cfg.Clock.Now()
 		l.rtt.Store(int64(now.Sub(start)))
 		l.testedAt.Store(now.UnixNano())
 	}

@@ -13,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"time"
 
 	"github.com/smcr-io/smcr/llc"
 	"github.com/smcr-io/smcr/rmb"
@@ -157,7 +156,7 @@ func (lg *linkGroup) readdLink() {
 		lg.mu.Unlock()
 	}()
 	for {
-		t := time.NewTimer(wait)
+		t := newTimer(e.cfg.Clock, wait)
 		select {
 		case <-t.C:
 		case <-e.ctx.Done():
@@ -545,7 +544,7 @@ func (lg *linkGroup) sendRKeys(l1, l2 *link, resp bool) error {
 
 // recvRKeys takes the peer's ADD_LINK_CONT messages until the last one.
 func (lg *linkGroup) recvRKeys(ctx context.Context, l1, l2 *link, resp bool) error {
-	t := time.NewTimer(2 * lg.e.cfg.LLCTimeout)
+	t := newTimer(lg.e.cfg.Clock, 2*lg.e.cfg.LLCTimeout)
 	defer t.Stop()
 	for {
 		select {
@@ -758,7 +757,7 @@ func (c *Conn) awaitResend(nw *link) {
 		if gone {
 			return
 		}
-		time.Sleep(50 * time.Microsecond)
+		pause()
 	}
 }
 

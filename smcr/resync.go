@@ -297,7 +297,7 @@ func (c *Conn) resync() error {
 		}
 	}
 	var peer resyncResult
-	t := timeAfter(wait)
+	t := newTimer(c.e.cfg.Clock, wait)
 	defer t.Stop()
 	select {
 	case peer = <-c.peerResync:
@@ -395,6 +395,3 @@ func lingerZero(tcp net.Conn) {
 const minResyncWait = 5 * time.Second
 
 func resyncWait(clcTimeout time.Duration) time.Duration { return max(clcTimeout, minResyncWait) }
-
-// timeAfter is a stoppable real-time timer (the continuation's bound is real time).
-func timeAfter(d time.Duration) *time.Timer { return time.NewTimer(d) }

@@ -93,8 +93,8 @@ func (c *Conn) driveFor(l *link, spin time.Duration) bool {
 		}
 		if i%16 == 0 {
 			if start.IsZero() {
-				start = time.Now()
-			} else if time.Since(start) > spin {
+				start = realNow()
+			} else if realNow().Sub(start) > spin {
 				return false
 			}
 			// Let the goroutine a completion woke run (a writer whose space
