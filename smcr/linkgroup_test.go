@@ -223,18 +223,19 @@ func TestTestLinkKeepalive(t *testing.T) {
 			clk.Advance(time.Second / testLinkTicks)
 		}
 	}
+	// testsDue counts the TEST_LINKs the links' looks, run by Advance, found due.
+	testsDue := func() uint64 { return c.lnk.testsDue.Load() + s.lnk.testsDue.Load() }
 	// A link that received something in the interval is not tested.
 	for range 3 {
 		echoOK(t, c, s)
-		before := p.cli.Stats().LLCReceived + p.srv.Stats().LLCReceived
+		before := testsDue()
 		clk.Advance(time.Second / testLinkTicks)
 		echoOK(t, c, s) // traffic in the last quarter too
 		for range testLinkTicks - 1 {
 			clk.Advance(time.Second / testLinkTicks)
 		}
-		time.Sleep(20 * time.Millisecond)
-		if n := p.cli.Stats().LLCReceived + p.srv.Stats().LLCReceived - before; n != 0 {
-			t.Fatalf("%d llc messages over a busy link", n)
+		if n := testsDue() - before; n != 0 {
+			t.Fatalf("%d TEST_LINKs due over a busy link", n)
 		}
 	}
 	for _, e := range []*Engine{p.cli, p.srv} {
@@ -270,12 +271,12 @@ func TestTestLinkKeepalive(t *testing.T) {
 	// Each end may have tested the idle link above; the wait took the first
 	// exchange, and the other end's may still be landing: count from after it.
 	before = settledLLC(p)
+	due := testsDue()
 	for range 5 {
 		clk.Advance(time.Second)
 	}
-	time.Sleep(20 * time.Millisecond)
-	if n := p.cli.Stats().LLCReceived + p.srv.Stats().LLCReceived - before; n != 0 {
-		t.Fatalf("%d llc messages with TEST_LINK off", n)
+	if n := testsDue() - due; n != 0 {
+		t.Fatalf("%d TEST_LINKs due with TEST_LINK off", n)
 	}
 	for _, e := range []*Engine{p.cli, p.srv} {
 		e.SetTestLinkInterval(time.Second)
@@ -595,7 +596,7 @@ func crossedDecline(t *testing.T) (p *pair, good, gs, c, s *Conn) {
 	p = newPair(t, Config{Devices: memDevices(t, verbs.KindSoft)}, srv)
 	good, gs = p.connect(t)
 	mustSMC(t, good, gs)
-	setConfirmHook(p.cli, func(*clc.Confirm) { time.Sleep(time.Second) }) // past the server's 600 ms
+	setConfirmHook(p.cli, func(*clc.Confirm) { awaitTimeoutDecline(t, p.srv) })
 	c, s = p.connect(t)
 	setConfirmHook(p.cli, nil)
 	if c.Mode() != ModeSMCR || s.Mode() != ModeFallback || s.Decline().Code != DeclineTimeoutCLC {
@@ -610,13 +611,17 @@ func crossedDecline(t *testing.T) (p *pair, good, gs, c, s *Conn) {
 // and the link lives: the connection already on the group stays on SMC-R, and
 // the declined one continues over TCP from its first byte with nothing lost.
 func TestLateDeclineWritesLand(t *testing.T) {
-	srv := Config{Devices: memDevices(t, verbs.KindSoft), CLCTimeout: 300 * time.Millisecond, LLCTimeout: 300 * time.Millisecond}
+	sclk := &fakeClock{}
+	srv := Config{Devices: memDevices(t, verbs.KindSoft), CLCTimeout: 300 * time.Millisecond, LLCTimeout: 300 * time.Millisecond, Clock: sclk}
 	p := newPair(t, Config{Devices: memDevices(t, verbs.KindSoft)}, srv)
 	good, gs := p.connect(t)
 	mustSMC(t, good, gs)
 	// The Confirm goes after the server's decline and after the time it kept
 	// RMBs before (its CLC timeout); the client reads the Decline only later.
-	setConfirmHook(p.cli, func(*clc.Confirm) { time.Sleep(time.Second) })
+	setConfirmHook(p.cli, func(*clc.Confirm) {
+		awaitTimeoutDecline(t, p.srv)
+		sclk.Advance(srv.CLCTimeout)
+	})
 	release := holdWatch(t, true)
 	c, s := p.connect(t)
 	setConfirmHook(p.cli, nil)
@@ -751,7 +756,7 @@ func TestFailedCompletionByID(t *testing.T) {
 func TestFirstContactDeclineAfterConfirm(t *testing.T) {
 	srv := Config{Devices: memDevices(t, verbs.KindSoft), CLCTimeout: 300 * time.Millisecond, LLCTimeout: 300 * time.Millisecond}
 	p := newPair(t, Config{Devices: memDevices(t, verbs.KindSoft), LLCTimeout: 5 * time.Second}, srv)
-	setConfirmHook(p.cli, func(*clc.Confirm) { time.Sleep(time.Second) })
+	setConfirmHook(p.cli, func(*clc.Confirm) { awaitTimeoutDecline(t, p.srv) })
 	start := time.Now()
 	c, s := p.connect(t)
 	took := time.Since(start)
@@ -962,4 +967,13 @@ func (h countHandler) Handle(_ context.Context, r slog.Record) error {
 		h.n.Add(1)
 	}
 	return nil
+}
+
+// awaitTimeoutDecline waits until e, a server, has sent a Decline for its CLC
+// timeout.
+func awaitTimeoutDecline(t *testing.T, e *Engine) {
+	t.Helper()
+	eventually(t, "the server's Decline", func() bool {
+		return e.Stats().Fallback[FallbackKey{Code: DeclineTimeoutCLC, Side: SideLocal}] > 0
+	})
 }

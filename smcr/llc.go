@@ -218,6 +218,7 @@ func (l *link) watchIdle(idle int, seen uint64) {
 		case idle+1 < testLinkTicks:
 			l.watchIdle(idle+1, seen)
 		default:
+			l.testsDue.Add(1)
 			wake(l.testDue)
 		}
 	})

@@ -215,7 +215,7 @@ func TestDeclineCrossesContinuation(t *testing.T) {
 	good, gs := p.connect(t)
 	mustSMC(t, good, gs)
 	setConfirmHook(p.cli, func(*clc.Confirm) {
-		time.Sleep(time.Second) // past the server's 600 ms: it declines
+		awaitTimeoutDecline(t, p.srv)
 		d1.Fail()
 		eventually(t, "client link down", func() bool { return p.cli.Stats().LinkGroups == 0 })
 	})
