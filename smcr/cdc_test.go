@@ -81,7 +81,7 @@ func TestNoUpdateAfterClose(t *testing.T) {
 	eventually(t, "close seen", func() bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		return s.peerClosed
+		return s.closing.peerClosed
 	})
 	sent, recv := c.cs.cdcSent.Load(), c.cs.cdcRecv.Load()
 	c.mu.Lock()
@@ -135,7 +135,7 @@ func TestNoCursorsAfterClose(t *testing.T) {
 				eventually(t, "Close under way", func() bool {
 					c.mu.Lock()
 					defer c.mu.Unlock()
-					return c.appClosed
+					return c.closing.appClosed
 				})
 			}
 			testHookCursors.Store(&hook)
@@ -166,7 +166,7 @@ func TestNoCursorsAfterClose(t *testing.T) {
 			eventually(t, "peer saw the close", func() bool {
 				s.mu.Lock()
 				defer s.mu.Unlock()
-				return s.peerClosed
+				return s.closing.peerClosed
 			})
 		})
 	}
@@ -186,7 +186,7 @@ func TestLateWritesFromStandardPeer(t *testing.T) {
 			c, s := p.connect(t)
 			mustSMC(t, c, s)
 			c.mu.Lock()
-			c.smcx = !standard
+			c.cont.smcx = !standard
 			size := c.rmbSize
 			c.mu.Unlock()
 			// Fill the RMBE; the reader does not read yet.
@@ -213,7 +213,7 @@ func TestLateWritesFromStandardPeer(t *testing.T) {
 			eventually(t, "the close taken", func() bool {
 				c.mu.Lock()
 				defer c.mu.Unlock()
-				return c.peerClosed
+				return c.closing.peerClosed
 			})
 			tail := []byte("the tail its close left unsent")
 			wrote := make(chan error, 1)
@@ -256,7 +256,7 @@ func TestLateWritesFromStandardPeer(t *testing.T) {
 			// buffers back: wait for the send buffer's share.
 			eventually(t, "released", func() bool {
 				c.mu.Lock()
-				released := c.released
+				released := c.closing.released
 				c.mu.Unlock()
 				return released && p.cli.Stats().MemoryInUse <= int64(size)
 			})

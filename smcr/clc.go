@@ -478,7 +478,7 @@ func (e *Engine) server(ctx context.Context, tcp net.Conn, listenerAddrs []net.A
 	// reach it after it began sending over SMC-R, and our fallback would hand the
 	// Confirm to the application as data.
 	wait := e.settings().CLCTimeout
-	if c.smcx && c.lg.firstConn != c {
+	if c.cont.smcx && c.lg.firstConn != c {
 		wait += e.cfg.LLCTimeout
 	}
 	e.awaitCLC(c.tcp, br, &e.confirmSpin)
@@ -559,7 +559,7 @@ func (e *Engine) serverProposal(ctx context.Context, c *Conn, prop *clc.Proposal
 			return clc.DeclineConfigError, err
 		}
 		ext = true
-		c.smcx = true
+		c.cont.smcx = true
 	} else if errors.Is(err, clc.ErrNoEnvelope) {
 		// A plain version-1 peer: real RDMA, addressed by the Proposal's GID/MAC.
 		offers = []offer{{Kind: verbs.KindRDMA, GID: prop.GID, MAC: prop.MAC, MTU: verbs.MTU1024}}
@@ -705,7 +705,7 @@ func (e *Engine) clientAccept(ctx context.Context, c *Conn, acc *clc.Accept) (De
 				return clc.DeclineConfigError, err
 			}
 		}
-		c.smcx = true
+		c.cont.smcx = true
 	} else if !errors.Is(err, clc.ErrNoEnvelope) {
 		return clc.DeclineConfigError, err
 	}

@@ -166,7 +166,7 @@ func TestBroken(t *testing.T) {
 	eventually(t, "the abort in", func() bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		return s.peerAbort
+		return s.closing.peerAbort
 	})
 	if s.Broken() {
 		t.Error("broken by an abort after the sending-done")
@@ -301,7 +301,7 @@ func TestStateHeldUntilActivation(t *testing.T) {
 	c := &Conn{e: &Engine{log: slog.New(slog.DiscardHandler)}}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.peerDone, c.peerClosed = true, true
+	c.closing.peerDone, c.closing.peerClosed = true, true
 	c.updateState("cdc")
 	if c.st != stateInit || c.canContinue() {
 		t.Fatalf("before activation: %v, can continue %v; want SMC_INIT, false", c.st, c.canContinue())
@@ -367,7 +367,7 @@ func TestEngineCloseAfterClose(t *testing.T) {
 // the poll made an hour here, only the release can end it).
 func TestCloseWakesOnRelease(t *testing.T) {
 	e := newEngine(t, Config{Devices: memDevices(t, verbs.KindSoft), releasePoll: time.Hour})
-	c := &Conn{e: e, id: 1, appClosed: true}
+	c := &Conn{e: e, id: 1, closing: closeState{appClosed: true}}
 	e.mu.Lock()
 	e.conns[c.id] = c
 	e.mu.Unlock()
@@ -379,7 +379,7 @@ func TestCloseWakesOnRelease(t *testing.T) {
 	case <-time.After(20 * time.Millisecond):
 	}
 	c.mu.Lock()
-	c.released = true
+	c.closing.released = true
 	c.mu.Unlock()
 	e.untrack(c)
 	select {
@@ -418,7 +418,7 @@ func (w *closeWithin) closeBoth(t *testing.T) {
 	eventually(t, "peer's close seen", func() bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		return c.peerClosed
+		return c.closing.peerClosed
 	})
 	closed := make(chan struct{})
 	go func() { c.Close(); close(closed) }()
@@ -435,7 +435,7 @@ func (w *closeWithin) closeBoth(t *testing.T) {
 func (w *closeWithin) isReleased() bool {
 	w.c.mu.Lock()
 	defer w.c.mu.Unlock()
-	return w.c.released
+	return w.c.closing.released
 }
 
 // TestReleaseWaitsForCopy: a connection closed while a Read copies out of its
@@ -579,7 +579,7 @@ func TestCloseTimeoutAfterAbort(t *testing.T) {
 	c, s := p.connect(t)
 	mustSMC(t, c, s)
 	s.mu.Lock()
-	s.localTerm = true // it answers no abort (onCDC)
+	s.closing.localTerm = true // it answers no abort (onCDC)
 	s.mu.Unlock()
 	if err := c.Abort(); err != nil {
 		t.Fatal(err)
@@ -587,7 +587,7 @@ func TestCloseTimeoutAfterAbort(t *testing.T) {
 	eventually(t, "released after the timeout", func() bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		return c.released
+		return c.closing.released
 	})
 	s.Close()
 	eventually(t, "peer released", func() bool { return p.srv.Stats().MemoryInUse == 0 })
@@ -628,13 +628,13 @@ func TestCloseWithUnreadData(t *testing.T) {
 	eventually(t, "the client's close taken", func() bool {
 		s2.mu.Lock()
 		defer s2.mu.Unlock()
-		return s2.peerClosed
+		return s2.closing.peerClosed
 	})
 	s2.Close()
 	eventually(t, "both released", func() bool {
 		c2.mu.Lock()
 		defer c2.mu.Unlock()
-		return c2.released
+		return c2.closing.released
 	})
 	if n := p.cli.Stats().Aborts - before; n != 0 {
 		t.Errorf("%d aborts sent to a peer that had closed", n)

@@ -29,7 +29,7 @@
 //	tx.go, rx.go  data over the RMBEs, cursors, the 10% rule (§4)       ← smc_tx, smc_rx
 //	urgent.go     urgent data (MSG_OOB): a mark in the stream (§4.2)    ← smc_cdc_handle_urg_data_arrival
 //	close.go      sending done, closed, abort (§4.4)                    ← smc_close
-//	conn.go       the net.Conn and its state machine
+//	conn.go       the net.Conn, its fields by concern, its Linux state
 //	stats.go      counters for smcrctl                                  ← smc_stats
 //
 // Outbound flow: the functions one byte of a Conn.Write passes on its way into the

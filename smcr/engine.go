@@ -290,7 +290,7 @@ func (e *Engine) closedUnreleased() int {
 	n := int(e.keeping.Load())
 	for _, c := range cs {
 		c.mu.Lock()
-		if c.appClosed {
+		if c.closing.appClosed {
 			n++
 		}
 		c.mu.Unlock()
@@ -523,7 +523,7 @@ func (e *Engine) newConn(tcp net.Conn, client bool) *Conn {
 	c := &Conn{
 		e: e, tcp: tcp, client: client, id: e.connSeq.Add(1),
 		rxWake: make(chan struct{}, 1), txWake: make(chan struct{}, 1), done: make(chan struct{}),
-		foDone: make(chan struct{}), peerResync: make(chan resyncResult, 1),
+		cont: contState{foDone: make(chan struct{}), peerResync: make(chan resyncResult, 1)},
 	}
 	e.mu.Lock()
 	e.conns[c.id] = c

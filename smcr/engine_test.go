@@ -252,8 +252,8 @@ func (c *Conn) debugState() string {
 		"rx prod %d cons %d confirmed %d (rmbe %d) busy %v; peer done %v closed %v, local done %v term %v; "+
 		"fo %v ready %v moving %v lnkErr %v ctl %v err %v",
 		c.id, c.mode, c.client, c.txProd, c.txCons, c.peerSize, c.wrOut.Load(), c.txBusy,
-		c.rxProd, c.rxCons, c.rxConfirmed, c.rmbSize, c.rxBusy, c.peerDone, c.peerClosed, c.localDone, c.localTerm,
-		c.fo, c.foReady, c.moving, c.lnkErr, c.ctlPending, c.err)
+		c.rxProd, c.rxCons, c.rxConfirmed, c.rmbSize, c.rxBusy, c.closing.peerDone, c.closing.peerClosed, c.closing.localDone, c.closing.localTerm,
+		c.cont.fo, c.cont.foReady, c.move.moving, c.lnkErr, c.ctlPending, c.err)
 }
 
 func TestStreamsBothWays(t *testing.T) {

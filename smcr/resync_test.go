@@ -320,7 +320,7 @@ func TestResyncBehindConfirm(t *testing.T) {
 	eventually(t, "client continuing", func() bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		return c.fo
+		return c.cont.fo
 	})
 	time.Sleep(20 * time.Millisecond) // its resync on the wire behind the Confirm
 	close(gate.release)
@@ -513,7 +513,7 @@ func TestWriteClosedAfterContinuation(t *testing.T) {
 		{"close write", func(t *testing.T, c, s *Conn) { c.CloseWrite() }},
 		{"peer closed", func(t *testing.T, c, s *Conn) {
 			s.Close()
-			eventually(t, "peer's close", func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.peerClosed })
+			eventually(t, "peer's close", func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.closing.peerClosed })
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -548,10 +548,10 @@ func TestReadEOFAfterFailedContinuation(t *testing.T) {
 	_, c, s, d1 := singleLinkPair(t, nil)
 	s.Write([]byte("all"))
 	s.CloseWrite()
-	eventually(t, "sending-done", func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.peerDone })
+	eventually(t, "sending-done", func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.closing.peerDone })
 	s.TCP().Close() // no resync can come: the client's continuation fails
 	d1.Fail()
-	eventually(t, "continuation over", func() bool { return isClosed(c.foDone) })
+	eventually(t, "continuation over", func() bool { return isClosed(c.cont.foDone) })
 	if c.continued() {
 		t.Fatal("continued without the server's resync")
 	}
@@ -576,13 +576,13 @@ func TestCloseTimeoutEndsResend(t *testing.T) {
 	eventually(t, "the continuation under way", func() bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		return c.fo
+		return c.cont.fo
 	})
 	c.Close()
 	eventually(t, "the closed connection released", func() bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		return c.released
+		return c.closing.released
 	})
 	s.SetReadDeadline(time.Now().Add(10 * time.Second))
 	got, err := io.ReadAll(s)

@@ -173,7 +173,7 @@ func (l *link) complete(wc *verbs.WorkCompletion) {
 			l.credits <- struct{}{}
 			c := l.lg.conn(uint32(wc.ID))
 			if c != nil {
-				c.wrOutOn[l.ix].Add(-1)
+				c.move.wrOutOn[l.ix].Add(-1)
 				c.writeDone()
 			}
 			if wc.Status != verbs.WCSuccess && c != nil {
@@ -387,8 +387,8 @@ func (l *link) postData(c *Conn, ws []span, m *rmb.CDC, prod uint64) error {
 		return ErrLinkDown
 	}
 	c.wrOut.Add(int32(len(ws)))
-	c.wrOutOn[l.ix].Add(int32(len(ws)))
-	snd := c.sndOn[l.ix] // registered before c moved to l (multilink.go)
+	c.move.wrOutOn[l.ix].Add(int32(len(ws)))
+	snd := c.move.sndOn[l.ix] // registered before c moved to l (multilink.go)
 	if snd == nil {
 		snd = c.snd
 	}
@@ -432,10 +432,10 @@ func (l *link) postData(c *Conn, ws []span, m *rmb.CDC, prod uint64) error {
 // a failover already took it from wrOutOn and called writeDone for it
 // (linkFailed, moveTo): then wrOut is settled.
 func (l *link) unpostWrite(c *Conn) {
-	if c.wrOutOn[l.ix].Add(-1) >= 0 {
+	if c.move.wrOutOn[l.ix].Add(-1) >= 0 {
 		c.wrOut.Add(-1)
 	} else {
-		c.wrOutOn[l.ix].Add(1)
+		c.move.wrOutOn[l.ix].Add(1)
 	}
 	l.credits <- struct{}{}
 }
