@@ -414,7 +414,11 @@ func (w *closeWithin) install(t *testing.T) {
 
 func (w *closeWithin) closeBoth(t *testing.T) {
 	c := w.c
-	w.s.Close()
+	// From a goroutine that holds nothing: this one holds c's cdcMu (a
+	// Write's hook), and two connections' are never held at once.
+	peerClosed := make(chan struct{})
+	go func() { w.s.Close(); close(peerClosed) }()
+	<-peerClosed
 	eventually(t, "peer's close seen", func() bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()

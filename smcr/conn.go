@@ -111,6 +111,10 @@ var (
 
 // Conn is one connection. It implements net.Conn; Mode tells whether its bytes go
 // over SMC-R or over the TCP connection it was set up on.
+//
+// Lock order (lockrank.go): txMu, rxMu and cdcMu before any mutex of a link group,
+// a link or the Engine but setMu and lgCreate; mu after all of those. Two Conns' mutexes of one kind are
+// never held at once.
 type Conn struct {
 	e      *Engine
 	tcp    net.Conn
@@ -156,18 +160,18 @@ type Conn struct {
 
 	// cdcMu keeps our CDCs on the wire in the order of their sequence numbers
 	// (Linux's receiver drops one numbered before the last it took).
-	cdcMu sync.Mutex
+	cdcMu mutex[connCDCRank]
 
-	rxMu     sync.Mutex              // one Read at a time
+	rxMu     mutex[connRxRank]       // one Read at a time
 	driveWCs [8]verbs.WorkCompletion // Read's, for drive: under rxMu
 	spin     spinBudget              // drive's
-	txMu     sync.Mutex              // one Write at a time
+	txMu     mutex[connTxRank]       // one Write at a time
 
 	urgOnce sync.Once
 	urgR    *tcpurg.Reader // reads the TCP socket: CLC's markReader, then a fallback or continuation
 	clcIn   *markReader    // under CLC's bufio.Reader, which a fallback reads on (readAheadConn)
 
-	mu          sync.Mutex
+	mu          mutex[connRank]
 	st          state  // drawn from closing by updateState
 	rxProd      uint64 // absolute cursors, see doc.go
 	rxCons      uint64

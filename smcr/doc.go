@@ -14,6 +14,8 @@
 //
 //	engine.go     Engine: devices, memory budget, link groups, the connection table
 //	config.go     Config: the knobs of an Engine and their defaults
+//	clock.go      the engine's clock (Config.Clock), and what stays real time
+//	lockrank.go   the lock order over Conn, link, linkGroup and Engine, checked under -tags lockrank
 //	prefix.go     the subnet a Proposal names, cached per namespace     ← smc_clc_prfx_set
 //	clc.go        CLC handshake as client and server (§3.5, §3.7)       ← smc_clc
 //	ext.go        the SMCX provider-choice extension (docs/protocol.md)

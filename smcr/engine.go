@@ -31,6 +31,10 @@ var ErrEngineClosed = errors.New("smcr: engine closed")
 var noDeadline time.Time
 
 // Engine is one SMC-R endpoint. Its methods are safe for concurrent use.
+//
+// Lock order (lockRank in lockrank.go, checked by make test-lockrank): setMu and
+// lgCreate before any other mutex; mu after a Conn's txMu, rxMu and cdcMu and a
+// link's, before a link group's mu and a Conn's mu.
 type Engine struct {
 	cfg    Config
 	log    *slog.Logger
@@ -41,15 +45,15 @@ type Engine struct {
 	memPeak atomic.Int64
 	connSeq atomic.Uint64
 
-	setMu sync.Mutex // serialises the setters
+	setMu mutex[engineSetRank] // serialises the setters
 	set   atomic.Pointer[Settings]
 
 	acceptSpin  spinBudget  // a client's poll for the Accept (awaitCLC)
 	confirmSpin spinBudget  // a server's poll for the Confirm
 	clcPolling  atomic.Bool // a handshake is in awaitCLC's poll
 
-	lgCreate sync.Mutex // serialises a server's search-or-create of link groups
-	mu       sync.Mutex
+	lgCreate mutex[lgCreateRank] // serialises a server's search-or-create of link groups
+	mu       mutex[engineRank]
 	closed   bool
 	lgs      []*linkGroup
 	conns    map[uint64]*Conn

@@ -19,6 +19,9 @@ import (
 )
 
 // link is one RC queue pair of a link group.
+//
+// Lock order (lockrank.go): pollMu, creditMu, useMu, postMu, after a Conn's
+// cdcMu and before the Engine's mu; pmu and pdMu last of all.
 type link struct {
 	lg  *linkGroup
 	dev verbs.Device
@@ -44,10 +47,10 @@ type link struct {
 
 	// The requests of one post (a chunk's WRITEs and its CDC: postData), under
 	// postMu. creditMu serializes takers of several credits (takeCredits).
-	postMu   sync.Mutex
+	postMu   mutex[linkPostRank]
 	wr       [3]verbs.SendWR
 	sge      [3][1]verbs.SGE
-	creditMu sync.Mutex
+	creditMu mutex[linkCreditRank]
 
 	// The connection and producer cursor of the CDC in each send slot: a CDC
 	// completed means the peer holds the bytes before it (multilink.go).
@@ -70,7 +73,7 @@ type link struct {
 	connected chan struct{}
 	connErr   error
 
-	pmu     sync.Mutex
+	pmu     mutex[linkPendingRank]
 	pending map[pendKey]chan [llc.MsgLen]byte
 	testSeq uint64
 
@@ -95,14 +98,14 @@ type link struct {
 	// reader awaits is handled where it is awaited, with no hand-off. One reader
 	// drives at a time: the others sleep, as they do behind the poller, so a
 	// link never has more than one goroutine spinning on it.
-	pollMu  sync.Mutex
+	pollMu  mutex[linkPollRank]
 	pollOff bool // set by free under pollMu: the CQ and slots are gone
 	driving atomic.Bool
 	resume  chan struct{}
 
 	// useMu keeps the send slots mapped while a sender encodes into one: free
 	// takes it exclusively, after which acquire fails.
-	useMu sync.RWMutex
+	useMu rwMutex[linkUseRank]
 	freed bool
 	// pdRefs counts the link's own hold on pd plus the connection buffers
 	// registered in it. Buffers outlive their link (a reader drains its RMB after
@@ -111,7 +114,7 @@ type link struct {
 	// it; the two differ by the buffers allocated on a failed link that live on
 	// with connections moved elsewhere (unslot), whose memory is the PD's but
 	// which the slot no longer indexes, so a new link can take the slot.
-	pdMu             sync.Mutex
+	pdMu             mutex[linkPDRank]
 	pdRefs, slotRefs int
 	txBytes, rxBytes atomic.Uint64 // payload RDMA-written by us, and announced by the peer's CDCs
 }
