@@ -364,9 +364,9 @@ func (e *Engine) declinedMeanwhile(ctx context.Context, c *Conn, br *bufio.Reade
 	return d, nil
 }
 
-// clcSpinMax bounds awaitCLC's poll: a same-host peer's answer came 50–150 µs
-// after our message on these VMs (its wake-up, its work and its write), which
-// a Read's ReadSpin (20 µs) does not reach.
+// clcSpinMax bounds awaitCLC's poll: a same-host peer answers 50–150 µs after
+// our message (its wake-up, its work and its write), which a Read's ReadSpin
+// (20 µs) does not reach.
 const clcSpinMax = 250 * time.Microsecond
 
 // awaitCLC polls tcp for the peer's next CLC message, the client's for the
@@ -374,15 +374,13 @@ const clcSpinMax = 250 * time.Microsecond
 // (bounded by clcSpinMax; none with ReadSpin off) before the read that would
 // sleep. Asleep, the reader is woken when the runtime's network poller notices
 // the message, and the runtime polls the network only when a P runs out of
-// goroutines: the readers of a reuse setup's first bytes, spinning on both
-// vCPUs, kept the server's Confirm unnoticed for ~100 µs, and a woken poller
-// thread on a halted vCPU took 40–100 µs more. Polling on both sides made
-// same-host reuse setups ~30% faster for ~10% less CPU (the sleep and wake-up
-// it spares cost more than the poll); one side alone, or a bound of 20 µs,
-// gained little. A peer farther away than the budget soon costs minReadSpin
-// a setup and a probe of clcSpinMax in 32. One handshake of the engine polls
-// at a time: in a burst of setups the processors have work, and more pollers
-// would only take it from the handshakes they wait for.
+// goroutines: readers spinning on every CPU leave a message unnoticed, and a
+// poller thread woken on a halted CPU is slow to start. The sleep and wake-up
+// the poll spares cost more than the poll, on both sides of a handshake. A
+// peer farther away than the budget soon costs minReadSpin a setup and a
+// probe of clcSpinMax in 32. One handshake of the engine polls at a time: in a
+// burst of setups the processors have work, and more pollers would only take
+// it from the handshakes they wait for.
 func (e *Engine) awaitCLC(tcp net.Conn, br *bufio.Reader, s *spinBudget) {
 	if e.settings().ReadSpin <= 0 || br.Buffered() > 0 || !e.clcPolling.CompareAndSwap(false, true) {
 		return

@@ -25,8 +25,7 @@ const minReadSpin = time.Microsecond
 //
 // The budget adapts (spinBudget), so a reader whose bytes come in well-spaced
 // bursts (smcrd's relays, say) stops burning ReadSpin of CPU per Read, which on
-// two busy vCPUs delayed the very processes it waited for: through smcrd the
-// 64 B p50 rose from 191-211 to 211-215 µs with a fixed 20 µs.
+// busy CPUs delays the very processes it waits for.
 func (c *Conn) drive(l *link) bool {
 	if !l.driving.CompareAndSwap(false, true) {
 		return false
