@@ -77,6 +77,11 @@ func TestNoUpdateAfterClose(t *testing.T) {
 	c, s := p.connect(t)
 	mustSMC(t, c, s)
 	echoOK(t, c, s)
+	d, ds := p.connect(t) // behind c in its link's worker queue
+	mustSMC(t, d, ds)
+	if d.lnk != c.lnk {
+		t.Fatal("a second connection on another link")
+	}
 	c.Close()
 	eventually(t, "close seen", func() bool {
 		s.mu.Lock()
@@ -91,7 +96,15 @@ func TestNoUpdateAfterClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "request received", func() bool { return c.cs.cdcRecv.Load() > recv })
-	time.Sleep(20 * time.Millisecond) // the worker would have answered by now
+	// onCDC queued c for the worker under c.mu; d's update, queued after it,
+	// goes out once the worker has done with c.
+	c.mu.Lock()
+	c.mu.Unlock()
+	dSent := d.cs.cdcSent.Load()
+	d.mu.Lock()
+	d.queueCtlLocked(ctlUpdate)
+	d.mu.Unlock()
+	eventually(t, "the worker past c", func() bool { return d.cs.cdcSent.Load() > dSent })
 	if n := c.cs.cdcSent.Load() - sent; n != 0 {
 		t.Errorf("%d CDCs sent after the closing one", n)
 	}
