@@ -96,15 +96,10 @@ func TestNoUpdateAfterClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "request received", func() bool { return c.cs.cdcRecv.Load() > recv })
-	// onCDC queued c for the worker under c.mu; d's update, queued after it,
-	// goes out once the worker has done with c.
+	// onCDC queued c for the worker under c.mu: the barrier comes after it.
 	c.mu.Lock()
 	c.mu.Unlock()
-	dSent := d.cs.cdcSent.Load()
-	d.mu.Lock()
-	d.queueCtlLocked(ctlUpdate)
-	d.mu.Unlock()
-	eventually(t, "the worker past c", func() bool { return d.cs.cdcSent.Load() > dSent })
+	linkBarrier(t, d, ds)
 	if n := c.cs.cdcSent.Load() - sent; n != 0 {
 		t.Errorf("%d CDCs sent after the closing one", n)
 	}
@@ -322,4 +317,17 @@ func TestNoDataAfterEOF(t *testing.T) {
 	if n, err := c.Read(make([]byte, 10)); !errors.Is(err, ErrProtocol) {
 		t.Fatalf("read after EOF: %d bytes, %v; want ErrProtocol", n, err)
 	}
+}
+
+// linkBarrier returns once the worker of d's link is done with what it was
+// given before, and the peer has taken what the link posted before: d, a
+// connection on the link, has the worker send an update, and d's peer ds takes
+// it. CDCs on one link arrive in order.
+func linkBarrier(t *testing.T, d, ds *Conn) {
+	t.Helper()
+	recv := ds.cs.cdcRecv.Load()
+	d.mu.Lock()
+	d.queueCtlLocked(ctlUpdate)
+	d.mu.Unlock()
+	eventually(t, "the link's barrier", func() bool { return ds.cs.cdcRecv.Load() > recv })
 }

@@ -452,6 +452,8 @@ func TestReleaseWaitsForCopy(t *testing.T) {
 			p := memPair(t)
 			c, s := p.connect(t)
 			mustSMC(t, c, s)
+			d, ds := p.connect(t) // for linkBarrier
+			mustSMC(t, d, ds)
 			w := &closeWithin{c: c, s: s, rx: rx}
 			w.install(t)
 			if rx {
@@ -474,7 +476,7 @@ func TestReleaseWaitsForCopy(t *testing.T) {
 			eventually(t, "released after the copy", w.isReleased)
 			// Nothing followed the closing CDC to a peer that may have let
 			// the connection go.
-			time.Sleep(20 * time.Millisecond)
+			linkBarrier(t, d, ds)
 			if n := p.srv.Stats().ProtoErrors; n != 0 {
 				t.Errorf("the peer counted %d protocol errors", n)
 			}
