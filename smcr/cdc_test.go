@@ -117,6 +117,8 @@ func TestNoCursorsAfterClose(t *testing.T) {
 			c, s := p.connect(t)
 			mustSMC(t, c, s)
 			echoOK(t, c, s)
+			d, ds := p.connect(t) // for linkBarrier
+			mustSMC(t, d, ds)
 			msg := make([]byte, c.rmbSize/2) // past the 10% rule: Read owes an update
 			if side == "read" {
 				go s.Write(msg)
@@ -161,7 +163,7 @@ func TestNoCursorsAfterClose(t *testing.T) {
 				t.Fatal("no cursor CDC was about to go")
 			}
 			<-closeDone
-			time.Sleep(20 * time.Millisecond)
+			linkBarrier(t, d, ds)
 			if n := c.cs.cdcSent.Load() - sentAtClose.Load(); n != 0 {
 				t.Errorf("%d CDCs sent after the closing one", n)
 			}
