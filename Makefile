@@ -23,7 +23,7 @@ DESTDIR   ?=
 # parallelises itself).
 .NOTPARALLEL:
 
-.PHONY: help deps build preload install test test-unit test-race test-vm bench-vm bench-go lint fmt vet generate check-generate fuzz bench demo install clean
+.PHONY: help deps build preload install test test-unit test-race test-lockrank test-vm bench-vm bench-go lint fmt vet generate check-generate fuzz bench demo install clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -43,10 +43,14 @@ test: deps ## the whole suite: lint, generated-code freshness, unit + privileged
 	$(MAKE) check-generate
 	$(MAKE) test-unit
 	$(MAKE) test-race
+	$(MAKE) test-lockrank
 	$(MAKE) fuzz FUZZTIME=$(if $(CI),10s,$(FUZZTIME))
 
 test-unit: ## go test of every package (privileged and VM tests included; no race detector)
 	scripts/gotest.sh $(GO) -count=1 -timeout 30m $(PKGS)
+
+test-lockrank: ## the engine's tests with its mutexes checking the lock order (smcr/lockrank.go)
+	scripts/gotest.sh $(GO) -tags lockrank -count=1 -timeout 20m ./smcr/
 
 test-race: ## go test -race of every package but the end-to-end, VM and benchmark drivers, then the end-to-end suite against an smcrd built with -race (~3 min)
 	scripts/gotest.sh $(GO) -race -count=1 -timeout 20m $(RACE_PKGS)

@@ -5,8 +5,6 @@ package llc
 
 import (
 	"fmt"
-
-	"github.com/smcr-io/smcr/smcr/verbs"
 )
 
 // CONFIRM_LINK body offsets (struct smc_llc_msg_confirm_link).
@@ -116,7 +114,7 @@ type AddLink struct {
 	GID          GID
 	QPN          QPN
 	Link         LinkID
-	MTU          verbs.MTU // 0 when no QP is offered (invitation, rejection)
+	MTU          MTU // 0 when no QP is offered (invitation, rejection)
 	PSN          PSN
 }
 
@@ -130,7 +128,7 @@ func (m *AddLink) Decode(b []byte) error {
 	if err := checkFrame(b, TypeAddLink); err != nil {
 		return err
 	}
-	mtu := verbs.MTU(b[alMTU] & 0x0F)
+	mtu := MTU(b[alMTU] & 0x0F)
 	if mtu != 0 && !mtu.Valid() {
 		return fmt.Errorf("%w: ADD_LINK MTU code %d", ErrMTU, uint8(mtu))
 	}

@@ -96,6 +96,22 @@ type GID [16]byte
 // MAC is an Ethernet address of a RoCE port.
 type MAC [6]byte
 
+// MTU is a path MTU code, as ADD_LINK carries it: 1..5 = 256..4096 bytes, as
+// in InfiniBand; 0 where no QP is offered.
+type MTU uint8
+
+// The MTU codes.
+const (
+	MTU256  MTU = 1
+	MTU512  MTU = 2
+	MTU1024 MTU = 3
+	MTU2048 MTU = 4
+	MTU4096 MTU = 5
+)
+
+// Valid reports whether m is one of the codes.
+func (m MTU) Valid() bool { return m >= MTU256 && m <= MTU4096 }
+
 // LinkID is the link number the server assigns; unique within a link group.
 type LinkID uint8
 

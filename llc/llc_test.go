@@ -10,8 +10,6 @@ import (
 	"reflect"
 	"strings"
 	"testing"
-
-	"github.com/smcr-io/smcr/smcr/verbs"
 )
 
 // unhex decodes hex written as space-separated groups, one field per argument.
@@ -96,7 +94,7 @@ var goldens = []golden{
 			GID:  GID{0xfe, 0x80, 11: 0xff, 12: 0xfe, 13: 0xdd, 14: 0xee, 15: 0xff},
 			QPN:  0x22b,
 			Link: 2,
-			MTU:  verbs.MTU1024,
+			MTU:  MTU1024,
 			PSN:  0xabcdef,
 		},
 	},
@@ -120,7 +118,7 @@ var goldens = []golden{
 			GID:          GID{0xfe, 0x80, 11: 0xff, 12: 0xfe, 13: 0x11, 14: 0x22, 15: 0x33},
 			QPN:          7,
 			Link:         3,
-			MTU:          verbs.MTU4096,
+			MTU:          MTU4096,
 			PSN:          1,
 		},
 	},

@@ -22,7 +22,7 @@ import (
 // of their pairs: a client dials from a plain goroutine, as an application does
 // (nstest.BenchMain). A run that passed fails if goroutines of this module
 // outlive it.
-func TestMain(m *testing.M) { os.Exit(leakcheck.After(nstest.BenchMain(m))) }
+func TestMain(m *testing.M) { os.Exit(lockOrderChecked(leakcheck.After(nstest.BenchMain(m)))) }
 
 // nsSetup is an engine in each of two namespaces, the server's listener in B.
 type nsSetup struct {

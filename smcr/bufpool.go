@@ -10,7 +10,6 @@ package smcr
 
 import (
 	"slices"
-	"time"
 
 	"github.com/smcr-io/smcr/smcr/verbs"
 )
@@ -249,16 +248,16 @@ func (c *Conn) adopt(b *pooledBuf) {
 			continue
 		}
 		if b.rmb {
-			c.rmbOn[n] = m
+			c.move.rmbOn[n] = m
 		} else {
-			c.sndOn[n] = m
+			c.move.sndOn[n] = m
 		}
-		c.regLink[n] = b.link[n]
+		c.move.regLink[n] = b.link[n]
 	}
 	if b.rmb {
-		c.rmb, c.rmbSize, c.rmbHome = b.own, b.size, b.home
+		c.rmb, c.rmbSize, c.move.rmbHome = b.own, b.size, b.home
 	} else {
-		c.snd, c.sndHome = b.own, b.home
+		c.snd, c.move.sndHome = b.own, b.home
 	}
 	c.mu.Unlock()
 	c.memHeld += int64(b.size)
@@ -273,13 +272,13 @@ func (c *Conn) adopt(b *pooledBuf) {
 // It returns the bytes of max_memory the pool took over, or holds until then.
 func (c *Conn) releaseBuffers() (kept int64) {
 	c.mu.Lock()
-	orderly := c.lg != nil && c.localTerm && c.peerClosed && !c.peerAbort && !c.localAbort &&
-		!c.lnkErr && !c.fo && c.wrOut.Load() == 0
+	orderly := c.lg != nil && c.closing.localTerm && c.closing.peerClosed && !c.closing.peerAbort && !c.closing.localAbort &&
+		!c.lnkErr && !c.cont.fo && c.wrOut.Load() == 0
 	announcing := c.rkeyAnnounced
 	if announcing != nil && isClosed(announcing) {
 		announcing = nil
 	}
-	lateRoom := c.peerLateRoom && c.lg != nil
+	lateRoom := c.closing.peerLateRoom && c.lg != nil
 	bufs := c.detachBufsLocked()
 	c.mu.Unlock()
 	for _, b := range bufs {
@@ -315,7 +314,7 @@ func (c *Conn) releaseBuffers() (kept int64) {
 // freed at once it would fail the link with every connection on it.
 func (lg *linkGroup) dropWhenQuiet(b *pooledBuf) {
 	defer lg.e.kept()
-	t := time.NewTimer(lateFreeMin)
+	t := newTimer(lg.e.cfg.Clock, lateFreeMin)
 	defer t.Stop()
 	select {
 	case <-t.C:
@@ -343,16 +342,16 @@ func (c *Conn) detachBufsLocked() []*pooledBuf {
 			bufs = append(bufs, b)
 		}
 	}
-	c.regLink = [linkSlots]*link{}
+	c.move.regLink = [linkSlots]*link{}
 	return bufs
 }
 
 // detachBufLocked takes c's RMB (rmb) or send buffer, with its registrations,
 // out of c; nil when c holds none. The caller holds c.mu.
 func (c *Conn) detachBufLocked(rmb bool) *pooledBuf {
-	own, home, on, size := c.snd, c.sndHome, &c.sndOn, c.peerSize
+	own, home, on, size := c.snd, c.move.sndHome, &c.move.sndOn, c.peerSize
 	if rmb {
-		own, home, on, size = c.rmb, c.rmbHome, &c.rmbOn, c.rmbSize
+		own, home, on, size = c.rmb, c.move.rmbHome, &c.move.rmbOn, c.rmbSize
 	}
 	used := c.txProd
 	if rmb {
@@ -362,7 +361,7 @@ func (c *Conn) detachBufLocked(rmb bool) *pooledBuf {
 	held := own != nil
 	for n, m := range on {
 		if m != nil {
-			b.on[n], b.link[n] = m, c.regLink[n]
+			b.on[n], b.link[n] = m, c.move.regLink[n]
 			on[n] = nil
 			held = true
 		}

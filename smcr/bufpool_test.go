@@ -551,7 +551,8 @@ func TestMemoryInUseNeverNegative(t *testing.T) {
 // connections waiting to be freed late, also one whose timer fired as Close
 // took them (neither freed it before).
 func TestCloseFreesLateFrees(t *testing.T) {
-	e := newEngine(t, Config{Devices: memDevices(t, verbs.KindSoft)})
+	clk := &fakeClock{}
+	e := newEngine(t, Config{Devices: memDevices(t, verbs.KindSoft), Clock: clk})
 	const n = 64 << 10
 	e.reserve(n)
 	c := &Conn{e: e, memHeld: n}
@@ -560,7 +561,7 @@ func TestCloseFreesLateFrees(t *testing.T) {
 	done := make(chan struct{})
 	go func() { e.Close(); close(done) }()
 	time.Sleep(20 * time.Millisecond) // Close waits for e.mu
-	e.lateFree[c].Reset(time.Millisecond)
+	go clk.Advance(time.Minute)
 	time.Sleep(20 * time.Millisecond) // and so does the timer's callback
 	e.mu.Unlock()
 	<-done

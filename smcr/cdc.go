@@ -48,12 +48,12 @@ func fromCursor(c rmb.Cursor, ref, size uint64) (abs uint64, stale bool, err err
 // It returns how many bytes the CDC's producer cursor announces as newly written.
 func (c *Conn) onCDC(m *rmb.CDC) (produced uint64) {
 	c.mu.Lock()
-	if c.released {
+	if c.closing.released {
 		c.mu.Unlock()
 		return
 	}
 	c.cs.cdcRecv.Add(1)
-	if c.fo {
+	if c.cont.fo {
 		c.mu.Unlock()
 		return // cursors are frozen at what the resync reported
 	}
@@ -110,26 +110,26 @@ func (c *Conn) onCDC(m *rmb.CDC) (produced uint64) {
 	if m.Flags&(rmb.FlagUpdateRequested|rmb.FlagFailoverValidation) != 0 {
 		c.queueCtlLocked(ctlUpdate)
 	}
-	if !c.peerDone && !c.smcx && m.State&(rmb.StateClosed|rmb.StateSendingDone) != 0 &&
+	if !c.closing.peerDone && !c.cont.smcx && m.State&(rmb.StateClosed|rmb.StateSendingDone) != 0 &&
 		m.State&rmb.StateAbnormalClose == 0 {
-		c.peerLate = c.rxProd-c.rxConfirmed >= c.rmbSize // lateWrites
+		c.closing.peerLate = c.rxProd-c.rxConfirmed >= c.rmbSize // lateWrites
 	}
-	if m.State&rmb.StateAbnormalClose != 0 && !c.peerAbort {
-		c.abortEarly = !c.peerDone
-		c.peerAbort, c.peerClosed, c.peerDone = true, true, true
+	if m.State&rmb.StateAbnormalClose != 0 && !c.closing.peerAbort {
+		c.closing.abortEarly = !c.closing.peerDone
+		c.closing.peerAbort, c.closing.peerClosed, c.closing.peerDone = true, true, true
 		c.e.st.aborts.Add(1)
 		if c.err == nil {
 			c.err = ErrReset
 		}
-		if !c.localTerm {
+		if !c.closing.localTerm {
 			c.queueCtlLocked(ctlAbort) // answer, so the peer may free its buffers
 		}
 	}
 	if m.State&rmb.StateClosed != 0 {
-		c.peerClosed, c.peerDone = true, true
+		c.closing.peerClosed, c.closing.peerDone = true, true
 	}
 	if m.State&rmb.StateSendingDone != 0 {
-		c.peerDone = true
+		c.closing.peerDone = true
 	}
 	c.updateState("cdc")
 	c.queueReleaseIfDueLocked()
@@ -163,8 +163,8 @@ func (c *Conn) applyCursors(m *rmb.CDC) error {
 	// after it. A standard peer's sending-done is not checked: Linux's
 	// shutdown, as its close, may leave bytes unsent to write later
 	// (lateWrites), and peerLate cannot tell every such case.
-	last := c.peerClosed || c.smcx && c.peerDone
-	if !stale && last && np > c.rxProd && !c.peerLate {
+	last := c.closing.peerClosed || c.cont.smcx && c.closing.peerDone
+	if !stale && last && np > c.rxProd && !c.closing.peerLate {
 		return fmt.Errorf("data after its last byte")
 	}
 	var nc uint64
@@ -215,7 +215,7 @@ func (c *Conn) runCtl(l *link) {
 		// here deadlocked both, TestCloseDuringMove hung in CI), and sends
 		// the abort again behind its resend (moveTo).
 		c.awaitPostersLocked(c.lnk != l)
-		c.localTerm, c.localAbort = true, true
+		c.closing.localTerm, c.closing.localAbort = true, true
 		c.mu.Unlock()
 		c.sendCDC(0)
 	} else if b&ctlUpdate != 0 {
@@ -283,16 +283,16 @@ func (c *Conn) sendCDCHeld(flags rmb.ProdFlags, kind cdcKind) error {
 // of kind goes (with ErrLinkDown when the link cannot carry one). The caller
 // holds cdcMu and c.mu, and sends it.
 func (c *Conn) nextCDCLocked(flags rmb.ProdFlags, kind cdcKind) (m rmb.CDC, ok bool, err error) {
-	if c.peerSize == 0 || c.released || c.lnkErr || c.fo {
+	if c.peerSize == 0 || c.closing.released || c.lnkErr || c.cont.fo {
 		return m, false, ErrLinkDown
 	}
-	if kind != cdcState && c.localTerm {
+	if kind != cdcState && c.closing.localTerm {
 		return m, false, nil
 	}
 	if kind == cdcUpdate {
 		c.cs.updates.Add(1)
 	}
-	seq := uint16(c.seqAcked.Load())
+	seq := uint16(c.move.seqAcked.Load())
 	if flags&rmb.FlagFailoverValidation == 0 {
 		c.seq++
 		seq = c.seq
@@ -303,17 +303,17 @@ func (c *Conn) nextCDCLocked(flags rmb.ProdFlags, kind cdcKind) (m rmb.CDC, ok b
 	}
 	m = rmb.CDC{Seq: seq, Token: c.peerToken, Prod: toCursor(c.txProd, c.peerSize),
 		Cons: toCursor(c.rxCons, c.rmbSize), Flags: flags}
-	if c.localDone {
+	if c.closing.localDone {
 		m.State |= rmb.StateSendingDone
 	}
-	if c.localTerm && !c.localAbort {
+	if c.closing.localTerm && !c.closing.localAbort {
 		m.State |= rmb.StateClosed
 	}
-	if c.localAbort {
+	if c.closing.localAbort {
 		m.State |= rmb.StateAbnormalClose
 	}
-	if c.peerLate && c.rxCons > c.rxConfirmed {
-		c.peerLateRoom = true // lateWrites
+	if c.closing.peerLate && c.rxCons > c.rxConfirmed {
+		c.closing.peerLateRoom = true // lateWrites
 	}
 	c.rxConfirmed = c.rxCons
 	c.cs.cdcSent.Add(1)

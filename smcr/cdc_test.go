@@ -77,11 +77,16 @@ func TestNoUpdateAfterClose(t *testing.T) {
 	c, s := p.connect(t)
 	mustSMC(t, c, s)
 	echoOK(t, c, s)
+	d, ds := p.connect(t) // behind c in its link's worker queue
+	mustSMC(t, d, ds)
+	if d.lnk != c.lnk {
+		t.Fatal("a second connection on another link")
+	}
 	c.Close()
 	eventually(t, "close seen", func() bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		return s.peerClosed
+		return s.closing.peerClosed
 	})
 	sent, recv := c.cs.cdcSent.Load(), c.cs.cdcRecv.Load()
 	c.mu.Lock()
@@ -91,7 +96,10 @@ func TestNoUpdateAfterClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "request received", func() bool { return c.cs.cdcRecv.Load() > recv })
-	time.Sleep(20 * time.Millisecond) // the worker would have answered by now
+	// onCDC queued c for the worker under c.mu: the barrier comes after it.
+	c.mu.Lock()
+	c.mu.Unlock()
+	linkBarrier(t, d, ds)
 	if n := c.cs.cdcSent.Load() - sent; n != 0 {
 		t.Errorf("%d CDCs sent after the closing one", n)
 	}
@@ -109,6 +117,8 @@ func TestNoCursorsAfterClose(t *testing.T) {
 			c, s := p.connect(t)
 			mustSMC(t, c, s)
 			echoOK(t, c, s)
+			d, ds := p.connect(t) // for linkBarrier
+			mustSMC(t, d, ds)
 			msg := make([]byte, c.rmbSize/2) // past the 10% rule: Read owes an update
 			if side == "read" {
 				go s.Write(msg)
@@ -135,7 +145,7 @@ func TestNoCursorsAfterClose(t *testing.T) {
 				eventually(t, "Close under way", func() bool {
 					c.mu.Lock()
 					defer c.mu.Unlock()
-					return c.appClosed
+					return c.closing.appClosed
 				})
 			}
 			testHookCursors.Store(&hook)
@@ -153,7 +163,7 @@ func TestNoCursorsAfterClose(t *testing.T) {
 				t.Fatal("no cursor CDC was about to go")
 			}
 			<-closeDone
-			time.Sleep(20 * time.Millisecond)
+			linkBarrier(t, d, ds)
 			if n := c.cs.cdcSent.Load() - sentAtClose.Load(); n != 0 {
 				t.Errorf("%d CDCs sent after the closing one", n)
 			}
@@ -166,7 +176,7 @@ func TestNoCursorsAfterClose(t *testing.T) {
 			eventually(t, "peer saw the close", func() bool {
 				s.mu.Lock()
 				defer s.mu.Unlock()
-				return s.peerClosed
+				return s.closing.peerClosed
 			})
 		})
 	}
@@ -186,7 +196,7 @@ func TestLateWritesFromStandardPeer(t *testing.T) {
 			c, s := p.connect(t)
 			mustSMC(t, c, s)
 			c.mu.Lock()
-			c.smcx = !standard
+			c.cont.smcx = !standard
 			size := c.rmbSize
 			c.mu.Unlock()
 			// Fill the RMBE; the reader does not read yet.
@@ -213,7 +223,7 @@ func TestLateWritesFromStandardPeer(t *testing.T) {
 			eventually(t, "the close taken", func() bool {
 				c.mu.Lock()
 				defer c.mu.Unlock()
-				return c.peerClosed
+				return c.closing.peerClosed
 			})
 			tail := []byte("the tail its close left unsent")
 			wrote := make(chan error, 1)
@@ -256,7 +266,7 @@ func TestLateWritesFromStandardPeer(t *testing.T) {
 			// buffers back: wait for the send buffer's share.
 			eventually(t, "released", func() bool {
 				c.mu.Lock()
-				released := c.released
+				released := c.closing.released
 				c.mu.Unlock()
 				return released && p.cli.Stats().MemoryInUse <= int64(size)
 			})
@@ -309,4 +319,17 @@ func TestNoDataAfterEOF(t *testing.T) {
 	if n, err := c.Read(make([]byte, 10)); !errors.Is(err, ErrProtocol) {
 		t.Fatalf("read after EOF: %d bytes, %v; want ErrProtocol", n, err)
 	}
+}
+
+// linkBarrier returns once the worker of d's link is done with what it was
+// given before, and the peer has taken what the link posted before: d, a
+// connection on the link, has the worker send an update, and d's peer ds takes
+// it. CDCs on one link arrive in order.
+func linkBarrier(t *testing.T, d, ds *Conn) {
+	t.Helper()
+	recv := ds.cs.cdcRecv.Load()
+	d.mu.Lock()
+	d.queueCtlLocked(ctlUpdate)
+	d.mu.Unlock()
+	eventually(t, "the link's barrier", func() bool { return ds.cs.cdcRecv.Load() > recv })
 }

@@ -177,7 +177,7 @@ func ctxOver(ctx context.Context) bool {
 		return true
 	}
 	d, ok := ctx.Deadline()
-	return ok && !time.Now().Before(d)
+	return ok && !realNow().Before(d)
 }
 
 // failed reports whether a handshake that met err ends in an error rather
@@ -246,7 +246,7 @@ func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix, opt
 		// the option) and would otherwise hold the connection for its CLC
 		// timeout, which an application whose server speaks first (SSH,
 		// SMTP, MySQL) waits out too.
-		return e.fallback(c, clc.DeclineNoSMCRDevice, SideLocal, true, nil, nil), nil
+		return e.fallback(c, decline(clc.DeclineNoSMCRDevice, nil), nil), nil
 	}
 	prop := &clc.Proposal{PeerID: e.peerID, GID: offers[0].GID, MAC: offers[0].MAC}
 	if pfx.IsValid() && pfx.Addr().Is4() {
@@ -256,18 +256,18 @@ func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix, opt
 	}
 	val, err := appendOffers(nil, offers)
 	if err != nil {
-		return e.fallback(c, clc.DeclineConfigError, SideLocal, false, err, nil), nil
+		return e.fallback(c, giveUp(clc.DeclineConfigError, err), nil), nil
 	}
 	env := clc.Envelope{TLVs: []clc.TLV{{Type: tlvProviders, Value: val}}}
 	if opts.Direct != nil && !opts.Standard {
 		if len(opts.Direct) > maxDirectValue {
-			return e.fallback(c, clc.DeclineConfigError, SideLocal, false, errors.New("direct value too long"), nil), nil
+			return e.fallback(c, giveUp(clc.DeclineConfigError, errors.New("direct value too long")), nil), nil
 		}
 		env.TLVs = append(env.TLVs, clc.TLV{Type: tlvDirect, Value: opts.Direct})
 	}
 	area, err := env.AppendTo(nil)
 	if err != nil {
-		return e.fallback(c, clc.DeclineConfigError, SideLocal, false, err, nil), nil
+		return e.fallback(c, giveUp(clc.DeclineConfigError, err), nil), nil
 	}
 	if opts.Standard && len(area) > clc.LinuxIPAreaOffset {
 		area = nil // a plain version-1 Proposal: the device is in its own fields
@@ -279,7 +279,7 @@ func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix, opt
 		if failed(ctx, err) {
 			return fail(ctx, c, err)
 		}
-		return e.fallback(c, clc.DeclinePeerNoSMC, SideLocal, false, err, br), nil
+		return e.fallback(c, giveUp(clc.DeclinePeerNoSMC, err), br), nil
 	}
 	e.awaitCLC(c.tcp, br, &e.acceptSpin)
 	m, code, send, err := e.readCLC(ctx, c, br)
@@ -292,17 +292,17 @@ func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix, opt
 			return fail(ctx, c, err)
 		}
 		// A timeout after our Proposal: the peer may be a slow SMC peer, so tell it.
-		return e.fallback(c, code, SideLocal, send || code == DeclineTimeoutCLC, err, br), nil
+		return e.fallback(c, fallbackWhy{code: code, side: SideLocal, tell: send || code == DeclineTimeoutCLC, err: err}, br), nil
 	}
 	var acc *clc.Accept
 	switch m := m.(type) {
 	case *clc.Decline:
-		return e.fallback(c, m.Code, SidePeer, false, nil, br), nil
+		return e.fallback(c, peerDeclined(m.Code, nil), br), nil
 	case *clc.Accept:
 		acc = m
 		c.clcPeer = m.PeerID
 	default:
-		return e.fallback(c, clc.DeclineConfigError, SideLocal, true, fmt.Errorf("clc: %v instead of accept", m.Type()), br), nil
+		return e.fallback(c, decline(clc.DeclineConfigError, fmt.Errorf("clc: %v instead of accept", m.Type())), br), nil
 	}
 	if code, err := e.clientAccept(ctx, c, acc); err != nil {
 		if ctxOver(ctx) {
@@ -312,21 +312,21 @@ func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix, opt
 		if isLost(derr) {
 			return fail(ctx, c, derr)
 		} else if d != nil && derr == nil {
-			return e.fallback(c, d.Code, SidePeer, false, err, br), nil
+			return e.fallback(c, peerDeclined(d.Code, err), br), nil
 		}
-		return e.fallback(c, code, SideLocal, true, err, br), nil
+		return e.fallback(c, decline(code, err), br), nil
 	}
 	if d, err := e.declinedMeanwhile(ctx, c, br); err != nil {
 		if failed(ctx, err) {
 			return fail(ctx, c, err)
 		}
-		return e.fallback(c, clc.DeclineSyncError, SideLocal, true, err, br), nil
+		return e.fallback(c, decline(clc.DeclineSyncError, err), br), nil
 	} else if d != nil {
-		return e.fallback(c, d.Code, SidePeer, false, nil, br), nil
+		return e.fallback(c, peerDeclined(d.Code, nil), br), nil
 	}
 	if br.Buffered() > 0 {
 		// Bytes after a Confirm on the TCP stream: the peer is out of step.
-		return e.fallback(c, clc.DeclineSyncError, SideLocal, true, errors.New("bytes after accept"), br), nil
+		return e.fallback(c, decline(clc.DeclineSyncError, errors.New("bytes after accept")), br), nil
 	}
 	// Send the Confirm while the QP connects: a provider may need both ends to meet.
 	if code, err := e.clientConfirm(ctx, c, acc); err != nil {
@@ -336,14 +336,14 @@ func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix, opt
 		// A server that declined while we waited for CONFIRM_LINK is plain TCP
 		// already: our Decline would reach its application as data. The wait
 		// may have outlasted the CLC phase's deadline: the Decline is there.
-		c.tcp.SetReadDeadline(time.Now().Add(e.settings().CLCTimeout))
+		c.tcp.SetReadDeadline(e.cfg.Clock.Now().Add(e.settings().CLCTimeout))
 		d, derr := e.declinedMeanwhile(ctx, c, br)
 		if isLost(derr) {
 			return fail(ctx, c, derr)
 		} else if d != nil && derr == nil {
-			return e.fallback(c, d.Code, SidePeer, false, err, br), nil
+			return e.fallback(c, peerDeclined(d.Code, err), br), nil
 		}
-		return e.fallback(c, code, SideLocal, true, err, br), nil
+		return e.fallback(c, decline(code, err), br), nil
 	}
 	c.endCLC()
 	tcp.SetDeadline(noDeadline)
@@ -371,9 +371,9 @@ func (e *Engine) declinedMeanwhile(ctx context.Context, c *Conn, br *bufio.Reade
 	return d, nil
 }
 
-// clcSpinMax bounds awaitCLC's poll: a same-host peer's answer came 50–150 µs
-// after our message on these VMs (its wake-up, its work and its write), which
-// a Read's ReadSpin (20 µs) does not reach.
+// clcSpinMax bounds awaitCLC's poll: a same-host peer answers 50–150 µs after
+// our message (its wake-up, its work and its write), which a Read's ReadSpin
+// (20 µs) does not reach.
 const clcSpinMax = 250 * time.Microsecond
 
 // awaitCLC polls tcp for the peer's next CLC message, the client's for the
@@ -381,15 +381,13 @@ const clcSpinMax = 250 * time.Microsecond
 // (bounded by clcSpinMax; none with ReadSpin off) before the read that would
 // sleep. Asleep, the reader is woken when the runtime's network poller notices
 // the message, and the runtime polls the network only when a P runs out of
-// goroutines: the readers of a reuse setup's first bytes, spinning on both
-// vCPUs, kept the server's Confirm unnoticed for ~100 µs, and a woken poller
-// thread on a halted vCPU took 40–100 µs more. Polling on both sides made
-// same-host reuse setups ~30% faster for ~10% less CPU (the sleep and wake-up
-// it spares cost more than the poll); one side alone, or a bound of 20 µs,
-// gained little. A peer farther away than the budget soon costs minReadSpin
-// a setup and a probe of clcSpinMax in 32. One handshake of the engine polls
-// at a time: in a burst of setups the processors have work, and more pollers
-// would only take it from the handshakes they wait for.
+// goroutines: readers spinning on every CPU leave a message unnoticed, and a
+// poller thread woken on a halted CPU is slow to start. The sleep and wake-up
+// the poll spares cost more than the poll, on both sides of a handshake. A
+// peer farther away than the budget soon costs minReadSpin a setup and a
+// probe of clcSpinMax in 32. One handshake of the engine polls at a time: in a
+// burst of setups the processors have work, and more pollers would only take
+// it from the handshakes they wait for.
 func (e *Engine) awaitCLC(tcp net.Conn, br *bufio.Reader, s *spinBudget) {
 	if e.settings().ReadSpin <= 0 || br.Buffered() > 0 || !e.clcPolling.CompareAndSwap(false, true) {
 		return
@@ -408,8 +406,8 @@ func spinUntil(d time.Duration, ready func() bool) bool {
 		}
 		if i%4 == 0 {
 			if start.IsZero() {
-				start = time.Now()
-			} else if time.Since(start) > d {
+				start = realNow()
+			} else if realNow().Sub(start) > d {
 				return false
 			}
 			runtime.Gosched()
@@ -461,7 +459,7 @@ func (e *Engine) server(ctx context.Context, tcp net.Conn, listenerAddrs []net.A
 		// A client that sent no CLC gets no Decline: it may be waiting for us to talk.
 		// One that closed or reset may be a plain client too (a health check),
 		// whose application would have seen the connection: it falls back.
-		return e.fallback(c, code, SideLocal, send, fmt.Errorf("read proposal: %w", err), br), nil
+		return e.fallback(c, fallbackWhy{code: code, side: SideLocal, tell: send, err: fmt.Errorf("read proposal: %w", err)}, br), nil
 	}
 	var prop *clc.Proposal
 	switch m := m.(type) {
@@ -469,15 +467,15 @@ func (e *Engine) server(ctx context.Context, tcp net.Conn, listenerAddrs []net.A
 		prop = m
 		c.clcPeer = m.PeerID
 	case *clc.Decline:
-		return e.fallback(c, m.Code, SidePeer, false, nil, br), nil
+		return e.fallback(c, peerDeclined(m.Code, nil), br), nil
 	default:
-		return e.fallback(c, clc.DeclineConfigError, SideLocal, true, fmt.Errorf("clc: %v instead of proposal", m.Type()), br), nil
+		return e.fallback(c, decline(clc.DeclineConfigError, fmt.Errorf("clc: %v instead of proposal", m.Type())), br), nil
 	}
 	if code, err := e.serverProposal(ctx, c, prop, listenerAddrs, opts.Direct); err != nil {
 		if failed(ctx, err) { // the Accept's write
 			return fail(ctx, c, err)
 		}
-		return e.fallback(c, code, SideLocal, true, err, br), nil
+		return e.fallback(c, decline(code, err), br), nil
 	}
 	// A client of this engine that joins a link group may wait up to LLCTimeout for
 	// our CONFIRM_RKEY before it answers (waitPeerRKey), then answers within a CLC
@@ -485,7 +483,7 @@ func (e *Engine) server(ctx context.Context, tcp net.Conn, listenerAddrs []net.A
 	// reach it after it began sending over SMC-R, and our fallback would hand the
 	// Confirm to the application as data.
 	wait := e.settings().CLCTimeout
-	if c.smcx && c.lg.firstConn != c {
+	if c.cont.smcx && c.lg.firstConn != c {
 		wait += e.cfg.LLCTimeout
 	}
 	e.awaitCLC(c.tcp, br, &e.confirmSpin)
@@ -497,20 +495,20 @@ func (e *Engine) server(ctx context.Context, tcp net.Conn, listenerAddrs []net.A
 		if failed(ctx, err) {
 			return fail(ctx, c, err)
 		}
-		return e.fallback(c, code, SideLocal, send || code == DeclineTimeoutCLC, err, br), nil
+		return e.fallback(c, fallbackWhy{code: code, side: SideLocal, tell: send || code == DeclineTimeoutCLC, err: err}, br), nil
 	}
 	var conf *clc.Confirm
 	switch m := m.(type) {
 	case *clc.Confirm:
 		conf = m
 	case *clc.Decline:
-		return e.fallback(c, m.Code, SidePeer, false, nil, br), nil
+		return e.fallback(c, peerDeclined(m.Code, nil), br), nil
 	default:
-		return e.fallback(c, clc.DeclineConfigError, SideLocal, true, fmt.Errorf("clc: %v instead of confirm", m.Type()), br), nil
+		return e.fallback(c, decline(clc.DeclineConfigError, fmt.Errorf("clc: %v instead of confirm", m.Type())), br), nil
 	}
 	if br.Buffered() > 0 {
 		if !resyncFollows(br) {
-			return e.fallback(c, clc.DeclineSyncError, SideLocal, true, errors.New("bytes after confirm"), br), nil
+			return e.fallback(c, decline(clc.DeclineSyncError, errors.New("bytes after confirm")), br), nil
 		}
 		// The client's link failed after it sent the Confirm: it activated and
 		// began to continue over TCP. Activate too and read its resync.
@@ -522,7 +520,7 @@ func (e *Engine) server(ctx context.Context, tcp net.Conn, listenerAddrs []net.A
 		if ctxOver(ctx) {
 			return fail(ctx, c, err)
 		}
-		return e.fallback(c, code, SideLocal, true, err, br), nil
+		return e.fallback(c, decline(code, err), br), nil
 	}
 	c.endCLC()
 	tcp.SetDeadline(noDeadline)
@@ -570,7 +568,7 @@ func (e *Engine) serverProposal(ctx context.Context, c *Conn, prop *clc.Proposal
 			peerDirect = v
 		}
 		ext = true
-		c.smcx = true
+		c.cont.smcx = true
 	} else if errors.Is(err, clc.ErrNoEnvelope) {
 		// A plain version-1 peer: real RDMA, addressed by the Proposal's GID/MAC.
 		offers = []offer{{Kind: verbs.KindRDMA, GID: prop.GID, MAC: prop.MAC, MTU: verbs.MTU1024}}
@@ -723,7 +721,7 @@ func (e *Engine) clientAccept(ctx context.Context, c *Conn, acc *clc.Accept) (De
 		if v, ok := env.Find(tlvDirect); ok && kind == verbs.KindSHM && len(v) <= maxDirectValue {
 			c.peerDirect = bytes.Clone(v)
 		}
-		c.smcx = true
+		c.cont.smcx = true
 	} else if !errors.Is(err, clc.ErrNoEnvelope) {
 		return clc.DeclineConfigError, err
 	}
@@ -787,8 +785,8 @@ func (e *Engine) clientConfirm(ctx context.Context, c *Conn, acc *clc.Accept) (D
 		AlertToken: c.token, SizeCode: sizeCode(int(c.rmbSize)), MTU: uint8(c.lnk.mtu), RMBAddr: c.rmb.Addr(),
 		PSN: qa.PSN, FirstContact: acc.FirstContact,
 	}}
-	if testHookConfirm != nil {
-		testHookConfirm(conf)
+	if h := e.confirmHook.Load(); h != nil {
+		(*h)(conf)
 	}
 	e.clcPhase(ctx, c.tcp)
 	if err := e.writeCLC(c, conf); err != nil {
@@ -802,7 +800,7 @@ func (e *Engine) clientConfirm(ctx context.Context, c *Conn, acc *clc.Accept) (D
 	// stop waiting for it then, rather than at the LLC timeouts.
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
-	go stopOnInput(ctx, c.tcp, stop)
+	go stopOnInput(ctx, e.cfg.Clock, c.tcp, stop)
 	if err := c.lnk.waitConnected(ctx); err != nil {
 		c.lg.setReady(err)
 		return clc.DeclineInternalReadyLink, err
@@ -817,8 +815,8 @@ func (e *Engine) clientConfirm(ctx context.Context, c *Conn, acc *clc.Accept) (D
 
 // stopOnInput calls stop once tcp has bytes to read, looking every
 // inputPoll, until ctx ends.
-func stopOnInput(ctx context.Context, tcp net.Conn, stop func()) {
-	t := time.NewTicker(inputPoll)
+func stopOnInput(ctx context.Context, clk Clock, tcp net.Conn, stop func()) {
+	t := newTicker(clk, inputPoll)
 	defer t.Stop()
 	for {
 		select {
@@ -836,6 +834,3 @@ func stopOnInput(ctx context.Context, tcp net.Conn, stop func()) {
 // inputPoll is how often a first-contact client waiting for CONFIRM_LINK
 // looks for a Decline from the server.
 const inputPoll = 10 * time.Millisecond
-
-// testHookConfirm lets tests play a hostile client that lies in its Confirm.
-var testHookConfirm func(*clc.Confirm)

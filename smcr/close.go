@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"net"
 	"sync/atomic"
-	"time"
 
 	"github.com/smcr-io/smcr/smcr/clc"
 	"github.com/smcr-io/smcr/smcr/verbs"
@@ -20,27 +19,27 @@ import (
 func (c *Conn) updateState(why string) {
 	var s state
 	switch {
-	case c.released:
+	case c.closing.released:
 		s = stateClosed
 	case !c.activated:
 		s = stateInit
-	case c.peerAbort:
+	case c.closing.peerAbort:
 		s = stateProcessAbort
-	case c.localAbort:
+	case c.closing.localAbort:
 		s = statePeerAbortWait
-	case c.appClosed && c.peerClosed:
+	case c.closing.appClosed && c.closing.peerClosed:
 		s = stateClosed
-	case c.appClosed:
+	case c.closing.appClosed:
 		s = statePeerFinCloseWait
-	case c.localDone && c.peerDone:
+	case c.closing.localDone && c.closing.peerDone:
 		if c.st == stateAppCloseWait1 {
 			s = stateAppFinCloseWait
 		} else {
 			s = statePeerCloseWait2
 		}
-	case c.localDone:
+	case c.closing.localDone:
 		s = statePeerCloseWait1
-	case c.peerDone:
+	case c.closing.peerDone:
 		s = stateAppCloseWait1
 	default:
 		s = stateActive
@@ -59,26 +58,26 @@ func (c *Conn) CloseWrite() error {
 	c.txMu.Lock() // after any Write in progress
 	defer c.txMu.Unlock()
 	c.mu.Lock()
-	if c.appClosed {
+	if c.closing.appClosed {
 		c.mu.Unlock()
 		return net.ErrClosed // as Read and Write after Close, and TCP's
 	}
-	if c.fo {
-		c.localDone = true
+	if c.cont.fo {
+		c.closing.localDone = true
 		c.updateState("close write")
 		c.mu.Unlock()
-		<-c.foDone
+		<-c.cont.foDone
 		if c.continued() {
 			return closeWrite(c.tcp)
 		}
 		return c.linkError(ErrLinkDown)
 	}
-	if c.localDone || c.localTerm || c.err != nil {
+	if c.closing.localDone || c.closing.localTerm || c.err != nil {
 		err := c.err
 		c.mu.Unlock()
 		return err
 	}
-	c.localDone = true
+	c.closing.localDone = true
 	c.updateState("close write")
 	c.mu.Unlock()
 	c.mu.Lock()
@@ -89,10 +88,10 @@ func (c *Conn) CloseWrite() error {
 		// continuation over TCP (the resync) carries the close.
 		c.awaitLinkDown(lnk)
 		c.mu.Lock()
-		fo, cerr := c.fo, c.err
+		fo, cerr := c.cont.fo, c.err
 		c.mu.Unlock()
 		if fo {
-			<-c.foDone
+			<-c.cont.foDone
 			if !c.continued() {
 				return c.linkError(ErrLinkDown)
 			}
@@ -117,7 +116,7 @@ func (c *Conn) Close() error {
 		return c.fb.Close()
 	}
 	c.mu.Lock()
-	c.appClosed = true
+	c.closing.appClosed = true
 	// A WRITE posted after our closing CDC could reach an RMB the peer has let
 	// go once it saw the close: let a Write that is posting, or a move's resend,
 	// finish (no new Write starts now), as Linux's close waits for the socket
@@ -126,8 +125,8 @@ func (c *Conn) Close() error {
 	// With c.err set and the link up, an abort (ours, or our answer to the
 	// peer's) is queued for the worker: a closed flag ahead of it would show
 	// the peer a graceful end, EOF where it must read ErrReset.
-	send := !c.localTerm && !c.lnkErr && !c.fo && c.err == nil
-	if send && c.rxProd > c.rxCons && !c.peerClosed {
+	send := !c.closing.localTerm && !c.lnkErr && !c.cont.fo && c.err == nil
+	if send && c.rxProd > c.rxCons && !c.closing.peerClosed {
 		// Bytes the application never read end the connection abnormally, as
 		// a TCP close with unread data sends a reset and Linux's
 		// smc_close_final an abnormal close: a peer still reading must not
@@ -136,7 +135,7 @@ func (c *Conn) Close() error {
 		send = false
 	}
 	if send {
-		c.localTerm, c.localDone = true, true
+		c.closing.localTerm, c.closing.localDone = true, true
 	}
 	c.updateState("close")
 	c.mu.Unlock()
@@ -147,8 +146,8 @@ func (c *Conn) Close() error {
 	}
 	if !c.maybeRelease() {
 		c.mu.Lock()
-		if !c.released {
-			c.closeTimer = c.e.cfg.Clock.AfterFunc(c.e.cfg.CloseTimeout, c.closeTimedOut)
+		if !c.closing.released {
+			c.closing.closeTimer = c.e.cfg.Clock.AfterFunc(c.e.cfg.CloseTimeout, c.closeTimedOut)
 		}
 		c.mu.Unlock()
 	}
@@ -157,13 +156,13 @@ func (c *Conn) Close() error {
 
 func (c *Conn) closeTimedOut() {
 	c.mu.Lock()
-	if c.released {
+	if c.closing.released {
 		c.mu.Unlock()
 		return
 	}
 	c.e.log.Info("smcr: peer did not close in time, aborting", "conn", c.id)
-	c.peerClosed = true // stop waiting for it
-	fo, aborted := c.fo, c.localAbort
+	c.closing.peerClosed = true // stop waiting for it
+	fo, aborted := c.cont.fo, c.closing.localAbort
 	c.abortLocked(ErrAborted)
 	c.mu.Unlock()
 	if fo {
@@ -185,7 +184,7 @@ func (c *Conn) Abort() error {
 		return c.Close()
 	}
 	c.mu.Lock()
-	fo := c.fo
+	fo := c.cont.fo
 	c.abortLocked(ErrAborted)
 	c.mu.Unlock()
 	wake(c.rxWake)
@@ -203,10 +202,10 @@ func (c *Conn) abortLocked(err error) {
 	if c.err == nil {
 		c.err = err
 	}
-	if !c.localAbort && !c.lnkErr {
+	if !c.closing.localAbort && !c.lnkErr {
 		c.queueCtlLocked(ctlAbort)
 		if c.st == stateInit {
-			c.localTerm, c.localAbort = true, true
+			c.closing.localTerm, c.closing.localAbort = true, true
 		}
 	}
 	c.updateState("abort")
@@ -217,14 +216,14 @@ func (c *Conn) abortLocked(err error) {
 // wrote. A link failure then ends it without a continuation (only the
 // completion of our closing CDC was missing). The caller holds c.mu.
 func (c *Conn) settledLocked() bool {
-	return c.appClosed && c.peerClosed && !c.peerAbort && c.txCons == c.txProd
+	return c.closing.appClosed && c.closing.peerClosed && !c.closing.peerAbort && c.txCons == c.txProd
 }
 
 // linkDown ends the connection because its link group is gone.
 func (c *Conn) linkDown(err error) {
 	c.mu.Lock()
 	c.lnkErr = true
-	if c.st == stateInit && !c.released {
+	if c.st == stateInit && !c.closing.released {
 		// In setup: CLC sees the link gone and falls back, or, its last message
 		// sent, activates the connection, which then continues over TCP.
 		c.mu.Unlock()
@@ -234,7 +233,7 @@ func (c *Conn) linkDown(err error) {
 		c.startFailoverLocked()
 		// A continuation the peer began may have ended while the group lived:
 		// its buffers can go now.
-		shed := c.foReady
+		shed := c.cont.foReady
 		c.mu.Unlock()
 		if shed {
 			go c.shedBuffers()
@@ -264,7 +263,7 @@ func (c *Conn) writeDone() {
 // conditions hold on the SMC-R side: both ends sent their last CDC, ours
 // completed, and no WRITE of ours is outstanding. The caller holds c.mu.
 func (c *Conn) queueReleaseIfDueLocked() {
-	if c.termAcked && c.peerClosed && c.wrOut.Load() == 0 && !c.released {
+	if c.closing.termAcked && c.closing.peerClosed && c.wrOut.Load() == 0 && !c.closing.released {
 		c.queueCtlLocked(ctlRelease)
 	}
 }
@@ -274,9 +273,9 @@ func (c *Conn) queueReleaseIfDueLocked() {
 // move, until the connection has moved to another link (moving: moveTo resends
 // from the send buffer). The caller holds c.mu, which is released while waiting.
 func (c *Conn) awaitPostersLocked(move bool) {
-	for c.txBusy || move && c.moving {
+	for c.txBusy || move && c.move.moving {
 		c.mu.Unlock()
-		time.Sleep(50 * time.Microsecond)
+		pause()
 		c.mu.Lock()
 	}
 }
@@ -292,24 +291,24 @@ var testHookCopy atomic.Pointer[func(c *Conn, rx bool)]
 // (moveTo); a released connection would not move and its peer would wait.
 func (c *Conn) maybeRelease() bool {
 	c.mu.Lock()
-	if c.released {
+	if c.closing.released {
 		c.mu.Unlock()
 		return true
 	}
-	ok := c.appClosed && (c.lnkErr || (c.termAcked && c.peerClosed && c.wrOut.Load() == 0))
-	if c.txBusy || c.rxBusy || c.moving {
+	ok := c.closing.appClosed && (c.lnkErr || (c.closing.termAcked && c.closing.peerClosed && c.wrOut.Load() == 0))
+	if c.txBusy || c.rxBusy || c.move.moving {
 		ok = false // a Read, Write or move uses our buffers: it releases when done
 	}
-	if c.fo && !isClosed(c.foDone) {
+	if c.cont.fo && !isClosed(c.cont.foDone) {
 		ok = false // failover still needs the send buffer; it releases when done
 	}
 	if !ok {
 		c.mu.Unlock()
 		return false
 	}
-	c.released = true
-	if c.closeTimer != nil {
-		c.closeTimer.Stop()
+	c.closing.released = true
+	if c.closing.closeTimer != nil {
+		c.closing.closeTimer.Stop()
 	}
 	c.updateState("released")
 	c.mu.Unlock()
@@ -343,11 +342,11 @@ func (c *Conn) freeResources() {
 // abandonSetup undoes a handshake that did not end in SMC-R.
 func (c *Conn) abandonSetup() {
 	c.mu.Lock()
-	if c.released {
+	if c.closing.released {
 		c.mu.Unlock()
 		return
 	}
-	c.released = true
+	c.closing.released = true
 	c.mu.Unlock()
 	if c.lg != nil && c.lg.firstConn == c {
 		c.lg.setReady(errors.New("smcr: first contact failed"))
@@ -398,7 +397,7 @@ func (c *Conn) activate() {
 	c.e.st.active.Add(1)
 	c.e.st.rxBuf.observe(c.rmbSize)
 	c.e.st.txBuf.observe(c.peerSize)
-	if c.smcx {
+	if c.cont.smcx {
 		go c.watchTCP()
 	}
 	c.e.log.Debug("smcr: connection up", "conn", c.id, "lg", c.lg.id, "token", c.token, "peer_token", c.peerToken)
@@ -436,10 +435,10 @@ func (c *Conn) allocRMB(send int) (DeclineCode, error) {
 		if err != nil {
 			return clc.DeclineInternalRegBuf, fmt.Errorf("alloc rmb: %w", err)
 		}
-		c.rmb, c.rmbSize, c.rmbHome = mr, uint64(size), c.lnk
+		c.rmb, c.rmbSize, c.move.rmbHome = mr, uint64(size), c.lnk
 		c.mu.Lock()
-		c.rmbOn[c.lnk.ix] = mr
-		c.regLink[c.lnk.ix] = c.lnk
+		c.move.rmbOn[c.lnk.ix] = mr
+		c.move.regLink[c.lnk.ix] = c.lnk
 		c.mu.Unlock()
 		c.lnk.holdPD()
 	}
@@ -529,9 +528,9 @@ func (c *Conn) setPeer(li *clc.LinkInfo) (DeclineCode, error) {
 	}
 	c.mu.Lock()
 	if err == nil {
-		c.snd, c.sndHome = mr, c.lnk
-		c.sndOn[c.lnk.ix] = mr
-		c.regLink[c.lnk.ix] = c.lnk
+		c.snd, c.move.sndHome = mr, c.lnk
+		c.move.sndOn[c.lnk.ix] = mr
+		c.move.regLink[c.lnk.ix] = c.lnk
 		c.lnk.holdPD()
 	}
 	c.mu.Unlock()
@@ -545,6 +544,6 @@ func (c *Conn) setPeerKey(li *clc.LinkInfo) {
 	c.mu.Lock()
 	c.peerSize = uint64(clc.RMBESize(li.SizeCode))
 	c.peerToken, c.peerRKey, c.peerAddr = li.AlertToken, li.RKey, li.RMBAddr
-	c.peerKey = rkeyOn{c.lnk.num, li.RKey}
+	c.move.peerKey = rkeyOn{c.lnk.num, li.RKey}
 	c.mu.Unlock()
 }

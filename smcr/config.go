@@ -73,23 +73,10 @@ type Config struct {
 	Logger *slog.Logger
 	// portPoll is the port watch's pace when not zero (tests).
 	portPoll time.Duration
+	// releasePoll is the longest pause of Close's wait for closed connections'
+	// releases when not zero (tests).
+	releasePoll time.Duration
 }
-
-// Clock is the engine's source of time, so timers are testable without sleeping.
-type Clock interface {
-	Now() time.Time
-	AfterFunc(d time.Duration, f func()) Timer
-}
-
-// Timer is a stoppable timer made by a Clock.
-type Timer interface {
-	Stop() bool
-}
-
-type realClock struct{}
-
-func (realClock) Now() time.Time                            { return time.Now() }
-func (realClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
 
 const (
 	minRMB     = 16 << 10
@@ -148,7 +135,7 @@ func (c *Config) withDefaults() (Config, error) {
 		out.Logger = slog.New(slog.DiscardHandler)
 	}
 	if out.Prefixes == nil {
-		out.prefixCache = newPrefixCache(net.InterfaceAddrs, time.Now)
+		out.prefixCache = newPrefixCache(net.InterfaceAddrs, out.Clock.Now)
 		out.Prefixes = out.prefixCache.lookup
 	}
 	return out, nil

@@ -1,5 +1,6 @@
-// Conn: the net.Conn of one connection, SMC-R or fallen back to TCP, and its state
-// machine. RFC 7609 §4.4 (connection states), after Linux's enum smc_state.
+// Conn: the net.Conn of one connection, SMC-R or fallen back to TCP, its fields
+// grouped by concern, and the Linux state its close flags amount to.
+// RFC 7609 §4.4 (connection states), after Linux's enum smc_state.
 
 package smcr
 
@@ -33,7 +34,11 @@ func (m Mode) String() string {
 	return "unknown"
 }
 
-// state is the connection state, named as Linux's enum smc_state so traces line up.
+// state is the connection state, named as Linux's enum smc_state so traces line
+// up. It is not a state machine the logic runs on: the logic tests the flags of
+// closeState, and updateState draws the state from them after each change, for
+// logs and ConnInfo (and SMC_INIT, until activate, tells a connection in setup).
+// The drawing:
 //
 //	             CloseWrite                    peer sending-done
 //	ACTIVE ─────────────────▶ PEERCLOSEWAIT1   ACTIVE ──────────────▶ APPCLOSEWAIT1
@@ -106,6 +111,10 @@ var (
 
 // Conn is one connection. It implements net.Conn; Mode tells whether its bytes go
 // over SMC-R or over the TCP connection it was set up on.
+//
+// Lock order (lockrank.go): txMu, rxMu and cdcMu before any mutex of a link group,
+// a link or the Engine but setMu and lgCreate; mu after all of those. Two Conns' mutexes of one kind are
+// never held at once.
 type Conn struct {
 	e      *Engine
 	tcp    net.Conn
@@ -145,37 +154,26 @@ type Conn struct {
 	// RMB as soon as its Confirm is out, even if we decline after all.
 	acceptSent bool
 
-	// Second link (multilink.go): our RMB and send buffer registered on each link
-	// by link slot, and the peer RMB's rkey on the link CLC named. rmb and snd
-	// are allocated in the PD of rmbHome and sndHome, and are among rmbOn and
-	// sndOn until that link fails with c moved off it (forgetLink).
-	rmbOn, sndOn     [linkSlots]verbs.MR
-	regLink          [linkSlots]*link // whose PD holds rmbOn[i] and sndOn[i]
-	rmbHome, sndHome *link
-	peerKey          rkeyOn
 	// rkeyAnnounced is closed when the peer answered our RMB's CONFIRM_RKEY
 	// (nil: none sent); until then the RMB is not pooled (bufpool.go).
 	rkeyAnnounced <-chan struct{}
-	rmbPooled     bool                    // the RMB came from the pool: the peer knows it (announceRMB)
-	wrOutOn       [linkSlots]atomic.Int32 // wrOut by link slot
-	txAcked       atomic.Uint64           // producer cursor of our last CDC that completed
-	seqAcked      atomic.Uint32           // sequence number of our last CDC that completed
+	rmbPooled     bool // the RMB came from the pool: the peer knows it (announceRMB)
 
 	// cdcMu keeps our CDCs on the wire in the order of their sequence numbers
 	// (Linux's receiver drops one numbered before the last it took).
-	cdcMu sync.Mutex
+	cdcMu mutex[connCDCRank]
 
-	rxMu     sync.Mutex              // one Read at a time
+	rxMu     mutex[connRxRank]       // one Read at a time
 	driveWCs [8]verbs.WorkCompletion // Read's, for drive: under rxMu
 	spin     spinBudget              // drive's
-	txMu     sync.Mutex              // one Write at a time
+	txMu     mutex[connTxRank]       // one Write at a time
 
 	urgOnce sync.Once
 	urgR    *tcpurg.Reader // reads the TCP socket: CLC's markReader, then a fallback or continuation
 	clcIn   *markReader    // under CLC's bufio.Reader, which a fallback reads on (readAheadConn)
 
-	mu          sync.Mutex
-	st          state
+	mu          mutex[connRank]
+	st          state  // drawn from closing by updateState
 	rxProd      uint64 // absolute cursors, see doc.go
 	rxCons      uint64
 	rxConfirmed uint64 // consumer cursor last reported to the peer
@@ -188,8 +186,35 @@ type Conn struct {
 	rxUrgent    bool
 	rxSeq       uint16 // of the peer's last CDC taken (rxSeqSet)
 	rxSeqSet    bool
-	peerDone    bool // peer sent sending-done (or closed)
-	peerClosed  bool // peer sent closed or abort: it will not write again
+	activated   bool // CLC made it an SMC-R connection (activate)
+	ctlPending  ctlBits
+	err         error // terminal error for Read and Write
+	lnkErr      bool  // the link group is gone: nothing more can be sent
+	txBusy      bool  // a Write is between taking space and posting the chunk (sendChunk)
+	rxBusy      bool  // a Read is copying out of the RMB
+
+	// By concern; each type says which of its fields c.mu guards.
+	closing closeState // close and abort (close.go)
+	cont    contState  // continuation over TCP (resync.go)
+	move    moveState  // on the group's links: registrations, moves (multilink.go)
+
+	wrOut atomic.Int32 // RDMA WRITEs posted and not completed
+
+	rxWake, txWake chan struct{}
+	done           chan struct{} // closed by Close
+	readDL         deadline
+	writeDL        deadline
+	closeOnce      sync.Once
+
+	cs connStats
+}
+
+// closeState is where each end is in closing (close.go): the flags the CDCs'
+// connection-state bits and Close, CloseWrite and Abort set, under c.mu.
+// updateState draws the Linux state (Conn.st) from them.
+type closeState struct {
+	peerDone   bool // peer sent sending-done (or closed)
+	peerClosed bool // peer sent closed or abort: it will not write again
 	// A standard peer (Linux) whose close found our RMBE full in its view may
 	// still write what its close left unsent (lateWrites in cdc.go).
 	peerLate     bool
@@ -202,30 +227,35 @@ type Conn struct {
 	termAcked    bool // a CDC of ours that said closed or abnormal close completed
 	appClosed    bool // Close was called
 	released     bool
-	activated    bool // CLC made it an SMC-R connection (activate)
-	ctlPending   ctlBits
-	err          error // terminal error for Read and Write
-	lnkErr       bool  // the link group is gone: nothing more can be sent
-	txBusy       bool  // a Write is between taking space and posting the chunk (sendChunk)
-	rxBusy       bool  // a Read is copying out of the RMB
-	smcx         bool  // the peer speaks our extensions (continuation over TCP)
-	fo           bool  // continuation over TCP started: cursors frozen
-	foReady      bool  // continuation done: the TCP connection carries the bytes
-	moving       bool  // moving to another link after ours failed: writers wait
-	closeTimer   Timer
+	closeTimer   Timer // CloseTimeout after Close, until the peer closes too
+}
 
-	wrOut atomic.Int32 // RDMA WRITEs posted and not completed
+// contState is the continuation over TCP (resync.go): the flags under c.mu,
+// the channels made with the Conn.
+type contState struct {
+	smcx         bool              // the peer speaks our extensions (continuation over TCP)
+	fo           bool              // continuation over TCP started: cursors frozen
+	foReady      bool              // continuation done: the TCP connection carries the bytes
+	declinedLate bool              // the peer declined after our Confirm: continue from byte 0
+	foDone       chan struct{}     // closed when the continuation ended
+	peerResync   chan resyncResult // the peer's resync, from watchTCP
+}
 
-	rxWake, txWake chan struct{}
-	foDone         chan struct{}     // closed when the continuation ended
-	peerResync     chan resyncResult // the peer's resync, from watchTCP
-	declinedLate   bool              // the peer declined after our Confirm: continue from byte 0
-	done           chan struct{}     // closed by Close
-	readDL         deadline
-	writeDL        deadline
-	closeOnce      sync.Once
-
-	cs connStats
+// moveState is the connection on its group's links (multilink.go): our RMB and
+// send buffer registered on each link by link slot, and the peer RMB's rkey on
+// the link CLC named. rmb and snd are allocated in the PD of rmbHome and
+// sndHome, and are among rmbOn and sndOn until that link fails with c moved off
+// it (forgetLink). moving is under c.mu; the counters are atomic, kept by the
+// completions.
+type moveState struct {
+	rmbOn, sndOn     [linkSlots]verbs.MR
+	regLink          [linkSlots]*link // whose PD holds rmbOn[i] and sndOn[i]
+	rmbHome, sndHome *link
+	peerKey          rkeyOn
+	moving           bool                    // moving to another link after ours failed: writers wait
+	wrOutOn          [linkSlots]atomic.Int32 // wrOut by link slot
+	txAcked          atomic.Uint64           // producer cursor of our last CDC that completed
+	seqAcked         atomic.Uint32           // sequence number of our last CDC that completed
 }
 
 type connStats struct {
@@ -353,7 +383,7 @@ func (c *Conn) Broken() bool {
 	case errors.Is(c.err, ErrReset), errors.Is(c.err, ErrLinkDown):
 		// After the peer's sending-done the stream was whole, as a TCP
 		// reset after the FIN leaves it.
-		return !c.peerDone || c.abortEarly
+		return !c.closing.peerDone || c.closing.abortEarly
 	}
 	return true
 }
@@ -367,7 +397,7 @@ func (c *Conn) Continued() bool { return c.continued() }
 func (c *Conn) continued() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.foReady
+	return c.cont.foReady
 }
 
 // SetReadDeadline sets the deadline for Read.
@@ -425,12 +455,12 @@ func (d *deadline) set(t time.Time) {
 		}
 		return
 	}
-	if dur := time.Until(t); dur > 0 {
+	if dur := t.Sub(realNow()); dur > 0 {
 		if closed || d.cancel == nil {
 			d.cancel = make(chan struct{})
 		}
 		ch := d.cancel
-		d.timer = time.AfterFunc(dur, func() { close(ch) })
+		d.timer = realAfterFunc(dur, func() { close(ch) })
 		return
 	}
 	if !closed {

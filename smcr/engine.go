@@ -11,18 +11,15 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/netip"
 	"slices"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/smcr-io/smcr/internal/tcpurg"
 	"github.com/smcr-io/smcr/rmb"
 	"github.com/smcr-io/smcr/smcr/clc"
 	"github.com/smcr-io/smcr/smcr/verbs"
-	"golang.org/x/sys/unix"
 )
 
 // ErrEngineClosed is the error of Read and Write on an SMC-R connection that
@@ -34,6 +31,10 @@ var ErrEngineClosed = errors.New("smcr: engine closed")
 var noDeadline time.Time
 
 // Engine is one SMC-R endpoint. Its methods are safe for concurrent use.
+//
+// Lock order (lockRank in lockrank.go, checked by make test-lockrank): setMu and
+// lgCreate before any other mutex; mu after a Conn's txMu, rxMu and cdcMu and a
+// link's, before a link group's mu and a Conn's mu.
 type Engine struct {
 	cfg    Config
 	log    *slog.Logger
@@ -44,15 +45,15 @@ type Engine struct {
 	memPeak atomic.Int64
 	connSeq atomic.Uint64
 
-	setMu sync.Mutex // serialises the setters
+	setMu mutex[engineSetRank] // serialises the setters
 	set   atomic.Pointer[Settings]
 
 	acceptSpin  spinBudget  // a client's poll for the Accept (awaitCLC)
 	confirmSpin spinBudget  // a server's poll for the Confirm
 	clcPolling  atomic.Bool // a handshake is in awaitCLC's poll
 
-	lgCreate sync.Mutex // serialises a server's search-or-create of link groups
-	mu       sync.Mutex
+	lgCreate mutex[lgCreateRank] // serialises a server's search-or-create of link groups
+	mu       mutex[engineRank]
 	closed   bool
 	lgs      []*linkGroup
 	conns    map[uint64]*Conn
@@ -64,9 +65,13 @@ type Engine struct {
 	pooled   atomic.Int64   // bytes of mem in the link groups' buffer pools
 	// lateFree holds declined connections whose RMB the client may still write
 	// into (freeLater).
-	lateFree map[*Conn]*time.Timer
+	lateFree map[*Conn]Timer
 	releases chan struct{} // a connection was untracked, or a kept RMB settled (awaitClosedReleased)
 	keeping  atomic.Int32  // keepWhenAnswered and dropWhenQuiet goroutines holding released RMBs
+
+	// confirmHook lets tests play a hostile client that changes its Confirm
+	// before it goes (clientConfirm).
+	confirmHook atomic.Pointer[func(*clc.Confirm)]
 }
 
 // NewEngine checks cfg and returns an Engine.
@@ -113,7 +118,7 @@ func (e *Engine) watchPorts() {
 	if e.cfg.portPoll > 0 {
 		poll = e.cfg.portPoll
 	}
-	t := time.NewTicker(poll)
+	t := newTicker(e.cfg.Clock, poll)
 	defer t.Stop()
 	changed := make(chan struct{}, 1)
 	for _, d := range e.cfg.Devices {
@@ -208,7 +213,9 @@ func (e *Engine) Close() error {
 	// Connections the application closed usually finish closing within a
 	// round trip (the peer closes in answer): let them, over SMC-R, rather than
 	// end them with the link groups and continue each over TCP.
-	e.awaitClosedReleased(time.After(closeGrace))
+	grace := newTimer(e.cfg.Clock, closeGrace)
+	e.awaitClosedReleased(grace.C)
+	grace.Stop()
 	for _, lg := range lgs {
 		lg.terminate(ErrEngineClosed, true)
 	}
@@ -222,7 +229,9 @@ func (e *Engine) Close() error {
 		e.links.Wait()
 		close(freed)
 	}()
-	deadline := time.After(closeWait)
+	wait := newTimer(e.cfg.Clock, closeWait)
+	defer wait.Stop()
+	deadline := wait.C
 	select {
 	case <-freed:
 	case <-deadline:
@@ -236,18 +245,22 @@ func (e *Engine) Close() error {
 	return nil
 }
 
-// releasePoll is the longest awaitClosedReleased sleeps between looks.
-var releasePoll = time.Millisecond
+// releasePoll is the longest awaitClosedReleased sleeps between looks
+// (Config.releasePoll in tests).
+const releasePoll = time.Millisecond
 
 // awaitClosedReleased waits until every connection the application closed has
 // released its buffers, or until deadline; it reports whether they all did.
 // A release wakes it (untrack); the timer, backing off to releasePoll, is for
-// the paths that release without untracking. It polled every millisecond
-// before, which made every Close of an engine with a connection just closed
-// take that millisecond, though the release comes within a round trip.
-func (e *Engine) awaitClosedReleased(deadline <-chan time.Time) bool {
-	for wait := min(50*time.Microsecond, releasePoll); e.closedUnreleased() > 0; wait = min(2*wait, releasePoll) {
-		t := time.NewTimer(wait)
+// the paths that release without untracking. It starts short, since a release
+// comes within a round trip, and a Close must not wait a whole poll for it.
+func (e *Engine) awaitClosedReleased(deadline <-chan struct{}) bool {
+	poll := releasePoll
+	if e.cfg.releasePoll > 0 {
+		poll = e.cfg.releasePoll
+	}
+	for wait := min(50*time.Microsecond, poll); e.closedUnreleased() > 0; wait = min(2*wait, poll) {
+		t := newTimer(e.cfg.Clock, wait)
 		select {
 		case <-deadline:
 			t.Stop()
@@ -281,7 +294,7 @@ func (e *Engine) closedUnreleased() int {
 	n := int(e.keeping.Load())
 	for _, c := range cs {
 		c.mu.Lock()
-		if c.appClosed {
+		if c.closing.appClosed {
 			n++
 		}
 		c.mu.Unlock()
@@ -299,9 +312,9 @@ func (e *Engine) freeLater(c *Conn) {
 		return
 	}
 	if e.lateFree == nil {
-		e.lateFree = map[*Conn]*time.Timer{}
+		e.lateFree = map[*Conn]Timer{}
 	}
-	e.lateFree[c] = time.AfterFunc(max(e.settings().CLCTimeout, lateFreeMin), func() {
+	e.lateFree[c] = e.cfg.Clock.AfterFunc(max(e.settings().CLCTimeout, lateFreeMin), func() {
 		e.mu.Lock()
 		_, ok := e.lateFree[c]
 		delete(e.lateFree, c)
@@ -514,7 +527,7 @@ func (e *Engine) newConn(tcp net.Conn, client bool) *Conn {
 	c := &Conn{
 		e: e, tcp: tcp, client: client, id: e.connSeq.Add(1),
 		rxWake: make(chan struct{}, 1), txWake: make(chan struct{}, 1), done: make(chan struct{}),
-		foDone: make(chan struct{}), peerResync: make(chan resyncResult, 1),
+		cont: contState{foDone: make(chan struct{}), peerResync: make(chan resyncResult, 1)},
 	}
 	e.mu.Lock()
 	e.conns[c.id] = c
@@ -677,172 +690,6 @@ func (e *Engine) ServerWith(ctx context.Context, tcp net.Conn, opts ServerOption
 	return e.server(ctx, tcp, nil, opts)
 }
 
-// localPrefix is the subnet of tcp's local address: among listenerAddrs (a
-// Listener's, read where it was made), else from Config.Prefixes or the default
-// cache.
-func (e *Engine) localPrefix(tcp net.Conn, listenerAddrs []net.Addr) netip.Prefix {
-	var local netip.Addr
-	switch a := tcp.LocalAddr().(type) {
-	case *net.TCPAddr:
-		local = a.AddrPort().Addr().Unmap()
-	case nil:
-		return netip.Prefix{}
-	default: // a wrapper's own address type
-		ap, err := netip.ParseAddrPort(a.String())
-		if err != nil {
-			return netip.Prefix{}
-		}
-		local = ap.Addr().Unmap()
-	}
-	if p, ok := matchPrefix(listenerAddrs, local); ok {
-		return p
-	}
-	var p netip.Prefix
-	if e.cfg.prefixCache != nil {
-		p, _ = e.cfg.prefixCache.lookupConn(tcp, local)
-	} else {
-		p, _ = e.cfg.Prefixes(local)
-	}
-	return p
-}
-
-// prefixCache finds the interface address equal to local and returns its subnet,
-// from the addresses of a network namespace. It reads them again when the cached
-// list is a second old or lacks local: reading them (a netlink dump) took about
-// 35 µs of every Dial. A prefix changed on an address within that second can
-// make one Proposal name the old subnet; the server then declines and the
-// connection is plain TCP, nothing lost.
-type prefixCache struct {
-	addrs func() ([]net.Addr, error) // of the calling thread's namespace
-	now   func() time.Time
-
-	mu   sync.Mutex
-	byNS map[nsKey]prefixEntry
-}
-
-// nsKey names a network namespace: by the netns cookie of a socket in it
-// (SO_NETNS_COOKIE, one getsockopt), or by the inode of the calling thread's
-// (a stat in /proc: 5–6 µs on these VMs, which every Dial paid).
-type nsKey struct {
-	cookie bool
-	id     uint64
-}
-
-type prefixEntry struct {
-	addrs []net.Addr
-	at    time.Time
-}
-
-const (
-	prefixTTL        = time.Second
-	prefixNamespaces = 64 // entries kept before the cache starts over
-)
-
-func newPrefixCache(addrs func() ([]net.Addr, error), now func() time.Time) *prefixCache {
-	return &prefixCache{addrs: addrs, now: now, byNS: make(map[nsKey]prefixEntry)}
-}
-
-// lookup is Config.Prefixes' default: the calling thread's namespace.
-func (pc *prefixCache) lookup(local netip.Addr) (netip.Prefix, bool) {
-	return pc.lookupIn(threadNS(), local, true)
-}
-
-// lookupConn looks local up in the namespace of tcp's socket. The addresses are
-// read on the calling thread; they are kept under the socket's namespace only
-// when the thread is in it too.
-func (pc *prefixCache) lookupConn(tcp net.Conn, local netip.Addr) (netip.Prefix, bool) {
-	ns, ok := socketNS(tcp)
-	if !ok {
-		return pc.lookup(local)
-	}
-	return pc.lookupIn(ns, local, false)
-}
-
-func (pc *prefixCache) lookupIn(ns nsKey, local netip.Addr, threadsOwn bool) (netip.Prefix, bool) {
-	pc.mu.Lock()
-	ent, ok := pc.byNS[ns]
-	pc.mu.Unlock()
-	if ok && pc.now().Sub(ent.at) < prefixTTL {
-		if p, ok := matchPrefix(ent.addrs, local); ok {
-			return p, true
-		}
-	}
-	addrs, err := pc.addrs()
-	if err != nil {
-		return netip.Prefix{}, false
-	}
-	if threadsOwn || threadCookie() == ns {
-		pc.mu.Lock()
-		if len(pc.byNS) >= prefixNamespaces {
-			clear(pc.byNS)
-		}
-		pc.byNS[ns] = prefixEntry{addrs: addrs, at: pc.now()}
-		pc.mu.Unlock()
-	}
-	return matchPrefix(addrs, local)
-}
-
-// threadNS names the calling thread's namespace; without /proc, one entry
-// stands for the process.
-func threadNS() nsKey {
-	var st syscall.Stat_t
-	if syscall.Stat("/proc/thread-self/ns/net", &st) != nil {
-		return nsKey{}
-	}
-	return nsKey{id: st.Ino}
-}
-
-// socketNS names the namespace of conn's socket by its netns cookie.
-func socketNS(conn net.Conn) (nsKey, bool) {
-	sc, ok := conn.(syscall.Conn)
-	if !ok {
-		return nsKey{}, false
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return nsKey{}, false
-	}
-	var cookie uint64
-	var gerr error
-	if err := rc.Control(func(fd uintptr) {
-		cookie, gerr = unix.GetsockoptUint64(int(fd), unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
-	}); err != nil || gerr != nil {
-		return nsKey{}, false // before Linux 5.14
-	}
-	return nsKey{cookie: true, id: cookie}, true
-}
-
-// threadCookie is the netns cookie of the calling thread's namespace, from a
-// socket made for the question (on a cache miss only); zero when unknown.
-func threadCookie() nsKey {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return nsKey{}
-	}
-	defer unix.Close(fd)
-	cookie, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
-	if err != nil {
-		return nsKey{}
-	}
-	return nsKey{cookie: true, id: cookie}
-}
-
-func matchPrefix(addrs []net.Addr, local netip.Addr) (netip.Prefix, bool) {
-	for _, a := range addrs {
-		ipn, ok := a.(*net.IPNet)
-		if !ok {
-			continue
-		}
-		ip, ok := netip.AddrFromSlice(ipn.IP)
-		if !ok || ip.Unmap() != local {
-			continue
-		}
-		ones, _ := ipn.Mask.Size()
-		return netip.PrefixFrom(local, ones).Masked(), true
-	}
-	return netip.Prefix{}, false
-}
-
 // Listener accepts TCP connections and runs CLC as the server on each, in parallel.
 type Listener struct {
 	e      *Engine
@@ -894,9 +741,11 @@ func (l *Listener) loop() {
 			// net/http's does, not close under its application.
 			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
 			l.e.log.Warn("smcr: accept failed; retrying", "addr", l.ln.Addr(), "in", backoff, "err", err)
+			t := newTimer(l.e.cfg.Clock, backoff)
 			select {
-			case <-time.After(backoff):
+			case <-t.C:
 			case <-l.done:
+				t.Stop()
 				return
 			}
 			continue

@@ -51,13 +51,37 @@ func (d *Decline) Unwrap() []error {
 	return errs
 }
 
-// fallback makes c a TCP connection: it sends a Decline when send is set (the peer
-// speaks CLC and waits for our answer), stores the reason on c, counts it, and
-// frees whatever SMC-R setup had begun. br holds bytes read ahead during CLC that
-// belong to the application; they are returned first by Read.
-func (e *Engine) fallback(c *Conn, code DeclineCode, side Side, send bool, cause error, br *bufio.Reader) *Conn {
-	d := &Decline{Code: code, Side: side, Err: cause}
-	if send {
+// fallbackWhy is why a connection falls back, and whether the peer is told.
+type fallbackWhy struct {
+	code DeclineCode
+	side Side
+	tell bool  // send a Decline: the peer speaks CLC and waits for our answer
+	err  error // the local cause, if any
+}
+
+// decline is our decision, told to the peer in a Decline.
+func decline(code DeclineCode, err error) fallbackWhy {
+	return fallbackWhy{code: code, side: SideLocal, tell: true, err: err}
+}
+
+// giveUp is our decision, not told: the peer speaks no CLC, or cannot hear it.
+func giveUp(code DeclineCode, err error) fallbackWhy {
+	return fallbackWhy{code: code, side: SideLocal, err: err}
+}
+
+// peerDeclined is the peer's Decline; err is what it interrupted, if anything.
+func peerDeclined(code DeclineCode, err error) fallbackWhy {
+	return fallbackWhy{code: code, side: SidePeer, err: err}
+}
+
+// fallback makes c a TCP connection: it sends a Decline when why.tell is set,
+// stores the reason on c, counts it, and frees whatever SMC-R setup had begun.
+// br holds bytes read ahead during CLC that belong to the application; they are
+// returned first by Read.
+func (e *Engine) fallback(c *Conn, why fallbackWhy, br *bufio.Reader) *Conn {
+	code := why.code
+	d := &Decline{Code: code, Side: why.side, Err: why.err}
+	if why.tell {
 		msg := clc.Decline{PeerID: e.peerID, Code: code, OutOfSync: code == clc.DeclineSyncError}
 		b, _ := msg.AppendTo(make([]byte, 0, clc.DeclineLen))
 		// A fresh deadline: the CLC one may be what just expired.
@@ -101,9 +125,9 @@ func (e *Engine) fallback(c *Conn, code DeclineCode, side Side, send bool, cause
 	if c.clcIn != nil {
 		c.clcIn.marking = true // the bytes from here on are the application's
 	}
-	e.st.countFallback(code, side)
+	e.st.countFallback(code, why.side)
 	e.log.Info("smcr: fallback to tcp", "conn", c.id, "code", fmt.Sprintf("%#08x", uint32(code)),
-		"reason", code.String(), "side", side.String(), "decline_sent", d.Sent, "cause", cause,
+		"reason", code.String(), "side", why.side.String(), "decline_sent", d.Sent, "cause", why.err,
 		"remote", c.tcp.RemoteAddr())
 	e.untrack(c)
 	e.trackFallback(c)

@@ -30,6 +30,9 @@ type lgKey struct {
 }
 
 // linkGroup is the set of links to one peer and the connections on them.
+//
+// Lock order (lockrank.go): addMu, then flow, before its links' mutexes; mu
+// after the Engine's mu and before a Conn's mu.
 type linkGroup struct {
 	e   *Engine
 	id  uint32
@@ -49,13 +52,13 @@ type linkGroup struct {
 	// lock: announcements go in parallel), so every RMB reaches the peer with its
 	// rkey on every link. ADD_LINK itself and the new QP's connection stay out of
 	// flow: a path that does not answer must not hold up connection setups.
-	addMu      sync.Mutex
+	addMu      mutex[groupAddRank]
 	addQueued  atomic.Int32 // a client's ADD_LINK exchanges running or waiting for addMu
-	flow       sync.RWMutex
+	flow       rwMutex[groupFlowRank]
 	peerOffers []offer              // the peer's devices, for the endpoint of a second link
 	addCont    chan llc.AddLinkCont // ADD_LINK_CONT messages, for the ADD_LINK flow
 
-	mu        sync.RWMutex
+	mu        rwMutex[groupRank]
 	conns     map[uint32]*Conn // by our alert token
 	reserved  int              // connections on it or setting up
 	links     []*link
@@ -620,7 +623,7 @@ func (lg *linkGroup) peerToken(from uint8, rkey uint32, to *link) (rtoken, bool)
 // either may arrive first. It gives up at once when l fails: the request is lost
 // with it, though the group may live on over another link.
 func (lg *linkGroup) waitPeerRKey(ctx context.Context, l *link, rkey uint32) bool {
-	t := time.NewTimer(lg.e.cfg.LLCTimeout)
+	t := newTimer(lg.e.cfg.Clock, lg.e.cfg.LLCTimeout)
 	defer t.Stop()
 	for {
 		lg.mu.RLock()

@@ -223,18 +223,19 @@ func TestTestLinkKeepalive(t *testing.T) {
 			clk.Advance(time.Second / testLinkTicks)
 		}
 	}
+	// testsDue counts the TEST_LINKs the links' looks, run by Advance, found due.
+	testsDue := func() uint64 { return c.lnk.testsDue.Load() + s.lnk.testsDue.Load() }
 	// A link that received something in the interval is not tested.
 	for range 3 {
 		echoOK(t, c, s)
-		before := p.cli.Stats().LLCReceived + p.srv.Stats().LLCReceived
+		before := testsDue()
 		clk.Advance(time.Second / testLinkTicks)
 		echoOK(t, c, s) // traffic in the last quarter too
 		for range testLinkTicks - 1 {
 			clk.Advance(time.Second / testLinkTicks)
 		}
-		time.Sleep(20 * time.Millisecond)
-		if n := p.cli.Stats().LLCReceived + p.srv.Stats().LLCReceived - before; n != 0 {
-			t.Fatalf("%d llc messages over a busy link", n)
+		if n := testsDue() - before; n != 0 {
+			t.Fatalf("%d TEST_LINKs due over a busy link", n)
 		}
 	}
 	for _, e := range []*Engine{p.cli, p.srv} {
@@ -270,12 +271,12 @@ func TestTestLinkKeepalive(t *testing.T) {
 	// Each end may have tested the idle link above; the wait took the first
 	// exchange, and the other end's may still be landing: count from after it.
 	before = settledLLC(p)
+	due := testsDue()
 	for range 5 {
 		clk.Advance(time.Second)
 	}
-	time.Sleep(20 * time.Millisecond)
-	if n := p.cli.Stats().LLCReceived + p.srv.Stats().LLCReceived - before; n != 0 {
-		t.Fatalf("%d llc messages with TEST_LINK off", n)
+	if n := testsDue() - due; n != 0 {
+		t.Fatalf("%d TEST_LINKs due with TEST_LINK off", n)
 	}
 	for _, e := range []*Engine{p.cli, p.srv} {
 		e.SetTestLinkInterval(time.Second)
@@ -427,7 +428,7 @@ func TestHostileAddLinkFlood(t *testing.T) {
 	before := p.cli.Stats().ProtoErrors
 	lg.addMu.Lock() // an exchange under way
 	for range 20 {
-		if err := s.lnk.sendLLC(&llc.AddLink{Link: 2, MTU: verbs.MTU1024, QPN: 7}); err != nil {
+		if err := s.lnk.sendLLC(&llc.AddLink{Link: 2, MTU: llc.MTU1024, QPN: 7}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -447,7 +448,7 @@ func TestHostileRKey(t *testing.T) {
 	p := memPair(t)
 	good, gs := p.connect(t)
 	mustSMC(t, good, gs)
-	testHookConfirm = func(m *clc.Confirm) { m.RKey ^= 0x5a5a }
+	setConfirmHook(p.cli, func(m *clc.Confirm) { m.RKey ^= 0x5a5a })
 	accepted := make(chan *Conn, 1)
 	go func() {
 		s, _ := p.ln.AcceptSMC()
@@ -456,7 +457,7 @@ func TestHostileRKey(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	c, err := p.cli.Dial(ctx, "tcp", p.ln.Addr().String())
-	testHookConfirm = nil
+	setConfirmHook(p.cli, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -506,10 +507,9 @@ func TestHostileConfirmFields(t *testing.T) {
 		{"size code 15", func(li *clc.LinkInfo) { li.SizeCode = clc.MaxSizeCode }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			testHookConfirm = func(m *clc.Confirm) { tc.lie(&m.LinkInfo) }
-			t.Cleanup(func() { testHookConfirm = nil })
+			setConfirmHook(p.cli, func(m *clc.Confirm) { tc.lie(&m.LinkInfo) })
 			c, s := p.connect(t)
-			testHookConfirm = nil
+			setConfirmHook(p.cli, nil)
 			if s.Mode() != ModeFallback || s.Decline().Code != clc.DeclineConfigError {
 				t.Fatalf("server %v %+v, want a config-error fallback", s.Mode(), s.Decline())
 			}
@@ -596,10 +596,9 @@ func crossedDecline(t *testing.T) (p *pair, good, gs, c, s *Conn) {
 	p = newPair(t, Config{Devices: memDevices(t, verbs.KindSoft)}, srv)
 	good, gs = p.connect(t)
 	mustSMC(t, good, gs)
-	testHookConfirm = func(*clc.Confirm) { time.Sleep(time.Second) } // past the server's 600 ms
-	t.Cleanup(func() { testHookConfirm = nil })
+	setConfirmHook(p.cli, func(*clc.Confirm) { awaitTimeoutDecline(t, p.srv) })
 	c, s = p.connect(t)
-	testHookConfirm = nil
+	setConfirmHook(p.cli, nil)
 	if c.Mode() != ModeSMCR || s.Mode() != ModeFallback || s.Decline().Code != DeclineTimeoutCLC {
 		t.Fatalf("client %v, server %v %+v; want SMC-R and a CLC-timeout fallback", c.Mode(), s.Mode(), s.Decline())
 	}
@@ -612,17 +611,20 @@ func crossedDecline(t *testing.T) (p *pair, good, gs, c, s *Conn) {
 // and the link lives: the connection already on the group stays on SMC-R, and
 // the declined one continues over TCP from its first byte with nothing lost.
 func TestLateDeclineWritesLand(t *testing.T) {
-	srv := Config{Devices: memDevices(t, verbs.KindSoft), CLCTimeout: 300 * time.Millisecond, LLCTimeout: 300 * time.Millisecond}
+	sclk := &fakeClock{}
+	srv := Config{Devices: memDevices(t, verbs.KindSoft), CLCTimeout: 300 * time.Millisecond, LLCTimeout: 300 * time.Millisecond, Clock: sclk}
 	p := newPair(t, Config{Devices: memDevices(t, verbs.KindSoft)}, srv)
 	good, gs := p.connect(t)
 	mustSMC(t, good, gs)
 	// The Confirm goes after the server's decline and after the time it kept
 	// RMBs before (its CLC timeout); the client reads the Decline only later.
-	testHookConfirm = func(*clc.Confirm) { time.Sleep(time.Second) }
-	t.Cleanup(func() { testHookConfirm = nil })
+	setConfirmHook(p.cli, func(*clc.Confirm) {
+		awaitTimeoutDecline(t, p.srv)
+		sclk.Advance(srv.CLCTimeout)
+	})
 	release := holdWatch(t, true)
 	c, s := p.connect(t)
-	testHookConfirm = nil
+	setConfirmHook(p.cli, nil)
 	if c.Mode() != ModeSMCR || s.Mode() != ModeFallback {
 		t.Fatalf("client %v, server %v; want SMC-R and a fallback", c.Mode(), s.Mode())
 	}
@@ -754,12 +756,11 @@ func TestFailedCompletionByID(t *testing.T) {
 func TestFirstContactDeclineAfterConfirm(t *testing.T) {
 	srv := Config{Devices: memDevices(t, verbs.KindSoft), CLCTimeout: 300 * time.Millisecond, LLCTimeout: 300 * time.Millisecond}
 	p := newPair(t, Config{Devices: memDevices(t, verbs.KindSoft), LLCTimeout: 5 * time.Second}, srv)
-	testHookConfirm = func(*clc.Confirm) { time.Sleep(time.Second) }
-	t.Cleanup(func() { testHookConfirm = nil })
+	setConfirmHook(p.cli, func(*clc.Confirm) { awaitTimeoutDecline(t, p.srv) })
 	start := time.Now()
 	c, s := p.connect(t)
 	took := time.Since(start)
-	testHookConfirm = nil
+	setConfirmHook(p.cli, nil)
 	if c.Mode() != ModeFallback || s.Mode() != ModeFallback {
 		t.Fatalf("client %v, server %v; want both over TCP", c.Mode(), s.Mode())
 	}
@@ -966,4 +967,13 @@ func (h countHandler) Handle(_ context.Context, r slog.Record) error {
 		h.n.Add(1)
 	}
 	return nil
+}
+
+// awaitTimeoutDecline waits until e, a server, has sent a Decline for its CLC
+// timeout.
+func awaitTimeoutDecline(t *testing.T, e *Engine) {
+	t.Helper()
+	eventually(t, "the server's Decline", func() bool {
+		return e.Stats().Fallback[FallbackKey{Code: DeclineTimeoutCLC, Side: SideLocal}] > 0
+	})
 }

@@ -1,7 +1,6 @@
-// Links: one RC QP with its CQ, receive slots and send slots; the completion poller
-// that dispatches CDC by alert token and LLC to the link's worker; the LLC flows
-// (CONFIRM_LINK, CONFIRM_RKEY, TEST_LINK, DELETE_LINK).
-// RFC 7609 §3.8 (LLC) and §4.1 (RDMA work requests), after Linux's smc_llc/smc_wr.
+// LLC flows of a link: its worker, CONFIRM_LINK, CONFIRM_RKEY, DELETE_RKEY,
+// TEST_LINK and DELETE_LINK, and the requests that wait for their responses.
+// RFC 7609 §3.8 (LLC), after Linux's smc_llc.
 
 package smcr
 
@@ -10,39 +9,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"runtime"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/smcr-io/smcr/llc"
-	"github.com/smcr-io/smcr/rmb"
 	"github.com/smcr-io/smcr/smcr/verbs"
-)
-
-const (
-	slotSize   = 48  // LLC and CDC messages are 44 bytes, received into 48-byte slots
-	nRecv      = 256 // receive slots per link: enough for 255 connections' CDCs in flight
-	nSendSlots = 128
-	maxSendWR  = 256
-	// LLC messages have send slots of their own, beyond maxSendWR in the send
-	// queue, half for responses and half for requests: under load the data slots
-	// and credits go to CDCs and WRITEs of hundreds of connections, and an LLC
-	// message queued behind them (a worker's answer behind every connection's
-	// CONFIRM_RKEY request, too) came later than the peer's timeouts: the link
-	// failed, or the server gave up waiting for a Confirm.
-	nLLCSlots = 32
-	llcQueue  = 4 * maxConnsPerLGR // each connection has at most one LLC request and one response in flight
-
-	// maxInline is the inline space each QP asks for: CDC and LLC messages,
-	// and RDMA WRITEs up to this size, go inline, as Linux sends them since
-	// 5.19 ("send cdc msg inline", "rdma write inline if qp has sufficient
-	// inline space"): the adapter takes the bytes from the work request
-	// instead of reading them from memory, which saves small messages latency.
-	maxInline = 64
-
-	tagSlot  = 1 // send work request IDs: tag<<56 | slot or alert token
-	tagWrite = 2
 )
 
 var errLLCTimeout = errors.New("smcr: llc response timeout")
@@ -50,392 +20,6 @@ var errLLCTimeout = errors.New("smcr: llc response timeout")
 type pendKey struct {
 	t   llc.Type
 	key uint64
-}
-
-// link is one RC queue pair of a link group.
-type link struct {
-	lg  *linkGroup
-	dev verbs.Device
-	num uint8 // on the wire
-	ix  uint8 // slot in the group and in its buffers' registrations (linkSlots)
-	uid llc.LinkUID
-	mtu verbs.MTU
-
-	pd     verbs.PD
-	cq     verbs.CQ
-	qp     verbs.QP
-	recvMR verbs.MR
-	sendMR verbs.MR
-	peer   verbs.QPAttr // written under lg.mu (setPeer)
-
-	slots   chan uint16
-	credits chan struct{}
-	// LLC slots (nSendSlots and above, each with its own WR): for responses and
-	// for requests
-	llcSlots, reqSlots chan uint16
-	rwr                [nRecv]verbs.RecvWR // one per receive slot, reposted without allocating
-	rsge               [nRecv][1]verbs.SGE
-
-	// The requests of one post (a chunk's WRITEs and its CDC: postData), under
-	// postMu. creditMu serializes takers of several credits (takeCredits).
-	postMu   sync.Mutex
-	wr       [3]verbs.SendWR
-	sge      [3][1]verbs.SGE
-	creditMu sync.Mutex
-
-	// The connection and producer cursor of the CDC in each send slot: a CDC
-	// completed means the peer holds the bytes before it (multilink.go).
-	slotConn [nSendSlots]*Conn
-	slotProd [nSendSlots]uint64
-	slotSeq  [nSendSlots]uint16
-	slotTerm [nSendSlots]bool // the CDC in the slot says closed or abnormal close
-
-	llcIn     chan [llc.MsgLen]byte
-	lateResps atomic.Int32 // CONFIRM_RKEY, DELETE_RKEY responses waiting for a slot (respondLate)
-	ctl       chan *Conn
-	clReq     chan llc.ConfirmLink // CONFIRM_LINK requests, for the client
-	testDue   chan struct{}
-	received  atomic.Uint64 // receive completions: TEST_LINK only after an interval without one
-	rtt       atomic.Int64  // the last TEST_LINK's round trip, ns
-	testedAt  atomic.Int64  // when it was answered, Unix ns (0: never)
-	errs      atomic.Uint64 // completions in error (not flushed) and malformed messages
-
-	connected chan struct{}
-	connErr   error
-
-	pmu     sync.Mutex
-	pending map[pendKey]chan [llc.MsgLen]byte
-	testSeq uint64
-
-	ctx       context.Context
-	cancel    context.CancelFunc
-	down      atomic.Bool
-	closeOnce sync.Once
-	failOnce  sync.Once
-	wg        sync.WaitGroup
-
-	posted, polled atomic.Uint64
-	driven         atomic.Uint64 // of polled, completions readers handled (Conn.drive)
-
-	// sendSeen and sendSince are sendStalled's: the send completions at its
-	// last look, and since when that count has stood still.
-	sendSeen  int64
-	sendSince time.Time
-
-	// Completions are handled by one goroutine at a time, holding pollMu: the
-	// poller, or a reader waiting for its own bytes (Conn.drive). While a reader
-	// drives, the poller steps aside until it leaves (resume), so the CDC a
-	// reader awaits is handled where it is awaited, with no hand-off. One reader
-	// drives at a time: the others sleep, as they do behind the poller, so a
-	// link never has more than one goroutine spinning on it.
-	pollMu  sync.Mutex
-	pollOff bool // set by free under pollMu: the CQ and slots are gone
-	driving atomic.Bool
-	resume  chan struct{}
-
-	// useMu keeps the send slots mapped while a sender encodes into one: free
-	// takes it exclusively, after which acquire fails.
-	useMu sync.RWMutex
-	freed bool
-	// pdRefs counts the link's own hold on pd plus the connection buffers
-	// registered in it. Buffers outlive their link (a reader drains its RMB after
-	// the link is gone), so pd closes with the last of them (holdPD). slotRefs
-	// counts the link's own hold on its slot plus the registrations indexed by
-	// it; the two differ by the buffers allocated on a failed link that live on
-	// with connections moved elsewhere (unslot), whose memory is the PD's but
-	// which the slot no longer indexes, so a new link can take the slot.
-	pdMu             sync.Mutex
-	pdRefs, slotRefs int
-	txBytes, rxBytes atomic.Uint64 // payload RDMA-written by us, and announced by the peer's CDCs
-}
-
-// newLink creates the QP and its buffers, posts the receive slots and starts the
-// poller and the worker.
-func newLink(lg *linkGroup, dev verbs.Device, num uint8) (_ *link, err error) {
-	l := &link{
-		lg: lg, dev: dev, num: num, mtu: dev.Port().MTU,
-		slots: make(chan uint16, nSendSlots), credits: make(chan struct{}, maxSendWR),
-		llcSlots: make(chan uint16, nLLCSlots/2), reqSlots: make(chan uint16, nLLCSlots/2),
-		llcIn: make(chan [llc.MsgLen]byte, llcQueue), ctl: make(chan *Conn, 2*maxConnsPerLGR),
-		clReq: make(chan llc.ConfirmLink, 1), testDue: make(chan struct{}, 1),
-		connected: make(chan struct{}), pending: map[pendKey]chan [llc.MsgLen]byte{},
-		resume: make(chan struct{}, 1),
-	}
-	if !l.mtu.Valid() {
-		l.mtu = verbs.MTU1024
-	}
-	binary.BigEndian.PutUint32(l.uid[:], lg.id<<8|uint32(num))
-	if err := lg.takeSlot(l); err != nil {
-		return nil, err
-	}
-	if err := lg.e.trackLink(); err != nil {
-		lg.leaveSlot(l)
-		return nil, err
-	}
-	defer func() {
-		if err != nil {
-			l.free()
-		}
-	}()
-	if l.pd, err = dev.AllocPD(); err != nil {
-		return nil, fmt.Errorf("alloc pd: %w", err)
-	}
-	l.pdRefs, l.slotRefs = 1, 1
-	if l.cq, err = dev.CreateCQ(nRecv + maxSendWR + nLLCSlots); err != nil {
-		return nil, fmt.Errorf("create cq: %w", err)
-	}
-	if l.qp, err = l.pd.CreateQP(verbs.QPConfig{SendCQ: l.cq, RecvCQ: l.cq, MaxSendWR: maxSendWR + nLLCSlots, MaxRecvWR: nRecv, RNRRetry: 7, MaxInline: maxInline}); err != nil {
-		return nil, fmt.Errorf("create qp: %w", err)
-	}
-	if l.recvMR, err = l.pd.AllocMR(nRecv*slotSize, verbs.AccessLocalWrite); err != nil {
-		return nil, fmt.Errorf("alloc receive slots: %w", err)
-	}
-	if l.sendMR, err = l.pd.AllocMR((nSendSlots+nLLCSlots)*slotSize, verbs.AccessLocalWrite); err != nil {
-		return nil, fmt.Errorf("alloc send slots: %w", err)
-	}
-	for i := range nSendSlots {
-		l.slots <- uint16(i)
-	}
-	for i := range nLLCSlots {
-		l.llcPool(uint16(nSendSlots + i)) <- uint16(nSendSlots + i)
-	}
-	for range maxSendWR {
-		l.credits <- struct{}{}
-	}
-	for i := range nRecv {
-		if err := l.postRecv(uint64(i)); err != nil {
-			return nil, fmt.Errorf("post receive: %w", err)
-		}
-	}
-	l.ctx, l.cancel = context.WithCancel(lg.e.ctx)
-	l.wg.Add(2)
-	go l.poll()
-	go l.work()
-	return l, nil
-}
-
-func (l *link) postRecv(slot uint64) error {
-	l.rsge[slot][0] = verbs.SGE{MR: l.recvMR, Offset: int(slot) * slotSize, Length: slotSize}
-	l.rwr[slot] = verbs.RecvWR{ID: slot, SG: l.rsge[slot][:]}
-	return l.qp.PostRecv(&l.rwr[slot])
-}
-
-// connect moves the QP to RTS towards the peer.
-func (l *link) connect(ctx context.Context, peer verbs.QPAttr) error {
-	l.setPeer(peer)
-	return l.connectQP(ctx, peer)
-}
-
-// startConnect connects in the background, for the client, which must send its
-// Confirm while a provider may still be waiting for both ends to meet.
-func (l *link) startConnect(peer verbs.QPAttr) {
-	l.setPeer(peer)
-	go func() {
-		ctx, cancel := context.WithTimeout(l.ctx, l.lg.e.settings().CLCTimeout)
-		defer cancel()
-		l.connErr = l.connectQP(ctx, peer)
-		close(l.connected)
-	}()
-}
-
-// setPeer names the link's peer QP. Under lg.mu: the link is listed already,
-// and other connections' setups look for their peer's QP among the group's
-// links (hasPeer), as LinkGroups does.
-func (l *link) setPeer(peer verbs.QPAttr) {
-	l.lg.mu.Lock()
-	l.peer = peer
-	l.lg.mu.Unlock()
-}
-
-func (l *link) connectQP(ctx context.Context, peer verbs.QPAttr) error {
-	if err := l.qp.Connect(ctx, peer); err != nil {
-		return fmt.Errorf("smcr: connect qp: %w", err)
-	}
-	return nil
-}
-
-func (l *link) waitConnected(ctx context.Context) error {
-	select {
-	case <-l.connected:
-		return l.connErr
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-// poll is the link's polling goroutine: it waits on the CQ when idle, and steps
-// aside while a reader drives the link (Conn.drive).
-func (l *link) poll() {
-	defer l.wg.Done()
-	wcs := make([]verbs.WorkCompletion, 32)
-	for {
-		// Once the link closes the poller takes every completion left, as it
-		// always has: a CDC the peer saw complete must reach its connection.
-		if l.driving.Load() && l.ctx.Err() == nil {
-			select {
-			case <-l.resume:
-			case <-l.ctx.Done():
-			}
-			continue
-		}
-		l.pollMu.Lock()
-		n, err := l.handle(wcs)
-		l.pollMu.Unlock()
-		if err != nil {
-			l.fail(fmt.Errorf("poll cq: %w", err))
-			return
-		}
-		if n == 0 {
-			if err := l.cq.Wait(l.ctx); err != nil {
-				if l.ctx.Err() == nil {
-					l.fail(fmt.Errorf("wait cq: %w", err))
-				}
-				return
-			}
-			continue
-		}
-		// Let what the completions woke (a reader its CDC made runnable, in
-		// this P's next slot) run now, not after another round of polling:
-		// the in-process 64 B round trip went from 4.4 to 3.35 µs (p50,
-		// medians of 10 interleaved runs), throughput unchanged.
-		runtime.Gosched()
-	}
-}
-
-// handle polls up to len(wcs) completions and handles them; the caller holds
-// pollMu.
-func (l *link) handle(wcs []verbs.WorkCompletion) (int, error) {
-	n, err := l.cq.Poll(wcs)
-	if err != nil || n == 0 {
-		return 0, err
-	}
-	l.polled.Add(uint64(n))
-	for i := range wcs[:n] {
-		l.complete(&wcs[i])
-	}
-	return n, nil
-}
-
-// leaveDriving ends a reader's turn at driving l and hands the completions back
-// to the poller.
-func (l *link) leaveDriving() {
-	l.driving.Store(false)
-	wake(l.resume)
-}
-
-func (l *link) complete(wc *verbs.WorkCompletion) {
-	e := l.lg.e
-	recv := wc.Opcode == verbs.WCRecv || wc.Opcode == verbs.WCRecvRDMAImm
-	if wc.Status != verbs.WCSuccess {
-		// A failed completion names no operation (an adapter leaves it
-		// undefined): our IDs tell, receives untagged, sends tagged.
-		recv = wc.ID>>56 == 0
-	}
-	switch {
-	case recv:
-		if wc.Status != verbs.WCSuccess {
-			l.countErr(wc.Status)
-			l.fail(fmt.Errorf("receive: %v", wc.Status))
-			return
-		}
-		if wc.ID >= nRecv {
-			l.fail(fmt.Errorf("receive completion for slot %d", wc.ID))
-			return
-		}
-		l.received.Add(1)
-		off := int(wc.ID) * slotSize
-		b := l.recvMR.Bytes()[off : off+llc.MsgLen]
-		switch {
-		case wc.ByteLen != llc.MsgLen:
-			l.protoError()
-			e.log.Debug("smcr: message of wrong length", "lg", l.lg.id, "len", wc.ByteLen)
-		case b[0] == rmb.CDCType:
-			l.onCDC(b)
-		default:
-			e.st.llcRecv.Add(1)
-			if l.earlyLLC(b) {
-				break
-			}
-			select {
-			case l.llcIn <- [llc.MsgLen]byte(b):
-			default:
-				// The peer floods LLC faster than we answer: a protocol violation.
-				l.protoError()
-				l.fail(errors.New("llc queue overflow"))
-				return
-			}
-		}
-		if err := l.postRecv(wc.ID); err != nil {
-			l.fail(fmt.Errorf("post receive: %w", err))
-		}
-	default:
-		tag := wc.ID >> 56
-		switch tag {
-		case tagSlot:
-			s := uint16(wc.ID)
-			if s >= nSendSlots {
-				l.llcPool(s) <- s
-				break
-			}
-			if c := l.slotConn[s]; c != nil {
-				if wc.Status == verbs.WCSuccess {
-					c.cdcDone(l.slotProd[s], l.slotSeq[s], l.slotTerm[s])
-				}
-				l.slotConn[s] = nil
-			}
-			l.slots <- s
-			l.credits <- struct{}{}
-		case tagWrite:
-			l.credits <- struct{}{}
-			c := l.lg.conn(uint32(wc.ID))
-			if c != nil {
-				c.wrOutOn[l.ix].Add(-1)
-				c.writeDone()
-			}
-			if wc.Status != verbs.WCSuccess && c != nil {
-				e.log.Debug("smcr: rdma write failed", "conn", c.id, "rkey", c.peerRKey, "status", wc.Status)
-			}
-		}
-		if wc.Status != verbs.WCSuccess {
-			l.countErr(wc.Status)
-			l.fail(fmt.Errorf("send completion: %v", wc.Status))
-		}
-	}
-}
-
-// countErr counts a completion in error on l; flushes, which follow the
-// first error of a QP, are not counted again.
-func (l *link) countErr(st verbs.WCStatus) {
-	if st != verbs.WCWRFlushErr {
-		l.errs.Add(1)
-	}
-}
-
-// protoError counts a malformed or misdirected message the peer sent on l.
-func (l *link) protoError() {
-	l.errs.Add(1)
-	l.lg.e.st.protoErrors.Add(1)
-}
-
-// onCDC validates and dispatches one CDC message, in the poller.
-func (l *link) onCDC(b []byte) {
-	e := l.lg.e
-	m, err := rmb.ParseCDC(b)
-	if err != nil {
-		l.protoError()
-		return
-	}
-	e.st.cdcRecv.Add(1)
-	c := l.lg.conn(m.Token)
-	if c == nil {
-		l.protoError()
-		e.log.Debug("smcr: cdc for unknown alert token", "lg", l.lg.id, "token", m.Token)
-		return
-	}
-	if m.Flags&rmb.FlagFailoverValidation != 0 {
-		c.fenceMovedFrom(l)
-	}
-	l.rxBytes.Add(c.onCDC(&m))
 }
 
 // earlyLLC does in the poller what must not wait behind the worker, whose queue
@@ -489,133 +73,6 @@ func (l *link) earlyLLC(b []byte) bool {
 		return true
 	}
 	return false
-}
-
-// acquire takes a send slot and n work-request credits (its SEND's and those
-// of WRITEs posted with it), and a read hold on useMu that the caller releases
-// after posting.
-func (l *link) acquire(n int) (uint16, error) {
-	s, ok := take(l.ctx, l.slots)
-	if !ok {
-		return 0, ErrLinkDown
-	}
-	if !l.takeCredits(n) {
-		l.slots <- s
-		return 0, ErrLinkDown
-	}
-	l.useMu.RLock()
-	if l.freed {
-		l.useMu.RUnlock()
-		l.slots <- s
-		l.giveCredits(n)
-		return 0, ErrLinkDown
-	}
-	return s, nil
-}
-
-// takeCredits takes n work-request credits, or none once l is down. Takers of
-// several queue behind creditMu, so that no two hold part of what they need:
-// between them they could hold every credit, and none would come back.
-func (l *link) takeCredits(n int) bool {
-	if n > 1 {
-		l.creditMu.Lock()
-		defer l.creditMu.Unlock()
-	}
-	for i := range n {
-		if _, ok := take(l.ctx, l.credits); !ok {
-			l.giveCredits(i)
-			return false
-		}
-	}
-	return true
-}
-
-func (l *link) giveCredits(n int) {
-	for range n {
-		l.credits <- struct{}{}
-	}
-}
-
-// take receives from pool (send slots or credits), waiting until ctx ends. It
-// tries without waiting first: a receive alone costs a fraction of a select with
-// ctx, and the pools are rarely empty (two of them per message on the hot path).
-func take[T any](ctx context.Context, pool chan T) (T, bool) {
-	select {
-	case v := <-pool:
-		return v, true
-	default:
-	}
-	select {
-	case v := <-pool:
-		return v, true
-	case <-ctx.Done():
-		var zero T
-		return zero, false
-	}
-}
-
-// postSlot sends the 44 bytes already encoded in slot s.
-func (l *link) postSlot(s uint16) error {
-	l.postMu.Lock()
-	err := l.qp.PostSend(l.slotWR(0, s))
-	l.postMu.Unlock()
-	if err != nil {
-		l.putSlot(s)
-		l.fail(fmt.Errorf("post send: %w", err))
-		return ErrLinkDown
-	}
-	l.posted.Add(1)
-	return nil
-}
-
-// slotWR fills the post's request i with the SEND of slot s. The caller holds
-// postMu.
-func (l *link) slotWR(i int, s uint16) *verbs.SendWR {
-	l.sge[i][0] = verbs.SGE{MR: l.sendMR, Offset: int(s) * slotSize, Length: llc.MsgLen}
-	l.wr[i] = verbs.SendWR{ID: tagSlot<<56 | uint64(s), Opcode: verbs.OpSend, SG: l.sge[i][:], Signaled: true, Inline: true}
-	return &l.wr[i]
-}
-
-// writeWR fills the post's request i with the WRITE of w of c's send buffer
-// (snd, its registration on l) to the same offset of the peer's RMBE. The
-// caller holds postMu.
-func (l *link) writeWR(i int, c *Conn, snd verbs.MR, w span) *verbs.SendWR {
-	l.sge[i][0] = verbs.SGE{MR: snd, Offset: int(w.off), Length: int(w.n)}
-	l.wr[i] = verbs.SendWR{ID: tagWrite<<56 | uint64(c.token), Opcode: verbs.OpWrite, SG: l.sge[i][:],
-		RemoteAddr: c.peerAddr + w.off, RKey: c.peerRKey, Signaled: true, Inline: w.n <= maxInline}
-	return &l.wr[i]
-}
-
-func (l *link) sendCDC(m *rmb.CDC) error { return l.sendConnCDC(nil, 0, m) }
-
-// sendConnCDC sends c's CDC announcing producer cursor prod (absolute).
-func (l *link) sendConnCDC(c *Conn, prod uint64, m *rmb.CDC) error {
-	s, err := l.acquire(1)
-	if err != nil {
-		return err
-	}
-	defer l.useMu.RUnlock()
-	l.fillCDC(s, c, prod, m)
-	return l.postSlot(s)
-}
-
-// fillCDC puts c's CDC m, announcing prod, in send slot s.
-func (l *link) fillCDC(s uint16, c *Conn, prod uint64, m *rmb.CDC) {
-	l.slotConn[s], l.slotProd[s], l.slotSeq[s] = c, prod, m.Seq
-	l.slotTerm[s] = m.State&(rmb.StateClosed|rmb.StateAbnormalClose) != 0
-	m.Encode(l.sendMR.Bytes()[int(s)*slotSize:])
-	l.lg.e.st.cdcSent.Add(1)
-}
-
-// putSlot gives back a send slot after a failed post or encoding.
-func (l *link) putSlot(s uint16) {
-	if s >= nSendSlots {
-		l.llcPool(s) <- s
-		return
-	}
-	l.slotConn[s] = nil
-	l.slots <- s
-	l.credits <- struct{}{}
 }
 
 // tryRespond sends an LLC response from the poller if a response slot is free at
@@ -708,97 +165,6 @@ func (l *link) sendLLC(m llc.Message) error {
 	return l.postSlot(s)
 }
 
-// span is a part of the send buffer, and of the peer's RMBE.
-type span struct{ off, n uint64 }
-
-// ringSpans returns where bytes [from, to) of our stream lie in the send
-// buffer, a ring of size that mirrors the peer's RMBE: in one span, in two
-// when they run past its end (the rest from its start), in none when from is
-// to (without a look at size, which a connection still in setup lacks).
-// to-from is at most size. w holds the spans.
-func ringSpans(w *[2]span, from, to, size uint64) []span {
-	n := to - from
-	if n == 0 {
-		return w[:0]
-	}
-	off := from % size
-	first := min(n, size-off)
-	w[0], w[1] = span{off, first}, span{0, n - first}
-	if first < n {
-		return w[:2]
-	}
-	return w[:1]
-}
-
-// postData posts, as one chain, the WRITEs of c's spans ws and, when m is not
-// nil, c's CDC m announcing prod behind them: RC executes the chain in order, so
-// the peer holds the bytes when it takes the CDC, and one post is one doorbell
-// on an adapter (one system call on rxe) where a post per request cost two.
-func (l *link) postData(c *Conn, ws []span, m *rmb.CDC, prod uint64) error {
-	var s uint16
-	if m != nil {
-		var err error
-		if s, err = l.acquire(1 + len(ws)); err != nil {
-			return err
-		}
-		defer l.useMu.RUnlock()
-	} else if !l.takeCredits(len(ws)) {
-		return ErrLinkDown
-	}
-	c.wrOut.Add(int32(len(ws)))
-	c.wrOutOn[l.ix].Add(int32(len(ws)))
-	snd := c.sndOn[l.ix] // registered before c moved to l (multilink.go)
-	if snd == nil {
-		snd = c.snd
-	}
-	if m != nil {
-		l.fillCDC(s, c, prod, m)
-	}
-	l.postMu.Lock()
-	var bytes uint64
-	for i, w := range ws {
-		l.writeWR(i, c, snd, w)
-		bytes += w.n
-	}
-	k := len(ws)
-	if m != nil {
-		l.slotWR(k, s)
-		k++
-	}
-	for i := range k - 1 {
-		l.wr[i].Next = &l.wr[i+1]
-	}
-	err := l.qp.PostSend(&l.wr[0])
-	l.postMu.Unlock()
-	if err != nil {
-		posted := verbs.Posted(err)
-		for range len(ws) - min(posted, len(ws)) {
-			l.unpostWrite(c)
-		}
-		if m != nil { // last in the chain: never posted when the post failed
-			l.putSlot(s)
-		}
-		l.posted.Add(uint64(posted))
-		l.fail(fmt.Errorf("post data: %w", err))
-		return ErrLinkDown
-	}
-	l.posted.Add(uint64(k))
-	l.txBytes.Add(bytes)
-	return nil
-}
-
-// unpostWrite undoes the counts of one of c's WRITEs that was not posted, unless
-// a failover already took it from wrOutOn and called writeDone for it
-// (linkFailed, moveTo): then wrOut is settled.
-func (l *link) unpostWrite(c *Conn) {
-	if c.wrOutOn[l.ix].Add(-1) >= 0 {
-		c.wrOut.Add(-1)
-	} else {
-		c.wrOutOn[l.ix].Add(1)
-	}
-	l.credits <- struct{}{}
-}
-
 // work runs the LLC flows and the connections' control messages, off the poller.
 func (l *link) work() {
 	defer l.wg.Done()
@@ -852,6 +218,7 @@ func (l *link) watchIdle(idle int, seen uint64) {
 		case idle+1 < testLinkTicks:
 			l.watchIdle(idle+1, seen)
 		default:
+			l.testsDue.Add(1)
 			wake(l.testDue)
 		}
 	})
@@ -912,7 +279,7 @@ func (l *link) request(ctx context.Context, k pendKey, m llc.Message, timeout ti
 	if err := l.sendLLC(m); err != nil {
 		return [llc.MsgLen]byte{}, err
 	}
-	t := time.NewTimer(timeout)
+	t := newTimer(l.lg.e.cfg.Clock, timeout)
 	defer t.Stop()
 	select {
 	case b := <-ch:
@@ -954,7 +321,7 @@ func (l *link) confirmLinkServer(ctx context.Context) error {
 
 // confirmLinkClient waits for the server's CONFIRM_LINK and answers it.
 func (l *link) confirmLinkClient(ctx context.Context) error {
-	t := time.NewTimer(2 * l.lg.e.cfg.LLCTimeout)
+	t := newTimer(l.lg.e.cfg.Clock, 2*l.lg.e.cfg.LLCTimeout)
 	defer t.Stop()
 	select {
 	case m := <-l.clReq:
@@ -995,7 +362,7 @@ func (l *link) announceRKey(mr verbs.MR, others ...llc.RToken) (done <-chan stru
 	answered := make(chan struct{})
 	go func() {
 		defer close(answered)
-		t := time.NewTimer(l.lg.e.cfg.LLCTimeout)
+		t := newTimer(l.lg.e.cfg.Clock, l.lg.e.cfg.LLCTimeout)
 		defer t.Stop()
 		select {
 		case b := <-ch:
@@ -1048,10 +415,10 @@ func (l *link) testOnce(ctx context.Context) error {
 	l.pmu.Unlock()
 	m := &llc.TestLink{}
 	binary.BigEndian.PutUint64(m.Data[:], seq)
-	start := time.Now()
+	start := l.lg.e.cfg.Clock.Now()
 	_, err := l.request(ctx, pendKey{t: llc.TypeTestLink, key: seq}, m, l.lg.e.cfg.LLCTimeout)
 	if err == nil {
-		now := time.Now()
+		now := l.lg.e.cfg.Clock.Now()
 		l.rtt.Store(int64(now.Sub(start)))
 		l.testedAt.Store(now.UnixNano())
 	}
@@ -1158,104 +525,5 @@ func (l *link) handleLLC(b []byte) {
 
 	case *llc.AddLink:
 		lg.onAddLink(l, r)
-	}
-}
-
-// fail marks the link down after an error: its connections move to the other
-// link, or with none left the group goes too (multilink.go).
-func (l *link) fail(err error) {
-	l.failOnce.Do(func() {
-		l.down.Store(true)
-		if l.ctx != nil && l.ctx.Err() != nil {
-			return // we are closing: flushes are expected
-		}
-		l.lg.e.log.Warn("smcr: link failed", "lg", l.lg.id, "link", l.num, "err", err)
-		go l.lg.linkFailed(l, fmt.Errorf("%w: %v", ErrLinkDown, err), true)
-	})
-}
-
-// close tears the link down; the goroutines exit and the buffers are freed after.
-func (l *link) close() {
-	l.closeOnce.Do(func() {
-		l.down.Store(true)
-		if l.cancel != nil {
-			l.cancel()
-		}
-		if l.qp != nil {
-			l.qp.Close()
-		}
-		go func() {
-			l.wg.Wait()
-			l.free()
-		}()
-	})
-}
-
-// free closes the link's verbs resources, once its goroutines are gone; the
-// engine's Close waits for it.
-func (l *link) free() {
-	defer l.lg.e.linkFreed()
-	// Readers may still drive (Conn.drive): wait out the one handling
-	// completions, and turn the rest away.
-	l.pollMu.Lock()
-	l.pollOff = true
-	l.pollMu.Unlock()
-	l.useMu.Lock()
-	l.freed = true
-	l.useMu.Unlock()
-	if l.qp != nil {
-		l.qp.Close() // destroyed before the CQ it completes on
-	}
-	if l.recvMR != nil {
-		l.recvMR.Close()
-	}
-	if l.sendMR != nil {
-		l.sendMR.Close()
-	}
-	if l.cq != nil {
-		l.cq.Close()
-	}
-	if l.pd != nil {
-		l.releasePD()
-	} else {
-		l.lg.leaveSlot(l)
-	}
-}
-
-// holdPD counts a connection buffer registered in l's protection domain and
-// indexed by its slot.
-func (l *link) holdPD() {
-	l.pdMu.Lock()
-	l.pdRefs++
-	l.slotRefs++
-	l.pdMu.Unlock()
-}
-
-// releasePD drops a hold on pd and the slot (a buffer's, or the link's own in
-// free): pd closes with the last hold on it, since a PD must outlive the MRs
-// registered in it, and the slot is given back with the last hold on it.
-func (l *link) releasePD() { l.release(1, 1) }
-
-// unslot drops the slot's hold of a buffer allocated in l's PD that stays
-// registered there, with a connection that moved to another link (forgetLink).
-func (l *link) unslot() { l.release(0, 1) }
-
-// releaseUnslotted drops the PD's hold of such a buffer when it is closed.
-func (l *link) releaseUnslotted() { l.release(1, 0) }
-
-func (l *link) release(pd, slot int) {
-	l.pdMu.Lock()
-	l.pdRefs -= pd
-	l.slotRefs -= slot
-	closePD := pd > 0 && l.pdRefs == 0
-	leave := slot > 0 && l.slotRefs == 0
-	l.pdMu.Unlock()
-	if closePD {
-		if err := l.pd.Close(); err != nil {
-			l.lg.e.log.Warn("smcr: close protection domain", "lg", l.lg.id, "link", l.num, "err", err)
-		}
-	}
-	if leave {
-		l.lg.leaveSlot(l)
 	}
 }

@@ -13,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"time"
 
 	"github.com/smcr-io/smcr/llc"
 	"github.com/smcr-io/smcr/rmb"
@@ -157,7 +156,7 @@ func (lg *linkGroup) readdLink() {
 		lg.mu.Unlock()
 	}()
 	for {
-		t := time.NewTimer(wait)
+		t := newTimer(e.cfg.Clock, wait)
 		select {
 		case <-t.C:
 		case <-e.ctx.Done():
@@ -322,10 +321,10 @@ func (lg *linkGroup) forgetLink(l *link) {
 func (c *Conn) forgetLink(l *link) (released, unslotted int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.released || c.lnk == l || c.regLink[l.ix] != l {
+	if c.closing.released || c.lnk == l || c.move.regLink[l.ix] != l {
 		return 0, 0
 	}
-	for _, m := range []*verbs.MR{&c.rmbOn[l.ix], &c.sndOn[l.ix]} {
+	for _, m := range []*verbs.MR{&c.move.rmbOn[l.ix], &c.move.sndOn[l.ix]} {
 		switch {
 		case *m == nil:
 		case *m == c.rmb || *m == c.snd:
@@ -336,7 +335,7 @@ func (c *Conn) forgetLink(l *link) (released, unslotted int) {
 		}
 		*m = nil
 	}
-	c.regLink[l.ix] = nil
+	c.move.regLink[l.ix] = nil
 	return released, unslotted
 }
 
@@ -346,7 +345,7 @@ func (lg *linkGroup) serverAddLinkOn(l1, l2 *link, po offer) error {
 	defer cancel()
 	drain(lg.addCont)
 	qa := l2.qp.Attr()
-	req := &llc.AddLink{MAC: qa.MAC, GID: qa.GID, QPN: llc.QPN(qa.QPN), Link: llc.LinkID(l2.num), MTU: l2.mtu, PSN: llc.PSN(qa.PSN)}
+	req := &llc.AddLink{MAC: qa.MAC, GID: qa.GID, QPN: llc.QPN(qa.QPN), Link: llc.LinkID(l2.num), MTU: llc.MTU(l2.mtu), PSN: llc.PSN(qa.PSN)}
 	b, err := l1.request(ctx, pendKey{t: llc.TypeAddLink}, req, 2*cfg.LLCTimeout)
 	if err != nil {
 		return fmt.Errorf("add link: %w", err)
@@ -358,7 +357,7 @@ func (lg *linkGroup) serverAddLinkOn(l1, l2 *link, po offer) error {
 	if resp.Rejected() {
 		return fmt.Errorf("peer rejected the link: %v", resp.RejectReason)
 	}
-	peer := verbs.QPAttr{QPN: uint32(resp.QPN), PSN: uint32(resp.PSN), GID: resp.GID, MAC: resp.MAC, MTU: resp.MTU, Endpoint: po.Endpoint}
+	peer := verbs.QPAttr{QPN: uint32(resp.QPN), PSN: uint32(resp.PSN), GID: resp.GID, MAC: resp.MAC, MTU: verbs.MTU(resp.MTU), Endpoint: po.Endpoint}
 	if err := l2.connect(ctx, peer); err != nil {
 		return err
 	}
@@ -443,9 +442,9 @@ func (lg *linkGroup) clientAddLinkOn(l1, l2 *link, req llc.AddLink, po offer) er
 	cfg := lg.e.cfg
 	ctx, cancel := context.WithTimeout(l1.ctx, cfg.CLCTimeout+4*cfg.LLCTimeout)
 	defer cancel()
-	l2.startConnect(verbs.QPAttr{QPN: uint32(req.QPN), PSN: uint32(req.PSN), GID: req.GID, MAC: req.MAC, MTU: req.MTU, Endpoint: po.Endpoint})
+	l2.startConnect(verbs.QPAttr{QPN: uint32(req.QPN), PSN: uint32(req.PSN), GID: req.GID, MAC: req.MAC, MTU: verbs.MTU(req.MTU), Endpoint: po.Endpoint})
 	qa := l2.qp.Attr()
-	resp := &llc.AddLink{Flags: llc.FlagResponse, MAC: qa.MAC, GID: qa.GID, QPN: llc.QPN(qa.QPN), Link: req.Link, MTU: l2.mtu, PSN: llc.PSN(qa.PSN)}
+	resp := &llc.AddLink{Flags: llc.FlagResponse, MAC: qa.MAC, GID: qa.GID, QPN: llc.QPN(qa.QPN), Link: req.Link, MTU: llc.MTU(l2.mtu), PSN: llc.PSN(qa.PSN)}
 	if err := l1.sendLLC(resp); err != nil {
 		return err
 	}
@@ -545,7 +544,7 @@ func (lg *linkGroup) sendRKeys(l1, l2 *link, resp bool) error {
 
 // recvRKeys takes the peer's ADD_LINK_CONT messages until the last one.
 func (lg *linkGroup) recvRKeys(ctx context.Context, l1, l2 *link, resp bool) error {
-	t := time.NewTimer(2 * lg.e.cfg.LLCTimeout)
+	t := newTimer(lg.e.cfg.Clock, 2*lg.e.cfg.LLCTimeout)
 	defer t.Stop()
 	for {
 		select {
@@ -572,10 +571,10 @@ func (lg *linkGroup) recvRKeys(ctx context.Context, l1, l2 *link, resp bool) err
 func (c *Conn) registerRMB(l1, l2 *link) (old, nw verbs.MR, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.released || c.rmb == nil {
+	if c.closing.released || c.rmb == nil {
 		return nil, nil, nil
 	}
-	if c.rmbOn[l2.ix] == nil {
+	if c.move.rmbOn[l2.ix] == nil {
 		r, ok := l2.pd.(verbs.Registrar)
 		if !ok {
 			return nil, nil, fmt.Errorf("smcr: device %s cannot register an rmb twice", l2.dev.Name())
@@ -584,18 +583,18 @@ func (c *Conn) registerRMB(l1, l2 *link) (old, nw verbs.MR, err error) {
 		if err != nil {
 			return nil, nil, fmt.Errorf("smcr: register rmb on link %d: %w", l2.num, err)
 		}
-		c.rmbOn[l2.ix] = mr
-		c.regLink[l2.ix] = l2
+		c.move.rmbOn[l2.ix] = mr
+		c.move.regLink[l2.ix] = l2
 		l2.holdPD()
 	}
-	return c.rmbOn[l1.ix], c.rmbOn[l2.ix], nil
+	return c.move.rmbOn[l1.ix], c.move.rmbOn[l2.ix], nil
 }
 
 // registerSnd registers c's send buffer on l, the source of WRITEs on it.
 func (c *Conn) registerSnd(l *link) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.released || c.snd == nil || c.sndOn[l.ix] != nil {
+	if c.closing.released || c.snd == nil || c.move.sndOn[l.ix] != nil {
 		return nil
 	}
 	r, ok := l.pd.(verbs.Registrar)
@@ -606,8 +605,8 @@ func (c *Conn) registerSnd(l *link) error {
 	if err != nil {
 		return fmt.Errorf("smcr: register send buffer on link %d: %w", l.num, err)
 	}
-	c.sndOn[l.ix] = mr
-	c.regLink[l.ix] = l
+	c.move.sndOn[l.ix] = mr
+	c.move.regLink[l.ix] = l
 	l.holdPD()
 	return nil
 }
@@ -652,7 +651,7 @@ func (c *Conn) rmbOnEvery(links []*link) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, l := range links {
-		if !l.down.Load() && c.rmbOn[l.ix] == nil {
+		if !l.down.Load() && c.move.rmbOn[l.ix] == nil {
 			return false
 		}
 	}
@@ -663,18 +662,18 @@ func (c *Conn) rmbOnEvery(links []*link) bool {
 // it carried our closed or abnormal-close flag; it runs in the poller.
 func (c *Conn) cdcDone(prod uint64, seq uint16, term bool) {
 	// A failover validation repeats an older number: keep the newest.
-	if old := uint16(c.seqAcked.Load()); !rmb.SeqBefore(seq, old) {
-		c.seqAcked.Store(uint32(seq))
+	if old := uint16(c.move.seqAcked.Load()); !rmb.SeqBefore(seq, old) {
+		c.move.seqAcked.Store(uint32(seq))
 	}
 	for {
-		old := c.txAcked.Load()
-		if prod <= old || c.txAcked.CompareAndSwap(old, prod) {
+		old := c.move.txAcked.Load()
+		if prod <= old || c.move.txAcked.CompareAndSwap(old, prod) {
 			break
 		}
 	}
 	if term {
 		c.mu.Lock()
-		c.termAcked = true
+		c.closing.termAcked = true
 		c.queueReleaseIfDueLocked()
 		c.mu.Unlock()
 	}
@@ -717,8 +716,8 @@ func (lg *linkGroup) linkFailed(l *link, err error, notify bool) {
 	var mine []*Conn
 	for _, c := range conns {
 		c.mu.Lock()
-		if c.lnk == l && !c.released {
-			c.moving = true
+		if c.lnk == l && !c.closing.released {
+			c.move.moving = true
 			mine = append(mine, c)
 		}
 		c.mu.Unlock()
@@ -740,7 +739,7 @@ func (lg *linkGroup) linkFailed(l *link, err error, notify bool) {
 // settleWrites completes c's WRITEs still counted on l, whose poller is gone:
 // they complete never (postData's failure path knows they may be taken).
 func (c *Conn) settleWrites(l *link) {
-	for n := c.wrOutOn[l.ix].Swap(0); n > 0; n-- {
+	for n := c.move.wrOutOn[l.ix].Swap(0); n > 0; n-- {
 		c.writeDone()
 	}
 }
@@ -751,14 +750,14 @@ func (c *Conn) settleWrites(l *link) {
 // writer must not refill a region a WRITE still reads. A failure of nw settles
 // them; a group that ends leaves the send buffer to the continuation.
 func (c *Conn) awaitResend(nw *link) {
-	for c.wrOutOn[nw.ix].Load() > 0 {
+	for c.move.wrOutOn[nw.ix].Load() > 0 {
 		c.mu.Lock()
-		gone := c.lnkErr || c.released
+		gone := c.lnkErr || c.closing.released
 		c.mu.Unlock()
 		if gone {
 			return
 		}
-		time.Sleep(50 * time.Microsecond)
+		pause()
 	}
 }
 
@@ -808,7 +807,7 @@ func (c *Conn) fenceMovedFrom(l *link) {
 // know of are not reused before its next consumer cursor. The peer answers the
 // validation with its cursors, so nothing waits on a CDC lost with old.
 func (c *Conn) moveTo(old, nw *link) {
-	tok, ok := c.lg.peerToken(c.peerKey.link, c.peerKey.rkey, nw)
+	tok, ok := c.lg.peerToken(c.move.peerKey.link, c.move.peerKey.rkey, nw)
 	regErr := c.registerSnd(nw)
 	// No CDC of c's may go on nw ahead of the resend's WRITEs: it would announce
 	// bytes the peer does not hold yet, and the peer would read what its RMB held
@@ -816,10 +815,10 @@ func (c *Conn) moveTo(old, nw *link) {
 	// wait for cdcMu, which the move holds until its own are posted.
 	c.cdcMu.Lock()
 	c.mu.Lock()
-	if c.released || c.lnk != old || c.fo {
+	if c.closing.released || c.lnk != old || c.cont.fo {
 		// Gone, moved already, or continuing over TCP with frozen cursors.
-		c.moving = false
-		closed := c.appClosed && !c.released
+		c.move.moving = false
+		closed := c.closing.appClosed && !c.closing.released
 		c.mu.Unlock()
 		c.cdcMu.Unlock()
 		if closed {
@@ -831,14 +830,14 @@ func (c *Conn) moveTo(old, nw *link) {
 	if c.st == stateInit || c.peerSize == 0 {
 		// Still in CLC on the failed link: it falls back, or continues over TCP
 		// once active, as with a group's last link (linkDown).
-		c.moving = false
+		c.move.moving = false
 		c.mu.Unlock()
 		c.cdcMu.Unlock()
 		c.linkDown(fmt.Errorf("%w: link %d failed during setup", ErrLinkDown, old.num))
 		return
 	}
 	if !ok || regErr != nil {
-		c.moving = false
+		c.move.moving = false
 		c.mu.Unlock()
 		c.cdcMu.Unlock()
 		c.e.log.Warn("smcr: cannot move connection", "conn", c.id, "link", nw.num, "rkey_known", ok, "err", regErr)
@@ -848,10 +847,10 @@ func (c *Conn) moveTo(old, nw *link) {
 	c.awaitPostersLocked(false)
 	c.lnk = nw
 	c.peerRKey, c.peerAddr = tok.rkey, tok.addr
-	c.peerKey = rkeyOn{nw.num, tok.rkey} // old's key goes with its slot
+	c.move.peerKey = rkeyOn{nw.num, tok.rkey} // old's key goes with its slot
 	// The peer holds every byte before the cursor of our last completed CDC (RC
 	// order: the WRITEs went before it), and may be reading them: resend after it.
-	from, to := max(c.txCons, c.txAcked.Load()), c.txProd
+	from, to := max(c.txCons, c.move.txAcked.Load()), c.txProd
 	pend := c.ctlPending &^ ctlQueued // a queue entry on old died with its worker
 	c.ctlPending = 0
 	c.mu.Unlock()
@@ -870,11 +869,11 @@ func (c *Conn) moveTo(old, nw *link) {
 	c.cdcMu.Unlock()
 	c.awaitResend(nw)
 	c.mu.Lock()
-	c.moving = false
+	c.move.moving = false
 	if pend != 0 {
 		c.queueCtlLocked(pend)
 	}
-	closed := c.appClosed // during the move: the release waited for it
+	closed := c.closing.appClosed // during the move: the release waited for it
 	c.mu.Unlock()
 	if closed {
 		c.maybeRelease()

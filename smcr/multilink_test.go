@@ -587,7 +587,7 @@ func TestGIDGoneFailsLink(t *testing.T) {
 		eventually(t, "the connection continued over TCP", func() bool {
 			c.mu.Lock()
 			defer c.mu.Unlock()
-			return c.fo
+			return c.cont.fo
 		})
 		echoN(t, c, s, 1000)
 		echoN(t, s, c, 1000)
@@ -673,7 +673,7 @@ func TestMoveChainFailsPartWay(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.mu.Lock()
-	resend := c.txProd - max(c.txCons, c.txAcked.Load())
+	resend := c.txProd - max(c.txCons, c.move.txAcked.Load())
 	c.mu.Unlock()
 	if resend != uint64(len(msg)) {
 		t.Fatalf("%d bytes to resend, want %d", resend, len(msg))
@@ -683,7 +683,7 @@ func TestMoveChainFailsPartWay(t *testing.T) {
 	eventually(t, "the connection continued over TCP", func() bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		return c.fo
+		return c.cont.fo
 	})
 	eventually(t, "the posted WRITE accounted for", func() bool { return c.wrOut.Load() == 0 })
 	got := make([]byte, len(msg))
@@ -867,7 +867,7 @@ func TestFlapsUnderLongConnections(t *testing.T) {
 			mustSMC(t, c, s)
 			conns = append(conns, [2]*Conn{c, s})
 			c.mu.Lock()
-			if c.lnk != firstLink && c.rmbHome == c.lnk && c.sndHome == c.lnk {
+			if c.lnk != firstLink && c.move.rmbHome == c.lnk && c.move.sndHome == c.lnk {
 				onSecond++
 			}
 			c.mu.Unlock()
@@ -891,7 +891,7 @@ func TestFlapsUnderLongConnections(t *testing.T) {
 	for _, cs := range conns {
 		c := cs[0]
 		c.mu.Lock()
-		if !slices.Contains(live, c.rmbHome) && c.rmbOn[c.lnk.ix] != nil {
+		if !slices.Contains(live, c.move.rmbHome) && c.move.rmbOn[c.lnk.ix] != nil {
 			moved++
 		}
 		c.mu.Unlock()

@@ -112,6 +112,9 @@ func TestProviderManyConns(t *testing.T) {
 // TestHotPathAllocations counts heap allocations per 64 KiB Write and the Reads
 // that take it, on shm, the whole process included (provider and both engines).
 func TestHotPathAllocations(t *testing.T) {
+	if lockrankOn {
+		t.Skip("the lock order checker allocates (tag lockrank)")
+	}
 	p := providerPair(t, providers[1].open, Config{TestLinkInterval: -1})
 	c, s := p.connect(t)
 	buf := make([]byte, 64<<10)

@@ -76,7 +76,7 @@ func (c *Conn) watchTCP() {
 	if err != nil {
 		c.e.st.protoErrors.Add(1)
 	}
-	c.peerResync <- resyncResult{r, err}
+	c.cont.peerResync <- resyncResult{r, err}
 	c.mu.Lock()
 	c.startFailoverLocked()
 	c.mu.Unlock()
@@ -112,11 +112,11 @@ func (c *Conn) declinedAfterConfirm(head []byte) {
 	}
 	c.mu.Lock()
 	if err == nil && c.canContinue() && c.rxProd == 0 {
-		c.declinedLate = true // a continuation not yet under way sends no resync
+		c.cont.declinedLate = true // a continuation not yet under way sends no resync
 		c.mu.Unlock()
 		c.e.log.Info("smcr: peer declined after confirm, continuing over tcp from the first byte",
 			"conn", c.id, "code", fmt.Sprintf("%#08x", uint32(d.Code)), "reason", d.Code.String())
-		c.peerResync <- resyncResult{}
+		c.cont.peerResync <- resyncResult{}
 		c.mu.Lock()
 		c.startFailoverLocked()
 		c.mu.Unlock()
@@ -126,7 +126,7 @@ func (c *Conn) declinedAfterConfirm(head []byte) {
 	if c.err == nil {
 		c.err = fmt.Errorf("%w: peer declined after confirm", ErrProtocol)
 	}
-	c.peerClosed, c.peerDone, c.localTerm, c.lnkErr = true, true, true, true
+	c.closing.peerClosed, c.closing.peerDone, c.closing.localTerm, c.lnkErr = true, true, true, true
 	c.updateState("declined after confirm")
 	c.mu.Unlock()
 	wake(c.rxWake)
@@ -143,14 +143,14 @@ func (c *Conn) tcpEnded(err error) {
 	var r resyncResult
 	// (Our application closed: whatever the peer still had for it would be
 	// dropped, so only what we owe the peer matters.)
-	if (c.peerClosed || c.appClosed) && !c.peerAbort && c.txCons == c.txProd {
+	if (c.closing.peerClosed || c.closing.appClosed) && !c.closing.peerAbort && c.txCons == c.txProd {
 		r = resyncResult{r: resync{flags: 0xc0, received: c.txProd}}
 	} else {
 		r = resyncResult{err: fmt.Errorf("tcp ended without a resync: %w", err)}
 	}
 	c.mu.Unlock()
 	select {
-	case c.peerResync <- r:
+	case c.cont.peerResync <- r:
 	default:
 	}
 }
@@ -163,15 +163,15 @@ type resyncResult struct {
 // canContinue reports whether a link failure should continue over TCP. The caller
 // holds c.mu.
 func (c *Conn) canContinue() bool {
-	return c.smcx && c.st != stateInit && !c.released && !c.peerAbort && !c.localAbort && c.err == nil
+	return c.cont.smcx && c.st != stateInit && !c.closing.released && !c.closing.peerAbort && !c.closing.localAbort && c.err == nil
 }
 
 // startFailoverLocked freezes the cursors and starts the resync. Caller holds c.mu.
 func (c *Conn) startFailoverLocked() {
-	if c.fo || !c.canContinue() {
+	if c.cont.fo || !c.canContinue() {
 		return
 	}
-	c.fo = true
+	c.cont.fo = true
 	go c.failover()
 }
 
@@ -187,8 +187,8 @@ func (c *Conn) failover() {
 		}
 		c.lnkErr = true
 	}
-	c.foReady = err == nil
-	if c.foReady {
+	c.cont.foReady = err == nil
+	if c.cont.foReady {
 		// The application's deadlines go to the TCP connection now, under c.mu:
 		// a SetDeadline meanwhile found continued() false and set only ours.
 		c.tcp.SetReadDeadline(c.readDL.get())
@@ -200,7 +200,7 @@ func (c *Conn) failover() {
 	if h := testHookFailoverEnd.Load(); h != nil {
 		(*h)(c)
 	}
-	close(c.foDone)
+	close(c.cont.foDone)
 	wake(c.rxWake)
 	wake(c.txWake)
 	if err != nil {
@@ -226,8 +226,8 @@ func (c *Conn) failover() {
 // group's other link) a WRITE may still read or land in them: they stay.
 func (c *Conn) shedBuffers() {
 	c.mu.Lock()
-	todo := c.foReady && !c.released && (c.snd != nil || c.rmb != nil && c.rxCons == c.rxProd)
-	regs := c.regLink
+	todo := c.cont.foReady && !c.closing.released && (c.snd != nil || c.rmb != nil && c.rxCons == c.rxProd)
+	regs := c.move.regLink
 	c.mu.Unlock()
 	if !todo {
 		return
@@ -247,18 +247,18 @@ func (c *Conn) shedBuffers() {
 	}
 	var bufs []*pooledBuf
 	c.mu.Lock()
-	if c.released {
+	if c.closing.released {
 		c.mu.Unlock()
 		return
 	}
 	if b := c.detachBufLocked(false); b != nil {
 		bufs = append(bufs, b)
-		c.snd, c.sndHome = nil, nil
+		c.snd, c.move.sndHome = nil, nil
 	}
 	if c.rxCons == c.rxProd && !c.rxBusy {
 		if b := c.detachBufLocked(true); b != nil {
 			bufs = append(bufs, b)
-			c.rmb, c.rmbHome = nil, nil
+			c.rmb, c.move.rmbHome = nil, nil
 		}
 	}
 	for _, b := range bufs {
@@ -277,14 +277,14 @@ var testHookFailoverEnd atomic.Pointer[func(*Conn)]
 func (c *Conn) resync() error {
 	c.mu.Lock()
 	var flags uint8
-	if c.localDone {
+	if c.closing.localDone {
 		flags |= 0x80
 	}
-	if c.appClosed {
+	if c.closing.appClosed {
 		flags |= 0x40
 	}
 	mine := resync{flags: flags, received: c.rxProd}
-	declined := c.declinedLate
+	declined := c.cont.declinedLate
 	c.mu.Unlock()
 	wait := resyncWait(c.e.settings().CLCTimeout)
 	dl := c.e.cfg.Clock.Now().Add(wait)
@@ -297,10 +297,10 @@ func (c *Conn) resync() error {
 		}
 	}
 	var peer resyncResult
-	t := timeAfter(wait)
+	t := newTimer(c.e.cfg.Clock, wait)
 	defer t.Stop()
 	select {
-	case peer = <-c.peerResync:
+	case peer = <-c.cont.peerResync:
 	case <-t.C:
 		return errors.New("no resync from the peer")
 	}
@@ -336,7 +336,7 @@ func (c *Conn) resync() error {
 		return err
 	}
 	c.mu.Lock()
-	done := c.localDone && !c.appClosed
+	done := c.closing.localDone && !c.closing.appClosed
 	c.mu.Unlock()
 	if done {
 		closeWrite(c.tcp)
@@ -395,6 +395,3 @@ func lingerZero(tcp net.Conn) {
 const minResyncWait = 5 * time.Second
 
 func resyncWait(clcTimeout time.Duration) time.Duration { return max(clcTimeout, minResyncWait) }
-
-// timeAfter is a stoppable real-time timer (the continuation's bound is real time).
-func timeAfter(d time.Duration) *time.Timer { return time.NewTimer(d) }

@@ -214,13 +214,13 @@ func TestDeclineCrossesContinuation(t *testing.T) {
 	p := newPair(t, Config{Devices: []verbs.Device{d1}}, srv)
 	good, gs := p.connect(t)
 	mustSMC(t, good, gs)
-	testHookConfirm = func(*clc.Confirm) {
-		time.Sleep(time.Second) // past the server's 600 ms: it declines
+	setConfirmHook(p.cli, func(*clc.Confirm) {
+		awaitTimeoutDecline(t, p.srv)
 		d1.Fail()
 		eventually(t, "client link down", func() bool { return p.cli.Stats().LinkGroups == 0 })
-	}
+	})
 	c, s := p.connect(t)
-	testHookConfirm = nil
+	setConfirmHook(p.cli, nil)
 	if c.Mode() != ModeSMCR || s.Mode() != ModeFallback || s.Decline().Code != DeclineTimeoutCLC {
 		t.Fatalf("client %v, server %v %+v; want SMC-R and a CLC-timeout fallback", c.Mode(), s.Mode(), s.Decline())
 	}
@@ -306,22 +306,21 @@ func TestResyncBehindConfirm(t *testing.T) {
 		s, err := p.srv.Server(context.Background(), gate)
 		srvc <- result{s, err}
 	}()
-	testHookConfirm = func(*clc.Confirm) {
+	setConfirmHook(p.cli, func(*clc.Confirm) {
 		d1.Fail()
 		eventually(t, "client link down", func() bool { return p.cli.Stats().LinkGroups == 0 })
-	}
-	t.Cleanup(func() { testHookConfirm = nil })
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	c, err := p.cli.Dial(ctx, "tcp", ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
-	testHookConfirm = nil
+	setConfirmHook(p.cli, nil)
 	eventually(t, "client continuing", func() bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		return c.fo
+		return c.cont.fo
 	})
 	time.Sleep(20 * time.Millisecond) // its resync on the wire behind the Confirm
 	close(gate.release)
@@ -514,7 +513,7 @@ func TestWriteClosedAfterContinuation(t *testing.T) {
 		{"close write", func(t *testing.T, c, s *Conn) { c.CloseWrite() }},
 		{"peer closed", func(t *testing.T, c, s *Conn) {
 			s.Close()
-			eventually(t, "peer's close", func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.peerClosed })
+			eventually(t, "peer's close", func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.closing.peerClosed })
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -549,10 +548,10 @@ func TestReadEOFAfterFailedContinuation(t *testing.T) {
 	_, c, s, d1 := singleLinkPair(t, nil)
 	s.Write([]byte("all"))
 	s.CloseWrite()
-	eventually(t, "sending-done", func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.peerDone })
+	eventually(t, "sending-done", func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.closing.peerDone })
 	s.TCP().Close() // no resync can come: the client's continuation fails
 	d1.Fail()
-	eventually(t, "continuation over", func() bool { return isClosed(c.foDone) })
+	eventually(t, "continuation over", func() bool { return isClosed(c.cont.foDone) })
 	if c.continued() {
 		t.Fatal("continued without the server's resync")
 	}
@@ -577,13 +576,13 @@ func TestCloseTimeoutEndsResend(t *testing.T) {
 	eventually(t, "the continuation under way", func() bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		return c.fo
+		return c.cont.fo
 	})
 	c.Close()
 	eventually(t, "the closed connection released", func() bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		return c.released
+		return c.closing.released
 	})
 	s.SetReadDeadline(time.Now().Add(10 * time.Second))
 	got, err := io.ReadAll(s)

@@ -25,8 +25,7 @@ const minReadSpin = time.Microsecond
 //
 // The budget adapts (spinBudget), so a reader whose bytes come in well-spaced
 // bursts (smcrd's relays, say) stops burning ReadSpin of CPU per Read, which on
-// two busy vCPUs delayed the very processes it waited for: through smcrd the
-// 64 B p50 rose from 191-211 to 211-215 µs with a fixed 20 µs.
+// busy CPUs delays the very processes it waits for.
 func (c *Conn) drive(l *link) bool {
 	if !l.driving.CompareAndSwap(false, true) {
 		return false
@@ -93,8 +92,8 @@ func (c *Conn) driveFor(l *link, spin time.Duration) bool {
 		}
 		if i%16 == 0 {
 			if start.IsZero() {
-				start = time.Now()
-			} else if time.Since(start) > spin {
+				start = realNow()
+			} else if realNow().Sub(start) > spin {
 				return false
 			}
 			// Let the goroutine a completion woke run (a writer whose space
@@ -114,7 +113,7 @@ func (c *Conn) smcRead(p []byte) (int, bool, error) {
 		}
 		c.mu.Lock()
 		avail, urgent := c.untilMarkLocked(c.rxProd - c.rxCons)
-		if avail > 0 && len(p) > 0 && !c.appClosed {
+		if avail > 0 && len(p) > 0 && !c.closing.appClosed {
 			off := c.rxCons % c.rmbSize
 			c.rxBusy = true // the RMB stays ours until the copy ends (maybeRelease)
 			c.mu.Unlock()
@@ -135,7 +134,7 @@ func (c *Conn) smcRead(p []byte) (int, bool, error) {
 			// a Linux writer sends nothing after urgent data until the peer has
 			// confirmed consuming all of it (urg_tx_pend).
 			update := urgent || c.rxCons-c.rxConfirmed >= max(c.rmbSize/10, 1)
-			closed := c.appClosed
+			closed := c.closing.appClosed
 			c.mu.Unlock()
 			if closed {
 				c.maybeRelease() // closed during the copy: the release waited for us
@@ -146,7 +145,7 @@ func (c *Conn) smcRead(p []byte) (int, bool, error) {
 			c.e.st.rxBytes.Add(uint64(n))
 			return n, urgent, nil
 		}
-		if c.fo && !c.appClosed && avail == 0 && c.foReady {
+		if c.cont.fo && !c.closing.appClosed && avail == 0 && c.cont.foReady {
 			shed := c.rmb != nil
 			c.mu.Unlock()
 			if shed {
@@ -157,10 +156,10 @@ func (c *Conn) smcRead(p []byte) (int, bool, error) {
 			c.e.st.fbRx.Add(uint64(n))
 			return n, urgent, err
 		}
-		if c.fo && !c.appClosed && !isClosed(c.foDone) {
+		if c.cont.fo && !c.closing.appClosed && !isClosed(c.cont.foDone) {
 			c.mu.Unlock()
 			select {
-			case <-c.foDone:
+			case <-c.cont.foDone:
 			case <-c.readDL.wait():
 			case <-c.done:
 			}
@@ -168,17 +167,17 @@ func (c *Conn) smcRead(p []byte) (int, bool, error) {
 		}
 		var err error
 		switch {
-		case c.appClosed:
+		case c.closing.appClosed:
 			err = net.ErrClosed
 		case len(p) == 0:
 			// As TCPConn's: not EOF or the error while bytes wait unread.
 			c.mu.Unlock()
 			return 0, false, nil
-		case c.err != nil && !(c.peerDone && errors.Is(c.err, ErrLinkDown)):
+		case c.err != nil && !(c.closing.peerDone && errors.Is(c.err, ErrLinkDown)):
 			// The first cause: ErrReset when the peer aborted first, not when
 			// its abort answers ours (a protocol error we found, say).
 			err = c.err
-		case c.peerDone:
+		case c.closing.peerDone:
 			// Its sending-done announced its last byte, and we read it: the
 			// stream is whole though the link, or a continuation, failed
 			// after (as TCP's read after a FIN, and Linux's SOCK_DONE).

@@ -265,7 +265,7 @@ func TestZeroReadKeepsData(t *testing.T) {
 	eventually(t, "sending done seen", func() bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		return c.peerDone
+		return c.closing.peerDone
 	})
 	if n, err := c.Read(nil); n != 0 || err != nil {
 		t.Fatalf("zero-length read with 3 bytes unread: %d, %v", n, err)

@@ -31,7 +31,7 @@ func (c *Conn) smcWrite(p []byte, urgent bool) (int, error) {
 		// cdcMu first: a chunk's count, CDC and post happen under it (sendChunk).
 		c.cdcMu.Lock()
 		c.mu.Lock()
-		if c.moving && !c.fo && c.err == nil {
+		if c.move.moving && !c.cont.fo && c.err == nil {
 			c.mu.Unlock()
 			c.cdcMu.Unlock()
 			select { // the connection moves to another link (multilink.go)
@@ -46,9 +46,9 @@ func (c *Conn) smcWrite(p []byte, urgent bool) (int, error) {
 		switch {
 		case c.err != nil:
 			err = c.err
-		case c.appClosed:
+		case c.closing.appClosed:
 			err = net.ErrClosed
-		case c.localDone || c.peerClosed:
+		case c.closing.localDone || c.closing.peerClosed:
 			err = ErrWriteClosed
 		}
 		if err != nil {
@@ -56,11 +56,11 @@ func (c *Conn) smcWrite(p []byte, urgent bool) (int, error) {
 			c.cdcMu.Unlock()
 			return total, err
 		}
-		if c.fo {
+		if c.cont.fo {
 			c.mu.Unlock()
 			c.cdcMu.Unlock()
 			select {
-			case <-c.foDone:
+			case <-c.cont.foDone:
 			case <-c.writeDL.wait():
 				continue
 			case <-c.done:
@@ -121,7 +121,7 @@ func (c *Conn) smcWrite(p []byte, urgent bool) (int, error) {
 		c.e.st.txBytes.Add(n)
 		c.mu.Lock()
 		c.txBusy = false
-		release = c.appClosed
+		release = c.closing.appClosed
 		c.mu.Unlock()
 		if err != nil {
 			// The bytes are in txProd: a move to another link or the
@@ -184,7 +184,7 @@ func (c *Conn) linkError(err error) error {
 func (c *Conn) awaitLinkDown(l *link) {
 	select {
 	case <-l.ctx.Done():
-	case <-c.foDone:
+	case <-c.cont.foDone:
 	case <-c.done:
 	}
 }

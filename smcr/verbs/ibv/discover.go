@@ -18,8 +18,9 @@ import (
 	"github.com/smcr-io/smcr/smcr/verbs"
 )
 
-// SysfsRoot is where Devices and Resolve look for /sys; tests point it at a fake tree.
-var SysfsRoot = "/sys"
+// sysfs is the root of a sysfs tree: "/sys" for Devices and Resolve, a fake
+// tree in tests.
+type sysfs string
 
 // ErrNoDevice is returned when no RDMA device, port or GID matches a request.
 var ErrNoDevice = errors.New("ibv: no matching rdma device")
@@ -57,8 +58,10 @@ func (p PortInfo) Active() bool { return p.State == "ACTIVE" }
 
 // Devices lists every RDMA device port with its populated GIDs, sorted by device
 // name and port.
-func Devices() ([]PortInfo, error) {
-	base := filepath.Join(SysfsRoot, "class", "infiniband")
+func Devices() ([]PortInfo, error) { return sysfs("/sys").devices() }
+
+func (fs sysfs) devices() ([]PortInfo, error) {
+	base := filepath.Join(string(fs), "class", "infiniband")
 	devs, err := os.ReadDir(base)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -80,7 +83,7 @@ func Devices() ([]PortInfo, error) {
 			if err != nil {
 				continue
 			}
-			pi, err := readPort(filepath.Join(base, d.Name(), "ports", p.Name()), d.Name(), n)
+			pi, err := fs.readPort(filepath.Join(base, d.Name(), "ports", p.Name()), d.Name(), n)
 			if errors.Is(err, os.ErrNotExist) {
 				continue // the device went while it was read
 			}
@@ -99,7 +102,7 @@ func Devices() ([]PortInfo, error) {
 	return out, nil
 }
 
-func readPort(dir, dev string, port int) (PortInfo, error) {
+func (fs sysfs) readPort(dir, dev string, port int) (PortInfo, error) {
 	pi := PortInfo{Device: dev, Port: port}
 	// state reads "4: ACTIVE".
 	if s, err := readLine(filepath.Join(dir, "state")); err == nil {
@@ -145,7 +148,7 @@ func readPort(dir, dev string, port int) (PortInfo, error) {
 	// sysfs has no active MTU; RoCE derives it from the netdev's MTU as rxe and
 	// the hardware drivers do. The cgo build overrides it with ibv_query_port.
 	if pi.Netdev != "" {
-		if s, err := readLine(filepath.Join(SysfsRoot, "class", "net", pi.Netdev, "mtu")); err == nil {
+		if s, err := readLine(filepath.Join(string(fs), "class", "net", pi.Netdev, "mtu")); err == nil {
 			if n, err := strconv.Atoi(s); err == nil {
 				pi.MTU = RoCEMTU(n)
 			}
@@ -202,8 +205,10 @@ type Target struct {
 // a netdev to its RDMA device. RoCE v2 GIDs are preferred over RoCE v1, and for an
 // interface name IPv4-mapped GIDs over IPv6 ones (link-local last), since RoCE v2
 // routes on the GID's IP address. It returns ErrNoDevice when nothing matches.
-func Resolve(ifaceOrIP string) (Target, error) {
-	ports, err := Devices()
+func Resolve(ifaceOrIP string) (Target, error) { return sysfs("/sys").resolve(ifaceOrIP) }
+
+func (fs sysfs) resolve(ifaceOrIP string) (Target, error) {
+	ports, err := fs.devices()
 	if err != nil {
 		return Target{}, err
 	}

@@ -22,12 +22,9 @@ type fakeGID struct {
 	ndev        string
 }
 
-func fakeSysfs(t *testing.T, gids []fakeGID, states map[string]string, mtus map[string]string) {
+func fakeSysfs(t *testing.T, gids []fakeGID, states map[string]string, mtus map[string]string) sysfs {
 	t.Helper()
 	root := t.TempDir()
-	old := SysfsRoot
-	SysfsRoot = root
-	t.Cleanup(func() { SysfsRoot = old })
 	write := func(path, s string) {
 		t.Helper()
 		p := filepath.Join(root, path)
@@ -51,12 +48,13 @@ func fakeSysfs(t *testing.T, gids []fakeGID, states map[string]string, mtus map[
 	for ndev, mtu := range mtus {
 		write(filepath.Join("class/net", ndev, "mtu"), mtu)
 	}
+	return sysfs(root)
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
 
 func TestDevicesAndResolve(t *testing.T) {
-	fakeSysfs(t, []fakeGID{
+	fs := fakeSysfs(t, []fakeGID{
 		{"mlx5_0", 1, 0, "fe80:0000:0000:0000:5054:00ff:fe12:3456", "IB/RoCE v1", "eth1"},
 		{"mlx5_0", 1, 1, "fe80:0000:0000:0000:5054:00ff:fe12:3456", "RoCE v2", "eth1"},
 		{"mlx5_0", 1, 2, "0000:0000:0000:0000:0000:ffff:c0a8:0105", "IB/RoCE v1", "eth1"},
@@ -69,7 +67,7 @@ func TestDevicesAndResolve(t *testing.T) {
 		{"rxe0", 1, 2, "0000:0000:0000:0000:0000:ffff:0a63:0002", "", ""},
 	}, map[string]string{"mlx5_0": "4: ACTIVE", "rxe0": "1: DOWN"}, map[string]string{"eth1": "9000", "dummy0": "1500"})
 
-	ports, err := Devices()
+	ports, err := fs.devices()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +98,7 @@ func TestDevicesAndResolve(t *testing.T) {
 		{"dummy0", "rxe0", 1, "10.99.0.1"},
 		{"fe80::64de:94ff:feba:ee78", "rxe0", 0, "fe80::64de:94ff:feba:ee78"},
 	} {
-		got, err := Resolve(tc.in)
+		got, err := fs.resolve(tc.in)
 		if err != nil {
 			t.Errorf("Resolve(%q): %v", tc.in, err)
 			continue
@@ -110,21 +108,19 @@ func TestDevicesAndResolve(t *testing.T) {
 		}
 	}
 	for _, in := range []string{"eth0", "10.99.0.2", "not an address"} {
-		if _, err := Resolve(in); !errors.Is(err, ErrNoDevice) {
+		if _, err := fs.resolve(in); !errors.Is(err, ErrNoDevice) {
 			t.Errorf("Resolve(%q): %v, want ErrNoDevice", in, err)
 		}
 	}
 }
 
 func TestNoRDMA(t *testing.T) {
-	old := SysfsRoot
-	SysfsRoot = t.TempDir()
-	defer func() { SysfsRoot = old }()
-	ports, err := Devices()
+	fs := sysfs(t.TempDir())
+	ports, err := fs.devices()
 	if err != nil || len(ports) != 0 {
 		t.Fatalf("Devices on a machine without RDMA: %v, %v", ports, err)
 	}
-	if _, err := Resolve("eth0"); !errors.Is(err, ErrNoDevice) {
+	if _, err := fs.resolve("eth0"); !errors.Is(err, ErrNoDevice) {
 		t.Fatalf("Resolve: %v", err)
 	}
 }
@@ -132,24 +128,24 @@ func TestNoRDMA(t *testing.T) {
 // TestDeviceVanishing: a device removed while Devices reads the tree (its
 // directory listed, its ports or GID table gone) is left out; the others stay.
 func TestDeviceVanishing(t *testing.T) {
-	fakeSysfs(t, []fakeGID{
+	fs := fakeSysfs(t, []fakeGID{
 		{"rxe0", 1, 1, "0000:0000:0000:0000:0000:ffff:0a63:0001", "RoCE v2", "dummy0"},
 	}, map[string]string{"rxe0": "4: ACTIVE"}, nil)
-	base := filepath.Join(SysfsRoot, "class/infiniband")
+	base := filepath.Join(string(fs), "class/infiniband")
 	if err := os.MkdirAll(filepath.Join(base, "gone_ports"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.MkdirAll(filepath.Join(base, "gone_gids", "ports", "1"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	ports, err := Devices()
+	ports, err := fs.devices()
 	if err != nil {
 		t.Fatalf("Devices with vanishing devices: %v", err)
 	}
 	if len(ports) != 1 || ports[0].Device != "rxe0" {
 		t.Fatalf("Devices = %+v, want rxe0 only", ports)
 	}
-	if tg, err := Resolve("dummy0"); err != nil || tg.Device != "rxe0" || tg.GIDIndex != 1 {
+	if tg, err := fs.resolve("dummy0"); err != nil || tg.Device != "rxe0" || tg.GIDIndex != 1 {
 		t.Fatalf("Resolve(dummy0) = %+v, %v", tg, err)
 	}
 }
