@@ -49,6 +49,7 @@ import (
 	"github.com/smcr-io/smcr/config"
 	"github.com/smcr-io/smcr/control"
 	"github.com/smcr-io/smcr/internal/cgroupfs"
+	"github.com/smcr-io/smcr/internal/lograte"
 	"github.com/smcr-io/smcr/smcr"
 	"github.com/smcr-io/smcr/smcr/verbs"
 )
@@ -130,6 +131,10 @@ type Daemon struct {
 	prunedAt  time.Time                   // when unclaimed last lost its old entries
 
 	st daemonStats
+	// Log lines that others cause, one limiter per kind: connections to the
+	// listeners that the programs did not send (steerStrays, redirectStrays),
+	// peers' failed handshakes (peerErrs).
+	steerStrays, redirectStrays, peerErrs lograte.Limiter
 }
 
 // daemonStats counts what the engine does not see: connections carried as plain
@@ -336,7 +341,11 @@ func (d *Daemon) listen() error {
 		d.log.Warn("IPv4 connections are not accelerated: no IPv4 listener on loopback (127.0.0.1); they go as plain TCP",
 			"applications_connects", v4.IsValid(), "peers_connects", steer4)
 	}
-	d.log.Info("listening", "redirect4", v4, "redirect6", v6)
+	steer := make([]string, len(d.steering))
+	for i, ln := range d.steering {
+		steer[i] = ln.Addr().String()
+	}
+	d.log.Info("listening", "redirect4", v4, "redirect6", v6, "steering", steer)
 	return nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"net/netip"
 	"syscall"
@@ -41,8 +42,10 @@ func (d *Daemon) serveRedirected(app *net.TCPConn) {
 	o, err := d.original(app)
 	orig := o.Dst
 	if err != nil {
-		d.st.setupErrors.Add(1)
-		d.log.Error("redirected connection without original destination", "app", t.local, "err", err)
+		// Not redirected by the programs: a local program connected to
+		// the listener itself.
+		d.redirectStrays.Log(d.log, slog.LevelWarn, "connection to the redirect listener not redirected by the programs: closed",
+			"from", t.local, "err", err)
 		abort(app)
 		return
 	}
@@ -127,7 +130,7 @@ func (d *Daemon) serveRedirected(app *net.TCPConn) {
 		if unreachable(err) && d.ctx.Err() == nil {
 			d.addUnreachable(orig, err)
 		} else {
-			d.log.Info("clc as client", "dst", orig, "err", err)
+			d.peerErrs.Log(d.log, slog.LevelInfo, "clc as client", "dst", orig, "err", err)
 		}
 		abort(tcp)
 		abort(app)
