@@ -34,6 +34,7 @@ const (
 )
 
 func (d *Daemon) serveRedirected(app *net.TCPConn) {
+	resetIfLost(app)
 	d.st.redirected.Add(1)
 	t := &tracked{client: true}
 	t.local = app.RemoteAddr().(*net.TCPAddr).AddrPort() // the application's own end
@@ -280,6 +281,7 @@ func (d *Daemon) direct(t *tracked, app, tcp *net.TCPConn, reason string) {
 	t.reason, t.side = reason, side
 	d.connMu.Unlock()
 	d.log.Debug("plain tcp", "dst", t.remote, "reason", reason)
+	resetIfLost(tcp) // the peer's application reads it straight
 	d.carry(t, app, tcp)
 }
 

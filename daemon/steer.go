@@ -119,7 +119,9 @@ func (d *Daemon) dialApp(ctx context.Context, t *tracked) appDial {
 		d.log.Debug("connect to local application", "addr", t.local, "err", err)
 		return appDial{err: err}
 	}
-	return appDial{app: c.(*net.TCPConn)}
+	app := c.(*net.TCPConn)
+	resetIfLost(app)
+	return appDial{app: app}
 }
 
 // onWire puts the options of app, smcrd's connection to the application, onto
