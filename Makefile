@@ -15,6 +15,11 @@ GO        ?= go
 # The race pass leaves out what spawns binaries or boots the VM (their own
 # timeouts do not stretch tenfold) and the benchmark driver.
 RACE_PKGS  = $(shell $(GO) list ./... | grep -v -e /test/ -e /bench$$ -e /cmd/smcrbench$$)
+# What smcrd -version and smcrctl version print: the release (VERSION) and the
+# commit built, "-dirty" when the tree had changes.
+VERSION   ?= $(shell cat VERSION)
+COMMIT    ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null)$(shell git diff --quiet HEAD -- 2>/dev/null || echo -dirty)
+LDFLAGS   := -X github.com/smcr-io/smcr/internal/version.Version=$(VERSION) -X github.com/smcr-io/smcr/internal/version.Commit=$(COMMIT)
 PREFIX    ?= /usr/local
 DESTDIR   ?=
 
@@ -23,7 +28,7 @@ DESTDIR   ?=
 # parallelises itself).
 .NOTPARALLEL:
 
-.PHONY: help deps build install test test-unit test-race test-vm bench-vm bench-go lint fmt vet generate check-generate fuzz bench demo install clean
+.PHONY: help deps build ldflags install test test-unit test-race test-vm bench-vm bench-go lint fmt vet generate check-generate fuzz bench demo install clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -32,8 +37,11 @@ deps: ## install every system package, Go itself where missing, and the Go modul
 	./scripts/deps.sh
 
 build: ## build smcrd, smcrctl (static, no cgo) and the tools into bin/
-	$(GO) build -o bin/ ./cmd/smcrd ./cmd/smcrbench ./cmd/verbsbench
-	CGO_ENABLED=0 $(GO) build -o bin/smcrctl ./cmd/smcrctl
+	$(GO) build -ldflags '$(LDFLAGS)' -o bin/ ./cmd/smcrd ./cmd/smcrbench ./cmd/verbsbench
+	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o bin/smcrctl ./cmd/smcrctl
+
+ldflags: ## print the -ldflags that stamp the version and commit (for builds outside make)
+	@echo '$(LDFLAGS)'
 
 test: deps ## the whole suite: lint, generated-code freshness, unit + privileged + VM tests, race detector, short fuzzing
 	$(MAKE) lint

@@ -21,10 +21,8 @@ import (
 	"github.com/smcr-io/smcr/control"
 	"github.com/smcr-io/smcr/daemon"
 	"github.com/smcr-io/smcr/internal/sdnotify"
+	"github.com/smcr-io/smcr/internal/version"
 )
-
-// version is set at build time: -ldflags "-X main.version=…".
-var version = "dev"
 
 const usage = `smcrd: transparent SMC-R (RFC 7609) for unmodified TCP applications.
 
@@ -100,7 +98,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if *showVersion {
-		fmt.Fprintln(stdout, "smcrd", version)
+		fmt.Fprintln(stdout, "smcrd", version.String())
 		return 0
 	}
 	if *printDefault {
@@ -135,7 +133,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	log := newLogger(cfg, stderr)
-	log.Info("smcrd starting", "version", version, "procs", *procs, "cpus", runtime.NumCPU())
+	log.Info("smcrd starting", "version", version.String(), "procs", *procs, "cpus", runtime.NumCPU())
 
 	// NewServer looks the group up too, but only after daemon.New has loaded
 	// and attached the programs: an unknown group must fail before that.
@@ -145,7 +143,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	d, err := daemon.New(daemon.Options{
 		Config: cfg, ConfigFile: *cfgFile, PinDir: *pinDir, ShmDir: *shmDir,
-		LivenessTTL: *liveness, DrainTimeout: drainTimeout, Version: version, Logger: log,
+		LivenessTTL: *liveness, DrainTimeout: drainTimeout, Version: version.String(), Logger: log,
 	})
 	if err != nil {
 		log.Error("smcrd cannot start", "err", err)

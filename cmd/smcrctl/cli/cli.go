@@ -17,13 +17,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"runtime/debug"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/smcr-io/smcr/config"
 	"github.com/smcr-io/smcr/control"
+	smcrversion "github.com/smcr-io/smcr/internal/version"
 )
 
 // Exit codes (see the package doc).
@@ -34,18 +34,15 @@ const (
 	ExitNotRunning = 3
 )
 
-// Version is smcrctl's version; the build may set it with
-// -ldflags "-X github.com/smcr-io/smcr/cmd/smcrctl/cli.Version=v1.2.3".
+// Version, when set, is the version smcrctl reports (tests); the build stamps
+// it in package version.
 var Version = ""
 
 func version() string {
 	if Version != "" {
 		return Version
 	}
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
-		return bi.Main.Version
-	}
-	return "(devel)"
+	return smcrversion.String()
 }
 
 // timeout bounds every call to smcrd: a wedged daemon must not hang a script.
