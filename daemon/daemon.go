@@ -208,6 +208,10 @@ func New(opts Options) (*Daemon, error) {
 		return nil, err
 	}
 	cgroup, err := cgroupPath(cfg.Cgroup)
+	var cgErr *cgroupError
+	if errors.As(err, &cgErr) {
+		return nil, config.AttrError(opts.ConfigFile, "cgroup", cgErr.Error())
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -659,9 +663,19 @@ func cgroupPath(rel string) (string, error) {
 	}
 	p := filepath.Join(mnt, rel)
 	if st, err := os.Stat(p); err != nil || !st.IsDir() {
-		return "", fmt.Errorf("daemon: cgroup %q is not a directory under %s", rel, mnt)
+		return "", &cgroupError{rel: rel, dir: p, mount: mnt}
 	}
 	return p, nil
+}
+
+// cgroupError is a cgroup attribute that names no cgroup.
+type cgroupError struct{ rel, dir, mount string }
+
+// Error shows the cgroup as /proc/PID/cgroup does, with its leading slash
+// (config drops it), and where it was looked for: an absolute path given
+// where one relative to the mount was meant shows as such.
+func (e *cgroupError) Error() string {
+	return fmt.Sprintf("%q is not a cgroup: no directory %s (the path is relative to the cgroup2 mount, %s)", "/"+e.rel, e.dir, e.mount)
 }
 
 // inCgroup warns when smcrd itself runs outside the cgroup its programs serve:

@@ -395,7 +395,7 @@ func TestSetRefusesUnstartable(t *testing.T) {
 		t.Fatal(err)
 	}
 	for a, want := range map[string]string{
-		"cgroup=no/such/cgroup":       `daemon: cgroup "no/such/cgroup" is not a directory under ` + mnt + `: smcrd could not start with it`,
+		"cgroup=no/such/cgroup":       `"/no/such/cgroup" is not a cgroup: no directory ` + filepath.Join(mnt, "no/such/cgroup") + ` (the path is relative to the cgroup2 mount, ` + mnt + `): smcrd could not start with it`,
 		"control_group=no-such-group": `control: group "no-such-group": group: unknown group no-such-group: smcrd could not start with it`,
 	} {
 		for _, persist := range []bool{false, true} {

@@ -145,6 +145,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		Config: cfg, ConfigFile: *cfgFile, PinDir: *pinDir, ShmDir: *shmDir,
 		LivenessTTL: *liveness, DrainTimeout: drainTimeout, Version: version.String(), Logger: log,
 	})
+	var cfgErr *config.Error
+	if errors.As(err, &cfgErr) { // a value the file loaded with, found wrong at start
+		fmt.Fprintf(stderr, "smcrd: %v\n", cfgErr)
+		return 2
+	}
 	if err != nil {
 		log.Error("smcrd cannot start", "err", err)
 		return 1
@@ -157,7 +162,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		return 1
 	}
-	stopMetrics := serveMetrics(cfg.MetricsAddress, d, log)
+	stopMetrics, err := serveMetrics(cfg.MetricsAddress, d, log)
+	if err != nil {
+		fmt.Fprintf(stderr, "smcrd: %v\n", config.AttrError(*cfgFile, "metrics_address", err.Error()))
+		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		srv.Close(cctx)
+		cancel()
+		if err := d.Close(); err != nil {
+			log.Error("release", "err", err)
+		}
+		return 1
+	}
 
 	// The first SIGTERM or SIGINT drains, a second one aborts what is left.
 	ctx, stop := context.WithCancel(context.Background())
