@@ -42,9 +42,10 @@ func (d *Daemon) Status(context.Context) (control.Status, error) {
 	}, nil
 }
 
-// Config lists every attribute with its current value.
+// Config lists every attribute with the value in effect and, for one read
+// only at start and set since, the value the next start takes (pending).
 func (d *Daemon) Config(context.Context) ([]control.Attribute, error) {
-	return d.CurrentConfig().Attributes(), nil
+	return d.CurrentConfig().AttributesSince(d.opts.Config), nil
 }
 
 // Stats returns the counters since start or the last reset.

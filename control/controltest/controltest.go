@@ -139,7 +139,7 @@ func (f *Fake) Status(context.Context) (control.Status, error) {
 func (f *Fake) Config(context.Context) ([]control.Attribute, error) {
 	unlock, err := f.lock()
 	defer unlock()
-	return f.cfg.Attributes(), err
+	return f.cfg.AttributesSince(config.Default()), err
 }
 
 // SetConfig implements control.Backend with config.Config.Set's all-or-nothing rule.

@@ -81,6 +81,32 @@ func TestGolden(t *testing.T) {
 	}
 }
 
+// TestShowConfigPending: an attribute read only at start, set since, shows
+// the value in effect and the pending one. It showed the one set, as if in
+// effect.
+func TestShowConfigPending(t *testing.T) {
+	_, h := serve(t)
+	h.Run(t, clitest.Case{Name: "set_restart", Args: []string{"set", "providers=soft", "rmb_size=128K"}})
+	h.Run(t, clitest.Case{Name: "show_config_pending", Args: []string{"show", "config"}})
+	r := h.Exec("show", "config", "--json")
+	var attrs []control.Attribute
+	if err := json.Unmarshal([]byte(r.Stdout), &attrs); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range attrs {
+		switch a.Name {
+		case "providers":
+			if a.Value != "rdma,shm,soft" || a.Pending != "soft" {
+				t.Errorf("providers: %+v, want in effect rdma,shm,soft, pending soft", a)
+			}
+		case "rmb_size": // applies at once
+			if a.Value != "128K" || a.Pending != "" {
+				t.Errorf("rmb_size: %+v, want 128K, nothing pending", a)
+			}
+		}
+	}
+}
+
 // TestStatusNoDevice: an smcrd whose providers opened no device says what that
 // means rather than a bare dash.
 func TestStatusNoDevice(t *testing.T) {

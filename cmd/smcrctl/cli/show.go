@@ -7,10 +7,13 @@ var showCmd = &command{
 	synopsis: "config [--json]",
 	short:    "show the configuration attributes (like AIX lsattr -E)",
 	long: `'show config' prints every attribute smcrd knows with its current value and its
-description, like AIX lsattr -E; 'smcrctl set' changes them.
+description, like AIX lsattr -E; 'smcrctl set' changes them. The value is the
+one in effect: an attribute smcrd reads only at start, set since, shows the value
+the next start takes as pending.
 
 Options:
-  --json  print the attributes as JSON (name, value, default, description)
+  --json  print the attributes as JSON (name, value, default, description, and
+          pending where set)
 
 Examples:
   smcrctl show config
@@ -30,7 +33,11 @@ Examples:
 		tw := table(e.stdout)
 		row(tw, "ATTRIBUTE", "VALUE", "DESCRIPTION")
 		for _, a := range attrs {
-			row(tw, a.Name, a.Value, a.Description)
+			v := a.Value
+			if a.Pending != "" {
+				v += " (pending: " + a.Pending + ", at restart)"
+			}
+			row(tw, a.Name, v, a.Description)
 		}
 		return tw.Flush()
 	},
