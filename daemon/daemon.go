@@ -21,6 +21,7 @@
 //	redirect.go   client side: redirected connections
 //	steer.go      server side: steered connections
 //	relay.go      the byte carrier, splice or copy, half-close
+//	owner.go      smcrd's connections as the application's user (firewall rules)
 //	peers.go      the peer capability cache
 //	policy.go     configuration into the programs' maps, at start and at runtime
 //	backend.go    the control API's Backend (smcrctl)

@@ -55,9 +55,19 @@ func (d *Daemon) serveRedirected(app *net.TCPConn) {
 	d.track(t)
 	defer d.untrack(t)
 
+	// smcrd's connection is the application's user's, so that the firewall
+	// rules on the owner that would have applied to the application's own
+	// connection apply to it (owner.go). Where that user cannot be known, no
+	// connection is made for the application.
+	uid, err := socketUID(t.local, unmapAP(app.LocalAddr().(*net.TCPAddr).AddrPort()))
+	if err != nil {
+		d.log.Debug("owner of the application's socket", "app", t.local, "err", err)
+		abort(app)
+		return
+	}
 	ctx, cancel := context.WithTimeout(d.ctx, dialTimeout)
 	defer cancel()
-	dl := net.Dialer{Control: urgentInline(sharedPort(d.loader.Control(bpf.Tag{SMCOption: true})))}
+	dl := net.Dialer{Control: urgentInline(sharedPort(ownedBy(uid, d.loader.Control(bpf.Tag{SMCOption: true}))))}
 	dl.SetMultipathTCP(false)
 	withOptions(&dl, o.Options, d.log)
 	if len(o.Options) > 0 {

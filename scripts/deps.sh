@@ -11,6 +11,8 @@ packages=(
 	clang llvm libbpf-dev linux-libc-dev bpftool
 	# network namespaces, real unmodified programs for the end-to-end tests and demo
 	iproute2 iperf3 tcpdump socat ethtool
+	# firewall rules on a socket's owner, for the relay's end-to-end test
+	nftables
 	# servers users accelerate, with their clients (the end-to-end tests run
 	# their own instances; the packages' services are stopped below)
 	nginx curl redis-server redis-tools
