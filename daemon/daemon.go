@@ -134,8 +134,9 @@ type Daemon struct {
 	st daemonStats
 	// Log lines that others cause, one limiter per kind: connections to the
 	// listeners that the programs did not send (steerStrays, redirectStrays),
-	// peers' failed handshakes (peerErrs).
-	steerStrays, redirectStrays, peerErrs lograte.Limiter
+	// peers' failed handshakes (peerErrs), connections refused for want of
+	// CAP_SETUID (ownerErrs).
+	steerStrays, redirectStrays, peerErrs, ownerErrs lograte.Limiter
 }
 
 // daemonStats counts what the engine does not see: connections carried as plain

@@ -132,9 +132,11 @@ func replaceSocket(fd int, network string, uid uint32) error {
 	}
 	var s int
 	var err error
-	asUser(uid, func() {
+	if aerr := asUser(uid, func() {
 		s, err = unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, unix.IPPROTO_TCP)
-	})
+	}); aerr != nil {
+		return aerr
+	}
 	if err != nil {
 		return fmt.Errorf("socket as uid %d: %w", uid, err)
 	}
@@ -149,14 +151,24 @@ func replaceSocket(fd int, network string, uid uint32) error {
 // creates are uid's (their file's credentials, which the firewall's owner
 // matches look at). Only the calling thread changes (setfsuid(2) is per
 // thread, and Go's wrapper does not spread it), and it goes back to the
-// scheduler only once its uid is smcrd's again.
-func asUser(uid uint32, do func()) {
+// scheduler only once its uid is smcrd's again. Without CAP_SETUID the uid
+// does not change: errNotAsUser, and do is not run.
+func asUser(uid uint32, do func()) error {
 	own := os.Geteuid()
 	runtime.LockOSThread()
 	unix.SetfsuidRetUid(int(uid))
+	// setfsuid returns the uid before, whether it changed it or not.
+	if now, _ := unix.SetfsuidRetUid(int(uid)); uint32(now) != uid {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("%w %d", errNotAsUser, uid)
+	}
 	do()
 	unix.SetfsuidRetUid(own)
 	if prev, _ := unix.SetfsuidRetUid(own); prev == own {
 		runtime.UnlockOSThread()
 	} // else the thread ends with its goroutine
+	return nil
 }
+
+// errNotAsUser: smcrd cannot create sockets as another user (CAP_SETUID).
+var errNotAsUser = errors.New("cannot create a socket as the application's user (smcrd needs CAP_SETUID): user")

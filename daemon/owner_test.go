@@ -1,10 +1,14 @@
 package daemon
 
 import (
+	"errors"
 	"net"
 	"os"
+	"runtime"
 	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestOwnedBy: a connection smcrd dials for an application is the
@@ -50,5 +54,38 @@ func TestOwnedBy(t *testing.T) {
 	}
 	if euid := os.Geteuid(); euid != 0 {
 		t.Errorf("euid %d after", euid)
+	}
+}
+
+// TestAsUserWithoutCapSetuid: without CAP_SETUID, setfsuid changes nothing
+// and says so by no error: asUser refuses rather than create a socket that
+// would be smcrd's to the firewall.
+func TestAsUserWithoutCapSetuid(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: CAP_SETUID to drop")
+	}
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+		hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+		var data [2]unix.CapUserData
+		if err := unix.Capget(&hdr, &data[0]); err != nil {
+			errc <- err
+			return
+		}
+		data[0].Effective &^= 1 << unix.CAP_SETUID
+		if err := unix.Capset(&hdr, &data[0]); err != nil {
+			errc <- err
+			return
+		}
+		ran := false
+		err := asUser(4242, func() { ran = true })
+		if ran {
+			err = errors.New("do ran without the user")
+		}
+		errc <- err
+	}()
+	if err := <-errc; !errors.Is(err, errNotAsUser) {
+		t.Errorf("asUser without CAP_SETUID: %v, want errNotAsUser", err)
 	}
 }

@@ -89,9 +89,12 @@ func (d *Daemon) serveRedirected(app *net.TCPConn) {
 		// The application sees a reset where it would have seen a refusal
 		// or a timeout. Its next connections see the kernel's own answer:
 		// they go direct as long as the destination stays unreachable.
-		if unreachable(err) && d.ctx.Err() == nil {
+		switch {
+		case errors.Is(err, errNotAsUser):
+			d.ownerErrs.Log(d.log, slog.LevelError, "connection not made: the firewall's rules on its owner could not apply", "app", t.local, "dst", orig, "err", err)
+		case unreachable(err) && d.ctx.Err() == nil:
 			d.addUnreachable(orig, err)
-		} else {
+		default:
 			d.log.Debug("connect to original destination", "dst", orig, "err", err)
 		}
 		abort(app)
