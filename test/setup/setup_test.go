@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -243,5 +244,40 @@ func TestDemoAfterDeps(t *testing.T) {
 	// The demo itself then finds no smcrd in its empty bin directory.
 	if strings.Contains(string(out), "build before deps") || !strings.Contains(string(out), "demo: run make build first") {
 		t.Fatalf("make -j4 demo:\n%s", out)
+	}
+}
+
+// TestServiceUnit: the systemd unit does not restart smcrd on a configuration
+// error (it looped until the start limit), keeps the capability the relay needs
+// to make connections as the application's user, and stays as hardened as
+// docs/operations.md says (it was 7.2).
+func TestServiceUnit(t *testing.T) {
+	unit, err := os.ReadFile(filepath.Join(root, "configs/smcrd.service"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"\nRestartPreventExitStatus=2\n", " CAP_SETUID "} {
+		if !strings.Contains(string(unit), want) {
+			t.Errorf("the unit lacks %q", strings.TrimSpace(want))
+		}
+	}
+	if _, err := exec.LookPath("systemd-analyze"); err != nil {
+		t.Skip("no systemd-analyze to rate the unit's hardening")
+	}
+	// --offline takes the unit's file name as its name.
+	file := filepath.Join(t.TempDir(), "smcrd.service")
+	if err := os.WriteFile(file, unit, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("systemd-analyze", "security", "--offline=yes", "--no-pager", file).CombinedOutput()
+	m := regexp.MustCompile(`Overall exposure level for smcrd.service: ([0-9.]+)`).FindSubmatch(out)
+	if m == nil {
+		t.Fatalf("systemd-analyze security: %v\n%s", err, out)
+	}
+	if score, _ := strconv.ParseFloat(string(m[1]), 64); score > 5.4 {
+		t.Errorf("systemd-analyze security rates the unit %s, docs/operations.md says 5.4", m[1])
+	}
+	if strings.Contains(string(out), "Unknown") {
+		t.Errorf("systemd-analyze does not know some of the unit's settings:\n%s", out)
 	}
 }
