@@ -281,3 +281,42 @@ func TestServiceUnit(t *testing.T) {
 		t.Errorf("systemd-analyze does not know some of the unit's settings:\n%s", out)
 	}
 }
+
+// TestNoBuildOutputTracked: no program built from the tree is committed (a
+// 5.4 MB cmd/verbsbench/verbsbench was), and what `go build` leaves in a
+// command's directory or the root is ignored. The committed BPF object is
+// relocatable, not a program.
+func TestNoBuildOutputTracked(t *testing.T) {
+	out, err := exec.Command("git", "-C", root, "ls-files", "-z").Output()
+	if err != nil {
+		t.Skipf("not a git checkout: %v", err)
+	}
+	for _, name := range strings.Split(strings.TrimRight(string(out), "\x00"), "\x00") {
+		f, err := os.Open(filepath.Join(root, name))
+		if err != nil {
+			continue // deleted in the work tree
+		}
+		var hdr [18]byte
+		n, _ := f.Read(hdr[:])
+		f.Close()
+		// ELF, e_type ET_EXEC (2) or ET_DYN (3), little-endian.
+		if n == len(hdr) && string(hdr[:4]) == "\x7fELF" && (hdr[16] == 2 || hdr[16] == 3) {
+			t.Errorf("%s is a built program, committed", name)
+		}
+	}
+	cmds, err := filepath.Glob(filepath.Join(root, "cmd", "*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var outputs []string
+	for _, c := range cmds {
+		b := filepath.Base(c)
+		outputs = append(outputs, filepath.Join("cmd", b, b), b)
+	}
+	outputs = append(outputs, "test/e2e/testapp/testapp")
+	for _, p := range outputs {
+		if err := exec.Command("git", "-C", root, "check-ignore", "-q", "--no-index", p).Run(); err != nil {
+			t.Errorf("%s, what go build leaves, is not ignored", p)
+		}
+	}
+}
