@@ -104,7 +104,7 @@ func lookup(name string) *command {
 
 const globalUsage = `smcrctl: the operator's command line for smcrd (SMC-R, RFC 7609).
 
-Usage: smcrctl [-s SOCKET] VERB [OPTIONS] [ARGS]
+Usage: smcrctl [-s SOCKET] [--json] VERB [OPTIONS] [ARGS]
 
 Verbs:
 %s
@@ -112,7 +112,7 @@ Options for every verb:
   -s, --socket PATH  smcrd's control socket (default %s)
   -h, --help         explain the verb, with examples
 
-Every show verb takes --json for scripts.
+Every show verb takes --json for scripts, before the verb or after it.
 
 Exit codes:
   0  success
@@ -141,6 +141,7 @@ func Run(args []string, stdout, stderr io.Writer) int {
 	gfs := flag.NewFlagSet("smcrctl", flag.ContinueOnError)
 	gfs.SetOutput(io.Discard)
 	socketFlags(gfs, &o)
+	jsonFlag(gfs, &o) // also before the verb: smcrctl --json status
 	help := gfs.Bool("h", false, "")
 	gfs.BoolVar(help, "help", false, "")
 	if err := gfs.Parse(args); err != nil {
@@ -174,10 +175,16 @@ func Run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
 	socketFlags(fs, &o)
+	jsonBefore := o.json
 	if cmd.flags != nil {
-		cmd.flags(fs, &o)
+		cmd.flags(fs, &o) // defining --json again sets it false
+	}
+	if jsonBefore && fs.Lookup("json") == nil {
+		fmt.Fprintf(stderr, "smcrctl %s: --json: the verb prints nothing to format\nRun 'smcrctl %s --help' for usage.\n", cmd.name, cmd.name)
+		return ExitUsage
 	}
 	pos, err := parseInterleaved(fs, rest)
+	o.json = o.json || jsonBefore
 	if errors.Is(err, flag.ErrHelp) {
 		writeCommandHelp(stdout, cmd)
 		return ExitOK

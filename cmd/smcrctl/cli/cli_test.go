@@ -47,6 +47,9 @@ func TestGolden(t *testing.T) {
 		{Name: "show_config", Args: []string{"show", "config"}},
 		{Name: "show_config_json", Args: []string{"show", "config", "--json"}},
 		{Name: "show_noargs", Args: []string{"show"}, Exit: 2},
+		{Name: "show_config_attrs", Args: []string{"show", "config", "rmb_size", "port_range_list"}},
+		{Name: "show_config_unknown_attr", Args: []string{"show", "config", "rmb_size", "mtu"}, Exit: 2},
+		{Name: "json_not_taken", Args: []string{"--json", "enable"}, Exit: 2},
 		{Name: "linkgroups", Args: []string{"linkgroups"}},
 		{Name: "linkgroups_json", Args: []string{"linkgroups", "--json"}},
 		{Name: "links", Args: []string{"links"}},
@@ -103,6 +106,19 @@ func TestShowConfigPending(t *testing.T) {
 			if a.Value != "128K" || a.Pending != "" {
 				t.Errorf("rmb_size: %+v, want 128K, nothing pending", a)
 			}
+		}
+	}
+}
+
+// TestJSONBeforeVerb: --json before the verb is --json after it. It was
+// refused: flags came only after the verb.
+func TestJSONBeforeVerb(t *testing.T) {
+	_, h := serve(t)
+	for _, verb := range [][]string{{"status"}, {"stats"}, {"show", "config", "rmb_size"}} {
+		before := h.Exec(append([]string{"--json"}, verb...)...)
+		after := h.Exec(append(verb, "--json")...)
+		if before != after || before.Exit != 0 {
+			t.Errorf("smcrctl --json %s: %+v, want as smcrctl %s --json: %+v", strings.Join(verb, " "), before, strings.Join(verb, " "), after)
 		}
 	}
 }
