@@ -102,6 +102,7 @@ var atRestart = map[string]string{
 	"cgroup":          "the programs are attached to the cgroup at start",
 	"control_socket":  "the control socket is opened at start",
 	"control_group":   "the control socket is opened at start",
+	"monitor_group":   "the control socket is opened at start",
 	"metrics_address": "the metrics listener is opened at start",
 	"log_level":       "the logger is made at start",
 	"log_format":      "the logger is made at start",
@@ -234,6 +235,12 @@ var attributes = []attribute{
 		desc: "Unix group allowed to use smcrctl besides root (empty: root only)",
 		set:  func(c *Config, v string) error { c.ControlGroup = v; return nil },
 		get:  func(c *Config) string { return c.ControlGroup },
+	},
+	{
+		name: "monitor_group", def: "",
+		desc: "Unix group allowed to read smcrd's state with smcrctl (status, show, stats, tables) but not to change it (empty: none)",
+		set:  func(c *Config, v string) error { c.MonitorGroup = v; return nil },
+		get:  func(c *Config) string { return c.MonitorGroup },
 	},
 	{
 		name: "metrics_address", def: "127.0.0.1:9464",

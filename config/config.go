@@ -51,6 +51,7 @@ type Config struct {
 	Cgroup         string        // cgroup v2 whose sockets are accelerated; empty = the root
 	ControlSocket  string        // smcrctl talks to smcrd here
 	ControlGroup   string        // Unix group allowed on the control socket besides root
+	MonitorGroup   string        // Unix group allowed to read, not change, on the control socket
 	MetricsAddress string        // Prometheus metrics listener; empty = off
 	LogLevel       string        // debug, info, warn, error
 	LogFormat      string        // text or json

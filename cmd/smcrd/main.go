@@ -137,9 +137,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	// NewServer looks the group up too, but only after daemon.New has loaded
 	// and attached the programs: an unknown group must fail before that.
-	if _, err := control.LookupGroup(cfg.ControlGroup); err != nil {
-		log.Error("control socket", "err", err)
-		return 1
+	for _, g := range []string{cfg.ControlGroup, cfg.MonitorGroup} {
+		if _, err := control.LookupGroup(g); err != nil {
+			log.Error("control socket", "err", err)
+			return 1
+		}
 	}
 	d, err := daemon.New(daemon.Options{
 		Config: cfg, ConfigFile: *cfgFile, PinDir: *pinDir, ShmDir: *shmDir,
@@ -154,7 +156,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		log.Error("smcrd cannot start", "err", err)
 		return 1
 	}
-	srv, err := control.NewServer(cfg.ControlSocket, cfg.ControlGroup, d, log)
+	srv, err := control.NewServer(cfg.ControlSocket, cfg.ControlGroup, cfg.MonitorGroup, d, log)
 	if err != nil {
 		log.Error("control socket", "err", err)
 		if err := d.Close(); err != nil {

@@ -293,7 +293,7 @@ func cloneStats(s control.Stats) control.Stats {
 func Serve(t testing.TB, b control.Backend, group string) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "smcrd.sock")
-	srv, err := control.NewServer(path, group, b, nil)
+	srv, err := control.NewServer(path, group, "", b, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
