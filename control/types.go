@@ -221,7 +221,7 @@ type Link struct {
 	Port      int    `json:"port"`       // device port
 	LocalGID  string `json:"local_gid"`
 	PeerGID   string `json:"peer_gid"`
-	LocalQPN  uint32 `json:"local_qpn"`
+	LocalQPN  uint32 `json:"local_qpn"` // shown with QPN
 	PeerQPN   uint32 `json:"peer_qpn"`
 	Conns     int    `json:"conns"` // connections using it
 
@@ -350,3 +350,7 @@ type Device struct {
 type Error struct {
 	Error string `json:"error"`
 }
+
+// QPN is a queue pair number as ibv_devinfo and rdma-core's tools print it
+// (0x0011ab): the form smcrctl and smcrd's log show.
+func QPN(n uint32) string { return fmt.Sprintf("%#06x", n) }

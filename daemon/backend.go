@@ -405,7 +405,7 @@ func (d *Daemon) LogState() {
 			"links", len(g.Links), "most_links", g.MostLinks)
 		for _, l := range g.Links {
 			log.Info("link", "group", g.ID, "num", l.Num, "state", l.State, "device", l.Device,
-				"qpn", l.LocalQPN, "peer_qpn", l.PeerQPN, "tx_bytes", l.TX.Bytes, "rx_bytes", l.RX.Bytes,
+				"qpn", control.QPN(l.LocalQPN), "peer_qpn", control.QPN(l.PeerQPN), "tx_bytes", l.TX.Bytes, "rx_bytes", l.RX.Bytes,
 				"tx_wr", l.TX.WorkRequests, "rx_wr", l.RX.WorkRequests, "errors", l.Errors, "rtt_us", l.RTTMicros)
 		}
 	}

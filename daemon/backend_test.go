@@ -3,6 +3,7 @@ package daemon
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -14,6 +15,7 @@ import (
 	"github.com/smcr-io/smcr/control"
 	"github.com/smcr-io/smcr/smcr"
 	"github.com/smcr-io/smcr/smcr/verbs"
+	"github.com/smcr-io/smcr/smcr/verbs/shm"
 )
 
 // TestStatsPlainFallbacks: connections carried as plain TCP without CLC are
@@ -71,6 +73,42 @@ func TestLogStateWhateverTheLevel(t *testing.T) {
 	d.log.Info("not asked for")
 	if strings.Contains(buf.String(), "not asked for") {
 		t.Error("the daemon's own Info went out under log_level=warn")
+	}
+}
+
+// TestLogStateQPNsInHex: the SIGUSR1 dump prints QPNs as smcrctl links
+// does. It printed them in decimal.
+func TestLogStateQPNsInHex(t *testing.T) {
+	var client *smcr.Engine
+	dir := t.TempDir()
+	smcrPair(t, func() *smcr.Engine {
+		dev, err := shm.Open(shm.Config{Dir: dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := smcr.NewEngine(smcr.Config{Devices: []verbs.Device{dev}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close(); dev.Close() })
+		if client == nil {
+			client = e
+		}
+		return e
+	})
+	d, _ := policyDaemon(t, config.Default(), nil)
+	d.engine = client
+	d.peers = newPeerCache(nil, nil)
+	var buf bytes.Buffer
+	d.log = slog.New(slog.NewTextHandler(&buf, nil))
+	d.LogState()
+	lgs, err := d.LinkGroups(context.Background())
+	if err != nil || len(lgs) != 1 || len(lgs[0].Links) == 0 {
+		t.Fatalf("link groups %+v, %v; want one with a link", lgs, err)
+	}
+	l := lgs[0].Links[0]
+	if want := fmt.Sprintf("qpn=%s peer_qpn=%s", control.QPN(l.LocalQPN), control.QPN(l.PeerQPN)); !strings.Contains(buf.String(), want) {
+		t.Errorf("SIGUSR1 dump %q, want %q", buf.String(), want)
 	}
 }
 

@@ -5,8 +5,9 @@
 package cli
 
 import (
-	"fmt"
 	"strconv"
+
+	"github.com/smcr-io/smcr/control"
 )
 
 var linksCmd = &command{
@@ -44,14 +45,11 @@ Examples:
 			"TX-BYTES", "TX-WR", "RX-BYTES", "RX-WR", "ERRORS", "RTT")
 		for _, l := range links {
 			row(tw, l.LinkGroup, l.Num, l.Role, l.State, orDash(l.Interface), orDash(l.Device), orDash(l.LocalGID), orDash(l.PeerGID),
-				qpn(l.LocalQPN), qpn(l.PeerQPN), l.Conns, l.TX.Bytes, l.TX.WorkRequests, l.RX.Bytes, l.RX.WorkRequests, l.Errors, rtt(l.RTTMicros))
+				control.QPN(l.LocalQPN), control.QPN(l.PeerQPN), l.Conns, l.TX.Bytes, l.TX.WorkRequests, l.RX.Bytes, l.RX.WorkRequests, l.Errors, rtt(l.RTTMicros))
 		}
 		return tw.Flush()
 	},
 }
-
-// qpn prints a queue pair number as ibv_devinfo and rdma-core tools do.
-func qpn(n uint32) string { return fmt.Sprintf("%#06x", n) }
 
 func rtt(us float64) string {
 	if us <= 0 {
