@@ -236,7 +236,7 @@ type Link struct {
 // LinkTraffic is one direction of a link.
 type LinkTraffic struct {
 	Bytes        uint64 `json:"bytes"`
-	WorkRequests uint64 `json:"work_requests"`
+	WorkRequests uint64 `json:"work_requests"` // tx: posted (WRITEs, SENDs); rx: messages received (SENDs)
 }
 
 // Connection modes.

@@ -192,7 +192,7 @@ func (d *Daemon) LinkGroups(context.Context) ([]control.LinkGroup, error) {
 		lg := control.LinkGroup{ID: g.ID, Role: g.Role, Peer: g.Peer, Provider: g.Provider, State: "active", Conns: g.Conns,
 			MostLinks: g.MostLinks,
 			TX:        control.LinkTraffic{Bytes: g.TxBytes, WorkRequests: g.Sent},
-			RX:        control.LinkTraffic{Bytes: g.RxBytes, WorkRequests: g.Completed}}
+			RX:        control.LinkTraffic{Bytes: g.RxBytes, WorkRequests: g.Received}}
 		if g.PeerAddr.IsValid() {
 			lg.PeerAddr = g.PeerAddr.String()
 		}
@@ -200,7 +200,7 @@ func (d *Daemon) LinkGroups(context.Context) ([]control.LinkGroup, error) {
 			lk := control.Link{LinkGroup: g.ID, Num: l.Num, Role: g.Role, Peer: g.Peer, State: l.State,
 				Device: l.Device, Port: l.Port, LocalQPN: l.QPN, PeerQPN: l.PeerQPN, Conns: l.Conns,
 				TX:     control.LinkTraffic{Bytes: l.TxBytes, WorkRequests: l.Sent},
-				RX:     control.LinkTraffic{Bytes: l.RxBytes, WorkRequests: l.Completed},
+				RX:     control.LinkTraffic{Bytes: l.RxBytes, WorkRequests: l.Received},
 				Errors: l.Errors, RTTMicros: float64(l.RTT.Nanoseconds()) / 1e3}
 			if l.PeerGID != ([16]byte{}) {
 				lk.PeerGID = netip.AddrFrom16(l.PeerGID).String()

@@ -10,12 +10,12 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/smcr-io/smcr/config"
 	"github.com/smcr-io/smcr/control"
 	"github.com/smcr-io/smcr/smcr"
 	"github.com/smcr-io/smcr/smcr/verbs"
-	"github.com/smcr-io/smcr/smcr/verbs/shm"
 )
 
 // TestStatsPlainFallbacks: connections carried as plain TCP without CLC are
@@ -79,25 +79,10 @@ func TestLogStateWhateverTheLevel(t *testing.T) {
 // TestLogStateQPNsInHex: the SIGUSR1 dump prints QPNs as smcrctl links
 // does. It printed them in decimal.
 func TestLogStateQPNsInHex(t *testing.T) {
-	var client *smcr.Engine
-	dir := t.TempDir()
-	smcrPair(t, func() *smcr.Engine {
-		dev, err := shm.Open(shm.Config{Dir: dir})
-		if err != nil {
-			t.Fatal(err)
-		}
-		e, err := smcr.NewEngine(smcr.Config{Devices: []verbs.Device{dev}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { e.Close(); dev.Close() })
-		if client == nil {
-			client = e
-		}
-		return e
-	})
+	newEngine, engines, _ := shmEngines(t)
+	smcrPair(t, newEngine)
 	d, _ := policyDaemon(t, config.Default(), nil)
-	d.engine = client
+	d.engine = (*engines)[0]
 	d.peers = newPeerCache(nil, nil)
 	var buf bytes.Buffer
 	d.log = slog.New(slog.NewTextHandler(&buf, nil))
@@ -109,6 +94,33 @@ func TestLogStateQPNsInHex(t *testing.T) {
 	l := lgs[0].Links[0]
 	if want := fmt.Sprintf("qpn=%s peer_qpn=%s", control.QPN(l.LocalQPN), control.QPN(l.PeerQPN)); !strings.Contains(buf.String(), want) {
 		t.Errorf("SIGUSR1 dump %q, want %q", buf.String(), want)
+	}
+}
+
+// TestLinkRXWorkRequests: a link's RX-WR counts the messages it received,
+// so it is at most the peer's TX-WR (the peer's SENDs among its WRITEs), in
+// both directions, after bytes went one way. It counted every completion
+// polled, its own sends' included, and the two ends never matched.
+func TestLinkRXWorkRequests(t *testing.T) {
+	newEngine, engines, _ := shmEngines(t)
+	conn, peer, _ := smcrPair(t, newEngine)
+	go io.Copy(io.Discard, peer)
+	if _, err := conn.Write(make([]byte, 4<<20)); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close()
+	time.Sleep(100 * time.Millisecond) // the last CDCs complete
+	link := func(e *smcr.Engine) smcr.LinkInfo {
+		lgs := e.LinkGroups()
+		if len(lgs) != 1 || len(lgs[0].Links) != 1 {
+			t.Fatalf("link groups %+v, want one with one link", lgs)
+		}
+		return lgs[0].Links[0]
+	}
+	c, s := link((*engines)[0]), link((*engines)[1])
+	if c.Received == 0 || s.Received == 0 || c.Received > s.Sent || s.Received > c.Sent {
+		t.Errorf("client sent %d and received %d, server sent %d and received %d: each receives at most what the other sends, and some",
+			c.Sent, c.Received, s.Sent, s.Received)
 	}
 }
 

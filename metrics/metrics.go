@@ -175,7 +175,7 @@ var (
 	linkActiveDesc = desc("link_active", "1 when the link is active.", linkLabels...)
 	linkConnsDesc  = desc("link_connections", "Connections using the link now.", linkLabels...)
 	linkBytesDesc  = desc("link_bytes_total", "Bytes over the link.", "linkgroup", "link", "direction")
-	linkWRDesc     = desc("link_work_requests_total", "Work requests over the link.", "linkgroup", "link", "direction")
+	linkWRDesc     = desc("link_work_requests_total", "Work requests over the link: tx those posted (RDMA WRITEs and SENDs), rx the messages received (the peer's SENDs).", "linkgroup", "link", "direction")
 	linkErrDesc    = desc("link_errors_total", "Failed work completions and remote access errors on the link.", linkLabels...)
 	linkRTTDesc    = desc("link_rtt_seconds", "Last TEST_LINK round trip of the link (absent before the first).", linkLabels...)
 )

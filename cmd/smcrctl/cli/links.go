@@ -18,9 +18,10 @@ var linksCmd = &command{
 and a peer RDMA device; a link group has one or two.
 
 Columns: LG (link group ID), LINK (number), ROLE, STATE, IF (network interface),
-DEVICE, GID and PEER-GID, QPN and PEER-QPN, CONNS, TX-BYTES, TX-WR (work requests),
-RX-BYTES, RX-WR, ERRORS (failed work completions, remote access errors) and RTT
-(the last TEST_LINK round trip; "-" before the first).
+DEVICE, GID and PEER-GID, QPN and PEER-QPN, CONNS, TX-BYTES, TX-WR (work requests
+posted: RDMA WRITEs and SENDs), RX-BYTES, RX-WR (messages received: the peer's
+SENDs), ERRORS (failed work completions, remote access errors) and RTT (the last
+TEST_LINK round trip; "-" before the first).
 
 Options:
   --json  print the links as JSON
