@@ -43,17 +43,13 @@ build: ## build smcrd, smcrctl (static, no cgo) and the tools into bin/
 ldflags: ## print the -ldflags that stamp the version and commit (for builds outside make)
 	@echo '$(LDFLAGS)'
 
-test: deps ## the whole suite: lint, generated-code freshness, unit + privileged + VM tests, race detector, short fuzzing
-	$(MAKE) lint
-	$(MAKE) check-generate
-	$(MAKE) test-unit
-	$(MAKE) test-race
-	$(MAKE) fuzz FUZZTIME=$(if $(CI),10s,$(FUZZTIME))
+test: deps ## the whole suite: lint, generated-code freshness, unit + privileged + VM tests, race detector, short fuzzing; then each phase's time and the tests skipped, with why
+	scripts/test.sh "$(MAKE)" $(if $(CI),10s,$(FUZZTIME))
 
 test-unit: ## go test of every package (privileged and VM tests included; no race detector)
 	scripts/gotest.sh $(GO) -count=1 -timeout 30m $(PKGS)
 
-test-race: ## go test -race of every package but the end-to-end, VM and benchmark drivers, then the end-to-end suite against an smcrd built with -race (~3 min)
+test-race: ## go test -race of every package but the end-to-end, VM and benchmark drivers, then the end-to-end suite against an smcrd built with -race (~5 min)
 	scripts/gotest.sh $(GO) -race -count=1 -timeout 20m $(RACE_PKGS)
 	@bin=$$(mktemp -d) && trap 'rm -rf "$$bin"' EXIT && \
 	$(GO) build -race -o "$$bin/smcrd" ./cmd/smcrd && \
@@ -80,7 +76,7 @@ bench: ## every benchmark beside its baselines: report.md, report.json and plots
 bench-go: ## the packages' go test -bench benchmarks (providers, codecs, e2e)
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) $(PKGS)
 
-test-vm: ## only the VM tests on Debian 12's kernel: ibv provider + verbstest, engines and the transparent path on soft-RoCE, eBPF programs (~5 min)
+test-vm: ## only the VM tests on Debian 12's kernel: ibv provider + verbstest, engines and the transparent path on soft-RoCE, eBPF programs (~9 min)
 	$(GO) test -count=1 -timeout 15m -v ./test/vm/...
 
 bench-vm: ## ibv benchmarks beside perftest, and the engine beside TCP, in one VM boot (VM_ITERS, VM_ROUNDS)

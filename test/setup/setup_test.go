@@ -320,3 +320,62 @@ func TestNoBuildOutputTracked(t *testing.T) {
 		}
 	}
 }
+
+// TestGotestSummary: scripts/gotest.sh prints what go test does without -v,
+// and the tests that skipped with their reasons, which go test shows only
+// with -v.
+func TestGotestSummary(t *testing.T) {
+	cmd := exec.Command("scripts/gotest.sh", "go", "-count=1", "./test/setup/testdata/skipper")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "SMCR_TEST_SKIPS=")
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		t.Fatalf("gotest.sh passed a failing test:\n%s", out)
+	}
+	for _, want := range []string{"--- FAIL: TestFails", "the widget broke", "skipped tests (1):", "TestSkips: skipper_test.go:9: no widget on this machine"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("gotest.sh's output lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(string(out), "only -v shows") {
+		t.Errorf("gotest.sh printed a passing test's log, as go test -v would:\n%s", out)
+	}
+}
+
+// TestMakeTestSummary: make test ends with each phase's time and every test
+// skipped, with its reason; a phase that fails stops the others, and says so.
+func TestMakeTestSummary(t *testing.T) {
+	dir := t.TempDir()
+	fake := filepath.Join(dir, "make")
+	// Each phase passes; test-unit runs the fixture's passing and skipping tests.
+	script := "#!/bin/sh\ncase \"$2\" in\n" +
+		"test-unit) exec scripts/gotest.sh go -count=1 -run 'TestPasses|TestSkips' ./test/setup/testdata/skipper;;\n" +
+		"lint) [ -z \"$FAIL_LINT\" ];;\nesac\n"
+	if err := os.WriteFile(fake, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	run := func(env ...string) (string, error) {
+		cmd := exec.Command("scripts/test.sh", fake, "1s") // relative to Dir
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), env...)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	out, err := run()
+	if err != nil {
+		t.Fatalf("test.sh: %v\n%s", err, out)
+	}
+	_, summary, _ := strings.Cut(out, "make test: the phases\n")
+	for _, phase := range []string{"lint", "check-generate", "test-unit", "test-race", "fuzz"} {
+		if !regexp.MustCompile(`(?m)^  ` + phase + ` +[0-9]+s$`).MatchString(summary) {
+			t.Errorf("the summary does not time %s:\n%s", phase, out)
+		}
+	}
+	if !strings.Contains(summary, "make test: 1 tests skipped") || !strings.Contains(summary, "TestSkips: skipper_test.go:9: no widget on this machine") {
+		t.Errorf("the summary does not list the skipped test and why:\n%s", out)
+	}
+	out, err = run("FAIL_LINT=1")
+	if err == nil || !strings.Contains(out, "lint") || !strings.Contains(out, "FAILED") || strings.Contains(out, "check-generate") {
+		t.Errorf("a failing lint: %v, want a failure that stops the phases after it:\n%s", err, out)
+	}
+}
