@@ -35,6 +35,9 @@ type Backend interface {
 	// address (ParsePeer).
 	ForgetPeers(ctx context.Context, peers []netip.AddrPort) (int, error)
 	Devices(ctx context.Context) ([]Device, error)
+	// Listeners are the TCP listeners of smcrd's network namespace but its
+	// own, and whether smcrd steers their connections.
+	Listeners(ctx context.Context) ([]Listener, error)
 }
 
 var (

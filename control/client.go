@@ -118,6 +118,11 @@ func (c *Client) Devices(ctx context.Context) (l []Device, err error) {
 	return l, c.do(ctx, "GET", "/v1/devices", nil, &l)
 }
 
+// Listeners returns the TCP listeners and whether smcrd steers their connections.
+func (c *Client) Listeners(ctx context.Context) (l []Listener, err error) {
+	return l, c.do(ctx, "GET", "/v1/listeners", nil, &l)
+}
+
 func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
 	var body io.Reader
 	if in != nil {

@@ -163,6 +163,7 @@ func (s *Server) Handler() http.Handler {
 	get("/v1/conns", func(ctx context.Context) (any, error) { return nonNil(s.b.Conns(ctx)) })
 	get("/v1/peers", func(ctx context.Context) (any, error) { return nonNil(s.b.Peers(ctx)) })
 	get("/v1/devices", func(ctx context.Context) (any, error) { return nonNil(s.b.Devices(ctx)) })
+	get("/v1/listeners", func(ctx context.Context) (any, error) { return nonNil(s.b.Listeners(ctx)) })
 
 	mux.HandleFunc("POST /v1/config", func(w http.ResponseWriter, r *http.Request) {
 		var req SetConfigRequest

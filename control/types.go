@@ -292,6 +292,16 @@ type Peer struct {
 	Hits             uint64  `json:"hits"`               // connections decided by this entry
 }
 
+// Listener is a TCP socket listening in smcrd's network namespace, and
+// whether smcrd steers the SMC-R connections to it (GET /v1/listeners), like
+// smcss -l.
+type Listener struct {
+	Addr    string `json:"addr"` // the address it is bound to ("0.0.0.0", "::": every one)
+	Port    uint16 `json:"port"`
+	Steered bool   `json:"steered"`          // connections to it with the SMC option come to smcrd
+	Reason  string `json:"reason,omitempty"` // why not, when not steered
+}
+
 // ForgetPeersRequest is POST /v1/peers/forget's body: the peers to take out of
 // the peer cache (as ParsePeer reads them), all of them when Addrs is empty.
 type ForgetPeersRequest struct {

@@ -29,13 +29,15 @@ type Fake struct {
 	Cs          []control.Conn
 	Ps          []control.Peer
 	Ds          []control.Device
+	Ls          []control.Listener
 	Resets      int   // calls of ResetStats
 	Err         error // when set, every call fails with it
 	lastPersist bool
 }
 
 // NewFake returns a fake smcrd with two link groups (one client, one server), four
-// connections (SMC-R and fallbacks both ways), two peers and two devices. When file
+// connections (SMC-R and fallbacks both ways), two peers, two devices and
+// three listeners. When file
 // is not empty, persistent changes are written there.
 func NewFake(file string) *Fake {
 	f := &Fake{cfg: config.Default(), file: file}
@@ -88,6 +90,11 @@ func NewFake(file string) *Fake {
 	f.Ds = []control.Device{
 		{Name: "shm0", Provider: "shm", Port: 1, State: "active", Interface: "veth-a", GID: "fe80::200:aff:fe00:1", MAC: "02:00:0a:00:00:01", MTU: 4096, LinkGroups: 1, Links: 1},
 		{Name: "soft0", Provider: "soft", Port: 1, State: "active", Interface: "veth-b", GID: "fe80::200:aff:fe00:1", MAC: "02:00:0a:00:00:01", MTU: 1024, LinkGroups: 1, Links: 2},
+	}
+	f.Ls = []control.Listener{
+		{Addr: "0.0.0.0", Port: 5201, Steered: true},
+		{Addr: "::", Port: 443, Reason: "port not in port_range_list"},
+		{Addr: "127.0.0.1", Port: 6379, Reason: "loopback only: its connections do not arrive on the interfaces"},
 	}
 	return f
 }
@@ -270,6 +277,13 @@ func (f *Fake) Devices(context.Context) ([]control.Device, error) {
 	unlock, err := f.lock()
 	defer unlock()
 	return append([]control.Device(nil), f.Ds...), err
+}
+
+// Listeners implements control.Backend.
+func (f *Fake) Listeners(context.Context) ([]control.Listener, error) {
+	unlock, err := f.lock()
+	defer unlock()
+	return append([]control.Listener(nil), f.Ls...), err
 }
 
 // Persisted reports whether the last configuration change asked to persist.
