@@ -228,9 +228,13 @@ type Link struct {
 	TX LinkTraffic `json:"tx"`
 	RX LinkTraffic `json:"rx"`
 
-	Errors      uint64  `json:"errors"`                // work completions in error, remote access errors
-	RTTMicros   float64 `json:"rtt_us"`                // last TEST_LINK round trip; 0 before the first
-	TestLinkAgo float64 `json:"test_link_ago_seconds"` // since the last TEST_LINK answer
+	Errors uint64 `json:"errors"` // work completions in error, remote access errors
+	// ErrorsByKind splits Errors: a work completion's status ("remote access
+	// error", "transport retry exceeded", ...) or "protocol error" (a
+	// malformed message from the peer); only the kinds seen.
+	ErrorsByKind map[string]uint64 `json:"errors_by_kind,omitempty"`
+	RTTMicros    float64           `json:"rtt_us"`                // last TEST_LINK round trip; 0 before the first
+	TestLinkAgo  float64           `json:"test_link_ago_seconds"` // since the last TEST_LINK answer
 }
 
 // LinkTraffic is one direction of a link.

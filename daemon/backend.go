@@ -201,7 +201,7 @@ func (d *Daemon) LinkGroups(context.Context) ([]control.LinkGroup, error) {
 				Device: l.Device, Port: l.Port, LocalQPN: l.QPN, PeerQPN: l.PeerQPN, Conns: l.Conns,
 				TX:     control.LinkTraffic{Bytes: l.TxBytes, WorkRequests: l.Sent},
 				RX:     control.LinkTraffic{Bytes: l.RxBytes, WorkRequests: l.Received},
-				Errors: l.Errors, RTTMicros: float64(l.RTT.Nanoseconds()) / 1e3}
+				Errors: l.Errors, ErrorsByKind: l.ErrorsByKind, RTTMicros: float64(l.RTT.Nanoseconds()) / 1e3}
 			if l.PeerGID != ([16]byte{}) {
 				lk.PeerGID = netip.AddrFrom16(l.PeerGID).String()
 			}

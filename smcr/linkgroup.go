@@ -187,9 +187,12 @@ type LinkInfo struct {
 	TxBytes  uint64 // payload RDMA-written to the peer
 	RxBytes  uint64 // payload the peer RDMA-wrote to us, as its CDCs announced
 	PeerGID  [16]byte
-	Errors   uint64        // completions in error (flushes not counted) and malformed messages from the peer
-	RTT      time.Duration // the last TEST_LINK's round trip; 0 before the first
-	Tested   time.Time     // when it was answered (a link that receives is not tested: as Linux)
+	Errors   uint64 // completions in error (flushes not counted) and malformed messages from the peer
+	// ErrorsByKind splits Errors: a completion status's name ("remote
+	// access error", ...), or "protocol error"; only the kinds seen.
+	ErrorsByKind map[string]uint64
+	RTT          time.Duration // the last TEST_LINK's round trip; 0 before the first
+	Tested       time.Time     // when it was answered (a link that receives is not tested: as Linux)
 }
 
 // startFirstContact makes c the group's first contact.
@@ -240,7 +243,7 @@ func (e *Engine) LinkGroups() []LinkGroupInfo {
 func (l *link) info() LinkInfo {
 	li := LinkInfo{Num: l.num, Device: l.dev.Name(), Port: max(l.dev.Port().Num, 1), QPN: l.qp.Attr().QPN,
 		PeerQPN: l.peer.QPN, State: l.state(), QPState: l.qp.State().String(), Sent: l.posted.Load(), Received: l.received.Load(),
-		TxBytes: l.txBytes.Load(), RxBytes: l.rxBytes.Load(), PeerGID: l.peer.GID, Errors: l.errs.Load(),
+		TxBytes: l.txBytes.Load(), RxBytes: l.rxBytes.Load(), PeerGID: l.peer.GID, Errors: l.errs.Load(), ErrorsByKind: l.errorsByKind(),
 		RTT: time.Duration(l.rtt.Load())}
 	if at := l.testedAt.Load(); at != 0 {
 		li.Tested = time.Unix(0, at)

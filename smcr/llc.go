@@ -95,10 +95,11 @@ type link struct {
 	ctl       chan *Conn
 	clReq     chan llc.ConfirmLink // CONFIRM_LINK requests, for the client
 	testDue   chan struct{}
-	received  atomic.Uint64 // receive completions: TEST_LINK only after an interval without one
-	rtt       atomic.Int64  // the last TEST_LINK's round trip, ns
-	testedAt  atomic.Int64  // when it was answered, Unix ns (0: never)
-	errs      atomic.Uint64 // completions in error (not flushed) and malformed messages
+	received  atomic.Uint64                   // receive completions: TEST_LINK only after an interval without one
+	rtt       atomic.Int64                    // the last TEST_LINK's round trip, ns
+	testedAt  atomic.Int64                    // when it was answered, Unix ns (0: never)
+	errs      atomic.Uint64                   // completions in error (not flushed) and malformed messages
+	errKinds  [protoErrKind + 1]atomic.Uint64 // errs by kind: a completion's status, or protoErrKind
 
 	connected chan struct{}
 	connErr   error
@@ -408,13 +409,40 @@ func (l *link) complete(wc *verbs.WorkCompletion) {
 func (l *link) countErr(st verbs.WCStatus) {
 	if st != verbs.WCWRFlushErr {
 		l.errs.Add(1)
+		l.errKinds[min(st, verbs.WCGeneralErr)].Add(1)
 	}
 }
 
 // protoError counts a malformed or misdirected message the peer sent on l.
 func (l *link) protoError() {
 	l.errs.Add(1)
+	l.errKinds[protoErrKind].Add(1)
 	l.lg.e.st.protoErrors.Add(1)
+}
+
+// protoErrKind is the index of protocol errors in a link's errKinds, after
+// the completion statuses.
+const protoErrKind = verbs.WCGeneralErr + 1
+
+// errorsByKind is l's errors by kind, the kinds it has had: a completion
+// status's name, or "protocol error".
+func (l *link) errorsByKind() map[string]uint64 {
+	var out map[string]uint64
+	for i := range l.errKinds {
+		n := l.errKinds[i].Load()
+		if n == 0 {
+			continue
+		}
+		if out == nil {
+			out = map[string]uint64{}
+		}
+		kind := "protocol error"
+		if i != int(protoErrKind) {
+			kind = verbs.WCStatus(i).String()
+		}
+		out[kind] = n
+	}
+	return out
 }
 
 // onCDC validates and dispatches one CDC message, in the poller.

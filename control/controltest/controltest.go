@@ -62,10 +62,10 @@ func NewFake(file string) *Fake {
 				{Num: 1, State: "active", Interface: "veth-b", Device: "soft0", Port: 1,
 					LocalGID: "fe80::200:aff:fe00:1", PeerGID: "fe80::200:aff:fe00:3", LocalQPN: 0x12, PeerQPN: 0x31, Conns: 1,
 					TX: control.LinkTraffic{Bytes: 65536, WorkRequests: 3}, RX: control.LinkTraffic{Bytes: 987654321, WorkRequests: 15070},
-					Errors: 2, RTTMicros: 118.25, TestLinkAgo: 3},
+					Errors: 2, ErrorsByKind: map[string]uint64{"remote access error": 1, "protocol error": 1}, RTTMicros: 118.25, TestLinkAgo: 3},
 				{Num: 2, State: "inactive", Interface: "veth-c", Device: "soft1", Port: 1,
 					LocalGID: "fe80::200:aff:fe00:4", PeerGID: "fe80::200:aff:fe00:5", LocalQPN: 0x13, PeerQPN: 0x32, Conns: 0,
-					Errors: 1},
+					Errors: 1, ErrorsByKind: map[string]uint64{"transport retry exceeded": 1}},
 			}},
 	}
 	f.Cs = []control.Conn{

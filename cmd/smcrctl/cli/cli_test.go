@@ -54,6 +54,7 @@ func TestGolden(t *testing.T) {
 		{Name: "linkgroups_json", Args: []string{"linkgroups", "--json"}},
 		{Name: "links", Args: []string{"links"}},
 		{Name: "links_json", Args: []string{"links", "--json"}},
+		{Name: "links_detail", Args: []string{"links", "-d"}},
 		{Name: "devices", Args: []string{"devices"}},
 		{Name: "devices_json", Args: []string{"devices", "--json"}},
 		{Name: "conns", Args: []string{"conns"}},

@@ -5,6 +5,10 @@
 package cli
 
 import (
+	"flag"
+	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 
 	"github.com/smcr-io/smcr/control"
@@ -24,12 +28,19 @@ SENDs), ERRORS (failed work completions, remote access errors) and RTT (the last
 TEST_LINK round trip; "-" before the first).
 
 Options:
-  --json  print the links as JSON
+  -d      after the table, each link's errors by kind, like entstat -d: the work
+          completions' statuses (remote access error, transport retry exceeded,
+          ...) and protocol errors (malformed messages from the peer)
+  --json  print the links as JSON (errors_by_kind holds the split)
 
 Examples:
   smcrctl links
+  smcrctl links -d
   smcrctl links --json | jq '.[] | select(.errors > 0)'`,
-	flags: jsonFlag,
+	flags: func(fs *flag.FlagSet, o *options) {
+		jsonFlag(fs, o)
+		fs.BoolVar(&o.detail, "d", false, "")
+	},
 	run: func(e *env, o *options, args []string) error {
 		if err := noArgs(args); err != nil {
 			return err
@@ -48,7 +59,23 @@ Examples:
 			row(tw, l.LinkGroup, l.Num, l.Role, l.State, orDash(l.Interface), orDash(l.Device), orDash(l.LocalGID), orDash(l.PeerGID),
 				control.QPN(l.LocalQPN), control.QPN(l.PeerQPN), l.Conns, l.TX.Bytes, l.TX.WorkRequests, l.RX.Bytes, l.RX.WorkRequests, l.Errors, rtt(l.RTTMicros))
 		}
-		return tw.Flush()
+		if err := tw.Flush(); err != nil || !o.detail {
+			return err
+		}
+		for _, l := range links {
+			if len(l.ErrorsByKind) == 0 {
+				continue
+			}
+			fmt.Fprintf(e.stdout, "\nerrors of link %d/%d:\n", l.LinkGroup, l.Num)
+			tw := table(e.stdout)
+			for _, kind := range slices.Sorted(maps.Keys(l.ErrorsByKind)) {
+				row(tw, "  "+kind, l.ErrorsByKind[kind])
+			}
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+		}
+		return nil
 	},
 }
 
