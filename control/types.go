@@ -102,6 +102,18 @@ type ConnCounts struct {
 	FirstContact    uint64 `json:"first_contact"`    // SMC-R connections that created a link group
 	Reused          uint64 `json:"reused"`           // SMC-R connections that reused a link group
 	Active          int64  `json:"active"`           // SMC-R connections open now
+	// Handled, SMCR and Fallback by role, as smc-tools' smcr stats splits
+	// them: connections this host's applications made (client) or took.
+	Client RoleCounts `json:"client"`
+	Server RoleCounts `json:"server"`
+}
+
+// RoleCounts are one role's connections: handled, that went SMC-R, that became
+// plain TCP.
+type RoleCounts struct {
+	Handled  uint64 `json:"handled"`
+	SMCR     uint64 `json:"smcr"`
+	Fallback uint64 `json:"fallback"`
 }
 
 // Side names which end decided a fallback.

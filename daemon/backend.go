@@ -155,6 +155,13 @@ func (d *Daemon) stats(s smcr.Stats, reset bool) control.Stats {
 		out.Fallbacks = append(out.Fallbacks, control.FallbackCount{Reason: reasonNoSYNOp, Side: control.SideLocal, Count: noOption})
 	}
 	out.Connections.Fallback += plain
+	c := &out.Connections
+	c.Server = control.RoleCounts{Handled: s.Server.Handled, SMCR: s.Server.SMC, Fallback: s.Server.Fallback}
+	// The connections carried plain without CLC are all clients'.
+	// (Saturated: a server connection counted between two of the engine's
+	// loads may be in a role's count and not yet in the total.)
+	less := func(a, b uint64) uint64 { return a - min(a, b) }
+	c.Client = control.RoleCounts{Handled: less(c.Handled, c.Server.Handled), SMCR: less(c.SMCR, c.Server.SMCR), Fallback: less(c.Fallback, c.Server.Fallback)}
 	slices.SortFunc(out.Fallbacks, func(a, b control.FallbackCount) int {
 		if a.Count != b.Count {
 			return int(b.Count) - int(a.Count)

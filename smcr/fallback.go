@@ -99,6 +99,9 @@ func (e *Engine) fallback(c *Conn, code DeclineCode, side Side, send bool, cause
 		c.clcIn.marking = true // the bytes from here on are the application's
 	}
 	e.st.countFallback(code, side)
+	if !c.client {
+		e.st.srvFallback.Add(1)
+	}
 	e.log.Info("smcr: fallback to tcp", "conn", c.id, "code", fmt.Sprintf("%#08x", uint32(code)),
 		"reason", code.String(), "side", side.String(), "decline_sent", d.Sent, "cause", cause,
 		"remote", c.tcp.RemoteAddr())

@@ -114,7 +114,8 @@ func FixedStats() control.Stats {
 	}
 	return control.Stats{
 		SinceResetSeconds: 3725,
-		Connections:       control.ConnCounts{Handled: 40, SMCR: 31, Fallback: 9, HandshakeErrors: 1, FirstContact: 4, Reused: 27, Active: 2},
+		Connections: control.ConnCounts{Handled: 40, SMCR: 31, Fallback: 9, HandshakeErrors: 1, FirstContact: 4, Reused: 27, Active: 2,
+			Client: control.RoleCounts{Handled: 25, SMCR: 18, Fallback: 7}, Server: control.RoleCounts{Handled: 15, SMCR: 13, Fallback: 2}},
 		Fallbacks: []control.FallbackCount{
 			{Code: 0x03010000, Reason: "peer did not send the SMC option", Side: control.SideLocal, Count: 6},
 			{Code: 0x03070000, Reason: "IP subnet mismatch", Side: control.SidePeer, Count: 2},
