@@ -28,7 +28,7 @@ DESTDIR   ?=
 # parallelises itself).
 .NOTPARALLEL:
 
-.PHONY: help deps build ldflags install test test-unit test-race test-vm bench-vm bench-go lint fmt vet generate check-generate fuzz bench demo install clean
+.PHONY: help deps build ldflags man install test test-unit test-race test-vm bench-vm bench-go lint fmt vet generate check-generate fuzz bench demo install clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -39,6 +39,12 @@ deps: ## install every system package, Go itself where missing, and the Go modul
 build: ## build smcrd, smcrctl (static, no cgo) and the tools into bin/
 	$(GO) build -ldflags '$(LDFLAGS)' -o bin/ ./cmd/smcrd ./cmd/smcrbench ./cmd/verbsbench
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o bin/smcrctl ./cmd/smcrctl
+
+man: ## regenerate the man pages in docs/man from smcrd's and smcrctl's own help
+	mkdir -p docs/man
+	$(GO) run ./cmd/smcrd -man smcrd > docs/man/smcrd.8
+	$(GO) run ./cmd/smcrd -man smcrd.conf > docs/man/smcrd.conf.5
+	$(GO) run ./cmd/smcrctl help --man > docs/man/smcrctl.8
 
 ldflags: ## print the -ldflags that stamp the version and commit (for builds outside make)
 	@echo '$(LDFLAGS)'
@@ -85,7 +91,7 @@ bench-vm: ## ibv benchmarks beside perftest, and the engine beside TCP, in one V
 demo: deps build ## the main job: smcrd accelerating an unmodified program between two namespaces
 	./scripts/demo.sh
 
-install: build ## install smcrd, smcrctl, the systemd unit and /etc/smcr/smcrd.conf (as root; PREFIX, DESTDIR)
+install: build ## install smcrd, smcrctl, their man pages, the systemd unit and /etc/smcr/smcrd.conf (as root; PREFIX, DESTDIR)
 	install -D -m 0755 bin/smcrd $(DESTDIR)$(PREFIX)/sbin/smcrd
 	install -D -m 0755 bin/smcrctl $(DESTDIR)$(PREFIX)/bin/smcrctl
 	sed 's#/usr/local/#$(PREFIX)/#g' configs/smcrd.service > bin/smcrd.service
@@ -93,6 +99,9 @@ install: build ## install smcrd, smcrctl, the systemd unit and /etc/smcr/smcrd.c
 	[ -e $(DESTDIR)/etc/smcr/smcrd.conf ] || install -D -m 0644 configs/smcrd.conf $(DESTDIR)/etc/smcr/smcrd.conf
 	install -D -m 0644 configs/grafana-smcr.json $(DESTDIR)$(PREFIX)/share/smcr/grafana-smcr.json
 	install -D -m 0644 docs/operations.md $(DESTDIR)$(PREFIX)/share/doc/smcr/operations.md
+	install -D -m 0644 docs/man/smcrd.8 $(DESTDIR)$(PREFIX)/share/man/man8/smcrd.8
+	install -D -m 0644 docs/man/smcrctl.8 $(DESTDIR)$(PREFIX)/share/man/man8/smcrctl.8
+	install -D -m 0644 docs/man/smcrd.conf.5 $(DESTDIR)$(PREFIX)/share/man/man5/smcrd.conf.5
 	if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
 
 clean: ## remove build output

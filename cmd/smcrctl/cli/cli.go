@@ -23,6 +23,7 @@ import (
 
 	"github.com/smcr-io/smcr/config"
 	"github.com/smcr-io/smcr/control"
+	"github.com/smcr-io/smcr/internal/manpage"
 	smcrversion "github.com/smcr-io/smcr/internal/version"
 )
 
@@ -120,7 +121,8 @@ Exit codes:
   2  usage error
   3  smcrd is not running
 
-Run 'smcrctl VERB --help' for a verb's options and examples.
+Run 'smcrctl VERB --help' for a verb's options and examples; 'smcrctl help --man'
+writes this manual as a man page (smcrctl.8).
 `
 
 func writeGlobalUsage(w io.Writer) {
@@ -227,6 +229,13 @@ func runHelp(args []string, stdout, stderr io.Writer) int {
 		writeGlobalUsage(stdout)
 		return ExitOK
 	}
+	if len(args) == 1 && args[0] == "--man" {
+		if err := writeMan(stdout); err != nil {
+			fmt.Fprintf(stderr, "smcrctl: %v\n", err)
+			return ExitError
+		}
+		return ExitOK
+	}
 	cmd := lookup(args[0])
 	if cmd == nil {
 		fmt.Fprintf(stderr, "smcrctl: unknown verb %q\nRun 'smcrctl --help' for the list.\n", args[0])
@@ -234,6 +243,23 @@ func runHelp(args []string, stdout, stderr io.Writer) int {
 	}
 	writeCommandHelp(stdout, cmd)
 	return ExitOK
+}
+
+// writeMan writes smcrctl's manual page (smcrctl.8): the global help and
+// every verb's, as smcrctl prints them.
+func writeMan(w io.Writer) error {
+	var global, verbs strings.Builder
+	writeGlobalUsage(&global)
+	for i, c := range commands {
+		if i > 0 {
+			verbs.WriteString("\n")
+		}
+		writeCommandHelp(&verbs, c)
+	}
+	return manpage.Write(w, "smcrctl", "8", "the operator's command line for smcrd (SMC-R, RFC 7609)",
+		manpage.Section{Title: "DESCRIPTION", Text: global.String()},
+		manpage.Section{Title: "VERBS", Text: verbs.String()},
+		manpage.Section{Title: "SEE ALSO", Text: "smcrd(8), smcrd.conf(5)"})
 }
 
 func writeCommandHelp(w io.Writer, cmd *command) {
