@@ -38,6 +38,8 @@ type Backend interface {
 	// Listeners are the TCP listeners of smcrd's network namespace but its
 	// own, and whether smcrd steers their connections.
 	Listeners(ctx context.Context) ([]Listener, error)
+	// History is the last connections that ended, newest first.
+	History(ctx context.Context) ([]ClosedConn, error)
 }
 
 var (

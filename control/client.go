@@ -123,6 +123,11 @@ func (c *Client) Listeners(ctx context.Context) (l []Listener, err error) {
 	return l, c.do(ctx, "GET", "/v1/listeners", nil, &l)
 }
 
+// History returns the last connections that ended, newest first.
+func (c *Client) History(ctx context.Context) (l []ClosedConn, err error) {
+	return l, c.do(ctx, "GET", "/v1/history", nil, &l)
+}
+
 func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
 	var body io.Reader
 	if in != nil {

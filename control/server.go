@@ -164,6 +164,7 @@ func (s *Server) Handler() http.Handler {
 	get("/v1/peers", func(ctx context.Context) (any, error) { return nonNil(s.b.Peers(ctx)) })
 	get("/v1/devices", func(ctx context.Context) (any, error) { return nonNil(s.b.Devices(ctx)) })
 	get("/v1/listeners", func(ctx context.Context) (any, error) { return nonNil(s.b.Listeners(ctx)) })
+	get("/v1/history", func(ctx context.Context) (any, error) { return nonNil(s.b.History(ctx)) })
 
 	mux.HandleFunc("POST /v1/config", func(w http.ResponseWriter, r *http.Request) {
 		var req SetConfigRequest

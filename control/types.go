@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"time"
 
 	"github.com/smcr-io/smcr/config"
 )
@@ -289,6 +290,26 @@ type Conn struct {
 	RxProd Cursor `json:"rx_prod"` // how far the peer wrote into ours
 	RxCons Cursor `json:"rx_cons"` // how far we consumed
 }
+
+// ClosedConn is a connection smcrd carried that has ended (GET /v1/history):
+// the last ones, newest first, a bounded number of them.
+type ClosedConn struct {
+	ID     uint64    `json:"id"`
+	Local  string    `json:"local"`
+	Remote string    `json:"remote"`
+	Role   string    `json:"role"`             // "client" or "server"
+	Mode   string    `json:"mode"`             // ModeSMCR, ModeTCP, or ModeFailed
+	Reason string    `json:"reason,omitempty"` // why TCP: the decline reason
+	Ended  time.Time `json:"ended"`
+	// Seconds is how long it lasted, from smcrd's accept.
+	Seconds float64 `json:"seconds"`
+	TxBytes uint64  `json:"tx_bytes"`
+	RxBytes uint64  `json:"rx_bytes"`
+}
+
+// ModeFailed is the mode of a connection that ended while smcrd set it up:
+// the application saw a reset (destination unreachable, handshake lost).
+const ModeFailed = "FAILED"
 
 // Cursor is an RMBE position with its wrap count.
 type Cursor struct {

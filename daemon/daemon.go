@@ -124,6 +124,7 @@ type Daemon struct {
 
 	connMu sync.Mutex
 	conns  map[uint64]*tracked
+	closed history        // the last connections that ended (smcrctl history)
 	wg     sync.WaitGroup // accept loops and connection handlers
 
 	optMu     sync.Mutex
@@ -160,6 +161,7 @@ type tracked struct {
 	reason string     // why a connection without CLC is plain TCP
 	side   string     // whose doing that is: control.SidePeer or SideLocal
 	bytes  byteCounts
+	start  time.Time
 }
 
 // New sets smcrd up: claims the pin directory (one smcrd per directory: see
@@ -602,6 +604,7 @@ func (d *Daemon) track(t *tracked) {
 	// From the engine's sequence: the engine's fallbacks are listed beside
 	// these, and two sequences gave the first of each ID 1.
 	t.id = d.engine.NewConnID()
+	t.start = time.Now()
 	d.connMu.Lock()
 	d.conns[t.id] = t
 	d.connMu.Unlock()
@@ -610,6 +613,7 @@ func (d *Daemon) track(t *tracked) {
 func (d *Daemon) untrack(t *tracked) {
 	d.connMu.Lock()
 	delete(d.conns, t.id)
+	d.closed.add(t.ended())
 	d.connMu.Unlock()
 }
 

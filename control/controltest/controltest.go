@@ -30,6 +30,7 @@ type Fake struct {
 	Ps          []control.Peer
 	Ds          []control.Device
 	Ls          []control.Listener
+	Hist        []control.ClosedConn
 	Resets      int   // calls of ResetStats
 	Err         error // when set, every call fails with it
 	lastPersist bool
@@ -95,6 +96,12 @@ func NewFake(file string) *Fake {
 		{Addr: "0.0.0.0", Port: 5201, Steered: true},
 		{Addr: "::", Port: 443, Reason: "port not in port_range_list"},
 		{Addr: "127.0.0.1", Port: 6379, Reason: "loopback only: its connections do not arrive on the interfaces"},
+	}
+	ended := time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC)
+	f.Hist = []control.ClosedConn{
+		{ID: 7, Local: "198.18.0.1:40500", Remote: "198.18.0.2:5201", Role: "client", Mode: control.ModeSMCR, Ended: ended, Seconds: 12.5, TxBytes: 1 << 20, RxBytes: 4096},
+		{ID: 6, Local: "198.18.0.1:40498", Remote: "198.18.0.9:5201", Role: "client", Mode: control.ModeTCP, Reason: "peer did not send the SMC option", Ended: ended.Add(-time.Minute), Seconds: 0.25, TxBytes: 100, RxBytes: 20},
+		{ID: 5, Local: "198.18.0.1:40490", Remote: "198.18.0.7:5201", Role: "client", Mode: control.ModeFailed, Ended: ended.Add(-2 * time.Minute)},
 	}
 	return f
 }
@@ -285,6 +292,13 @@ func (f *Fake) Listeners(context.Context) ([]control.Listener, error) {
 	unlock, err := f.lock()
 	defer unlock()
 	return append([]control.Listener(nil), f.Ls...), err
+}
+
+// History implements control.Backend.
+func (f *Fake) History(context.Context) ([]control.ClosedConn, error) {
+	unlock, err := f.lock()
+	defer unlock()
+	return append([]control.ClosedConn(nil), f.Hist...), err
 }
 
 // Persisted reports whether the last configuration change asked to persist.

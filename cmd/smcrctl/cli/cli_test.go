@@ -68,6 +68,8 @@ func TestGolden(t *testing.T) {
 		{Name: "peers_forget_all", Args: []string{"peers", "--forget"}},
 		{Name: "peers_forget_bad", Args: []string{"peers", "--forget", "frob"}, Exit: 2},
 		{Name: "peers_forget_zone", Args: []string{"peers", "--forget", "198.18.0.9", "fe80::1%v0"}, Exit: 2},
+		{Name: "history", Args: []string{"history"}},
+		{Name: "history_json", Args: []string{"history", "--json"}},
 		{Name: "listeners", Args: []string{"listeners"}},
 		{Name: "listeners_json", Args: []string{"listeners", "--json"}},
 		{Name: "stats", Args: []string{"stats"}},
@@ -191,7 +193,7 @@ func verbs() []string {
 
 func TestVerbList(t *testing.T) {
 	got := verbs()
-	want := []string{"status", "enable", "disable", "set", "show", "linkgroups", "links", "devices", "conns", "peers", "listeners", "stats", "version"}
+	want := []string{"status", "enable", "disable", "set", "show", "linkgroups", "links", "devices", "conns", "history", "peers", "listeners", "stats", "version"}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("verbs = %v, want %v", got, want)
 	}
