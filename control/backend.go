@@ -40,6 +40,8 @@ type Backend interface {
 	Listeners(ctx context.Context) ([]Listener, error)
 	// History is the last connections that ended, newest first.
 	History(ctx context.Context) ([]ClosedConn, error)
+	// Probe says whether a connection to dst would be tried over SMC-R now.
+	Probe(ctx context.Context, dst netip.AddrPort) (Probe, error)
 }
 
 var (

@@ -165,6 +165,18 @@ func (s *Server) Handler() http.Handler {
 	get("/v1/devices", func(ctx context.Context) (any, error) { return nonNil(s.b.Devices(ctx)) })
 	get("/v1/listeners", func(ctx context.Context) (any, error) { return nonNil(s.b.Listeners(ctx)) })
 	get("/v1/history", func(ctx context.Context) (any, error) { return nonNil(s.b.History(ctx)) })
+	mux.HandleFunc("GET /v1/probe", func(w http.ResponseWriter, r *http.Request) {
+		dst, err := ParsePeer(r.URL.Query().Get("dst"))
+		if err == nil && dst.Port() == 0 {
+			err = fmt.Errorf("%q: a destination is an address and a port", r.URL.Query().Get("dst"))
+		}
+		if err != nil {
+			s.reply(w, r, nil, fmt.Errorf("%w: %w", ErrInvalid, err))
+			return
+		}
+		p, err := s.b.Probe(r.Context(), dst)
+		s.reply(w, r, p, err)
+	})
 
 	mux.HandleFunc("POST /v1/config", func(w http.ResponseWriter, r *http.Request) {
 		var req SetConfigRequest

@@ -307,6 +307,23 @@ type ClosedConn struct {
 	RxBytes uint64  `json:"rx_bytes"`
 }
 
+// Probe says whether a connection to Dst, made now by a program in the cgroup
+// smcrd serves, would be tried over SMC-R, and why not (GET /v1/probe), like
+// smc-tools' smc_chk: each check the programs make, in their order.
+type Probe struct {
+	Dst    string       `json:"dst"`
+	Cgroup string       `json:"cgroup"` // whose programs' connections are redirected ("": all)
+	SMCR   bool         `json:"smcr"`   // every check passed
+	Checks []ProbeCheck `json:"checks"`
+}
+
+// ProbeCheck is one check of a Probe.
+type ProbeCheck struct {
+	Check  string `json:"check"`
+	OK     bool   `json:"ok"`
+	Detail string `json:"detail"`
+}
+
 // ModeFailed is the mode of a connection that ended while smcrd set it up:
 // the application saw a reset (destination unreachable, handshake lost).
 const ModeFailed = "FAILED"

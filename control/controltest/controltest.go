@@ -301,6 +301,26 @@ func (f *Fake) History(context.Context) ([]control.ClosedConn, error) {
 	return append([]control.ClosedConn(nil), f.Hist...), err
 }
 
+// Probe implements control.Backend: 198.18.0.2 goes SMC-R, other
+// addresses are in the negative cache.
+func (f *Fake) Probe(_ context.Context, dst netip.AddrPort) (control.Probe, error) {
+	unlock, err := f.lock()
+	defer unlock()
+	p := control.Probe{Dst: dst.String(), Cgroup: "apps.slice", Checks: []control.ProbeCheck{
+		{Check: "enabled", OK: true, Detail: "enabled = yes"},
+		{Check: "port", OK: true, Detail: "in port_range_list 1024-65535"},
+		{Check: "device", OK: true, Detail: "providers shm, soft"},
+		{Check: "route", OK: true, Detail: "through a listed interface, from 198.18.0.1"},
+		{Check: "peer cache", OK: true, Detail: "capable, for 540s"},
+		{Check: "reachable", OK: true, Detail: "no failed connect on record"},
+	}}
+	if dst.Addr() != netip.MustParseAddr("198.18.0.2") {
+		p.Checks[4] = control.ProbeCheck{Check: "peer cache", Detail: "without SMC-R (peer did not send the SMC option), for 75s: plain TCP"}
+	}
+	p.SMCR = p.Checks[4].OK
+	return p, err
+}
+
 // Persisted reports whether the last configuration change asked to persist.
 func (f *Fake) Persisted() bool {
 	f.mu.Lock()

@@ -91,7 +91,7 @@ func usagef(format string, args ...any) error {
 // commands in the order `smcrctl --help` lists them.
 var commands = []*command{
 	statusCmd, enableCmd, disableCmd, setCmd, showCmd,
-	linkgroupsCmd, linksCmd, devicesCmd, connsCmd, historyCmd, peersCmd, listenersCmd, statsCmd, versionCmd,
+	linkgroupsCmd, linksCmd, devicesCmd, connsCmd, historyCmd, peersCmd, listenersCmd, probeCmd, statsCmd, versionCmd,
 }
 
 func lookup(name string) *command {

@@ -71,6 +71,11 @@ func TestGolden(t *testing.T) {
 		{Name: "history", Args: []string{"history"}},
 		{Name: "history_json", Args: []string{"history", "--json"}},
 		{Name: "listeners", Args: []string{"listeners"}},
+		{Name: "probe", Args: []string{"probe", "198.18.0.2:5201"}},
+		{Name: "probe_negative", Args: []string{"probe", "198.18.0.9:6379"}},
+		{Name: "probe_json", Args: []string{"probe", "198.18.0.2:5201", "--json"}},
+		{Name: "probe_no_port", Args: []string{"probe", "198.18.0.2"}, Exit: 1},
+		{Name: "probe_noargs", Args: []string{"probe"}, Exit: 2},
 		{Name: "listeners_json", Args: []string{"listeners", "--json"}},
 		{Name: "stats", Args: []string{"stats"}},
 		{Name: "stats_detail", Args: []string{"stats", "-d"}},
@@ -193,7 +198,7 @@ func verbs() []string {
 
 func TestVerbList(t *testing.T) {
 	got := verbs()
-	want := []string{"status", "enable", "disable", "set", "show", "linkgroups", "links", "devices", "conns", "history", "peers", "listeners", "stats", "version"}
+	want := []string{"status", "enable", "disable", "set", "show", "linkgroups", "links", "devices", "conns", "history", "peers", "listeners", "probe", "stats", "version"}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("verbs = %v, want %v", got, want)
 	}
