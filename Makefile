@@ -15,6 +15,11 @@ GO        ?= go
 # The race pass leaves out what spawns binaries or boots the VM (their own
 # timeouts do not stretch tenfold) and the benchmark driver.
 RACE_PKGS  = $(shell $(GO) list ./... | grep -v -e /test/ -e /bench$$ -e /cmd/smcrbench$$)
+# What smcrd -version and smcrctl version print: the release (VERSION) and the
+# commit built, "-dirty" when the tree had changes.
+VERSION   ?= $(shell cat VERSION)
+COMMIT    ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null)$(shell git diff --quiet HEAD -- 2>/dev/null || echo -dirty)
+LDFLAGS   := -X github.com/smcr-io/smcr/internal/version.Version=$(VERSION) -X github.com/smcr-io/smcr/internal/version.Commit=$(COMMIT)
 PREFIX    ?= /usr/local
 DESTDIR   ?=
 
@@ -23,7 +28,7 @@ DESTDIR   ?=
 # parallelises itself).
 .NOTPARALLEL:
 
-.PHONY: help deps build preload install test test-unit test-race test-lockrank test-vm bench-vm bench-go lint fmt vet generate check-generate fuzz bench demo install clean
+.PHONY: help deps build preload ldflags man install test test-unit test-race test-lockrank test-vm bench-vm bench-go lint fmt vet generate check-generate fuzz bench demo install clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -32,19 +37,23 @@ deps: ## install every system package, Go itself where missing, and the Go modul
 	./scripts/deps.sh
 
 build: preload ## build smcrd, smcrctl (static, no cgo), the tools and libsmcr-preload.so into bin/
-	$(GO) build -o bin/ ./cmd/smcrd ./cmd/smcrbench ./cmd/verbsbench
-	CGO_ENABLED=0 $(GO) build -o bin/smcrctl ./cmd/smcrctl
+	$(GO) build -ldflags '$(LDFLAGS)' -o bin/ ./cmd/smcrd ./cmd/smcrbench ./cmd/verbsbench
+	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o bin/smcrctl ./cmd/smcrctl
 
 preload: ## build libsmcr-preload.so, the direct mode's C library, into bin/ (needs gcc)
 	$(MAKE) -C preload
 
-test: deps ## the whole suite: lint, generated-code freshness, unit + privileged + VM tests, race detector, short fuzzing
-	$(MAKE) lint
-	$(MAKE) check-generate
-	$(MAKE) test-unit
-	$(MAKE) test-race
-	$(MAKE) test-lockrank
-	$(MAKE) fuzz FUZZTIME=$(if $(CI),10s,$(FUZZTIME))
+man: ## regenerate the man pages in docs/man from smcrd's and smcrctl's own help
+	mkdir -p docs/man
+	$(GO) run ./cmd/smcrd -man smcrd > docs/man/smcrd.8
+	$(GO) run ./cmd/smcrd -man smcrd.conf > docs/man/smcrd.conf.5
+	$(GO) run ./cmd/smcrctl help --man > docs/man/smcrctl.8
+
+ldflags: ## print the -ldflags that stamp the version and commit (for builds outside make)
+	@echo '$(LDFLAGS)'
+
+test: deps ## the whole suite: lint, generated-code freshness, unit + privileged + VM tests, race detector, short fuzzing; then each phase's time and the tests skipped, with why
+	scripts/test.sh "$(MAKE)" $(if $(CI),10s,$(FUZZTIME))
 
 test-unit: ## go test of every package (privileged and VM tests included; no race detector)
 	scripts/gotest.sh $(GO) -count=1 -timeout 30m $(PKGS)
@@ -52,7 +61,7 @@ test-unit: ## go test of every package (privileged and VM tests included; no rac
 test-lockrank: ## the engine's tests with its mutexes checking the lock order (smcr/lockrank.go)
 	scripts/gotest.sh $(GO) -tags lockrank -count=1 -timeout 20m ./smcr/
 
-test-race: ## go test -race of every package but the end-to-end, VM and benchmark drivers, then the end-to-end suite against an smcrd built with -race (~3 min)
+test-race: ## go test -race of every package but the end-to-end, VM and benchmark drivers, then the end-to-end suite against an smcrd built with -race (~5 min)
 	scripts/gotest.sh $(GO) -race -count=1 -timeout 20m $(RACE_PKGS)
 	@bin=$$(mktemp -d) && trap 'rm -rf "$$bin"' EXIT && \
 	$(GO) build -race -o "$$bin/smcrd" ./cmd/smcrd && \
@@ -79,7 +88,7 @@ bench: ## every benchmark beside its baselines: report.md, report.json and plots
 bench-go: ## the packages' go test -bench benchmarks (providers, codecs, e2e)
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) $(PKGS)
 
-test-vm: ## only the VM tests on Debian 12's kernel: ibv provider + verbstest, engines and the transparent path on soft-RoCE, eBPF programs (~5 min)
+test-vm: ## only the VM tests on Debian 12's kernel: ibv provider + verbstest, engines and the transparent path on soft-RoCE, eBPF programs (~9 min)
 	$(GO) test -count=1 -timeout 15m -v ./test/vm/...
 
 bench-vm: ## ibv benchmarks beside perftest, and the engine beside TCP, in one VM boot (VM_ITERS, VM_ROUNDS)
@@ -88,7 +97,7 @@ bench-vm: ## ibv benchmarks beside perftest, and the engine beside TCP, in one V
 demo: deps build ## the main job: smcrd accelerating an unmodified program between two namespaces
 	./scripts/demo.sh
 
-install: build ## install smcrd, smcrctl, the systemd unit and /etc/smcr/smcrd.conf (as root; PREFIX, DESTDIR)
+install: build ## install smcrd, smcrctl, their man pages, the systemd unit and /etc/smcr/smcrd.conf (as root; PREFIX, DESTDIR)
 	install -D -m 0755 bin/smcrd $(DESTDIR)$(PREFIX)/sbin/smcrd
 	install -D -m 0755 bin/smcrctl $(DESTDIR)$(PREFIX)/bin/smcrctl
 	install -D -m 0755 bin/libsmcr-preload.so $(DESTDIR)$(PREFIX)/lib/smcr/libsmcr-preload.so
@@ -97,6 +106,9 @@ install: build ## install smcrd, smcrctl, the systemd unit and /etc/smcr/smcrd.c
 	[ -e $(DESTDIR)/etc/smcr/smcrd.conf ] || install -D -m 0644 configs/smcrd.conf $(DESTDIR)/etc/smcr/smcrd.conf
 	install -D -m 0644 configs/grafana-smcr.json $(DESTDIR)$(PREFIX)/share/smcr/grafana-smcr.json
 	install -D -m 0644 docs/operations.md $(DESTDIR)$(PREFIX)/share/doc/smcr/operations.md
+	install -D -m 0644 docs/man/smcrd.8 $(DESTDIR)$(PREFIX)/share/man/man8/smcrd.8
+	install -D -m 0644 docs/man/smcrctl.8 $(DESTDIR)$(PREFIX)/share/man/man8/smcrctl.8
+	install -D -m 0644 docs/man/smcrd.conf.5 $(DESTDIR)$(PREFIX)/share/man/man5/smcrd.conf.5
 	if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
 
 clean: ## remove build output

@@ -28,6 +28,9 @@ type Attribute struct {
 	Value       string `json:"value"`
 	Default     string `json:"default"`
 	Description string `json:"description"`
+	// Pending is a value set since smcrd started that applies only when it
+	// restarts (AtRestart); Value is then the one in effect. Empty otherwise.
+	Pending string `json:"pending,omitempty"`
 }
 
 // Attributes lists every attribute of c with its value, default and description.
@@ -35,6 +38,21 @@ func (c Config) Attributes() []Attribute {
 	out := make([]Attribute, 0, len(attributes))
 	for _, a := range attributes {
 		out = append(out, Attribute{Name: a.name, Value: a.get(&c), Default: a.def, Description: a.desc})
+	}
+	return out
+}
+
+// AttributesSince lists every attribute of c as Attributes does, for an smcrd
+// that started with started: an attribute read only at start whose value
+// changed since has the value in effect, started's, and c's as Pending.
+func (c Config) AttributesSince(started Config) []Attribute {
+	out := c.Attributes()
+	then := started.Attributes()
+	for i := range out {
+		if out[i].Value != then[i].Value && AtRestart(out[i].Name) != "" {
+			out[i].Pending = out[i].Value
+			out[i].Value = then[i].Value
+		}
 	}
 	return out
 }
@@ -85,6 +103,7 @@ var atRestart = map[string]string{
 	"control_socket":  "the control socket is opened at start",
 	"control_group":   "the control socket is opened at start",
 	"direct_mode":     "the direct socket is opened at start",
+	"monitor_group":   "the control socket is opened at start",
 	"metrics_address": "the metrics listener is opened at start",
 	"log_level":       "the logger is made at start",
 	"log_format":      "the logger is made at start",
@@ -221,6 +240,12 @@ var attributes = []attribute{
 		desc: "Unix group allowed to use smcrctl besides root (empty: root only)",
 		set:  func(c *Config, v string) error { c.ControlGroup = v; return nil },
 		get:  func(c *Config) string { return c.ControlGroup },
+	},
+	{
+		name: "monitor_group", def: "",
+		desc: "Unix group allowed to read smcrd's state with smcrctl (status, show, stats, tables) but not to change it (empty: none)",
+		set:  func(c *Config, v string) error { c.MonitorGroup = v; return nil },
+		get:  func(c *Config) string { return c.MonitorGroup },
 	},
 	{
 		name: "metrics_address", def: "127.0.0.1:9464",

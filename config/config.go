@@ -26,9 +26,12 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
+	"unicode"
+	"unicode/utf8"
 )
 
 // Config is the whole configuration of one smcrd.
@@ -49,6 +52,7 @@ type Config struct {
 	ControlSocket  string        // smcrctl talks to smcrd here
 	ControlGroup   string        // Unix group allowed on the control socket besides root
 	DirectMode     bool          // serve the direct mode's libraries on DirectSocket()
+	MonitorGroup   string        // Unix group allowed to read, not change, on the control socket
 	MetricsAddress string        // Prometheus metrics listener; empty = off
 	LogLevel       string        // debug, info, warn, error
 	LogFormat      string        // text or json
@@ -85,6 +89,31 @@ type Error struct {
 	Msg    string
 }
 
+// AttrError is an error in the value of attribute name, found after the file at
+// path loaded (path "" for the embedded defaults): it names the line that sets
+// it, if the file does.
+func AttrError(path, name, msg string) *Error {
+	e := &Error{Source: path, Attr: name, Msg: msg}
+	if text, err := os.ReadFile(path); err == nil {
+		e.Line = settingLine(strings.SplitAfter(string(text), "\n"), name) + 1
+	}
+	return e
+}
+
+// printable is s, quoted as Go would if it holds anything that a terminal would
+// not show as it is: an error must not echo control characters.
+func printable(s string) string {
+	if !utf8.ValidString(s) {
+		return strconv.Quote(s)
+	}
+	for _, r := range s {
+		if !unicode.IsPrint(r) {
+			return strconv.Quote(s)
+		}
+	}
+	return s
+}
+
 func (e *Error) Error() string {
 	var b strings.Builder
 	if e.Source != "" {
@@ -97,12 +126,15 @@ func (e *Error) Error() string {
 		fmt.Fprintf(&b, "line %d: ", e.Line)
 	}
 	if e.Attr != "" {
-		b.WriteString(e.Attr)
+		b.WriteString(printable(e.Attr))
 		b.WriteString(": ")
 	}
 	b.WriteString(e.Msg)
 	return b.String()
 }
+
+// maxLine is the longest line a configuration may have, its end included.
+const maxLine = 64 << 10
 
 // Load reads and validates a configuration file. An empty path means the embedded
 // default.
@@ -126,7 +158,14 @@ func parse(r io.Reader, source string) (Config, error) {
 	seen := map[string]int{}
 	var errs []error
 	sc := bufio.NewScanner(r)
-	for line := 1; sc.Scan(); line++ {
+	sc.Buffer(nil, maxLine)
+	line := 0
+	for sc.Scan() {
+		line++
+		if bytes.IndexByte(sc.Bytes(), 0) >= 0 {
+			// Not a configuration at all: one error, not one per line.
+			return Config{}, &Error{Source: source, Line: line, Msg: "not text (a binary file?)"}
+		}
 		text := strings.TrimSpace(stripComment(sc.Text()))
 		if text == "" {
 			continue
@@ -147,8 +186,10 @@ func parse(r io.Reader, source string) (Config, error) {
 			errs = append(errs, err)
 		}
 	}
-	if err := sc.Err(); err != nil {
-		return Config{}, fmt.Errorf("config: read: %w", err)
+	if err := sc.Err(); errors.Is(err, bufio.ErrTooLong) {
+		return Config{}, &Error{Source: source, Line: line + 1, Msg: fmt.Sprintf("line longer than %d KiB", maxLine>>10)}
+	} else if err != nil {
+		return Config{}, fmt.Errorf("config: read %s: %w", source, err)
 	}
 	if len(errs) > 0 {
 		return Config{}, errors.Join(errs...)

@@ -159,6 +159,46 @@ func TestLoadNamesFile(t *testing.T) {
 	}
 }
 
+// TestLoadUnreadable: a line too long, a binary file and control characters
+// give an error with the file and line, escaped, once. They gave only
+// "bufio.Scanner: token too long", or echoed the bytes to the terminal.
+func TestLoadUnreadable(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct {
+		name, text, want string
+	}{
+		{"long", "enabled = yes\nlog_level = " + strings.Repeat("x", 70<<10) + "\n", ":2: line longer than 64 KiB"},
+		{"binary", "\x7fELF\x02\x01\x01\x00\x00 = \x1b[2J\n\x00\x00\n", ":1: not text (a binary file?)"},
+		{"control", "enabled = yes\n\x1b[2J\x07 = 1\n", `:2: "\x1b[2J\a": unknown attribute`},
+		{"latin1", "\xe9t\xe9 = 1\n", `:1: "\xe9t\xe9": unknown attribute`},
+	} {
+		p := filepath.Join(dir, c.name+".conf")
+		if err := os.WriteFile(p, []byte(c.text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, err := Load(p)
+		if err == nil || !strings.HasPrefix(err.Error(), p+c.want) || strings.Count(err.Error(), "\n") > 0 {
+			t.Errorf("%s: %v, want one error beginning %q", c.name, err, p+c.want)
+		}
+		if err != nil && strings.ContainsAny(err.Error(), "\x00\x1b\x07") {
+			t.Errorf("%s: the error holds control characters: %q", c.name, err)
+		}
+	}
+}
+
+// TestAttrError: an error found in an attribute's value after the file loaded
+// names the line that sets it.
+func TestAttrError(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "smcrd.conf")
+	os.WriteFile(p, []byte("enabled = yes\n# c\ncgroup = /x/\n"), 0o644)
+	if got, want := AttrError(p, "cgroup", "no such cgroup").Error(), p+":3: cgroup: no such cgroup"; got != want {
+		t.Errorf("AttrError = %q, want %q", got, want)
+	}
+	if got, want := AttrError("", "cgroup", "no such cgroup").Error(), "cgroup: no such cgroup"; got != want {
+		t.Errorf("AttrError of the defaults = %q, want %q", got, want)
+	}
+}
+
 func TestSetIsAllOrNothing(t *testing.T) {
 	c := Default()
 	n, err := c.Set("port_range_list=5201", "max_memory=64")

@@ -20,18 +20,26 @@ type access struct {
 	self      int    // smcrd's effective uid: it may always talk to itself
 	gid       int    // the control group, -1 for none
 	groupName string // for messages
+	// monitorGid is the monitor group, which may read but not change, -1 for none.
+	monitorGid  int
+	monitorName string
 	// groupsOf returns the supplementary groups of a process (SO_PEERCRED carries
 	// only the primary gid). Replaced in tests.
 	groupsOf func(pid int32) ([]int, error)
 }
 
-func newAccess(group string) (access, error) {
-	a := access{self: os.Geteuid(), gid: -1, groupsOf: procGroups}
+func newAccess(group, monitor string) (access, error) {
+	a := access{self: os.Geteuid(), gid: -1, monitorGid: -1, groupsOf: procGroups}
 	gid, err := LookupGroup(group)
 	if err != nil {
 		return a, err
 	}
+	mgid, err := LookupGroup(monitor)
+	if err != nil {
+		return a, err
+	}
 	a.gid, a.groupName = gid, group
+	a.monitorGid, a.monitorName = mgid, monitor
 	return a, nil
 }
 
@@ -51,18 +59,33 @@ func LookupGroup(group string) (int, error) {
 	return strconv.Atoi(g.Gid)
 }
 
-// check admits root, smcrd's own uid and members of the control group.
-func (a access) check(c syscall.Ucred) error {
+// check admits root, smcrd's own uid and members of the control group, and
+// members of the monitor group to what does not change anything (write false).
+func (a access) check(c syscall.Ucred, write bool) error {
 	if c.Uid == 0 || int(c.Uid) == a.self {
 		return nil
 	}
-	if a.gid >= 0 {
-		if int(c.Gid) == a.gid {
-			return nil
+	var groups []int
+	member := func(gid int) bool {
+		if gid < 0 {
+			return false
 		}
-		if gs, err := a.groupsOf(c.Pid); err == nil && slices.Contains(gs, a.gid) {
-			return nil
+		if int(c.Gid) == gid {
+			return true
 		}
+		if groups == nil {
+			groups, _ = a.groupsOf(c.Pid)
+		}
+		return slices.Contains(groups, gid)
+	}
+	switch {
+	case member(a.gid):
+		return nil
+	case member(a.monitorGid) && !write:
+		return nil
+	case member(a.monitorGid):
+		return fmt.Errorf("%w: uid %d is in group %s, which may only read (monitor_group)", ErrPermission, c.Uid, a.monitorName)
+	case a.gid >= 0:
 		return fmt.Errorf("%w: uid %d is neither root nor in group %s", ErrPermission, c.Uid, a.groupName)
 	}
 	return fmt.Errorf("%w: uid %d is not root (smcrd has no control_group)", ErrPermission, c.Uid)

@@ -35,6 +35,13 @@ type Backend interface {
 	// address (ParsePeer).
 	ForgetPeers(ctx context.Context, peers []netip.AddrPort) (int, error)
 	Devices(ctx context.Context) ([]Device, error)
+	// Listeners are the TCP listeners of smcrd's network namespace but its
+	// own, and whether smcrd steers their connections.
+	Listeners(ctx context.Context) ([]Listener, error)
+	// History is the last connections that ended, newest first.
+	History(ctx context.Context) ([]ClosedConn, error)
+	// Probe says whether a connection to dst would be tried over SMC-R now.
+	Probe(ctx context.Context, dst netip.AddrPort) (Probe, error)
 }
 
 var (

@@ -12,6 +12,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"syscall"
 	"time"
@@ -116,6 +117,22 @@ func (c *Client) Peers(ctx context.Context) (l []Peer, err error) {
 // Devices returns the RDMA devices.
 func (c *Client) Devices(ctx context.Context) (l []Device, err error) {
 	return l, c.do(ctx, "GET", "/v1/devices", nil, &l)
+}
+
+// Listeners returns the TCP listeners and whether smcrd steers their connections.
+func (c *Client) Listeners(ctx context.Context) (l []Listener, err error) {
+	return l, c.do(ctx, "GET", "/v1/listeners", nil, &l)
+}
+
+// History returns the last connections that ended, newest first.
+func (c *Client) History(ctx context.Context) (l []ClosedConn, err error) {
+	return l, c.do(ctx, "GET", "/v1/history", nil, &l)
+}
+
+// Probe asks whether a connection to dst (address:port) would be tried over
+// SMC-R now, and why not.
+func (c *Client) Probe(ctx context.Context, dst string) (p Probe, err error) {
+	return p, c.do(ctx, "GET", "/v1/probe?dst="+url.QueryEscape(dst), nil, &p)
 }
 
 func (c *Client) do(ctx context.Context, method, path string, in, out any) error {

@@ -42,14 +42,15 @@ type credResult struct {
 	err  error
 }
 
-// NewServer creates the socket at path, readable by root and group (a name or a
-// numeric gid; "" for root only), and returns a server ready to Serve. A stale socket
-// left by a crashed smcrd is replaced; a live one is an error.
-func NewServer(path, group string, b Backend, log *slog.Logger) (*Server, error) {
+// NewServer creates the socket at path, usable by root and group (a name or a
+// numeric gid; "" for root only), and for reading only by monitor (the same;
+// "" for none), and returns a server ready to Serve. A stale socket left by a
+// crashed smcrd is replaced; a live one is an error.
+func NewServer(path, group, monitor string, b Backend, log *slog.Logger) (*Server, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	acc, err := newAccess(group)
+	acc, err := newAccess(group, monitor)
 	if err != nil {
 		return nil, err
 	}
@@ -64,7 +65,12 @@ func NewServer(path, group string, b Backend, log *slog.Logger) (*Server, error)
 		return nil, fmt.Errorf("control: listen: %w", err)
 	}
 	mode := os.FileMode(0o600)
-	if acc.gid >= 0 {
+	switch {
+	case acc.monitorGid >= 0:
+		// A file has one group: two groups connect through the mode, and
+		// the credentials' check does the rest.
+		mode = 0o666
+	case acc.gid >= 0:
 		mode = 0o660
 		if err := os.Chown(path, -1, acc.gid); err != nil {
 			ln.Close()
@@ -157,6 +163,20 @@ func (s *Server) Handler() http.Handler {
 	get("/v1/conns", func(ctx context.Context) (any, error) { return nonNil(s.b.Conns(ctx)) })
 	get("/v1/peers", func(ctx context.Context) (any, error) { return nonNil(s.b.Peers(ctx)) })
 	get("/v1/devices", func(ctx context.Context) (any, error) { return nonNil(s.b.Devices(ctx)) })
+	get("/v1/listeners", func(ctx context.Context) (any, error) { return nonNil(s.b.Listeners(ctx)) })
+	get("/v1/history", func(ctx context.Context) (any, error) { return nonNil(s.b.History(ctx)) })
+	mux.HandleFunc("GET /v1/probe", func(w http.ResponseWriter, r *http.Request) {
+		dst, err := ParsePeer(r.URL.Query().Get("dst"))
+		if err == nil && dst.Port() == 0 {
+			err = fmt.Errorf("%q: a destination is an address and a port", r.URL.Query().Get("dst"))
+		}
+		if err != nil {
+			s.reply(w, r, nil, fmt.Errorf("%w: %w", ErrInvalid, err))
+			return
+		}
+		p, err := s.b.Probe(r.Context(), dst)
+		s.reply(w, r, p, err)
+	})
 
 	mux.HandleFunc("POST /v1/config", func(w http.ResponseWriter, r *http.Request) {
 		var req SetConfigRequest
@@ -224,7 +244,7 @@ func (s *Server) Handler() http.Handler {
 		case cr.err != nil:
 			err = fmt.Errorf("%w: %v", ErrPermission, cr.err)
 		default:
-			err = s.acc.check(cr.cred)
+			err = s.acc.check(cr.cred, r.Method != http.MethodGet)
 		}
 		if err != nil {
 			s.log.Warn("control request refused", "path", r.URL.Path, "pid", cr.cred.Pid, "uid", cr.cred.Uid, "err", err)

@@ -297,19 +297,19 @@ func TestNotRunning(t *testing.T) {
 		t.Fatalf("after replacing the stale socket: %v", err)
 	}
 	// ... but refuses to take over a live one, or a file that is not a socket.
-	if _, err := control.NewServer(path, "", controltest.NewFake(""), nil); err == nil || !strings.Contains(err.Error(), "another smcrd") {
+	if _, err := control.NewServer(path, "", "", controltest.NewFake(""), nil); err == nil || !strings.Contains(err.Error(), "another smcrd") {
 		t.Errorf("second server on a live socket: err = %v", err)
 	}
 	plain := filepath.Join(dir, "plain")
 	os.WriteFile(plain, nil, 0o644)
-	if _, err := control.NewServer(plain, "", controltest.NewFake(""), nil); err == nil || !strings.Contains(err.Error(), "not a socket") {
+	if _, err := control.NewServer(plain, "", "", controltest.NewFake(""), nil); err == nil || !strings.Contains(err.Error(), "not a socket") {
 		t.Errorf("server on a regular file: err = %v", err)
 	}
 }
 
 func controltestServeAt(t *testing.T, path string) string {
 	t.Helper()
-	srv, err := control.NewServer(path, "", controltest.NewFake(""), nil)
+	srv, err := control.NewServer(path, "", "", controltest.NewFake(""), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -320,12 +320,12 @@ func controltestServeAt(t *testing.T, path string) string {
 
 func TestSocketMode(t *testing.T) {
 	for _, tc := range []struct {
-		group string
-		mode  os.FileMode
-		gid   int
-	}{{"", 0o600, -1}, {"4321", 0o660, 4321}} {
+		group, monitor string
+		mode           os.FileMode
+		gid            int
+	}{{"", "", 0o600, -1}, {"4321", "", 0o660, 4321}, {"4321", "4322", 0o666, -1}, {"", "4322", 0o666, -1}} {
 		path := filepath.Join(t.TempDir(), "s.sock")
-		srv, err := control.NewServer(path, tc.group, controltest.NewFake(""), nil)
+		srv, err := control.NewServer(path, tc.group, tc.monitor, controltest.NewFake(""), nil)
 		if err != nil {
 			if os.Geteuid() != 0 && tc.gid >= 0 {
 				t.Skipf("chown to another group needs root: %v", err)
@@ -364,15 +364,19 @@ func TestPeerCredRefused(t *testing.T) {
 	os.Chmod(dir, 0o755)
 	path := filepath.Join(dir, "smcrd.sock")
 	for _, tc := range []struct {
-		group    string
-		uid, gid uint32
-		allowed  bool
+		group, monitor string
+		uid, gid       uint32
+		allowed        bool
+		write          bool // allowed to change too
 	}{
-		{"", 65534, 65534, false},
-		{"4321", 65534, 65534, false},
-		{"4321", 65534, 4321, true},
+		{"", "", 65534, 65534, false, false},
+		{"4321", "", 65534, 65534, false, false},
+		{"4321", "", 65534, 4321, true, true},
+		{"4321", "4322", 65534, 4322, true, false},
+		{"", "4322", 65534, 4322, true, false},
+		{"", "4322", 65534, 65534, false, false},
 	} {
-		srv, err := control.NewServer(path, tc.group, controltest.NewFake(""), nil)
+		srv, err := control.NewServer(path, tc.group, tc.monitor, controltest.NewFake(""), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -389,9 +393,9 @@ func TestPeerCredRefused(t *testing.T) {
 			t.Fatalf("client as uid %d: %v\n%s", tc.uid, err, out)
 		}
 		var res struct {
-			OK         bool
-			Permission bool
-			Msg        string
+			OK, WriteOK                 bool
+			Permission, WritePermission bool
+			Msg                         string
 		}
 		if err := json.Unmarshal(lastLine(out), &res); err != nil {
 			t.Fatalf("client output %q: %v", out, err)
@@ -403,6 +407,9 @@ func TestPeerCredRefused(t *testing.T) {
 			t.Errorf("group %q, uid %d gid %d: %+v, want a permission error", tc.group, tc.uid, tc.gid, res)
 		case !tc.allowed && !strings.Contains(res.Msg, "uid 65534"):
 			t.Errorf("refusal %q does not name the uid", res.Msg)
+		case tc.write != res.WriteOK || !tc.write && !res.WritePermission:
+			t.Errorf("group %q monitor %q, uid %d gid %d: change allowed %v (permission error %v), want allowed %v",
+				tc.group, tc.monitor, tc.uid, tc.gid, res.WriteOK, res.WritePermission, tc.write)
 		}
 	}
 }
@@ -434,11 +441,14 @@ func copyExecutable(t *testing.T, dir string) string {
 
 func TestMain(m *testing.M) {
 	if path := os.Getenv("CONTROL_TEST_CLIENT"); path != "" {
-		_, err := control.NewClient(path).Status(context.Background())
+		c := control.NewClient(path)
+		_, err := c.Status(context.Background())
 		res := map[string]any{"OK": err == nil, "Permission": errors.Is(err, control.ErrPermission)}
 		if err != nil {
 			res["Msg"] = err.Error()
 		}
+		werr := c.Enable(context.Background(), false)
+		res["WriteOK"], res["WritePermission"] = werr == nil, errors.Is(werr, control.ErrPermission)
 		b, _ := json.Marshal(res)
 		os.Stdout.Write(append(b, '\n'))
 		os.Exit(0)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"time"
 
 	"github.com/smcr-io/smcr/config"
 )
@@ -113,6 +114,18 @@ type ConnCounts struct {
 	FirstContact    uint64 `json:"first_contact"`    // SMC-R connections that created a link group
 	Reused          uint64 `json:"reused"`           // SMC-R connections that reused a link group
 	Active          int64  `json:"active"`           // SMC-R connections open now
+	// Handled, SMCR and Fallback by role, as smc-tools' smcr stats splits
+	// them: connections this host's applications made (client) or took.
+	Client RoleCounts `json:"client"`
+	Server RoleCounts `json:"server"`
+}
+
+// RoleCounts are one role's connections: handled, that went SMC-R, that became
+// plain TCP.
+type RoleCounts struct {
+	Handled  uint64 `json:"handled"`
+	SMCR     uint64 `json:"smcr"`
+	Fallback uint64 `json:"fallback"`
 }
 
 // Side names which end decided a fallback.
@@ -232,22 +245,26 @@ type Link struct {
 	Port      int    `json:"port"`       // device port
 	LocalGID  string `json:"local_gid"`
 	PeerGID   string `json:"peer_gid"`
-	LocalQPN  uint32 `json:"local_qpn"`
+	LocalQPN  uint32 `json:"local_qpn"` // shown with QPN
 	PeerQPN   uint32 `json:"peer_qpn"`
 	Conns     int    `json:"conns"` // connections using it
 
 	TX LinkTraffic `json:"tx"`
 	RX LinkTraffic `json:"rx"`
 
-	Errors      uint64  `json:"errors"`                // work completions in error, remote access errors
-	RTTMicros   float64 `json:"rtt_us"`                // last TEST_LINK round trip; 0 before the first
-	TestLinkAgo float64 `json:"test_link_ago_seconds"` // since the last TEST_LINK answer
+	Errors uint64 `json:"errors"` // work completions in error, remote access errors
+	// ErrorsByKind splits Errors: a work completion's status ("remote access
+	// error", "transport retry exceeded", ...) or "protocol error" (a
+	// malformed message from the peer); only the kinds seen.
+	ErrorsByKind map[string]uint64 `json:"errors_by_kind,omitempty"`
+	RTTMicros    float64           `json:"rtt_us"`                // last TEST_LINK round trip; 0 before the first
+	TestLinkAgo  float64           `json:"test_link_ago_seconds"` // since the last TEST_LINK answer
 }
 
 // LinkTraffic is one direction of a link.
 type LinkTraffic struct {
 	Bytes        uint64 `json:"bytes"`
-	WorkRequests uint64 `json:"work_requests"`
+	WorkRequests uint64 `json:"work_requests"` // tx: posted (WRITEs, SENDs); rx: messages received (SENDs)
 }
 
 // Connection modes.
@@ -294,6 +311,43 @@ const (
 	PathRelay  = "relay"
 )
 
+// ClosedConn is a connection smcrd carried that has ended (GET /v1/history):
+// the last ones, newest first, a bounded number of them.
+type ClosedConn struct {
+	ID     uint64    `json:"id"`
+	Local  string    `json:"local"`
+	Remote string    `json:"remote"`
+	Role   string    `json:"role"`             // "client" or "server"
+	Mode   string    `json:"mode"`             // ModeSMCR, ModeTCP, or ModeFailed
+	Reason string    `json:"reason,omitempty"` // why TCP: the decline reason
+	Ended  time.Time `json:"ended"`
+	// Seconds is how long it lasted, from smcrd's accept.
+	Seconds float64 `json:"seconds"`
+	TxBytes uint64  `json:"tx_bytes"`
+	RxBytes uint64  `json:"rx_bytes"`
+}
+
+// Probe says whether a connection to Dst, made now by a program in the cgroup
+// smcrd serves, would be tried over SMC-R, and why not (GET /v1/probe), like
+// smc-tools' smc_chk: each check the programs make, in their order.
+type Probe struct {
+	Dst    string       `json:"dst"`
+	Cgroup string       `json:"cgroup"` // whose programs' connections are redirected ("": all)
+	SMCR   bool         `json:"smcr"`   // every check passed
+	Checks []ProbeCheck `json:"checks"`
+}
+
+// ProbeCheck is one check of a Probe.
+type ProbeCheck struct {
+	Check  string `json:"check"`
+	OK     bool   `json:"ok"`
+	Detail string `json:"detail"`
+}
+
+// ModeFailed is the mode of a connection that ended while smcrd set it up:
+// the application saw a reset (destination unreachable, handshake lost).
+const ModeFailed = "FAILED"
+
 // Cursor is an RMBE position with its wrap count.
 type Cursor struct {
 	Wrap  uint16 `json:"wrap"`
@@ -310,6 +364,16 @@ type Peer struct {
 	Reason           string  `json:"reason,omitempty"`   // why not, when not capable
 	ExpiresInSeconds float64 `json:"expires_in_seconds"` // until the entry is forgotten and tried again
 	Hits             uint64  `json:"hits"`               // connections decided by this entry
+}
+
+// Listener is a TCP socket listening in smcrd's network namespace, and
+// whether smcrd steers the SMC-R connections to it (GET /v1/listeners), like
+// smcss -l.
+type Listener struct {
+	Addr    string `json:"addr"` // the address it is bound to ("0.0.0.0", "::": every one)
+	Port    uint16 `json:"port"`
+	Steered bool   `json:"steered"`          // connections to it with the SMC option come to smcrd
+	Reason  string `json:"reason,omitempty"` // why not, when not steered
 }
 
 // ForgetPeersRequest is POST /v1/peers/forget's body: the peers to take out of
@@ -370,3 +434,7 @@ type Device struct {
 type Error struct {
 	Error string `json:"error"`
 }
+
+// QPN is a queue pair number as ibv_devinfo and rdma-core's tools print it
+// (0x0011ab): the form smcrctl and smcrd's log show.
+func QPN(n uint32) string { return fmt.Sprintf("%#06x", n) }

@@ -42,9 +42,10 @@ func (d *Daemon) Status(context.Context) (control.Status, error) {
 	}, nil
 }
 
-// Config lists every attribute with its current value.
+// Config lists every attribute with the value in effect and, for one read
+// only at start and set since, the value the next start takes (pending).
 func (d *Daemon) Config(context.Context) ([]control.Attribute, error) {
-	return d.CurrentConfig().Attributes(), nil
+	return d.CurrentConfig().AttributesSince(d.opts.Config), nil
 }
 
 // Stats returns the counters since start or the last reset.
@@ -158,6 +159,13 @@ func (d *Daemon) stats(s smcr.Stats, reset bool) control.Stats {
 		out.Fallbacks = append(out.Fallbacks, control.FallbackCount{Reason: reasonNoSYNOp, Side: control.SideLocal, Count: noOption})
 	}
 	out.Connections.Fallback += plain
+	c := &out.Connections
+	c.Server = control.RoleCounts{Handled: s.Server.Handled, SMCR: s.Server.SMC, Fallback: s.Server.Fallback}
+	// The connections carried plain without CLC are all clients'.
+	// (Saturated: a server connection counted between two of the engine's
+	// loads may be in a role's count and not yet in the total.)
+	less := func(a, b uint64) uint64 { return a - min(a, b) }
+	c.Client = control.RoleCounts{Handled: less(c.Handled, c.Server.Handled), SMCR: less(c.SMCR, c.Server.SMCR), Fallback: less(c.Fallback, c.Server.Fallback)}
 	slices.SortFunc(out.Fallbacks, func(a, b control.FallbackCount) int {
 		if a.Count != b.Count {
 			return int(b.Count) - int(a.Count)
@@ -195,7 +203,7 @@ func (d *Daemon) LinkGroups(context.Context) ([]control.LinkGroup, error) {
 		lg := control.LinkGroup{ID: g.ID, Role: g.Role, Peer: g.Peer, Provider: g.Provider, State: "active", Conns: g.Conns,
 			MostLinks: g.MostLinks,
 			TX:        control.LinkTraffic{Bytes: g.TxBytes, WorkRequests: g.Sent},
-			RX:        control.LinkTraffic{Bytes: g.RxBytes, WorkRequests: g.Completed}}
+			RX:        control.LinkTraffic{Bytes: g.RxBytes, WorkRequests: g.Received}}
 		if g.PeerAddr.IsValid() {
 			lg.PeerAddr = g.PeerAddr.String()
 		}
@@ -203,8 +211,8 @@ func (d *Daemon) LinkGroups(context.Context) ([]control.LinkGroup, error) {
 			lk := control.Link{LinkGroup: g.ID, Num: l.Num, Role: g.Role, Peer: g.Peer, State: l.State,
 				Device: l.Device, Port: l.Port, LocalQPN: l.QPN, PeerQPN: l.PeerQPN, Conns: l.Conns,
 				TX:     control.LinkTraffic{Bytes: l.TxBytes, WorkRequests: l.Sent},
-				RX:     control.LinkTraffic{Bytes: l.RxBytes, WorkRequests: l.Completed},
-				Errors: l.Errors, RTTMicros: float64(l.RTT.Nanoseconds()) / 1e3}
+				RX:     control.LinkTraffic{Bytes: l.RxBytes, WorkRequests: l.Received},
+				Errors: l.Errors, ErrorsByKind: l.ErrorsByKind, RTTMicros: float64(l.RTT.Nanoseconds()) / 1e3}
 			if l.PeerGID != ([16]byte{}) {
 				lk.PeerGID = netip.AddrFrom16(l.PeerGID).String()
 			}
@@ -412,7 +420,7 @@ func (d *Daemon) LogState() {
 			"links", len(g.Links), "most_links", g.MostLinks)
 		for _, l := range g.Links {
 			log.Info("link", "group", g.ID, "num", l.Num, "state", l.State, "device", l.Device,
-				"qpn", l.LocalQPN, "peer_qpn", l.PeerQPN, "tx_bytes", l.TX.Bytes, "rx_bytes", l.RX.Bytes,
+				"qpn", control.QPN(l.LocalQPN), "peer_qpn", control.QPN(l.PeerQPN), "tx_bytes", l.TX.Bytes, "rx_bytes", l.RX.Bytes,
 				"tx_wr", l.TX.WorkRequests, "rx_wr", l.RX.WorkRequests, "errors", l.Errors, "rtt_us", l.RTTMicros)
 		}
 	}

@@ -3,12 +3,14 @@ package daemon
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/smcr-io/smcr/config"
 	"github.com/smcr-io/smcr/control"
@@ -71,6 +73,54 @@ func TestLogStateWhateverTheLevel(t *testing.T) {
 	d.log.Info("not asked for")
 	if strings.Contains(buf.String(), "not asked for") {
 		t.Error("the daemon's own Info went out under log_level=warn")
+	}
+}
+
+// TestLogStateQPNsInHex: the SIGUSR1 dump prints QPNs as smcrctl links
+// does. It printed them in decimal.
+func TestLogStateQPNsInHex(t *testing.T) {
+	newEngine, engines, _ := shmEngines(t)
+	smcrPair(t, newEngine)
+	d, _ := policyDaemon(t, config.Default(), nil)
+	d.engine = (*engines)[0]
+	d.peers = newPeerCache(nil, nil)
+	var buf bytes.Buffer
+	d.log = slog.New(slog.NewTextHandler(&buf, nil))
+	d.LogState()
+	lgs, err := d.LinkGroups(context.Background())
+	if err != nil || len(lgs) != 1 || len(lgs[0].Links) == 0 {
+		t.Fatalf("link groups %+v, %v; want one with a link", lgs, err)
+	}
+	l := lgs[0].Links[0]
+	if want := fmt.Sprintf("qpn=%s peer_qpn=%s", control.QPN(l.LocalQPN), control.QPN(l.PeerQPN)); !strings.Contains(buf.String(), want) {
+		t.Errorf("SIGUSR1 dump %q, want %q", buf.String(), want)
+	}
+}
+
+// TestLinkRXWorkRequests: a link's RX-WR counts the messages it received,
+// so it is at most the peer's TX-WR (the peer's SENDs among its WRITEs), in
+// both directions, after bytes went one way. It counted every completion
+// polled, its own sends' included, and the two ends never matched.
+func TestLinkRXWorkRequests(t *testing.T) {
+	newEngine, engines, _ := shmEngines(t)
+	conn, peer, _ := smcrPair(t, newEngine)
+	go io.Copy(io.Discard, peer)
+	if _, err := conn.Write(make([]byte, 4<<20)); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close()
+	time.Sleep(100 * time.Millisecond) // the last CDCs complete
+	link := func(e *smcr.Engine) smcr.LinkInfo {
+		lgs := e.LinkGroups()
+		if len(lgs) != 1 || len(lgs[0].Links) != 1 {
+			t.Fatalf("link groups %+v, want one with one link", lgs)
+		}
+		return lgs[0].Links[0]
+	}
+	c, s := link((*engines)[0]), link((*engines)[1])
+	if c.Received == 0 || s.Received == 0 || c.Received > s.Sent || s.Received > c.Sent {
+		t.Errorf("client sent %d and received %d, server sent %d and received %d: each receives at most what the other sends, and some",
+			c.Sent, c.Received, s.Sent, s.Received)
 	}
 }
 

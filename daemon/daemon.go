@@ -21,6 +21,7 @@
 //	redirect.go   client side: redirected connections
 //	steer.go      server side: steered connections
 //	relay.go      the byte carrier, splice or copy, half-close
+//	owner.go      smcrd's connections as the application's user (firewall rules)
 //	peers.go      the peer capability cache
 //	policy.go     configuration into the programs' maps, at start and at runtime
 //	backend.go    the control API's Backend (smcrctl)
@@ -49,6 +50,7 @@ import (
 	"github.com/smcr-io/smcr/config"
 	"github.com/smcr-io/smcr/control"
 	"github.com/smcr-io/smcr/internal/cgroupfs"
+	"github.com/smcr-io/smcr/internal/lograte"
 	"github.com/smcr-io/smcr/smcr"
 	"github.com/smcr-io/smcr/smcr/verbs"
 	"github.com/smcr-io/smcr/smcr/verbs/shm"
@@ -124,6 +126,7 @@ type Daemon struct {
 
 	connMu sync.Mutex
 	conns  map[uint64]*tracked
+	closed history        // the last connections that ended (smcrctl history)
 	wg     sync.WaitGroup // accept loops and connection handlers
 
 	optMu     sync.Mutex
@@ -132,6 +135,11 @@ type Daemon struct {
 	prunedAt  time.Time                   // when unclaimed last lost its old entries
 
 	st daemonStats
+	// Log lines that others cause, one limiter per kind: connections to the
+	// listeners that the programs did not send (steerStrays, redirectStrays),
+	// peers' failed handshakes (peerErrs), connections refused for want of
+	// CAP_SETUID (ownerErrs).
+	steerStrays, redirectStrays, peerErrs, ownerErrs lograte.Limiter
 }
 
 // daemonStats counts what the engine does not see: connections carried as plain
@@ -156,6 +164,7 @@ type tracked struct {
 	reason string     // why a connection without CLC is plain TCP
 	side   string     // whose doing that is: control.SidePeer or SideLocal
 	bytes  byteCounts
+	start  time.Time
 }
 
 // New sets smcrd up: claims the pin directory (one smcrd per directory: see
@@ -206,6 +215,10 @@ func New(opts Options) (*Daemon, error) {
 		return nil, err
 	}
 	cgroup, err := cgroupPath(cfg.Cgroup)
+	var cgErr *cgroupError
+	if errors.As(err, &cgErr) {
+		return nil, config.AttrError(opts.ConfigFile, "cgroup", cgErr.Error())
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -358,7 +371,11 @@ func (d *Daemon) listen() error {
 		d.log.Warn("IPv4 connections are not accelerated: no IPv4 listener on loopback (127.0.0.1); they go as plain TCP",
 			"applications_connects", v4.IsValid(), "peers_connects", steer4)
 	}
-	d.log.Info("listening", "redirect4", v4, "redirect6", v6)
+	steer := make([]string, len(d.steering))
+	for i, ln := range d.steering {
+		steer[i] = ln.Addr().String()
+	}
+	d.log.Info("listening", "redirect4", v4, "redirect6", v6, "steering", steer)
 	return nil
 }
 
@@ -627,6 +644,7 @@ func (d *Daemon) track(t *tracked) {
 	// From the engine's sequence: the engine's fallbacks are listed beside
 	// these, and two sequences gave the first of each ID 1.
 	t.id = d.engine.NewConnID()
+	t.start = time.Now()
 	d.connMu.Lock()
 	d.conns[t.id] = t
 	d.connMu.Unlock()
@@ -635,6 +653,7 @@ func (d *Daemon) track(t *tracked) {
 func (d *Daemon) untrack(t *tracked) {
 	d.connMu.Lock()
 	delete(d.conns, t.id)
+	d.closed.add(t.ended())
 	d.connMu.Unlock()
 }
 
@@ -690,9 +709,19 @@ func cgroupPath(rel string) (string, error) {
 	}
 	p := filepath.Join(mnt, rel)
 	if st, err := os.Stat(p); err != nil || !st.IsDir() {
-		return "", fmt.Errorf("daemon: cgroup %q is not a directory under %s", rel, mnt)
+		return "", &cgroupError{rel: rel, dir: p, mount: mnt}
 	}
 	return p, nil
+}
+
+// cgroupError is a cgroup attribute that names no cgroup.
+type cgroupError struct{ rel, dir, mount string }
+
+// Error shows the cgroup as /proc/PID/cgroup does, with its leading slash
+// (config drops it), and where it was looked for: an absolute path given
+// where one relative to the mount was meant shows as such.
+func (e *cgroupError) Error() string {
+	return fmt.Sprintf("%q is not a cgroup: no directory %s (the path is relative to the cgroup2 mount, %s)", "/"+e.rel, e.dir, e.mount)
 }
 
 // inCgroup warns when smcrd itself runs outside the cgroup its programs serve:

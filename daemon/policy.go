@@ -153,6 +153,11 @@ func startable(old, n config.Config) error {
 			return fmt.Errorf("%w: %w: smcrd could not start with it", control.ErrInvalid, err)
 		}
 	}
+	if n.MonitorGroup != old.MonitorGroup {
+		if _, err := control.LookupGroup(n.MonitorGroup); err != nil {
+			return fmt.Errorf("%w: %w: smcrd could not start with it", control.ErrInvalid, err)
+		}
+	}
 	return nil
 }
 

@@ -133,6 +133,42 @@ func TestChangesNotes(t *testing.T) {
 	}
 }
 
+// TestConfigShowsValueInEffect: after a set, an attribute read only at start
+// shows the value smcrd started with, and the one set as pending; one that
+// applies at once shows the one set. Both showed the one set.
+func TestConfigShowsValueInEffect(t *testing.T) {
+	ctx := context.Background()
+	d, _ := policyDaemon(t, config.Default(), nil)
+	d.opts.Config = config.Default()
+	if _, err := d.SetConfig(ctx, control.SetConfigRequest{Assignments: []string{"log_level=debug", "max_memory=64"}}); err != nil {
+		t.Fatal(err)
+	}
+	attrs, err := d.Config(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]control.Attribute{}
+	for _, a := range attrs {
+		got[a.Name] = a
+	}
+	if a := got["log_level"]; a.Value != "info" || a.Pending != "debug" {
+		t.Errorf("log_level: value %q pending %q, want info in effect and debug pending", a.Value, a.Pending)
+	}
+	if a := got["max_memory"]; a.Value != "64" || a.Pending != "" {
+		t.Errorf("max_memory: value %q pending %q, want 64 and nothing pending", a.Value, a.Pending)
+	}
+	// Set back, nothing is pending.
+	if _, err := d.SetConfig(ctx, control.SetConfigRequest{Assignments: []string{"log_level=info"}}); err != nil {
+		t.Fatal(err)
+	}
+	attrs, _ = d.Config(ctx)
+	for _, a := range attrs {
+		if a.Pending != "" {
+			t.Errorf("%s pending %q after it was set back", a.Name, a.Pending)
+		}
+	}
+}
+
 // TestPersistWithoutFile: an smcrd on the embedded default refuses -P with a
 // message that says what to do, and changes nothing.
 func TestPersistWithoutFile(t *testing.T) {
@@ -395,7 +431,7 @@ func TestSetRefusesUnstartable(t *testing.T) {
 		t.Fatal(err)
 	}
 	for a, want := range map[string]string{
-		"cgroup=no/such/cgroup":       `daemon: cgroup "no/such/cgroup" is not a directory under ` + mnt + `: smcrd could not start with it`,
+		"cgroup=no/such/cgroup":       `"/no/such/cgroup" is not a cgroup: no directory ` + filepath.Join(mnt, "no/such/cgroup") + ` (the path is relative to the cgroup2 mount, ` + mnt + `): smcrd could not start with it`,
 		"control_group=no-such-group": `control: group "no-such-group": group: unknown group no-such-group: smcrd could not start with it`,
 	} {
 		for _, persist := range []bool{false, true} {

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"net/netip"
 	"syscall"
@@ -33,6 +34,7 @@ const (
 )
 
 func (d *Daemon) serveRedirected(app *net.TCPConn) {
+	resetIfLost(app)
 	d.st.redirected.Add(1)
 	t := &tracked{client: true}
 	t.local = app.RemoteAddr().(*net.TCPAddr).AddrPort() // the application's own end
@@ -41,8 +43,10 @@ func (d *Daemon) serveRedirected(app *net.TCPConn) {
 	o, err := d.original(app)
 	orig := o.Dst
 	if err != nil {
-		d.st.setupErrors.Add(1)
-		d.log.Error("redirected connection without original destination", "app", t.local, "err", err)
+		// Not redirected by the programs: a local program connected to
+		// the listener itself.
+		d.redirectStrays.Log(d.log, slog.LevelWarn, "connection to the redirect listener not redirected by the programs: closed",
+			"from", t.local, "err", err)
 		abort(app)
 		return
 	}
@@ -51,9 +55,19 @@ func (d *Daemon) serveRedirected(app *net.TCPConn) {
 	d.track(t)
 	defer d.untrack(t)
 
+	// smcrd's connection is the application's user's, so that the firewall
+	// rules on the owner that would have applied to the application's own
+	// connection apply to it (owner.go). Where that user cannot be known, no
+	// connection is made for the application.
+	uid, err := socketUID(t.local, unmapAP(app.LocalAddr().(*net.TCPAddr).AddrPort()))
+	if err != nil {
+		d.log.Debug("owner of the application's socket", "app", t.local, "err", err)
+		abort(app)
+		return
+	}
 	ctx, cancel := context.WithTimeout(d.ctx, dialTimeout)
 	defer cancel()
-	dl := net.Dialer{Control: urgentInline(sharedPort(d.loader.Control(bpf.Tag{SMCOption: true})))}
+	dl := net.Dialer{Control: urgentInline(sharedPort(ownedBy(uid, d.loader.Control(bpf.Tag{SMCOption: true}))))}
 	dl.SetMultipathTCP(false)
 	withOptions(&dl, o.Options, d.log)
 	if len(o.Options) > 0 {
@@ -75,9 +89,12 @@ func (d *Daemon) serveRedirected(app *net.TCPConn) {
 		// The application sees a reset where it would have seen a refusal
 		// or a timeout. Its next connections see the kernel's own answer:
 		// they go direct as long as the destination stays unreachable.
-		if unreachable(err) && d.ctx.Err() == nil {
+		switch {
+		case errors.Is(err, errNotAsUser):
+			d.ownerErrs.Log(d.log, slog.LevelError, "connection not made: the firewall's rules on its owner could not apply", "app", t.local, "dst", orig, "err", err)
+		case unreachable(err) && d.ctx.Err() == nil:
 			d.addUnreachable(orig, err)
-		} else {
+		default:
 			d.log.Debug("connect to original destination", "dst", orig, "err", err)
 		}
 		abort(app)
@@ -127,7 +144,7 @@ func (d *Daemon) serveRedirected(app *net.TCPConn) {
 		if unreachable(err) && d.ctx.Err() == nil {
 			d.addUnreachable(orig, err)
 		} else {
-			d.log.Info("clc as client", "dst", orig, "err", err)
+			d.peerErrs.Log(d.log, slog.LevelInfo, "clc as client", "dst", orig, "err", err)
 		}
 		abort(tcp)
 		abort(app)
@@ -277,6 +294,7 @@ func (d *Daemon) carryPlain(t *tracked, app, tcp *net.TCPConn, reason string) {
 	t.reason, t.side = reason, side
 	d.connMu.Unlock()
 	d.log.Debug("plain tcp", "dst", t.remote, "reason", reason)
+	resetIfLost(tcp) // the peer's application reads it straight
 	d.carry(t, app, tcp)
 }
 

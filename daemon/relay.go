@@ -96,6 +96,10 @@ func relay(a, b net.Conn, stop <-chan struct{}, counts *byteCounts) relayResult 
 	go func() { wg.Wait(); close(finished) }()
 	select {
 	case <-finished:
+		if res.Err == nil {
+			closeOrderly(a)
+			closeOrderly(b)
+		}
 	case <-done:
 		abort(a)
 		abort(b)
@@ -305,6 +309,20 @@ func abort(c net.Conn) {
 		c.Close()
 	default:
 		c.Close()
+	}
+}
+
+// resetIfLost has the kernel end c with a reset, not a FIN, when smcrd does
+// not close it itself: killed, crashed, out of memory. The kernel closes a dead
+// process's sockets as if closed on purpose, and a program reading to the end
+// of the stream would take what it has for all there is. closeOrderly undoes
+// it for the orderly close of a relay that carried every byte.
+func resetIfLost(c *net.TCPConn) { c.SetLinger(0) }
+
+// closeOrderly lets c, once closed, end with a FIN again (resetIfLost).
+func closeOrderly(c net.Conn) {
+	if tcp, ok := c.(*net.TCPConn); ok {
+		tcp.SetLinger(-1)
 	}
 }
 

@@ -614,9 +614,20 @@ func TestRelayFallbackResetWhileWriting(t *testing.T) {
 // client's device, whose close fails the link.
 func shmPair(t *testing.T) (conn, peer *smcr.Conn, s *net.TCPConn, dev verbs.Device) {
 	t.Helper()
+	newEngine, _, devs := shmEngines(t)
+	conn, peer, s = smcrPair(t, newEngine)
+	if conn.Mode() != smcr.ModeSMCR || peer.Mode() != smcr.ModeSMCR {
+		t.Fatalf("modes %v, %v; want SMC-R", conn.Mode(), peer.Mode())
+	}
+	return conn, peer, s, (*devs)[0]
+}
+
+// shmEngines returns what makes engines on shm devices of one directory, for
+// smcrPair, and the engines and devices it made, in order (the client's first).
+func shmEngines(t *testing.T) (newEngine func() *smcr.Engine, engines *[]*smcr.Engine, devs *[]verbs.Device) {
 	dir := t.TempDir()
-	var devs []verbs.Device
-	conn, peer, s = smcrPair(t, func() *smcr.Engine {
+	engines, devs = new([]*smcr.Engine), new([]verbs.Device)
+	return func() *smcr.Engine {
 		d, err := shm.Open(shm.Config{Dir: dir})
 		if err != nil {
 			t.Fatal(err)
@@ -626,13 +637,9 @@ func shmPair(t *testing.T) (conn, peer *smcr.Conn, s *net.TCPConn, dev verbs.Dev
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { e.Close(); d.Close() })
-		devs = append(devs, d)
+		*engines, *devs = append(*engines, e), append(*devs, d)
 		return e
-	})
-	if conn.Mode() != smcr.ModeSMCR || peer.Mode() != smcr.ModeSMCR {
-		t.Fatalf("modes %v, %v; want SMC-R", conn.Mode(), peer.Mode())
-	}
-	return conn, peer, s, devs[0]
+	}, engines, devs
 }
 
 // continuedPair returns an SMC-R connection (shm) that continued over TCP once

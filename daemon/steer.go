@@ -7,6 +7,7 @@ package daemon
 
 import (
 	"context"
+	"log/slog"
 	"net"
 	"time"
 
@@ -24,6 +25,15 @@ import (
 const appDialGrace = 50 * time.Millisecond
 
 func (d *Daemon) serveSteered(peer *net.TCPConn) {
+	if atListener(peer, d.steering) {
+		// Not steered: connected to the listener's own address, by a local
+		// program (or by smcrd itself, which would connect to that address
+		// again for each one, and again).
+		d.steerStrays.Log(d.log, slog.LevelWarn, "connection to the steering listener not steered by the programs: closed",
+			"from", peer.RemoteAddr(), "to", peer.LocalAddr())
+		abort(peer)
+		return
+	}
 	d.st.steered.Add(1)
 	t := &tracked{
 		local:  unmapAP(peer.LocalAddr().(*net.TCPAddr).AddrPort()), // S:P, the application's address
@@ -56,7 +66,7 @@ func (d *Daemon) serveSteered(peer *net.TCPConn) {
 	}
 	conn, err := d.engine.Server(d.ctx, peer)
 	if err != nil { // counted by the engine (handshake errors)
-		d.log.Info("clc as server", "peer", t.remote, "err", err)
+		d.peerErrs.Log(d.log, slog.LevelInfo, "clc as server", "peer", t.remote, "err", err)
 		abort(peer)
 		if app == nil {
 			cancel()
@@ -80,6 +90,19 @@ func (d *Daemon) serveSteered(peer *net.TCPConn) {
 	d.carry(t, app, conn)
 }
 
+// atListener reports whether c came to one of lns at that listener's own
+// address: connected to it directly rather than steered there by sk_lookup,
+// which hands a listener connections for other addresses (the applications').
+func atListener(c *net.TCPConn, lns []net.Listener) bool {
+	local := unmapAP(c.LocalAddr().(*net.TCPAddr).AddrPort())
+	for _, ln := range lns {
+		if unmapAP(ln.Addr().(*net.TCPAddr).AddrPort()) == local {
+			return true
+		}
+	}
+	return false
+}
+
 // appDial is the outcome of smcrd's connect to a steered connection's application.
 type appDial struct {
 	app *net.TCPConn
@@ -96,7 +119,9 @@ func (d *Daemon) dialApp(ctx context.Context, t *tracked) appDial {
 		d.log.Debug("connect to local application", "addr", t.local, "err", err)
 		return appDial{err: err}
 	}
-	return appDial{app: c.(*net.TCPConn)}
+	app := c.(*net.TCPConn)
+	resetIfLost(app)
+	return appDial{app: app}
 }
 
 // onWire puts the options of app, smcrd's connection to the application, onto

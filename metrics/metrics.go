@@ -146,6 +146,8 @@ var (
 			func(s control.Stats) float64 { return float64(s.Links.ConnsContinued) }},
 	}
 
+	roleDesc = desc("connections_by_role_total", "Connections handled, that went SMC-R, that fell back to TCP (outcome), by role: client, made by this host's applications, or server, taken by them.", "role", "outcome")
+
 	fallbackDesc = desc("connection_fallbacks_total", "Connections that fell back to TCP, by CLC decline code and the side that declined.", "code", "reason", "side")
 
 	directionals = []directional{
@@ -175,14 +177,14 @@ var (
 	linkActiveDesc = desc("link_active", "1 when the link is active.", linkLabels...)
 	linkConnsDesc  = desc("link_connections", "Connections using the link now.", linkLabels...)
 	linkBytesDesc  = desc("link_bytes_total", "Bytes over the link.", "linkgroup", "link", "direction")
-	linkWRDesc     = desc("link_work_requests_total", "Work requests over the link.", "linkgroup", "link", "direction")
+	linkWRDesc     = desc("link_work_requests_total", "Work requests over the link: tx those posted (RDMA WRITEs and SENDs), rx the messages received (the peer's SENDs).", "linkgroup", "link", "direction")
 	linkErrDesc    = desc("link_errors_total", "Failed work completions and remote access errors on the link.", linkLabels...)
 	linkRTTDesc    = desc("link_rtt_seconds", "Last TEST_LINK round trip of the link (absent before the first).", linkLabels...)
 )
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{upDesc, enabledDesc, uptimeDesc, stateDesc, fallbackDesc, programDesc, bufferSizeDesc, requestSizeDesc,
+	for _, d := range []*prometheus.Desc{upDesc, enabledDesc, uptimeDesc, stateDesc, roleDesc, fallbackDesc, programDesc, bufferSizeDesc, requestSizeDesc,
 		lgInfoDesc, lgConnsDesc, lgLinksDesc, lgMostDesc, lgBytesDesc, lgWRDesc,
 		linkInfoDesc, linkActiveDesc, linkConnsDesc, linkBytesDesc, linkWRDesc, linkErrDesc, linkRTTDesc} {
 		ch <- d
@@ -225,6 +227,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 
 	for _, m := range scalars {
 		ch <- prometheus.MustNewConstMetric(m.d, m.t, m.get(s))
+	}
+	for role, r := range map[string]control.RoleCounts{"client": s.Connections.Client, "server": s.Connections.Server} {
+		counter(roleDesc, r.Handled, role, "handled")
+		counter(roleDesc, r.SMCR, role, "smcr")
+		counter(roleDesc, r.Fallback, role, "fallback")
 	}
 	for event, n := range s.Programs {
 		counter(programDesc, n, event)

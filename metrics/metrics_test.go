@@ -148,6 +148,10 @@ func expected(t *testing.T, statsJSON map[string]any, links []control.Link) samp
 				want[key("smcr_program_events_total", "event", field)] = v
 				return
 			}
+			if role, outcome, ok := strings.Cut(strings.TrimPrefix(prefix, "connections."), "."); ok && (role == "client" || role == "server") {
+				want[key("smcr_connections_by_role_total", "role", role, "outcome", outcome)] = v
+				return
+			}
 			t.Errorf("stats field %s has no metric", prefix)
 		case []any:
 			dir, field, _ := strings.Cut(prefix, ".")

@@ -13,6 +13,8 @@ packages=(
 	gcc libc6-dev make
 	# network namespaces, real unmodified programs for the end-to-end tests and demo
 	iproute2 iperf3 tcpdump socat ethtool
+	# firewall rules on a socket's owner, for the relay's end-to-end test
+	nftables
 	# servers users accelerate, with their clients (the end-to-end tests run
 	# their own instances; the packages' services are stopped below)
 	nginx curl redis-server redis-tools

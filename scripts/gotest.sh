@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# gotest.sh: go test, with the lines that say what failed repeated at the end.
+# gotest.sh: go test, with the lines that say what failed repeated at the end,
+# and the tests that skipped listed with their reasons.
 #
 # A suite that times out prints every goroutine's stack after the one line
 # naming the test that hung, and a CI log keeps only its tail: this repeats
 # the failures, the panic and the tests still running once go test is done.
+# go test says why a test skipped only with -v: it runs with -json, and
+# scripts/testsum prints what go test would without -v, and the skipped tests
+# at the end, or appends them to $SMCR_TEST_SKIPS (make test lists them once,
+# after every phase).
 # Usage: scripts/gotest.sh GO [go test flags and packages], GO the go command.
 # (An argument, not the environment: the tests would inherit it, and a make
 # they run would take it for the Makefile's GO.)
@@ -11,8 +16,11 @@ set -uo pipefail
 go=$1
 shift
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
-"$go" test "$@" 2>&1 | tee "$log"
+sum=$(mktemp -d)
+trap 'rm -rf "$log" "$sum"' EXIT
+# Built before the tests run: their packages' build errors must not mix with its.
+"$go" build -o "$sum/testsum" "$(cd "$(dirname "$0")" && pwd)/testsum" || exit 1
+"$go" test -json "$@" 2>&1 | "$sum/testsum" -skips "${SMCR_TEST_SKIPS:-}" | tee "$log"
 rc=${PIPESTATUS[0]}
 if [ "$rc" -ne 0 ]; then
 	echo

@@ -391,6 +391,9 @@ func (c *Conn) activate() {
 	}
 	c.mu.Unlock()
 	c.e.st.smc.Add(1)
+	if !c.client {
+		c.e.st.srvSMC.Add(1)
+	}
 	if c.reusedLG {
 		c.e.st.reused.Add(1) // counted once it is SMC-R: a setup may still fall back
 	}

@@ -533,6 +533,9 @@ func (e *Engine) newConn(tcp net.Conn, client bool) *Conn {
 	e.conns[c.id] = c
 	e.mu.Unlock()
 	e.st.handled.Add(1)
+	if !client {
+		e.st.srvHandled.Add(1)
+	}
 	return c
 }
 

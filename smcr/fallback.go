@@ -126,6 +126,9 @@ func (e *Engine) fallback(c *Conn, why fallbackWhy, br *bufio.Reader) *Conn {
 		c.clcIn.marking = true // the bytes from here on are the application's
 	}
 	e.st.countFallback(code, why.side)
+	if !c.client {
+		e.st.srvFallback.Add(1)
+	}
 	e.log.Info("smcr: fallback to tcp", "conn", c.id, "code", fmt.Sprintf("%#08x", uint32(code)),
 		"reason", code.String(), "side", why.side.String(), "decline_sent", d.Sent, "cause", why.err,
 		"remote", c.tcp.RemoteAddr())

@@ -64,11 +64,12 @@ type link struct {
 	ctl       chan *Conn
 	clReq     chan llc.ConfirmLink // CONFIRM_LINK requests, for the client
 	testDue   chan struct{}
-	testsDue  atomic.Uint64 // intervals watchIdle found idle, each a TEST_LINK due
-	received  atomic.Uint64 // receive completions: TEST_LINK only after an interval without one
-	rtt       atomic.Int64  // the last TEST_LINK's round trip, ns
-	testedAt  atomic.Int64  // when it was answered, Unix ns (0: never)
-	errs      atomic.Uint64 // completions in error (not flushed) and malformed messages
+	testsDue  atomic.Uint64                   // intervals watchIdle found idle, each a TEST_LINK due
+	received  atomic.Uint64                   // receive completions: TEST_LINK only after an interval without one
+	rtt       atomic.Int64                    // the last TEST_LINK's round trip, ns
+	testedAt  atomic.Int64                    // when it was answered, Unix ns (0: never)
+	errs      atomic.Uint64                   // completions in error (not flushed) and malformed messages
+	errKinds  [protoErrKind + 1]atomic.Uint64 // errs by kind: a completion's status, or protoErrKind
 
 	connected chan struct{}
 	connErr   error

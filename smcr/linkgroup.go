@@ -162,37 +162,40 @@ type LinkGroupInfo struct {
 	MostLinks int
 	// The work requests and payload of every link the group has had, failed
 	// ones included, so that they only grow (the links' own go with them).
-	Sent, Completed, TxBytes, RxBytes uint64
+	Sent, Received, TxBytes, RxBytes uint64
 }
 
 // linkTraffic sums links' counters.
-type linkTraffic struct{ sent, completed, txBytes, rxBytes uint64 }
+type linkTraffic struct{ sent, received, txBytes, rxBytes uint64 }
 
 func (t *linkTraffic) add(li LinkInfo) {
 	t.sent += li.Sent
-	t.completed += li.Completed
+	t.received += li.Received
 	t.txBytes += li.TxBytes
 	t.rxBytes += li.RxBytes
 }
 
 // LinkInfo describes one link of a link group.
 type LinkInfo struct {
-	Num       uint8
-	Conns     int // connections sending on this link
-	Device    string
-	Port      int // the device's port (verbs.PortAttr.Num, at least 1)
-	QPN       uint32
-	PeerQPN   uint32
-	State     string // as Linux names smc_link states: active, activating, inactive
-	QPState   string // the queue pair's: RTS, ERROR, …
-	Sent      uint64 // work requests posted
-	Completed uint64 // completions polled
-	TxBytes   uint64 // payload RDMA-written to the peer
-	RxBytes   uint64 // payload the peer RDMA-wrote to us, as its CDCs announced
-	PeerGID   [16]byte
-	Errors    uint64        // completions in error (flushes not counted) and malformed messages from the peer
-	RTT       time.Duration // the last TEST_LINK's round trip; 0 before the first
-	Tested    time.Time     // when it was answered (a link that receives is not tested: as Linux)
+	Num      uint8
+	Conns    int // connections sending on this link
+	Device   string
+	Port     int // the device's port (verbs.PortAttr.Num, at least 1)
+	QPN      uint32
+	PeerQPN  uint32
+	State    string // as Linux names smc_link states: active, activating, inactive
+	QPState  string // the queue pair's: RTS, ERROR, …
+	Sent     uint64 // work requests posted: RDMA WRITEs and SENDs (CDC, LLC)
+	Received uint64 // messages received: the peer's SENDs, which its Sent counts with its WRITEs
+	TxBytes  uint64 // payload RDMA-written to the peer
+	RxBytes  uint64 // payload the peer RDMA-wrote to us, as its CDCs announced
+	PeerGID  [16]byte
+	Errors   uint64 // completions in error (flushes not counted) and malformed messages from the peer
+	// ErrorsByKind splits Errors: a completion status's name ("remote
+	// access error", ...), or "protocol error"; only the kinds seen.
+	ErrorsByKind map[string]uint64
+	RTT          time.Duration // the last TEST_LINK's round trip; 0 before the first
+	Tested       time.Time     // when it was answered (a link that receives is not tested: as Linux)
 }
 
 // startFirstContact makes c the group's first contact.
@@ -233,7 +236,7 @@ func (e *Engine) LinkGroups() []LinkGroupInfo {
 			info.Links = append(info.Links, li)
 		}
 		lg.mu.RUnlock()
-		info.Sent, info.Completed, info.TxBytes, info.RxBytes = total.sent, total.completed, total.txBytes, total.rxBytes
+		info.Sent, info.Received, info.TxBytes, info.RxBytes = total.sent, total.received, total.txBytes, total.rxBytes
 		out = append(out, info)
 	}
 	return out
@@ -242,8 +245,8 @@ func (e *Engine) LinkGroups() []LinkGroupInfo {
 // info describes l, but for its connections.
 func (l *link) info() LinkInfo {
 	li := LinkInfo{Num: l.num, Device: l.dev.Name(), Port: max(l.dev.Port().Num, 1), QPN: l.qp.Attr().QPN,
-		PeerQPN: l.peer.QPN, State: l.state(), QPState: l.qp.State().String(), Sent: l.posted.Load(), Completed: l.polled.Load(),
-		TxBytes: l.txBytes.Load(), RxBytes: l.rxBytes.Load(), PeerGID: l.peer.GID, Errors: l.errs.Load(),
+		PeerQPN: l.peer.QPN, State: l.state(), QPState: l.qp.State().String(), Sent: l.posted.Load(), Received: l.received.Load(),
+		TxBytes: l.txBytes.Load(), RxBytes: l.rxBytes.Load(), PeerGID: l.peer.GID, Errors: l.errs.Load(), ErrorsByKind: l.errorsByKind(),
 		RTT: time.Duration(l.rtt.Load())}
 	if at := l.testedAt.Load(); at != 0 {
 		li.Tested = time.Unix(0, at)

@@ -977,3 +977,27 @@ func awaitTimeoutDecline(t *testing.T, e *Engine) {
 		return e.Stats().Fallback[FallbackKey{Code: DeclineTimeoutCLC, Side: SideLocal}] > 0
 	})
 }
+
+// TestLinkErrorsByKind: a link's errors are counted by kind, as entstat -d
+// splits an adapter's: the peer's malformed messages, and completions by
+// status (a flush, which follows the first error, not again). Links said only
+// how many.
+func TestLinkErrorsByKind(t *testing.T) {
+	p := newPair(t, Config{Devices: memDevices(t, verbs.KindSoft)}, Config{Devices: memDevices(t, verbs.KindSoft)})
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	if err := s.lnk.sendCDC(&rmb.CDC{Token: 0xdeadbeef, Prod: rmb.Cursor{Count: 100}}); err != nil { // unknown alert token
+		t.Fatal(err)
+	}
+	eventually(t, "protocol error counted", func() bool {
+		lgs := p.cli.LinkGroups()
+		return len(lgs) == 1 && lgs[0].Links[0].ErrorsByKind["protocol error"] == 1
+	})
+	c.lnk.countErr(verbs.WCRemAccessErr)
+	c.lnk.countErr(verbs.WCWRFlushErr)
+	l := p.cli.LinkGroups()[0].Links[0]
+	want := map[string]uint64{"protocol error": 1, "remote access error": 1}
+	if !maps.Equal(l.ErrorsByKind, want) || l.Errors != 2 {
+		t.Errorf("errors %d by kind %v, want 2: %v", l.Errors, l.ErrorsByKind, want)
+	}
+}

@@ -43,25 +43,28 @@ type Stats struct {
 	// the TCP connection lost during CLC, or the context ended (Linux's
 	// clnt_hshake_err_cnt and srv_hshake_err_cnt together).
 	HandshakeErrors uint64
-	FirstContact    uint64 // link groups created
-	LinkConfirms    uint64 // CONFIRM_LINK exchanges completed
-	Reused          uint64 // SMC-R connections that reused a link group
-	Active          int64  // SMC-R connections open now
-	TxBytes         uint64 // bytes sent over RDMA
-	RxBytes         uint64 // bytes received over RDMA
-	FallbackTx      uint64 // bytes sent over TCP after a fallback
-	FallbackRx      uint64 // bytes received over TCP after a fallback
-	CDCSent         uint64
-	CDCReceived     uint64
-	CDCStale        uint64 // CDCs dropped for a sequence number older than one taken
-	LLCSent         uint64
-	LLCReceived     uint64
-	WriteBlocked    uint64 // times a writer found the peer's RMBE full
-	RxFull          uint64 // CDCs that filled our RMBE: the peer had to wait for the reader
-	RxTooSmall      uint64 // reads asking for more than the whole RMBE
-	TxTooSmall      uint64 // writes of more than the peer's whole RMBE (the send buffer)
-	RxReuses        uint64 // RMBs taken from the link group's pool instead of allocated
-	TxReuses        uint64 // send buffers taken from the pool instead of allocated
+	// Server is Handled, SMC and the fallbacks of the connections the engine
+	// served; the clients' are the rest (smc-tools' smcr stats splits them so).
+	Server       RoleStats
+	FirstContact uint64 // link groups created
+	LinkConfirms uint64 // CONFIRM_LINK exchanges completed
+	Reused       uint64 // SMC-R connections that reused a link group
+	Active       int64  // SMC-R connections open now
+	TxBytes      uint64 // bytes sent over RDMA
+	RxBytes      uint64 // bytes received over RDMA
+	FallbackTx   uint64 // bytes sent over TCP after a fallback
+	FallbackRx   uint64 // bytes received over TCP after a fallback
+	CDCSent      uint64
+	CDCReceived  uint64
+	CDCStale     uint64 // CDCs dropped for a sequence number older than one taken
+	LLCSent      uint64
+	LLCReceived  uint64
+	WriteBlocked uint64 // times a writer found the peer's RMBE full
+	RxFull       uint64 // CDCs that filled our RMBE: the peer had to wait for the reader
+	RxTooSmall   uint64 // reads asking for more than the whole RMBE
+	TxTooSmall   uint64 // writes of more than the peer's whole RMBE (the send buffer)
+	RxReuses     uint64 // RMBs taken from the link group's pool instead of allocated
+	TxReuses     uint64 // send buffers taken from the pool instead of allocated
 	// RxDowngrades counts RMBs smaller than configured, for lack of memory.
 	// Send buffers mirror the peer's RMBE and are never downgraded.
 	RxDowngrades uint64
@@ -81,6 +84,9 @@ type Stats struct {
 	RxReqSizes SizeHistogram // Reads that returned SMC-R payload, by bytes returned
 	TxReqSizes SizeHistogram // Writes on SMC-R connections, by bytes written
 }
+
+// RoleStats are the counts of one role's connections.
+type RoleStats struct{ Handled, SMC, Fallback uint64 }
 
 // SizeBounds are the inclusive upper bounds in bytes of the size histograms'
 // buckets, those of smc-tools' `smcr stats`; one more bucket counts larger sizes.
@@ -121,6 +127,7 @@ func load(c *atomic.Uint64, reset bool) uint64 {
 type stats struct {
 	handled, smc, firstContact, reused, linkConfirms atomic.Uint64
 	handshakeErrors                                  atomic.Uint64
+	srvHandled, srvSMC, srvFallback                  atomic.Uint64
 	active                                           atomic.Int64
 	txBytes, rxBytes, fbTx, fbRx                     atomic.Uint64
 	cdcSent, cdcRecv, cdcStale, llcSent, llcRecv     atomic.Uint64
@@ -166,6 +173,7 @@ func (s *stats) take(reset bool) Stats {
 	return Stats{
 		Handled:         get(&s.handled),
 		HandshakeErrors: get(&s.handshakeErrors),
+		Server:          RoleStats{Handled: get(&s.srvHandled), SMC: get(&s.srvSMC), Fallback: get(&s.srvFallback)},
 		SMC:             get(&s.smc),
 		Fallback:        fb,
 		FirstContact:    get(&s.firstContact),

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/smcr-io/smcr/smcr/clc"
+	"github.com/smcr-io/smcr/smcr/verbs"
 )
 
 // TestResetLosesNothing: counts made while the counters are being read and reset
@@ -69,5 +70,23 @@ func TestFallbackCodesBounded(t *testing.T) {
 	}
 	if !maps.Equal(got, want) {
 		t.Errorf("fallback counts %v, want %v", got, want)
+	}
+}
+
+// TestStatsByRole: the counters say which connections the engine made and
+// which it served, as smc-tools' smcr stats does: an SMC-R connection and a
+// fallback, counted on each side in its own role.
+func TestStatsByRole(t *testing.T) {
+	p := newPair(t, Config{Devices: memDevices(t, verbs.KindSoft)}, Config{Devices: memDevices(t, verbs.KindSoft)})
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	if cli, srv := p.cli.Stats(), p.srv.Stats(); cli.Server != (RoleStats{}) || srv.Server != (RoleStats{Handled: 1, SMC: 1}) {
+		t.Errorf("SMC-R: the client's engine counts %+v served, the server's %+v; want none and 1 handled, 1 SMC-R", cli.Server, srv.Server)
+	}
+	fb := newPair(t, Config{}, Config{Devices: memDevices(t, verbs.KindSoft)}) // the client has no device
+	fb.connect(t)
+	eventually(t, "the server's fallback counted", func() bool { return fb.srv.Stats().Server == RoleStats{Handled: 1, Fallback: 1} })
+	if cli := fb.cli.Stats(); cli.Server != (RoleStats{}) || cli.Handled != 1 {
+		t.Errorf("fallback: the client's engine counts %+v served of %d handled, want none of 1", cli.Server, cli.Handled)
 	}
 }

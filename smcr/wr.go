@@ -191,13 +191,40 @@ func (l *link) complete(wc *verbs.WorkCompletion) {
 func (l *link) countErr(st verbs.WCStatus) {
 	if st != verbs.WCWRFlushErr {
 		l.errs.Add(1)
+		l.errKinds[min(st, verbs.WCGeneralErr)].Add(1)
 	}
 }
 
 // protoError counts a malformed or misdirected message the peer sent on l.
 func (l *link) protoError() {
 	l.errs.Add(1)
+	l.errKinds[protoErrKind].Add(1)
 	l.lg.e.st.protoErrors.Add(1)
+}
+
+// protoErrKind is the index of protocol errors in a link's errKinds, after
+// the completion statuses.
+const protoErrKind = verbs.WCGeneralErr + 1
+
+// errorsByKind is l's errors by kind, the kinds it has had: a completion
+// status's name, or "protocol error".
+func (l *link) errorsByKind() map[string]uint64 {
+	var out map[string]uint64
+	for i := range l.errKinds {
+		n := l.errKinds[i].Load()
+		if n == 0 {
+			continue
+		}
+		if out == nil {
+			out = map[string]uint64{}
+		}
+		kind := "protocol error"
+		if i != int(protoErrKind) {
+			kind = verbs.WCStatus(i).String()
+		}
+		out[kind] = n
+	}
+	return out
 }
 
 // onCDC validates and dispatches one CDC message, in the poller.

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"strings"
 	"syscall"
 	"time"
 
@@ -20,11 +21,10 @@ import (
 	"github.com/smcr-io/smcr/config"
 	"github.com/smcr-io/smcr/control"
 	"github.com/smcr-io/smcr/daemon"
+	"github.com/smcr-io/smcr/internal/manpage"
 	"github.com/smcr-io/smcr/internal/sdnotify"
+	"github.com/smcr-io/smcr/internal/version"
 )
-
-// version is set at build time: -ldflags "-X main.version=…".
-var version = "dev"
 
 const usage = `smcrd: transparent SMC-R (RFC 7609) for unmodified TCP applications.
 
@@ -63,6 +63,16 @@ func defaultProcs(maxprocs int, fromEnv bool) int {
 	return max(1, maxprocs/2)
 }
 
+// procsUsage is -procs' help, naming its default here, n, unless n < 0 (the
+// man page, the same on every machine).
+func procsUsage(n int) string {
+	here := ""
+	if n >= 0 {
+		here = fmt.Sprintf(" %d here", n)
+	}
+	return fmt.Sprintf("run Go code on at most `n` CPUs at once (default%s: half of those smcrd may use, at least 1, or GOMAXPROCS from the environment)", here)
+}
+
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
@@ -80,11 +90,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	liveness := fs.Duration("liveness-ttl", 3*time.Second, fmt.Sprintf("after a crash, connections go direct again within this `duration`, at least %v", daemon.MinLivenessTTL))
 	drain := fs.Duration("drain-timeout", 10*time.Second, "on SIGTERM, wait this `duration` for the connections smcrd holds before aborting them; 0 aborts them at once")
 	showVersion := fs.Bool("version", false, "print the version and exit")
+	man := fs.String("man", "", "write the manual `page` smcrd (smcrd.8) or smcrd.conf (smcrd.conf.5), made of this help and of the attributes' own text, and exit")
 	_, envProcs := os.LookupEnv("GOMAXPROCS")
 	autoProcs := defaultProcs(runtime.GOMAXPROCS(0), envProcs)
 	// The flag's own default stays 0, so that the help shows the default once,
 	// with where it comes from.
-	procs := fs.Int("procs", 0, fmt.Sprintf("run Go code on at most `n` CPUs at once (default %d here: half of those smcrd may use, at least 1, or GOMAXPROCS from the environment)", autoProcs))
+	procs := fs.Int("procs", 0, procsUsage(autoProcs))
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprint(stdout, usage)
@@ -99,8 +110,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "smcrd: unexpected argument %q\nRun 'smcrd -help' for usage.\n", fs.Arg(0))
 		return 2
 	}
+	if *man != "" {
+		if err := writeMan(stdout, *man, fs); err != nil {
+			fmt.Fprintf(stderr, "smcrd: -man: %v\n", err)
+			return 2
+		}
+		return 0
+	}
 	if *showVersion {
-		fmt.Fprintln(stdout, "smcrd", version)
+		fmt.Fprintln(stdout, "smcrd", version.String())
 		return 0
 	}
 	if *printDefault {
@@ -135,23 +153,30 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	log := newLogger(cfg, stderr)
-	log.Info("smcrd starting", "version", version, "procs", *procs, "cpus", runtime.NumCPU())
+	log.Info("smcrd starting", "version", version.String(), "procs", *procs, "cpus", runtime.NumCPU())
 
 	// NewServer looks the group up too, but only after daemon.New has loaded
 	// and attached the programs: an unknown group must fail before that.
-	if _, err := control.LookupGroup(cfg.ControlGroup); err != nil {
-		log.Error("control socket", "err", err)
-		return 1
+	for _, g := range []string{cfg.ControlGroup, cfg.MonitorGroup} {
+		if _, err := control.LookupGroup(g); err != nil {
+			log.Error("control socket", "err", err)
+			return 1
+		}
 	}
 	d, err := daemon.New(daemon.Options{
 		Config: cfg, ConfigFile: *cfgFile, PinDir: *pinDir, ShmDir: *shmDir,
-		LivenessTTL: *liveness, DrainTimeout: drainTimeout, Version: version, Logger: log,
+		LivenessTTL: *liveness, DrainTimeout: drainTimeout, Version: version.String(), Logger: log,
 	})
+	var cfgErr *config.Error
+	if errors.As(err, &cfgErr) { // a value the file loaded with, found wrong at start
+		fmt.Fprintf(stderr, "smcrd: %v\n", cfgErr)
+		return 2
+	}
 	if err != nil {
 		log.Error("smcrd cannot start", "err", err)
 		return 1
 	}
-	srv, err := control.NewServer(cfg.ControlSocket, cfg.ControlGroup, d, log)
+	srv, err := control.NewServer(cfg.ControlSocket, cfg.ControlGroup, cfg.MonitorGroup, d, log)
 	if err != nil {
 		log.Error("control socket", "err", err)
 		if err := d.Close(); err != nil {
@@ -159,7 +184,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		return 1
 	}
-	stopMetrics := serveMetrics(cfg.MetricsAddress, d, log)
+	stopMetrics, err := serveMetrics(cfg.MetricsAddress, d, log)
+	if err != nil {
+		fmt.Fprintf(stderr, "smcrd: %v\n", config.AttrError(*cfgFile, "metrics_address", err.Error()))
+		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		srv.Close(cctx)
+		cancel()
+		if err := d.Close(); err != nil {
+			log.Error("release", "err", err)
+		}
+		return 1
+	}
 
 	// The first SIGTERM or SIGINT drains, a second one aborts what is left.
 	ctx, stop := context.WithCancel(context.Background())
@@ -218,3 +253,40 @@ func newLogger(cfg config.Config, w io.Writer) *slog.Logger {
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
 }
+
+// writeMan writes the manual page page: smcrd's (its help), or its
+// configuration file's (the default configuration with every attribute's
+// description, and when a change applies).
+func writeMan(w io.Writer, page string, fs *flag.FlagSet) error {
+	switch page {
+	case "smcrd":
+		var flags strings.Builder
+		fs.Lookup("procs").Usage = procsUsage(-1)
+		fs.SetOutput(&flags)
+		fs.PrintDefaults()
+		fs.SetOutput(io.Discard)
+		return manpage.Write(w, "smcrd", "8", "transparent SMC-R (RFC 7609) for unmodified TCP applications",
+			manpage.Section{Title: "DESCRIPTION", Text: usage + flags.String()},
+			manpage.Section{Title: "SEE ALSO", Text: "smcrctl(8), smcrd.conf(5); docs/operations.md (/usr/local/share/doc/smcr/operations.md)"})
+	case "smcrd.conf":
+		var restart strings.Builder
+		for _, a := range config.RestartOnly() {
+			fmt.Fprintf(&restart, "  %s: %s\n", a, config.AtRestart(a))
+		}
+		return manpage.Write(w, "smcrd.conf", "5", "smcrd's configuration file",
+			manpage.Section{Title: "DESCRIPTION", Text: confFormat},
+			manpage.Section{Title: "ATTRIBUTES", Text: "As smcrd -print-default-config writes them, each with its description and default:\n\n" + string(config.Default().Format())},
+			manpage.Section{Title: "WHEN A CHANGE APPLIES", Text: "smcrctl set applies a change at once, but for these, read only when smcrd starts:\n\n" + restart.String()},
+			manpage.Section{Title: "SEE ALSO", Text: "smcrd(8), smcrctl(8)"})
+	}
+	return fmt.Errorf("no page %q: smcrd or smcrd.conf", page)
+}
+
+// confFormat is smcrd.conf(5)'s description of the file.
+const confFormat = `One attribute = value per line, as AIX attributes are written; # starts a
+comment, lists are comma-separated, an attribute not set keeps its default.
+smcrd -config FILE reads it (/etc/smcr/smcrd.conf under systemd); every error
+names the file, the line and what is wrong, and a file with any error is
+refused whole (exit 2). smcrctl set changes attributes of the running smcrd,
+and with -P writes them into the file, keeping its comments and layout.
+`

@@ -2,8 +2,13 @@ package main
 
 import (
 	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/smcr-io/smcr/internal/cgroupfs"
 )
 
 func TestDefaultProcs(t *testing.T) {
@@ -76,5 +81,27 @@ func TestHelp(t *testing.T) {
 				t.Errorf("%s: %q says its default twice", arg, line)
 			}
 		}
+	}
+}
+
+// TestCgroupMissingIsConfigError: a cgroup that does not exist is a
+// configuration error (exit 2) with the file and line, and the path as
+// written: the mount's own path, given where one relative to it is meant, was
+// reported with its slash stripped, and smcrd exited 1.
+func TestCgroupMissingIsConfigError(t *testing.T) {
+	mnt, err := cgroupfs.Mount()
+	if err != nil {
+		t.Skipf("no cgroup2 mount: %v", err)
+	}
+	file := filepath.Join(t.TempDir(), "smcrd.conf")
+	if err := os.WriteFile(file, []byte("enabled = yes\ncgroup = "+mnt+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	if code := run([]string{"-config", file, "-pin-dir", filepath.Join(t.TempDir(), "pins")}, &out, &errOut); code != 2 {
+		t.Fatalf("exit %d, want 2 (configuration):\n%s", code, errOut.String())
+	}
+	if want := fmt.Sprintf("smcrd: %s:2: cgroup: %q is not a cgroup", file, mnt); !strings.Contains(errOut.String(), want) {
+		t.Errorf("stderr %q, want %q", errOut.String(), want)
 	}
 }

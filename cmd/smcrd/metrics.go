@@ -16,16 +16,16 @@ import (
 )
 
 // serveMetrics opens the listener (nothing when addr is empty) and returns the
-// function that closes it. A listener that cannot open is logged, not fatal: the
-// data path matters more than its metrics.
-func serveMetrics(addr string, d *daemon.Daemon, log *slog.Logger) func(context.Context) {
+// function that closes it. A listener that cannot open is an error: an smcrd
+// that ran without the metrics it was told to serve would look, to the
+// monitoring, like one that is down, or go unwatched.
+func serveMetrics(addr string, d *daemon.Daemon, log *slog.Logger) (func(context.Context), error) {
 	if addr == "" {
-		return func(context.Context) {}
+		return func(context.Context) {}, nil
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		log.Warn("metrics listener not opened", "address", addr, "err", err)
-		return func(context.Context) {}
+		return nil, err
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", metrics.Handler(d, log))
@@ -36,5 +36,5 @@ func serveMetrics(addr string, d *daemon.Daemon, log *slog.Logger) func(context.
 		}
 	}()
 	log.Info("metrics listening", "address", ln.Addr().String())
-	return func(ctx context.Context) { srv.Shutdown(ctx) }
+	return func(ctx context.Context) { srv.Shutdown(ctx) }, nil
 }

@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -118,6 +119,14 @@ func (h *testHost) start(sock string, flags ...string) *smcrd {
 	if !slices.ContainsFunc(h.conf, func(l string) bool { return strings.HasPrefix(l, "providers") }) {
 		lines = append(lines, "providers = shm")
 	}
+	// h.conf's lines replace the defaults above that set the same attribute.
+	lines = slices.DeleteFunc(lines, func(l string) bool {
+		name, _, _ := strings.Cut(l, "=")
+		return slices.ContainsFunc(h.conf, func(c string) bool {
+			n, _, _ := strings.Cut(c, "=")
+			return strings.TrimSpace(n) == strings.TrimSpace(name)
+		})
+	})
 	lines = append(lines, h.conf...)
 	if err := os.WriteFile(conf, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
 		h.t.Fatal(err)
@@ -314,6 +323,30 @@ func TestUnknownControlGroupTouchesNoBPF(t *testing.T) {
 	}
 	if _, err := os.Stat(h.pinDir); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("smcrd made %s before it failed on control_group (stat: %v)", h.pinDir, err)
+	}
+}
+
+// TestMetricsAddressTaken: an smcrd that cannot open its metrics listener
+// does not start, names the file and line that set it, and leaves nothing
+// behind. It ran on without metrics, with a warning only.
+func TestMetricsAddressTaken(t *testing.T) {
+	h := newTestHost(t)
+	ln, err := h.pair.A.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	h.conf = []string{"metrics_address = " + ln.Addr().String()}
+	sock := filepath.Join(h.dir, "smcrd.sock")
+	s := h.start(sock)
+	if code := s.exit(t, 15*time.Second); code != 1 {
+		t.Fatalf("smcrd exited %d, want 1:\n%s", code, s.out.String())
+	}
+	if out := s.out.String(); !regexp.MustCompile(`\.conf:5: metrics_address: .*address already in use`).MatchString(out) {
+		t.Errorf("smcrd's output does not name the line of metrics_address and the error:\n%s", out)
+	}
+	if _, err := os.Stat(sock); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("smcrd left its control socket behind (stat: %v)", err)
 	}
 }
 

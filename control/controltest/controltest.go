@@ -29,13 +29,16 @@ type Fake struct {
 	Cs          []control.Conn
 	Ps          []control.Peer
 	Ds          []control.Device
+	Ls          []control.Listener
+	Hist        []control.ClosedConn
 	Resets      int   // calls of ResetStats
 	Err         error // when set, every call fails with it
 	lastPersist bool
 }
 
 // NewFake returns a fake smcrd with two link groups (one client, one server), four
-// connections (SMC-R and fallbacks both ways), two peers and two devices. When file
+// connections (SMC-R and fallbacks both ways), two peers, two devices and
+// three listeners. When file
 // is not empty, persistent changes are written there.
 func NewFake(file string) *Fake {
 	f := &Fake{cfg: config.Default(), file: file}
@@ -60,10 +63,10 @@ func NewFake(file string) *Fake {
 				{Num: 1, State: "active", Interface: "veth-b", Device: "soft0", Port: 1,
 					LocalGID: "fe80::200:aff:fe00:1", PeerGID: "fe80::200:aff:fe00:3", LocalQPN: 0x12, PeerQPN: 0x31, Conns: 1,
 					TX: control.LinkTraffic{Bytes: 65536, WorkRequests: 3}, RX: control.LinkTraffic{Bytes: 987654321, WorkRequests: 15070},
-					Errors: 2, RTTMicros: 118.25, TestLinkAgo: 3},
+					Errors: 2, ErrorsByKind: map[string]uint64{"remote access error": 1, "protocol error": 1}, RTTMicros: 118.25, TestLinkAgo: 3},
 				{Num: 2, State: "inactive", Interface: "veth-c", Device: "soft1", Port: 1,
 					LocalGID: "fe80::200:aff:fe00:4", PeerGID: "fe80::200:aff:fe00:5", LocalQPN: 0x13, PeerQPN: 0x32, Conns: 0,
-					Errors: 1},
+					Errors: 1, ErrorsByKind: map[string]uint64{"transport retry exceeded": 1}},
 			}},
 	}
 	f.Cs = []control.Conn{
@@ -89,6 +92,17 @@ func NewFake(file string) *Fake {
 		{Name: "shm0", Provider: "shm", Port: 1, State: "active", Interface: "veth-a", GID: "fe80::200:aff:fe00:1", MAC: "02:00:0a:00:00:01", MTU: 4096, LinkGroups: 1, Links: 1},
 		{Name: "soft0", Provider: "soft", Port: 1, State: "active", Interface: "veth-b", GID: "fe80::200:aff:fe00:1", MAC: "02:00:0a:00:00:01", MTU: 1024, LinkGroups: 1, Links: 2},
 	}
+	f.Ls = []control.Listener{
+		{Addr: "0.0.0.0", Port: 5201, Steered: true},
+		{Addr: "::", Port: 443, Reason: "port not in port_range_list"},
+		{Addr: "127.0.0.1", Port: 6379, Reason: "loopback only: its connections do not arrive on the interfaces"},
+	}
+	ended := time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC)
+	f.Hist = []control.ClosedConn{
+		{ID: 7, Local: "198.18.0.1:40500", Remote: "198.18.0.2:5201", Role: "client", Mode: control.ModeSMCR, Ended: ended, Seconds: 12.5, TxBytes: 1 << 20, RxBytes: 4096},
+		{ID: 6, Local: "198.18.0.1:40498", Remote: "198.18.0.9:5201", Role: "client", Mode: control.ModeTCP, Reason: "peer did not send the SMC option", Ended: ended.Add(-time.Minute), Seconds: 0.25, TxBytes: 100, RxBytes: 20},
+		{ID: 5, Local: "198.18.0.1:40490", Remote: "198.18.0.7:5201", Role: "client", Mode: control.ModeFailed, Ended: ended.Add(-2 * time.Minute)},
+	}
 	return f
 }
 
@@ -107,7 +121,8 @@ func FixedStats() control.Stats {
 	}
 	return control.Stats{
 		SinceResetSeconds: 3725,
-		Connections:       control.ConnCounts{Handled: 40, SMCR: 31, Fallback: 9, HandshakeErrors: 1, FirstContact: 4, Reused: 27, Active: 2},
+		Connections: control.ConnCounts{Handled: 40, SMCR: 31, Fallback: 9, HandshakeErrors: 1, FirstContact: 4, Reused: 27, Active: 2,
+			Client: control.RoleCounts{Handled: 25, SMCR: 18, Fallback: 7}, Server: control.RoleCounts{Handled: 15, SMCR: 13, Fallback: 2}},
 		Fallbacks: []control.FallbackCount{
 			{Code: 0x03010000, Reason: "peer did not send the SMC option", Side: control.SideLocal, Count: 6},
 			{Code: 0x03070000, Reason: "IP subnet mismatch", Side: control.SidePeer, Count: 2},
@@ -139,7 +154,7 @@ func (f *Fake) Status(context.Context) (control.Status, error) {
 func (f *Fake) Config(context.Context) ([]control.Attribute, error) {
 	unlock, err := f.lock()
 	defer unlock()
-	return f.cfg.Attributes(), err
+	return f.cfg.AttributesSince(config.Default()), err
 }
 
 // SetConfig implements control.Backend with config.Config.Set's all-or-nothing rule.
@@ -272,6 +287,40 @@ func (f *Fake) Devices(context.Context) ([]control.Device, error) {
 	return append([]control.Device(nil), f.Ds...), err
 }
 
+// Listeners implements control.Backend.
+func (f *Fake) Listeners(context.Context) ([]control.Listener, error) {
+	unlock, err := f.lock()
+	defer unlock()
+	return append([]control.Listener(nil), f.Ls...), err
+}
+
+// History implements control.Backend.
+func (f *Fake) History(context.Context) ([]control.ClosedConn, error) {
+	unlock, err := f.lock()
+	defer unlock()
+	return append([]control.ClosedConn(nil), f.Hist...), err
+}
+
+// Probe implements control.Backend: 198.18.0.2 goes SMC-R, other
+// addresses are in the negative cache.
+func (f *Fake) Probe(_ context.Context, dst netip.AddrPort) (control.Probe, error) {
+	unlock, err := f.lock()
+	defer unlock()
+	p := control.Probe{Dst: dst.String(), Cgroup: "apps.slice", Checks: []control.ProbeCheck{
+		{Check: "enabled", OK: true, Detail: "enabled = yes"},
+		{Check: "port", OK: true, Detail: "in port_range_list 1024-65535"},
+		{Check: "device", OK: true, Detail: "providers shm, soft"},
+		{Check: "route", OK: true, Detail: "through a listed interface, from 198.18.0.1"},
+		{Check: "peer cache", OK: true, Detail: "capable, for 540s"},
+		{Check: "reachable", OK: true, Detail: "no failed connect on record"},
+	}}
+	if dst.Addr() != netip.MustParseAddr("198.18.0.2") {
+		p.Checks[4] = control.ProbeCheck{Check: "peer cache", Detail: "without SMC-R (peer did not send the SMC option), for 75s: plain TCP"}
+	}
+	p.SMCR = p.Checks[4].OK
+	return p, err
+}
+
 // Persisted reports whether the last configuration change asked to persist.
 func (f *Fake) Persisted() bool {
 	f.mu.Lock()
@@ -293,7 +342,7 @@ func cloneStats(s control.Stats) control.Stats {
 func Serve(t testing.TB, b control.Backend, group string) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "smcrd.sock")
-	srv, err := control.NewServer(path, group, b, nil)
+	srv, err := control.NewServer(path, group, "", b, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

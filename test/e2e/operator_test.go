@@ -241,3 +241,76 @@ func TestOperatorView(t *testing.T) {
 			c.Active, after.MemoryInUse, after.MemoryPeak, before.MemoryPeak)
 	}
 }
+
+// TestHistory: smcrctl history lists the connections that ended, newest
+// first, with how they went: SMC-R on both hosts, in their roles, and one
+// smcrd could not set up. Nothing kept them once closed.
+func TestHistory(t *testing.T) {
+	a, b := hosts(t)
+	a.start("providers = shm", ports)
+	b.start("providers = shm", ports)
+	b.serve(5201)
+	if r, err := a.client(fmt.Sprintf("%s:5201", b.ns.Addr4()), "-mode", "echo", "-bytes", "1000"); err != nil || r.OK != 1 {
+		t.Fatalf("%+v %v", r, err)
+	}
+	a.client(fmt.Sprintf("%s:5207", b.ns.Addr4()), "-mode", "echo", "-bytes", "16", "-timeout", "20s") // nothing listens
+	history := func(h *host, n int) []control.ClosedConn {
+		t.Helper()
+		var l []control.ClosedConn
+		for range 100 { // the relay ends just after the application
+			var err error
+			if l, err = h.ctl.History(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if len(l) >= n {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		return l
+	}
+	la := history(a, 2)
+	if len(la) != 2 || la[0].Mode != control.ModeFailed || la[1].Mode != control.ModeSMCR || la[1].Role != "client" ||
+		la[1].TxBytes < 1000 || !strings.HasSuffix(la[1].Remote, ":5201") {
+		t.Errorf("A's history: %+v, want the failed connection, then the SMC-R one as client", la)
+	}
+	if lb := history(b, 1); len(lb) == 0 || lb[len(lb)-1].Mode != control.ModeSMCR || lb[len(lb)-1].Role != "server" {
+		t.Errorf("B's history: %+v, want the SMC-R connection as server", lb)
+	}
+}
+
+// TestProbe: smcrctl probe says whether a connection to a destination would
+// be tried over SMC-R, and which check stops it: a port not listed, a peer in
+// the negative cache. Nothing told that without trying.
+func TestProbe(t *testing.T) {
+	a, b := hosts(t)
+	a.start("providers = shm", ports)
+	b.start("providers = shm", ports)
+	b.serve(5201)
+	dst := fmt.Sprintf("%s:5201", b.ns.Addr4())
+	probe := func(dst string) (bool, map[string]control.ProbeCheck) {
+		t.Helper()
+		p, err := a.ctl.Probe(context.Background(), dst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checks := map[string]control.ProbeCheck{}
+		for _, c := range p.Checks {
+			checks[c.Check] = c
+		}
+		return p.SMCR, checks
+	}
+	if ok, checks := probe(dst); !ok || len(checks) != 6 {
+		t.Errorf("probe %s: %v %+v, want SMC-R, every check passed", dst, ok, checks)
+	}
+	if ok, checks := probe(fmt.Sprintf("%s:80", b.ns.Addr4())); ok || checks["port"].OK {
+		t.Errorf("probe port 80: %v %+v, want the port check failed", ok, checks)
+	}
+	b.stop() // B answers without the SMC option: A caches it
+	if r, err := a.client(dst, "-mode", "echo", "-bytes", "1000"); err == nil && r.OK == 1 {
+		t.Logf("connection while B's smcrd is down: plain TCP")
+	}
+	if ok, checks := probe(dst); ok || checks["peer cache"].OK || !strings.Contains(checks["peer cache"].Detail, "without SMC-R") {
+		t.Errorf("probe after B declined: %v %+v, want the peer cache check failed", ok, checks)
+	}
+}

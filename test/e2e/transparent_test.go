@@ -12,6 +12,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -776,6 +777,99 @@ func TestKill(t *testing.T) {
 	a.kill() // between transfers
 	time.Sleep(1500 * time.Millisecond)
 	check("new connections after the client's smcrd was killed idle")
+}
+
+// TestKillResets: smcrd killed while a program reads a stream to its end,
+// on either host. The kernel closed smcrd's socket facing the program with a
+// FIN, and a program that takes the end of the stream for the end of the
+// data (netcat) kept a truncated transfer as a whole one: it must see a reset.
+func TestKillResets(t *testing.T) {
+	a, b := hosts(t)
+	conf := []string{"providers = shm", ports}
+	a.start(conf...)
+	b.start(conf...)
+	const port = 5211
+	ln, err := b.ns.Listen("tcp", fmt.Sprintf(":%d", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	dst := fmt.Sprintf("%s:%d", b.ns.Addr4(), port)
+	// The server writes without end to a client that reads (recv), or reads
+	// to the end what a client writes (discard), and says how that ended.
+	read := make(chan error, 1)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				var first [1]byte
+				c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+				_, err := c.Read(first[:])
+				c.SetReadDeadline(time.Time{})
+				if err == nil && first[0] == 'D' {
+					_, err := io.Copy(io.Discard, c)
+					read <- err
+					return
+				}
+				buf := make([]byte, 64<<10)
+				for {
+					if _, err := c.Write(buf); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	carrying := func(h *host) {
+		t.Helper()
+		for i := 0; h.stats().Connections.Active != 1; i++ {
+			if i == 100 {
+				t.Fatalf("smcrd on %s carries %d connections, want 1", h.name, h.stats().Connections.Active)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		time.Sleep(300 * time.Millisecond) // bytes flow
+	}
+
+	// The client's smcrd killed while the client reads.
+	cmd := a.command(bins.testapp, "-connect", dst, "-mode", "recv", "-timeout", "30s")
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	carrying(a)
+	a.kill()
+	cmd.Wait()
+	var r appResult
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+		t.Fatalf("testapp: %v: %s", err, out.String())
+	}
+	if r.OK != 0 || !strings.Contains(r.Err, "reset") {
+		t.Errorf("client reading when its smcrd was killed: %+v, want a reset", r)
+	}
+
+	// The server's smcrd killed while the server reads.
+	a.start(conf...)
+	cmd = a.command(bins.testapp, "-connect", dst, "-mode", "discard", "-bytes", "100000000000", "-timeout", "30s")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	carrying(b)
+	b.kill()
+	select {
+	case err := <-read:
+		if !errors.Is(err, syscall.ECONNRESET) {
+			t.Errorf("server reading when its smcrd was killed: %v, want a reset", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("server still reading 20 s after its smcrd was killed")
+	}
 }
 
 // TestServerSmcrdRestart: restarting the server's smcrd (an upgrade) keeps

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -243,5 +244,173 @@ func TestDemoAfterDeps(t *testing.T) {
 	// The demo itself then finds no smcrd in its empty bin directory.
 	if strings.Contains(string(out), "build before deps") || !strings.Contains(string(out), "demo: run make build first") {
 		t.Fatalf("make -j4 demo:\n%s", out)
+	}
+}
+
+// TestServiceUnit: the systemd unit does not restart smcrd on a configuration
+// error (it looped until the start limit), keeps the capability the relay needs
+// to make connections as the application's user, and stays as hardened as
+// docs/operations.md says (it was 7.2).
+func TestServiceUnit(t *testing.T) {
+	unit, err := os.ReadFile(filepath.Join(root, "configs/smcrd.service"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"\nRestartPreventExitStatus=2\n", " CAP_SETUID "} {
+		if !strings.Contains(string(unit), want) {
+			t.Errorf("the unit lacks %q", strings.TrimSpace(want))
+		}
+	}
+	if _, err := exec.LookPath("systemd-analyze"); err != nil {
+		t.Skip("no systemd-analyze to rate the unit's hardening")
+	}
+	// --offline takes the unit's file name as its name.
+	file := filepath.Join(t.TempDir(), "smcrd.service")
+	if err := os.WriteFile(file, unit, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("systemd-analyze", "security", "--offline=yes", "--no-pager", file).CombinedOutput()
+	m := regexp.MustCompile(`Overall exposure level for smcrd.service: ([0-9.]+)`).FindSubmatch(out)
+	if m == nil {
+		t.Fatalf("systemd-analyze security: %v\n%s", err, out)
+	}
+	if score, _ := strconv.ParseFloat(string(m[1]), 64); score > 5.4 {
+		t.Errorf("systemd-analyze security rates the unit %s, docs/operations.md says 5.4", m[1])
+	}
+	if strings.Contains(string(out), "Unknown") {
+		t.Errorf("systemd-analyze does not know some of the unit's settings:\n%s", out)
+	}
+}
+
+// TestNoBuildOutputTracked: no program built from the tree is committed (a
+// 5.4 MB cmd/verbsbench/verbsbench was), and what `go build` leaves in a
+// command's directory or the root is ignored. The committed BPF object is
+// relocatable, not a program.
+func TestNoBuildOutputTracked(t *testing.T) {
+	out, err := exec.Command("git", "-C", root, "ls-files", "-z").Output()
+	if err != nil {
+		t.Skipf("not a git checkout: %v", err)
+	}
+	for _, name := range strings.Split(strings.TrimRight(string(out), "\x00"), "\x00") {
+		f, err := os.Open(filepath.Join(root, name))
+		if err != nil {
+			continue // deleted in the work tree
+		}
+		var hdr [18]byte
+		n, _ := f.Read(hdr[:])
+		f.Close()
+		// ELF, e_type ET_EXEC (2) or ET_DYN (3), little-endian.
+		if n == len(hdr) && string(hdr[:4]) == "\x7fELF" && (hdr[16] == 2 || hdr[16] == 3) {
+			t.Errorf("%s is a built program, committed", name)
+		}
+	}
+	cmds, err := filepath.Glob(filepath.Join(root, "cmd", "*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var outputs []string
+	for _, c := range cmds {
+		b := filepath.Base(c)
+		outputs = append(outputs, filepath.Join("cmd", b, b), b)
+	}
+	outputs = append(outputs, "test/e2e/testapp/testapp")
+	for _, p := range outputs {
+		if err := exec.Command("git", "-C", root, "check-ignore", "-q", "--no-index", p).Run(); err != nil {
+			t.Errorf("%s, what go build leaves, is not ignored", p)
+		}
+	}
+}
+
+// TestGotestSummary: scripts/gotest.sh prints what go test does without -v,
+// and the tests that skipped with their reasons, which go test shows only
+// with -v.
+func TestGotestSummary(t *testing.T) {
+	cmd := exec.Command("scripts/gotest.sh", "go", "-count=1", "./test/setup/testdata/skipper")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "SMCR_TEST_SKIPS=")
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		t.Fatalf("gotest.sh passed a failing test:\n%s", out)
+	}
+	for _, want := range []string{"--- FAIL: TestFails", "the widget broke", "skipped tests (1):", "TestSkips: skipper_test.go:9: no widget on this machine"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("gotest.sh's output lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(string(out), "only -v shows") {
+		t.Errorf("gotest.sh printed a passing test's log, as go test -v would:\n%s", out)
+	}
+}
+
+// TestMakeTestSummary: make test ends with each phase's time and every test
+// skipped, with its reason; a phase that fails stops the others, and says so.
+func TestMakeTestSummary(t *testing.T) {
+	dir := t.TempDir()
+	fake := filepath.Join(dir, "make")
+	// Each phase passes; test-unit runs the fixture's passing and skipping tests.
+	script := "#!/bin/sh\ncase \"$2\" in\n" +
+		"test-unit) exec scripts/gotest.sh go -count=1 -run 'TestPasses|TestSkips' ./test/setup/testdata/skipper;;\n" +
+		"lint) [ -z \"$FAIL_LINT\" ];;\nesac\n"
+	if err := os.WriteFile(fake, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	run := func(env ...string) (string, error) {
+		cmd := exec.Command("scripts/test.sh", fake, "1s") // relative to Dir
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), env...)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	out, err := run()
+	if err != nil {
+		t.Fatalf("test.sh: %v\n%s", err, out)
+	}
+	_, summary, _ := strings.Cut(out, "make test: the phases\n")
+	for _, phase := range []string{"lint", "check-generate", "test-unit", "test-race", "fuzz"} {
+		if !regexp.MustCompile(`(?m)^  ` + phase + ` +[0-9]+s$`).MatchString(summary) {
+			t.Errorf("the summary does not time %s:\n%s", phase, out)
+		}
+	}
+	if !strings.Contains(summary, "make test: 1 tests skipped") || !strings.Contains(summary, "TestSkips: skipper_test.go:9: no widget on this machine") {
+		t.Errorf("the summary does not list the skipped test and why:\n%s", out)
+	}
+	out, err = run("FAIL_LINT=1")
+	if err == nil || !strings.Contains(out, "lint") || !strings.Contains(out, "FAILED") || strings.Contains(out, "check-generate") {
+		t.Errorf("a failing lint: %v, want a failure that stops the phases after it:\n%s", err, out)
+	}
+}
+
+// TestManPagesFresh: the committed man pages are what smcrd and smcrctl make
+// of their own help (make man), and every verb is in smcrctl's. There were
+// none.
+func TestManPagesFresh(t *testing.T) {
+	for _, p := range []struct {
+		file string
+		args []string
+	}{
+		{"docs/man/smcrd.8", []string{"./cmd/smcrd", "-man", "smcrd"}},
+		{"docs/man/smcrd.conf.5", []string{"./cmd/smcrd", "-man", "smcrd.conf"}},
+		{"docs/man/smcrctl.8", []string{"./cmd/smcrctl", "help", "--man"}},
+	} {
+		cmd := exec.Command("go", append([]string{"run"}, p.args...)...)
+		cmd.Dir = root
+		want, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("go run %v: %v", p.args, err)
+		}
+		got, err := os.ReadFile(filepath.Join(root, p.file))
+		if err != nil {
+			t.Fatalf("%v (make man writes it)", err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Errorf("%s differs from what %v writes: run make man", p.file, p.args)
+		}
+		if p.file == "docs/man/smcrctl.8" {
+			for _, verb := range []string{"status", "set", "show", "links", "listeners", "stats"} {
+				if !strings.Contains(string(got), "Usage: smcrctl "+verb) {
+					t.Errorf("smcrctl.8 lacks the verb %s", verb)
+				}
+			}
+		}
 	}
 }

@@ -17,13 +17,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"runtime/debug"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/smcr-io/smcr/config"
 	"github.com/smcr-io/smcr/control"
+	"github.com/smcr-io/smcr/internal/manpage"
+	smcrversion "github.com/smcr-io/smcr/internal/version"
 )
 
 // Exit codes (see the package doc).
@@ -34,18 +35,15 @@ const (
 	ExitNotRunning = 3
 )
 
-// Version is smcrctl's version; the build may set it with
-// -ldflags "-X github.com/smcr-io/smcr/cmd/smcrctl/cli.Version=v1.2.3".
+// Version, when set, is the version smcrctl reports (tests); the build stamps
+// it in package version.
 var Version = ""
 
 func version() string {
 	if Version != "" {
 		return Version
 	}
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
-		return bi.Main.Version
-	}
-	return "(devel)"
+	return smcrversion.String()
 }
 
 // timeout bounds every call to smcrd: a wedged daemon must not hang a script.
@@ -97,7 +95,7 @@ func usagef(format string, args ...any) error {
 // commands in the order `smcrctl --help` lists them.
 var commands = []*command{
 	statusCmd, enableCmd, disableCmd, setCmd, showCmd,
-	linkgroupsCmd, linksCmd, devicesCmd, connsCmd, peersCmd, statsCmd, runCmd, versionCmd,
+	linkgroupsCmd, linksCmd, devicesCmd, connsCmd, historyCmd, peersCmd, listenersCmd, probeCmd, statsCmd, runCmd, versionCmd,
 }
 
 func lookup(name string) *command {
@@ -111,7 +109,7 @@ func lookup(name string) *command {
 
 const globalUsage = `smcrctl: the operator's command line for smcrd (SMC-R, RFC 7609).
 
-Usage: smcrctl [-s SOCKET] VERB [OPTIONS] [ARGS]
+Usage: smcrctl [-s SOCKET] [--json] VERB [OPTIONS] [ARGS]
 
 Verbs:
 %s
@@ -119,7 +117,7 @@ Options for every verb:
   -s, --socket PATH  smcrd's control socket (default %s)
   -h, --help         explain the verb, with examples
 
-Every show verb takes --json for scripts.
+Every show verb takes --json for scripts, before the verb or after it.
 
 Exit codes:
   0  success
@@ -127,7 +125,8 @@ Exit codes:
   2  usage error
   3  smcrd is not running
 
-Run 'smcrctl VERB --help' for a verb's options and examples.
+Run 'smcrctl VERB --help' for a verb's options and examples; 'smcrctl help --man'
+writes this manual as a man page (smcrctl.8).
 `
 
 func writeGlobalUsage(w io.Writer) {
@@ -148,6 +147,7 @@ func Run(args []string, stdout, stderr io.Writer) int {
 	gfs := flag.NewFlagSet("smcrctl", flag.ContinueOnError)
 	gfs.SetOutput(io.Discard)
 	socketFlags(gfs, &o)
+	jsonFlag(gfs, &o) // also before the verb: smcrctl --json status
 	help := gfs.Bool("h", false, "")
 	gfs.BoolVar(help, "help", false, "")
 	if err := gfs.Parse(args); err != nil {
@@ -181,8 +181,13 @@ func Run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
 	socketFlags(fs, &o)
+	jsonBefore := o.json
 	if cmd.flags != nil {
-		cmd.flags(fs, &o)
+		cmd.flags(fs, &o) // defining --json again sets it false
+	}
+	if jsonBefore && fs.Lookup("json") == nil {
+		fmt.Fprintf(stderr, "smcrctl %s: --json: the verb prints nothing to format\nRun 'smcrctl %s --help' for usage.\n", cmd.name, cmd.name)
+		return ExitUsage
 	}
 	var pos []string
 	var err error
@@ -192,6 +197,7 @@ func Run(args []string, stdout, stderr io.Writer) int {
 	} else {
 		pos, err = parseInterleaved(fs, rest)
 	}
+	o.json = o.json || jsonBefore
 	if errors.Is(err, flag.ErrHelp) {
 		writeCommandHelp(stdout, cmd)
 		return ExitOK
@@ -234,6 +240,13 @@ func runHelp(args []string, stdout, stderr io.Writer) int {
 		writeGlobalUsage(stdout)
 		return ExitOK
 	}
+	if len(args) == 1 && args[0] == "--man" {
+		if err := writeMan(stdout); err != nil {
+			fmt.Fprintf(stderr, "smcrctl: %v\n", err)
+			return ExitError
+		}
+		return ExitOK
+	}
 	cmd := lookup(args[0])
 	if cmd == nil {
 		fmt.Fprintf(stderr, "smcrctl: unknown verb %q\nRun 'smcrctl --help' for the list.\n", args[0])
@@ -241,6 +254,23 @@ func runHelp(args []string, stdout, stderr io.Writer) int {
 	}
 	writeCommandHelp(stdout, cmd)
 	return ExitOK
+}
+
+// writeMan writes smcrctl's manual page (smcrctl.8): the global help and
+// every verb's, as smcrctl prints them.
+func writeMan(w io.Writer) error {
+	var global, verbs strings.Builder
+	writeGlobalUsage(&global)
+	for i, c := range commands {
+		if i > 0 {
+			verbs.WriteString("\n")
+		}
+		writeCommandHelp(&verbs, c)
+	}
+	return manpage.Write(w, "smcrctl", "8", "the operator's command line for smcrd (SMC-R, RFC 7609)",
+		manpage.Section{Title: "DESCRIPTION", Text: global.String()},
+		manpage.Section{Title: "VERBS", Text: verbs.String()},
+		manpage.Section{Title: "SEE ALSO", Text: "smcrd(8), smcrd.conf(5)"})
 }
 
 func writeCommandHelp(w io.Writer, cmd *command) {

@@ -47,10 +47,14 @@ func TestGolden(t *testing.T) {
 		{Name: "show_config", Args: []string{"show", "config"}},
 		{Name: "show_config_json", Args: []string{"show", "config", "--json"}},
 		{Name: "show_noargs", Args: []string{"show"}, Exit: 2},
+		{Name: "show_config_attrs", Args: []string{"show", "config", "rmb_size", "port_range_list"}},
+		{Name: "show_config_unknown_attr", Args: []string{"show", "config", "rmb_size", "mtu"}, Exit: 2},
+		{Name: "json_not_taken", Args: []string{"--json", "enable"}, Exit: 2},
 		{Name: "linkgroups", Args: []string{"linkgroups"}},
 		{Name: "linkgroups_json", Args: []string{"linkgroups", "--json"}},
 		{Name: "links", Args: []string{"links"}},
 		{Name: "links_json", Args: []string{"links", "--json"}},
+		{Name: "links_detail", Args: []string{"links", "-d"}},
 		{Name: "devices", Args: []string{"devices"}},
 		{Name: "devices_json", Args: []string{"devices", "--json"}},
 		{Name: "conns", Args: []string{"conns"}},
@@ -64,6 +68,15 @@ func TestGolden(t *testing.T) {
 		{Name: "peers_forget_all", Args: []string{"peers", "--forget"}},
 		{Name: "peers_forget_bad", Args: []string{"peers", "--forget", "frob"}, Exit: 2},
 		{Name: "peers_forget_zone", Args: []string{"peers", "--forget", "198.18.0.9", "fe80::1%v0"}, Exit: 2},
+		{Name: "history", Args: []string{"history"}},
+		{Name: "history_json", Args: []string{"history", "--json"}},
+		{Name: "listeners", Args: []string{"listeners"}},
+		{Name: "probe", Args: []string{"probe", "198.18.0.2:5201"}},
+		{Name: "probe_negative", Args: []string{"probe", "198.18.0.9:6379"}},
+		{Name: "probe_json", Args: []string{"probe", "198.18.0.2:5201", "--json"}},
+		{Name: "probe_no_port", Args: []string{"probe", "198.18.0.2"}, Exit: 1},
+		{Name: "probe_noargs", Args: []string{"probe"}, Exit: 2},
+		{Name: "listeners_json", Args: []string{"listeners", "--json"}},
 		{Name: "stats", Args: []string{"stats"}},
 		{Name: "stats_detail", Args: []string{"stats", "-d"}},
 		{Name: "stats_json", Args: []string{"stats", "--json"}},
@@ -78,6 +91,45 @@ func TestGolden(t *testing.T) {
 			_, h := serve(t)
 			h.Run(t, c)
 		})
+	}
+}
+
+// TestShowConfigPending: an attribute read only at start, set since, shows
+// the value in effect and the pending one. It showed the one set, as if in
+// effect.
+func TestShowConfigPending(t *testing.T) {
+	_, h := serve(t)
+	h.Run(t, clitest.Case{Name: "set_restart", Args: []string{"set", "providers=soft", "rmb_size=128K"}})
+	h.Run(t, clitest.Case{Name: "show_config_pending", Args: []string{"show", "config"}})
+	r := h.Exec("show", "config", "--json")
+	var attrs []control.Attribute
+	if err := json.Unmarshal([]byte(r.Stdout), &attrs); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range attrs {
+		switch a.Name {
+		case "providers":
+			if a.Value != "rdma,shm,soft" || a.Pending != "soft" {
+				t.Errorf("providers: %+v, want in effect rdma,shm,soft, pending soft", a)
+			}
+		case "rmb_size": // applies at once
+			if a.Value != "128K" || a.Pending != "" {
+				t.Errorf("rmb_size: %+v, want 128K, nothing pending", a)
+			}
+		}
+	}
+}
+
+// TestJSONBeforeVerb: --json before the verb is --json after it. It was
+// refused: flags came only after the verb.
+func TestJSONBeforeVerb(t *testing.T) {
+	_, h := serve(t)
+	for _, verb := range [][]string{{"status"}, {"stats"}, {"show", "config", "rmb_size"}} {
+		before := h.Exec(append([]string{"--json"}, verb...)...)
+		after := h.Exec(append(verb, "--json")...)
+		if before != after || before.Exit != 0 {
+			t.Errorf("smcrctl --json %s: %+v, want as smcrctl %s --json: %+v", strings.Join(verb, " "), before, strings.Join(verb, " "), after)
+		}
 	}
 }
 
@@ -146,7 +198,7 @@ func verbs() []string {
 
 func TestVerbList(t *testing.T) {
 	got := verbs()
-	want := []string{"status", "enable", "disable", "set", "show", "linkgroups", "links", "devices", "conns", "peers", "stats", "run", "version"}
+	want := []string{"status", "enable", "disable", "set", "show", "linkgroups", "links", "devices", "conns", "history", "peers", "listeners", "probe", "stats", "run", "version"}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("verbs = %v, want %v", got, want)
 	}

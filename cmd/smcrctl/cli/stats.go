@@ -91,6 +91,8 @@ func writeStats(out io.Writer, st control.Stats, detail bool) error {
 	row(tw, "  SMC-R", c.SMCR)
 	row(tw, "  fallback to TCP", c.Fallback)
 	row(tw, "  handshake errors", c.HandshakeErrors)
+	row(tw, "  as client", fmt.Sprintf("%d handled, %d SMC-R, %d fallback", c.Client.Handled, c.Client.SMCR, c.Client.Fallback))
+	row(tw, "  as server", fmt.Sprintf("%d handled, %d SMC-R, %d fallback", c.Server.Handled, c.Server.SMCR, c.Server.Fallback))
 	row(tw, "  first contact", c.FirstContact)
 	row(tw, "  link group reused", c.Reused)
 	row(tw, "  open now", c.Active)

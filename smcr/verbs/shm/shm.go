@@ -16,6 +16,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -85,6 +86,7 @@ func Open(cfg Config) (verbs.Device, error) {
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("shm: rendezvous dir: %w", err)
 	}
+	removeStale(cfg.Dir, cfg.Logger)
 	var rnd [8]byte
 	rand.Read(rnd[:])
 	path := filepath.Join(cfg.Dir, fmt.Sprintf("%d-%x.sock", os.Getpid(), rnd))
@@ -120,6 +122,52 @@ func Open(cfg Config) (verbs.Device, error) {
 	d.wg.Add(1)
 	go d.acceptLoop()
 	return d, nil
+}
+
+// staleAge is how old a rendezvous socket nothing listens on must be to be
+// taken for one left behind: a younger one may be bound by an owner that does
+// not listen on it yet.
+const staleAge = 5 * time.Second
+
+// removeStale removes the rendezvous sockets in dir whose owner is gone
+// (killed, crashed: a process that exits closes its listener and removes the
+// file itself), which nothing would ever remove. Whether the owner is gone is
+// asked of the socket, by a connect that is refused: the PID in the name may
+// be another PID namespace's (a container's).
+func removeStale(dir string, log *slog.Logger) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if e.Type()&os.ModeSocket == 0 || !rendezvousName.MatchString(e.Name()) {
+			continue
+		}
+		info, err := e.Info()
+		if err != nil || time.Since(info.ModTime()) < staleAge {
+			continue
+		}
+		path := filepath.Join(dir, e.Name())
+		if !listened(path) && os.Remove(path) == nil {
+			log.Info("shm: removed a rendezvous socket its owner left", "path", path)
+		}
+	}
+}
+
+// rendezvousName matches the names Open gives rendezvous sockets:
+// PID-RANDOM.sock.
+var rendezvousName = regexp.MustCompile(`^[0-9]+-[0-9a-f]{16}\.sock$`)
+
+// listened reports whether something may listen on the Unix socket at path:
+// anything but a refused connect (a full backlog, say) counts as yes. The
+// connect does not wait.
+func listened(path string) bool {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return true
+	}
+	defer unix.Close(fd)
+	return unix.Connect(fd, &unix.SockaddrUnix{Name: path}) != unix.ECONNREFUSED
 }
 
 type device struct {

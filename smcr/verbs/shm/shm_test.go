@@ -7,7 +7,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io/fs"
 	"math"
+	"net"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -693,4 +697,54 @@ func TestStrangerHelloFirst(t *testing.T) {
 	if err := errors.Join(acc.Connect(ctx, dialer.Attr()), <-errc); err != nil {
 		t.Fatalf("the peers did not connect after a stranger's hello: %v", err)
 	}
+}
+
+// TestStaleSocketsRemoved: a device removes the rendezvous sockets left in
+// its directory by owners gone (a killed smcrd, test runs), and only those:
+// not a live device's, not one just made, not other files. They stayed
+// forever.
+func TestStaleSocketsRemoved(t *testing.T) {
+	dir := t.TempDir()
+	old := time.Now().Add(-time.Minute)
+	leave := func(name string, age time.Time) string { // a socket nothing listens on
+		t.Helper()
+		p := filepath.Join(dir, name)
+		ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: p, Net: "unixpacket"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln.SetUnlinkOnClose(false)
+		ln.Close()
+		if err := os.Chtimes(p, age, age); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	stale := leave("4242-0123456789abcdef.sock", old)
+	young := leave("4243-0123456789abcdef.sock", time.Now())
+	other := leave("other.sock", old)
+	live := openDev(t, dir)
+	livePath := liveEndpointPath(t, live)
+	if err := os.Chtimes(livePath, old, old); err != nil {
+		t.Fatal(err)
+	}
+	openDev(t, dir)
+	if _, err := os.Stat(stale); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("stale rendezvous socket kept (stat: %v)", err)
+	}
+	for _, p := range []string{young, other, livePath} {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("%s removed: %v", filepath.Base(p), err)
+		}
+	}
+}
+
+// liveEndpointPath is the rendezvous path of d.
+func liveEndpointPath(t *testing.T, d verbs.Device) string {
+	t.Helper()
+	ep, err := parseEndpoint(d.Endpoint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ep.path
 }

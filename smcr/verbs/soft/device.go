@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/smcr-io/smcr/internal/lograte"
 	"github.com/smcr-io/smcr/smcr/verbs"
 )
 
@@ -63,8 +64,9 @@ type device struct {
 	conns    map[net.Conn]struct{} // accepted, not yet attached to a QP
 	cqs      map[*cq]struct{}
 	wg       sync.WaitGroup
-	done     chan struct{} // closed by Close
-	watch    *portWatch    // nil: the port counts as up
+	done     chan struct{}   // closed by Close
+	watch    *portWatch      // nil: the port counts as up
+	refused  lograte.Limiter // lines for streams refused: anyone may connect
 }
 
 // Open starts a soft device listening as cfg says.
@@ -286,7 +288,7 @@ func (d *device) handshake(c net.Conn) {
 		return
 	}
 	if err := parseHeader(b[:], &h); err != nil || h.typ != frameHello {
-		d.log.Warn("soft: refused stream", "peer", c.RemoteAddr(), "err", err, "type", h.typ)
+		d.refused.Log(d.log, slog.LevelWarn, "soft: refused stream", "peer", c.RemoteAddr(), "err", err, "type", h.typ)
 		return
 	}
 	src, dst := uint32(h.addr>>32), uint32(h.addr)
@@ -294,7 +296,7 @@ func (d *device) handshake(c net.Conn) {
 	q := d.qps[dst]
 	d.mu.RUnlock()
 	if q == nil {
-		d.log.Warn("soft: stream for unknown qp", "peer", c.RemoteAddr(), "qpn", dst)
+		d.refused.Log(d.log, slog.LevelWarn, "soft: stream for unknown qp", "peer", c.RemoteAddr(), "qpn", dst)
 		return
 	}
 	// Attach before answering: a refused stream gets no hello reply, so the
@@ -303,7 +305,7 @@ func (d *device) handshake(c net.Conn) {
 	reply := header{typ: frameHelloOK, psn: h.psn}
 	reply.put(b[:])
 	if attached = q.attachResponder(c, src, h.psn); !attached {
-		d.log.Warn("soft: stream refused by qp", "peer", c.RemoteAddr(), "qpn", dst)
+		d.refused.Log(d.log, slog.LevelWarn, "soft: stream refused by qp", "peer", c.RemoteAddr(), "qpn", dst)
 		return
 	}
 	// The responder reads only; it writes nothing before the first request, which

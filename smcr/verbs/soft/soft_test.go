@@ -9,8 +9,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -360,6 +362,44 @@ func TestBadPeerIsolated(t *testing.T) {
 	if wc[0].Status != verbs.WCSuccess || string(mb.Bytes()[:4]) != "fine" {
 		t.Fatalf("write after garbage: %+v, region %q", wc[0], mb.Bytes()[:4])
 	}
+}
+
+// TestGarbageLogLimited: a flood of garbage at the device's listener, which
+// anyone may connect to, logs a few lines, not one per stream.
+func TestGarbageLogLimited(t *testing.T) {
+	if verbstest.InPeer() {
+		t.Skip("not the peer's test")
+	}
+	var log bytes.Buffer
+	var mu sync.Mutex
+	d := open(t, Config{Logger: slog.New(slog.NewTextHandler(lockedWriter{&mu, &log}, nil))})
+	const n = 50
+	for range n {
+		c, err := net.Dial("tcp", string(d.Endpoint()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write(bytes.Repeat([]byte("GET / HTTP/1.1\r\n"), 4))
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		c.Read(make([]byte, 64)) // until the device closes it
+		c.Close()
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if got := strings.Count(log.String(), "refused stream"); got == 0 || got > 5 {
+		t.Errorf("%d log lines for %d garbage streams, want 1 to 5:\n%s", got, n, log.String())
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 // Golden frames: the header layout of the package doc, byte for byte.

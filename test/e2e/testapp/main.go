@@ -38,7 +38,7 @@ import (
 func main() {
 	listen := flag.String("listen", "", "serve on this address")
 	connect := flag.String("connect", "", "connect to this address")
-	mode := flag.String("mode", "sink", "client mode: sink, echo, discard, pingpong or urgent")
+	mode := flag.String("mode", "sink", "client mode: sink, echo, discard, recv, pingpong or urgent")
 	size := flag.Int64("bytes", 1<<20, "bytes per connection (sink, echo); message size (pingpong)")
 	conns := flag.Int("conns", 1, "concurrent connections")
 	rounds := flag.Int("n", 1000, "pingpong round trips")
@@ -304,6 +304,13 @@ func one(addr, mode string, size int64, rounds int, seed uint64) (peer, local, r
 		}
 		if n != size || !slices.Equal(got.Sum(nil), sent.Sum(nil)) {
 			return "", local, remote, nil, fmt.Errorf("echo returned %d bytes of %d, or other content", n, size)
+		}
+		return "", local, remote, nil, nil
+	case "recv":
+		// Nothing sent: what the server writes, read to the end of the
+		// stream, as netcat takes it for the end of the data.
+		if n, err := io.Copy(io.Discard, c); err != nil {
+			return "", local, remote, nil, fmt.Errorf("receive after %d bytes: %w", n, err)
 		}
 		return "", local, remote, nil, nil
 	case "discard":
