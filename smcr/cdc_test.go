@@ -98,6 +98,7 @@ func TestNoUpdateAfterClose(t *testing.T) {
 	eventually(t, "request received", func() bool { return c.cs.cdcRecv.Load() > recv })
 	// onCDC queued c for the worker under c.mu: the barrier comes after it.
 	c.mu.Lock()
+	//lint:ignore SA2001 waiting for onCDC to release c.mu is the point
 	c.mu.Unlock()
 	linkBarrier(t, d, ds)
 	if n := c.cs.cdcSent.Load() - sent; n != 0 {

@@ -31,6 +31,7 @@ func TestLockOrderChecked(t *testing.T) {
 	tx.Lock()
 	lg.RLock()
 	c.Lock()
+	//lint:ignore SA2001 taking it is the test: the checker records the order
 	c.Unlock()
 	lg.RUnlock()
 	tx.Unlock()
@@ -42,6 +43,7 @@ func TestLockOrderChecked(t *testing.T) {
 	}
 	c.Lock()
 	tx.Lock()
+	//lint:ignore SA2001 taking it is the test: the checker records the order
 	tx.Unlock()
 	c.Unlock()
 	if !lockOrderBreached(rankConn, rankConnTx) {
