@@ -96,8 +96,8 @@ size_t ring_rx_avail(struct conn *c)
 
 size_t ring_tx_queued(struct conn *c)
 {
-	uint64_t p = atomic_load_explicit(&c->sh->tx_prod, memory_order_relaxed);
-	uint64_t q = atomic_load_explicit(&c->sh->tx_cons, memory_order_acquire);
+	uint64_t p = atomic_load_explicit(c->tx_prod, memory_order_relaxed);
+	uint64_t q = atomic_load_explicit(c->tx_cons, memory_order_acquire);
 	uint64_t u = p - q;
 	return u > c->tx_size ? c->tx_size : (size_t)u;
 }
@@ -112,8 +112,8 @@ static int rx_ready(struct conn *c)
 
 static int tx_ready(struct conn *c)
 {
-	return ring_tx_queued(c) < c->tx_size ||
-	       (atomic_load_explicit(&c->sh->d_flags, memory_order_acquire) & (SMCR_D_ERROR | SMCR_D_TX_CLOSED)) ||
+	uint32_t df = atomic_load_explicit(&c->sh->d_flags, memory_order_acquire);
+	return ring_tx_queued(c) < c->tx_size || (df & SMCR_D_ERROR) || ring_tx_closed(c, df) ||
 	       atomic_load_explicit(&c->reset, memory_order_relaxed) ||
 	       atomic_load_explicit(&c->shut_wr, memory_order_relaxed);
 }
@@ -127,6 +127,22 @@ void ring_wake_local(struct conn *c)
 {
 	if (c->sh)
 		futex(&c->sh->d_seq, FUTEX_WAKE, 0x7fffffff, NULL);
+}
+
+void ring_wake_peer(struct conn *c)
+{
+	struct smcr_shared *p = c->peer;
+	atomic_fetch_add_explicit(&p->d_seq, 1, memory_order_seq_cst);
+	if (atomic_load_explicit(&p->lib_waiters, memory_order_seq_cst))
+		futex(&p->d_seq, FUTEX_WAKE, 0x7fffffff, NULL); /* shared: another process */
+	if (atomic_load_explicit(&p->lib_pollers, memory_order_seq_cst))
+		ring_kick(c->peer_efd_lib);
+}
+
+void ring_peer_eof(struct conn *c)
+{
+	atomic_fetch_or_explicit(&c->peer->d_flags, SMCR_D_EOF, memory_order_seq_cst);
+	ring_wake_peer(c);
 }
 
 /* deadline of a blocking call from SO_RCVTIMEO / SO_SNDTIMEO: 0 for none */
@@ -181,15 +197,26 @@ static int wait_dir(struct conn *c, int fd, int tx, uint64_t *deadline, int *hav
 	}
 }
 
-static void after_rx_publish(struct conn *c)
+/* after_rx_publish: rx_cons moved from cons (before) to cons + n. With SHM the peer's
+ * writer waits (or polls for POLLOUT) only on a full ring: it is woken only if the
+ * ring was full before this read. The writer stores rx_prod, then looks at rx_cons;
+ * this side stores rx_cons, then looks at rx_prod (both seq_cst): either it sees
+ * the space, or this side sees the full ring. */
+static void after_rx_publish(struct conn *c, uint64_t cons)
 {
 	atomic_fetch_add_explicit(&c->sh->lib_seq, 1, memory_order_seq_cst);
 	if (atomic_load_explicit(&c->sh->d_rxwait, memory_order_seq_cst))
 		ring_kick(c->efd_drx);
+	if (c->peer && atomic_load_explicit(&c->sh->rx_prod, memory_order_seq_cst) - cons >= c->rx_size)
+		ring_wake_peer(c);
 }
 
 static void after_tx_publish(struct conn *c)
 {
+	if (c->peer) {
+		ring_wake_peer(c);
+		return;
+	}
 	atomic_fetch_add_explicit(&c->sh->lib_seq, 1, memory_order_seq_cst);
 	if (atomic_load_explicit(&c->sh->d_txwait, memory_order_seq_cst))
 		ring_kick(c->efd_dtx);
@@ -235,7 +262,7 @@ ssize_t ring_recv(struct conn *c, int fd, const struct iovec *iov, int iovcnt, i
 			if (flags & MSG_PEEK)
 				return (ssize_t)done;
 			atomic_store_explicit(&sh->rx_cons, cons + n, memory_order_seq_cst);
-			after_rx_publish(c);
+			after_rx_publish(c, cons);
 			if (done == want || !(flags & MSG_WAITALL))
 				return (ssize_t)done;
 			continue;
@@ -291,7 +318,7 @@ ssize_t ring_send_space(struct conn *c, int fd, int flags)
 				errno = ECONNRESET;
 			return -1;
 		}
-		if ((df & SMCR_D_TX_CLOSED) || atomic_load_explicit(&c->shut_wr, memory_order_relaxed))
+		if (ring_tx_closed(c, df) || atomic_load_explicit(&c->shut_wr, memory_order_relaxed))
 			return epipe(flags);
 		size_t fr = c->tx_size - ring_tx_queued(c);
 		if (fr > 0)
@@ -335,15 +362,15 @@ ssize_t ring_send(struct conn *c, int fd, const struct iovec *iov, int iovcnt, i
 				errno = ECONNRESET;
 			return -1;
 		}
-		if ((df & SMCR_D_TX_CLOSED) || atomic_load_explicit(&c->shut_wr, memory_order_relaxed)) {
+		if (ring_tx_closed(c, df) || atomic_load_explicit(&c->shut_wr, memory_order_relaxed)) {
 			if (done)
 				return (ssize_t)done;
 			return epipe(flags);
 		}
 		if (want == 0)
 			return 0;
-		uint64_t prod = atomic_load_explicit(&sh->tx_prod, memory_order_relaxed);
-		uint64_t cons = atomic_load_explicit(&sh->tx_cons, memory_order_acquire);
+		uint64_t prod = atomic_load_explicit(c->tx_prod, memory_order_relaxed);
+		uint64_t cons = atomic_load_explicit(c->tx_cons, memory_order_acquire);
 		uint64_t used = prod - cons;
 		if (used > c->tx_size) {
 			conn_mark_reset(c, fd);
@@ -353,7 +380,7 @@ ssize_t ring_send(struct conn *c, int fd, const struct iovec *iov, int iovcnt, i
 		if (fr > 0) {
 			size_t n = want - done < fr ? want - done : fr;
 			copy_in(&v, c->tx, c->tx_size, (size_t)(prod % c->tx_size), n);
-			atomic_store_explicit(&sh->tx_prod, prod + n, memory_order_seq_cst);
+			atomic_store_explicit(c->tx_prod, prod + n, memory_order_seq_cst);
 			after_tx_publish(c);
 			done += n;
 			if (done == want)
@@ -376,7 +403,9 @@ ssize_t ring_send(struct conn *c, int fd, const struct iovec *iov, int iovcnt, i
 
 void ring_shutdown_wr(struct conn *c)
 {
+	if (c->peer)
+		ring_peer_eof(c);
 	atomic_fetch_or(&c->sh->lib_flags, SMCR_LIB_SHUT_WR);
-	after_tx_publish(c);
+	atomic_fetch_add_explicit(&c->sh->lib_seq, 1, memory_order_seq_cst);
 	ring_kick(c->efd_dtx);
 }
