@@ -114,7 +114,7 @@ type DirectServer struct {
 
 // directStats counts what the direct server did, for smcrctl stats.
 type directStats struct {
-	smcr, tcp, failed, refused atomic.Uint64
+	smcr, tcp, failed, refused, bypass atomic.Uint64
 }
 
 // DirectOptions configure a DirectServer made by NewDirectServer.
@@ -553,6 +553,9 @@ func (s *DirectServer) decide(ch *net.UnixConn, tcp *net.TCPConn, client bool) {
 		return
 	}
 	s.st.smcr.Add(1)
+	if mode == rmb.ModeSHM {
+		s.st.bypass.Add(1)
+	}
 	s.mu.Lock()
 	s.conns[c] = struct{}{}
 	s.ids[h.id] = true
