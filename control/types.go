@@ -94,6 +94,7 @@ type DirectCounts struct {
 	TCP     uint64 `json:"tcp"`     // handed back as plain TCP after CLC or without it
 	Failed  uint64 `json:"failed"`  // connects that failed (the program got the error)
 	Refused uint64 `json:"refused"` // not taken: not a TCP socket, no option on the SYN, disabled
+	Bypass  uint64 `json:"bypass"`  // of SMCR, same host: the libraries write into each other's rings
 }
 
 // LinkEvents count what happened to the links of the link groups: second links

@@ -28,6 +28,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -114,7 +115,7 @@ type DirectServer struct {
 
 // directStats counts what the direct server did, for smcrctl stats.
 type directStats struct {
-	smcr, tcp, failed, refused atomic.Uint64
+	smcr, tcp, failed, refused, bypass atomic.Uint64
 }
 
 // DirectOptions configure a DirectServer made by NewDirectServer.
@@ -122,6 +123,11 @@ type DirectOptions struct {
 	Path   string            // the direct socket; its policy page is Path + ".policy"
 	Ports  func(uint16) bool // ports the policy page lists (nil: all)
 	Logger *slog.Logger
+	// SameHost decides every connection as the same-host bypass
+	// (SMCR_MODE_SHM) of two ends that are both this server's: their
+	// libraries write into each other's rings. A stand-in for CLC's TLV 3
+	// runs on the TCP connection first, so both ends must be libraries.
+	SameHost bool
 }
 
 // NewDirectServer returns a direct server for tests of the library, without
@@ -136,8 +142,15 @@ func NewDirectServer(opts DirectOptions) (*DirectServer, error) {
 		listen:    func(uint16) error { return nil },
 		unlisten:  func(uint16) error { return nil },
 		synOption: func(int) (bool, error) { return true, nil },
-		clc: func(_ context.Context, tcp *net.TCPConn, _ bool, _ []byte) (handshake, error) {
-			return handshake{carrier: tcp}, nil
+		clc: func(_ context.Context, tcp *net.TCPConn, _ bool, direct []byte) (handshake, error) {
+			if !opts.SameHost {
+				return handshake{carrier: tcp}, nil
+			}
+			peer, err := swapDirectValues(tcp, direct)
+			if err != nil {
+				return handshake{}, err
+			}
+			return handshake{carrier: tcp, peerDirect: peer}, nil
 		},
 		clcTimeout: func() time.Duration { return time.Second },
 		track:      func(*tracked) {},
@@ -152,8 +165,34 @@ func NewDirectServer(opts DirectOptions) (*DirectServer, error) {
 		return nil, err
 	}
 	s.page.set(true, ports)
+	if opts.SameHost {
+		if s.meet, err = newMeetPoint(filepath.Dir(opts.Path), s.log); err != nil {
+			s.page.close()
+			s.ln.Close()
+			return nil, err
+		}
+	}
 	go s.Serve()
 	return s, nil
+}
+
+// swapDirectValues is NewDirectServer's stand-in for CLC's TLV 3: each end
+// sends its value on the connection, length first, and reads the other's.
+func swapDirectValues(tcp *net.TCPConn, mine []byte) ([]byte, error) {
+	tcp.SetDeadline(time.Now().Add(5 * time.Second))
+	defer tcp.SetDeadline(time.Time{})
+	if _, err := tcp.Write(append([]byte{byte(len(mine))}, mine...)); err != nil {
+		return nil, err
+	}
+	var n [1]byte
+	if _, err := io.ReadFull(tcp, n[:]); err != nil {
+		return nil, err
+	}
+	peer := make([]byte, n[0])
+	if _, err := io.ReadFull(tcp, peer); err != nil {
+		return nil, err
+	}
+	return peer, nil
 }
 
 func newDirectServer(path string, hooks directHooks, log *slog.Logger) (*DirectServer, error) {
@@ -226,6 +265,9 @@ func (s *DirectServer) Serve() {
 		}()
 	}
 }
+
+// Bypassed is how many connections went library to library (same host).
+func (s *DirectServer) Bypassed() uint64 { return s.st.bypass.Load() }
 
 // Path is the direct socket's path.
 func (s *DirectServer) Path() string { return s.path }
@@ -553,6 +595,9 @@ func (s *DirectServer) decide(ch *net.UnixConn, tcp *net.TCPConn, client bool) {
 		return
 	}
 	s.st.smcr.Add(1)
+	if mode == rmb.ModeSHM {
+		s.st.bypass.Add(1)
+	}
 	s.mu.Lock()
 	s.conns[c] = struct{}{}
 	s.ids[h.id] = true

@@ -269,7 +269,9 @@ func (dc *directConn) watchPeer() {
 			dc.abort()
 			return
 		case err == io.EOF:
-			dc.sh.DFlags().Or(rmb.DEOF)
+			// The peer's smcrd closes the connection only once its
+			// program is gone (awaitClose): it reads no more either.
+			dc.sh.DFlags().Or(rmb.DEOF | rmb.DTxClosed)
 			dc.publish()
 			return
 		case err != nil:

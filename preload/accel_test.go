@@ -12,8 +12,15 @@ import (
 // bytes carried over its own TCP connection.
 func fakeSmcrd(t *testing.T) string {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "direct.sock")
-	s, err := daemon.NewDirectServer(daemon.DirectOptions{Path: path})
+	path, _ := fakeSmcrdWith(t, daemon.DirectOptions{})
+	return path
+}
+
+func fakeSmcrdWith(t *testing.T, opts daemon.DirectOptions) (string, *daemon.DirectServer) {
+	t.Helper()
+	opts.Path = filepath.Join(t.TempDir(), "direct.sock")
+	path := opts.Path
+	s, err := daemon.NewDirectServer(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,7 +41,7 @@ func fakeSmcrd(t *testing.T) string {
 		close(done)
 		s.Close()
 	})
-	return path
+	return path, s
 }
 
 // TestAccelerated: with every connection accelerated, programs see what they
@@ -89,5 +96,33 @@ func TestManyConnections(t *testing.T) {
 				t.Errorf("multi %s %s: %q, want %q", trig, m.name, errOut, want)
 			}
 		}
+	}
+}
+
+// TestSameHost: both ends libraries of one server's, decided SMCR_MODE_SHM: each
+// library writes into the other's receive ring. The echo matrix and the epoll loop
+// over many connections, as with smcrd's pumps. (Not fork.c: its one thread
+// accepts only after its connect returned, and the stand-in for CLC needs both
+// ends at once.)
+func TestSameHost(t *testing.T) {
+	build(t)
+	sock, s := fakeSmcrdWith(t, daemon.DirectOptions{SameHost: true})
+	for _, m := range []mode{
+		{name: "shm", lib: "libsmcr-preload.so", socket: sock},
+		{name: "shm-asan", lib: "libsmcr-preload-asan.so", socket: sock},
+	} {
+		t.Run(m.name, func(t *testing.T) {
+			before := s.Bypassed()
+			echoAll(t, m, true)
+			for _, trig := range []string{"et", "lt", "nested"} {
+				out, errOut, err := run(t, m, "multi", trig, "40", "300000")
+				if err != nil || out != "ok 40\n" || errOut != "accelerated 40\n" {
+					t.Errorf("multi %s: %v\nstdout: %s\nstderr: %s", trig, err, out, errOut)
+				}
+			}
+			if s.Bypassed() == before {
+				t.Errorf("no connection went library to library")
+			}
+		})
 	}
 }

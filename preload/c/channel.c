@@ -207,7 +207,7 @@ int channel_recv(int ch, struct channel_msg *m, int flags)
 		for (int i = 0; i < k; i++) {
 			int fd;
 			memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-			if (m->nfds < 4)
+			if (m->nfds < (int)(sizeof(m->fds) / sizeof(m->fds[0])))
 				m->fds[m->nfds++] = fd;
 			else
 				R(close)(fd);

@@ -25,7 +25,7 @@ int channel_request(int ch, int type, int fd);
 
 struct channel_msg {
 	struct smcr_msg h;
-	int fds[4];
+	int fds[6]; /* SMCR_MODE_SHM brings six */
 	int nfds;
 	unsigned char *payload; /* malloc'd, h.len bytes, or NULL */
 };

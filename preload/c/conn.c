@@ -43,7 +43,7 @@ struct conn *conn_new(int chan, int user_nonblock)
 	atomic_init(&c->state, CS_PENDING);
 	c->chan = chan;
 	atomic_init(&c->user_nonblock, user_nonblock);
-	c->efd_lib = c->efd_dtx = c->efd_drx = -1;
+	c->efd_lib = c->efd_dtx = c->efd_drx = c->peer_efd_lib = -1;
 	x->fork_gen = atomic_load(&smcr_fork_gen);
 	return c;
 }
@@ -87,41 +87,77 @@ int conn_check_reset(struct conn *c, int fd)
 	return atomic_load(&c->reset);
 }
 
-/* apply_smcr maps the connection's shared area: 0, or -1 if it is not what the ABI
- * says (the fds are then closed). */
-static int apply_smcr(struct conn *c, struct channel_msg *m)
+/* map_area maps a shared area from memfd and checks its header as the ABI says: the
+ * mapping (*size bytes), or NULL. The fd stays open. */
+static struct smcr_shared *map_area(int memfd, size_t *size)
 {
-	if (m->nfds != 4)
-		return -1;
 	struct stat st;
-	if (fstat(m->fds[0], &st) < 0 || st.st_size < (off_t)sizeof(struct smcr_shared) ||
+	if (fstat(memfd, &st) < 0 || st.st_size < (off_t)sizeof(struct smcr_shared) ||
 	    st.st_size > (off_t)0x7fffffff)
-		return -1;
-	size_t size = (size_t)st.st_size;
-	void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, m->fds[0], 0);
+		return NULL;
+	size_t n = (size_t)st.st_size;
+	void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
 	if (p == MAP_FAILED)
-		return -1;
+		return NULL;
 	struct smcr_shared *sh = p;
 	uint64_t ms = sh->map_size, to = sh->tx_off, ts = sh->tx_size, ro = sh->rx_off, rs = sh->rx_size;
-	int ok = sh->magic == SMCR_SHARED_MAGIC && sh->version == SMCR_ABI_VERSION && ms <= size &&
+	int ok = sh->magic == SMCR_SHARED_MAGIC && sh->version == SMCR_ABI_VERSION && ms <= n &&
 		 ts > 0 && rs > 0 && to >= sizeof(struct smcr_shared) && ro >= sizeof(struct smcr_shared) &&
 		 to + ts <= ms && ro + rs <= ms && (to + ts <= ro || ro + rs <= to);
 	if (!ok) {
-		munmap(p, size);
+		munmap(p, n);
+		return NULL;
+	}
+	*size = n;
+	return sh;
+}
+
+/* efd_nonblock: the library drains efd_lib and writes the peer's: neither may block
+ * (smcrd makes them EFD_NONBLOCK) */
+static void efd_nonblock(int efd)
+{
+	int fl = R(fcntl)(efd, F_GETFL);
+	if (fl >= 0 && !(fl & O_NONBLOCK))
+		R(fcntl)(efd, F_SETFL, fl | O_NONBLOCK);
+}
+
+/* apply_smcr maps the connection's shared area (and with SHM the peer library's):
+ * 0, or -1 if it is not what the ABI says (the fds are then closed by the caller). */
+static int apply_smcr(struct conn *c, struct channel_msg *m, int shm)
+{
+	if (m->nfds != (shm ? 6 : 4))
+		return -1;
+	size_t size, psize = 0;
+	struct smcr_shared *sh = map_area(m->fds[0], &size), *peer = NULL;
+	if (!sh)
+		return -1;
+	if (shm && !(peer = map_area(m->fds[4], &psize))) {
+		munmap(sh, size);
 		return -1;
 	}
 	c->sh = sh;
 	c->map_size = size;
-	c->tx = (unsigned char *)p + to;
-	c->rx = (unsigned char *)p + ro;
-	c->tx_size = (uint32_t)ts;
-	c->rx_size = (uint32_t)rs;
+	c->rx = (unsigned char *)sh + sh->rx_off;
+	c->rx_size = sh->rx_size;
+	if (peer) {
+		c->peer = peer;
+		c->peer_map_size = psize;
+		c->tx = (unsigned char *)peer + peer->rx_off;
+		c->tx_size = peer->rx_size;
+		c->tx_prod = &peer->rx_prod;
+		c->tx_cons = &peer->rx_cons;
+		R(close)(m->fds[4]);
+		c->peer_efd_lib = m->fds[5];
+		efd_nonblock(c->peer_efd_lib);
+	} else {
+		c->tx = (unsigned char *)sh + sh->tx_off;
+		c->tx_size = sh->tx_size;
+		c->tx_prod = &sh->tx_prod;
+		c->tx_cons = &sh->tx_cons;
+	}
 	R(close)(m->fds[0]);
 	c->efd_lib = m->fds[1];
-	/* the library drains it: it must not block (smcrd makes it EFD_NONBLOCK) */
-	int fl = R(fcntl)(c->efd_lib, F_GETFL);
-	if (fl >= 0 && !(fl & O_NONBLOCK))
-		R(fcntl)(c->efd_lib, F_SETFL, fl | O_NONBLOCK);
+	efd_nonblock(c->efd_lib);
 	c->efd_dtx = m->fds[2];
 	c->efd_drx = m->fds[3];
 	m->nfds = 0;
@@ -144,8 +180,8 @@ static void decide_locked(struct conn *c, int fd, struct channel_msg *m, int r)
 		atomic_store(&c->state, CS_RESET);
 		atomic_store(&c->reset, 1);
 		set_linger0(fd);
-	} else if (m->h.mode == SMCR_MODE_SMCR) {
-		if (apply_smcr(c, m) == 0) {
+	} else if (m->h.mode == SMCR_MODE_SMCR || m->h.mode == SMCR_MODE_SHM) {
+		if (apply_smcr(c, m, m->h.mode == SMCR_MODE_SHM) == 0) {
 			atomic_store(&c->state, CS_ACCEL);
 		} else {
 			atomic_store(&c->state, CS_RESET);
@@ -260,9 +296,10 @@ uint32_t conn_revents(struct conn *c, int fd)
 			r |= POLLRDHUP;
 		if (df & SMCR_D_ERROR)
 			r |= (atomic_load_explicit(&c->err_taken, memory_order_relaxed) ? 0 : POLLERR) | POLLHUP;
-		if (((df & SMCR_D_EOF) || shr) && ((df & SMCR_D_TX_CLOSED) || shw))
+		int txc = ring_tx_closed(c, df);
+		if (((df & SMCR_D_EOF) || shr) && (txc || shw))
 			r |= POLLHUP;
-		if (ring_tx_queued(c) < c->tx_size || (df & (SMCR_D_ERROR | SMCR_D_TX_CLOSED)) || shw)
+		if (ring_tx_queued(c) < c->tx_size || (df & SMCR_D_ERROR) || txc || shw)
 			r |= POLLOUT | POLLWRNORM;
 		return r;
 	}
@@ -329,8 +366,15 @@ static void conn_last_close(struct obj *o)
 	ready_conn_closed(c);
 	if (c->sh) {
 		if (x->fork_gen == atomic_load(&smcr_fork_gen)) {
+			/* SHM: the peer reads the end from us, unless the connection
+			 * failed (a reset is the peer's smcrd's to tell, never an EOF) */
+			if (c->peer && !atomic_load(&c->reset) &&
+			    !(atomic_load(&c->sh->d_flags) & SMCR_D_ERROR))
+				ring_peer_eof(c);
 			atomic_fetch_or(&c->sh->lib_flags, SMCR_LIB_CLOSED);
 			atomic_fetch_add(&c->sh->lib_seq, 1);
+			if (c->peer)
+				ring_wake_peer(c); /* its writers see CLOSED: EPIPE */
 			ring_kick(c->efd_dtx);
 		}
 		ring_wake_local(c);
@@ -350,6 +394,10 @@ static void conn_free(struct obj *o)
 	struct conn *c = (struct conn *)o;
 	if (c->sh)
 		munmap(c->sh, c->map_size);
+	if (c->peer)
+		munmap(c->peer, c->peer_map_size);
+	if (c->peer_efd_lib >= 0)
+		R(close)(c->peer_efd_lib);
 	free(c->prefix);
 	pthread_mutex_destroy(&c->mu);
 	free((struct conn_ext *)c);

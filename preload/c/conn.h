@@ -3,7 +3,7 @@
  *
  *   offer (CLIENT / ACCEPTED, REPLY 0)
  *        |
- *     PENDING --DECIDED(SMCR)--> ACCEL --(smcrd gone)--> ACCEL + reset
+ *     PENDING --DECIDED(SMCR or SHM)--> ACCEL --(smcrd gone)--> ACCEL + reset
  *        |   \--DECIDED(TCP, prefix)--> PREFIX --prefix read--> TCP (pass-through)
  *        |    \-DECIDED(TCP)---------------------------------> TCP
  *        |-----DECIDED(FAILED)--> FAILED (pending SO_ERROR, then the kernel's)
@@ -47,6 +47,15 @@ struct conn {
 	unsigned char *tx, *rx;
 	uint32_t tx_size, rx_size;
 	int efd_lib, efd_dtx, efd_drx;
+	/* The send side, chosen at DECIDED: with SMCR, sh's send ring (tx_prod,
+	 * tx_cons) that smcrd's pump empties; with SHM, the peer library's receive
+	 * ring (its rx_prod, rx_cons), which this library fills itself. tx and
+	 * tx_size above are that ring. */
+	_Atomic uint64_t *tx_prod, *tx_cons;
+	/* SHM: the peer library's area (NULL with SMCR) and its efd_lib */
+	struct smcr_shared *peer;
+	size_t peer_map_size;
+	int peer_efd_lib;
 
 	/* PREFIX: bytes CLC read ahead, served before the kernel's */
 	unsigned char *prefix;

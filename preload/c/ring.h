@@ -27,3 +27,17 @@ size_t ring_tx_queued(struct conn *c);
 void ring_shutdown_wr(struct conn *c);
 void ring_wake_local(struct conn *c);
 void ring_kick(int efd);
+
+/* SHM: ring_wake_peer wakes the peer library's threads and pollers after a move of
+ * its words (its d_seq, futex, efd_lib); ring_peer_eof ends the peer's receive
+ * stream (its d_flags EOF, after the last rx_prod) and wakes it. */
+void ring_wake_peer(struct conn *c);
+void ring_peer_eof(struct conn *c);
+
+/* ring_tx_closed: writes fail with EPIPE: the peer reads no more (smcrd's
+ * TX_CLOSED in df, own d_flags; with SHM also the peer program's close). */
+static inline int ring_tx_closed(struct conn *c, uint32_t df)
+{
+	return (df & SMCR_D_TX_CLOSED) ||
+	       (c->peer && (atomic_load_explicit(&c->peer->lib_flags, memory_order_acquire) & SMCR_LIB_CLOSED));
+}

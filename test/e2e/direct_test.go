@@ -81,6 +81,11 @@ func TestDirect(t *testing.T) {
 				if st.Direct.SMCR != conns || st.Direct.TCP != 0 {
 					t.Errorf("smcrd %s: direct %+v, want %d SMC-R", h.name, st.Direct, conns)
 				}
+				// Over shm both ends are libraries on one host: they
+				// write into each other's rings, smcrd out of the way.
+				if want := map[bool]uint64{true: conns}[p == "shm"]; st.Direct.Bypass != want {
+					t.Errorf("smcrd %s: %d connections library to library, want %d", h.name, st.Direct.Bypass, want)
+				}
 				if n := st.Programs["redirected"] + st.Programs["steered"]; n != 0 {
 					t.Errorf("smcrd %s: %d connections through the relay", h.name, n)
 				}
