@@ -119,6 +119,10 @@ type ConnCounts struct {
 	// them: connections this host's applications made (client) or took.
 	Client RoleCounts `json:"client"`
 	Server RoleCounts `json:"server"`
+	// SMCR by the SMC-R version the handshake agreed, as smcr stats splits
+	// it. smcr speaks version 1 only today (issue #36): V2 stays 0.
+	V1 uint64 `json:"smcr_v1"`
+	V2 uint64 `json:"smcr_v2"`
 }
 
 // RoleCounts are one role's connections: handled, that went SMC-R, that became

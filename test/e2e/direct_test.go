@@ -89,8 +89,9 @@ func TestDirect(t *testing.T) {
 				if n := st.Programs["redirected"] + st.Programs["steered"]; n != 0 {
 					t.Errorf("smcrd %s: %d connections through the relay", h.name, n)
 				}
-				if st.Connections.SMCR != conns {
-					t.Errorf("smcrd %s: %d SMC-R connections, want %d", h.name, st.Connections.SMCR, conns)
+				if st.Connections.SMCR != conns || st.Connections.V1 != conns || st.Connections.V2 != 0 {
+					t.Errorf("smcrd %s: %d SMC-R connections (v1 %d, v2 %d), want %d, all v1", h.name,
+						st.Connections.SMCR, st.Connections.V1, st.Connections.V2, conns)
 				}
 			}
 		})

@@ -93,6 +93,7 @@ func writeStats(out io.Writer, st control.Stats, detail bool) error {
 	row(tw, "  handshake errors", c.HandshakeErrors)
 	row(tw, "  as client", fmt.Sprintf("%d handled, %d SMC-R, %d fallback", c.Client.Handled, c.Client.SMCR, c.Client.Fallback))
 	row(tw, "  as server", fmt.Sprintf("%d handled, %d SMC-R, %d fallback", c.Server.Handled, c.Server.SMCR, c.Server.Fallback))
+	row(tw, "  SMC-R by version", fmt.Sprintf("v1 %d, v2 %d", c.V1, c.V2))
 	row(tw, "  first contact", c.FirstContact)
 	row(tw, "  link group reused", c.Reused)
 	row(tw, "  open now", c.Active)
