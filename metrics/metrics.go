@@ -146,6 +146,10 @@ var (
 			func(s control.Stats) float64 { return float64(s.Links.ConnsContinued) }},
 	}
 
+	directDesc = desc("direct_connections_total", "Sockets programs brought with the direct mode's library, by outcome: smcr (through shared memory over SMC-R), bypass (of those, library to library on one host), tcp (handed back as plain TCP), failed (the connect failed), refused (not taken).", "outcome")
+
+	versionDesc = desc("connections_by_version_total", "SMC-R connections by the SMC-R version their handshake agreed.", "version")
+
 	roleDesc = desc("connections_by_role_total", "Connections handled, that went SMC-R, that fell back to TCP (outcome), by role: client, made by this host's applications, or server, taken by them.", "role", "outcome")
 
 	fallbackDesc = desc("connection_fallbacks_total", "Connections that fell back to TCP, by CLC decline code and the side that declined.", "code", "reason", "side")
@@ -184,7 +188,7 @@ var (
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{upDesc, enabledDesc, uptimeDesc, stateDesc, roleDesc, fallbackDesc, programDesc, bufferSizeDesc, requestSizeDesc,
+	for _, d := range []*prometheus.Desc{upDesc, enabledDesc, uptimeDesc, stateDesc, roleDesc, directDesc, versionDesc, fallbackDesc, programDesc, bufferSizeDesc, requestSizeDesc,
 		lgInfoDesc, lgConnsDesc, lgLinksDesc, lgMostDesc, lgBytesDesc, lgWRDesc,
 		linkInfoDesc, linkActiveDesc, linkConnsDesc, linkBytesDesc, linkWRDesc, linkErrDesc, linkRTTDesc} {
 		ch <- d
@@ -236,6 +240,12 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	for event, n := range s.Programs {
 		counter(programDesc, n, event)
 	}
+	d := s.Direct
+	for outcome, n := range map[string]uint64{"smcr": d.SMCR, "bypass": d.Bypass, "tcp": d.TCP, "failed": d.Failed, "refused": d.Refused} {
+		counter(directDesc, n, outcome)
+	}
+	counter(versionDesc, s.Connections.V1, "v1")
+	counter(versionDesc, s.Connections.V2, "v2")
 	// The same reason may be listed twice if a backend splits it; sum per label set
 	// so the registry never sees a duplicate series.
 	type fbKey struct{ code, reason, side string }

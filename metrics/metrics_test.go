@@ -148,6 +148,14 @@ func expected(t *testing.T, statsJSON map[string]any, links []control.Link) samp
 				want[key("smcr_program_events_total", "event", field)] = v
 				return
 			}
+			if dir == "direct" {
+				want[key("smcr_direct_connections_total", "outcome", field)] = v
+				return
+			}
+			if prefix == "connections.smcr_v1" || prefix == "connections.smcr_v2" {
+				want[key("smcr_connections_by_version_total", "version", strings.TrimPrefix(prefix, "connections.smcr_"))] = v
+				return
+			}
 			if role, outcome, ok := strings.Cut(strings.TrimPrefix(prefix, "connections."), "."); ok && (role == "client" || role == "server") {
 				want[key("smcr_connections_by_role_total", "role", role, "outcome", outcome)] = v
 				return
