@@ -104,7 +104,7 @@ direct=$(rate < "$work/direct.json")
 # iperf3 gets through as plain TCP too when smcrd did not take its sockets:
 # the demo shows the direct mode only if its connections went SMC-R.
 if [ "$(counter 's["direct"]["smcr"]')" -eq 0 ]; then
-	echo "demo: iperf3 with the library did not go SMC-R; host a's counters and the smcrds' logs:" >&2
+	echo "demo: iperf3 with the library (direct mode) did not go through SMC-R; host a's counters and the smcrds' logs:" >&2
 	ctl a stats >&2
 	tail -n 20 "$work"/smcrd-*.log >&2
 	exit 1

@@ -139,8 +139,10 @@ func TestDemo(t *testing.T) {
 	if err != nil {
 		t.Fatalf("demo: %v\n%s", err, out)
 	}
-	if !strings.Contains(out, "through SMC-R (smcrd, shm provider):") {
-		t.Fatalf("demo printed no result:\n%s", out)
+	for _, want := range []string{"direct mode (smcrctl run, shm provider):", "relay (smcrd, shm provider):", "SMCR  direct"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("demo printed no %q:\n%s", want, out)
+		}
 	}
 }
 
@@ -163,7 +165,8 @@ func TestDemoFailsWithoutSMCR(t *testing.T) {
 	}
 }
 
-// demoBin builds smcrd and smcrctl for the demo into a directory of the test's.
+// demoBin builds smcrd, smcrctl and the direct mode's library for the demo
+// into a directory of the test's.
 func demoBin(t *testing.T) string {
 	t.Helper()
 	if os.Geteuid() != 0 {
@@ -176,6 +179,9 @@ func demoBin(t *testing.T) string {
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("go build %s: %v\n%s", pkg, err, out)
 		}
+	}
+	if out, err := exec.Command("make", "-s", "-C", filepath.Join(root, "preload"), "BIN="+bin).CombinedOutput(); err != nil {
+		t.Fatalf("make preload: %v\n%s", err, out)
 	}
 	return bin
 }
