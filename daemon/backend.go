@@ -251,6 +251,15 @@ func portNum(dev verbs.Device) int { return max(dev.Port().Num, 1) }
 func (d *Daemon) Conns(context.Context) ([]control.Conn, error) {
 	var out []control.Conn
 	inEngine := map[string]bool{}
+	// A program's own socket is tracked as direct from before its CLC.
+	direct := map[string]bool{}
+	d.connMu.Lock()
+	for _, t := range d.conns {
+		if t.direct {
+			direct[t.local.String()+" "+t.remote.String()] = true
+		}
+	}
+	d.connMu.Unlock()
 	for _, c := range d.engine.Conns() {
 		cc := control.Conn{ID: c.Token, Local: addrString(c.Local), Remote: addrString(c.Remote),
 			Role: role(c.Client), State: trimSMC(c.State), Mode: control.ModeSMCR,
@@ -261,7 +270,7 @@ func (d *Daemon) Conns(context.Context) ([]control.Conn, error) {
 			cc.ID = uint32(c.ID)
 		}
 		cc.Path = control.PathRelay
-		if d.direct != nil && d.direct.isDirect(c.ID) {
+		if direct[cc.Local+" "+cc.Remote] {
 			cc.Path = control.PathDirect
 		}
 		if c.Mode != smcr.ModeSMCR {

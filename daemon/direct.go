@@ -67,7 +67,6 @@ type carrier interface {
 type handshake struct {
 	carrier    carrier // SMC-R: where the bytes go; nil: plain TCP
 	prefix     []byte  // plain TCP: bytes CLC read that are the program's
-	id         uint64  // the engine's connection, for smcrctl conns
 	peerDirect []byte  // the peer is a library over shm too: its tlvDirect (directmeet.go)
 }
 
@@ -108,7 +107,6 @@ type DirectServer struct {
 
 	mu    sync.Mutex
 	conns map[*directConn]struct{}
-	ids   map[uint64]bool // the engine's connections that are direct
 
 	st directStats
 }
@@ -213,7 +211,7 @@ func newDirectServer(path string, hooks directHooks, log *slog.Logger) (*DirectS
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &DirectServer{log: log, path: path, ln: ln, page: page, hooks: hooks, ctx: ctx, cancel: cancel,
-		stop: make(chan struct{}), conns: map[*directConn]struct{}{}, ids: map[uint64]bool{}}, nil
+		stop: make(chan struct{}), conns: map[*directConn]struct{}{}}, nil
 }
 
 // listenDirect opens the direct socket at path, taking the place of one a
@@ -310,13 +308,6 @@ func (s *DirectServer) Drained() <-chan struct{} {
 	ch := make(chan struct{})
 	go func() { s.connWG.Wait(); close(ch) }()
 	return ch
-}
-
-// isDirect reports whether the engine's connection id is a direct one.
-func (s *DirectServer) isDirect(id uint64) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.ids[id]
 }
 
 // serveChannel runs one channel: its first message says what it is for.
@@ -600,12 +591,10 @@ func (s *DirectServer) decide(ch *net.UnixConn, tcp *net.TCPConn, client bool) {
 	}
 	s.mu.Lock()
 	s.conns[c] = struct{}{}
-	s.ids[h.id] = true
 	s.mu.Unlock()
 	c.run(ch)
 	s.mu.Lock()
 	delete(s.conns, c)
-	delete(s.ids, h.id)
 	s.mu.Unlock()
 }
 
@@ -751,7 +740,7 @@ func (d *Daemon) directCLC(ctx context.Context, tcp *net.TCPConn, client bool, d
 		}
 	}
 	if conn.Mode() == smcr.ModeSMCR {
-		return handshake{carrier: conn, id: conn.ID(), peerDirect: conn.PeerDirect()}, nil
+		return handshake{carrier: conn, peerDirect: conn.PeerDirect()}, nil
 	}
 	prefix, err := conn.DetachTCP(crossingWait)
 	if err != nil {
