@@ -66,6 +66,7 @@ test-race: ## go test -race of every package but the end-to-end, VM and benchmar
 	@bin=$$(mktemp -d) && trap 'rm -rf "$$bin"' EXIT && \
 	$(GO) build -race -o "$$bin/smcrd" ./cmd/smcrd && \
 	CGO_ENABLED=0 $(GO) build -o "$$bin/testapp" ./test/e2e/testapp && \
+	$(MAKE) -s -C preload BIN="$$bin" && \
 	SMCR_E2E_BIN="$$bin" scripts/gotest.sh $(GO) -count=1 -timeout 20m ./test/e2e
 
 lint: ## gofmt, go vet, staticcheck

@@ -18,6 +18,11 @@ import (
 
 // direct makes cmd run with the direct mode's library and this host's smcrd.
 func (h *host) direct(cmd *exec.Cmd) *exec.Cmd {
+	if _, err := os.Stat(bins.preload); err != nil {
+		// Without it the program would run, unaccelerated, and the test
+		// would blame the direct mode.
+		h.t.Fatalf("the direct mode's library: %v (SMCR_E2E_BIN must hold libsmcr-preload.so)", err)
+	}
 	cmd.Env = append(os.Environ(), "LD_PRELOAD="+bins.preload, "SMCR_DIRECT_SOCKET="+filepath.Join(h.dir, "direct.sock"))
 	return cmd
 }
