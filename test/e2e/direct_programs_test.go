@@ -538,15 +538,18 @@ func testDirectRedis(t *testing.T, p string) {
 		t.Errorf("CLIENT LIST does not show the client %s:\n%s", a.ns.Addr4(), out)
 	}
 
-	// Every connection of every client went the direct mode's SMC-R, and as
-	// many on both sides.
+	// Every connection of every client went the direct mode's SMC-R, and
+	// about as many on both sides: a client that closes its socket while its
+	// smcrd still hands it the memory is counted by the server's smcrd alone
+	// (redis-benchmark closes a few at its start and end), so the two may
+	// differ by those.
 	var sa, sb control.Stats
 	waitFor(5*time.Second, func() bool { sa, sb = a.stats(), b.stats(); return sa.Direct.SMCR == sb.Direct.SMCR })
-	if sa.Direct.SMCR < 2*50+2 || sa.Direct.SMCR != sb.Direct.SMCR {
-		t.Errorf("direct SMC-R connections: client %+v, server %+v; want as many, at least 102", sa.Direct, sb.Direct)
+	if sa.Direct.SMCR < 2*50+2 || sb.Direct.SMCR < sa.Direct.SMCR || sb.Direct.SMCR > sa.Direct.SMCR+4 {
+		t.Errorf("direct SMC-R connections: client %+v, server %+v; want at least 102, the server's at most 4 more", sa.Direct, sb.Direct)
 	}
 	wantDirect(t, a, sa.Direct.SMCR)
-	wantDirect(t, b, sa.Direct.SMCR)
+	wantDirect(t, b, sb.Direct.SMCR)
 	wantIdle(t, a)
 }
 
