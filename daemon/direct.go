@@ -42,6 +42,7 @@ import (
 
 	"github.com/smcr-io/smcr/bpf"
 	"github.com/smcr-io/smcr/config"
+	"github.com/smcr-io/smcr/internal/lograte"
 	"github.com/smcr-io/smcr/internal/scm"
 	"github.com/smcr-io/smcr/rmb"
 	"github.com/smcr-io/smcr/smcr"
@@ -243,16 +244,14 @@ func listenDirect(path string) (*net.UnixListener, error) {
 func (s *DirectServer) Serve() {
 	s.wg.Add(1)
 	defer s.wg.Done()
-	var refusals rateLimit
+	var refusals lograte.Limiter
 	for {
 		c, err := s.ln.AcceptUnix()
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
-			if refusals.allow(time.Now()) {
-				s.log.Warn("direct socket: accept", "err", err)
-			}
+			refusals.Log(s.log, slog.LevelWarn, "direct socket: accept", "err", err)
 			time.Sleep(10 * time.Millisecond) // out of descriptors, say
 			continue
 		}
@@ -631,7 +630,9 @@ func sockaddrPort(sa unix.Sockaddr) uint16 {
 // recvDirect reads one message, and the one file descriptor that may come
 // with it (-1 for none; any more are closed).
 func recvDirect(ch *net.UnixConn) (rmb.Msg, int, []byte, error) {
-	buf := make([]byte, rmb.MsgHeaderLen+rmb.MsgMaxPayload)
+	// A library's messages carry no payload: a longer packet is truncated,
+	// and refused.
+	buf := make([]byte, rmb.MsgHeaderLen)
 	oob := make([]byte, unix.CmsgSpace(4*4))
 	n, oobn, flags, _, err := ch.ReadMsgUnix(buf, oob)
 	if err != nil {
@@ -674,22 +675,6 @@ func sendDirect(ch *net.UnixConn, m rmb.Msg, payload []byte, fds []int) error {
 	}
 	_, _, err := ch.WriteMsgUnix(m.Append(make([]byte, 0, rmb.MsgHeaderLen+len(payload)), payload), oob, nil)
 	return err
-}
-
-// rateLimit lets one event in a second through.
-type rateLimit struct {
-	mu   sync.Mutex
-	last time.Time
-}
-
-func (r *rateLimit) allow(now time.Time) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if now.Sub(r.last) < time.Second {
-		return false
-	}
-	r.last = now
-	return true
 }
 
 // directHooks binds the direct server to this smcrd.

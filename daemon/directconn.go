@@ -289,14 +289,10 @@ func (dc *directConn) writeFailed(err error) {
 	if errors.Is(err, smcr.ErrWriteClosed) || errors.Is(err, syscall.EPIPE) {
 		dc.sh.DFlags().Or(rmb.DTxClosed)
 		dc.publish()
-		// Wait for the program's close, which ends send's caller.
-		for !dc.stopped.Load() && !dc.gone.Load() && dc.sh.LibFlags().Load()&rmb.LibClosed == 0 {
-			flags := dc.sh.LibFlags().Load()
-			dc.wait(dc.efdTx, dc.sh.DTxWait(), func() bool { return dc.sh.LibFlags().Load() != flags || dc.gone.Load() })
-		}
-		return
+	} else {
+		dc.fail(errnoOf(err))
 	}
-	dc.fail(errnoOf(err))
+	// Wait for the program's close, which ends send's caller.
 	for !dc.stopped.Load() && !dc.gone.Load() && dc.sh.LibFlags().Load()&rmb.LibClosed == 0 {
 		flags := dc.sh.LibFlags().Load()
 		dc.wait(dc.efdTx, dc.sh.DTxWait(), func() bool { return dc.sh.LibFlags().Load() != flags || dc.gone.Load() })
