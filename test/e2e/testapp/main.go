@@ -243,16 +243,29 @@ func payload(seed uint64) io.Reader {
 	return &prng{r: rand.New(rand.NewPCG(seed, 42))}
 }
 
-type prng struct{ r *rand.Rand }
+// prng yields each 64-bit word's bytes in order, however the reads split
+// them: a read shorter than a word keeps the word's rest for the next one.
+type prng struct {
+	r    *rand.Rand
+	word [8]byte
+	rest []byte // the unread tail of word
+}
 
 func (p *prng) Read(b []byte) (int, error) {
-	for i := 0; i+8 <= len(b); i += 8 {
-		v := p.r.Uint64()
-		for j := range 8 {
-			b[i+j] = byte(v >> (8 * j))
+	n := 0
+	for n < len(b) {
+		if len(p.rest) == 0 {
+			v := p.r.Uint64()
+			for j := range 8 {
+				p.word[j] = byte(v >> (8 * j))
+			}
+			p.rest = p.word[:]
 		}
+		k := copy(b[n:], p.rest)
+		p.rest = p.rest[k:]
+		n += k
 	}
-	return len(b) &^ 7, nil
+	return n, nil
 }
 
 func one(addr, mode string, size int64, rounds int, seed uint64) (peer, local, remote string, lat []time.Duration, err error) {

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"io"
 	"net"
 	"testing"
 	"time"
@@ -62,5 +64,50 @@ func TestPingpongFor(t *testing.T) {
 		case d > 0 && (took < d || len(lat) <= 5):
 			t.Errorf("-n 5 -for %v: %d round trips in %v", d, len(lat), took)
 		}
+	}
+}
+
+// TestOddSizes: sink and echo move sizes that are not whole 64-bit words, and
+// the stream is the same however the reads split it.
+func TestOddSizes(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go handle(c)
+		}
+	}()
+	for _, size := range []int64{1, 7, 9, 1000003} {
+		for _, mode := range []string{"sink", "echo"} {
+			done := make(chan error, 1)
+			go func() {
+				_, _, _, _, err := one(ln.Addr().String(), mode, size, 1, 3)
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("%s %d bytes: %v", mode, size, err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatalf("%s %d bytes: no answer in 30 s", mode, size)
+			}
+		}
+	}
+	whole, split := make([]byte, 29), make([]byte, 29)
+	io.ReadFull(payload(5), whole)
+	r := payload(5)
+	for i := 0; i < len(split); i += 3 {
+		r.Read(split[i:min(i+3, len(split))])
+	}
+	if !bytes.Equal(whole, split) {
+		t.Errorf("payload read in 3-byte pieces = %x, in one read %x", split, whole)
 	}
 }
