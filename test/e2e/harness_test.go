@@ -225,9 +225,10 @@ func (h *host) start(conf ...string) {
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, err := h.ctl.Status(ctx)
+		st, err := h.ctl.Status(ctx)
 		cancel()
 		if err == nil {
+			h.checkDevices(seen["providers"], st.Providers)
 			return
 		}
 		select {
@@ -239,6 +240,19 @@ func (h *host) start(conf ...string) {
 			h.t.Fatalf("smcrd on %s not answering: %v\n%s", h.name, err, h.logText())
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// checkDevices fails the test when a stand-in provider it configured (shm,
+// soft: these open on any host) gave smcrd no device: smcrd would then run
+// every connection as plain TCP and a test could pass without SMC-R at all.
+func (h *host) checkDevices(line string, inUse []string) {
+	h.t.Helper()
+	_, val, _ := strings.Cut(line, "=")
+	for _, p := range strings.Fields(strings.ReplaceAll(val, ",", " ")) {
+		if (p == "shm" || p == "soft") && len(inUse) == 0 {
+			h.t.Fatalf("smcrd on %s opened no device for providers %q:\n%s", h.name, strings.TrimSpace(val), h.logText())
+		}
 	}
 }
 
