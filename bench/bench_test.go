@@ -39,11 +39,13 @@ func TestQuick(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	start := time.Now()
-	rep, err := Run(ctx, Options{Quick: true, Command: "go test -run TestQuick ./bench"})
+	profiles := t.TempDir()
+	rep, err := Run(ctx, Options{Quick: true, ProfileDir: profiles, Command: "go test -run TestQuick ./bench"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("quick run took %v", time.Since(start).Round(time.Second))
+	checkProfiles(t, profiles)
 	for _, u := range rep.Unavailable {
 		t.Logf("not available: %s: %s", u.Scenario, u.Reason)
 	}
@@ -358,5 +360,31 @@ func TestFallbackRuns(t *testing.T) {
 	}
 	if why := allFellBack([][]jobResult{{ok}, {fb}}); why != "" {
 		t.Errorf("one run went SMC-R, yet %q", why)
+	}
+}
+
+// checkProfiles: each smcr-shm client job has its CPU, mutex and block
+// profiles, and its server one set for the same span, all non-empty.
+func checkProfiles(t *testing.T, dir string) {
+	t.Helper()
+	jobs, _ := filepath.Glob(filepath.Join(dir, "shm-client-*-throughput-1MiB.cpu.pprof"))
+	if len(jobs) == 0 {
+		ents, _ := os.ReadDir(dir)
+		t.Fatalf("no profile of the smcr-shm 1MiB throughput job in %d files", len(ents))
+	}
+	for _, cpu := range jobs {
+		// shm-client-<server pid>-<n>-throughput-1MiB: the server's nth.
+		parts := strings.Split(filepath.Base(cpu), "-")
+		srv := filepath.Join(dir, strings.Join([]string{"shm", "server", parts[2], parts[3]}, "-"))
+		base := strings.TrimSuffix(cpu, ".cpu.pprof")
+		for _, f := range []string{cpu, base + ".mutex.pprof", base + ".block.pprof",
+			srv + ".cpu.pprof", srv + ".mutex.pprof", srv + ".block.pprof"} {
+			st, err := os.Stat(f)
+			if err != nil {
+				t.Error(err)
+			} else if st.Size() == 0 {
+				t.Errorf("profile %s is empty", filepath.Base(f))
+			}
+		}
 	}
 }

@@ -50,6 +50,8 @@ type peerSpec struct {
 	// client's connections (the transparent path, where the client dials plain
 	// TCP), whose counters before and after each job say how its connections went.
 	Smcrd string `json:",omitempty"`
+	// ProfileDir, when set, is where the peers write their profiles (profile.go).
+	ProfileDir string `json:",omitempty"`
 }
 
 // job is one measurement a client makes.
@@ -240,6 +242,9 @@ func runServer(spec peerSpec) error {
 			go serve(c)
 		}
 	}()
+	done := make(chan struct{})
+	defer close(done)
+	serveProfiles(spec, done)
 	fmt.Printf("ready %s\n", ln.Addr())
 	io.Copy(io.Discard, os.Stdin)
 	return ln.Close()
@@ -254,8 +259,11 @@ func runClient(spec peerSpec, out io.Writer) error {
 	defer ep.close()
 	ctx := context.Background()
 	results := make([]jobResult, 0, len(spec.Jobs))
+	prof := newProfiler(spec)
 	for _, j := range spec.Jobs {
+		end := prof.jobProfile(spec, j)
 		results = append(results, ep.run(ctx, j))
+		end()
 	}
 	return json.NewEncoder(out).Encode(results)
 }

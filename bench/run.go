@@ -44,8 +44,11 @@ type Options struct {
 	// module with go build); NoTransparent skips that path.
 	Smcrd         string
 	NoTransparent bool
-	Command       string       // how the run was started, for the report
-	Logger        *slog.Logger // progress (default: discarded)
+	// ProfileDir, when set, is where the peer processes write CPU, mutex and
+	// block profiles of each client job (profile.go).
+	ProfileDir string
+	Command    string       // how the run was started, for the report
+	Logger     *slog.Logger // progress (default: discarded)
 }
 
 // warmupBytes is the untimed transfer each client makes before its timed jobs.
@@ -133,7 +136,12 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		return nil, fmt.Errorf("bench: shm dir: %w", err)
 	}
 	defer os.RemoveAll(shmDir)
-	env := &runEnv{exe: exe, pair: pair, shmDir: shmDir, log: log}
+	if opts.ProfileDir != "" {
+		if err := os.MkdirAll(opts.ProfileDir, 0o755); err != nil {
+			return nil, fmt.Errorf("bench: profile dir: %w", err)
+		}
+	}
+	env := &runEnv{exe: exe, pair: pair, shmDir: shmDir, profileDir: opts.ProfileDir, log: log}
 	defer func() {
 		for _, stop := range env.stops {
 			stop()
@@ -243,12 +251,15 @@ type runEnv struct {
 	exe    string
 	pair   *nstest.Pair
 	shmDir string
-	log    *slog.Logger
-	stops  []func() bool // context.AfterFunc registrations to drop at the end
+	// profileDir is Options.ProfileDir, handed to every peer.
+	profileDir string
+	log        *slog.Logger
+	stops      []func() bool // context.AfterFunc registrations to drop at the end
 }
 
 // peerCmd builds a peer process for spec inside ns.
 func (e *runEnv) peerCmd(ctx context.Context, ns *nstest.NS, spec peerSpec) (*exec.Cmd, error) {
+	spec.ProfileDir = e.profileDir
 	b, err := json.Marshal(spec)
 	if err != nil {
 		return nil, err

@@ -47,6 +47,7 @@ func run(args []string) int {
 	providers := fs.String("providers", "shm,soft", "comma-separated verbs `providers` to measure")
 	smcrd := fs.String("smcrd", "", "smcrd `binary` for the transparent path (default: go build ./cmd/smcrd)")
 	noTransparent := fs.Bool("no-transparent", false, "skip the transparent path (smcrd)")
+	profile := fs.String("profile", "", "`directory` for the peers' CPU, mutex and block profiles, one set per job (go tool pprof)")
 	verbose := fs.Bool("v", false, "log progress to stderr")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
@@ -63,7 +64,7 @@ func run(args []string) int {
 	defer stop()
 	rep, err := bench.Run(ctx, bench.Options{
 		Quick: *quick, Repeats: *repeats, Providers: strings.Split(*providers, ","),
-		Smcrd: *smcrd, NoTransparent: *noTransparent,
+		Smcrd: *smcrd, NoTransparent: *noTransparent, ProfileDir: *profile,
 		Command: "go run ./cmd/smcrbench " + strings.Join(args, " "), Logger: log,
 	})
 	if err != nil {
