@@ -7,15 +7,16 @@ package clc
 import (
 	"bytes"
 	"encoding/binary"
-	"errors"
 	"fmt"
+
+	"github.com/smcr-io/smcr/internal/ueid"
 )
 
 // EIDLen is the length of an Enterprise ID on the wire: blank-padded, no NUL.
-const EIDLen = 32
+const EIDLen = ueid.Len
 
 // MaxUEIDs is the most User EIDs a Proposal carries (SMC_CLC_MAX_UEID).
-const MaxUEIDs = 8
+const MaxUEIDs = ueid.Max
 
 // MaxISMv2GIDs is the most ISMv2 GID/CHID entries a Proposal carries
 // (SMCD_CLC_MAX_V2_GID_ENTRIES).
@@ -31,26 +32,17 @@ type EID [EIDLen]byte
 func (e EID) String() string { return string(bytes.TrimRight(e[:], " \x00")) }
 
 // ErrEID is wrapped by ParseEID for a name that cannot be a User EID.
-var ErrEID = errors.New("invalid user EID")
+var ErrEID = ueid.ErrInvalid
 
-// ParseEID checks a User EID the way Linux's smc_clc_ueid_valid does and pads it
-// with blanks: 1 to 32 characters, the first an upper-case letter or a digit, the
-// rest upper-case letters, digits, '.' or '-'. Trailing blanks are padding.
+// ParseEID checks a User EID the way Linux's smc_clc_ueid_valid does (package
+// ueid) and pads it with blanks: 1 to 32 characters, the first an upper-case
+// letter or a digit, the rest upper-case letters, digits, '.' or '-'. Trailing
+// blanks are padding.
 func ParseEID(s string) (EID, error) {
 	var e EID
-	t := bytes.TrimRight([]byte(s), " ")
-	switch {
-	case len(t) == 0:
-		return e, fmt.Errorf("clc: user eid %q: empty: %w", s, ErrEID)
-	case len(t) > EIDLen:
-		return e, fmt.Errorf("clc: user eid %q: %d characters > %d: %w", s, len(t), EIDLen, ErrEID)
-	case t[0] == '.' || t[0] == '-':
-		return e, fmt.Errorf("clc: user eid %q: starts with %q, not a letter or digit: %w", s, t[0], ErrEID)
-	}
-	for i, c := range t {
-		if !(c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '-') {
-			return e, fmt.Errorf("clc: user eid %q: character %q at %d (allowed: A-Z 0-9 . -): %w", s, c, i, ErrEID)
-		}
+	t, err := ueid.Check(s)
+	if err != nil {
+		return e, fmt.Errorf("clc: user eid %w", err)
 	}
 	copy(e[:], t)
 	for i := len(t); i < EIDLen; i++ {
