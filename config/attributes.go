@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/smcr-io/smcr/internal/ueid"
 )
 
 type attribute struct {
@@ -188,6 +190,12 @@ var attributes = []attribute{
 			}
 			return strings.Join(s, ",")
 		},
+	},
+	{
+		name: "ueid_list", def: "",
+		desc: "User EIDs for SMC-R version 2, at most 8, each 1 to 32 of A-Z 0-9 . - and starting with a letter or digit; a version-2 peer must have one of them (empty: none)",
+		set:  func(c *Config, v string) (err error) { c.UserEIDs, err = parseUserEIDs(v); return },
+		get:  func(c *Config) string { return strings.Join(c.UserEIDs, ",") },
 	},
 	durationAttr("peer_cache_ttl", "10m",
 		"how long a destination (address and port) without SMC-R is connected to directly, without trying again (one that had SMC-R lately, its smcrd restarting say: 5s, doubling while it stays without)",
@@ -424,6 +432,24 @@ func parseInterfaces(v string) ([]string, error) {
 		if slices.Contains(list[:i], s) {
 			return nil, fmt.Errorf("%q listed twice", s)
 		}
+	}
+	return list, nil
+}
+
+func parseUserEIDs(v string) ([]string, error) {
+	list := splitList(v)
+	if len(list) > ueid.Max {
+		return nil, fmt.Errorf("%d user EIDs given, at most %d", len(list), ueid.Max)
+	}
+	for i, s := range list {
+		t, err := ueid.Check(s)
+		if err != nil {
+			return nil, err
+		}
+		if slices.Contains(list[:i], t) {
+			return nil, fmt.Errorf("%q listed twice", t)
+		}
+		list[i] = t
 	}
 	return list, nil
 }

@@ -44,6 +44,7 @@ type Config struct {
 	SendBufSize    int           // send buffer per connection, bytes
 	Providers      []string      // RDMA providers in order of preference: rdma, shm, soft
 	RDMADevices    []RDMADevice  // interface → RDMA device port, where the GID table cannot tell
+	UserEIDs       []string      // ueid_list: SMC-R version 2's User EIDs, unpadded, at most 8
 	PeerCacheTTL   time.Duration // how long a peer without SMC-R is connected to directly
 	CLCTimeout     time.Duration // wait for each CLC message before falling back
 	ReadSpin       time.Duration // a reader's busy poll of its link, at most; 0: none

@@ -73,6 +73,12 @@ func TestParseErrors(t *testing.T) {
 		{"control_socket = /" + strings.Repeat("d", 107), `control_socket: "/ddd`},
 		{"control_socket = /" + strings.Repeat("d", 107), `is 108 bytes long, longer than a Unix socket's path may be (107)`},
 		{"rdma_devices = eth0", `rdma_devices: "eth0" is not of the form interface=device[/port]`},
+		{"ueid_list = A,B,C,D,E,F,G,H,I", `line 1: ueid_list: 9 user EIDs given, at most 8`},
+		{"ueid_list = PROD.SMC,PROD.SMC", `ueid_list: "PROD.SMC" listed twice`},
+		{"ueid_list = prod", `ueid_list: "prod": character 'p' at 1, allowed are A-Z 0-9 . -: invalid user EID`},
+		{"ueid_list = -PROD", `ueid_list: "-PROD": starts with '-', must start with a letter or digit`},
+		{"ueid_list = PROD_SMC", `character '_' at 5`},
+		{"ueid_list = " + strings.Repeat("E", 33), `ueid_list: "` + strings.Repeat("E", 33) + `": 33 characters, at most 32`},
 		{"rdma_devices = eth0=mlx5_0/0", `"eth0=mlx5_0/0": port "0" is not a number from 1 to 255`},
 		{"rdma_devices = eth0=mlx5_0/x", `port "x" is not a number`},
 		{"rdma_devices = eth0=", `"eth0=": "" is not an RDMA device name`},
@@ -260,13 +266,16 @@ func TestCgroupDotDot(t *testing.T) {
 
 func TestFormatRoundTrip(t *testing.T) {
 	c, err := Default().Set("enabled=no", "port_range_list=1-20,23,50", "ip_addr_list=eth1", "providers=soft,shm",
-		"peer_cache_ttl=1h30m", "clc_timeout=250ms", "read_spin=0", "rdma_devices=eth1=mlx5_0/2, veth0=rxe0", "metrics_address=", "log_format=json", "cgroup=/smcr/apps/")
+		"peer_cache_ttl=1h30m", "clc_timeout=250ms", "ueid_list=SMCR-V2PROBE.UEID, 0.PLANT-7", "read_spin=0", "rdma_devices=eth1=mlx5_0/2, veth0=rxe0", "metrics_address=", "log_format=json", "cgroup=/smcr/apps/")
 	if err != nil {
 		t.Fatal(err)
 	}
 	back, err := Parse(strings.NewReader(string(c.Format())))
 	if err != nil {
 		t.Fatalf("parse formatted: %v\n%s", err, c.Format())
+	}
+	if want := []string{"SMCR-V2PROBE.UEID", "0.PLANT-7"}; !reflect.DeepEqual(c.UserEIDs, want) {
+		t.Errorf("ueid_list = %q, want %q", c.UserEIDs, want)
 	}
 	if want := []RDMADevice{{"eth1", "mlx5_0", 2}, {"veth0", "rxe0", 1}}; !reflect.DeepEqual(c.RDMADevices, want) {
 		t.Errorf("rdma_devices = %+v, want %+v", c.RDMADevices, want)

@@ -27,6 +27,7 @@ import (
 // noEffect are attributes this engine accepts but does not use, with why.
 var noEffect = map[string]string{
 	"sndbuf_size": "a send buffer mirrors the peer's RMB, so its size is the peer's rmb_size",
+	"ueid_list":   "the engine speaks SMC-R version 1 only; version 2 will offer these User EIDs",
 }
 
 // errNoFile refuses to persist when smcrd runs without a configuration file.

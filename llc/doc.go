@@ -25,6 +25,15 @@
 // Each message type also has Decode (parse into an existing value, no allocation) and
 // AppendBinary (the [encoding.BinaryAppender] form).
 //
+// # Version 2
+//
+// SMC-Rv2's LLC messages (v2.go, [ParseV2]) have type 0x20|type and a 16-bit length
+// at bytes 1–2 in little-endian order, as Linux writes its u16 in host order on
+// x86 (seen on the wire: "2c 00" for 44). ADD_LINK carries the RMBs' rkeys for the
+// new link itself (88 bytes with one), REQ_ADD_LINK and DELETE_RKEY carry lists;
+// such messages may exceed 44 bytes, so a version-2 link posts receive buffers of
+// [MaxV2Len]. A one-device client refuses ADD_LINK with a 44-byte response.
+//
 // # Common header (all messages, all integers big-endian)
 //
 //	 0                   1                   2                   3

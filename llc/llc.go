@@ -62,6 +62,10 @@ func (t Type) String() string {
 		return "DELETE_RKEY"
 	case TypeCDC:
 		return "CDC"
+	case TypeConfirmLinkV2, TypeAddLinkV2, TypeDeleteLinkV2, TypeConfirmRkeyV2, TypeTestLinkV2, TypeDeleteRkeyV2:
+		return (t &^ typeV2Bit).String() + "_V2"
+	case TypeReqAddLinkV2:
+		return "REQ_ADD_LINK_V2"
 	}
 	return fmt.Sprintf("type(0x%02x)", uint8(t))
 }

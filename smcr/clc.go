@@ -299,6 +299,9 @@ func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix, opt
 	case *clc.Decline:
 		return e.fallback(c, peerDeclined(m.Code, nil), br), nil
 	case *clc.Accept:
+		if m.V2 != nil { // we proposed version 1 only
+			return e.fallback(c, decline(clc.DeclineConfigError, errors.New("clc: version 2 accept to a version 1 proposal")), br), nil
+		}
 		acc = m
 		c.clcPeer = m.PeerID
 	default:
@@ -500,6 +503,9 @@ func (e *Engine) server(ctx context.Context, tcp net.Conn, listenerAddrs []net.A
 	var conf *clc.Confirm
 	switch m := m.(type) {
 	case *clc.Confirm:
+		if m.V2 != nil { // we accepted version 1 only
+			return e.fallback(c, decline(clc.DeclineConfigError, errors.New("clc: version 2 confirm to a version 1 accept")), br), nil
+		}
 		conf = m
 	case *clc.Decline:
 		return e.fallback(c, peerDeclined(m.Code, nil), br), nil

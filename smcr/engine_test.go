@@ -834,3 +834,54 @@ func setConfirmHook(e *Engine, f func(*clc.Confirm)) {
 	}
 	e.confirmHook.Store(&f)
 }
+
+// TestVersion2AnswerToVersion1: the engine proposes version 1 only, so a version-2
+// Accept (Linux's layout, first contact) is a protocol error: the client declines
+// with a configuration error and the connection goes on over TCP.
+func TestVersion2AnswerToVersion1(t *testing.T) {
+	acc := &clc.Accept{LinkInfo: clc.LinkInfo{QPN: 1, RMBEIndex: 1, AlertToken: 1, MTU: clc.MTU1024, FirstContact: true,
+		V2: &clc.LinkInfoV2{FirstContact: clc.FirstContactExt{Direct: true, OSType: clc.OSLinux}}}}
+	wire, err := acc.AppendTo(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	declined := make(chan clc.DeclineCode, 1)
+	e := newEngine(t, Config{Devices: memDevices(t, verbs.KindSoft)})
+	c, err := e.Dial(context.Background(), "tcp", rawServer(t, func(c net.Conn) {
+		defer c.Close()
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, err := clc.ReadMessage(c, clc.MaxLen); err != nil { // the Proposal
+			t.Errorf("read proposal: %v", err)
+			return
+		}
+		c.Write(wire)
+		m, err := clc.ReadMessage(c, clc.MaxLen)
+		if d, ok := m.(*clc.Decline); ok && err == nil {
+			declined <- d.Code
+		} else {
+			t.Errorf("after a v2 accept: %v, %v; want a decline", m, err)
+		}
+		c.Write([]byte("hello"))
+		io.Copy(io.Discard, c)
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if c.Mode() != ModeFallback {
+		t.Fatalf("client %v, want a fallback", c.Mode())
+	}
+	select {
+	case code := <-declined:
+		if code != clc.DeclineConfigError {
+			t.Fatalf("declined with %v, want %v", code, clc.DeclineConfigError)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no decline")
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	got := make([]byte, 5)
+	if _, err := io.ReadFull(c, got); err != nil || string(got) != "hello" {
+		t.Fatalf("application read %q (%v), want the peer's data", got, err)
+	}
+}

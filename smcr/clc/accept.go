@@ -80,9 +80,14 @@ type LinkInfo struct {
 	// FirstContact is the header flag: this connection creates the link group.
 	FirstContact bool
 
-	// Ext is the extension area between byte 64 and the trailer. smcr sends it only
-	// to a peer whose Proposal carried our extension; it holds an Envelope.
+	// Ext is the extension area between byte 64 and the trailer in version 1.
+	// smcr sends it only to a peer whose Proposal carried our extension; it holds
+	// an Envelope.
 	Ext []byte
+
+	// V2 is set exactly for a version-2 message: its EID, first-contact extension
+	// and GID list; Ext is then nil.
+	V2 *LinkInfoV2
 }
 
 // Validate checks the size code against the engine's bound (at most MaxSizeCode);
@@ -94,11 +99,18 @@ func (l *LinkInfo) Validate(maxSizeCode uint8) error {
 	return nil
 }
 
-// Len is the encoded length.
-func (l *LinkInfo) Len() int { return AcceptConfirmLen + len(l.Ext) }
+// Len is the encoded length of an Accept; a Confirm may differ (encodedLen).
+func (l *LinkInfo) Len() int { return l.encodedLen(TypeAccept) }
+
+func (l *LinkInfo) encodedLen(t MsgType) int {
+	if l.V2 != nil {
+		return l.lenV2(t)
+	}
+	return AcceptConfirmLen + len(l.Ext)
+}
 
 func (l *LinkInfo) appendTo(b []byte, t MsgType) ([]byte, error) {
-	n := l.Len()
+	n := l.encodedLen(t)
 	switch {
 	case l.QPN > max24:
 		return b, fmt.Errorf("clc: %v: qpn %#x over 24 bits: %w", t, l.QPN, ErrInvalid)
@@ -115,7 +127,12 @@ func (l *LinkInfo) appendTo(b []byte, t MsgType) ([]byte, error) {
 	if l.FirstContact {
 		flags = flagBit
 	}
-	b = appendHeader(b, t, n, Version1, flags|uint8(SMCTypeR))
+	version := uint8(Version1)
+	if l.V2 != nil {
+		version = Version2
+	}
+	start := len(b)
+	b = appendHeader(b, t, n, version, flags|uint8(SMCTypeR))
 	var body [acOffExt - HeaderLen]byte
 	f := body[:]
 	const o = HeaderLen // offsets below are of the message, f starts after the header
@@ -130,6 +147,13 @@ func (l *LinkInfo) appendTo(b []byte, t MsgType) ([]byte, error) {
 	binary.BigEndian.PutUint64(f[acOffRMBAddr-o:], l.RMBAddr)
 	put24(f[acOffPSN-o:], l.PSN)
 	b = append(b, f...)
+	if l.V2 != nil {
+		var err error
+		if b, err = l.appendV2(b, t); err != nil {
+			return b[:start], err
+		}
+		return appendTrailer(b), nil
+	}
 	b = append(b, l.Ext...)
 	return appendTrailer(b), nil
 }
@@ -158,6 +182,11 @@ func parseLinkInfo(h Header, b []byte) (LinkInfo, error) {
 	if MTUBytes(l.MTU) == 0 {
 		return LinkInfo{}, fmt.Errorf("clc: %v: mtu code %d: %w", h.Type, l.MTU, ErrMalformed)
 	}
+	if h.Version >= Version2 {
+		if err := parseLinkInfoV2(h, b, &l); err != nil {
+			return LinkInfo{}, err
+		}
+	}
 	return l, nil
 }
 
@@ -175,6 +204,9 @@ type Confirm struct{ LinkInfo }
 
 // Type reports TypeConfirm.
 func (*Confirm) Type() MsgType { return TypeConfirm }
+
+// Len is the encoded length; a version-2 first-contact Confirm carries a GID list.
+func (m *Confirm) Len() int { return m.encodedLen(TypeConfirm) }
 
 // AppendTo appends the encoded Confirm to b.
 func (m *Confirm) AppendTo(b []byte) ([]byte, error) { return m.appendTo(b, TypeConfirm) }

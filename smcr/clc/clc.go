@@ -48,8 +48,13 @@ const (
 	SMCTypeB SMCType = 3 // both
 )
 
-// Version1 is the only CLC version this package speaks.
-const Version1 = 1
+// CLC versions: the high nibble of the header's byte 7.
+const (
+	Version1 = 1
+	// Version2 is SMC version 2 (SMC-Rv2: RoCE v2 GIDs, EIDs); its releases
+	// (2.0, 2.1) are negotiated in the v2 extensions, not in the header.
+	Version2 = 2
+)
 
 // Sizes and header offsets.
 const (
@@ -63,7 +68,7 @@ const (
 	offGID     = 16
 	offMAC     = 32
 
-	flagBit    = 0x08 // first contact (Accept, Confirm), out of sync (Decline)
+	flagBit    = 0x08 // first contact (Accept, Confirm), out of sync (Decline); the high bit of typev2
 	reservedBt = 0x04
 	typeMask   = 0x03
 
@@ -103,14 +108,22 @@ type Message interface {
 	AppendTo(b []byte) ([]byte, error)
 }
 
-// lengthBounds is the smallest and largest length field a message type allows.
-func lengthBounds(t MsgType) (lo, hi int, ok bool) {
-	switch t {
-	case TypeProposal:
+// lengthBounds is the smallest and largest length field a message type allows in
+// a version (1, or 2 and up).
+func lengthBounds(t MsgType, version uint8) (lo, hi int, ok bool) {
+	v2 := version >= Version2
+	switch {
+	case t == TypeProposal && v2:
+		return proposalV2MinLen, MaxLen, true
+	case t == TypeProposal:
 		return ProposalMinLen, MaxLen, true
-	case TypeAccept, TypeConfirm:
+	case (t == TypeAccept || t == TypeConfirm) && v2:
+		return AcceptConfirmV2Len, MaxLen, true
+	case t == TypeAccept || t == TypeConfirm:
 		return AcceptConfirmLen, MaxLen, true
-	case TypeDecline:
+	case t == TypeDecline && v2:
+		return DeclineV2Len, DeclineV2Len, true
+	case t == TypeDecline:
 		return DeclineLen, DeclineLen, true
 	}
 	return 0, 0, false
@@ -139,14 +152,13 @@ func ParseHeader(b []byte) (Header, error) {
 		Version: b[offVersion] >> 4,
 		Flags:   b[offVersion] & 0x0f,
 	}
-	lo, hi, ok := lengthBounds(h.Type)
+	lo, hi, ok := lengthBounds(h.Type, h.Version)
 	if !ok {
 		return h, fmt.Errorf("clc: header: %d: %w", b[offType], ErrUnknownType)
 	}
-	// A newer peer's Proposal keeps the version-1 layout (Linux's SMC-Rv2 does), so
-	// a Proposal of any version from 1 up is read; answers must be version 1, since
-	// we only ever propose version 1.
-	if h.Version < Version1 || (h.Type != TypeProposal && h.Version != Version1) {
+	// A Proposal of a version above 2 is read as version 2, as Linux reads it (a
+	// newer peer offers what it can down to ours); answers are version 1 or 2.
+	if h.Version < Version1 || (h.Type != TypeProposal && h.Version > Version2) {
 		return h, fmt.Errorf("clc: %v version %d: %w", h.Type, h.Version, ErrVersion)
 	}
 	if h.Length < lo {

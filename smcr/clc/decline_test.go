@@ -46,7 +46,7 @@ func TestDeclineCodeNames(t *testing.T) {
 		}
 	}
 	// Codes this package does not know keep their class and value.
-	if got := DeclineCode(0x0303000b).String(); got != "configuration error 0x0303000b" {
+	if got := DeclineCode(0x0303007f).String(); got != "configuration error 0x0303007f" {
 		t.Errorf("unknown configuration code: %q", got)
 	}
 	if got := DeclineCode(0x77000000).String(); got != "decline code 0x77000000" {

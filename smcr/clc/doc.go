@@ -49,6 +49,12 @@
 //	 8  peer ID (8)         16  diagnosis code (4)
 //	20  reserved (4)        24  trailer (4)
 //
+// Version 2 (byte 7's high nibble 2): a Proposal's SMC-D area, SMC-Rv2 and SMC-Dv2
+// extensions, an Accept's and Confirm's EID, first-contact extension and GID list
+// and the 44-byte Decline are drawn in v2.go (ProposalV2, LinkInfoV2); the release
+// 2.1 negotiation is in negotiate.go. Version-2 lengths are exact, as Linux sends
+// them, and version 2 carries no extension area of ours.
+//
 // Extension area: this project's extensions travel after the IPv6 prefixes of a
 // Proposal and, only towards a peer whose Proposal carried one, between byte 64 and
 // the trailer of an Accept or Confirm. Wireshark stops decoding after the prefixes and

@@ -16,18 +16,61 @@ import (
 // AppendTo writes them. b must have parsed.
 func canonical(b []byte) []byte {
 	c := append([]byte(nil), b...)
+	zero := func(from, to int) { clear(c[from:to]) }
+	v2 := c[offVersion]>>4 >= Version2
 	switch MsgType(c[offType]) {
 	case TypeProposal:
+		if v2 {
+			canonicalProposalV2(c)
+			break
+		}
 		ip := propOffSkip + int(binary.BigEndian.Uint16(c[propOffIPAreaOffset:]))
 		c[ip+ipOffReserved], c[ip+ipOffReserved+1] = 0, 0
 	case TypeAccept, TypeConfirm:
 		c[offVersion] &^= reservedBt
 		c[acOffReserved1], c[acOffReserved2] = 0, 0
+		if !v2 {
+			break
+		}
+		zero(acOffEID+EIDLen, acOffFCE)
+		if c[offVersion]&flagBit != 0 {
+			c[acOffFCE+fceOffFlags] &= fceDirect
+			zero(acOffFCE+2, acOffFCE+fceOffHostname)
+			zero(acOffFCE+fceOffVendor+4, acOffFCE+fceLen)
+			if MsgType(c[offType]) == TypeConfirm {
+				zero(acOffFCE+fceLen+1, acOffFCE+fceLen+gidListHdrLen)
+			}
+		}
 	case TypeDecline:
 		c[offVersion] &^= reservedBt | typeMask
-		copy(c[declOffReserved:declOffReserved+4], []byte{0, 0, 0, 0})
+		c[declOffOSType] &= 0xf0
+		zero(declOffReserved, declOffMore)
 	}
 	return c
+}
+
+// canonicalProposalV2 zeroes the reserved bytes and bits of a parsed version-2
+// Proposal: the SMC-D area after v2_ext_offset, the IP area's reserved bytes and
+// the extensions' reserved fields.
+func canonicalProposalV2(c []byte) {
+	clear(c[propV2ExtOffBase:proposalV2BaseLen])
+	off := proposalV2BaseLen
+	if c[offVersion]&typeMask != byte(SMCTypeN) {
+		c[off+ipOffReserved], c[off+ipOffReserved+1] = 0, 0
+		off += ipOffPrefixes + ipv6PrefixLen*int(c[off+ipOffCount])
+	}
+	typev2 := SMCType(c[offVersion] >> 2 & typeMask)
+	if typev2 == SMCTypeN {
+		return
+	}
+	c[off+2] = 0
+	c[off+v2OffFlag] &= 0xf0 | v2FlagSEID
+	c[off+4], c[off+5] = 0, 0
+	clear(c[off+v2OffFeatureMask+2 : off+v2OffUEIDs])
+	if smcdOffered(typev2) {
+		d := off + v2ExtFixedLen + EIDLen*int(c[off+v2OffEIDCount])
+		clear(c[d+EIDLen : d+smcdV2OffEntries])
+	}
 }
 
 func addGoldenSeeds(f *testing.F) {

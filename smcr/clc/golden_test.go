@@ -225,17 +225,17 @@ func TestGoldenFields(t *testing.T) {
 }
 
 func TestProposalSkipArea(t *testing.T) {
-	// A version-2 style Proposal: the skipped area carries a v2 extension offset and
-	// the offset is not 40. It must be kept byte for byte.
+	// A version-1 Proposal whose skipped area is not Linux's (its iparea_offset is
+	// not 40, a byte in it is set) must be kept byte for byte.
 	skip := make([]byte, 44)
 	skip[11] = 0x22
-	p := &Proposal{Version: 2, SMCType: SMCTypeB, SMCTypeV2: SMCTypeR, PeerID: clientPeer, SkipArea: skip,
+	p := &Proposal{Version: 1, SMCType: SMCTypeB, SMCTypeV2: SMCTypeR, PeerID: clientPeer, SkipArea: skip,
 		Subnet: [4]byte{10, 1, 0, 0}, PrefixLen: 16, Ext: []byte{9, 9, 9}}
 	b, err := p.AppendTo(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b[offVersion] != 0x23 || b[propOffIPAreaOffset+1] != 44 || len(b) != p.Len() {
+	if b[offVersion] != 0x13 || b[propOffIPAreaOffset+1] != 44 || len(b) != p.Len() {
 		t.Fatalf("encoded % x", b)
 	}
 	got, err := Parse(b)

@@ -68,9 +68,13 @@ type Proposal struct {
 	PrefixLen uint8   // of Subnet, not checked against 32 (see IPv6Prefix)
 	IPv6      []IPv6Prefix
 
-	// Ext is the area after the IPv6 prefixes, before the trailer. Ours holds an
-	// Envelope (ParseEnvelope); a version-2 Linux peer's holds its v2 extension.
+	// Ext is the area after the IPv6 prefixes, before the trailer, in version 1.
+	// Ours holds an Envelope (ParseEnvelope).
 	Ext []byte
+
+	// V2 holds a version-2 Proposal's further fields; it is set exactly when
+	// Version is 2 or more, and then SkipArea and Ext are nil (see ProposalV2).
+	V2 *ProposalV2
 }
 
 // Type reports TypeProposal.
@@ -83,6 +87,9 @@ func (p *Proposal) IPv4() netip.Prefix {
 
 // Len is the encoded length of p.
 func (p *Proposal) Len() int {
+	if p.Version >= Version2 {
+		return p.lenV2()
+	}
 	skip := LinuxIPAreaOffset
 	if p.SkipArea != nil {
 		skip = len(p.SkipArea)
@@ -100,6 +107,11 @@ func (p *Proposal) AppendTo(b []byte) ([]byte, error) {
 		return b, fmt.Errorf("clc: proposal: length %d > %d: %w", n, MaxLen, ErrInvalid)
 	case p.Version > 15 || p.SMCType > 3 || p.SMCTypeV2 > 3:
 		return b, fmt.Errorf("clc: proposal: version %d type %d typev2 %d: %w", p.Version, p.SMCType, p.SMCTypeV2, ErrInvalid)
+	case p.Version < Version2 && p.V2 != nil:
+		return b, fmt.Errorf("clc: proposal: version %d with v2 fields: %w", p.Version, ErrInvalid)
+	}
+	if p.Version >= Version2 {
+		return p.appendV2(b)
 	}
 	v := p.Version
 	if v == 0 {
@@ -168,6 +180,9 @@ func parseProposal(h Header, b []byte) (*Proposal, error) {
 	copy(p.PeerID[:], b[offPeerID:])
 	copy(p.GID[:], b[offGID:])
 	copy(p.MAC[:], b[offMAC:])
+	if h.Version >= Version2 {
+		return parseProposalV2(h, b, p)
+	}
 	end := len(b) - TrailerLen
 	skip := int(binary.BigEndian.Uint16(b[propOffIPAreaOffset:]))
 	ip := propOffSkip + skip

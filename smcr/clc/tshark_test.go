@@ -5,6 +5,7 @@ package clc
 
 import (
 	"encoding/binary"
+	"fmt"
 	"net"
 	"net/netip"
 	"strconv"
@@ -46,6 +47,15 @@ func tsharkFields(m Message) map[string]string {
 		}
 		f["smc.proposal.ipv6.prefix.value"] = strings.Join(vals, ",")
 		f["smc.proposal.ipv6.prefix.length"] = strings.Join(lens, ",")
+		if m.Version >= Version2 && m.SMCType == SMCTypeN {
+			// A version-2-only Proposal has no version-1 part for tshark to show.
+			for _, k := range []string{"gid", "mac"} {
+				delete(f, "smc.proposal.client.preferred."+k)
+			}
+			for _, k := range []string{"smc.outgoing.interface.subnet.mask", "smc.outgoing.interface.subnet.mask.number.of.significant.bits", "smc.proposal.ipv6.prefix.count"} {
+				delete(f, k)
+			}
+		}
 	case *Accept:
 		f["smc.length"] = u(uint64(m.Len()))
 		f["smc.accept.sender.server.peer.id"] = u(binary.BigEndian.Uint64(m.PeerID[:]))
@@ -74,9 +84,16 @@ func tsharkFields(m Message) map[string]string {
 		f["smc.client.rmb.virtual.address"] = u(m.RMBAddr)
 		f["smc.initial.psn"] = u(uint64(m.PSN))
 	case *Decline:
-		f["smc.length"] = u(DeclineLen)
+		f["smc.length"] = u(uint64(m.Len()))
 		f["smc.sender.peer.id"] = u(binary.BigEndian.Uint64(m.PeerID[:]))
 		f["smc.peer.diag.info"] = u(uint64(m.Code))
+		if m.Version >= Version2 {
+			codes := []string{fmt.Sprintf("%#08x", uint32(m.Code))}
+			for _, c := range m.MoreCodes {
+				codes = append(codes, fmt.Sprintf("%#08x", uint32(c)))
+			}
+			f["smc.peer.diag.info"] = strings.Join(codes, ",")
+		}
 		f["smc.decline.osync"] = b(m.OutOfSync)
 	}
 	return f

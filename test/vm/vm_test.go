@@ -8,6 +8,7 @@ package vm
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -114,6 +115,45 @@ func TestEngineOnSoftRoCE(t *testing.T) {
 		t.Logf("guest: %s", bytes.TrimSpace(l))
 	}
 }
+
+// TestLinuxSMCv2OnSoftRoCE runs Linux's own SMC-R version 2 against itself in the
+// guest (package test/vm/linuxsmc): a User EID and a PNET entry set over generic
+// netlink, rxefix.ko (built here by rxefix.sh against the guest kernel's headers)
+// working around 6.1's rxe, and 4 MiB through AF_SMC over rxe1 on lo.
+func TestLinuxSMCv2OnSoftRoCE(t *testing.T) {
+	requireVM(t)
+	script := func(name string) string {
+		out, err := exec.Command(filepath.Join(Dir(), name)).Output()
+		if err != nil {
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				t.Fatalf("%s: %v\n%s", name, err, ee.Stderr)
+			}
+			t.Fatalf("%s: %v", name, err)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	ko := script("rxefix.sh")
+	// The guest runs in the host's / (init.sh), whose /lib/modules is not its
+	// kernel's: it loads smc from the unpacked kernel tree (kernel.sh).
+	cache := os.Getenv("SMCR_VM_CACHE")
+	if cache == "" {
+		cache = filepath.Join(Dir(), "cache")
+	}
+	kernelRoot := filepath.Join(cache, "kernel-"+script("kernel.sh"))
+	bin := buildTest(t, "./test/vm/linuxsmc", "-tags", "linuxsmc")
+	guest := runSuiteEnv(t, bin, []string{"SMCR_RXEFIX=" + ko, "SMCR_KERNEL_ROOT=" + kernelRoot},
+		"-test.run", "^TestLinuxSMCv2OverRxe$")
+	if !bytes.Contains(guest, []byte("--- PASS: TestLinuxSMCv2OverRxe")) {
+		t.Fatalf("TestLinuxSMCv2OverRxe did not pass in the guest:\n%s", guest)
+	}
+	for _, l := range linuxSMCRE.FindAll(guest, -1) {
+		t.Logf("guest: %s", bytes.TrimSpace(l))
+	}
+}
+
+// linuxSMCRE picks the guest test's summary line.
+var linuxSMCRE = regexp.MustCompile(`(?m)^.*linux smc-r v2 over .*$`)
 
 // engineRE picks the guest test's own summary lines.
 var engineRE = regexp.MustCompile(`(?m)^.*(connection: |connection in |connection across |link group \d+ over |link \d+ over |links added ).*$`)

@@ -42,6 +42,7 @@ func TestGolden(t *testing.T) {
 		{Name: "set_restart", Args: []string{"set", "providers=soft", "rmb_size=128K"}},
 		{Name: "set_bad", Args: []string{"set", "port_range_list=20-1", "ip_addr_list=a,b,c", "max_memory=lots"}, Exit: 1},
 		{Name: "set_unknown", Args: []string{"set", "mtu=9000"}, Exit: 1},
+		{Name: "set_ueid_list_bad", Args: []string{"set", "ueid_list=A,B,C,D,E,F,G,H,I"}, Exit: 1},
 		{Name: "set_noargs", Args: []string{"set"}, Exit: 2},
 		{Name: "set_not_assignment", Args: []string{"set", "enabled"}, Exit: 2},
 		{Name: "show_config", Args: []string{"show", "config"}},
