@@ -163,9 +163,9 @@ func (c *libClient) write(p []byte) {
 			continue
 		}
 		n := min(uint64(len(p)), free)
-		a, b := rmb.RingSpans(prod, prod+n, size)
-		k := copy(ring[a[0]:a[1]], p)
-		copy(ring[b[0]:b[1]], p[k:])
+		a, b := rmb.Split(prod, uint32(n), uint32(size))
+		k := copy(ring[a.Off:a.End()], p)
+		copy(ring[b.Off:b.End()], p[k:])
 		c.sh.TxProd().Store(prod + n)
 		c.kick(c.efdTx, c.sh.DTxWait())
 		p = p[n:]
@@ -191,9 +191,9 @@ func (c *libClient) readAll() []byte {
 			c.waitLib(func() bool { return c.sh.RxProd().Load() != cons || c.sh.DFlags().Load() != f })
 			continue
 		}
-		a, b := rmb.RingSpans(cons, prod, size)
-		out = append(out, ring[a[0]:a[1]]...)
-		out = append(out, ring[b[0]:b[1]]...)
+		a, b := rmb.Split(cons, uint32(prod-cons), uint32(size))
+		out = append(out, ring[a.Off:a.End()]...)
+		out = append(out, ring[b.Off:b.End()]...)
 		c.sh.RxCons().Store(prod)
 		c.kick(c.efdRx, c.sh.DRxWait())
 	}

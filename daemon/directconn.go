@@ -204,12 +204,9 @@ func (dc *directConn) send() {
 			return
 		}
 		if prod != cons {
-			a, b := rmb.RingSpans(cons, prod, size)
-			for _, s := range [][2]uint64{a, b} {
-				if s[1] == s[0] {
-					continue
-				}
-				n, err := dc.carrier.Write(ring[s[0]:s[1]])
+			var w [2]rmb.Span
+			for _, s := range rmb.AppendSpans(w[:0], cons, uint32(prod-cons), uint32(size)) {
+				n, err := dc.carrier.Write(ring[s.Off:s.End()])
 				cons += uint64(n)
 				dc.sh.TxCons().Store(cons)
 				if err != nil {
@@ -318,8 +315,8 @@ func (dc *directConn) receive() {
 			})
 			continue
 		}
-		a, _ := rmb.RingSpans(prod, cons+size, size)
-		n, err := dc.carrier.Read(ring[a[0]:a[1]])
+		free, _ := rmb.Split(prod, uint32(cons+size-prod), uint32(size))
+		n, err := dc.carrier.Read(ring[free.Off:free.End()])
 		if n > 0 {
 			prod += uint64(n)
 			dc.sh.RxProd().Store(prod)

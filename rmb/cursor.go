@@ -55,3 +55,34 @@ func (c Cursor) Less(d Cursor) bool {
 
 // LessEq reports whether c is older than or equal to d.
 func (c Cursor) LessEq(d Cursor) bool { return c == d || c.Less(d) }
+
+// CursorAt returns the cursor of stream position pos (the number of bytes before it
+// since the start) in a ring of size bytes: its offset, and its wrap count modulo
+// 2^16. Size 0 (a ring not yet known) gives the zero cursor.
+func CursorAt(pos uint64, size uint32) Cursor {
+	if size == 0 {
+		return Cursor{}
+	}
+	return Cursor{Wrap: uint16(pos / uint64(size)), Count: uint32(pos % uint64(size))}
+}
+
+// Pos returns the stream position a peer's cursor c stands for in a ring of size
+// bytes, relative to ref, the last position accepted from that peer: c's wrap count
+// says how many rings on from ref's it lies. stale: c lies behind ref (an older CDC
+// overtaken by a newer one), judged as Less judges. An offset outside the ring is a
+// *CursorError (ErrPeerCursor).
+func (c Cursor) Pos(ref uint64, size uint32) (pos uint64, stale bool, err error) {
+	if !c.Valid(size) {
+		return 0, false, &CursorError{Got: c, Size: size, Reason: "offset beyond the ring"}
+	}
+	s := uint64(size)
+	dw := c.Wrap - uint16(ref/s) // u16 wrap-around is intended
+	if int16(dw) < 0 {
+		return 0, true, nil
+	}
+	pos = (ref/s+uint64(dw))*s + uint64(c.Count)
+	if pos < ref {
+		return 0, true, nil
+	}
+	return pos, false, nil
+}

@@ -1,6 +1,7 @@
 package rmb
 
 import (
+	"errors"
 	"math/rand/v2"
 	"testing"
 )
@@ -116,4 +117,67 @@ func TestCursorValid(t *testing.T) {
 	if (Cursor{}).Valid(0) {
 		t.Error("any cursor in a 0-byte ring reported valid")
 	}
+}
+
+func TestCursorPos(t *testing.T) {
+	const size = 100
+	for _, tc := range []struct {
+		name  string
+		c     Cursor
+		ref   uint64
+		want  uint64
+		stale bool
+	}{
+		{"same ring", Cursor{2, 50}, 230, 250, false},
+		{"at ref", Cursor{2, 30}, 230, 230, false},
+		{"next ring", Cursor{3, 10}, 290, 310, false},
+		{"behind in the ring", Cursor{2, 10}, 230, 0, true},
+		{"a ring behind", Cursor{1, 90}, 230, 0, true},
+		{"across the u16 wrap", Cursor{0, 5}, 0xffff*size + 90, 0x10000*size + 5, false},
+		{"behind across the u16 wrap", Cursor{0xffff, 80}, 0x10000*size + 5, 0, true},
+	} {
+		got, stale, err := tc.c.Pos(tc.ref, size)
+		if err != nil || stale != tc.stale || got != tc.want {
+			t.Errorf("%s: %v.Pos(%d) = %d, %v, %v; want %d, %v", tc.name, tc.c, tc.ref, got, stale, err, tc.want, tc.stale)
+		}
+		if !tc.stale && CursorAt(got, size) != tc.c {
+			t.Errorf("%s: CursorAt(%d) = %v, want %v", tc.name, got, CursorAt(got, size), tc.c)
+		}
+	}
+	var ce *CursorError
+	if _, _, err := (Cursor{0, size}).Pos(0, size); !errors.As(err, &ce) || !errors.Is(err, ErrPeerCursor) {
+		t.Errorf("count outside the ring: err = %v", err)
+	}
+	if _, _, err := (Cursor{}).Pos(0, 0); !errors.Is(err, ErrPeerCursor) {
+		t.Errorf("no ring: err = %v", err)
+	}
+	if got := CursorAt(12345, 0); got != (Cursor{}) {
+		t.Errorf("CursorAt in no ring = %v", got)
+	}
+}
+
+// FuzzCursorPos checks the conversion of a peer's cursor to a position: never one
+// behind ref, never a count outside the ring, and the cursor of a position converts
+// back to it.
+func FuzzCursorPos(f *testing.F) {
+	f.Add(uint16(0), uint32(100), uint64(50), uint8(0))
+	f.Add(uint16(0xffff), uint32(0), uint64(0xffff<<14), uint8(0))
+	f.Add(uint16(1), uint32(16383), uint64(1<<14), uint8(5))
+	f.Fuzz(func(t *testing.T, wrap uint16, count uint32, ref uint64, code uint8) {
+		size := SizeCode(code % 6).Bytes()
+		ref %= 1 << 40
+		p, stale, err := (Cursor{Wrap: wrap, Count: count}).Pos(ref, size)
+		if (err != nil) != (count >= size) {
+			t.Fatalf("cursor %d:%d in %d bytes: err %v", wrap, count, size, err)
+		}
+		if err != nil || stale {
+			return
+		}
+		if p < ref || p%uint64(size) != uint64(count) || uint16(p/uint64(size)) != wrap {
+			t.Fatalf("cursor %d:%d ref %d size %d gave %d", wrap, count, ref, size, p)
+		}
+		if back, st, err := CursorAt(p, size).Pos(ref, size); err != nil || st || back != p {
+			t.Fatalf("round trip %d → %d", p, back)
+		}
+	})
 }

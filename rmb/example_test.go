@@ -17,7 +17,7 @@ func Example() {
 	tx.Produce(size - 10)
 	rx.OnPeerProducer(tx.Cursor())
 	rx.Consume(size - 10)
-	rx.Confirm(rx.Cursor())
+	rx.Report()
 	tx.OnPeerConsumer(rx.Cursor())
 
 	first, second := tx.Spans(20)

@@ -3,6 +3,7 @@ package rmb
 import (
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -10,23 +11,38 @@ func TestSplit(t *testing.T) {
 	const size = 100
 	for _, tc := range []struct {
 		name          string
-		c             Cursor
+		pos           uint64
 		n             uint32
 		first, second Span
 	}{
-		{"empty", Cursor{0, 30}, 0, Span{30, 0}, Span{}},
-		{"within", Cursor{0, 30}, 20, Span{30, 20}, Span{}},
-		{"to the end", Cursor{2, 90}, 10, Span{90, 10}, Span{}},
-		{"wraps", Cursor{2, 90}, 25, Span{90, 10}, Span{0, 15}},
-		{"whole ring from the middle", Cursor{2, 90}, size, Span{90, 10}, Span{0, 90}},
-		{"whole ring from 0", Cursor{2, 0}, size, Span{0, 100}, Span{}},
-		{"clipped to the ring", Cursor{2, 90}, 3 * size, Span{90, 10}, Span{0, 90}},
-		{"at last byte", Cursor{0, 99}, 2, Span{99, 1}, Span{0, 1}},
+		{"empty", 30, 0, Span{}, Span{}},
+		{"within", 30, 20, Span{30, 20}, Span{}},
+		{"to the end", 290, 10, Span{90, 10}, Span{}},
+		{"wraps", 290, 25, Span{90, 10}, Span{0, 15}},
+		{"whole ring from the middle", 290, size, Span{90, 10}, Span{0, 90}},
+		{"whole ring from 0", 200, size, Span{0, 100}, Span{}},
+		{"clipped to the ring", 290, 3 * size, Span{90, 10}, Span{0, 90}},
+		{"at last byte", 99, 2, Span{99, 1}, Span{0, 1}},
 	} {
-		f, s := Split(tc.c, tc.n, size)
+		f, s := Split(tc.pos, tc.n, size)
 		if f != tc.first || s != tc.second {
-			t.Errorf("%s: Split(%v, %d) = %v %v, want %v %v", tc.name, tc.c, tc.n, f, s, tc.first, tc.second)
+			t.Errorf("%s: Split(%v, %d) = %v %v, want %v %v", tc.name, tc.pos, tc.n, f, s, tc.first, tc.second)
 		}
+		var w [2]Span
+		got := AppendSpans(w[:0], tc.pos, tc.n, size)
+		var want []Span
+		for _, sp := range []Span{tc.first, tc.second} {
+			if sp.Len > 0 {
+				want = append(want, sp)
+			}
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: AppendSpans = %v, want %v", tc.name, got, want)
+		}
+	}
+	// Nothing to place needs no ring: a connection in setup has none yet.
+	if f, s := Split(5, 0, 0); f != (Span{}) || s != (Span{}) {
+		t.Errorf("Split(5, 0, 0) = %v %v, want nothing", f, s)
 	}
 	if got := (Span{90, 10}).End(); got != 100 {
 		t.Errorf("End = %d, want 100", got)
@@ -142,18 +158,11 @@ func TestConsumer(t *testing.T) {
 	if !c.UpdateDue(false) || c.Unconfirmed() != 10 {
 		t.Fatalf("10%% consumed: due %v unconfirmed %d", c.UpdateDue(false), c.Unconfirmed())
 	}
-	if err := c.Confirm(c.Cursor()); err != nil {
-		t.Fatal(err)
+	if got := c.Report(); got != (Cursor{0, 10}) {
+		t.Fatalf("Report = %v, want 0:10", got)
 	}
-	if c.UpdateDue(false) || c.Unconfirmed() != 0 || c.Confirmed() != (Cursor{0, 10}) {
-		t.Fatalf("after Confirm: due %v unconfirmed %d confirmed %v", c.UpdateDue(false), c.Unconfirmed(), c.Confirmed())
-	}
-	// Confirming an older cursor is ignored; one past the consumer cursor is a bug.
-	if err := c.Confirm(Cursor{0, 5}); err != nil || c.Confirmed() != (Cursor{0, 10}) {
-		t.Fatalf("Confirm(older) = %v, confirmed %v", err, c.Confirmed())
-	}
-	if err := c.Confirm(Cursor{0, 11}); !errors.Is(err, ErrOverrun) {
-		t.Fatalf("Confirm past consumer: err = %v", err)
+	if c.UpdateDue(false) || c.Unconfirmed() != 0 || c.Confirmed() != (Cursor{0, 10}) || c.ConfirmedPos() != 10 {
+		t.Fatalf("after Report: due %v unconfirmed %d confirmed %v", c.UpdateDue(false), c.Unconfirmed(), c.Confirmed())
 	}
 	// The peer learnt of 10 free bytes: it may now write up to 1:10, and that wraps.
 	if _, _, err := c.OnPeerProducer(Cursor{1, 11}); !errors.Is(err, ErrPeerCursor) {
@@ -178,7 +187,7 @@ func TestConsumer(t *testing.T) {
 // themselves wrap from 65535 to 0.
 func TestRingAcrossU16Wrap(t *testing.T) {
 	const size = 16
-	start := Cursor{Wrap: 0xffff, Count: 10}
+	const start = 0xffff*size + 10 // cursor 65535:10
 	p := Producer{size: size, prod: start, peerCons: start}
 	c := Consumer{size: size, cons: start, peerProd: start, confirmed: start}
 	f, s := p.Spans(size)
@@ -237,9 +246,8 @@ func ringModelRun(t *testing.T, seed uint64) {
 	case 2:
 		base = rng.Uint64N(uint64(size) << 16)
 	}
-	start := pos(base, size)
-	p := Producer{size: size, prod: start, peerCons: start}
-	c := Consumer{size: size, cons: start, peerProd: start, confirmed: start}
+	p := Producer{size: size, prod: base, peerCons: base}
+	c := Consumer{size: size, cons: base, peerProd: base, confirmed: base}
 
 	ring := make([]byte, size)
 	owner := make([]uint64, size) // stream offset of the byte each slot holds
@@ -345,8 +353,8 @@ func ringModelRun(t *testing.T, seed uint64) {
 		if !due {
 			return 0
 		}
-		if err := c.Confirm(c.Cursor()); err != nil {
-			t.Fatalf("seed %d: Confirm: %v", seed, err)
+		if got := c.Report(); got != pos(read, size) {
+			t.Fatalf("seed %d: Report = %v, model %v", seed, got, pos(read, size))
 		}
 		n := uint32(read - confirmed)
 		confirmed = read
@@ -437,4 +445,46 @@ func ringModelRun(t *testing.T, seed uint64) {
 				seed, written, read, p.Free(), c.Readable(), c.Unconfirmed())
 		}
 	}
+}
+
+// FuzzPeerCursors feeds a peer's cursor to a Producer and a Consumer in any state
+// they can be in, and checks that a cursor taken keeps the ring's invariants and one
+// refused (stale or invalid) changes nothing.
+func FuzzPeerCursors(f *testing.F) {
+	f.Add(uint8(0), uint64(1000), uint32(100), uint32(50), uint16(0), uint32(0))
+	f.Add(uint8(1), uint64(0xffff<<15), uint32(1<<15), uint32(1<<15), uint16(1), uint32(0))
+	f.Fuzz(func(t *testing.T, code uint8, base uint64, a, b uint32, wrap uint16, count uint32) {
+		size := SizeCode(code % 6).Bytes()
+		base %= 1 << 40
+		got := Cursor{Wrap: wrap, Count: count}
+
+		// The producer: the peer has consumed up to base, we wrote up to a more.
+		p := Producer{size: size, prod: base + uint64(a%(size+1)), peerCons: base}
+		was := p
+		freed, stale, err := p.OnPeerConsumer(got)
+		switch {
+		case err != nil || stale:
+			if p != was || freed != 0 || err != nil && !errors.Is(err, ErrPeerCursor) {
+				t.Fatalf("refused consumer cursor %v: %v, state %+v → %+v", got, err, was, p)
+			}
+		case p.peerCons < was.peerCons || p.peerCons > p.prod || p.PeerConsumer() != got ||
+			uint64(freed) != p.peerCons-was.peerCons:
+			t.Fatalf("consumer cursor %v taken as %d from %+v (freed %d)", got, p.peerCons, was, freed)
+		}
+
+		// The consumer: reported up to base, read a more, the peer wrote b beyond.
+		cons := base + uint64(a%(size+1))
+		c := Consumer{size: size, confirmed: base, cons: cons, peerProd: cons + uint64(b%(size-uint32(cons-base)+1))}
+		cwas := c
+		added, stale, err := c.OnPeerProducer(got)
+		switch {
+		case err != nil || stale:
+			if c != cwas || added != 0 || err != nil && !errors.Is(err, ErrPeerCursor) {
+				t.Fatalf("refused producer cursor %v: %v, state %+v → %+v", got, err, cwas, c)
+			}
+		case c.peerProd < cwas.peerProd || c.peerProd > c.confirmed+uint64(size) || c.PeerProducer() != got ||
+			uint64(added) != c.peerProd-cwas.peerProd || c.Readable() > size:
+			t.Fatalf("producer cursor %v taken as %d from %+v (added %d)", got, c.peerProd, cwas, added)
+		}
+	})
 }

@@ -16,20 +16,8 @@ const ABIVersion = 1
 
 // The shared area of one connection (struct smcr_shared): a control page, then
 // the send ring (the program writes, smcrd takes) and the receive ring (smcrd
-// writes, the program takes). Cursors are absolute byte counts; a cursor's place
-// in its ring is cursor % size. A side copies its bytes first and stores its
-// cursor after, with release order; the other loads the cursor, then copies.
-//
-//	offset  written by   field
-//	     0  smcrd, once  magic "SMCS", version, tx_size, rx_size, tx_off, rx_off, map_size
-//	    64  library      tx_prod u64, rx_cons u64, lib_flags, lib_seq, lib_waiters, lib_pollers
-//	   128  smcrd        tx_cons u64, rx_prod u64, d_flags, d_errno, d_seq, d_txwait, d_rxwait
-//	  4096  (rings)      send ring at tx_off, receive ring at rx_off
-//
-// Waking: smcrd bumps d_seq after each publish and wakes futex waiters on it
-// while lib_waiters is nonzero, and writes efd_lib while lib_pollers is; the
-// library writes efd_dtx after moving tx_prod or lib_flags while d_txwait is
-// set, and efd_drx after moving rx_cons while d_rxwait is.
+// writes, the program takes). Its layout, its publishing order and its wake-ups
+// are the ABI drawn in the package doc ("The direct mode's shared area").
 const (
 	SharedMagic    = 0x53434d53 // "SMCS"
 	SharedPageSize = 4096       // the control page; the rings start after it
@@ -153,17 +141,6 @@ func (s *Shared) DSeq() *atomic.Uint32     { return s.u32(offDSeq) }
 func (s *Shared) DTxWait() *atomic.Uint32  { return s.u32(offDTxWait) }
 func (s *Shared) DRxWait() *atomic.Uint32  { return s.u32(offDRxWait) }
 func (s *Shared) DSeqAddr() unsafe.Pointer { return unsafe.Pointer(&s.mem[offDSeq]) }
-
-// RingSpans are the at most two pieces of a ring of size n that the bytes
-// [from, to) of a stream occupy (to - from <= n), in stream order.
-func RingSpans(from, to, n uint64) (a, b [2]uint64) {
-	off := from % n
-	l := to - from
-	if off+l <= n {
-		return [2]uint64{off, off + l}, [2]uint64{}
-	}
-	return [2]uint64{off, n}, [2]uint64{0, off + l - n}
-}
 
 // The policy page (struct smcr_policy): what smcrd decides, for a library to
 // read without a round trip.

@@ -127,23 +127,6 @@ func TestSharedRoundTrip(t *testing.T) {
 	}
 }
 
-func TestRingSpans(t *testing.T) {
-	for _, c := range []struct {
-		from, to, n uint64
-		a, b        [2]uint64
-	}{
-		{0, 10, 16, [2]uint64{0, 10}, [2]uint64{}},
-		{10, 20, 16, [2]uint64{10, 16}, [2]uint64{0, 4}},
-		{16, 32, 16, [2]uint64{0, 16}, [2]uint64{}},
-		{31, 33, 16, [2]uint64{15, 16}, [2]uint64{0, 1}},
-	} {
-		a, b := RingSpans(c.from, c.to, c.n)
-		if a != c.a || b != c.b {
-			t.Errorf("RingSpans(%d, %d, %d) = %v %v, want %v %v", c.from, c.to, c.n, a, b, c.a, c.b)
-		}
-	}
-}
-
 func TestPolicyPorts(t *testing.T) {
 	mem := make([]uint64, PolicySize/8)
 	p, err := InitPolicy(unsafe.Slice((*byte)(unsafe.Pointer(&mem[0])), PolicySize))

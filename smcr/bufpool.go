@@ -11,6 +11,7 @@ package smcr
 import (
 	"slices"
 
+	"github.com/smcr-io/smcr/rmb"
 	"github.com/smcr-io/smcr/smcr/verbs"
 )
 
@@ -255,7 +256,7 @@ func (c *Conn) adopt(b *pooledBuf) {
 		c.move.regLink[n] = b.link[n]
 	}
 	if b.rmb {
-		c.rmb, c.rmbSize, c.move.rmbHome = b.own, b.size, b.home
+		c.rmb, c.rx, c.move.rmbHome = b.own, rmb.NewConsumer(uint32(b.size)), b.home
 	} else {
 		c.snd, c.move.sndHome = b.own, b.home
 	}
@@ -349,13 +350,13 @@ func (c *Conn) detachBufsLocked() []*pooledBuf {
 // detachBufLocked takes c's RMB (rmb) or send buffer, with its registrations,
 // out of c; nil when c holds none. The caller holds c.mu.
 func (c *Conn) detachBufLocked(rmb bool) *pooledBuf {
-	own, home, on, size := c.snd, c.move.sndHome, &c.move.sndOn, c.peerSize
+	own, home, on, size := c.snd, c.move.sndHome, &c.move.sndOn, uint64(c.tx.Size())
 	if rmb {
-		own, home, on, size = c.rmb, c.move.rmbHome, &c.move.rmbOn, c.rmbSize
+		own, home, on, size = c.rmb, c.move.rmbHome, &c.move.rmbOn, uint64(c.rx.Size())
 	}
-	used := c.txProd
+	used := c.tx.Pos()
 	if rmb {
-		used = c.rxProd
+		used = c.rx.PeerProducerPos()
 	}
 	b := &pooledBuf{rmb: rmb, size: size, own: own, home: home, used: min(used, size)}
 	held := own != nil

@@ -148,19 +148,19 @@ func TestPendingRKeyPooledWhenAnswered(t *testing.T) {
 	c.Close()
 	s.Close()
 	eventually(t, "released", func() bool { return len(p.cli.Conns()) == 1 && len(p.srv.Conns()) == 1 })
-	if got, want := p.cli.Stats().MemoryPooled, int64(c.peerSize); got != want {
+	if got, want := p.cli.Stats().MemoryPooled, int64(c.tx.Size()); got != want {
 		t.Fatalf("client pooled %d bytes before the answer, want only the send buffer (%d)", got, want)
 	}
 	// In use counts what is not pooled: the send buffer went to the pool, the
 	// RMB waiting for its answer still holds its share.
-	if got, want := p.cli.Stats().MemoryInUse, inUse-int64(c.peerSize); got != want {
+	if got, want := p.cli.Stats().MemoryInUse, inUse-int64(c.tx.Size()); got != want {
 		t.Errorf("client memory in use %d before the answer, want %d", got, want)
 	}
-	if got, want := p.srv.Stats().MemoryPooled, int64(s.rmbSize+s.peerSize); got != want {
+	if got, want := p.srv.Stats().MemoryPooled, int64(s.rx.Size())+int64(s.tx.Size()); got != want {
 		t.Fatalf("server pooled %d bytes, want its RMB and send buffer (%d)", got, want)
 	}
 	close(pending)
-	want := int64(c.rmbSize + c.peerSize)
+	want := int64(c.rx.Size()) + int64(c.tx.Size())
 	eventually(t, "RMB pooled once answered", func() bool { return p.cli.Stats().MemoryPooled == want })
 	c2, s2 := p.connect(t)
 	mustSMC(t, c2, s2)
@@ -210,7 +210,7 @@ func TestReuseSkipsConfirmRkey(t *testing.T) {
 	c.Close()
 	s.Close()
 	eventually(t, "RMBs pooled", func() bool {
-		return p.cli.Stats().MemoryPooled == int64(c.rmbSize+c.peerSize) && p.srv.Stats().MemoryPooled == int64(s.rmbSize+s.peerSize)
+		return p.cli.Stats().MemoryPooled == int64(c.rx.Size())+int64(c.tx.Size()) && p.srv.Stats().MemoryPooled == int64(s.rx.Size())+int64(s.tx.Size())
 	})
 	if got := [2]int{peerRMBs(t, p.cli), peerRMBs(t, p.srv)}; got != [2]int{2, 2} {
 		t.Fatalf("peer RMBs known (client, server) %v after a release, want 2 each: kept, not forgotten", got)

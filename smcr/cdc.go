@@ -22,28 +22,6 @@ const (
 	ctlQueued  ctlBits = 0x80
 )
 
-// toCursor converts an absolute byte count to the wire's (wrap, count).
-func toCursor(abs, size uint64) rmb.Cursor {
-	return rmb.Cursor{Wrap: uint16(abs / size), Count: uint32(abs % size)}
-}
-
-// fromCursor converts a peer cursor to an absolute count, relative to ref, the last
-// value accepted. stale: it lies behind ref (an older CDC overtaken by a newer one).
-func fromCursor(c rmb.Cursor, ref, size uint64) (abs uint64, stale bool, err error) {
-	if uint64(c.Count) >= size {
-		return 0, false, fmt.Errorf("%w: cursor count %d in a %d-byte ring", ErrProtocol, c.Count, size)
-	}
-	dw := c.Wrap - uint16(ref/size)
-	if int16(dw) < 0 {
-		return 0, true, nil
-	}
-	abs = (ref/size+uint64(dw))*size + uint64(c.Count)
-	if abs < ref {
-		return 0, true, nil
-	}
-	return abs, false, nil
-}
-
 // onCDC applies a CDC from the peer; it runs in the link's poller and never blocks.
 // It returns how many bytes the CDC's producer cursor announces as newly written.
 func (c *Conn) onCDC(m *rmb.CDC) (produced uint64) {
@@ -84,10 +62,10 @@ func (c *Conn) onCDC(m *rmb.CDC) (produced uint64) {
 		return
 	}
 	c.rxSeq, c.rxSeqSet = m.Seq, true
-	before := c.rxProd
+	before := c.rx.PeerProducerPos()
 	err := c.applyCursors(m)
-	produced = c.rxProd - before
-	if produced > 0 && c.rxProd-c.rxCons == c.rmbSize {
+	produced = c.rx.PeerProducerPos() - before
+	if produced > 0 && c.rx.Full() {
 		c.e.st.rxFull.Add(1)
 	}
 	if err != nil {
@@ -105,14 +83,14 @@ func (c *Conn) onCDC(m *rmb.CDC) (produced uint64) {
 	}
 	if produced > 0 && m.Flags&rmb.FlagUrgentPresent != 0 {
 		// The last byte the CDC announces is urgent (smc_cdc_handle_urg_data_arrival).
-		c.rxUrgentAt, c.rxUrgent = c.rxProd-1, true
+		c.rxUrgentAt, c.rxUrgent = c.rx.PeerProducerPos()-1, true
 	}
 	if m.Flags&(rmb.FlagUpdateRequested|rmb.FlagFailoverValidation) != 0 {
 		c.queueCtlLocked(ctlUpdate)
 	}
 	if !c.closing.peerDone && !c.cont.smcx && m.State&(rmb.StateClosed|rmb.StateSendingDone) != 0 &&
 		m.State&rmb.StateAbnormalClose == 0 {
-		c.closing.peerLate = c.rxProd-c.rxConfirmed >= c.rmbSize // lateWrites
+		c.closing.peerLate = c.rx.PeerProducerPos()-c.rx.ConfirmedPos() >= uint64(c.rx.Size()) // lateWrites
 	}
 	if m.State&rmb.StateAbnormalClose != 0 && !c.closing.peerAbort {
 		c.closing.abortEarly = !c.closing.peerDone
@@ -149,14 +127,13 @@ func (c *Conn) onCDC(m *rmb.CDC) (produced uint64) {
 // peer room after its close (peerLateRoom), a WRITE of its may still be on its
 // way as we release, and the RMB must outlive the release (releaseBuffers).
 
-// applyCursors checks both cursors before taking either.
+// applyCursors checks both cursors before taking either (rmb's checks: the
+// producer cursor within the room we reported, the consumer cursor within what
+// we wrote; older ones are stale and ignored).
 func (c *Conn) applyCursors(m *rmb.CDC) error {
-	np, stale, err := fromCursor(m.Prod, c.rxProd, c.rmbSize)
+	np, stale, err := c.rx.CheckPeerProducer(m.Prod)
 	if err != nil {
-		return fmt.Errorf("producer cursor: %w", err)
-	}
-	if !stale && np-c.rxCons > c.rmbSize {
-		return fmt.Errorf("producer cursor %v claims %d bytes in a %d-byte rmbe", m.Prod, np-c.rxCons, c.rmbSize)
+		return err
 	}
 	// The peer's close, or our own peers' sending-done, announced its last
 	// byte: a Read may have returned EOF already, and must not return data
@@ -164,25 +141,21 @@ func (c *Conn) applyCursors(m *rmb.CDC) error {
 	// shutdown, as its close, may leave bytes unsent to write later
 	// (lateWrites), and peerLate cannot tell every such case.
 	last := c.closing.peerClosed || c.cont.smcx && c.closing.peerDone
-	if !stale && last && np > c.rxProd && !c.closing.peerLate {
+	if !stale && last && np > c.rx.PeerProducerPos() && !c.closing.peerLate {
 		return fmt.Errorf("data after its last byte")
 	}
 	var nc uint64
 	cstale := true
-	if c.peerSize > 0 {
-		nc, cstale, err = fromCursor(m.Cons, c.txCons, c.peerSize)
-		if err != nil {
-			return fmt.Errorf("consumer cursor: %w", err)
-		}
-		if !cstale && nc > c.txProd {
-			return fmt.Errorf("consumer cursor %v past what we wrote", m.Cons)
+	if c.tx.Size() > 0 { // else our Confirm is not out: the peer has nothing of ours
+		if nc, cstale, err = c.tx.CheckPeerConsumer(m.Cons); err != nil {
+			return err
 		}
 	}
 	if !stale {
-		c.rxProd = np
+		c.rx.SetPeerProducer(np)
 	}
 	if !cstale {
-		c.txCons = nc
+		c.tx.SetPeerConsumer(nc)
 	}
 	return nil
 }
@@ -271,7 +244,7 @@ func (c *Conn) sendCDCKind(flags rmb.ProdFlags, kind cdcKind) error {
 func (c *Conn) sendCDCHeld(flags rmb.ProdFlags, kind cdcKind) error {
 	c.mu.Lock()
 	m, ok, err := c.nextCDCLocked(flags, kind)
-	lnk, prod := c.lnk, c.txProd
+	lnk, prod := c.lnk, c.tx.Pos()
 	c.mu.Unlock()
 	if !ok {
 		return err
@@ -283,7 +256,7 @@ func (c *Conn) sendCDCHeld(flags rmb.ProdFlags, kind cdcKind) error {
 // of kind goes (with ErrLinkDown when the link cannot carry one). The caller
 // holds cdcMu and c.mu, and sends it.
 func (c *Conn) nextCDCLocked(flags rmb.ProdFlags, kind cdcKind) (m rmb.CDC, ok bool, err error) {
-	if c.peerSize == 0 || c.closing.released || c.lnkErr || c.cont.fo {
+	if c.tx.Size() == 0 || c.closing.released || c.lnkErr || c.cont.fo {
 		return m, false, ErrLinkDown
 	}
 	if kind != cdcState && c.closing.localTerm {
@@ -301,8 +274,10 @@ func (c *Conn) nextCDCLocked(flags rmb.ProdFlags, kind cdcKind) (m rmb.CDC, ok b
 			c.txUrgent = false
 		}
 	}
-	m = rmb.CDC{Seq: seq, Token: c.peerToken, Prod: toCursor(c.txProd, c.peerSize),
-		Cons: toCursor(c.rxCons, c.rmbSize), Flags: flags}
+	if c.closing.peerLate && c.rx.Unconfirmed() > 0 {
+		c.closing.peerLateRoom = true // lateWrites
+	}
+	m = rmb.CDC{Seq: seq, Token: c.peerToken, Prod: c.tx.Cursor(), Cons: c.rx.Report(), Flags: flags}
 	if c.closing.localDone {
 		m.State |= rmb.StateSendingDone
 	}
@@ -312,10 +287,6 @@ func (c *Conn) nextCDCLocked(flags rmb.ProdFlags, kind cdcKind) (m rmb.CDC, ok b
 	if c.closing.localAbort {
 		m.State |= rmb.StateAbnormalClose
 	}
-	if c.closing.peerLate && c.rxCons > c.rxConfirmed {
-		c.closing.peerLateRoom = true // lateWrites
-	}
-	c.rxConfirmed = c.rxCons
 	c.cs.cdcSent.Add(1)
 	return m, true, nil
 }

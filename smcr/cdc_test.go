@@ -120,7 +120,7 @@ func TestNoCursorsAfterClose(t *testing.T) {
 			echoOK(t, c, s)
 			d, ds := p.connect(t) // for linkBarrier
 			mustSMC(t, d, ds)
-			msg := make([]byte, c.rmbSize/2) // past the 10% rule: Read owes an update
+			msg := make([]byte, c.rx.Size()/2) // past the 10% rule: Read owes an update
 			if side == "read" {
 				go s.Write(msg)
 			}
@@ -198,7 +198,7 @@ func TestLateWritesFromStandardPeer(t *testing.T) {
 			mustSMC(t, c, s)
 			c.mu.Lock()
 			c.cont.smcx = !standard
-			size := c.rmbSize
+			size := uint64(c.rx.Size())
 			c.mu.Unlock()
 			// Fill the RMBE; the reader does not read yet.
 			body := make([]byte, size)
@@ -211,11 +211,11 @@ func TestLateWritesFromStandardPeer(t *testing.T) {
 			eventually(t, "the RMBE full", func() bool {
 				c.mu.Lock()
 				defer c.mu.Unlock()
-				return c.rxProd == size
+				return c.rx.PeerProducerPos() == size
 			})
 			// Its close, as Linux sends it with bytes still unsent.
 			c.mu.Lock()
-			closeCDC := rmb.CDC{Seq: c.rxSeq + 1, Token: c.token, Prod: toCursor(size, size),
+			closeCDC := rmb.CDC{Seq: c.rxSeq + 1, Token: c.token, Prod: rmb.CursorAt(size, uint32(size)),
 				State: rmb.StateSendingDone | rmb.StateClosed}
 			c.mu.Unlock()
 			if err := s.lnk.sendCDC(&closeCDC); err != nil {
@@ -251,7 +251,7 @@ func TestLateWritesFromStandardPeer(t *testing.T) {
 			eventually(t, "the tail landed", func() bool {
 				c.mu.Lock()
 				defer c.mu.Unlock()
-				return c.rxProd == size+uint64(len(tail))
+				return c.rx.PeerProducerPos() == size+uint64(len(tail))
 			})
 			rest, err := io.ReadAll(c)
 			if err != nil || string(rest) != string(tail) {
@@ -307,7 +307,7 @@ func TestNoDataAfterEOF(t *testing.T) {
 	}
 	// Three bytes more, announced as the hostile peer would.
 	c.mu.Lock()
-	more := rmb.CDC{Seq: c.rxSeq + 1, Token: c.token, Prod: toCursor(c.rxProd+3, c.rmbSize), State: rmb.StateSendingDone}
+	more := rmb.CDC{Seq: c.rxSeq + 1, Token: c.token, Prod: rmb.CursorAt(c.rx.PeerProducerPos()+3, c.rx.Size()), State: rmb.StateSendingDone}
 	c.mu.Unlock()
 	if err := s.lnk.sendCDC(&more); err != nil {
 		t.Fatal(err)

@@ -614,7 +614,7 @@ func (e *Engine) serverProposal(ctx context.Context, c *Conn, prop *clc.Proposal
 	qa := lnk.qp.Attr()
 	acc := &clc.Accept{LinkInfo: clc.LinkInfo{
 		PeerID: e.peerID, GID: qa.GID, MAC: qa.MAC, QPN: qa.QPN, RKey: c.rmb.RKey(), RMBEIndex: 1,
-		AlertToken: c.token, SizeCode: sizeCode(int(c.rmbSize)), MTU: uint8(lnk.mtu), RMBAddr: c.rmb.Addr(),
+		AlertToken: c.token, SizeCode: sizeCode(int(c.rx.Size())), MTU: uint8(lnk.mtu), RMBAddr: c.rmb.Addr(),
 		PSN: qa.PSN, FirstContact: first,
 	}}
 	if ext {
@@ -788,7 +788,7 @@ func (e *Engine) clientConfirm(ctx context.Context, c *Conn, acc *clc.Accept) (D
 	qa := c.lnk.qp.Attr()
 	conf := &clc.Confirm{LinkInfo: clc.LinkInfo{
 		PeerID: e.peerID, GID: qa.GID, MAC: qa.MAC, QPN: qa.QPN, RKey: c.rmb.RKey(), RMBEIndex: 1,
-		AlertToken: c.token, SizeCode: sizeCode(int(c.rmbSize)), MTU: uint8(c.lnk.mtu), RMBAddr: c.rmb.Addr(),
+		AlertToken: c.token, SizeCode: sizeCode(int(c.rx.Size())), MTU: uint8(c.lnk.mtu), RMBAddr: c.rmb.Addr(),
 		PSN: qa.PSN, FirstContact: acc.FirstContact,
 	}}
 	if h := e.confirmHook.Load(); h != nil {

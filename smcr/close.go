@@ -10,6 +10,7 @@ import (
 	"net"
 	"sync/atomic"
 
+	"github.com/smcr-io/smcr/rmb"
 	"github.com/smcr-io/smcr/smcr/clc"
 	"github.com/smcr-io/smcr/smcr/verbs"
 )
@@ -126,7 +127,7 @@ func (c *Conn) Close() error {
 	// peer's) is queued for the worker: a closed flag ahead of it would show
 	// the peer a graceful end, EOF where it must read ErrReset.
 	send := !c.closing.localTerm && !c.lnkErr && !c.cont.fo && c.err == nil
-	if send && c.rxProd > c.rxCons && !c.closing.peerClosed {
+	if send && c.rx.Readable() > 0 && !c.closing.peerClosed {
 		// Bytes the application never read end the connection abnormally, as
 		// a TCP close with unread data sends a reset and Linux's
 		// smc_close_final an abnormal close: a peer still reading must not
@@ -216,7 +217,7 @@ func (c *Conn) abortLocked(err error) {
 // wrote. A link failure then ends it without a continuation (only the
 // completion of our closing CDC was missing). The caller holds c.mu.
 func (c *Conn) settledLocked() bool {
-	return c.closing.appClosed && c.closing.peerClosed && !c.closing.peerAbort && c.txCons == c.txProd
+	return c.closing.appClosed && c.closing.peerClosed && !c.closing.peerAbort && c.tx.InFlight() == 0
 }
 
 // linkDown ends the connection because its link group is gone.
@@ -398,8 +399,8 @@ func (c *Conn) activate() {
 		c.e.st.reused.Add(1) // counted once it is SMC-R: a setup may still fall back
 	}
 	c.e.st.active.Add(1)
-	c.e.st.rxBuf.observe(c.rmbSize)
-	c.e.st.txBuf.observe(c.peerSize)
+	c.e.st.rxBuf.observe(uint64(c.rx.Size()))
+	c.e.st.txBuf.observe(uint64(c.tx.Size()))
 	if c.cont.smcx {
 		go c.watchTCP()
 	}
@@ -438,7 +439,7 @@ func (c *Conn) allocRMB(send int) (DeclineCode, error) {
 		if err != nil {
 			return clc.DeclineInternalRegBuf, fmt.Errorf("alloc rmb: %w", err)
 		}
-		c.rmb, c.rmbSize, c.move.rmbHome = mr, uint64(size), c.lnk
+		c.rmb, c.rx, c.move.rmbHome = mr, rmb.NewConsumer(uint32(size)), c.lnk
 		c.mu.Lock()
 		c.move.rmbOn[c.lnk.ix] = mr
 		c.move.regLink[c.lnk.ix] = c.lnk
@@ -545,7 +546,7 @@ func (c *Conn) setPeer(li *clc.LinkInfo) (DeclineCode, error) {
 func (c *Conn) setPeerKey(li *clc.LinkInfo) {
 	c.lg.notePeerRMB(c.lnk, li.RKey, li.RMBAddr)
 	c.mu.Lock()
-	c.peerSize = uint64(clc.RMBESize(li.SizeCode))
+	c.tx = rmb.NewProducer(uint32(clc.RMBESize(li.SizeCode)))
 	c.peerToken, c.peerRKey, c.peerAddr = li.AlertToken, li.RKey, li.RMBAddr
 	c.move.peerKey = rkeyOn{c.lnk.num, li.RKey}
 	c.mu.Unlock()

@@ -614,7 +614,7 @@ func TestCloseWithUnreadData(t *testing.T) {
 	eventually(t, "the request landed", func() bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		return s.rxProd > 0
+		return s.rx.PeerProducerPos() > 0
 	})
 	s.Close()
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))

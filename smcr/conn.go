@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/smcr-io/smcr/internal/tcpurg"
+	"github.com/smcr-io/smcr/rmb"
 	"github.com/smcr-io/smcr/smcr/verbs"
 )
 
@@ -138,10 +139,8 @@ type Conn struct {
 	lnk        *link
 	token      uint32 // ours: the peer puts it in every CDC to us
 	peerToken  uint32
-	rmb        verbs.MR // our RMBE: the peer writes into it
-	rmbSize    uint64
-	snd        verbs.MR // mirrors the peer's RMBE: the source of our RDMA WRITEs
-	peerSize   uint64
+	rmb        verbs.MR // our RMBE: the peer writes into it; its size is rx's
+	snd        verbs.MR // mirrors the peer's RMBE: the source of our RDMA WRITEs; its size is tx's
 	peerAddr   uint64
 	peerRKey   uint32
 	memHeld    int64
@@ -172,17 +171,18 @@ type Conn struct {
 	urgR    *tcpurg.Reader // reads the TCP socket: CLC's markReader, then a fallback or continuation
 	clcIn   *markReader    // under CLC's bufio.Reader, which a fallback reads on (readAheadConn)
 
-	mu          mutex[connRank]
-	st          state  // drawn from closing by updateState
-	rxProd      uint64 // absolute cursors, see doc.go
-	rxCons      uint64
-	rxConfirmed uint64 // consumer cursor last reported to the peer
-	txProd      uint64
-	txCons      uint64 // the peer's consumer cursor: its freed space
-	seq         uint16 // of our last CDC
-	txUrgent    bool   // txProd just passed an urgent byte: the next CDC says so
-	txUrgentEnd uint64 // just past our last urgent byte (0: none), for a resend
-	rxUrgentAt  uint64 // the peer's urgent byte, while rxUrgent (urgent.go)
+	mu mutex[connRank]
+	st state // drawn from closing by updateState
+	// The rings' accounting, in stream positions (package rmb): size 0 until
+	// the RMB is allocated (rx) or the peer's Accept or Confirm sizes its
+	// RMBE (tx), which is before the Conn is returned; the sizes are then
+	// fixed and may be read without mu.
+	rx          rmb.Consumer // the peer's writes into our RMBE, our reads, our reports
+	tx          rmb.Producer // our writes into the peer's RMBE, its consumer cursor
+	seq         uint16       // of our last CDC
+	txUrgent    bool         // the producer cursor just passed an urgent byte: the next CDC says so
+	txUrgentEnd uint64       // just past our last urgent byte (0: none), for a resend
+	rxUrgentAt  uint64       // the peer's urgent byte, while rxUrgent (urgent.go)
 	rxUrgent    bool
 	rxSeq       uint16 // of the peer's last CDC taken (rxSeqSet)
 	rxSeqSet    bool
@@ -328,7 +328,7 @@ func (c *Conn) ReadMarked(p []byte) (n int, urgent bool, err error) {
 		c.e.st.fbRx.Add(uint64(n))
 		return n, urgent, err
 	}
-	if uint64(len(p)) > c.rmbSize {
+	if len(p) > int(c.rx.Size()) {
 		c.e.st.rxTooSmall.Add(1)
 	}
 	n, urgent, err = c.smcRead(p)
@@ -346,7 +346,7 @@ func (c *Conn) Write(p []byte) (int, error) {
 		c.e.st.fbTx.Add(uint64(n))
 		return n, err
 	}
-	if uint64(len(p)) > c.peerSize {
+	if len(p) > int(c.tx.Size()) {
 		c.e.st.txTooSmall.Add(1)
 	}
 	n, err := c.smcWrite(p, false)

@@ -38,10 +38,10 @@
 // peer's RMB.
 //
 //  1. Conn.Write (conn.go) hands the bytes to smcWrite (tx.go).
-//  2. smcWrite waits for room in the peer's RMBE (txProd-txCons below peerSize),
-//     finds where the bytes go with ringSpans (wr.go), and copies them into the
+//  2. smcWrite waits for room in the peer's RMBE (Conn.tx, an rmb.Producer: Free),
+//     finds where the bytes go (rmb.AppendSpans), and copies them into the
 //     send buffer at the same offsets: it mirrors the peer's RMBE.
-//  3. sendChunk (tx.go) counts them in txProd and builds the CDC that announces
+//  3. sendChunk (tx.go) counts them in the producer cursor and builds the CDC that announces
 //     them (nextCDCLocked, cdc.go).
 //  4. link.postData (wr.go) takes a send slot and work-request credits (acquire),
 //     encodes the CDC into the slot (fillCDC) and posts one chain: an RDMA WRITE
@@ -53,7 +53,7 @@
 //     the bytes it announced (Conn.cdcDone, multilink.go), which a move to
 //     another link needs.
 //  6. The peer's CDC that moves its consumer cursor (inbound flow, step 3) moves
-//     txCons, and the room in the peer's RMBE comes back to a waiting Write
+//     tx's peer consumer cursor, and the room in the peer's RMBE comes back to a waiting Write
 //     (txWake).
 //
 // Inbound flow: the functions one byte passes from the peer's RDMA WRITE to a
@@ -66,12 +66,12 @@
 //     link.complete, which hands a CDC to link.onCDC and an LLC message to
 //     earlyLLC or the link's worker (llc.go).
 //  3. link.onCDC finds the connection by alert token; Conn.onCDC (cdc.go) checks
-//     the cursors against the rings (applyCursors), moves rxProd and wakes the
-//     reader (rxWake).
-//  4. Conn.Read (conn.go) calls smcRead (rx.go), which copies from the RMB between
-//     rxCons and rxProd, stopping before an urgent byte (urgent.go), and moves
-//     rxCons.
-//  5. Once a tenth of the RMBE is free again, smcRead sends the consumer cursor
+//     the cursors against the rings (applyCursors: Conn.rx, an rmb.Consumer, and
+//     Conn.tx), takes them and wakes the reader (rxWake).
+//  4. Conn.Read (conn.go) calls smcRead (rx.go), which copies the readable bytes
+//     from the RMB (rx.Spans), stopping before an urgent byte (urgent.go), and
+//     consumes them (rx.Consume).
+//  5. Once a tenth of the RMBE is free again (rx.UpdateDue), smcRead sends the consumer cursor
 //     back to the peer: sendCursors, sendCDCKind (cdc.go), link.sendConnCDC
 //     (wr.go). The peer's Write may fill that room again.
 //

@@ -598,10 +598,10 @@ func (e *Engine) Conns() []ConnInfo {
 			Remote: c.tcp.RemoteAddr(), Decline: c.decline, Stats: c.Stats(), State: c.st.String()}
 		if c.mode == ModeSMCR {
 			ci.LinkGroup, ci.Token, ci.PeerToken = c.lg.id, c.token, c.peerToken
-			ci.RMBSize, ci.PeerRMB = int(c.rmbSize), int(c.peerSize)
-			if c.peerSize > 0 && c.rmbSize > 0 {
-				ci.TxProd, ci.TxCons = toCursor(c.txProd, c.peerSize), toCursor(c.txCons, c.peerSize)
-				ci.RxProd, ci.RxCons = toCursor(c.rxProd, c.rmbSize), toCursor(c.rxCons, c.rmbSize)
+			ci.RMBSize, ci.PeerRMB = int(c.rx.Size()), int(c.tx.Size())
+			if c.tx.Size() > 0 && c.rx.Size() > 0 {
+				ci.TxProd, ci.TxCons = c.tx.Cursor(), c.tx.PeerConsumer()
+				ci.RxProd, ci.RxCons = c.rx.PeerProducer(), c.rx.Cursor()
 			}
 		}
 		c.mu.Unlock()

@@ -251,8 +251,8 @@ func (c *Conn) debugState() string {
 	return fmt.Sprintf("conn %d %v client=%v: tx prod %d cons %d (peer rmbe %d) wrOut %d busy %v; "+
 		"rx prod %d cons %d confirmed %d (rmbe %d) busy %v; peer done %v closed %v, local done %v term %v; "+
 		"fo %v ready %v moving %v lnkErr %v ctl %v err %v",
-		c.id, c.mode, c.client, c.txProd, c.txCons, c.peerSize, c.wrOut.Load(), c.txBusy,
-		c.rxProd, c.rxCons, c.rxConfirmed, c.rmbSize, c.rxBusy, c.closing.peerDone, c.closing.peerClosed, c.closing.localDone, c.closing.localTerm,
+		c.id, c.mode, c.client, c.tx.Pos(), c.tx.PeerConsumerPos(), uint64(c.tx.Size()), c.wrOut.Load(), c.txBusy,
+		c.rx.PeerProducerPos(), c.rx.Pos(), c.rx.ConfirmedPos(), uint64(c.rx.Size()), c.rxBusy, c.closing.peerDone, c.closing.peerClosed, c.closing.localDone, c.closing.localTerm,
 		c.cont.fo, c.cont.foReady, c.move.moving, c.lnkErr, c.ctlPending, c.err)
 }
 

@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"testing"
 
-	"github.com/smcr-io/smcr/rmb"
 	"github.com/smcr-io/smcr/smcr/verbs"
 )
 
@@ -137,28 +136,6 @@ func FuzzParseResync(f *testing.F) {
 		}
 		if enc := r.encode(); !bytes.Equal(enc[:6], b[:6]) || !bytes.Equal(enc[8:], b[8:]) {
 			t.Fatalf("round trip of %x", b)
-		}
-	})
-}
-
-// FuzzFromCursor checks the peer-cursor conversion: never a value behind ref, never
-// a count outside the ring, and a cursor made from an absolute value comes back.
-func FuzzFromCursor(f *testing.F) {
-	f.Add(uint16(0), uint32(100), uint64(50), uint8(0))
-	f.Add(uint16(0xffff), uint32(0), uint64(0xffff<<14), uint8(0))
-	f.Add(uint16(1), uint32(16383), uint64(1<<14), uint8(5))
-	f.Fuzz(func(t *testing.T, wrap uint16, count uint32, ref uint64, code uint8) {
-		size := uint64(sizeFromCode(code % 6))
-		ref %= 1 << 40
-		abs, stale, err := fromCursor(rmb.Cursor{Wrap: wrap, Count: count}, ref, size)
-		if err != nil || stale {
-			return
-		}
-		if abs < ref || abs%size != uint64(count) || uint16(abs/size) != wrap {
-			t.Fatalf("cursor %d:%d ref %d size %d gave %d", wrap, count, ref, size, abs)
-		}
-		if back, st, err := fromCursor(toCursor(abs, size), ref, size); err != nil || st || back != abs {
-			t.Fatalf("round trip %d → %d", abs, back)
 		}
 	})
 }

@@ -370,7 +370,7 @@ func TestHostilePeer(t *testing.T) {
 
 	// A count beyond the RMBE and a consumer cursor past what was written.
 	v2, v2s := p.connect(t)
-	send(rmb.CDC{Token: v2.token, Prod: rmb.Cursor{Count: uint32(v2.rmbSize)}})
+	send(rmb.CDC{Token: v2.token, Prod: rmb.Cursor{Count: v2.rx.Size()}})
 	v2.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := v2.Read(make([]byte, 1)); !errors.Is(err, ErrProtocol) {
 		t.Fatalf("count beyond rmbe: %v", err)

@@ -762,18 +762,18 @@ func (c *Conn) awaitResend(nw *link) {
 }
 
 // resendValidate posts, as one chain on nw, the WRITEs of [from, to) of the send
-// buffer (ringSpans) and the failover validation behind them: one post where a post per request cost a system call
+// buffer (rmb.AppendSpans) and the failover validation behind them: one post where a post per request cost a system call
 // each on rxe, for every connection a failover moves. The caller holds cdcMu.
 func (c *Conn) resendValidate(nw *link, from, to uint64) error {
 	c.mu.Lock()
 	m, ok, err := c.nextCDCLocked(rmb.FlagFailoverValidation, cdcState)
-	prod := c.txProd
+	prod := c.tx.Pos()
 	c.mu.Unlock()
 	if !ok {
 		return err
 	}
-	var w [2]span
-	return nw.postData(c, ringSpans(&w, from, to, c.peerSize), &m, prod)
+	var w [2]rmb.Span
+	return nw.postData(c, rmb.AppendSpans(w[:0], from, uint32(to-from), c.tx.Size()), &m, prod)
 }
 
 // fenceMovedFrom runs in l's poller when the peer validates c on l: the peer
@@ -800,7 +800,7 @@ func (c *Conn) fenceMovedFrom(l *link) {
 }
 
 // moveTo moves c from the failed link old to nw (smc_switch_conns): it resends
-// every byte the peer has not confirmed consuming, [txCons, txProd), from the send
+// every byte the peer has not confirmed consuming, [peer consumer, producer) of tx, from the send
 // buffer, which mirrors the peer's RMBE, to the same offsets through nw, then a
 // failover-validation CDC and a CDC with the cursors. Bytes the peer already
 // holds are overwritten with themselves; the regions it consumed but we do not
@@ -827,7 +827,7 @@ func (c *Conn) moveTo(old, nw *link) {
 		wake(c.txWake)
 		return
 	}
-	if c.st == stateInit || c.peerSize == 0 {
+	if c.st == stateInit || c.tx.Size() == 0 {
 		// Still in CLC on the failed link: it falls back, or continues over TCP
 		// once active, as with a group's last link (linkDown).
 		c.move.moving = false
@@ -850,7 +850,7 @@ func (c *Conn) moveTo(old, nw *link) {
 	c.move.peerKey = rkeyOn{nw.num, tok.rkey} // old's key goes with its slot
 	// The peer holds every byte before the cursor of our last completed CDC (RC
 	// order: the WRITEs went before it), and may be reading them: resend after it.
-	from, to := max(c.txCons, c.move.txAcked.Load()), c.txProd
+	from, to := max(c.tx.PeerConsumerPos(), c.move.txAcked.Load()), c.tx.Pos()
 	pend := c.ctlPending &^ ctlQueued // a queue entry on old died with its worker
 	c.ctlPending = 0
 	c.mu.Unlock()

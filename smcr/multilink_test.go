@@ -625,14 +625,14 @@ func TestChainFailsPartWay(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			p, c, s := twoLinkConn(t)
 			c.mu.Lock()
-			size, dev := int(c.peerSize), c.lnk.dev.(*memverbs.Device)
+			size, dev := int(c.tx.Size()), c.lnk.dev.(*memverbs.Device)
 			c.mu.Unlock()
 			if tc.wrap { // the producer cursor 100 bytes before the ring's end
 				echoN(t, c, s, size-100)
 				eventually(t, "the ring free", func() bool { // one chunk of 300 bytes
 					c.mu.Lock()
 					defer c.mu.Unlock()
-					return c.txCons == c.txProd
+					return c.tx.InFlight() == 0
 				})
 			}
 			dev.FailChainAt(tc.at)
@@ -673,7 +673,7 @@ func TestMoveChainFailsPartWay(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.mu.Lock()
-	resend := c.txProd - max(c.txCons, c.move.txAcked.Load())
+	resend := c.tx.Pos() - max(c.tx.PeerConsumerPos(), c.move.txAcked.Load())
 	c.mu.Unlock()
 	if resend != uint64(len(msg)) {
 		t.Fatalf("%d bytes to resend, want %d", resend, len(msg))

@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/smcr-io/smcr/rmb"
 	"github.com/smcr-io/smcr/smcr/clc"
 )
 
@@ -111,7 +112,7 @@ func (c *Conn) declinedAfterConfirm(head []byte) {
 		}
 	}
 	c.mu.Lock()
-	if err == nil && c.canContinue() && c.rxProd == 0 {
+	if err == nil && c.canContinue() && c.rx.PeerProducerPos() == 0 {
 		c.cont.declinedLate = true // a continuation not yet under way sends no resync
 		c.mu.Unlock()
 		c.e.log.Info("smcr: peer declined after confirm, continuing over tcp from the first byte",
@@ -143,8 +144,8 @@ func (c *Conn) tcpEnded(err error) {
 	var r resyncResult
 	// (Our application closed: whatever the peer still had for it would be
 	// dropped, so only what we owe the peer matters.)
-	if (c.closing.peerClosed || c.closing.appClosed) && !c.closing.peerAbort && c.txCons == c.txProd {
-		r = resyncResult{r: resync{flags: 0xc0, received: c.txProd}}
+	if (c.closing.peerClosed || c.closing.appClosed) && !c.closing.peerAbort && c.tx.InFlight() == 0 {
+		r = resyncResult{r: resync{flags: 0xc0, received: c.tx.Pos()}}
 	} else {
 		r = resyncResult{err: fmt.Errorf("tcp ended without a resync: %w", err)}
 	}
@@ -226,7 +227,7 @@ func (c *Conn) failover() {
 // group's other link) a WRITE may still read or land in them: they stay.
 func (c *Conn) shedBuffers() {
 	c.mu.Lock()
-	todo := c.cont.foReady && !c.closing.released && (c.snd != nil || c.rmb != nil && c.rxCons == c.rxProd)
+	todo := c.cont.foReady && !c.closing.released && (c.snd != nil || c.rmb != nil && c.rx.Readable() == 0)
 	regs := c.move.regLink
 	c.mu.Unlock()
 	if !todo {
@@ -255,7 +256,7 @@ func (c *Conn) shedBuffers() {
 		bufs = append(bufs, b)
 		c.snd, c.move.sndHome = nil, nil
 	}
-	if c.rxCons == c.rxProd && !c.rxBusy {
+	if c.rx.Readable() == 0 && !c.rxBusy {
 		if b := c.detachBufLocked(true); b != nil {
 			bufs = append(bufs, b)
 			c.rmb, c.move.rmbHome = nil, nil
@@ -283,7 +284,7 @@ func (c *Conn) resync() error {
 	if c.closing.appClosed {
 		flags |= 0x40
 	}
-	mine := resync{flags: flags, received: c.rxProd}
+	mine := resync{flags: flags, received: c.rx.PeerProducerPos()}
 	declined := c.cont.declinedLate
 	c.mu.Unlock()
 	wait := resyncWait(c.e.settings().CLCTimeout)
@@ -316,7 +317,7 @@ func (c *Conn) resync() error {
 	// the continuation began, and a chunk is counted before it is posted.
 	c.mu.Lock()
 	c.awaitPostersLocked(false)
-	from, to, cons, urgEnd := peer.r.received, c.txProd, c.txCons, c.txUrgentEnd
+	from, to, cons, urgEnd := peer.r.received, c.tx.Pos(), c.tx.PeerConsumerPos(), c.txUrgentEnd
 	c.mu.Unlock()
 	if from < cons || from > to {
 		return fmt.Errorf("%w: peer holds %d, we wrote %d and it consumed %d", errResync, from, to, cons)
@@ -327,7 +328,7 @@ func (c *Conn) resync() error {
 		if err := c.resend(from, urgEnd-1); err != nil {
 			return err
 		}
-		if err := writeUrgentTCP(c.tcp, c.snd.Bytes()[(urgEnd-1)%c.peerSize]); err != nil {
+		if err := writeUrgentTCP(c.tcp, c.snd.Bytes()[(urgEnd-1)%uint64(c.tx.Size())]); err != nil {
 			return fmt.Errorf("resend urgent byte: %w", err)
 		}
 		from = urgEnd
@@ -349,9 +350,9 @@ func (c *Conn) resync() error {
 // consumed all before from, so they are in it). With nothing to resend it
 // touches no buffer: a connection continued during setup may have none.
 func (c *Conn) resend(from, to uint64) error {
-	var w [2]span
-	for _, s := range ringSpans(&w, from, to, c.peerSize) {
-		if _, err := c.tcp.Write(c.snd.Bytes()[s.off : s.off+s.n]); err != nil {
+	var w [2]rmb.Span
+	for _, s := range rmb.AppendSpans(w[:0], from, uint32(to-from), c.tx.Size()) {
+		if _, err := c.tcp.Write(c.snd.Bytes()[s.Off:s.End()]); err != nil {
 			return fmt.Errorf("resend: %w", err)
 		}
 	}

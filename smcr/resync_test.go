@@ -606,13 +606,13 @@ func TestContinuationGivesBuffersBack(t *testing.T) {
 	eventually(t, "bytes in the client's RMB", func() bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		return c.rxProd-c.rxCons == 6
+		return c.rx.Readable() == 6
 	})
 	d.Fail()
 	p.srv.cfg.Devices[0].(*memverbs.Device).Fail() // the outage ends both groups
 	eventually(t, "continued", func() bool { return c.continued() && s.continued() })
 	eventually(t, "the server's buffers given back", func() bool { return p.srv.Stats().MemoryInUse == 0 })
-	if got, want := p.cli.Stats().MemoryInUse, int64(c.rmbSize); got != want {
+	if got, want := p.cli.Stats().MemoryInUse, int64(c.rx.Size()); got != want {
 		t.Errorf("client holds %d bytes; want %d, its RMB with the unread bytes", got, want)
 	}
 	b := make([]byte, 6)

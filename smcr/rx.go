@@ -112,28 +112,27 @@ func (c *Conn) smcRead(p []byte) (int, bool, error) {
 			return 0, false, errReadTimeout
 		}
 		c.mu.Lock()
-		avail, urgent := c.untilMarkLocked(c.rxProd - c.rxCons)
+		avail, urgent := c.untilMarkLocked(uint64(c.rx.Readable()))
 		if avail > 0 && len(p) > 0 && !c.closing.appClosed {
-			off := c.rxCons % c.rmbSize
+			first, second := c.rx.Spans(uint32(min(avail, uint64(len(p)))))
 			c.rxBusy = true // the RMB stays ours until the copy ends (maybeRelease)
 			c.mu.Unlock()
 			if h := testHookCopy.Load(); h != nil {
 				(*h)(c, true)
 			}
-			// The peer does not write [rxCons, rxProd) again until we move rxCons.
+			// The peer does not write the readable bytes again until we
+			// consume them.
 			buf := c.rmb.Bytes()
-			n := copy(p, buf[off:min(off+avail, c.rmbSize)])
-			if uint64(n) < avail && n < len(p) {
-				n += copy(p[n:], buf[:avail-uint64(n)])
-			}
+			n := copy(p, buf[first.Off:first.End()])
+			n += copy(p[n:], buf[second.Off:second.End()])
 			c.mu.Lock()
 			c.rxBusy = false
-			c.rxCons += uint64(n)
+			c.rx.Consume(uint32(n)) // cannot fail: they were readable, and only this reader consumes
 			c.passMarkLocked()
 			// Taking an urgent byte reports the cursor at once, as smc_rx does:
 			// a Linux writer sends nothing after urgent data until the peer has
 			// confirmed consuming all of it (urg_tx_pend).
-			update := urgent || c.rxCons-c.rxConfirmed >= max(c.rmbSize/10, 1)
+			update := c.rx.UpdateDue(urgent)
 			closed := c.closing.appClosed
 			c.mu.Unlock()
 			if closed {

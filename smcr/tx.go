@@ -85,7 +85,7 @@ func (c *Conn) smcWrite(p []byte, urgent bool) (int, error) {
 			c.cdcMu.Unlock()
 			return 0, nil
 		}
-		free := c.peerSize - (c.txProd - c.txCons)
+		free := c.tx.Free()
 		if free == 0 {
 			c.cs.blocked.Add(1)
 			c.e.st.writeBlocked.Add(1)
@@ -98,9 +98,9 @@ func (c *Conn) smcWrite(p []byte, urgent bool) (int, error) {
 			}
 			continue
 		}
-		n := min(uint64(len(p)-total), free)
-		var w [2]span
-		ws := ringSpans(&w, c.txProd, c.txProd+n, c.peerSize)
+		n := uint32(min(len(p)-total, int(free)))
+		var w [2]rmb.Span
+		ws := rmb.AppendSpans(w[:0], c.tx.Pos(), n, c.tx.Size())
 		c.txBusy = true // a Close, move or continuation waits until this chunk is posted
 		lnk := c.lnk
 		c.mu.Unlock()
@@ -111,20 +111,20 @@ func (c *Conn) smcWrite(p []byte, urgent bool) (int, error) {
 		buf := c.snd.Bytes()
 		k := total
 		for _, s := range ws {
-			k += copy(buf[s.off:s.off+s.n], p[k:])
+			k += copy(buf[s.Off:s.End()], p[k:])
 		}
 		last := total+int(n) == len(p)
 		err = c.sendChunk(lnk, ws, n, urgent && last, !last)
 		c.cdcMu.Unlock()
 		total += int(n)
-		c.cs.tx.Add(n)
-		c.e.st.txBytes.Add(n)
+		c.cs.tx.Add(uint64(n))
+		c.e.st.txBytes.Add(uint64(n))
 		c.mu.Lock()
 		c.txBusy = false
 		release = c.closing.appClosed
 		c.mu.Unlock()
 		if err != nil {
-			// The bytes are in txProd: a move to another link or the
+			// The bytes are in the producer cursor: a move to another link or the
 			// continuation resends them if the peer lacks them.
 			c.awaitLinkDown(lnk)
 		}
@@ -132,30 +132,30 @@ func (c *Conn) smcWrite(p []byte, urgent bool) (int, error) {
 	return total, nil
 }
 
-// sendChunk counts the n bytes of the send buffer in spans ws (ringSpans) in
-// txProd and posts their WRITEs and the CDC that
+// sendChunk counts the n bytes of the send buffer in spans ws (rmb.AppendSpans)
+// in the producer cursor and posts their WRITEs and the CDC that
 // announces them as one chain (postData): RC executes it in order, so the peer
 // holds the bytes when it takes the CDC, and the whole goes in one post. The
 // caller holds cdcMu, so no other CDC of c's announces the bytes first, and
 // keeps txBusy until the post, so a Close, move or continuation finds the
 // chunk posted. urgent says the chunk ends with an urgent byte; more, that the
 // Write has more to send (the CDC says so when the ring is full).
-func (c *Conn) sendChunk(lnk *link, ws []span, n uint64, urgent, more bool) error {
+func (c *Conn) sendChunk(lnk *link, ws []rmb.Span, n uint32, urgent, more bool) error {
 	if h := testHookCursors.Load(); h != nil {
 		(*h)(c)
 	}
 	c.mu.Lock()
-	c.txProd += n
+	c.tx.Produce(n) // cannot fail: n was free, and only this writer produces
 	if urgent {
 		c.txUrgent = true // on whichever CDC first announces it (nextCDCLocked)
-		c.txUrgentEnd = c.txProd
+		c.txUrgentEnd = c.tx.Pos()
 	}
 	var flags rmb.ProdFlags
-	if c.txProd-c.txCons == c.peerSize && more {
+	if c.tx.Free() == 0 && more {
 		flags = rmb.FlagWriteBlocked
 	}
 	m, ok, cdcErr := c.nextCDCLocked(flags, cdcCursors)
-	prod := c.txProd
+	prod := c.tx.Pos()
 	c.mu.Unlock()
 	cdc := &m
 	if !ok {

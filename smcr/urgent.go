@@ -36,9 +36,9 @@ func (c *Conn) untilMarkLocked(avail uint64) (uint64, bool) {
 		return avail, false
 	}
 	switch {
-	case c.rxCons < c.rxUrgentAt:
-		return min(avail, c.rxUrgentAt-c.rxCons), false
-	case c.rxCons == c.rxUrgentAt:
+	case c.rx.Pos() < c.rxUrgentAt:
+		return min(avail, c.rxUrgentAt-c.rx.Pos()), false
+	case c.rx.Pos() == c.rxUrgentAt:
 		return 1, true
 	}
 	return avail, false
@@ -46,7 +46,7 @@ func (c *Conn) untilMarkLocked(avail uint64) (uint64, bool) {
 
 // passMarkLocked forgets the mark once the reader is past it.
 func (c *Conn) passMarkLocked() {
-	if c.rxUrgent && c.rxCons > c.rxUrgentAt {
+	if c.rxUrgent && c.rx.Pos() > c.rxUrgentAt {
 		c.rxUrgent = false
 	}
 }

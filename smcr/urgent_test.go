@@ -186,7 +186,7 @@ func TestUrgentReadReportsConsumption(t *testing.T) {
 	eventually(t, "the writer sees the urgent byte consumed", func() bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		return s.txCons == s.txProd
+		return s.tx.InFlight() == 0
 	})
 }
 

@@ -336,10 +336,10 @@ func (l *link) slotWR(i int, s uint16) *verbs.SendWR {
 // writeWR fills the post's request i with the WRITE of w of c's send buffer
 // (snd, its registration on l) to the same offset of the peer's RMBE. The
 // caller holds postMu.
-func (l *link) writeWR(i int, c *Conn, snd verbs.MR, w span) *verbs.SendWR {
-	l.sge[i][0] = verbs.SGE{MR: snd, Offset: int(w.off), Length: int(w.n)}
+func (l *link) writeWR(i int, c *Conn, snd verbs.MR, w rmb.Span) *verbs.SendWR {
+	l.sge[i][0] = verbs.SGE{MR: snd, Offset: int(w.Off), Length: int(w.Len)}
 	l.wr[i] = verbs.SendWR{ID: tagWrite<<56 | uint64(c.token), Opcode: verbs.OpWrite, SG: l.sge[i][:],
-		RemoteAddr: c.peerAddr + w.off, RKey: c.peerRKey, Signaled: true, Inline: w.n <= maxInline}
+		RemoteAddr: c.peerAddr + uint64(w.Off), RKey: c.peerRKey, Signaled: true, Inline: w.Len <= maxInline}
 	return &l.wr[i]
 }
 
@@ -375,33 +375,11 @@ func (l *link) putSlot(s uint16) {
 	l.credits <- struct{}{}
 }
 
-// span is a part of the send buffer, and of the peer's RMBE.
-type span struct{ off, n uint64 }
-
-// ringSpans returns where bytes [from, to) of our stream lie in the send
-// buffer, a ring of size that mirrors the peer's RMBE: in one span, in two
-// when they run past its end (the rest from its start), in none when from is
-// to (without a look at size, which a connection still in setup lacks).
-// to-from is at most size. w holds the spans.
-func ringSpans(w *[2]span, from, to, size uint64) []span {
-	n := to - from
-	if n == 0 {
-		return w[:0]
-	}
-	off := from % size
-	first := min(n, size-off)
-	w[0], w[1] = span{off, first}, span{0, n - first}
-	if first < n {
-		return w[:2]
-	}
-	return w[:1]
-}
-
 // postData posts, as one chain, the WRITEs of c's spans ws and, when m is not
 // nil, c's CDC m announcing prod behind them: RC executes the chain in order, so
 // the peer holds the bytes when it takes the CDC, and one post is one doorbell
 // on an adapter (one system call on rxe) where a post per request cost two.
-func (l *link) postData(c *Conn, ws []span, m *rmb.CDC, prod uint64) error {
+func (l *link) postData(c *Conn, ws []rmb.Span, m *rmb.CDC, prod uint64) error {
 	var s uint16
 	if m != nil {
 		var err error
@@ -425,7 +403,7 @@ func (l *link) postData(c *Conn, ws []span, m *rmb.CDC, prod uint64) error {
 	var bytes uint64
 	for i, w := range ws {
 		l.writeWR(i, c, snd, w)
-		bytes += w.n
+		bytes += uint64(w.Len)
 	}
 	k := len(ws)
 	if m != nil {
