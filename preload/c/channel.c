@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,7 @@ static char policy_path[sizeof(sock_addr.sun_path) + 8];
 static _Atomic(const struct smcr_policy *) policy;
 static _Atomic uint64_t policy_ino;
 static _Atomic uint64_t policy_last_try;
+static pthread_mutex_t policy_mu = PTHREAD_MUTEX_INITIALIZER;
 
 #define POLICY_RETRY_NS 1000000000ull
 
@@ -61,33 +63,35 @@ void channel_init(void)
 }
 
 /* policy_try_open maps the policy page if it is not mapped, or maps it again if the
- * file was replaced (smcrd restarted); at most once a second. */
+ * file was replaced (smcrd restarted); at most once a second. Serialized: a thread
+ * that finds the page unmapped while another thread maps it waits for that mapping,
+ * rather than passing its socket through (to the relay) meanwhile. */
 static void policy_try_open(void)
 {
+	pthread_mutex_lock(&policy_mu);
 	uint64_t now = now_ns();
 	uint64_t last = atomic_load(&policy_last_try);
-	if (last && now - last < POLICY_RETRY_NS)
-		return;
-	if (!atomic_compare_exchange_strong(&policy_last_try, &last, now))
-		return;
-	if (policy_path[0] == '@' || !policy_path[0])
-		return;
+	if ((last && now - last < POLICY_RETRY_NS) || policy_path[0] == '@' || !policy_path[0])
+		goto out;
+	atomic_store(&policy_last_try, now);
 	int fd = open(policy_path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
-		return;
+		goto out;
 	struct stat st;
 	if (fstat(fd, &st) < 0 || st.st_size < (off_t)sizeof(struct smcr_policy) ||
 	    (atomic_load(&policy) && (uint64_t)st.st_ino == atomic_load(&policy_ino))) {
 		close(fd);
-		return;
+		goto out;
 	}
 	void *m = mmap(NULL, sizeof(struct smcr_policy), PROT_READ, MAP_SHARED, fd, 0);
 	close(fd);
 	if (m == MAP_FAILED)
-		return;
+		goto out;
 	atomic_store(&policy_ino, (uint64_t)st.st_ino);
 	/* An old mapping is left mapped: another thread may be reading it. */
 	atomic_store(&policy, (const struct smcr_policy *)m);
+out:
+	pthread_mutex_unlock(&policy_mu);
 }
 
 int policy_allows(uint16_t port)
