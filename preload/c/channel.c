@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -124,9 +125,35 @@ int policy_allows(uint16_t port)
 	return (bits >> (port % 64)) & 1;
 }
 
+/* The lowest number fd_park moves fds to: half the fd limit, at most 1024. A
+ * connection brings the library up to six fds; left among the program's, they
+ * would push its own sockets to numbers it does not expect: wrk sizes its event
+ * loop by its connections (fds past it fail as connect errors), select stops at
+ * FD_SETSIZE. 0: not known yet; -1: no room to park. */
+static _Atomic int park_base;
+
+int fd_park(int fd)
+{
+	int base = atomic_load_explicit(&park_base, memory_order_relaxed);
+	if (!base) {
+		struct rlimit rl;
+		base = -1;
+		if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur >= 64)
+			base = rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur / 2 > 1024 ? 1024 : (int)(rl.rlim_cur / 2);
+		atomic_store_explicit(&park_base, base, memory_order_relaxed);
+	}
+	if (fd < 0 || base < 0 || fd >= base)
+		return fd;
+	int moved = R(fcntl)(fd, F_DUPFD_CLOEXEC, base);
+	if (moved < 0)
+		return fd; /* no free number up there: it stays where it is */
+	R(close)(fd);
+	return moved;
+}
+
 int channel_open(void)
 {
-	int ch = R(socket)(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	int ch = fd_park(R(socket)(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
 	if (ch < 0)
 		return -1;
 	int r;
@@ -212,7 +239,7 @@ int channel_recv(int ch, struct channel_msg *m, int flags)
 			int fd;
 			memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
 			if (m->nfds < (int)(sizeof(m->fds) / sizeof(m->fds[0])))
-				m->fds[m->nfds++] = fd;
+				m->fds[m->nfds++] = fd_park(fd);
 			else
 				R(close)(fd);
 		}

@@ -272,7 +272,7 @@ static int emulated(struct conn *c)
 static int member_add(struct eset *s, struct conn *c, int fd, const struct epoll_event *ev)
 {
 	if (s->wake_fd < 0) {
-		int w = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+		int w = fd_park(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
 		if (w < 0)
 			return -errno;
 		struct epoll_event wev = {.events = EPOLLIN | EPOLLET, .data.u64 = WAKE_TAG};

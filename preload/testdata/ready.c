@@ -224,6 +224,8 @@ int main(int argc, char **argv)
 	wait_for(s, POLLOUT);
 	p = accept(l, NULL, NULL);
 	CHECK(p >= 0);
+	/* the numbers the kernel gives: the library's own fds are out of the way */
+	printf("nb fds %d %d\n", s, p);
 	el = sizeof(err);
 	CHECK(getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &el) == 0);
 	printf("nb so_error %d\n", err);
