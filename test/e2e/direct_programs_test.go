@@ -371,10 +371,10 @@ func testDirectSocat(t *testing.T, p string) {
 	}
 }
 
-// startDirectNginx starts nginx with the library on h, listening on port,
-// serving files from the directory www under the directory it returns (PUT
-// allowed under www/up/), its log in error.log there.
-func startDirectNginx(t *testing.T, h *host, port int, files map[string][]byte) (dir string) {
+// startNginx starts nginx on h, with the library when lib is set, listening
+// on port, serving files from the directory www under the directory it
+// returns (PUT allowed under www/up/), its log in error.log there.
+func startNginx(t testing.TB, h *host, lib bool, port int, files map[string][]byte) (dir string) {
 	t.Helper()
 	dir = t.TempDir()
 	www := filepath.Join(dir, "www")
@@ -386,7 +386,7 @@ func startDirectNginx(t *testing.T, h *host, port int, files map[string][]byte) 
 	}
 	conf := filepath.Join(dir, "nginx.conf")
 	writeFile(t, conf, []byte(strings.NewReplacer("{dir}", dir, "{port}", strconv.Itoa(port)).Replace(directNginxConf)))
-	h.startProc(true, "nginx", "-c", conf, "-e", filepath.Join(dir, "error.log"))
+	h.startProc(lib, "nginx", "-c", conf, "-e", filepath.Join(dir, "error.log"))
 	h.waitListening(port)
 	return dir
 }
@@ -435,7 +435,7 @@ func testDirectNginx(t *testing.T, p string) {
 		"odd":   randomBytes(3<<20 + 4093),
 		"small": randomBytes(1500),
 	}
-	dir := startDirectNginx(t, b, 5201, files)
+	dir := startNginx(t, b, true, 5201, files)
 	www := filepath.Join(dir, "www")
 	url := fmt.Sprintf("http://%s:5201/", b.ns.Addr4())
 

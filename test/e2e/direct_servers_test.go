@@ -144,7 +144,7 @@ func testDirectHaproxy(t *testing.T, p string) {
 		"big":   randomBytes(8<<20 + 4093),
 		"small": randomBytes(1500),
 	}
-	dir := startDirectNginx(t, a, 5202, files)
+	dir := startNginx(t, a, true, 5202, files)
 	www := filepath.Join(dir, "www")
 	haproxyConf := filepath.Join(dir, "haproxy.cfg")
 	writeFile(t, haproxyConf, []byte(strings.ReplaceAll(directHaproxyConf, "{backend}", a.ns.Addr4().String()+":5202")))
