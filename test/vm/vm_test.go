@@ -155,13 +155,14 @@ func TestTransparentOnSoftRoCE(t *testing.T) {
 }
 
 // TestDirectOnSoftRoCE runs the direct mode's end-to-end tests in the guest:
-// Python programs with libsmcr-preload.so on both hosts, their bytes through
-// the rings the library shares with smcrd, which posts them as RDMA WRITEs
-// over rxe.
+// programs with libsmcr-preload.so on both hosts (Python asyncio and threads,
+// memcached, socat forking per connection), their bytes through the rings the
+// library shares with smcrd, which posts them as RDMA WRITEs over rxe.
 func TestDirectOnSoftRoCE(t *testing.T) {
 	requireVM(t)
 	bin, env := buildE2E(t)
-	runE2E(t, bin, env, []string{"TestDirect"}, "TestDirect/rdma")
+	runE2E(t, bin, env, []string{"TestDirect", "TestDirectProgramsMemcached", "TestDirectProgramsSocat"},
+		"TestDirect/rdma", "TestDirectProgramsMemcached/rdma", "TestDirectProgramsSocat/rdma")
 }
 
 // buildE2E builds test/e2e's test binary and, beside it, what its TestMain
