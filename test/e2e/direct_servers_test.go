@@ -4,7 +4,8 @@
 // nginx (haproxy splices), and sshd with scp (sshd forks per connection and
 // passes the socket between its processes). Bytes are checked by hash, and
 // every connection is verified as the direct mode's SMC-R in both smcrds'
-// counters and, while one is open, in their tables.
+// counters and, while one is open, in their tables and in the library's own
+// view (the shared areas it maps in the program).
 
 package e2e
 
@@ -27,7 +28,7 @@ import (
 // other host's port, sends hello, reads a reply, and keeps the connection
 // open until the returned function closes its stdin: while it holds, both
 // smcrds' tables must list it.
-func holdOpen(t *testing.T, h *host, port int, hello string) (release func()) {
+func holdOpen(t *testing.T, h *host, port int, hello string) (client *proc, release func()) {
 	t.Helper()
 	cmd := h.direct(h.command("python3", "-c", `
 import socket, sys
@@ -46,11 +47,31 @@ s.close()`, h.other.ns.Addr4().String(), strconv.Itoa(port), hello))
 	if !waitFor(10*time.Second, func() bool { return strings.Contains(p.out(), "up") }) {
 		t.Fatalf("held connection to port %d did not come up: %s %s", port, p.out(), p.errOut())
 	}
-	return func() {
+	return p, func() {
 		stdin.Close()
 		if !p.wait(10 * time.Second) {
 			t.Errorf("held connection to port %d: its client did not end", port)
 		}
+	}
+}
+
+// wantLibraryMapped checks the library's own view of the program: it holds
+// at least n connections' shared areas (smcrd's "smcr-direct" memfds) mapped,
+// which it does only for the connections it carries over SMC-R.
+func wantLibraryMapped(t *testing.T, p *proc, n int) {
+	t.Helper()
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", p.cmd.Process.Pid))
+	if err != nil {
+		t.Fatalf("%s's mappings: %v", p.cmd.Args[0], err)
+	}
+	areas := map[string]bool{} // by inode: an area may be mapped in parts
+	for _, l := range strings.Split(string(maps), "\n") {
+		if f := strings.Fields(l); len(f) >= 6 && strings.HasPrefix(f[5], "/memfd:smcr-direct") {
+			areas[f[4]] = true
+		}
+	}
+	if len(areas) < n {
+		t.Errorf("%s maps %d shared areas of the direct mode, want at least %d: the library does not carry its connections", strings.Join(p.cmd.Args, " "), len(areas), n)
 	}
 }
 
@@ -83,12 +104,14 @@ func TestDirectProgramsMemcached(t *testing.T) {
 
 func testDirectMemcached(t *testing.T, p string) {
 	a, b := directHosts(t, p)
-	b.startProc(true, "memcached", "-u", "root", "-p", "5201", "-U", "0", "-l", "0.0.0.0", "-t", "4", "-m", "256", "-I", "1m")
+	server := b.startProc(true, "memcached", "-u", "root", "-p", "5201", "-U", "0", "-l", "0.0.0.0", "-t", "4", "-m", "256", "-I", "1m")
 	b.waitListening(5201)
 
-	release := holdOpen(t, a, 5201, "version\r\n")
+	client, release := holdOpen(t, a, 5201, "version\r\n")
 	wantDirectConns(t, a, 1)
 	wantDirectConns(t, b, 1)
+	wantLibraryMapped(t, client, 1)
+	wantLibraryMapped(t, server, 1)
 	release()
 
 	const conns, keys = 8, 12
@@ -265,6 +288,7 @@ func testDirectSSH(t *testing.T, p string) {
 	}
 	wantDirectConns(t, a, 1)
 	wantDirectConns(t, b, 1)
+	wantLibraryMapped(t, session, 1)
 	io.WriteString(stdin, "bye\n")
 	stdin.Close()
 	if !session.wait(20*time.Second) || !strings.Contains(session.out(), "bye") {
