@@ -89,8 +89,8 @@ bench: ## every benchmark beside its baselines: report.md, report.json and plots
 bench-go: ## the packages' go test -bench benchmarks (providers, codecs, e2e)
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) $(PKGS)
 
-test-vm: ## only the VM tests on Debian 12's kernel: ibv provider + verbstest, engines and the transparent path on soft-RoCE, eBPF programs (~9 min)
-	$(GO) test -count=1 -timeout 15m -v ./test/vm/...
+test-vm: ## only the VM tests on Debian 12's kernel: ibv provider + verbstest, engines, the transparent path and the direct mode on soft-RoCE, eBPF programs (~12 min)
+	$(GO) test -count=1 -timeout 20m -v ./test/vm/...
 
 bench-vm: ## ibv benchmarks beside perftest, and the engine beside TCP, in one VM boot (VM_ITERS, VM_ROUNDS)
 	./test/vm/bench.sh $(VM_ITERS) $(VM_ROUNDS)

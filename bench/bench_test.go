@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -102,6 +103,25 @@ func TestQuick(t *testing.T) {
 		}
 		if !found {
 			t.Errorf("report.json has no figure %v", k)
+		}
+	}
+
+	// The direct mode's rows, where smcrd and the library run here.
+	for _, p := range []string{"shm", "soft"} {
+		scen := "direct-" + p
+		if slices.ContainsFunc(rep.Unavailable, func(u Unavailable) bool { return u.Scenario == scen }) {
+			continue
+		}
+		for _, k := range []struct{ scen, metric, cas string }{
+			{scen, "throughput", "64KiB"}, {scen, "throughput", "1MiB"}, {scen, "cpu", "1MiB"}, {scen, "latency-p50", "64B"},
+			{"tcp-veth (" + scen + " phase)", "throughput", "1MiB"},
+		} {
+			f := rep.find(k.scen, k.metric, k.cas)
+			if f == nil || !(f.Median > 0) || len(f.Runs) != rep.Repeats {
+				t.Errorf("%v: %+v, want a positive median of %d runs", k, f, rep.Repeats)
+			} else if k.scen == scen && f.Ratios[f.Baseline] <= 0 {
+				t.Errorf("%v: no ratio to %q: %v", k, f.Baseline, f.Ratios)
+			}
 		}
 	}
 

@@ -18,8 +18,14 @@
 //	tcp-veth (smcrd-<provider> phase)
 //	                  the same programs as smcrd-<provider>, to a port smcrd does
 //	                  not steer: plain TCP beside each smcrd repeat, its baseline
+//	direct-<provider> the direct mode: a C peer (test/e2e/testdata/ddbench.c) with
+//	                  libsmcr-preload.so on both ends, one smcrd per namespace
+//	                  (throughput, CPU per GiB of both cgroups, 64 B round trip)
+//	tcp-veth (direct-<provider> phase)
+//	                  the same C programs without the library, to a port smcrd
+//	                  does not list: the direct rows' baseline
 //
-// Every scenario but memcpy runs the same workload code (workload.go) in child
+// Every scenario but memcpy and the direct rows runs the same workload code (workload.go) in child
 // processes: this binary re-executed inside a namespace (peer.go), so each end
 // has its own runtime, CPU accounting and memory, as a deployed program would.
 // Only the transport under the net.Conn differs.

@@ -64,7 +64,7 @@ type host struct {
 func (e *runEnv) transparent(ctx context.Context, opts Options, sz sizes, jobs func(scenario) []job) (tr transparentResult) {
 	unavailable := func(reason string) transparentResult {
 		for _, p := range opts.Providers {
-			tr.unavailable = append(tr.unavailable, Unavailable{"smcrd-" + p, reason})
+			tr.unavailable = append(tr.unavailable, Unavailable{"smcrd-" + p, reason}, Unavailable{"direct-" + p, reason})
 		}
 		return tr
 	}
@@ -92,7 +92,20 @@ func (e *runEnv) transparent(ctx context.Context, opts Options, sz sizes, jobs f
 			h.remove()
 		}
 	}()
+	tools, toolsErr := buildDirectTools(ctx)
+	if toolsErr == nil {
+		defer os.RemoveAll(tools.dir)
+	}
 	for _, p := range opts.Providers {
+		e.log.Info("direct", "provider", p)
+		if toolsErr != nil {
+			tr.unavailable = append(tr.unavailable, Unavailable{"direct-" + p, toolsErr.Error()})
+		} else if figs, note, err := e.directRuns(ctx, bin, tools, hosts, p, opts.Repeats, sz); err != nil {
+			tr.unavailable = append(tr.unavailable, Unavailable{"direct-" + p, err.Error()})
+		} else {
+			tr.figures = append(tr.figures, figs...)
+			tr.notes = append(tr.notes, note)
+		}
 		name := "smcrd-" + p
 		e.log.Info("transparent", "provider", p)
 		figs, note, err := e.transparentRuns(ctx, bin, hosts, p, opts.Repeats, jobs(scenario{name, transportTCP, false}))

@@ -22,6 +22,14 @@
 // readiness program (testdata/ready.c) writes a transcript that must be the
 // same on the kernel's sockets and on the library's.
 //
+// The library's own fds (a connection's channel to smcrd, its eventfds and
+// memfds) are moved to half the fd limit (at most 1024) and up, so that the
+// program's sockets get the numbers they would get without it (programs size
+// tables by them: wrk's event loop, select's FD_SETSIZE). A poll that the
+// kernel refuses for more fds than RLIMIT_NOFILE (a sandbox's, sshd's preauth
+// child's: 1) is redone with one kernel entry per program entry, smcrd's
+// channels checked apart at least once a second.
+//
 // Known limits:
 //
 //   - MSG_OOB: recv with MSG_OOB on an accelerated socket fails with EINVAL,

@@ -17,7 +17,9 @@ packages=(
 	nftables
 	# servers users accelerate, with their clients (the end-to-end tests run
 	# their own instances; the packages' services are stopped below)
-	nginx curl redis-server redis-tools
+	nginx curl redis-server redis-tools memcached haproxy openssh-server openssh-client
+	# the application benchmarks' load generator (nginx small files)
+	wrk
 	# interop: Wireshark's SMC dissector checks the wire formats
 	tshark
 	# real RDMA: libibverbs for the ibv provider, soft-RoCE in a qemu VM for its tests
@@ -41,10 +43,10 @@ if [ "${#missing[@]}" -gt 0 ]; then
 	echo "deps: installing ${missing[*]}"
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
-	# The tests start nginx and redis themselves, inside their namespaces: a
+	# The tests start these servers themselves, inside their namespaces: a
 	# server this script installed should not stay listening on the host.
 	if [ -d /run/systemd/system ]; then
-		for svc in nginx redis-server; do
+		for svc in nginx redis-server memcached haproxy ssh; do
 			if [[ " ${missing[*]} " == *" $svc "* ]]; then
 				systemctl disable --now "$svc" >/dev/null 2>&1 || true
 			fi

@@ -5,10 +5,12 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -26,6 +28,7 @@ static char policy_path[sizeof(sock_addr.sun_path) + 8];
 static _Atomic(const struct smcr_policy *) policy;
 static _Atomic uint64_t policy_ino;
 static _Atomic uint64_t policy_last_try;
+static pthread_mutex_t policy_mu = PTHREAD_MUTEX_INITIALIZER;
 
 #define POLICY_RETRY_NS 1000000000ull
 
@@ -61,33 +64,35 @@ void channel_init(void)
 }
 
 /* policy_try_open maps the policy page if it is not mapped, or maps it again if the
- * file was replaced (smcrd restarted); at most once a second. */
+ * file was replaced (smcrd restarted); at most once a second. Serialized: a thread
+ * that finds the page unmapped while another thread maps it waits for that mapping,
+ * rather than passing its socket through (to the relay) meanwhile. */
 static void policy_try_open(void)
 {
+	pthread_mutex_lock(&policy_mu);
 	uint64_t now = now_ns();
 	uint64_t last = atomic_load(&policy_last_try);
-	if (last && now - last < POLICY_RETRY_NS)
-		return;
-	if (!atomic_compare_exchange_strong(&policy_last_try, &last, now))
-		return;
-	if (policy_path[0] == '@' || !policy_path[0])
-		return;
+	if ((last && now - last < POLICY_RETRY_NS) || policy_path[0] == '@' || !policy_path[0])
+		goto out;
+	atomic_store(&policy_last_try, now);
 	int fd = open(policy_path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
-		return;
+		goto out;
 	struct stat st;
 	if (fstat(fd, &st) < 0 || st.st_size < (off_t)sizeof(struct smcr_policy) ||
 	    (atomic_load(&policy) && (uint64_t)st.st_ino == atomic_load(&policy_ino))) {
 		close(fd);
-		return;
+		goto out;
 	}
 	void *m = mmap(NULL, sizeof(struct smcr_policy), PROT_READ, MAP_SHARED, fd, 0);
 	close(fd);
 	if (m == MAP_FAILED)
-		return;
+		goto out;
 	atomic_store(&policy_ino, (uint64_t)st.st_ino);
 	/* An old mapping is left mapped: another thread may be reading it. */
 	atomic_store(&policy, (const struct smcr_policy *)m);
+out:
+	pthread_mutex_unlock(&policy_mu);
 }
 
 int policy_allows(uint16_t port)
@@ -120,9 +125,35 @@ int policy_allows(uint16_t port)
 	return (bits >> (port % 64)) & 1;
 }
 
+/* The lowest number fd_park moves fds to: half the fd limit, at most 1024. A
+ * connection brings the library up to six fds; left among the program's, they
+ * would push its own sockets to numbers it does not expect: wrk sizes its event
+ * loop by its connections (fds past it fail as connect errors), select stops at
+ * FD_SETSIZE. 0: not known yet; -1: no room to park. */
+static _Atomic int park_base;
+
+int fd_park(int fd)
+{
+	int base = atomic_load_explicit(&park_base, memory_order_relaxed);
+	if (!base) {
+		struct rlimit rl;
+		base = -1;
+		if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur >= 64)
+			base = rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur / 2 > 1024 ? 1024 : (int)(rl.rlim_cur / 2);
+		atomic_store_explicit(&park_base, base, memory_order_relaxed);
+	}
+	if (fd < 0 || base < 0 || fd >= base)
+		return fd;
+	int moved = R(fcntl)(fd, F_DUPFD_CLOEXEC, base);
+	if (moved < 0)
+		return fd; /* no free number up there: it stays where it is */
+	R(close)(fd);
+	return moved;
+}
+
 int channel_open(void)
 {
-	int ch = R(socket)(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	int ch = fd_park(R(socket)(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
 	if (ch < 0)
 		return -1;
 	int r;
@@ -208,7 +239,7 @@ int channel_recv(int ch, struct channel_msg *m, int flags)
 			int fd;
 			memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
 			if (m->nfds < (int)(sizeof(m->fds) / sizeof(m->fds[0])))
-				m->fds[m->nfds++] = fd;
+				m->fds[m->nfds++] = fd_park(fd);
 			else
 				R(close)(fd);
 		}

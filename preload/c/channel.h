@@ -15,6 +15,10 @@ void channel_init(void);
  * heartbeat is fresh, smcrd is enabled and the port is in its range. */
 int policy_allows(uint16_t port);
 
+/* fd_park moves one of the library's own fds (channels, eventfds, memfds) above
+ * the program's, and returns its new number (fd itself where it cannot move). */
+int fd_park(int fd);
+
 /* channel_open connects a new channel to smcrd: the fd, or -1. */
 int channel_open(void);
 /* channel_send sends one message of type with fd (or -1) beside it: 0 or -1. */

@@ -272,7 +272,7 @@ static int emulated(struct conn *c)
 static int member_add(struct eset *s, struct conn *c, int fd, const struct epoll_event *ev)
 {
 	if (s->wake_fd < 0) {
-		int w = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+		int w = fd_park(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
 		if (w < 0)
 			return -errno;
 		struct epoll_event wev = {.events = EPOLLIN | EPOLLET, .data.u64 = WAKE_TAG};
@@ -658,6 +658,20 @@ int ready_poll_emulated(const struct pollfd *fds, nfds_t n)
 
 #define STACK_PFD 128
 
+/* A sandbox may cap RLIMIT_NOFILE at the number of fds its program polls (sshd's
+ * preauth child: 1), and ppoll fails with EINVAL past it. Then ready_poll gives
+ * the kernel one entry per program entry and watches the channels of accelerated
+ * sockets (smcrd's death) apart, waking at least this often. */
+#define COMPACT_SLICE_MS 1000
+
+/* chan_hung: smcrd closed the channel (it died). */
+static int chan_hung(int chan)
+{
+	struct pollfd p = {.fd = chan, .events = 0};
+	struct timespec zero = {0};
+	return R(ppoll)(&p, 1, &zero, NULL) > 0 && (p.revents & (POLLHUP | POLLERR | POLLIN));
+}
+
 int ready_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *sigmask)
 {
 	struct pollfd stack[STACK_PFD];
@@ -674,7 +688,7 @@ int ready_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t 
 		at = (int *)(tmp + 2 * n);
 	}
 	int64_t deadline = deadline_of(timeout_ns);
-	int result;
+	int result, compact = 0;
 	for (;;) {
 		int m = 0, ready = 0;
 		for (nfds_t i = 0; i < n; i++) {
@@ -691,7 +705,8 @@ int ready_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t 
 			if (st == CS_ACCEL && !atomic_load(&c->reset)) {
 				atomic_fetch_add(&c->sh->lib_pollers, 1);
 				tmp[m++] = (struct pollfd){.fd = c->efd_lib, .events = POLLIN};
-				tmp[m++] = (struct pollfd){.fd = c->chan, .events = 0};
+				if (!compact)
+					tmp[m++] = (struct pollfd){.fd = c->chan, .events = 0};
 			} else if (st == CS_PENDING) {
 				tmp[m++] = (struct pollfd){.fd = c->chan, .events = POLLIN};
 			} else if (st == CS_PREFIX || st == CS_TCP) {
@@ -705,6 +720,8 @@ int ready_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t 
 				ready++;
 		}
 		int t = ready ? 0 : ms_left(deadline);
+		if (compact && (t < 0 || t > COMPACT_SLICE_MS))
+			t = COMPACT_SLICE_MS;
 		struct timespec ts, *tsp = NULL;
 		if (t >= 0) {
 			ts.tv_sec = t / 1000;
@@ -713,6 +730,7 @@ int ready_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t 
 		}
 		int k = R(ppoll)(tmp, (nfds_t)m, tsp, sigmask);
 		int err = errno;
+		int retry_compact = k < 0 && err == EINVAL && !compact && (nfds_t)m > n;
 		int total = 0;
 		for (nfds_t i = 0; i < n; i++) {
 			struct conn *c = conn_of(fdt_get(fds[i].fd));
@@ -734,7 +752,8 @@ int ready_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t 
 					if (c->members)
 						ready_conn_changed(c);
 				}
-				if (k > 0 && (w[1].revents & (POLLHUP | POLLERR | POLLIN)))
+				if (compact ? k >= 0 && chan_hung(c->chan)
+					    : k > 0 && (w[1].revents & (POLLHUP | POLLERR | POLLIN)))
 					conn_mark_reset(c, fds[i].fd);
 			} else if (st == CS_PENDING && k > 0 && w->revents) {
 				conn_decide(c, fds[i].fd, 0);
@@ -743,6 +762,10 @@ int ready_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t 
 			fds[i].revents = (short)rev;
 			if (rev)
 				total++;
+		}
+		if (retry_compact && !total) {
+			compact = 1;
+			continue;
 		}
 		if (k < 0 && !total) {
 			errno = err;

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/select.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -223,12 +224,26 @@ int main(int argc, char **argv)
 	wait_for(s, POLLOUT);
 	p = accept(l, NULL, NULL);
 	CHECK(p >= 0);
+	/* the numbers the kernel gives: the library's own fds are out of the way */
+	printf("nb fds %d %d\n", s, p);
 	el = sizeof(err);
 	CHECK(getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &el) == 0);
 	printf("nb so_error %d\n", err);
 	SHOW("nb-read-empty", read(s, buf, sizeof(buf)));
+	/* a poll under an RLIMIT_NOFILE as low as the fds it polls (a sandbox's, like
+	 * sshd's preauth child's): the kernel takes it, so must the library (both
+	 * ends are decided first: a decision's fds could not be received under it) */
+	wait_for(p, POLLOUT);
+	struct rlimit nofile, one;
+	CHECK(getrlimit(RLIMIT_NOFILE, &nofile) == 0);
+	one = (struct rlimit){.rlim_cur = 1, .rlim_max = nofile.rlim_max};
+	CHECK(setrlimit(RLIMIT_NOFILE, &one) == 0);
+	struct pollfd pf = {.fd = s, .events = POLLIN};
+	SHOW("nofile-poll-empty", poll(&pf, vone, 0));
 	CHECK(write(p, "abc", 3) == 3);
-	wait_for(s, POLLIN);
+	SHOW("nofile-poll", poll(&pf, vone, 5000));
+	printf("nofile-poll revents %x\n", pf.revents);
+	CHECK(setrlimit(RLIMIT_NOFILE, &nofile) == 0);
 	printf("nb read %zd\n", read(s, buf, sizeof(buf)));
 	close(p);
 	wait_for(s, POLLRDHUP);

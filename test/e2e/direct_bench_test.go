@@ -3,7 +3,9 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -49,11 +51,34 @@ func directPaths(s *host) (direct, relay, tcp string) {
 	return addr, addr, addr
 }
 
+// cgroupCPU is the CPU time, in seconds, that every process in h's cgroup
+// (its smcrd and the programs started in the host) has used so far.
+func (h *host) cgroupCPU() float64 {
+	h.t.Helper()
+	b, err := os.ReadFile(filepath.Join(h.cgDir, "cpu.stat"))
+	if err != nil {
+		h.t.Fatalf("%s's CPU time: %v", h.name, err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "usage_usec "); ok {
+			us, err := strconv.ParseUint(v, 10, 64)
+			if err != nil {
+				h.t.Fatalf("%s's cpu.stat: %q: %v", h.name, l, err)
+			}
+			return float64(us) / 1e6
+		}
+	}
+	h.t.Fatalf("%s's cpu.stat has no usage_usec:\n%s", h.name, b)
+	return 0
+}
+
 // BenchmarkDirect: the direct mode (C programs with libsmcr-preload.so on
-// both hosts, shm provider) beside plain TCP over the same veth and the relay
-// (the same programs without the library), in the same run: throughput of
-// 256 MiB in 64 KiB and 1 MiB writes, and the 64-byte round trip. Reported,
-// not asserted.
+// both hosts) beside plain TCP over the same veth and the relay (the same
+// programs without the library), in the same run, with the shm and soft
+// providers: throughput of 256 MiB in 64 KiB and 1 MiB writes, the CPU
+// seconds per GiB moved in 1 MiB writes (both programs and both smcrds: every
+// process in both hosts' cgroups), and the 64-byte round trip. Reported, not
+// asserted.
 func BenchmarkDirect(b *testing.B) {
 	for _, prov := range []string{"shm", "soft"} {
 		b.Run(prov, func(b *testing.B) {
@@ -68,6 +93,7 @@ func BenchmarkDirect(b *testing.B) {
 			}
 			paths := []path{{"direct", 5201, true}, {"tcp", 6001, false}, {"relay", 5202, false}}
 			tput := map[string]map[int][]float64{}
+			cpuPerGiB := map[string][]float64{}
 			p50, p99 := map[string][]float64{}, map[string][]float64{}
 			for b.Loop() {
 				for _, p := range paths {
@@ -82,8 +108,13 @@ func BenchmarkDirect(b *testing.B) {
 						tput[p.name] = map[int][]float64{}
 					}
 					for _, sz := range []int{64 << 10, 1 << 20} {
+						cpu := a.cgroupCPU() + s.cgroupCPU()
 						r := ddClient(b, cmd("tput", addr, fmt.Sprint(p.port), fmt.Sprint(benchBytes), fmt.Sprint(sz)))
 						tput[p.name][sz] = append(tput[p.name][sz], r.MBps)
+						if sz == 1<<20 {
+							cpu = a.cgroupCPU() + s.cgroupCPU() - cpu
+							cpuPerGiB[p.name] = append(cpuPerGiB[p.name], cpu/(float64(benchBytes)/(1<<30)))
+						}
 					}
 					r := ddClient(b, cmd("lat", addr, fmt.Sprint(p.port), "5000"))
 					p50[p.name] = append(p50[p.name], r.P50us)
@@ -98,9 +129,12 @@ func BenchmarkDirect(b *testing.B) {
 				b.ReportMetric(nstest.Median(tput[p.name][1<<20]), p.name+"-1M-MB/s")
 				b.ReportMetric(nstest.Median(p50[p.name]), p.name+"-p50-us")
 				b.ReportMetric(nstest.Median(p99[p.name]), p.name+"-p99-us")
+				b.ReportMetric(nstest.Median(cpuPerGiB[p.name]), p.name+"-cpu-s/GiB")
 			}
 			b.ReportMetric(nstest.Median(tput["direct"][1<<20])/nstest.Median(tput["tcp"][1<<20]), "direct/tcp-1M")
+			b.ReportMetric(nstest.Median(tput["direct"][64<<10])/nstest.Median(tput["tcp"][64<<10]), "direct/tcp-64K")
 			b.ReportMetric(nstest.Median(p50["direct"])/nstest.Median(p50["tcp"]), "direct/tcp-p50")
+			b.ReportMetric(nstest.Median(cpuPerGiB["direct"])/nstest.Median(cpuPerGiB["tcp"]), "direct/tcp-cpu")
 		})
 	}
 }
@@ -190,6 +224,85 @@ func BenchmarkDirectRedis(b *testing.B) {
 		b.ReportMetric(nstest.Median(v), k+"-rps")
 	}
 	for _, pl := range []string{"1", "16"} {
-		b.ReportMetric(nstest.Median(rps["direct-P"+pl+"-get"])/nstest.Median(rps["tcp-P"+pl+"-get"]), "direct/tcp-P"+pl+"-get")
+		for _, op := range []string{"set", "get"} {
+			k := "-P" + pl + "-" + op
+			b.ReportMetric(nstest.Median(rps["direct"+k])/nstest.Median(rps["tcp"+k]), "direct/tcp"+k)
+		}
+	}
+}
+
+// wrkRPS runs wrk and returns the requests per second it reports.
+func wrkRPS(b *testing.B, cmd *exec.Cmd) float64 {
+	b.Helper()
+	out, err := cmd.Output()
+	if err != nil {
+		b.Fatalf("wrk %v: %v %s", cmd.Args, err, out)
+	}
+	// "Requests/sec:  12345.67"; errors ("Non-2xx or 3xx responses: 12",
+	// "Socket errors: ...") fail the run: a fast error is not a fast server.
+	var rps float64
+	for _, l := range strings.Split(string(out), "\n") {
+		l = strings.TrimSpace(l)
+		if strings.HasPrefix(l, "Non-2xx") || strings.HasPrefix(l, "Socket errors") {
+			b.Fatalf("wrk %v: %s", cmd.Args, out)
+		}
+		if v, ok := strings.CutPrefix(l, "Requests/sec:"); ok {
+			rps, err = strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err != nil {
+				b.Fatalf("wrk said %q: %v", l, err)
+			}
+		}
+	}
+	if rps == 0 {
+		b.Fatalf("wrk said: %s", out)
+	}
+	return rps
+}
+
+// BenchmarkDirectNginx: wrk fetching small files (1 KiB and 16 KiB) from
+// nginx (two workers, sendfile), both with the library (direct mode, shm),
+// beside both without it to a port not listed (plain TCP) and to a listed one
+// (the relay), in the same run: requests per second, 2 threads and 32
+// connections, 3 s a run.
+func BenchmarkDirectNginx(b *testing.B) {
+	for _, p := range []string{"nginx", "wrk"} {
+		if _, err := exec.LookPath(p); err != nil {
+			b.Skipf("%s not installed (scripts/deps.sh installs it)", p)
+		}
+	}
+	a, s := hosts(b)
+	a.start("providers = shm", ports)
+	s.start("providers = shm", ports)
+	files := map[string][]byte{"1k": randomBytes(1 << 10), "16k": randomBytes(16 << 10)}
+	type path struct {
+		name   string
+		port   int
+		direct bool
+	}
+	paths := []path{{"direct", 5201, true}, {"tcp", 6001, false}, {"relay", 5202, false}}
+	for _, p := range paths {
+		startNginx(b, s, p.direct, p.port, files)
+	}
+	addr := s.ns.Addr4().String()
+	rps := map[string][]float64{}
+	for b.Loop() {
+		for _, p := range paths {
+			for name := range files {
+				c := a.command("wrk", "-t", "2", "-c", "32", "-d", "3s", fmt.Sprintf("http://%s:%d/%s", addr, p.port, name))
+				if p.direct {
+					a.direct(c)
+				}
+				rps[p.name+"-"+name] = append(rps[p.name+"-"+name], wrkRPS(b, c))
+			}
+		}
+	}
+	if st := a.stats(); st.Direct.SMCR == 0 {
+		b.Fatalf("no direct connection went SMC-R: %+v", st.Direct)
+	}
+	for k, v := range rps {
+		b.ReportMetric(nstest.Median(v), k+"-rps")
+	}
+	for name := range files {
+		b.ReportMetric(nstest.Median(rps["direct-"+name])/nstest.Median(rps["tcp-"+name]), "direct/tcp-"+name)
 	}
 }

@@ -371,7 +371,27 @@ func testDirectSocat(t *testing.T, p string) {
 	}
 }
 
-// The nginx configuration of TestDirectProgramsNginx: two workers, sendfile.
+// startNginx starts nginx on h, with the library when lib is set, listening
+// on port, serving files from the directory www under the directory it
+// returns (PUT allowed under www/up/), its log in error.log there.
+func startNginx(t testing.TB, h *host, lib bool, port int, files map[string][]byte) (dir string) {
+	t.Helper()
+	dir = t.TempDir()
+	www := filepath.Join(dir, "www")
+	if err := os.MkdirAll(filepath.Join(www, "up"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range files {
+		writeFile(t, filepath.Join(www, name), data)
+	}
+	conf := filepath.Join(dir, "nginx.conf")
+	writeFile(t, conf, []byte(strings.NewReplacer("{dir}", dir, "{port}", strconv.Itoa(port)).Replace(directNginxConf)))
+	h.startProc(lib, "nginx", "-c", conf, "-e", filepath.Join(dir, "error.log"))
+	h.waitListening(port)
+	return dir
+}
+
+// The nginx configuration of the direct mode's tests: two workers, sendfile.
 const directNginxConf = `user root;
 worker_processes 2;
 daemon off;
@@ -388,7 +408,7 @@ http {
 	uwsgi_temp_path {dir}/uwsgi;
 	scgi_temp_path {dir}/scgi;
 	server {
-		listen 5201;
+		listen {port};
 		root {dir}/www;
 		location /up/ {
 			dav_methods PUT;
@@ -410,23 +430,13 @@ func TestDirectProgramsNginx(t *testing.T) {
 
 func testDirectNginx(t *testing.T, p string) {
 	a, b := directHosts(t, p)
-	dir := t.TempDir()
-	www := filepath.Join(dir, "www")
-	if err := os.MkdirAll(filepath.Join(www, "up"), 0o755); err != nil {
-		t.Fatal(err)
-	}
 	files := map[string][]byte{
 		"big":   randomBytes(6 << 20),
 		"odd":   randomBytes(3<<20 + 4093),
 		"small": randomBytes(1500),
 	}
-	for name, data := range files {
-		writeFile(t, filepath.Join(www, name), data)
-	}
-	conf := filepath.Join(dir, "nginx.conf")
-	writeFile(t, conf, []byte(strings.ReplaceAll(directNginxConf, "{dir}", dir)))
-	b.startProc(true, "nginx", "-c", conf, "-e", filepath.Join(dir, "error.log"))
-	b.waitListening(5201)
+	dir := startNginx(t, b, true, 5201, files)
+	www := filepath.Join(dir, "www")
 	url := fmt.Sprintf("http://%s:5201/", b.ns.Addr4())
 
 	got := t.TempDir()

@@ -186,7 +186,7 @@ func randomBytes(n int) []byte {
 	return b
 }
 
-func writeFile(t *testing.T, name string, data []byte) {
+func writeFile(t testing.TB, name string, data []byte) {
 	t.Helper()
 	if err := os.WriteFile(name, data, 0o644); err != nil {
 		t.Fatal(err)

@@ -64,6 +64,12 @@ func runSuite(t *testing.T, bin string, args ...string) []byte {
 // runSuiteEnv is runSuite with VAR=value pairs added to the guest's environment.
 func runSuiteEnv(t *testing.T, bin string, env []string, args ...string) []byte {
 	t.Helper()
+	return runSuiteIn(t, bin, filepath.Dir(bin), env, args...)
+}
+
+// runSuiteIn is runSuiteEnv in the working directory dir (a host path).
+func runSuiteIn(t *testing.T, bin, dir string, env []string, args ...string) []byte {
+	t.Helper()
 	// TCG's speed varies from day to day (a 64 B round trip over rxe took
 	// some 11 ms on 2026-11-29, when a suite ran out of 5 minutes): room
 	// for a slow day.
@@ -71,7 +77,7 @@ func runSuiteEnv(t *testing.T, bin string, env []string, args ...string) []byte 
 	defer cancel()
 	res, err := Run(ctx, Options{
 		Args:     append([]string{bin, "-test.v", "-test.count=1", "-test.timeout=7m"}, args...),
-		Dir:      filepath.Dir(bin),
+		Dir:      dir,
 		Env:      append([]string{"SMCR_IBV_REQUIRE=1", "SMCR_IBV_INTERFACE=" + Netdev, "SMCR_IBV_INTERFACE2=" + Netdev2}, env...),
 		Timeout:  8 * time.Minute,
 		MemoryMB: 3072,
@@ -179,38 +185,69 @@ func TestBPFOnDebianKernel(t *testing.T) {
 // the host.
 func TestTransparentOnSoftRoCE(t *testing.T) {
 	requireVM(t)
-	bin := buildTest(t, "./test/e2e")
+	bin, env := buildE2E(t)
+	tests := []string{"TestTransparent", "TestServers", "TestFallbackAndNegativeCache", "TestPortNotListed", "TestKill",
+		"TestRuntimeConfig", "TestOperatorView", "TestLinuxSMCServer", "TestLinuxSMCClient", "TestUrgentData", "TestSocketOptions"}
+	out := runE2E(t, bin, env, tests, "TestTransparent/rdma", "TestServers/rdma")
+	for _, l := range iperfRE.FindAll(out, -1) {
+		t.Logf("guest: %s", bytes.TrimSpace(l))
+	}
+}
+
+// TestDirectOnSoftRoCE runs the direct mode's end-to-end tests in the guest:
+// programs with libsmcr-preload.so on both hosts (Python asyncio and threads,
+// memcached, socat forking per connection), their bytes through the rings the
+// library shares with smcrd, which posts them as RDMA WRITEs over rxe.
+func TestDirectOnSoftRoCE(t *testing.T) {
+	requireVM(t)
+	bin, env := buildE2E(t)
+	runE2E(t, bin, env, []string{"TestDirect", "TestDirectProgramsMemcached", "TestDirectProgramsSocat"},
+		"TestDirect/rdma", "TestDirectProgramsMemcached/rdma", "TestDirectProgramsSocat/rdma")
+}
+
+// buildE2E builds test/e2e's test binary and, beside it, what its TestMain
+// takes from SMCR_E2E_BIN: smcrd with the ibv provider, the static testapp,
+// the direct mode's library and its C benchmark peer. It returns the binary
+// and the guest's environment for it.
+func buildE2E(t *testing.T) (bin string, env []string) {
+	t.Helper()
+	bin = buildTest(t, "./test/e2e")
 	dir := filepath.Dir(bin)
 	root := filepath.Join(Dir(), "..", "..")
 	for _, b := range []struct {
-		out string
-		env []string
-		arg []string
+		name string
+		env  []string
+		args []string
 	}{
-		{"smcrd", nil, []string{"-tags", "ibv", "./cmd/smcrd"}},
-		{"testapp", []string{"CGO_ENABLED=0"}, []string{"./test/e2e/testapp"}},
+		{"smcrd", nil, []string{"go", "build", "-o", filepath.Join(dir, "smcrd"), "-tags", "ibv", "./cmd/smcrd"}},
+		{"testapp", []string{"CGO_ENABLED=0"}, []string{"go", "build", "-o", filepath.Join(dir, "testapp"), "./test/e2e/testapp"}},
+		{"libsmcr-preload.so", nil, []string{"make", "-s", "-C", "preload", "BIN=" + dir}},
+		{"ddbench", nil, []string{"gcc", "-O2", "-Wall", "-Werror", "-o", filepath.Join(dir, "ddbench"), "test/e2e/testdata/ddbench.c", "-lpthread"}},
 	} {
-		cmd := exec.Command("go", append([]string{"build", "-o", filepath.Join(dir, b.out)}, b.arg...)...)
+		cmd := exec.Command(b.args[0], b.args[1:]...)
 		cmd.Dir = root
 		cmd.Env = append(os.Environ(), b.env...)
 		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("go build %s: %v\n%s", b.out, err, out)
+			t.Fatalf("build %s: %v\n%s", b.name, err, out)
 		}
 	}
-	tests := []string{"TestTransparent", "TestServers", "TestFallbackAndNegativeCache", "TestPortNotListed", "TestKill",
-		"TestRuntimeConfig", "TestOperatorView", "TestLinuxSMCServer", "TestLinuxSMCClient", "TestUrgentData", "TestSocketOptions"}
-	out := runSuiteEnv(t, bin,
-		[]string{"SMCR_E2E_BIN=" + dir, "SMCR_E2E_PROVIDERS=rdma", "SMCR_E2E_RDMA_DEVICE=rxe0"},
-		"-test.run", "^("+strings.Join(tests, "|")+")$")
-	// Each by name: one renamed in test/e2e would otherwise drop out unseen.
-	for _, want := range append(tests, "TestTransparent/rdma", "TestServers/rdma") {
+	return bin, []string{"SMCR_E2E_BIN=" + dir, "SMCR_E2E_PROVIDERS=rdma", "SMCR_E2E_RDMA_DEVICE=rxe0"}
+}
+
+// runE2E runs the named tests of test/e2e in the guest, in test/e2e's source
+// directory (the tests start programs from its testdata), and requires each of
+// them, and each of the subtests named in subtests, to pass: one renamed in
+// test/e2e would otherwise drop out unseen.
+func runE2E(t *testing.T, bin string, env, tests []string, subtests ...string) []byte {
+	t.Helper()
+	src := filepath.Join(Dir(), "..", "e2e")
+	out := runSuiteIn(t, bin, src, env, "-test.run", "^("+strings.Join(tests, "|")+")$")
+	for _, want := range append(tests, subtests...) {
 		if !bytes.Contains(out, []byte("--- PASS: "+want+" (")) {
 			t.Fatalf("%s did not pass in the guest:\n%s", want, out)
 		}
 	}
-	for _, l := range iperfRE.FindAll(out, -1) {
-		t.Logf("guest: %s", bytes.TrimSpace(l))
-	}
+	return out
 }
 
 var iperfRE = regexp.MustCompile(`(?m)^.*iperf3 through smcrd.*$`)
