@@ -126,3 +126,25 @@ func TestSameHost(t *testing.T) {
 		})
 	}
 }
+
+// TestExec: connections live on across exec (execv, execvp, execl) into an image
+// with the library: the new image adopts them, accelerated, with the bytes the
+// old one left unread, and both directions and the close go on.
+func TestExec(t *testing.T) {
+	build(t)
+	sock := fakeSmcrd(t)
+	for _, m := range []mode{{name: "kernel"}, {name: "smcr", lib: "libsmcr-preload.so", socket: sock},
+		{name: "smcr-asan", lib: "libsmcr-preload-asan.so", socket: sock},
+		{name: "smcr-ubsan", lib: "libsmcr-preload-ubsan.so", socket: sock}} {
+		for _, call := range []string{"execv", "execvp", "execl"} {
+			out, errOut, err := run(t, m, "exec", call)
+			want := "accelerated 0\n"
+			if m.lib != "" {
+				want = "accelerated 2\n"
+			}
+			if err != nil || out != "ok\n" || errOut != want {
+				t.Errorf("exec %s %s: %v\nstdout: %s\nstderr: %s (want %q)", call, m.name, err, out, errOut, want)
+			}
+		}
+	}
+}

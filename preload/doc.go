@@ -6,7 +6,7 @@
 // the rings' cursors.
 //
 // The C sources are in c/, split by concern: interpose.c (the interposed
-// calls), fdtable.c (the fd table), conn.c (a socket's states: PENDING, ACCEL,
+// calls), exec.c (connections kept across exec), fdtable.c (the fd table), conn.c (a socket's states: PENDING, ACCEL,
 // PREFIX, TCP, FAILED, RESET), ring.c (copies and blocking waits), ready.c
 // (epoll/poll/select), channel.c (smcrd's channel and the policy page),
 // real.c (the real libc functions). The Makefile here builds it into ../bin,
@@ -40,11 +40,17 @@
 //   - Only the latest epoll registration of a socket made before its connect()
 //     is carried into the emulation (a socket in two sets before connect keeps
 //     the other one with the kernel's readiness).
-//   - An accelerated socket kept across exec is unknown to the new image
-//     (its kernel socket carries no data); its channel is close-on-exec, so
-//     smcrd sees the program gone once no process holds it. Sockets passed to
-//     another process with SCM_RIGHTS, io_uring, and close_range/closefrom or
-//     raw close system calls on the library's fds are not followed either.
+//   - A socket kept across exec (not close-on-exec) stays accelerated when the
+//     new image loads the library too (LD_PRELOAD in the environment it gets,
+//     or /etc/ld.so.preload): exec.c leaves the library's fds behind it open
+//     and names them in SMCR_INHERIT, and the new image adopts them. An image
+//     without the library (environment cleared, SMCR_DIRECT=0, a static
+//     binary), and an exec by raw system call or from posix_spawn, system or
+//     popen (glibc calls its own execve), get the channel closed by the exec,
+//     which smcrd takes for the program's end: the connection does not go on
+//     over TCP. Sockets passed to another process with SCM_RIGHTS, io_uring,
+//     and close_range/closefrom or raw close system calls on the library's fds
+//     are not followed either.
 //   - After fork both processes use the connection (shared memory); the
 //     library then never sets SMCR_LIB_CLOSED: the connection ends when the
 //     last process closes the channel (smcrd treats the channel's end as the

@@ -46,6 +46,7 @@ struct conn {
 	size_t map_size;
 	unsigned char *tx, *rx;
 	uint32_t tx_size, rx_size;
+	int memfd; /* the area's memfd, kept for an exec's new image (exec.c) */
 	int efd_lib, efd_dtx, efd_drx;
 	/* The send side, chosen at DECIDED: with SMCR, sh's send ring (tx_prod,
 	 * tx_cons) that smcrd's pump empties; with SHM, the peer library's receive
@@ -55,7 +56,7 @@ struct conn {
 	/* SHM: the peer library's area (NULL with SMCR) and its efd_lib */
 	struct smcr_shared *peer;
 	size_t peer_map_size;
-	int peer_efd_lib;
+	int peer_memfd, peer_efd_lib;
 
 	/* PREFIX: bytes CLC read ahead, served before the kernel's */
 	unsigned char *prefix;
@@ -74,6 +75,17 @@ static inline struct conn *conn_of(struct obj *o)
 }
 
 struct conn *conn_new(int chan, int user_nonblock);
+
+/* conn_attach maps the shared area of a DECIDED SMCR (4 fds: memfd, efd_lib, efd_dtx,
+ * efd_drx) or SHM (6: then peer_memfd, peer_efd_lib) and takes the fds: 0, or -1 if
+ * the area is not what the ABI says (the fds are then still the caller's). */
+int conn_attach(struct conn *c, const int *fds, int nfds);
+
+/* conn_shared: the connection was made before a fork, so another process may hold
+ * it (its end is the channel's close, not SMCR_LIB_CLOSED); conn_set_shared marks
+ * one so (an exec's new image inherits the mark). */
+int conn_shared(struct conn *c);
+void conn_set_shared(struct conn *c);
 
 /* conn_decide processes DECIDED if it has come (block: wait for it). 0 once decided,
  * -1 with errno EAGAIN while pending. */

@@ -21,6 +21,7 @@
 
 #include "channel.h"
 #include "conn.h"
+#include "exec.h"
 #include "fdtable.h"
 #include "ready.h"
 #include "real.h"
@@ -43,6 +44,7 @@ __attribute__((constructor)) static void smcr_init(void)
 	if (!smcr_disabled) {
 		fdt_init();
 		ready_init();
+		exec_adopt();
 	}
 	pthread_atfork(NULL, on_fork, on_fork);
 }

@@ -852,28 +852,11 @@ func testProgramDeath(t *testing.T, setup, setupRev func(*testing.T) (a, b *host
 	})
 }
 
-// knownExec skips the exec tests unless SMCR_E2E_KNOWN is set: today the
-// library's channel to smcrd is close-on-exec (preload/c/channel.c,
-// channel_open's SOCK_CLOEXEC), smcrd takes its end as the program gone
-// (daemon/directconn.go, run: gone) and resets the connection, so the
-// program after exec never gets a byte and its peer reads ECONNRESET. With
-// socat's EXEC,nofork the exec comes before CLC has decided: smcrd's DECIDED
-// finds the channel closed ("direct: decided ... broken pipe") and aborts.
-// No hang and no silent loss, but issue #35 asks that the connection goes on
-// across exec (re-attached, or over its TCP connection); docs/direct.md lists
-// exec among the limits.
-func knownExec(t *testing.T) {
-	if os.Getenv("SMCR_E2E_KNOWN") == "" {
-		t.Skip("known: a socket inherited across exec is reset (the library's channel is close-on-exec, smcrd aborts the connection when it closes); SMCR_E2E_KNOWN=1 runs it")
-	}
-}
-
 // TestDirectProgramsExec: socat's EXEC with nofork hands the accepted socket
-// itself to cat across exec (stdin and stdout), as inetd and sshd do. The
-// issue asks that exec never hangs and never loses a byte: cat echoes what
-// the client sends, every byte.
+// itself to cat across exec (stdin and stdout), as inetd and sshd do, before
+// CLC has decided: cat's library adopts the connection still pending
+// (preload/c/exec.c) and echoes what the client sends, every byte.
 func TestDirectProgramsExec(t *testing.T) {
-	knownExec(t)
 	needPrograms(t, "socat", "cat")
 	requirePython(t)
 	a, b := directHosts(t, "shm")
@@ -891,9 +874,9 @@ func TestDirectProgramsExec(t *testing.T) {
 
 // TestDirectProgramsExecDecided: an inetd-style server (Python, the library)
 // reads a line from each connection, so the connection is SMC-R by then, and
-// execs cat on the socket. cat echoes the rest, every byte, and never hangs.
+// execs cat on the socket: cat's library adopts it with its shared area and
+// echoes the rest, every byte.
 func TestDirectProgramsExecDecided(t *testing.T) {
-	knownExec(t)
 	requirePython(t)
 	a, b := directHosts(t, "shm")
 	b.startProc(true, "python3", "testdata/direct_exec_server.py", "5201")
