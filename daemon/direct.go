@@ -551,6 +551,7 @@ func (s *DirectServer) decide(ch *net.UnixConn, tcp *net.TCPConn, client bool) {
 		abortAll()
 		return
 	}
+	c.sock = tcp
 	mode, fds := rmb.ModeSMCR, c.libraryFds()
 	if h.peerDirect != nil && s.meet != nil {
 		mine := fds[:2] // memfd, efd_lib

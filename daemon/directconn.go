@@ -40,8 +40,9 @@ type directConn struct {
 	// bypass: the libraries write into each other's rings (directmeet.go);
 	// the SMC-R connection carries only the close.
 	bypass  bool
-	gone    atomic.Bool // the channel closed: the program is gone
-	stopped atomic.Bool // abort: smcrd ends the connection now
+	sock    *net.TCPConn // smcrd's duplicate of the program's socket: its SO_LINGER
+	gone    atomic.Bool  // the channel closed: the program is gone
+	stopped atomic.Bool  // abort: smcrd ends the connection now
 	rxDone  chan struct{}
 }
 
@@ -130,14 +131,19 @@ func (dc *directConn) publish() {
 	}
 }
 
-// abort ends the connection from smcrd's side: the program reads ECONNRESET.
+// abort ends the connection from smcrd's side: the program reads ECONNRESET,
+// the peer a reset.
 func (dc *directConn) abort() {
 	if dc.stopped.Swap(true) {
 		return
 	}
-	if a, ok := dc.carrier.(interface{ Abort() error }); ok {
+	switch a := dc.carrier.(type) {
+	case interface{ Abort() error }:
 		a.Abort()
-	} else {
+	case *net.TCPConn: // OverTCP
+		a.SetLinger(0)
+		a.Close()
+	default:
 		dc.carrier.Close()
 	}
 	dc.fail(unix.ECONNRESET)
@@ -152,6 +158,33 @@ func (dc *directConn) fail(errno syscall.Errno) {
 		dc.sh.DFlags().Or(rmb.DError)
 	}
 	dc.publish()
+}
+
+// endsInAbort reports whether the program's end of the connection is an
+// abort, as TCP's RST would be: its close said so (LibAbort), or it went away
+// (exit, an exec into an image without the library) leaving bytes unread or
+// with SO_LINGER {1, 0} on its socket.
+func (dc *directConn) endsInAbort(flags uint32) bool {
+	switch {
+	case flags&rmb.LibAbort != 0:
+		return true
+	case flags&rmb.LibClosed != 0 || !dc.gone.Load():
+		return false
+	case dc.sh.RxProd().Load() != dc.sh.RxCons().Load():
+		return true
+	}
+	return dc.sock != nil && lingerZero(dc.sock)
+}
+
+// lingerZero reports whether the socket has SO_LINGER {1, 0}.
+func lingerZero(tcp *net.TCPConn) bool {
+	rc, err := tcp.SyscallConn()
+	if err != nil {
+		return false
+	}
+	var l *unix.Linger
+	rc.Control(func(fd uintptr) { l, err = unix.GetsockoptLinger(int(fd), unix.SOL_SOCKET, unix.SO_LINGER) })
+	return err == nil && l.Onoff != 0 && l.Linger == 0
 }
 
 // run carries the bytes until the program has closed and every byte it wrote
@@ -197,6 +230,10 @@ func (dc *directConn) send() {
 		// Flags before the cursor: bytes the program wrote before it
 		// shut down or closed are all in the cursor read after.
 		flags := dc.sh.LibFlags().Load()
+		if dc.endsInAbort(flags) {
+			dc.abort() // as TCP's RST, the bytes not yet sent go too
+			return
+		}
 		prod := dc.sh.TxProd().Load()
 		if prod-cons > size {
 			dc.log.Warn("direct: library's send cursor out of bounds: connection aborted")
@@ -245,6 +282,10 @@ func (dc *directConn) send() {
 func (dc *directConn) awaitClose() {
 	for !dc.stopped.Load() {
 		flags := dc.sh.LibFlags().Load()
+		if dc.endsInAbort(flags) {
+			dc.abort()
+			return
+		}
 		if flags&rmb.LibClosed != 0 || dc.gone.Load() {
 			dc.carrier.Close()
 			return

@@ -148,3 +148,25 @@ func TestExec(t *testing.T) {
 		}
 	}
 }
+
+// TestAbort: a close with SO_LINGER {1, 0}, or with received bytes left unread,
+// reaches the peer as a reset, as the kernel's does; a close after reading all
+// stays a clean end. Through smcrd's pumps and library to library (shm).
+func TestAbort(t *testing.T) {
+	build(t)
+	sock := fakeSmcrd(t)
+	shmSock, _ := fakeSmcrdWith(t, daemon.DirectOptions{SameHost: true})
+	const want = "linger -1 Connection reset by peer\nunread -1 Connection reset by peer\nclean 0 \n"
+	for _, m := range []mode{{name: "kernel"}, {name: "smcr", lib: "libsmcr-preload.so", socket: sock},
+		{name: "smcr-asan", lib: "libsmcr-preload-asan.so", socket: sock},
+		{name: "shm", lib: "libsmcr-preload.so", socket: shmSock}} {
+		out, errOut, err := run(t, m, "abort")
+		accel := "accelerated 0\n"
+		if m.lib != "" {
+			accel = "accelerated 6\n"
+		}
+		if err != nil || out != want+accel {
+			t.Errorf("abort %s: %v\nstdout: %s\nwant: %s\nstderr: %s", m.name, err, out, want+accel, errOut)
+		}
+	}
+}

@@ -1,4 +1,4 @@
-/* smcr_abi.h: the direct mode's ABI between smcrd and libsmcr-preload.so, version 1.
+/* smcr_abi.h: the direct mode's ABI between smcrd and libsmcr-preload.so, version 2.
  * The Go side of the same layout is rmb/shared.go; rmb's tests compile this header
  * and compare every offset. Documented in docs/direct.md. */
 #pragma once
@@ -6,7 +6,7 @@
 #include <stdint.h>
 #include <stdatomic.h>
 
-#define SMCR_ABI_VERSION 1
+#define SMCR_ABI_VERSION 2
 
 /* ---- The channel: one SOCK_SEQPACKET connection to smcrd's direct socket per
  * accelerated socket (and per registered listener), one message per packet, host
@@ -59,6 +59,8 @@ struct smcr_msg {
 /* lib_flags: the program's side, set by the library */
 #define SMCR_LIB_SHUT_WR 1u /* shutdown(SHUT_WR): after the bytes up to tx_prod, send FIN */
 #define SMCR_LIB_CLOSED 2u  /* close(): the program is gone from this connection */
+#define SMCR_LIB_ABORT 4u   /* with CLOSED: the close was an abort (SO_LINGER {1, 0}, or bytes
+                             * left unread), as TCP's RST: the peer reads ECONNRESET */
 
 /* d_flags: smcrd's side */
 #define SMCR_D_EOF 1u       /* the peer sent its last byte: rx_prod is final */

@@ -12,7 +12,7 @@ import (
 
 // ABIVersion is the version of the shared area, the policy page and the
 // direct socket's messages.
-const ABIVersion = 1
+const ABIVersion = 2
 
 // The shared area of one connection (struct smcr_shared): a control page, then
 // the send ring (the program writes, smcrd takes) and the receive ring (smcrd
@@ -61,6 +61,7 @@ const (
 const (
 	LibShutWR = 1 // shutdown(SHUT_WR): after the bytes up to tx_prod, the FIN
 	LibClosed = 2 // close(): the program is gone from the connection
+	LibAbort  = 4 // with LibClosed: the close was an abort (SO_LINGER {1, 0}, or bytes left unread): the peer reads a reset
 )
 
 // smcrd's flags (d_flags).

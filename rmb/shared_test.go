@@ -32,8 +32,8 @@ int main(void) {
 	F(smcr_policy, heartbeat_ns); F(smcr_policy, enabled); F(smcr_policy, ports);
 	printf("sizeof_policy %zu\n", sizeof(struct smcr_policy));
 	printf("sizeof_msg %zu\n", sizeof(struct smcr_msg));
-	printf("SMCR_LIB_SHUT_WR %u\nSMCR_LIB_CLOSED %u\nSMCR_D_EOF %u\nSMCR_D_ERROR %u\nSMCR_D_TX_CLOSED %u\n",
-		SMCR_LIB_SHUT_WR, SMCR_LIB_CLOSED, SMCR_D_EOF, SMCR_D_ERROR, SMCR_D_TX_CLOSED);
+	printf("SMCR_LIB_SHUT_WR %u\nSMCR_LIB_CLOSED %u\nSMCR_LIB_ABORT %u\nSMCR_D_EOF %u\nSMCR_D_ERROR %u\nSMCR_D_TX_CLOSED %u\n",
+		SMCR_LIB_SHUT_WR, SMCR_LIB_CLOSED, SMCR_LIB_ABORT, SMCR_D_EOF, SMCR_D_ERROR, SMCR_D_TX_CLOSED);
 	printf("magic %u\npolicy_magic %u\nversion %u\n", SMCR_SHARED_MAGIC, SMCR_POLICY_MAGIC, SMCR_ABI_VERSION);
 	return 0;
 }
@@ -58,7 +58,7 @@ int main(void) {
 		"d_seq": offDSeq, "d_txwait": offDTxWait, "d_rxwait": offDRxWait, "sizeof_shared": sharedEnd,
 		"heartbeat_ns": 8, "enabled": 16, "ports": 24, "sizeof_policy": PolicySize,
 		"sizeof_msg":       MsgHeaderLen,
-		"SMCR_LIB_SHUT_WR": LibShutWR, "SMCR_LIB_CLOSED": LibClosed,
+		"SMCR_LIB_SHUT_WR": LibShutWR, "SMCR_LIB_CLOSED": LibClosed, "SMCR_LIB_ABORT": LibAbort,
 		"SMCR_D_EOF": DEOF, "SMCR_D_ERROR": DError, "SMCR_D_TX_CLOSED": DTxClosed,
 		"policy_magic": PolicyMagic, "version ": ABIVersion,
 	}
@@ -73,7 +73,7 @@ int main(void) {
 	}
 	delete(want, "magic")
 	delete(want, "version ")
-	if got["version"] != "1" {
+	if got["version"] != itoa(ABIVersion) {
 		t.Errorf("SMCR_ABI_VERSION = %s, want %d", got["version"], ABIVersion)
 	}
 	delete(want, "version")

@@ -75,6 +75,17 @@ void conn_mark_reset(struct conn *c, int fd)
 	ready_conn_changed(c);
 }
 
+void conn_note_close(struct conn *c, int fd)
+{
+	if (atomic_load(&c->state) != CS_ACCEL || atomic_load(&c->reset))
+		return;
+	struct linger l = {0};
+	socklen_t len = sizeof(l);
+	int linger0 = R(getsockopt)(fd, SOL_SOCKET, SO_LINGER, &l, &len) == 0 && l.l_onoff && l.l_linger == 0;
+	if (linger0 || ring_rx_avail(c) > 0)
+		atomic_store(&c->aborted, 1);
+}
+
 int conn_check_reset(struct conn *c, int fd)
 {
 	if (atomic_load_explicit(&c->reset, memory_order_relaxed))
@@ -377,10 +388,15 @@ static void conn_last_close(struct obj *o)
 		if (!conn_shared(c)) {
 			/* SHM: the peer reads the end from us, unless the connection
 			 * failed (a reset is the peer's smcrd's to tell, never an EOF) */
+			int aborted = atomic_load(&c->aborted);
 			if (c->peer && !atomic_load(&c->reset) &&
-			    !(atomic_load(&c->sh->d_flags) & SMCR_D_ERROR))
-				ring_peer_eof(c);
-			atomic_fetch_or(&c->sh->lib_flags, SMCR_LIB_CLOSED);
+			    !(atomic_load(&c->sh->d_flags) & SMCR_D_ERROR)) {
+				if (aborted)
+					ring_peer_reset(c);
+				else
+					ring_peer_eof(c);
+			}
+			atomic_fetch_or(&c->sh->lib_flags, SMCR_LIB_CLOSED | (aborted ? SMCR_LIB_ABORT : 0));
 			atomic_fetch_add(&c->sh->lib_seq, 1);
 			if (c->peer)
 				ring_wake_peer(c); /* its writers see CLOSED: EPIPE */

@@ -39,6 +39,7 @@ struct conn {
 	atomic_int reset;       /* smcrd is gone: the connection is reset */
 	atomic_int pending_err; /* FAILED: SO_ERROR not yet read (positive errno) */
 	atomic_int closed;      /* the program closed its last alias */
+	atomic_int aborted;     /* that close was an abort (conn_note_close) */
 	atomic_int err_taken;   /* ACCEL: the connection's error was returned once (SO_ERROR) */
 
 	/* ACCEL */
@@ -95,6 +96,10 @@ int conn_decide(struct conn *c, int fd, int block);
  * gone, the connection becomes reset. Returns c->reset. */
 int conn_check_reset(struct conn *c, int fd);
 void conn_mark_reset(struct conn *c, int fd);
+
+/* conn_note_close: the program closes fd, c's last alias: an abort, as TCP's RST, if
+ * the socket has SO_LINGER {1, 0} or bytes are left unread. */
+void conn_note_close(struct conn *c, int fd);
 
 /* conn_restore_flags gives the kernel socket the program's O_NONBLOCK again. */
 void conn_restore_flags(struct conn *c, int fd);

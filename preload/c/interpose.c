@@ -316,8 +316,12 @@ EXPORT int close(int fd)
 {
 	ready_forget_fd(fd);
 	struct obj *o = fdt_take(fd);
-	if (o)
+	if (o) {
+		struct conn *c = conn_of(o);
+		if (c && atomic_load(&o->fdrefs) == 1)
+			conn_note_close(c, fd);
 		fdt_release(o);
+	}
 	return R(close)(fd);
 }
 

@@ -157,6 +157,16 @@ void ring_peer_eof(struct conn *c)
 	ring_wake_peer(c);
 }
 
+void ring_peer_reset(struct conn *c)
+{
+	struct smcr_shared *p = c->peer;
+	if (!(atomic_load(&p->d_flags) & SMCR_D_ERROR)) {
+		atomic_store(&p->d_errno, ECONNRESET);
+		atomic_fetch_or_explicit(&p->d_flags, SMCR_D_ERROR, memory_order_seq_cst);
+	}
+	ring_wake_peer(c);
+}
+
 /* deadline of a blocking call from SO_RCVTIMEO / SO_SNDTIMEO: 0 for none */
 static uint64_t call_deadline(int fd, int opt)
 {

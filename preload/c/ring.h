@@ -33,6 +33,9 @@ void ring_kick(int efd);
  * stream (its d_flags EOF, after the last rx_prod) and wakes it. */
 void ring_wake_peer(struct conn *c);
 void ring_peer_eof(struct conn *c);
+/* ring_peer_reset: the program aborted: the peer's reads and writes fail with
+ * ECONNRESET (its d_flags ERROR) and it wakes. */
+void ring_peer_reset(struct conn *c);
 
 /* ring_tx_closed: writes fail with EPIPE: the peer reads no more (smcrd's
  * TX_CLOSED in df, own d_flags; with SHM also the peer program's close). */

@@ -16,7 +16,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#define CHECK(x) do { if (!(x)) { fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, strerror(errno)); exit(2); } } while (0)
+#include "loopback.h"
 
 extern char **environ;
 
@@ -68,13 +68,8 @@ int main(int argc, char **argv)
 	CHECK(argc >= 2);
 	if (argc == 4)
 		return after_exec(atoi(argv[2]), atoi(argv[3]));
-	int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	CHECK(l >= 0);
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	CHECK(bind(l, (struct sockaddr *)&a, sizeof(a)) == 0);
-	socklen_t al = sizeof(a);
-	CHECK(getsockname(l, (struct sockaddr *)&a, &al) == 0);
-	CHECK(listen(l, 4) == 0);
+	struct sockaddr_in a;
+	int l = listen_loopback(SOCK_STREAM | SOCK_CLOEXEC, &a);
 	int s = socket(AF_INET, SOCK_STREAM, 0);
 	CHECK(connect(s, (struct sockaddr *)&a, sizeof(a)) == 0);
 	int p0 = accept4(l, NULL, NULL, SOCK_CLOEXEC);
