@@ -32,8 +32,9 @@
 //     interrupts fails with EINTR unless every caught signal has SA_RESTART
 //     (and, as Linux, always when the socket has a timeout); a signal that
 //     lands in the few microseconds between two of its waits goes unseen.
-//     SO_RCVTIMEO and SO_SNDTIMEO are honoured. A blocking connect waits for
-//     smcrd's decision through signals and ignores SO_SNDTIMEO.
+//     SO_RCVTIMEO and SO_SNDTIMEO are honoured, the latter by a blocking
+//     connect too (EINPROGRESS, as the kernel's). A blocking connect waits for
+//     smcrd's decision through signals.
 //   - An epoll set with accelerated members that is waited on from outside
 //     (inside another set, or under poll/select) may look readable once when
 //     nothing is (never the other way round).

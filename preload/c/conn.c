@@ -234,32 +234,47 @@ static void decide_locked(struct conn *c, int fd, struct channel_msg *m, int r)
 		close_chan(c);
 }
 
-static int decide(struct conn *c, int fd, int block);
+static int decide(struct conn *c, int fd, int block, uint64_t deadline);
 
 int conn_decide(struct conn *c, int fd, int block)
+{
+	return conn_decide_by(c, fd, block, 0);
+}
+
+int conn_decide_by(struct conn *c, int fd, int block, uint64_t deadline)
 {
 	if (atomic_load(&c->state) != CS_PENDING)
 		return 0;
 	if (!block)
-		return decide(c, fd, 0);
+		return decide(c, fd, 0, 0);
 	/* a blocking wait holds the connection: another thread may close it */
 	obj_get(&c->o);
-	int r = decide(c, fd, 1);
+	int r = decide(c, fd, 1, deadline);
 	int e = errno;
 	obj_put(&c->o);
 	errno = e;
 	return r;
 }
 
-static int decide(struct conn *c, int fd, int block)
+static int decide(struct conn *c, int fd, int block, uint64_t deadline)
 {
 	for (;;) {
 		if (atomic_load(&c->state) != CS_PENDING)
 			return 0;
 		if (block) {
 			/* timed, to notice another thread's close of the socket */
+			int ms = 1000;
+			if (deadline) {
+				uint64_t now = now_ns();
+				if (now >= deadline) {
+					errno = EINPROGRESS; /* as the kernel's connect on SO_SNDTIMEO */
+					return -1;
+				}
+				if ((deadline - now) / 1000000 + 1 < (uint64_t)ms)
+					ms = (int)((deadline - now) / 1000000 + 1);
+			}
 			struct pollfd p = {.fd = c->chan, .events = POLLIN};
-			R(poll)(&p, 1, 1000);
+			R(poll)(&p, 1, ms);
 			if (atomic_load(&c->state) != CS_PENDING)
 				return 0;
 			if (atomic_load(&c->closed)) {

@@ -91,6 +91,9 @@ void conn_set_shared(struct conn *c);
 /* conn_decide processes DECIDED if it has come (block: wait for it). 0 once decided,
  * -1 with errno EAGAIN while pending. */
 int conn_decide(struct conn *c, int fd, int block);
+/* conn_decide_by: the same, a blocking wait ending at deadline (CLOCK_MONOTONIC ns, 0:
+ * none) with errno EINPROGRESS, as a connect under SO_SNDTIMEO. */
+int conn_decide_by(struct conn *c, int fd, int block, uint64_t deadline);
 
 /* conn_check_reset looks at the channel of an accelerated connection: if smcrd is
  * gone, the connection becomes reset. Returns c->reset. */

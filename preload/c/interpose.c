@@ -131,7 +131,7 @@ EXPORT int socket(int domain, int type, int protocol)
 
 static int wait_connect(struct conn *c, int fd)
 {
-	if (conn_decide(c, fd, 1) < 0)
+	if (conn_decide_by(c, fd, 1, ring_call_deadline(fd, SO_SNDTIMEO)) < 0)
 		return -1;
 	switch (atomic_load(&c->state)) {
 	case CS_FAILED: {
@@ -346,10 +346,6 @@ EXPORT int shutdown(int fd, int how)
 			ring_shutdown_wr(c);
 		ready_conn_changed(c);
 		return 0;
-	case CS_PREFIX:
-		if (how != SHUT_WR)
-			atomic_store(&c->prefix_off, c->prefix_len);
-		return R(shutdown)(fd, how);
 	case CS_RESET:
 		errno = ENOTCONN;
 		return -1;

@@ -19,6 +19,10 @@ ssize_t ring_send(struct conn *c, int fd, const struct iovec *iov, int iovcnt, i
  * is free): >0, or -1 with errno. For sendfile and splice. */
 ssize_t ring_send_space(struct conn *c, int fd, int flags);
 
+/* ring_call_deadline: when a blocking call on fd gives up, from its SO_RCVTIMEO or
+ * SO_SNDTIMEO (opt): CLOCK_MONOTONIC ns, 0 for never. */
+uint64_t ring_call_deadline(int fd, int opt);
+
 size_t ring_rx_avail(struct conn *c);
 size_t ring_tx_queued(struct conn *c);
 
