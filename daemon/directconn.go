@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"math"
 	"net"
+	"net/netip"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -458,10 +459,11 @@ func newPolicyPage(path string) (*policyPage, error) {
 
 func (pg *policyPage) beat() { pg.p.Beat(uint64(bpf.Monotonic())) }
 
-func (pg *policyPage) set(enabled bool, listed func(uint16) bool) {
+func (pg *policyPage) set(enabled bool, listed func(uint16) bool, addrs []netip.Addr) {
 	pg.mu.Lock()
 	defer pg.mu.Unlock()
 	pg.p.SetPorts(listed)
+	pg.p.SetAddrs(addrs)
 	pg.p.SetEnabled(enabled)
 }
 

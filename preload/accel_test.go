@@ -1,6 +1,7 @@
 package preload
 
 import (
+	"net/netip"
 	"path/filepath"
 	"testing"
 	"time"
@@ -167,6 +168,30 @@ func TestAbort(t *testing.T) {
 		}
 		if err != nil || out != want+accel {
 			t.Errorf("abort %s: %v\nstdout: %s\nwant: %s\nstderr: %s", m.name, err, out, want+accel, errOut)
+		}
+	}
+}
+
+// TestPolicyExcludes: the library offers smcrd no connection that the policy
+// page excludes by local address (ip_addr_list) or by memory (max_memory
+// reached): those stay the kernel's, with no round trip to smcrd; listed, the
+// same connections are accelerated.
+func TestPolicyExcludes(t *testing.T) {
+	build(t)
+	for _, c := range []struct {
+		name  string
+		opts  daemon.DirectOptions
+		accel string
+	}{
+		{"other-address", daemon.DirectOptions{Addrs: []netip.Addr{netip.MustParseAddr("192.0.2.7")}}, "accelerated 0\n"},
+		{"loopback-listed", daemon.DirectOptions{Addrs: []netip.Addr{netip.MustParseAddr("192.0.2.7"), netip.MustParseAddr("127.0.0.1")}}, "accelerated 4\n"},
+		{"memory-full", daemon.DirectOptions{Memory: func() (int64, int64) { return 256 << 20, 256 << 20 }}, "accelerated 0\n"},
+		{"memory-left", daemon.DirectOptions{Memory: func() (int64, int64) { return 1 << 20, 256 << 20 }}, "accelerated 4\n"},
+	} {
+		sock, _ := fakeSmcrdWith(t, c.opts)
+		out, errOut, err := run(t, mode{name: c.name, lib: "libsmcr-preload.so", socket: sock}, "multi", "lt", "4", "100000")
+		if err != nil || out != "ok 4\n" || errOut != c.accel {
+			t.Errorf("%s: %v\nstdout: %s\nstderr: %s (want %q)", c.name, err, out, errOut, c.accel)
 		}
 	}
 }

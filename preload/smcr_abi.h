@@ -105,6 +105,7 @@ struct smcr_shared {
 
 #define SMCR_POLICY_MAGIC 0x50434d53u /* "SMCP" */
 #define SMCR_POLICY_STALE_NS 3000000000ull /* heartbeat older than this: smcrd is gone */
+#define SMCR_POLICY_MAX_ADDRS 16
 
 struct smcr_policy {
 	uint32_t magic;   /* SMCR_POLICY_MAGIC */
@@ -113,4 +114,11 @@ struct smcr_policy {
 	_Atomic uint32_t enabled;      /* smcrd's `enabled` */
 	uint32_t reserved;
 	_Atomic uint64_t ports[1024];  /* bit p of word p/64: port p is in port_range_list */
+	_Atomic uint64_t max_memory;   /* smcrd's max_memory in bytes, 0 unlimited */
+	_Atomic uint64_t mem_used;     /* bytes smcrd holds now: none offered while >= max_memory */
+	_Atomic uint32_t naddrs;       /* local addresses listed below; 0: any */
+	uint32_t reserved1;
+	/* the local addresses of ip_addr_list's interfaces, 8-byte words of the 16 bytes
+	 * (IPv4 as ::ffff:a.b.c.d): a connection with another is not offered */
+	_Atomic uint64_t addrs[SMCR_POLICY_MAX_ADDRS][2];
 };

@@ -78,6 +78,30 @@ static int port_of(const struct sockaddr *a, socklen_t len, uint16_t *port)
 	return 0;
 }
 
+/* local_allowed: the local address fd's connection to dst will have is one the
+ * policy lists: fd's own if bound, else the route's source, which a UDP socket
+ * connected to dst tells without a packet. */
+static int local_allowed(int fd, const struct sockaddr *dst, socklen_t len)
+{
+	if (!policy_lists_addrs())
+		return 1;
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+	if (R(getsockname)(fd, (struct sockaddr *)&ss, &sl) == 0) {
+		uint16_t port;
+		if (port_of((struct sockaddr *)&ss, sl, &port) && port != 0)
+			return policy_local_allows((struct sockaddr *)&ss);
+	}
+	int u = R(socket)(dst->sa_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (u < 0)
+		return 0;
+	sl = sizeof(ss);
+	int ok = R(connect)(u, dst, len) == 0 && R(getsockname)(u, (struct sockaddr *)&ss, &sl) == 0 &&
+		 policy_local_allows((struct sockaddr *)&ss);
+	R(close)(u);
+	return ok;
+}
+
 static void set_nonblock(int fd, int fl, int on)
 {
 	R(fcntl)(fd, F_SETFL, on ? fl | O_NONBLOCK : fl & ~O_NONBLOCK);
@@ -225,7 +249,7 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 	}
 	uint16_t port;
 	if (smcr_disabled || fd >= smcr_fdt_size || !port_of(addr, len, &port) || !policy_allows(port) ||
-	    !is_tcp(fd))
+	    !is_tcp(fd) || !local_allowed(fd, addr, len))
 		return R(connect)(fd, addr, len);
 	return connect_offer(fd, addr, len);
 }
@@ -238,7 +262,7 @@ EXPORT int listen(int fd, int backlog)
 	socklen_t sl = sizeof(ss);
 	uint16_t port;
 	if (R(getsockname)(fd, (struct sockaddr *)&ss, &sl) < 0 || !port_of((struct sockaddr *)&ss, sl, &port) ||
-	    port == 0 || !policy_allows(port) || !is_tcp(fd))
+	    port == 0 || !policy_allows(port) || !policy_local_allows((struct sockaddr *)&ss) || !is_tcp(fd))
 		return R(listen)(fd, backlog);
 	int ch = channel_open();
 	if (ch < 0)
@@ -267,6 +291,13 @@ static void accepted_offer(int nfd, int nonblock)
 {
 	if (nfd >= smcr_fdt_size)
 		return;
+	if (policy_lists_addrs()) {
+		struct sockaddr_storage ss;
+		socklen_t sl = sizeof(ss);
+		if (R(getsockname)(nfd, (struct sockaddr *)&ss, &sl) < 0 ||
+		    !policy_local_allows((struct sockaddr *)&ss))
+			return;
+	}
 	int fl = R(fcntl)(nfd, F_GETFL);
 	if (fl < 0)
 		return;
