@@ -138,13 +138,12 @@ func (dc *directConn) abort() {
 	if dc.stopped.Swap(true) {
 		return
 	}
-	switch a := dc.carrier.(type) {
-	case interface{ Abort() error }:
-		a.Abort()
-	case *net.TCPConn: // OverTCP
-		a.SetLinger(0)
-		a.Close()
-	default:
+	if dc.sock != nil {
+		disconnect(dc.sock)
+	}
+	if c, ok := dc.carrier.(net.Conn); ok {
+		abort(c)
+	} else {
 		dc.carrier.Close()
 	}
 	dc.fail(unix.ECONNRESET)
@@ -161,20 +160,43 @@ func (dc *directConn) fail(errno syscall.Errno) {
 	dc.publish()
 }
 
-// endsInAbort reports whether the program's end of the connection is an
-// abort, as TCP's RST would be: its close said so (LibAbort), or it went away
-// (exit, an exec into an image without the library) leaving bytes unread or
-// with SO_LINGER {1, 0} on its socket.
+// endsInAbort reports whether the program's end of the connection, once it
+// came, is an abort, as TCP's RST would be: the library said so (LibAbort: a
+// close with SO_LINGER {1, 0} or bytes unread, or an exec into an image
+// without the library), or the program went away (exit) leaving bytes unread
+// or with SO_LINGER {1, 0} on its socket.
 func (dc *directConn) endsInAbort(flags uint32) bool {
 	switch {
+	case flags&rmb.LibClosed == 0 && !dc.gone.Load():
+		return false
 	case flags&rmb.LibAbort != 0:
 		return true
-	case flags&rmb.LibClosed != 0 || !dc.gone.Load():
+	case flags&rmb.LibClosed != 0:
 		return false
 	case dc.sh.RxProd().Load() != dc.sh.RxCons().Load():
 		return true
 	}
 	return dc.sock != nil && lingerZero(dc.sock)
+}
+
+// disconnect resets the program's socket itself: a connect to AF_UNSPEC has
+// the kernel send a RST and fail the socket's next read with ECONNRESET, for
+// a process that still holds it (an exec into an image without the library)
+// and would otherwise wait on a TCP connection that carries nothing.
+func disconnect(tcp *net.TCPConn) {
+	rc, err := tcp.SyscallConn()
+	if err != nil {
+		return
+	}
+	var unspec [16]byte // struct sockaddr, sa_family AF_UNSPEC
+	rc.Control(func(fd uintptr) {
+		// Reset by the peer already: a disconnect now would clear the
+		// socket's ECONNRESET.
+		if ti, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err != nil || ti.State == tcpClose {
+			return
+		}
+		unix.Syscall(unix.SYS_CONNECT, fd, uintptr(unsafe.Pointer(&unspec[0])), uintptr(len(unspec)))
+	})
 }
 
 // lingerZero reports whether the socket has SO_LINGER {1, 0}.
@@ -260,6 +282,10 @@ func (dc *directConn) send() {
 		}
 		switch {
 		case flags&rmb.LibClosed != 0 || dc.gone.Load():
+			// The end may have come since the look above: flags again.
+			if dc.endsInAbort(dc.sh.LibFlags().Load()) {
+				dc.abort()
+			}
 			return
 		case flags&rmb.LibShutWR != 0 && !shut:
 			shut = true
@@ -288,7 +314,11 @@ func (dc *directConn) awaitClose() {
 			return
 		}
 		if flags&rmb.LibClosed != 0 || dc.gone.Load() {
-			dc.carrier.Close()
+			if dc.endsInAbort(dc.sh.LibFlags().Load()) {
+				dc.abort()
+			} else {
+				dc.carrier.Close()
+			}
 			return
 		}
 		dc.wait(dc.efdTx, dc.sh.DTxWait(), func() bool {

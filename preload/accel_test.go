@@ -130,7 +130,8 @@ func TestSameHost(t *testing.T) {
 
 // TestExec: connections live on across exec (execv, execvp, execl) into an image
 // with the library: the new image adopts them, accelerated, with the bytes the
-// old one left unread, and both directions and the close go on.
+// old one left unread, and both directions and the close go on. Into an image
+// without the library they end with a reset.
 func TestExec(t *testing.T) {
 	build(t)
 	sock := fakeSmcrd(t)
@@ -146,6 +147,16 @@ func TestExec(t *testing.T) {
 			if err != nil || out != "ok\n" || errOut != want {
 				t.Errorf("exec %s %s: %v\nstdout: %s\nstderr: %s (want %q)", call, m.name, err, out, errOut, want)
 			}
+		}
+		// Into an image without the library: the kernel's connection goes
+		// on; an accelerated one is reset (smcrd resets the socket itself),
+		// never a wait on a TCP connection that carries nothing.
+		want := "noenv reset\n"
+		if m.lib == "" {
+			want = "noenv data\n"
+		}
+		if out, errOut, err := run(t, m, "exec", "execve-noenv"); err != nil || out != want {
+			t.Errorf("exec execve-noenv %s: %v\nstdout: %q, want %q\nstderr: %s", m.name, err, out, want, errOut)
 		}
 	}
 }

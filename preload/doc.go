@@ -44,12 +44,15 @@
 //   - A socket kept across exec (not close-on-exec) stays accelerated when the
 //     new image loads the library too (LD_PRELOAD in the environment it gets,
 //     or /etc/ld.so.preload): exec.c leaves the library's fds behind it open
-//     and names them in SMCR_INHERIT, and the new image adopts them. An image
-//     without the library (environment cleared, SMCR_DIRECT=0, a static
-//     binary), and an exec by raw system call or from posix_spawn, system or
-//     popen (glibc calls its own execve), get the channel closed by the exec,
-//     which smcrd takes for the program's end: the connection does not go on
-//     over TCP. Sockets passed to another process with SCM_RIGHTS, io_uring,
+//     and names them in SMCR_INHERIT, and the new image adopts them. Into an
+//     image without the library (environment cleared, SMCR_DIRECT=0) the
+//     connection ends with a reset (SMCR_LIB_ABORT; smcrd resets the socket
+//     itself): it does not go on over TCP. An exec by raw system call or from
+//     posix_spawn, system or popen (glibc calls its own execve) is not seen:
+//     the channel closes with it, which smcrd takes for the program's end
+//     (a reset if bytes were left unread), and the new image may wait on a
+//     TCP connection that carries nothing until the peer closes.
+//     Sockets passed to another process with SCM_RIGHTS, io_uring,
 //     and close_range/closefrom or raw close system calls on the library's fds
 //     are not followed either.
 //   - After fork both processes use the connection (shared memory); the

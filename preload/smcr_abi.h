@@ -59,8 +59,9 @@ struct smcr_msg {
 /* lib_flags: the program's side, set by the library */
 #define SMCR_LIB_SHUT_WR 1u /* shutdown(SHUT_WR): after the bytes up to tx_prod, send FIN */
 #define SMCR_LIB_CLOSED 2u  /* close(): the program is gone from this connection */
-#define SMCR_LIB_ABORT 4u   /* with CLOSED: the close was an abort (SO_LINGER {1, 0}, or bytes
-                             * left unread), as TCP's RST: the peer reads ECONNRESET */
+#define SMCR_LIB_ABORT 4u   /* the program's end (CLOSED, or the channel's close) is an abort,
+                             * as TCP's RST (SO_LINGER {1, 0}, bytes left unread, an exec into
+                             * an image without the library): the peer reads ECONNRESET */
 
 /* d_flags: smcrd's side */
 #define SMCR_D_EOF 1u       /* the peer sent its last byte: rx_prod is final */

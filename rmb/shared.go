@@ -62,7 +62,7 @@ const (
 const (
 	LibShutWR = 1 // shutdown(SHUT_WR): after the bytes up to tx_prod, the FIN
 	LibClosed = 2 // close(): the program is gone from the connection
-	LibAbort  = 4 // with LibClosed: the close was an abort (SO_LINGER {1, 0}, or bytes left unread): the peer reads a reset
+	LibAbort  = 4 // the program's end (LibClosed, or the channel's close) is an abort (SO_LINGER {1, 0}, bytes left unread, an exec into an image without the library): the peer reads a reset
 )
 
 // smcrd's flags (d_flags).

@@ -3,8 +3,11 @@
  * behind each connection whose socket survives the exec (its channel, shared area,
  * eventfds) are left open across it and named in SMCR_INHERIT; the new image's library
  * adopts them at start, with the bytes still in the rings. smcrd sees nothing: the
- * channel never closes. An image without the library gets the channel closed by the
- * exec, which smcrd takes for the program's end. */
+ * channel never closes. Before an exec into an image without the library, each such
+ * connection is marked SMCR_LIB_ABORT: the exec closes its channel, and smcrd ends
+ * the connection with a reset, of the socket too, so that the new image reads
+ * ECONNRESET rather than wait on a TCP connection that carries nothing, and the
+ * peer never takes the cut stream for a whole one. */
 #include "exec.h"
 
 #include <errno.h>
@@ -104,6 +107,7 @@ struct exec_env {
 	char **envp;  /* the environment to exec with */
 	void *map;    /* its memory, or NULL (envp is the caller's) */
 	size_t size;
+	int aborting; /* the connections are marked SMCR_LIB_ABORT */
 };
 
 /* each (fd, conn) to pass */
@@ -145,6 +149,23 @@ static void write_one(int fd, struct conn *c, int st, void *arg)
 		set_cloexec(fds[i], 0);
 }
 
+/* mark_abort sets (arg non-NULL) or clears SMCR_LIB_ABORT on an accelerated one, and
+ * gives its socket the program's O_NONBLOCK for the new image (or takes it back) */
+static void mark_abort(int fd, struct conn *c, int st, void *arg)
+{
+	if (st != CS_ACCEL || !c->sh)
+		return;
+	if (arg) {
+		atomic_fetch_or(&c->sh->lib_flags, SMCR_LIB_ABORT);
+		conn_restore_flags(c, fd);
+	} else {
+		atomic_fetch_and(&c->sh->lib_flags, ~SMCR_LIB_ABORT);
+		int fl = R(fcntl)(fd, F_GETFL);
+		if (fl >= 0)
+			R(fcntl)(fd, F_SETFL, fl | O_NONBLOCK);
+	}
+}
+
 static void restore_one(int fd, struct conn *c, int st, void *arg)
 {
 	(void)fd, (void)st, (void)arg;
@@ -164,8 +185,13 @@ static struct exec_env exec_prepare(char *const envp[])
 	if (!smcr_fdt || smcr_disabled)
 		return e;
 	for_each_inherited(count_one, &k);
-	if (k == 0 || !image_has_library(envp))
+	if (k == 0)
 		return e;
+	if (!image_has_library(envp)) {
+		for_each_inherited(mark_abort, &e);
+		e.aborting = 1;
+		return e;
+	}
 	size_t n = 0;
 	while (envp && envp[n])
 		n++;
@@ -193,9 +219,12 @@ static struct exec_env exec_prepare(char *const envp[])
 /* exec_failed: the exec returned: the library's fds close on exec again */
 static void exec_failed(struct exec_env *e)
 {
+	int err = errno;
+	if (e->aborting)
+		for_each_inherited(mark_abort, NULL);
+	errno = err;
 	if (!e->map)
 		return;
-	int err = errno;
 	for_each_inherited(restore_one, NULL);
 	munmap(e->map, e->size);
 	errno = err;

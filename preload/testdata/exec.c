@@ -1,9 +1,12 @@
 /* exec.c: connections kept across exec. The first image connects a pair, leaves bytes
  * unread in one end, and execs itself (argv[1] names the exec call: execv, execvp,
- * execl, execve-noenv: execve with an environment without the library) with both
+ * execl; execve-noenv: execve with an environment without the library) with both
  * sockets open (one of them only as a dup2 alias). The new image reads the unread
  * bytes, echoes both ways, and closes one end: the other reads EOF.
- * stdout: "ok"; stderr: "accelerated N" (sockets the new image sees accelerated). */
+ * stdout: "ok"; stderr: "accelerated N" (sockets the new image sees accelerated).
+ * execve-noenv: the new image reads once; stdout "noenv data" (the kernel's bytes) or
+ * "noenv reset" (a connection the library had accelerated is reset: ECONNRESET, EPIPE
+ * or ENOTCONN as the kernel reports a reset, depending on which end's came first). */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -38,6 +41,20 @@ static void read_full(int fd, char *b, size_t n)
 	}
 }
 
+static int after_exec_noenv(int p)
+{
+	char b[64];
+	errno = 0;
+	ssize_t r = read(p, b, sizeof(b));
+	if (r > 0 && memcmp(b, "ello more", (size_t)r < 9 ? (size_t)r : 9) == 0)
+		printf("noenv data\n");
+	else if (r < 0 && (errno == ECONNRESET || errno == EPIPE || errno == ENOTCONN))
+		printf("noenv reset\n");
+	else
+		printf("noenv %zd %s\n", r, r < 0 ? strerror(errno) : "");
+	return 0;
+}
+
 static int after_exec(int s, int p)
 {
 	fprintf(stderr, "accelerated %d\n", accelerated(s) + accelerated(p));
@@ -66,6 +83,8 @@ static int after_exec(int s, int p)
 int main(int argc, char **argv)
 {
 	CHECK(argc >= 2);
+	if (argc == 4 && strcmp(argv[1], "execve-noenv") == 0)
+		return after_exec_noenv(atoi(argv[3]));
 	if (argc == 4)
 		return after_exec(atoi(argv[2]), atoi(argv[3]));
 	struct sockaddr_in a;
@@ -93,6 +112,15 @@ int main(int argc, char **argv)
 		execvp("/proc/self/exe", args);
 	else if (strcmp(argv[1], "execl") == 0)
 		execl("/proc/self/exe", argv[0], argv[1], sfd, pfd, (char *)NULL);
+	else if (strcmp(argv[1], "execve-noenv") == 0) {
+		char *env[64];
+		int n = 0;
+		for (char **e = environ; *e && n < 63; e++)
+			if (strncmp(*e, "LD_PRELOAD=", 11) != 0)
+				env[n++] = *e;
+		env[n] = NULL;
+		execve("/proc/self/exe", args, env);
+	}
 	fprintf(stderr, "exec %s: %s\n", argv[1], strerror(errno));
 	return 2;
 }

@@ -895,3 +895,33 @@ func TestDirectProgramsExecDecided(t *testing.T) {
 		t.Fatalf("client: %s (%v) %s", cli.out(), err, cli.errOut())
 	}
 }
+
+// TestDirectProgramsExecNoLibrary: the same server execs cat through env -i,
+// so cat runs without the library (its environment cleared). The connection
+// cannot go on accelerated: it ends with a reset, of cat's socket too, so
+// neither cat nor the client waits on it, and the client never takes a short
+// echo for a whole one.
+func TestDirectProgramsExecNoLibrary(t *testing.T) {
+	requirePython(t)
+	needPrograms(t, "env", "cat")
+	a, b := directHosts(t, "shm")
+	b.startProc(true, "python3", "testdata/direct_exec_server.py", "5201", "env", "-i", "cat")
+	b.waitListening(5201)
+	cli := a.startProc(true, "python3", "testdata/direct_exec_client.py", b.ns.Addr4().String(), "5201", strconv.Itoa(1<<20))
+	if !cli.wait(20 * time.Second) {
+		t.Logf("%s%s", a.snapshotter()(), b.snapshotter()())
+		t.Fatalf("the client hung")
+	}
+	var r struct {
+		OK    bool
+		Bytes int
+		Err   string
+	}
+	if err := json.Unmarshal([]byte(cli.out()), &r); err != nil {
+		t.Fatalf("client: %s (%v) %s", cli.out(), err, cli.errOut())
+	}
+	t.Logf("client: %d bytes echoed, error %q", r.Bytes, r.Err)
+	if r.OK || r.Err == "" {
+		t.Errorf("client: %+v: want an error (the connection reset), never a clean end", r)
+	}
+}
