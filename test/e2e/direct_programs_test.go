@@ -877,22 +877,9 @@ func TestDirectProgramsExec(t *testing.T) {
 // execs cat on the socket: cat's library adopts it with its shared area and
 // echoes the rest, every byte.
 func TestDirectProgramsExecDecided(t *testing.T) {
-	requirePython(t)
-	a, b := directHosts(t, "shm")
-	b.startProc(true, "python3", "testdata/direct_exec_server.py", "5201")
-	b.waitListening(5201)
-	cli := a.startProc(true, "python3", "testdata/direct_exec_client.py", b.ns.Addr4().String(), "5201", strconv.Itoa(1<<20))
-	if !cli.wait(20 * time.Second) {
-		t.Logf("%s%s", a.snapshotter()(), b.snapshotter()())
-		t.Fatalf("the client hung: its echo never came back from cat")
-	}
-	var r struct {
-		OK    bool
-		Bytes int
-		Err   string
-	}
-	if err := json.Unmarshal([]byte(cli.out()), &r); err != nil || !r.OK {
-		t.Fatalf("client: %s (%v) %s", cli.out(), err, cli.errOut())
+	r := execEcho(t)
+	if !r.OK {
+		t.Fatalf("client: %+v", r)
 	}
 }
 
@@ -902,26 +889,33 @@ func TestDirectProgramsExecDecided(t *testing.T) {
 // neither cat nor the client waits on it, and the client never takes a short
 // echo for a whole one.
 func TestDirectProgramsExecNoLibrary(t *testing.T) {
-	requirePython(t)
 	needPrograms(t, "env", "cat")
-	a, b := directHosts(t, "shm")
-	b.startProc(true, "python3", "testdata/direct_exec_server.py", "5201", "env", "-i", "cat")
-	b.waitListening(5201)
-	cli := a.startProc(true, "python3", "testdata/direct_exec_client.py", b.ns.Addr4().String(), "5201", strconv.Itoa(1<<20))
-	if !cli.wait(20 * time.Second) {
-		t.Logf("%s%s", a.snapshotter()(), b.snapshotter()())
-		t.Fatalf("the client hung")
-	}
-	var r struct {
-		OK    bool
-		Bytes int
-		Err   string
-	}
-	if err := json.Unmarshal([]byte(cli.out()), &r); err != nil {
-		t.Fatalf("client: %s (%v) %s", cli.out(), err, cli.errOut())
-	}
+	r := execEcho(t, "env", "-i", "cat")
 	t.Logf("client: %d bytes echoed, error %q", r.Bytes, r.Err)
 	if r.OK || r.Err == "" {
 		t.Errorf("client: %+v: want an error (the connection reset), never a clean end", r)
 	}
+}
+
+// execEcho runs direct_exec_server.py (it execs cmd, cat by default) and its
+// client, and returns the client's verdict; a client that hangs fails the test.
+func execEcho(t *testing.T, cmd ...string) (r struct {
+	OK    bool
+	Bytes int
+	Err   string
+}) {
+	t.Helper()
+	requirePython(t)
+	a, b := directHosts(t, "shm")
+	b.startProc(true, "python3", append([]string{"testdata/direct_exec_server.py", "5201"}, cmd...)...)
+	b.waitListening(5201)
+	cli := a.startProc(true, "python3", "testdata/direct_exec_client.py", b.ns.Addr4().String(), "5201", strconv.Itoa(1<<20))
+	if !cli.wait(20 * time.Second) {
+		t.Logf("%s%s", a.snapshotter()(), b.snapshotter()())
+		t.Fatalf("the client hung: its echo never came back")
+	}
+	if err := json.Unmarshal([]byte(cli.out()), &r); err != nil {
+		t.Fatalf("client: %s (%v) %s", cli.out(), err, cli.errOut())
+	}
+	return r
 }
