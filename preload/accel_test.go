@@ -206,3 +206,22 @@ func TestPolicyExcludes(t *testing.T) {
 		}
 	}
 }
+
+// TestPassFd: an accelerated socket sent to a process that knows nothing of
+// it (SCM_RIGHTS), its sender closing its copy: with the kernel's sockets the
+// bytes go on; with the library's the connection is reset at both ends,
+// never a wait on a socket that carries nothing, never a clean end.
+func TestPassFd(t *testing.T) {
+	build(t)
+	sock := fakeSmcrd(t)
+	for _, m := range []mode{{name: "kernel"}, {name: "smcr", lib: "libsmcr-preload.so", socket: sock},
+		{name: "smcr-asan", lib: "libsmcr-preload-asan.so", socket: sock}} {
+		want := "receiver reset\nclient reset\n"
+		if m.lib == "" {
+			want = "receiver data\nclient data\n"
+		}
+		if out, errOut, err := run(t, m, "passfd"); err != nil || out != want {
+			t.Errorf("passfd %s: %v\nstdout: %q, want %q\nstderr: %s", m.name, err, out, want, errOut)
+		}
+	}
+}

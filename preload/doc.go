@@ -52,9 +52,15 @@
 //     the channel closes with it, which smcrd takes for the program's end
 //     (a reset if bytes were left unread), and the new image may wait on a
 //     TCP connection that carries nothing until the peer closes.
-//     Sockets passed to another process with SCM_RIGHTS, io_uring,
-//     and close_range/closefrom or raw close system calls on the library's fds
-//     are not followed either.
+//   - An accelerated socket sent to another process with SCM_RIGHTS (sendmsg)
+//     is not followed there: the connection is marked SMCR_LIB_ABORT and its
+//     socket gets the program's O_NONBLOCK back, so that its end here (the
+//     sender's close, or exit) resets it, the other process's socket
+//     included: that process reads an error, never a clean end, but nothing
+//     before (it waits on a socket that carries nothing until then), and the
+//     connection does not go on over TCP. sendmmsg is not looked at.
+//   - io_uring, and close_range/closefrom or raw close system calls on the
+//     library's fds, are not followed.
 //   - After fork both processes use the connection (shared memory); the
 //     library then never sets SMCR_LIB_CLOSED: the connection ends when the
 //     last process closes the channel (smcrd treats the channel's end as the

@@ -676,8 +676,33 @@ EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags, const struct
 	return r == PASS ? R(sendto)(fd, buf, n, flags, addr, alen) : r;
 }
 
+/* note_passed_fds: an accelerated socket sent to another process (SCM_RIGHTS) is one
+ * the library there cannot follow: the connection's end, whenever it comes here, is
+ * then an abort (SMCR_LIB_ABORT), which resets the socket the other process holds,
+ * so that it reads an error rather than wait on a TCP connection that carries
+ * nothing; the socket gets the program's O_NONBLOCK back for it. */
+static void note_passed_fds(const struct msghdr *msg)
+{
+	for (struct cmsghdr *h = CMSG_FIRSTHDR(msg); h; h = CMSG_NXTHDR((struct msghdr *)msg, h)) {
+		if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS)
+			continue;
+		size_t k = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		for (size_t i = 0; i < k; i++) {
+			int pfd;
+			memcpy(&pfd, CMSG_DATA(h) + i * sizeof(int), sizeof(int));
+			struct conn *c = conn_of(fdt_get(pfd));
+			if (c && atomic_load(&c->state) == CS_ACCEL && c->sh) {
+				atomic_fetch_or(&c->sh->lib_flags, SMCR_LIB_ABORT);
+				conn_restore_flags(c, pfd);
+			}
+		}
+	}
+}
+
 EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
 {
+	if (msg && msg->msg_control && msg->msg_controllen >= sizeof(struct cmsghdr) && smcr_fdt)
+		note_passed_fds(msg);
 	struct conn *c = conn_of(fdt_get(fd));
 	if (__builtin_expect(!c, 1))
 		return R(sendmsg)(fd, msg, flags);
