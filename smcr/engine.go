@@ -474,9 +474,10 @@ func (e *Engine) HoldMemory(n int64) {
 	}
 }
 
-// MemoryHeld is the bytes counted against MaxMemory now: buffers held or
-// pooled, and those of HoldMemory.
-func (e *Engine) MemoryHeld() int64 { return e.mem.Load() }
+// MemoryHeld is the bytes counted against MaxMemory that the engine cannot
+// free on demand: buffers connections hold, and those of HoldMemory (pooled
+// buffers, which it frees when it needs room, are not among them).
+func (e *Engine) MemoryHeld() int64 { return e.mem.Load() - e.pooled.Load() }
 
 // reserve accounts n bytes against MaxMemory; false when they do not fit.
 func (e *Engine) reserve(n int64) bool {
