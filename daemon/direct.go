@@ -31,6 +31,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"sync"
@@ -90,6 +91,10 @@ type directHooks struct {
 	// track and untrack follow the connections for smcrctl conns and drain.
 	track   func(t *tracked)
 	untrack func(t *tracked)
+	// memory is what max_memory allows (0: unlimited) and what is held;
+	// hold counts a connection's shared area in it (negative: gives it back).
+	memory func() (used, limit int64)
+	hold   func(n int64)
 }
 
 // DirectServer serves the direct socket.
@@ -122,6 +127,11 @@ type DirectOptions struct {
 	Path   string            // the direct socket; its policy page is Path + ".policy"
 	Ports  func(uint16) bool // ports the policy page lists (nil: all)
 	Logger *slog.Logger
+	// Addrs are the local addresses the policy page lists (none: any).
+	Addrs []netip.Addr
+	// Memory, when set, is what the policy page says of max_memory
+	// (used, limit) at each Beat.
+	Memory func() (used, limit int64)
 	// SameHost decides every connection as the same-host bypass
 	// (SMCR_MODE_SHM) of two ends that are both this server's: their
 	// libraries write into each other's rings. A stand-in for CLC's TLV 3
@@ -154,6 +164,11 @@ func NewDirectServer(opts DirectOptions) (*DirectServer, error) {
 		clcTimeout: func() time.Duration { return time.Second },
 		track:      func(*tracked) {},
 		untrack:    func(*tracked) {},
+		memory:     opts.Memory,
+		hold:       func(int64) {},
+	}
+	if hooks.memory == nil {
+		hooks.memory = func() (int64, int64) { return 0, 0 }
 	}
 	ports := opts.Ports
 	if ports == nil {
@@ -163,7 +178,8 @@ func NewDirectServer(opts DirectOptions) (*DirectServer, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.page.set(true, ports)
+	s.page.set(true, ports, opts.Addrs)
+	s.Beat()
 	if opts.SameHost {
 		if s.meet, err = newMeetPoint(filepath.Dir(opts.Path), s.log); err != nil {
 			s.page.close()
@@ -269,18 +285,23 @@ func (s *DirectServer) Bypassed() uint64 { return s.st.bypass.Load() }
 // Path is the direct socket's path.
 func (s *DirectServer) Path() string { return s.path }
 
-// SetPolicy puts what the libraries decide by into the policy page.
-func (s *DirectServer) SetPolicy(cfg *config.Config) {
-	s.page.set(cfg.Enabled, cfg.PortRanges.Contains)
+// SetPolicy puts what the libraries decide by into the policy page: addrs
+// are the local addresses of ip_addr_list's interfaces.
+func (s *DirectServer) SetPolicy(cfg *config.Config, addrs []netip.Addr) {
+	s.page.set(cfg.Enabled, cfg.PortRanges.Contains, addrs)
 }
 
 // Beat tells the libraries smcrd is alive.
-func (s *DirectServer) Beat() { s.page.beat() }
+func (s *DirectServer) Beat() {
+	used, limit := s.hooks.memory()
+	s.page.p.SetMemory(uint64(max(used, 0)), uint64(max(limit, 0)))
+	s.page.beat()
+}
 
 // Quiesce stops new connections: the libraries see smcrd disabled, and the
 // direct socket closes. Connections already direct go on.
 func (s *DirectServer) Quiesce() {
-	s.page.set(false, func(uint16) bool { return false })
+	s.page.set(false, func(uint16) bool { return false }, nil)
 	s.ln.Close()
 }
 
@@ -551,6 +572,10 @@ func (s *DirectServer) decide(ch *net.UnixConn, tcp *net.TCPConn, client bool) {
 		abortAll()
 		return
 	}
+	c.sock = tcp
+	// The shared area counts against max_memory while the connection lives.
+	s.hooks.hold(int64(len(c.mem)))
+	defer s.hooks.hold(-int64(len(c.mem)))
 	mode, fds := rmb.ModeSMCR, c.libraryFds()
 	if h.peerDirect != nil && s.meet != nil {
 		mine := fds[:2] // memfd, efd_lib
@@ -691,6 +716,10 @@ func (d *Daemon) directHooks() directHooks {
 		clcTimeout: func() time.Duration { return d.CurrentConfig().CLCTimeout },
 		track:      d.track,
 		untrack:    d.untrack,
+		memory: func() (int64, int64) {
+			return d.engine.MemoryHeld(), d.engine.Settings().MaxMemory
+		},
+		hold: d.engine.HoldMemory,
 	}
 }
 

@@ -6,8 +6,10 @@ import (
 	"crypto/sha256"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -315,7 +317,9 @@ func TestDirectRefusesOtherDescriptors(t *testing.T) {
 // TestDirectPolicyPage: the page says what the server was told, and that smcrd
 // is alive; Close turns it off.
 func TestDirectPolicyPage(t *testing.T) {
-	s, err := NewDirectServer(DirectOptions{Path: filepath.Join(t.TempDir(), "d.sock"), Ports: func(p uint16) bool { return p == 5201 }})
+	addrs := []netip.Addr{netip.MustParseAddr("192.0.2.7"), netip.MustParseAddr("2001:db8::7")}
+	s, err := NewDirectServer(DirectOptions{Path: filepath.Join(t.TempDir(), "d.sock"), Ports: func(p uint16) bool { return p == 5201 },
+		Addrs: addrs, Memory: func() (int64, int64) { return 3 << 20, 256 << 20 }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -328,6 +332,12 @@ func TestDirectPolicyPage(t *testing.T) {
 	p, _ := rmb.InitPolicy(unsafe.Slice((*byte)(unsafe.Pointer(&mem[0])), rmb.PolicySize))
 	if !p.Enabled() || !p.Port(5201) || p.Port(5202) || p.Heartbeat() == 0 {
 		t.Fatalf("page: enabled %v, 5201 %v, 5202 %v, beat %d", p.Enabled(), p.Port(5201), p.Port(5202), p.Heartbeat())
+	}
+	if got := p.Addrs(); !slices.Equal(got, addrs) {
+		t.Errorf("page: addresses %v, want %v", got, addrs)
+	}
+	if used, limit := p.Memory(); used != 3<<20 || limit != 256<<20 {
+		t.Errorf("page: memory %d of %d", used, limit)
 	}
 	st, _ := os.Stat(s.Path() + ".policy")
 	if st.Mode().Perm() != 0o644 {

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"math"
 	"net"
+	"net/netip"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -40,8 +41,9 @@ type directConn struct {
 	// bypass: the libraries write into each other's rings (directmeet.go);
 	// the SMC-R connection carries only the close.
 	bypass  bool
-	gone    atomic.Bool // the channel closed: the program is gone
-	stopped atomic.Bool // abort: smcrd ends the connection now
+	sock    *net.TCPConn // smcrd's duplicate of the program's socket: its SO_LINGER
+	gone    atomic.Bool  // the channel closed: the program is gone
+	stopped atomic.Bool  // abort: smcrd ends the connection now
 	rxDone  chan struct{}
 }
 
@@ -130,13 +132,17 @@ func (dc *directConn) publish() {
 	}
 }
 
-// abort ends the connection from smcrd's side: the program reads ECONNRESET.
+// abort ends the connection from smcrd's side: the program reads ECONNRESET,
+// the peer a reset.
 func (dc *directConn) abort() {
 	if dc.stopped.Swap(true) {
 		return
 	}
-	if a, ok := dc.carrier.(interface{ Abort() error }); ok {
-		a.Abort()
+	if dc.sock != nil {
+		disconnect(dc.sock)
+	}
+	if c, ok := dc.carrier.(net.Conn); ok {
+		abort(c)
 	} else {
 		dc.carrier.Close()
 	}
@@ -152,6 +158,56 @@ func (dc *directConn) fail(errno syscall.Errno) {
 		dc.sh.DFlags().Or(rmb.DError)
 	}
 	dc.publish()
+}
+
+// endsInAbort reports whether the program's end of the connection, once it
+// came, is an abort, as TCP's RST would be: the library said so (LibAbort: a
+// close with SO_LINGER {1, 0} or bytes unread, or an exec into an image
+// without the library), or the program went away (exit) leaving bytes unread
+// or with SO_LINGER {1, 0} on its socket.
+func (dc *directConn) endsInAbort(flags uint32) bool {
+	switch {
+	case flags&rmb.LibClosed == 0 && !dc.gone.Load():
+		return false
+	case flags&rmb.LibAbort != 0:
+		return true
+	case flags&rmb.LibClosed != 0:
+		return false
+	case dc.sh.RxProd().Load() != dc.sh.RxCons().Load():
+		return true
+	}
+	return dc.sock != nil && lingerZero(dc.sock)
+}
+
+// disconnect resets the program's socket itself: a connect to AF_UNSPEC has
+// the kernel send a RST and fail the socket's next read with ECONNRESET, for
+// a process that still holds it (an exec into an image without the library)
+// and would otherwise wait on a TCP connection that carries nothing.
+func disconnect(tcp *net.TCPConn) {
+	rc, err := tcp.SyscallConn()
+	if err != nil {
+		return
+	}
+	var unspec [16]byte // struct sockaddr, sa_family AF_UNSPEC
+	rc.Control(func(fd uintptr) {
+		// Reset by the peer already: a disconnect now would clear the
+		// socket's ECONNRESET.
+		if ti, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err != nil || ti.State == tcpClose {
+			return
+		}
+		unix.Syscall(unix.SYS_CONNECT, fd, uintptr(unsafe.Pointer(&unspec[0])), uintptr(len(unspec)))
+	})
+}
+
+// lingerZero reports whether the socket has SO_LINGER {1, 0}.
+func lingerZero(tcp *net.TCPConn) bool {
+	rc, err := tcp.SyscallConn()
+	if err != nil {
+		return false
+	}
+	var l *unix.Linger
+	rc.Control(func(fd uintptr) { l, err = unix.GetsockoptLinger(int(fd), unix.SOL_SOCKET, unix.SO_LINGER) })
+	return err == nil && l.Onoff != 0 && l.Linger == 0
 }
 
 // run carries the bytes until the program has closed and every byte it wrote
@@ -197,6 +253,10 @@ func (dc *directConn) send() {
 		// Flags before the cursor: bytes the program wrote before it
 		// shut down or closed are all in the cursor read after.
 		flags := dc.sh.LibFlags().Load()
+		if dc.endsInAbort(flags) {
+			dc.abort() // as TCP's RST, the bytes not yet sent go too
+			return
+		}
 		prod := dc.sh.TxProd().Load()
 		if prod-cons > size {
 			dc.log.Warn("direct: library's send cursor out of bounds: connection aborted")
@@ -219,6 +279,10 @@ func (dc *directConn) send() {
 		}
 		switch {
 		case flags&rmb.LibClosed != 0 || dc.gone.Load():
+			// The end may have come since the look above: flags again.
+			if dc.endsInAbort(dc.sh.LibFlags().Load()) {
+				dc.abort()
+			}
 			return
 		case flags&rmb.LibShutWR != 0 && !shut:
 			shut = true
@@ -242,8 +306,16 @@ func (dc *directConn) send() {
 func (dc *directConn) awaitClose() {
 	for !dc.stopped.Load() {
 		flags := dc.sh.LibFlags().Load()
+		if dc.endsInAbort(flags) {
+			dc.abort()
+			return
+		}
 		if flags&rmb.LibClosed != 0 || dc.gone.Load() {
-			dc.carrier.Close()
+			if dc.endsInAbort(dc.sh.LibFlags().Load()) {
+				dc.abort()
+			} else {
+				dc.carrier.Close()
+			}
 			return
 		}
 		dc.wait(dc.efdTx, dc.sh.DTxWait(), func() bool {
@@ -414,10 +486,11 @@ func newPolicyPage(path string) (*policyPage, error) {
 
 func (pg *policyPage) beat() { pg.p.Beat(uint64(bpf.Monotonic())) }
 
-func (pg *policyPage) set(enabled bool, listed func(uint16) bool) {
+func (pg *policyPage) set(enabled bool, listed func(uint16) bool, addrs []netip.Addr) {
 	pg.mu.Lock()
 	defer pg.mu.Unlock()
 	pg.p.SetPorts(listed)
+	pg.p.SetAddrs(addrs)
 	pg.p.SetEnabled(enabled)
 }
 

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"runtime"
 	"slices"
 	"strings"
@@ -69,7 +70,7 @@ func (d *Daemon) applyPolicy(c config.Config, names []string) error {
 		}
 	}
 	if d.direct != nil {
-		d.direct.SetPolicy(&c)
+		d.direct.SetPolicy(&c, interfaceAddrs(names))
 	}
 	d.log.Info("policy", "enabled", c.Enabled, "port_range_list", c.PortRanges.String(), "interfaces", names)
 	return nil
@@ -410,4 +411,22 @@ func (d *Daemon) refreshInterfaces() {
 	if len(present) == len(d.ifaces) {
 		d.ifacesOK = true
 	}
+}
+
+// interfaceAddrs are the addresses of the interfaces named: the local
+// addresses a direct connection may have (nil, any, if they cannot be listed).
+func interfaceAddrs(names []string) []netip.Addr {
+	host, err := config.HostInterfaces()
+	if err != nil {
+		return nil
+	}
+	var out []netip.Addr
+	for _, i := range host {
+		if slices.Contains(names, i.Name) {
+			for _, p := range i.Addrs {
+				out = append(out, p.Addr())
+			}
+		}
+	}
+	return out
 }

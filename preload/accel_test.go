@@ -1,6 +1,7 @@
 package preload
 
 import (
+	"net/netip"
 	"path/filepath"
 	"testing"
 	"time"
@@ -124,5 +125,103 @@ func TestSameHost(t *testing.T) {
 				t.Errorf("no connection went library to library")
 			}
 		})
+	}
+}
+
+// TestExec: connections live on across exec (execv, execvp, execl) into an image
+// with the library: the new image adopts them, accelerated, with the bytes the
+// old one left unread, and both directions and the close go on. Into an image
+// without the library they end with a reset.
+func TestExec(t *testing.T) {
+	build(t)
+	sock := fakeSmcrd(t)
+	for _, m := range []mode{{name: "kernel"}, {name: "smcr", lib: "libsmcr-preload.so", socket: sock},
+		{name: "smcr-asan", lib: "libsmcr-preload-asan.so", socket: sock},
+		{name: "smcr-ubsan", lib: "libsmcr-preload-ubsan.so", socket: sock}} {
+		for _, call := range []string{"execv", "execvp", "execl"} {
+			out, errOut, err := run(t, m, "exec", call)
+			want := "accelerated 0\n"
+			if m.lib != "" {
+				want = "accelerated 2\n"
+			}
+			if err != nil || out != "ok\n" || errOut != want {
+				t.Errorf("exec %s %s: %v\nstdout: %s\nstderr: %s (want %q)", call, m.name, err, out, errOut, want)
+			}
+		}
+		// Into an image without the library: the kernel's connection goes
+		// on; an accelerated one is reset (smcrd resets the socket itself),
+		// never a wait on a TCP connection that carries nothing.
+		want := "noenv reset\n"
+		if m.lib == "" {
+			want = "noenv data\n"
+		}
+		if out, errOut, err := run(t, m, "exec", "execve-noenv"); err != nil || out != want {
+			t.Errorf("exec execve-noenv %s: %v\nstdout: %q, want %q\nstderr: %s", m.name, err, out, want, errOut)
+		}
+	}
+}
+
+// TestAbort: a close with SO_LINGER {1, 0}, or with received bytes left unread,
+// reaches the peer as a reset, as the kernel's does; a close after reading all
+// stays a clean end. Through smcrd's pumps and library to library (shm).
+func TestAbort(t *testing.T) {
+	build(t)
+	sock := fakeSmcrd(t)
+	shmSock, _ := fakeSmcrdWith(t, daemon.DirectOptions{SameHost: true})
+	const want = "linger -1 Connection reset by peer\nunread -1 Connection reset by peer\nclean 0 \n"
+	for _, m := range []mode{{name: "kernel"}, {name: "smcr", lib: "libsmcr-preload.so", socket: sock},
+		{name: "smcr-asan", lib: "libsmcr-preload-asan.so", socket: sock},
+		{name: "shm", lib: "libsmcr-preload.so", socket: shmSock}} {
+		out, errOut, err := run(t, m, "abort")
+		accel := "accelerated 0\n"
+		if m.lib != "" {
+			accel = "accelerated 6\n"
+		}
+		if err != nil || out != want+accel {
+			t.Errorf("abort %s: %v\nstdout: %s\nwant: %s\nstderr: %s", m.name, err, out, want+accel, errOut)
+		}
+	}
+}
+
+// TestPolicyExcludes: the library offers smcrd no connection that the policy
+// page excludes by local address (ip_addr_list) or by memory (max_memory
+// reached): those stay the kernel's, with no round trip to smcrd; listed, the
+// same connections are accelerated.
+func TestPolicyExcludes(t *testing.T) {
+	build(t)
+	for _, c := range []struct {
+		name  string
+		opts  daemon.DirectOptions
+		accel string
+	}{
+		{"other-address", daemon.DirectOptions{Addrs: []netip.Addr{netip.MustParseAddr("192.0.2.7")}}, "accelerated 0\n"},
+		{"loopback-listed", daemon.DirectOptions{Addrs: []netip.Addr{netip.MustParseAddr("192.0.2.7"), netip.MustParseAddr("127.0.0.1")}}, "accelerated 4\n"},
+		{"memory-full", daemon.DirectOptions{Memory: func() (int64, int64) { return 256 << 20, 256 << 20 }}, "accelerated 0\n"},
+		{"memory-left", daemon.DirectOptions{Memory: func() (int64, int64) { return 1 << 20, 256 << 20 }}, "accelerated 4\n"},
+	} {
+		sock, _ := fakeSmcrdWith(t, c.opts)
+		out, errOut, err := run(t, mode{name: c.name, lib: "libsmcr-preload.so", socket: sock}, "multi", "lt", "4", "100000")
+		if err != nil || out != "ok 4\n" || errOut != c.accel {
+			t.Errorf("%s: %v\nstdout: %s\nstderr: %s (want %q)", c.name, err, out, errOut, c.accel)
+		}
+	}
+}
+
+// TestPassFd: an accelerated socket sent to a process that knows nothing of
+// it (SCM_RIGHTS), its sender closing its copy: with the kernel's sockets the
+// bytes go on; with the library's the connection is reset at both ends,
+// never a wait on a socket that carries nothing, never a clean end.
+func TestPassFd(t *testing.T) {
+	build(t)
+	sock := fakeSmcrd(t)
+	for _, m := range []mode{{name: "kernel"}, {name: "smcr", lib: "libsmcr-preload.so", socket: sock},
+		{name: "smcr-asan", lib: "libsmcr-preload-asan.so", socket: sock}} {
+		want := "receiver reset\nclient reset\n"
+		if m.lib == "" {
+			want = "receiver data\nclient data\n"
+		}
+		if out, errOut, err := run(t, m, "passfd"); err != nil || out != want {
+			t.Errorf("passfd %s: %v\nstdout: %q, want %q\nstderr: %s", m.name, err, out, want, errOut)
+		}
 	}
 }

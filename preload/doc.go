@@ -6,7 +6,7 @@
 // the rings' cursors.
 //
 // The C sources are in c/, split by concern: interpose.c (the interposed
-// calls), fdtable.c (the fd table), conn.c (a socket's states: PENDING, ACCEL,
+// calls), exec.c (connections kept across exec), fdtable.c (the fd table), conn.c (a socket's states: PENDING, ACCEL,
 // PREFIX, TCP, FAILED, RESET), ring.c (copies and blocking waits), ready.c
 // (epoll/poll/select), channel.c (smcrd's channel and the policy page),
 // real.c (the real libc functions). The Makefile here builds it into ../bin,
@@ -40,19 +40,35 @@
 //     interrupts fails with EINTR unless every caught signal has SA_RESTART
 //     (and, as Linux, always when the socket has a timeout); a signal that
 //     lands in the few microseconds between two of its waits goes unseen.
-//     SO_RCVTIMEO and SO_SNDTIMEO are honoured. A blocking connect waits for
-//     smcrd's decision through signals and ignores SO_SNDTIMEO.
+//     SO_RCVTIMEO and SO_SNDTIMEO are honoured, the latter by a blocking
+//     connect too (EINPROGRESS, as the kernel's). A blocking connect waits for
+//     smcrd's decision through signals.
 //   - An epoll set with accelerated members that is waited on from outside
 //     (inside another set, or under poll/select) may look readable once when
 //     nothing is (never the other way round).
 //   - Only the latest epoll registration of a socket made before its connect()
 //     is carried into the emulation (a socket in two sets before connect keeps
 //     the other one with the kernel's readiness).
-//   - An accelerated socket kept across exec is unknown to the new image
-//     (its kernel socket carries no data); its channel is close-on-exec, so
-//     smcrd sees the program gone once no process holds it. Sockets passed to
-//     another process with SCM_RIGHTS, io_uring, and close_range/closefrom or
-//     raw close system calls on the library's fds are not followed either.
+//   - A socket kept across exec (not close-on-exec) stays accelerated when the
+//     new image loads the library too (LD_PRELOAD in the environment it gets,
+//     or /etc/ld.so.preload): exec.c leaves the library's fds behind it open
+//     and names them in SMCR_INHERIT, and the new image adopts them. Into an
+//     image without the library (environment cleared, SMCR_DIRECT=0) the
+//     connection ends with a reset (SMCR_LIB_ABORT; smcrd resets the socket
+//     itself): it does not go on over TCP. An exec by raw system call or from
+//     posix_spawn, system or popen (glibc calls its own execve) is not seen:
+//     the channel closes with it, which smcrd takes for the program's end
+//     (a reset if bytes were left unread), and the new image may wait on a
+//     TCP connection that carries nothing until the peer closes.
+//   - An accelerated socket sent to another process with SCM_RIGHTS (sendmsg)
+//     is not followed there: the connection is marked SMCR_LIB_ABORT and its
+//     socket gets the program's O_NONBLOCK back, so that its end here (the
+//     sender's close, or exit) resets it, the other process's socket
+//     included: that process reads an error, never a clean end, but nothing
+//     before (it waits on a socket that carries nothing until then), and the
+//     connection does not go on over TCP. sendmmsg is not looked at.
+//   - io_uring, and close_range/closefrom or raw close system calls on the
+//     library's fds, are not followed.
 //   - After fork both processes use the connection (shared memory); the
 //     library then never sets SMCR_LIB_CLOSED: the connection ends when the
 //     last process closes the channel (smcrd treats the channel's end as the

@@ -27,6 +27,8 @@ type tcpSmcrd struct {
 	mu        sync.Mutex
 	chans     map[*net.UnixConn]bool
 	handed    int // bytes read ahead and handed back
+	// hold, when not nil, holds clients' DECIDED back until it closes.
+	hold chan struct{}
 }
 
 func startTCPSmcrd(t *testing.T, readAhead int) *tcpSmcrd {
@@ -173,6 +175,9 @@ func (f *tcpSmcrd) serve(ch *net.UnixConn) {
 		if m, _, err := recvMsg(ch); err != nil || m.Type != rmb.MsgConnecting {
 			return
 		}
+		if f.hold != nil {
+			<-f.hold
+		}
 		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
 		if _, err := unix.Poll(pfd, 10000); err != nil {
 			return
@@ -233,5 +238,18 @@ func TestFallback(t *testing.T) {
 			}
 			f5.mu.Unlock()
 		}
+	}
+}
+
+// TestConnectSndTimeo: a blocking connect whose decision smcrd holds back gives
+// up at SO_SNDTIMEO with EINPROGRESS, as the kernel's connect does.
+func TestConnectSndTimeo(t *testing.T) {
+	build(t)
+	f := startTCPSmcrd(t, 0)
+	f.hold = make(chan struct{})
+	t.Cleanup(func() { close(f.hold) }) // before startTCPSmcrd's cleanup waits for serve
+	out, errOut, err := run(t, mode{name: "held", lib: "libsmcr-preload.so", socket: f.path}, "sndtimeo")
+	if want := "connect -1 Operation now in progress in time\n"; err != nil || out != want {
+		t.Errorf("sndtimeo: %v\nstdout: %q, want %q\nstderr: %s", err, out, want, errOut)
 	}
 }

@@ -1,4 +1,4 @@
-/* smcr_abi.h: the direct mode's ABI between smcrd and libsmcr-preload.so, version 1.
+/* smcr_abi.h: the direct mode's ABI between smcrd and libsmcr-preload.so, version 2.
  * The Go side of the same layout is rmb/shared.go; rmb's tests compile this header
  * and compare every offset. Documented in docs/direct.md. */
 #pragma once
@@ -6,7 +6,7 @@
 #include <stdint.h>
 #include <stdatomic.h>
 
-#define SMCR_ABI_VERSION 1
+#define SMCR_ABI_VERSION 2
 
 /* ---- The channel: one SOCK_SEQPACKET connection to smcrd's direct socket per
  * accelerated socket (and per registered listener), one message per packet, host
@@ -59,6 +59,9 @@ struct smcr_msg {
 /* lib_flags: the program's side, set by the library */
 #define SMCR_LIB_SHUT_WR 1u /* shutdown(SHUT_WR): after the bytes up to tx_prod, send FIN */
 #define SMCR_LIB_CLOSED 2u  /* close(): the program is gone from this connection */
+#define SMCR_LIB_ABORT 4u   /* the program's end (CLOSED, or the channel's close) is an abort,
+                             * as TCP's RST (SO_LINGER {1, 0}, bytes left unread, an exec into
+                             * an image without the library): the peer reads ECONNRESET */
 
 /* d_flags: smcrd's side */
 #define SMCR_D_EOF 1u       /* the peer sent its last byte: rx_prod is final */
@@ -103,6 +106,7 @@ struct smcr_shared {
 
 #define SMCR_POLICY_MAGIC 0x50434d53u /* "SMCP" */
 #define SMCR_POLICY_STALE_NS 3000000000ull /* heartbeat older than this: smcrd is gone */
+#define SMCR_POLICY_MAX_ADDRS 16
 
 struct smcr_policy {
 	uint32_t magic;   /* SMCR_POLICY_MAGIC */
@@ -111,4 +115,11 @@ struct smcr_policy {
 	_Atomic uint32_t enabled;      /* smcrd's `enabled` */
 	uint32_t reserved;
 	_Atomic uint64_t ports[1024];  /* bit p of word p/64: port p is in port_range_list */
+	_Atomic uint64_t max_memory;   /* smcrd's max_memory in bytes, 0 unlimited */
+	_Atomic uint64_t mem_used;     /* bytes smcrd holds now: none offered while >= max_memory */
+	_Atomic uint32_t naddrs;       /* local addresses listed below; 0: any */
+	uint32_t reserved1;
+	/* the local addresses of ip_addr_list's interfaces, 8-byte words of the 16 bytes
+	 * (IPv4 as ::ffff:a.b.c.d): a connection with another is not offered */
+	_Atomic uint64_t addrs[SMCR_POLICY_MAX_ADDRS][2];
 };

@@ -12,9 +12,9 @@ func TestMsgGolden(t *testing.T) {
 		p    []byte
 		want string
 	}{
-		{Msg{Type: MsgClient}, nil, "534d4344" + "0100" + "0100" + "00000000" + "00000000" + "00000000" + "00000000"},
-		{Msg{Type: MsgReply, Status: -95}, nil, "534d4344" + "0100" + "1000" + "a1ffffff" + "00000000" + "00000000" + "00000000"},
-		{Msg{Type: MsgDecided, Mode: ModeTCP}, []byte("hi"), "534d4344" + "0100" + "1100" + "00000000" + "02000000" + "02000000" + "00000000" + "6869"},
+		{Msg{Type: MsgClient}, nil, "534d4344" + "0200" + "0100" + "00000000" + "00000000" + "00000000" + "00000000"},
+		{Msg{Type: MsgReply, Status: -95}, nil, "534d4344" + "0200" + "1000" + "a1ffffff" + "00000000" + "00000000" + "00000000"},
+		{Msg{Type: MsgDecided, Mode: ModeTCP}, []byte("hi"), "534d4344" + "0200" + "1100" + "00000000" + "02000000" + "02000000" + "00000000" + "6869"},
 	} {
 		b := c.m.Append(nil, c.p)
 		if got := hex.EncodeToString(b); got != c.want {
@@ -32,7 +32,7 @@ func TestMsgRejects(t *testing.T) {
 	for name, mut := range map[string]func([]byte) []byte{
 		"short":       func(b []byte) []byte { return b[:10] },
 		"magic":       func(b []byte) []byte { b[0] ^= 1; return b },
-		"version":     func(b []byte) []byte { b[4] = 2; return b },
+		"version":     func(b []byte) []byte { b[4] = ABIVersion + 1; return b },
 		"type":        func(b []byte) []byte { b[6] = 99; return b },
 		"mode":        func(b []byte) []byte { b[12] = 9; return b },
 		"length lies": func(b []byte) []byte { b[16] = 5; return b },

@@ -6,13 +6,14 @@ package rmb
 
 import (
 	"errors"
+	"net/netip"
 	"sync/atomic"
 	"unsafe"
 )
 
 // ABIVersion is the version of the shared area, the policy page and the
 // direct socket's messages.
-const ABIVersion = 1
+const ABIVersion = 2
 
 // The shared area of one connection (struct smcr_shared): a control page, then
 // the send ring (the program writes, smcrd takes) and the receive ring (smcrd
@@ -49,6 +50,7 @@ const (
 const (
 	LibShutWR = 1 // shutdown(SHUT_WR): after the bytes up to tx_prod, the FIN
 	LibClosed = 2 // close(): the program is gone from the connection
+	LibAbort  = 4 // the program's end (LibClosed, or the channel's close) is an abort (SO_LINGER {1, 0}, bytes left unread, an exec into an image without the library): the peer reads a reset
 )
 
 // smcrd's flags (d_flags).
@@ -150,10 +152,20 @@ func (s *Shared) DSeqAddr() unsafe.Pointer { return unsafe.Pointer(&s.mem[offDSe
 //	     8  heartbeat_ns u64 (CLOCK_MONOTONIC of smcrd's last beat)
 //	    16  enabled u32, reserved u32
 //	    24  ports [1024]u64: bit p of word p/64 set, port p is in port_range_list
+//	  8216  max_memory u64 (bytes, 0 unlimited), mem_used u64 (bytes held now)
+//	  8232  naddrs u32 (0: any local address), reserved u32
+//	  8240  addrs [16][16]byte: the local addresses of ip_addr_list's interfaces
+//	        (IPv4 as ::ffff:a.b.c.d)
 const (
-	PolicyMagic   = 0x50434d53 // "SMCP"
-	PolicySize    = 24 + 1024*8
-	PolicyStaleNS = 3_000_000_000 // a heartbeat older than this: smcrd is gone
+	PolicyMagic    = 0x50434d53 // "SMCP"
+	PolicyMaxAddrs = 16
+	PolicySize     = offPolicyAddrs + PolicyMaxAddrs*16
+	PolicyStaleNS  = 3_000_000_000 // a heartbeat older than this: smcrd is gone
+
+	offPolicyMaxMem = 24 + 1024*8
+	offPolicyMemUse = offPolicyMaxMem + 8
+	offPolicyNAddrs = offPolicyMemUse + 8
+	offPolicyAddrs  = offPolicyNAddrs + 8
 )
 
 // Policy is a view of the policy page.
@@ -205,4 +217,50 @@ func (p *Policy) SetPorts(listed func(port uint16) bool) {
 func (p *Policy) Port(port uint16) bool {
 	w := (*atomic.Uint64)(unsafe.Pointer(&p.mem[24+8*int(port/64)])).Load()
 	return w&(1<<(port%64)) != 0
+}
+
+// SetMemory records smcrd's max_memory (0: unlimited) and the bytes it holds
+// now: a library offers no connection while used reaches limit.
+func (p *Policy) SetMemory(used, limit uint64) {
+	(*atomic.Uint64)(unsafe.Pointer(&p.mem[offPolicyMaxMem])).Store(limit)
+	(*atomic.Uint64)(unsafe.Pointer(&p.mem[offPolicyMemUse])).Store(used)
+}
+
+// Memory reads them.
+func (p *Policy) Memory() (used, limit uint64) {
+	return (*atomic.Uint64)(unsafe.Pointer(&p.mem[offPolicyMemUse])).Load(),
+		(*atomic.Uint64)(unsafe.Pointer(&p.mem[offPolicyMaxMem])).Load()
+}
+
+// SetAddrs lists the local addresses a connection may have (those of
+// ip_addr_list's interfaces); none, or more than PolicyMaxAddrs, is any. The
+// count goes to 0 while the list changes, so a library reading meanwhile sees
+// any address rather than a torn list.
+func (p *Policy) SetAddrs(addrs []netip.Addr) {
+	n := (*atomic.Uint32)(unsafe.Pointer(&p.mem[offPolicyNAddrs]))
+	n.Store(0)
+	if len(addrs) > PolicyMaxAddrs {
+		return
+	}
+	for i, a := range addrs {
+		b := a.As16()
+		for w := 0; w < 2; w++ {
+			(*atomic.Uint64)(unsafe.Pointer(&p.mem[offPolicyAddrs+16*i+8*w])).Store(le.Uint64(b[8*w:]))
+		}
+	}
+	n.Store(uint32(len(addrs)))
+}
+
+// Addrs reads the list (nil: any).
+func (p *Policy) Addrs() []netip.Addr {
+	n := int((*atomic.Uint32)(unsafe.Pointer(&p.mem[offPolicyNAddrs])).Load())
+	var out []netip.Addr
+	for i := 0; i < n && i < PolicyMaxAddrs; i++ {
+		var b [16]byte
+		for w := 0; w < 2; w++ {
+			le.PutUint64(b[8*w:], (*atomic.Uint64)(unsafe.Pointer(&p.mem[offPolicyAddrs+16*i+8*w])).Load())
+		}
+		out = append(out, netip.AddrFrom16(b).Unmap())
+	}
+	return out
 }

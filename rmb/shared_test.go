@@ -1,9 +1,11 @@
 package rmb
 
 import (
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"unsafe"
@@ -30,10 +32,12 @@ int main(void) {
 	F(smcr_shared, d_seq); F(smcr_shared, d_txwait); F(smcr_shared, d_rxwait);
 	printf("sizeof_shared %zu\n", sizeof(struct smcr_shared));
 	F(smcr_policy, heartbeat_ns); F(smcr_policy, enabled); F(smcr_policy, ports);
+	F(smcr_policy, max_memory); F(smcr_policy, mem_used); F(smcr_policy, naddrs); F(smcr_policy, addrs);
+	printf("SMCR_POLICY_MAX_ADDRS %d\n", SMCR_POLICY_MAX_ADDRS);
 	printf("sizeof_policy %zu\n", sizeof(struct smcr_policy));
 	printf("sizeof_msg %zu\n", sizeof(struct smcr_msg));
-	printf("SMCR_LIB_SHUT_WR %u\nSMCR_LIB_CLOSED %u\nSMCR_D_EOF %u\nSMCR_D_ERROR %u\nSMCR_D_TX_CLOSED %u\n",
-		SMCR_LIB_SHUT_WR, SMCR_LIB_CLOSED, SMCR_D_EOF, SMCR_D_ERROR, SMCR_D_TX_CLOSED);
+	printf("SMCR_LIB_SHUT_WR %u\nSMCR_LIB_CLOSED %u\nSMCR_LIB_ABORT %u\nSMCR_D_EOF %u\nSMCR_D_ERROR %u\nSMCR_D_TX_CLOSED %u\n",
+		SMCR_LIB_SHUT_WR, SMCR_LIB_CLOSED, SMCR_LIB_ABORT, SMCR_D_EOF, SMCR_D_ERROR, SMCR_D_TX_CLOSED);
 	printf("magic %u\npolicy_magic %u\nversion %u\n", SMCR_SHARED_MAGIC, SMCR_POLICY_MAGIC, SMCR_ABI_VERSION);
 	return 0;
 }
@@ -57,8 +61,10 @@ int main(void) {
 		"tx_cons": offTxCons, "rx_prod": offRxProd, "d_flags": offDFlags, "d_errno": offDErrno,
 		"d_seq": offDSeq, "d_txwait": offDTxWait, "d_rxwait": offDRxWait, "sizeof_shared": sharedEnd,
 		"heartbeat_ns": 8, "enabled": 16, "ports": 24, "sizeof_policy": PolicySize,
-		"sizeof_msg":       MsgHeaderLen,
-		"SMCR_LIB_SHUT_WR": LibShutWR, "SMCR_LIB_CLOSED": LibClosed,
+		"max_memory": offPolicyMaxMem, "mem_used": offPolicyMemUse, "naddrs": offPolicyNAddrs, "addrs": offPolicyAddrs,
+		"SMCR_POLICY_MAX_ADDRS": PolicyMaxAddrs,
+		"sizeof_msg":            MsgHeaderLen,
+		"SMCR_LIB_SHUT_WR":      LibShutWR, "SMCR_LIB_CLOSED": LibClosed, "SMCR_LIB_ABORT": LibAbort,
 		"SMCR_D_EOF": DEOF, "SMCR_D_ERROR": DError, "SMCR_D_TX_CLOSED": DTxClosed,
 		"policy_magic": PolicyMagic, "version ": ABIVersion,
 	}
@@ -73,7 +79,7 @@ int main(void) {
 	}
 	delete(want, "magic")
 	delete(want, "version ")
-	if got["version"] != "1" {
+	if got["version"] != itoa(ABIVersion) {
 		t.Errorf("SMCR_ABI_VERSION = %s, want %d", got["version"], ABIVersion)
 	}
 	delete(want, "version")
@@ -143,5 +149,27 @@ func TestPolicyPorts(t *testing.T) {
 	p.Beat(42)
 	if !p.Enabled() || p.Heartbeat() != 42 {
 		t.Fatal("enabled or heartbeat lost")
+	}
+}
+
+func TestPolicyAddrsAndMemory(t *testing.T) {
+	mem := make([]uint64, PolicySize/8)
+	p, err := InitPolicy(unsafe.Slice((*byte)(unsafe.Pointer(&mem[0])), PolicySize))
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs := []netip.Addr{netip.MustParseAddr("192.0.2.7"), netip.MustParseAddr("2001:db8::1")}
+	p.SetAddrs(addrs)
+	if got := p.Addrs(); !slices.Equal(got, addrs) {
+		t.Errorf("addrs %v, want %v", got, addrs)
+	}
+	// Too many to list: any address.
+	p.SetAddrs(make([]netip.Addr, PolicyMaxAddrs+1))
+	if got := p.Addrs(); got != nil {
+		t.Errorf("addrs %v after an overlong list, want none (any)", got)
+	}
+	p.SetMemory(100, 200)
+	if used, limit := p.Memory(); used != 100 || limit != 200 {
+		t.Errorf("memory %d of %d", used, limit)
 	}
 }

@@ -465,6 +465,20 @@ func (e *Engine) SetTestLinkInterval(d time.Duration) error {
 	return nil
 }
 
+// HoldMemory counts n bytes held outside the engine (smcrd's direct-mode
+// rings) against MaxMemory, whatever the limit: the engine's next buffers fit
+// only in what is left. A negative n gives them back.
+func (e *Engine) HoldMemory(n int64) {
+	if m := e.mem.Add(n); n > 0 {
+		e.raisePeak(m)
+	}
+}
+
+// MemoryHeld is the bytes counted against MaxMemory that the engine cannot
+// free on demand: buffers connections hold, and those of HoldMemory (pooled
+// buffers, which it frees when it needs room, are not among them).
+func (e *Engine) MemoryHeld() int64 { return e.mem.Load() - e.pooled.Load() }
+
 // reserve accounts n bytes against MaxMemory; false when they do not fit.
 func (e *Engine) reserve(n int64) bool {
 	limit := e.settings().MaxMemory

@@ -350,6 +350,26 @@ func TestFallbackMaxMemory(t *testing.T) {
 	echoCheck(t, c2, s2)
 }
 
+// TestHeldMemoryCountsAgainstMax: memory held outside the engine (smcrd's
+// direct-mode rings, HoldMemory) leaves the engine's connections only what
+// is left of max_memory: with it held, a connection that fitted is declined
+// for memory; given back, the next one fits again.
+func TestHeldMemoryCountsAgainstMax(t *testing.T) {
+	p := newPair(t, Config{Devices: memDevices(t, verbs.KindSoft), RMBSize: 64 << 10},
+		Config{Devices: memDevices(t, verbs.KindSoft), MaxMemory: 150 << 10, RMBSize: 64 << 10})
+	p.srv.HoldMemory(100 << 10)
+	if got := p.srv.MemoryHeld(); got != 100<<10 {
+		t.Fatalf("memory held %d, want %d", got, 100<<10)
+	}
+	c1, s1 := p.connect(t)
+	if c1.Mode() != ModeFallback || s1.Decline().Code != clc.DeclineNoMemory {
+		t.Fatalf("with the memory held: %v %+v, want a fallback for memory", c1.Mode(), s1.Decline())
+	}
+	p.srv.HoldMemory(-100 << 10)
+	c2, s2 := p.connect(t)
+	mustSMC(t, c2, s2)
+}
+
 // TestServerSendBufferWithinMaxMemory: the server learns the size of its send
 // buffer (the client's RMBE) only from the Confirm; one that does not fit
 // max_memory is declined there, as at any other point, and the connection

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <netinet/in.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,6 +122,9 @@ int policy_allows(uint16_t port)
 	struct smcr_policy *w = (struct smcr_policy *)p;
 	if (!atomic_load_explicit(&w->enabled, memory_order_relaxed))
 		return 0;
+	uint64_t max = atomic_load_explicit(&w->max_memory, memory_order_relaxed);
+	if (max && atomic_load_explicit(&w->mem_used, memory_order_relaxed) >= max)
+		return 0;
 	uint64_t bits = atomic_load_explicit(&w->ports[port / 64], memory_order_relaxed);
 	return (bits >> (port % 64)) & 1;
 }
@@ -149,6 +153,55 @@ int fd_park(int fd)
 		return fd; /* no free number up there: it stays where it is */
 	R(close)(fd);
 	return moved;
+}
+
+/* addr16: a's address as 16 bytes (IPv4 mapped): 1, or 0 if a is not IP; *any is
+ * set for the wildcard address */
+static int addr16(const struct sockaddr *a, unsigned char out[16], int *any)
+{
+	static const unsigned char zero[16];
+	if (a->sa_family == AF_INET) {
+		memset(out, 0, 10);
+		out[10] = out[11] = 0xff;
+		memcpy(out + 12, &((const struct sockaddr_in *)a)->sin_addr, 4);
+		*any = ((const struct sockaddr_in *)a)->sin_addr.s_addr == 0;
+		return 1;
+	}
+	if (a->sa_family == AF_INET6) {
+		memcpy(out, &((const struct sockaddr_in6 *)a)->sin6_addr, 16);
+		*any = memcmp(out, zero, 16) == 0;
+		return 1;
+	}
+	return 0;
+}
+
+int policy_lists_addrs(void)
+{
+	const struct smcr_policy *p = atomic_load_explicit(&policy, memory_order_acquire);
+	return p && atomic_load_explicit(&((struct smcr_policy *)p)->naddrs, memory_order_acquire) > 0;
+}
+
+int policy_local_allows(const struct sockaddr *local)
+{
+	struct smcr_policy *p = (struct smcr_policy *)atomic_load_explicit(&policy, memory_order_acquire);
+	if (!p)
+		return 0;
+	uint32_t n = atomic_load_explicit(&p->naddrs, memory_order_acquire);
+	if (n == 0)
+		return 1;
+	unsigned char a[16];
+	int any;
+	if (!addr16(local, a, &any))
+		return 0;
+	if (any)
+		return 1;
+	for (uint32_t i = 0; i < n && i < SMCR_POLICY_MAX_ADDRS; i++) {
+		uint64_t w[2] = {atomic_load_explicit(&p->addrs[i][0], memory_order_relaxed),
+				 atomic_load_explicit(&p->addrs[i][1], memory_order_relaxed)};
+		if (memcmp(w, a, 16) == 0)
+			return 1;
+	}
+	return 0;
 }
 
 int channel_open(void)

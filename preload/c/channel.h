@@ -19,6 +19,13 @@ int policy_allows(uint16_t port);
  * the program's, and returns its new number (fd itself where it cannot move). */
 int fd_park(int fd);
 
+/* policy_lists_addrs: the policy page limits the local addresses (ip_addr_list);
+ * policy_local_allows: local (an IP socket address) is one of them, or the wildcard
+ * (a listener's: its accepted sockets are checked one by one). */
+int policy_lists_addrs(void);
+struct sockaddr;
+int policy_local_allows(const struct sockaddr *local);
+
 /* channel_open connects a new channel to smcrd: the fd, or -1. */
 int channel_open(void);
 /* channel_send sends one message of type with fd (or -1) beside it: 0 or -1. */

@@ -43,7 +43,7 @@ struct conn *conn_new(int chan, int user_nonblock)
 	atomic_init(&c->state, CS_PENDING);
 	c->chan = chan;
 	atomic_init(&c->user_nonblock, user_nonblock);
-	c->efd_lib = c->efd_dtx = c->efd_drx = c->peer_efd_lib = -1;
+	c->memfd = c->efd_lib = c->efd_dtx = c->efd_drx = c->peer_memfd = c->peer_efd_lib = -1;
 	x->fork_gen = atomic_load(&smcr_fork_gen);
 	return c;
 }
@@ -73,6 +73,17 @@ void conn_mark_reset(struct conn *c, int fd)
 	set_linger0(fd);
 	ring_wake_local(c);
 	ready_conn_changed(c);
+}
+
+void conn_note_close(struct conn *c, int fd)
+{
+	if (atomic_load(&c->state) != CS_ACCEL || atomic_load(&c->reset))
+		return;
+	struct linger l = {0};
+	socklen_t len = sizeof(l);
+	int linger0 = R(getsockopt)(fd, SOL_SOCKET, SO_LINGER, &l, &len) == 0 && l.l_onoff && l.l_linger == 0;
+	if (linger0 || ring_rx_avail(c) > 0)
+		atomic_store(&c->aborted, 1);
 }
 
 int conn_check_reset(struct conn *c, int fd)
@@ -121,17 +132,16 @@ static void efd_nonblock(int efd)
 		R(fcntl)(efd, F_SETFL, fl | O_NONBLOCK);
 }
 
-/* apply_smcr maps the connection's shared area (and with SHM the peer library's):
- * 0, or -1 if it is not what the ABI says (the fds are then closed by the caller). */
-static int apply_smcr(struct conn *c, struct channel_msg *m, int shm)
+int conn_attach(struct conn *c, const int *fds, int nfds)
 {
-	if (m->nfds != (shm ? 6 : 4))
+	int shm = nfds == 6;
+	if (nfds != 4 && !shm)
 		return -1;
 	size_t size, psize = 0;
-	struct smcr_shared *sh = map_area(m->fds[0], &size), *peer = NULL;
+	struct smcr_shared *sh = map_area(fds[0], &size), *peer = NULL;
 	if (!sh)
 		return -1;
-	if (shm && !(peer = map_area(m->fds[4], &psize))) {
+	if (shm && !(peer = map_area(fds[4], &psize))) {
 		munmap(sh, size);
 		return -1;
 	}
@@ -146,8 +156,8 @@ static int apply_smcr(struct conn *c, struct channel_msg *m, int shm)
 		c->tx_size = peer->rx_size;
 		c->tx_prod = &peer->rx_prod;
 		c->tx_cons = &peer->rx_cons;
-		R(close)(m->fds[4]);
-		c->peer_efd_lib = m->fds[5];
+		c->peer_memfd = fds[4];
+		c->peer_efd_lib = fds[5];
 		efd_nonblock(c->peer_efd_lib);
 	} else {
 		c->tx = (unsigned char *)sh + sh->tx_off;
@@ -155,13 +165,22 @@ static int apply_smcr(struct conn *c, struct channel_msg *m, int shm)
 		c->tx_prod = &sh->tx_prod;
 		c->tx_cons = &sh->tx_cons;
 	}
-	R(close)(m->fds[0]);
-	c->efd_lib = m->fds[1];
+	c->memfd = fds[0];
+	c->efd_lib = fds[1];
 	efd_nonblock(c->efd_lib);
-	c->efd_dtx = m->fds[2];
-	c->efd_drx = m->fds[3];
-	m->nfds = 0;
+	c->efd_dtx = fds[2];
+	c->efd_drx = fds[3];
 	return 0;
+}
+
+int conn_shared(struct conn *c)
+{
+	return ((struct conn_ext *)c)->fork_gen != atomic_load(&smcr_fork_gen);
+}
+
+void conn_set_shared(struct conn *c)
+{
+	((struct conn_ext *)c)->fork_gen = atomic_load(&smcr_fork_gen) - 1;
 }
 
 static void close_chan(struct conn *c)
@@ -181,7 +200,9 @@ static void decide_locked(struct conn *c, int fd, struct channel_msg *m, int r)
 		atomic_store(&c->reset, 1);
 		set_linger0(fd);
 	} else if (m->h.mode == SMCR_MODE_SMCR || m->h.mode == SMCR_MODE_SHM) {
-		if (apply_smcr(c, m, m->h.mode == SMCR_MODE_SHM) == 0) {
+		int want = m->h.mode == SMCR_MODE_SHM ? 6 : 4;
+		if (m->nfds == want && conn_attach(c, m->fds, m->nfds) == 0) {
+			m->nfds = 0;
 			atomic_store(&c->state, CS_ACCEL);
 		} else {
 			atomic_store(&c->state, CS_RESET);
@@ -213,32 +234,47 @@ static void decide_locked(struct conn *c, int fd, struct channel_msg *m, int r)
 		close_chan(c);
 }
 
-static int decide(struct conn *c, int fd, int block);
+static int decide(struct conn *c, int fd, int block, uint64_t deadline);
 
 int conn_decide(struct conn *c, int fd, int block)
+{
+	return conn_decide_by(c, fd, block, 0);
+}
+
+int conn_decide_by(struct conn *c, int fd, int block, uint64_t deadline)
 {
 	if (atomic_load(&c->state) != CS_PENDING)
 		return 0;
 	if (!block)
-		return decide(c, fd, 0);
+		return decide(c, fd, 0, 0);
 	/* a blocking wait holds the connection: another thread may close it */
 	obj_get(&c->o);
-	int r = decide(c, fd, 1);
+	int r = decide(c, fd, 1, deadline);
 	int e = errno;
 	obj_put(&c->o);
 	errno = e;
 	return r;
 }
 
-static int decide(struct conn *c, int fd, int block)
+static int decide(struct conn *c, int fd, int block, uint64_t deadline)
 {
 	for (;;) {
 		if (atomic_load(&c->state) != CS_PENDING)
 			return 0;
 		if (block) {
 			/* timed, to notice another thread's close of the socket */
+			int ms = 1000;
+			if (deadline) {
+				uint64_t now = now_ns();
+				if (now >= deadline) {
+					errno = EINPROGRESS; /* as the kernel's connect on SO_SNDTIMEO */
+					return -1;
+				}
+				if ((deadline - now) / 1000000 + 1 < (uint64_t)ms)
+					ms = (int)((deadline - now) / 1000000 + 1);
+			}
 			struct pollfd p = {.fd = c->chan, .events = POLLIN};
-			R(poll)(&p, 1, 1000);
+			R(poll)(&p, 1, ms);
 			if (atomic_load(&c->state) != CS_PENDING)
 				return 0;
 			if (atomic_load(&c->closed)) {
@@ -360,18 +396,22 @@ uint64_t conn_seq(struct conn *c)
 static void conn_last_close(struct obj *o)
 {
 	struct conn *c = (struct conn *)o;
-	struct conn_ext *x = (struct conn_ext *)c;
 	pthread_mutex_lock(&c->mu);
 	atomic_store(&c->closed, 1);
 	ready_conn_closed(c);
 	if (c->sh) {
-		if (x->fork_gen == atomic_load(&smcr_fork_gen)) {
+		if (!conn_shared(c)) {
 			/* SHM: the peer reads the end from us, unless the connection
 			 * failed (a reset is the peer's smcrd's to tell, never an EOF) */
+			int aborted = atomic_load(&c->aborted);
 			if (c->peer && !atomic_load(&c->reset) &&
-			    !(atomic_load(&c->sh->d_flags) & SMCR_D_ERROR))
-				ring_peer_eof(c);
-			atomic_fetch_or(&c->sh->lib_flags, SMCR_LIB_CLOSED);
+			    !(atomic_load(&c->sh->d_flags) & SMCR_D_ERROR)) {
+				if (aborted)
+					ring_peer_reset(c);
+				else
+					ring_peer_eof(c);
+			}
+			atomic_fetch_or(&c->sh->lib_flags, SMCR_LIB_CLOSED | (aborted ? SMCR_LIB_ABORT : 0));
 			atomic_fetch_add(&c->sh->lib_seq, 1);
 			if (c->peer)
 				ring_wake_peer(c); /* its writers see CLOSED: EPIPE */
@@ -380,8 +420,8 @@ static void conn_last_close(struct obj *o)
 		ring_wake_local(c);
 	}
 	close_chan(c);
-	int *efds[] = {&c->efd_lib, &c->efd_dtx, &c->efd_drx};
-	for (int i = 0; i < 3; i++)
+	int *efds[] = {&c->memfd, &c->efd_lib, &c->efd_dtx, &c->efd_drx};
+	for (int i = 0; i < 4; i++)
 		if (*efds[i] >= 0) {
 			R(close)(*efds[i]);
 			*efds[i] = -1;
@@ -396,6 +436,8 @@ static void conn_free(struct obj *o)
 		munmap(c->sh, c->map_size);
 	if (c->peer)
 		munmap(c->peer, c->peer_map_size);
+	if (c->peer_memfd >= 0)
+		R(close)(c->peer_memfd);
 	if (c->peer_efd_lib >= 0)
 		R(close)(c->peer_efd_lib);
 	free(c->prefix);

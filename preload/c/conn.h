@@ -39,6 +39,7 @@ struct conn {
 	atomic_int reset;       /* smcrd is gone: the connection is reset */
 	atomic_int pending_err; /* FAILED: SO_ERROR not yet read (positive errno) */
 	atomic_int closed;      /* the program closed its last alias */
+	atomic_int aborted;     /* that close was an abort (conn_note_close) */
 	atomic_int err_taken;   /* ACCEL: the connection's error was returned once (SO_ERROR) */
 
 	/* ACCEL */
@@ -46,6 +47,7 @@ struct conn {
 	size_t map_size;
 	unsigned char *tx, *rx;
 	uint32_t tx_size, rx_size;
+	int memfd; /* the area's memfd, kept for an exec's new image (exec.c) */
 	int efd_lib, efd_dtx, efd_drx;
 	/* The send side, chosen at DECIDED: with SMCR, sh's send ring (tx_prod,
 	 * tx_cons) that smcrd's pump empties; with SHM, the peer library's receive
@@ -55,7 +57,7 @@ struct conn {
 	/* SHM: the peer library's area (NULL with SMCR) and its efd_lib */
 	struct smcr_shared *peer;
 	size_t peer_map_size;
-	int peer_efd_lib;
+	int peer_memfd, peer_efd_lib;
 
 	/* PREFIX: bytes CLC read ahead, served before the kernel's */
 	unsigned char *prefix;
@@ -75,14 +77,32 @@ static inline struct conn *conn_of(struct obj *o)
 
 struct conn *conn_new(int chan, int user_nonblock);
 
+/* conn_attach maps the shared area of a DECIDED SMCR (4 fds: memfd, efd_lib, efd_dtx,
+ * efd_drx) or SHM (6: then peer_memfd, peer_efd_lib) and takes the fds: 0, or -1 if
+ * the area is not what the ABI says (the fds are then still the caller's). */
+int conn_attach(struct conn *c, const int *fds, int nfds);
+
+/* conn_shared: the connection was made before a fork, so another process may hold
+ * it (its end is the channel's close, not SMCR_LIB_CLOSED); conn_set_shared marks
+ * one so (an exec's new image inherits the mark). */
+int conn_shared(struct conn *c);
+void conn_set_shared(struct conn *c);
+
 /* conn_decide processes DECIDED if it has come (block: wait for it). 0 once decided,
  * -1 with errno EAGAIN while pending. */
 int conn_decide(struct conn *c, int fd, int block);
+/* conn_decide_by: the same, a blocking wait ending at deadline (CLOCK_MONOTONIC ns, 0:
+ * none) with errno EINPROGRESS, as a connect under SO_SNDTIMEO. */
+int conn_decide_by(struct conn *c, int fd, int block, uint64_t deadline);
 
 /* conn_check_reset looks at the channel of an accelerated connection: if smcrd is
  * gone, the connection becomes reset. Returns c->reset. */
 int conn_check_reset(struct conn *c, int fd);
 void conn_mark_reset(struct conn *c, int fd);
+
+/* conn_note_close: the program closes fd, c's last alias: an abort, as TCP's RST, if
+ * the socket has SO_LINGER {1, 0} or bytes are left unread. */
+void conn_note_close(struct conn *c, int fd);
 
 /* conn_restore_flags gives the kernel socket the program's O_NONBLOCK again. */
 void conn_restore_flags(struct conn *c, int fd);

@@ -7,6 +7,7 @@
 
 _Atomic(struct obj *) *smcr_fdt;
 int smcr_fdt_size;
+atomic_int smcr_fdt_high;
 
 #define FDT_MAX (1 << 20)
 #define FDT_MIN (1 << 16)
@@ -65,6 +66,9 @@ int fdt_install(int fd, struct obj *o)
 		return -1;
 	atomic_fetch_add(&o->fdrefs, 1);
 	obj_get(o);
+	int high = atomic_load_explicit(&smcr_fdt_high, memory_order_relaxed);
+	while (fd >= high && !atomic_compare_exchange_weak(&smcr_fdt_high, &high, fd + 1))
+		;
 	struct obj *old = atomic_exchange(&smcr_fdt[fd], o);
 	if (old)
 		fdt_release(old);

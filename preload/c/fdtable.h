@@ -29,6 +29,7 @@ struct obj {
 
 extern _Atomic(struct obj *) *smcr_fdt;
 extern int smcr_fdt_size;
+extern atomic_int smcr_fdt_high; /* above every fd ever installed */
 
 void fdt_init(void);
 

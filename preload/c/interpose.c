@@ -21,6 +21,7 @@
 
 #include "channel.h"
 #include "conn.h"
+#include "exec.h"
 #include "fdtable.h"
 #include "ready.h"
 #include "real.h"
@@ -43,6 +44,7 @@ __attribute__((constructor)) static void smcr_init(void)
 	if (!smcr_disabled) {
 		fdt_init();
 		ready_init();
+		exec_adopt();
 	}
 	pthread_atfork(NULL, on_fork, on_fork);
 }
@@ -74,6 +76,30 @@ static int port_of(const struct sockaddr *a, socklen_t len, uint16_t *port)
 		return 1;
 	}
 	return 0;
+}
+
+/* local_allowed: the local address fd's connection to dst will have is one the
+ * policy lists: fd's own if bound, else the route's source, which a UDP socket
+ * connected to dst tells without a packet. */
+static int local_allowed(int fd, const struct sockaddr *dst, socklen_t len)
+{
+	if (!policy_lists_addrs())
+		return 1;
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+	if (R(getsockname)(fd, (struct sockaddr *)&ss, &sl) == 0) {
+		uint16_t port;
+		if (port_of((struct sockaddr *)&ss, sl, &port) && port != 0)
+			return policy_local_allows((struct sockaddr *)&ss);
+	}
+	int u = R(socket)(dst->sa_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (u < 0)
+		return 0;
+	sl = sizeof(ss);
+	int ok = R(connect)(u, dst, len) == 0 && R(getsockname)(u, (struct sockaddr *)&ss, &sl) == 0 &&
+		 policy_local_allows((struct sockaddr *)&ss);
+	R(close)(u);
+	return ok;
 }
 
 static void set_nonblock(int fd, int fl, int on)
@@ -129,7 +155,7 @@ EXPORT int socket(int domain, int type, int protocol)
 
 static int wait_connect(struct conn *c, int fd)
 {
-	if (conn_decide(c, fd, 1) < 0)
+	if (conn_decide_by(c, fd, 1, ring_call_deadline(fd, SO_SNDTIMEO)) < 0)
 		return -1;
 	switch (atomic_load(&c->state)) {
 	case CS_FAILED: {
@@ -223,7 +249,7 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 	}
 	uint16_t port;
 	if (smcr_disabled || fd >= smcr_fdt_size || !port_of(addr, len, &port) || !policy_allows(port) ||
-	    !is_tcp(fd))
+	    !is_tcp(fd) || !local_allowed(fd, addr, len))
 		return R(connect)(fd, addr, len);
 	return connect_offer(fd, addr, len);
 }
@@ -236,7 +262,7 @@ EXPORT int listen(int fd, int backlog)
 	socklen_t sl = sizeof(ss);
 	uint16_t port;
 	if (R(getsockname)(fd, (struct sockaddr *)&ss, &sl) < 0 || !port_of((struct sockaddr *)&ss, sl, &port) ||
-	    port == 0 || !policy_allows(port) || !is_tcp(fd))
+	    port == 0 || !policy_allows(port) || !policy_local_allows((struct sockaddr *)&ss) || !is_tcp(fd))
 		return R(listen)(fd, backlog);
 	int ch = channel_open();
 	if (ch < 0)
@@ -265,6 +291,13 @@ static void accepted_offer(int nfd, int nonblock)
 {
 	if (nfd >= smcr_fdt_size)
 		return;
+	if (policy_lists_addrs()) {
+		struct sockaddr_storage ss;
+		socklen_t sl = sizeof(ss);
+		if (R(getsockname)(nfd, (struct sockaddr *)&ss, &sl) < 0 ||
+		    !policy_local_allows((struct sockaddr *)&ss))
+			return;
+	}
 	int fl = R(fcntl)(nfd, F_GETFL);
 	if (fl < 0)
 		return;
@@ -314,8 +347,12 @@ EXPORT int close(int fd)
 {
 	ready_forget_fd(fd);
 	struct obj *o = fdt_take(fd);
-	if (o)
+	if (o) {
+		struct conn *c = conn_of(o);
+		if (c && atomic_load(&o->fdrefs) == 1)
+			conn_note_close(c, fd);
 		fdt_release(o);
+	}
 	return R(close)(fd);
 }
 
@@ -340,10 +377,6 @@ EXPORT int shutdown(int fd, int how)
 			ring_shutdown_wr(c);
 		ready_conn_changed(c);
 		return 0;
-	case CS_PREFIX:
-		if (how != SHUT_WR)
-			atomic_store(&c->prefix_off, c->prefix_len);
-		return R(shutdown)(fd, how);
 	case CS_RESET:
 		errno = ENOTCONN;
 		return -1;
@@ -643,8 +676,33 @@ EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags, const struct
 	return r == PASS ? R(sendto)(fd, buf, n, flags, addr, alen) : r;
 }
 
+/* note_passed_fds: an accelerated socket sent to another process (SCM_RIGHTS) is one
+ * the library there cannot follow: the connection's end, whenever it comes here, is
+ * then an abort (SMCR_LIB_ABORT), which resets the socket the other process holds,
+ * so that it reads an error rather than wait on a TCP connection that carries
+ * nothing; the socket gets the program's O_NONBLOCK back for it. */
+static void note_passed_fds(const struct msghdr *msg)
+{
+	for (struct cmsghdr *h = CMSG_FIRSTHDR(msg); h; h = CMSG_NXTHDR((struct msghdr *)msg, h)) {
+		if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS)
+			continue;
+		size_t k = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		for (size_t i = 0; i < k; i++) {
+			int pfd;
+			memcpy(&pfd, CMSG_DATA(h) + i * sizeof(int), sizeof(int));
+			struct conn *c = conn_of(fdt_get(pfd));
+			if (c && atomic_load(&c->state) == CS_ACCEL && c->sh) {
+				atomic_fetch_or(&c->sh->lib_flags, SMCR_LIB_ABORT);
+				conn_restore_flags(c, pfd);
+			}
+		}
+	}
+}
+
 EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
 {
+	if (msg && msg->msg_control && msg->msg_controllen >= sizeof(struct cmsghdr) && smcr_fdt)
+		note_passed_fds(msg);
 	struct conn *c = conn_of(fdt_get(fd));
 	if (__builtin_expect(!c, 1))
 		return R(sendmsg)(fd, msg, flags);

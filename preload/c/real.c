@@ -59,6 +59,10 @@ static void resolve(void)
 	RESOLVE(recv_chk, "__recv_chk");
 	RESOLVE(recvfrom_chk, "__recvfrom_chk");
 	RESOLVE(poll_chk, "__poll_chk");
+	RESOLVE(execve, "execve");
+	RESOLVE(execvpe, "execvpe");
+	RESOLVE(fexecve, "fexecve");
+	RESOLVE(execveat, "execveat");
 	if (!real.fcntl64)
 		real.fcntl64 = real.fcntl;
 	if (!real.sendfile64)

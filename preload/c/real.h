@@ -58,6 +58,10 @@ struct real_fns {
 	ssize_t (*recv_chk)(int, void *, size_t, size_t, int);
 	ssize_t (*recvfrom_chk)(int, void *, size_t, size_t, int, struct sockaddr *, socklen_t *);
 	int (*poll_chk)(struct pollfd *, nfds_t, int, size_t);
+	int (*execve)(const char *, char *const[], char *const[]);
+	int (*execvpe)(const char *, char *const[], char *const[]);
+	int (*fexecve)(int, char *const[], char *const[]);
+	int (*execveat)(int, const char *, char *const[], char *const[], int);
 };
 
 extern struct real_fns real;

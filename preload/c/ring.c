@@ -157,8 +157,17 @@ void ring_peer_eof(struct conn *c)
 	ring_wake_peer(c);
 }
 
-/* deadline of a blocking call from SO_RCVTIMEO / SO_SNDTIMEO: 0 for none */
-static uint64_t call_deadline(int fd, int opt)
+void ring_peer_reset(struct conn *c)
+{
+	struct smcr_shared *p = c->peer;
+	if (!(atomic_load(&p->d_flags) & SMCR_D_ERROR)) {
+		atomic_store(&p->d_errno, ECONNRESET);
+		atomic_fetch_or_explicit(&p->d_flags, SMCR_D_ERROR, memory_order_seq_cst);
+	}
+	ring_wake_peer(c);
+}
+
+uint64_t ring_call_deadline(int fd, int opt)
 {
 	struct timeval tv = {0};
 	socklen_t l = sizeof(tv);
@@ -203,7 +212,7 @@ static int wait_dir(struct conn *c, int fd, int tx, uint64_t *deadline, int *hav
 		__builtin_ia32_pause();
 	}
 	if (!*have_deadline) {
-		*deadline = call_deadline(fd, tx ? SO_SNDTIMEO : SO_RCVTIMEO);
+		*deadline = ring_call_deadline(fd, tx ? SO_SNDTIMEO : SO_RCVTIMEO);
 		*have_deadline = 1;
 	}
 	for (;;) {
@@ -325,8 +334,6 @@ static ssize_t recv_inner(struct conn *c, int fd, const struct iovec *iov, int i
 	if (want == 0)
 		return 0;
 	for (;;) {
-		if (atomic_load_explicit(&c->shut_rd, memory_order_relaxed))
-			return (ssize_t)done;
 		if (atomic_load_explicit(&c->reset, memory_order_relaxed)) {
 			if (done)
 				return (ssize_t)done;
@@ -362,6 +369,9 @@ static ssize_t recv_inner(struct conn *c, int fd, const struct iovec *iov, int i
 				return (ssize_t)done;
 			continue;
 		}
+		/* after shutdown(SHUT_RD), as TCP: the bytes buffered are read, then 0 */
+		if (atomic_load_explicit(&c->shut_rd, memory_order_relaxed))
+			return (ssize_t)done;
 		uint32_t df = atomic_load_explicit(&sh->d_flags, memory_order_acquire);
 		/* the flags are set after the last rx_prod: look at the ring once more */
 		if (df & (SMCR_D_EOF | SMCR_D_ERROR)) {

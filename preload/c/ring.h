@@ -19,6 +19,10 @@ ssize_t ring_send(struct conn *c, int fd, const struct iovec *iov, int iovcnt, i
  * is free): >0, or -1 with errno. For sendfile and splice. */
 ssize_t ring_send_space(struct conn *c, int fd, int flags);
 
+/* ring_call_deadline: when a blocking call on fd gives up, from its SO_RCVTIMEO or
+ * SO_SNDTIMEO (opt): CLOCK_MONOTONIC ns, 0 for never. */
+uint64_t ring_call_deadline(int fd, int opt);
+
 size_t ring_rx_avail(struct conn *c);
 size_t ring_tx_queued(struct conn *c);
 
@@ -33,6 +37,9 @@ void ring_kick(int efd);
  * stream (its d_flags EOF, after the last rx_prod) and wakes it. */
 void ring_wake_peer(struct conn *c);
 void ring_peer_eof(struct conn *c);
+/* ring_peer_reset: the program aborted: the peer's reads and writes fail with
+ * ECONNRESET (its d_flags ERROR) and it wakes. */
+void ring_peer_reset(struct conn *c);
 
 /* ring_tx_closed: writes fail with EPIPE: the peer reads no more (smcrd's
  * TX_CLOSED in df, own d_flags; with SHM also the peer program's close). */

@@ -245,6 +245,13 @@ int main(int argc, char **argv)
 	printf("nofile-poll revents %x\n", pf.revents);
 	CHECK(setrlimit(RLIMIT_NOFILE, &nofile) == 0);
 	printf("nb read %zd\n", read(s, buf, sizeof(buf)));
+	/* shutdown(SHUT_RD) keeps the bytes buffered: read, then 0 */
+	CHECK(write(p, "xyz", 3) == 3);
+	wait_for(s, POLLIN);
+	CHECK(shutdown(s, SHUT_RD) == 0);
+	snap("shut-rd", s);
+	printf("shut-rd read %zd\n", read(s, buf, sizeof(buf)));
+	printf("shut-rd read-empty %zd\n", read(s, buf, sizeof(buf)));
 	close(p);
 	wait_for(s, POLLRDHUP);
 	printf("nb read-eof %zd\n", read(s, buf, sizeof(buf)));

@@ -862,28 +862,11 @@ func testProgramDeath(t *testing.T, setup, setupRev func(*testing.T) (a, b *host
 	})
 }
 
-// knownExec skips the exec tests unless SMCR_E2E_KNOWN is set: today the
-// library's channel to smcrd is close-on-exec (preload/c/channel.c,
-// channel_open's SOCK_CLOEXEC), smcrd takes its end as the program gone
-// (daemon/directconn.go, run: gone) and resets the connection, so the
-// program after exec never gets a byte and its peer reads ECONNRESET. With
-// socat's EXEC,nofork the exec comes before CLC has decided: smcrd's DECIDED
-// finds the channel closed ("direct: decided ... broken pipe") and aborts.
-// No hang and no silent loss, but issue #35 asks that the connection goes on
-// across exec (re-attached, or over its TCP connection); docs/direct.md lists
-// exec among the limits.
-func knownExec(t *testing.T) {
-	if os.Getenv("SMCR_E2E_KNOWN") == "" {
-		t.Skip("known: a socket inherited across exec is reset (the library's channel is close-on-exec, smcrd aborts the connection when it closes); SMCR_E2E_KNOWN=1 runs it")
-	}
-}
-
 // TestDirectProgramsExec: socat's EXEC with nofork hands the accepted socket
-// itself to cat across exec (stdin and stdout), as inetd and sshd do. The
-// issue asks that exec never hangs and never loses a byte: cat echoes what
-// the client sends, every byte.
+// itself to cat across exec (stdin and stdout), as inetd and sshd do, before
+// CLC has decided: cat's library adopts the connection still pending
+// (preload/c/exec.c) and echoes what the client sends, every byte.
 func TestDirectProgramsExec(t *testing.T) {
-	knownExec(t)
 	needPrograms(t, "socat", "cat")
 	requirePython(t)
 	a, b := directHosts(t, "shm")
@@ -901,24 +884,48 @@ func TestDirectProgramsExec(t *testing.T) {
 
 // TestDirectProgramsExecDecided: an inetd-style server (Python, the library)
 // reads a line from each connection, so the connection is SMC-R by then, and
-// execs cat on the socket. cat echoes the rest, every byte, and never hangs.
+// execs cat on the socket: cat's library adopts it with its shared area and
+// echoes the rest, every byte.
 func TestDirectProgramsExecDecided(t *testing.T) {
-	knownExec(t)
+	r := execEcho(t)
+	if !r.OK {
+		t.Fatalf("client: %+v", r)
+	}
+}
+
+// TestDirectProgramsExecNoLibrary: the same server execs cat through env -i,
+// so cat runs without the library (its environment cleared). The connection
+// cannot go on accelerated: it ends with a reset, of cat's socket too, so
+// neither cat nor the client waits on it, and the client never takes a short
+// echo for a whole one.
+func TestDirectProgramsExecNoLibrary(t *testing.T) {
+	needPrograms(t, "env", "cat")
+	r := execEcho(t, "env", "-i", "cat")
+	t.Logf("client: %d bytes echoed, error %q", r.Bytes, r.Err)
+	if r.OK || r.Err == "" {
+		t.Errorf("client: %+v: want an error (the connection reset), never a clean end", r)
+	}
+}
+
+// execEcho runs direct_exec_server.py (it execs cmd, cat by default) and its
+// client, and returns the client's verdict; a client that hangs fails the test.
+func execEcho(t *testing.T, cmd ...string) (r struct {
+	OK    bool
+	Bytes int
+	Err   string
+}) {
+	t.Helper()
 	requirePython(t)
 	a, b := directHosts(t, "shm")
-	b.startProc(true, "python3", "testdata/direct_exec_server.py", "5201")
+	b.startProc(true, "python3", append([]string{"testdata/direct_exec_server.py", "5201"}, cmd...)...)
 	b.waitListening(5201)
 	cli := a.startProc(true, "python3", "testdata/direct_exec_client.py", b.ns.Addr4().String(), "5201", strconv.Itoa(1<<20))
 	if !cli.wait(20 * time.Second) {
 		t.Logf("%s%s", a.snapshotter()(), b.snapshotter()())
-		t.Fatalf("the client hung: its echo never came back from cat")
+		t.Fatalf("the client hung: its echo never came back")
 	}
-	var r struct {
-		OK    bool
-		Bytes int
-		Err   string
-	}
-	if err := json.Unmarshal([]byte(cli.out()), &r); err != nil || !r.OK {
+	if err := json.Unmarshal([]byte(cli.out()), &r); err != nil {
 		t.Fatalf("client: %s (%v) %s", cli.out(), err, cli.errOut())
 	}
+	return r
 }

@@ -1,11 +1,13 @@
 # An inetd-style server: for each connection a child reads one line (the
 # connection is decided by then), makes the socket its stdin and stdout and
-# execs cat, which echoes the rest of the stream.
+# execs cat, which echoes the rest of the stream (or the command given after
+# the port).
 import os, socket, sys
 
 ln = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
 ln.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 ln.bind(("0.0.0.0", int(sys.argv[1])))
+cmd = sys.argv[2:] or ["cat"]
 ln.listen(16)
 while True:
     c, _ = ln.accept()
@@ -20,7 +22,7 @@ while True:
         os.dup2(c.fileno(), 0)
         os.dup2(c.fileno(), 1)
         c.close()
-        os.execvp("cat", ["cat"])
+        os.execvp(cmd[0], cmd)
     c.close()
     try:
         while os.waitpid(-1, os.WNOHANG)[0]:

@@ -1,0 +1,112 @@
+/* passfd.c: an accelerated socket sent to another process with SCM_RIGHTS. The
+ * first process makes a connection (both ends through the library), sends the
+ * server's end to a process it starts (this program again, "receiver", which knows
+ * nothing of the connection) and closes its copy; the receiver reads from the socket.
+ * Neither end waits for good nor reads a clean end: with the kernel's sockets the
+ * receiver gets the bytes, with the library's the connection is reset.
+ * stdout: "receiver <data | reset>", then "client <data | reset>" (the receiver
+ * echoes what it got). */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "loopback.h"
+
+/* outcome: what a read returned, in the words of stdout */
+static const char *outcome(int fd, const char *want)
+{
+	char b[64];
+	ssize_t r = read(fd, b, sizeof(b));
+	if (r > 0 && memcmp(b, want, (size_t)r) == 0)
+		return "data";
+	if (r < 0 && (errno == ECONNRESET || errno == EPIPE || errno == ENOTCONN))
+		return "reset";
+	return r == 0 ? "eof" : "other";
+}
+
+static int receiver(int u)
+{
+	char c;
+	struct iovec v = {&c, 1};
+	union {
+		struct cmsghdr h;
+		char buf[CMSG_SPACE(sizeof(int))];
+	} cm;
+	struct msghdr m = {.msg_iov = &v, .msg_iovlen = 1, .msg_control = cm.buf, .msg_controllen = sizeof(cm.buf)};
+	CHECK(recvmsg(u, &m, 0) == 1);
+	struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+	CHECK(h && h->cmsg_type == SCM_RIGHTS);
+	int fd;
+	memcpy(&fd, CMSG_DATA(h), sizeof(fd));
+	CHECK(write(u, "r", 1) == 1); /* got it: the sender closes its copy */
+	const char *got = outcome(fd, "sent");
+	printf("receiver %s\n", got);
+	fflush(stdout);
+	if (strcmp(got, "data") == 0)
+		CHECK(write(fd, "back", 4) == 4);
+	close(fd);
+	return 0;
+}
+
+static void *accept_one(void *arg)
+{
+	int *fds = arg;
+	fds[1] = accept4(fds[0], NULL, NULL, SOCK_CLOEXEC);
+	return NULL;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc == 3 && strcmp(argv[1], "receiver") == 0)
+		return receiver(atoi(argv[2]));
+	struct sockaddr_in a;
+	int l = listen_loopback(SOCK_STREAM | SOCK_CLOEXEC, &a);
+	int fds[2] = {l, -1};
+	pthread_t th;
+	CHECK(pthread_create(&th, NULL, accept_one, fds) == 0);
+	int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	CHECK(s >= 0);
+	CHECK(connect(s, (struct sockaddr *)&a, sizeof(a)) == 0);
+	CHECK(pthread_join(th, NULL) == 0);
+	int p = fds[1];
+	CHECK(p >= 0);
+	char b;
+	CHECK(write(s, "?", 1) == 1 && read(p, &b, 1) == 1); /* both decided */
+
+	int u[2];
+	CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, u) == 0);
+	fcntl(u[0], F_SETFD, FD_CLOEXEC);
+	pid_t pid = fork();
+	CHECK(pid >= 0);
+	if (pid == 0) {
+		char arg[16];
+		snprintf(arg, sizeof(arg), "%d", u[1]);
+		execl("/proc/self/exe", argv[0], "receiver", arg, (char *)NULL);
+		_exit(127);
+	}
+	close(u[1]);
+	char c = 'x';
+	struct iovec v = {&c, 1};
+	union {
+		struct cmsghdr h;
+		char buf[CMSG_SPACE(sizeof(int))];
+	} cm;
+	memset(&cm, 0, sizeof(cm));
+	struct msghdr m = {.msg_iov = &v, .msg_iovlen = 1, .msg_control = cm.buf, .msg_controllen = sizeof(cm.buf)};
+	struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+	h->cmsg_level = SOL_SOCKET;
+	h->cmsg_type = SCM_RIGHTS;
+	h->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(h), &p, sizeof(p));
+	CHECK(sendmsg(u[0], &m, 0) == 1);
+	CHECK(read(u[0], &c, 1) == 1);
+	CHECK(write(s, "sent", 4) == 4);
+	CHECK(close(p) == 0);
+	int st;
+	CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	printf("client %s\n", outcome(s, "back"));
+	return 0;
+}
