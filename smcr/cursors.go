@@ -9,7 +9,10 @@ import (
 	"fmt"
 	"net"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/smcr-io/smcr/rmb"
+	"github.com/smcr-io/smcr/smcr/verbs"
 )
 
 var (
@@ -73,6 +76,42 @@ func (c *Conn) RecvBuffer() []byte {
 		return nil
 	}
 	return c.rmb.Bytes()[:c.rx.Size()]
+}
+
+// BufferFile is where a buffer of a cursor-driven Conn lives in a file that
+// another process can map (verbs.Mappable).
+type BufferFile struct {
+	FD  int   // the caller's descriptor, to close
+	Off int64 // of the buffer's first byte
+	Len int   // the buffer's length: its ring's size
+}
+
+// DupBufferFiles returns the files of a cursor-driven Conn's send buffer and
+// RMB, for another process to map, where the provider keeps its buffers in
+// files (shm); else an error wrapping errors.ErrUnsupported.
+func (c *Conn) DupBufferFiles() (snd, rmb BufferFile, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.cursorDriven(); err != nil {
+		return snd, rmb, err
+	}
+	if c.snd == nil || c.rmb == nil || c.closing.released {
+		return snd, rmb, net.ErrClosed
+	}
+	ms, ok1 := c.snd.(verbs.Mappable)
+	mr, ok2 := c.rmb.(verbs.Mappable)
+	if !ok1 || !ok2 {
+		return snd, rmb, fmt.Errorf("smcr: buffers of provider %v: %w", c.lg.key.kind, errors.ErrUnsupported)
+	}
+	snd.Len, rmb.Len = int(c.tx.Size()), int(c.rx.Size())
+	if snd.FD, snd.Off, err = ms.DupFile(); err != nil {
+		return snd, rmb, fmt.Errorf("smcr: send buffer file: %w", err)
+	}
+	if rmb.FD, rmb.Off, err = mr.DupFile(); err != nil {
+		unix.Close(snd.FD)
+		return snd, rmb, fmt.Errorf("smcr: rmb file: %w", err)
+	}
+	return snd, rmb, nil
 }
 
 // Cursors returns where the rings stand.

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/smcr-io/smcr/rmb"
 	"github.com/smcr-io/smcr/smcr/verbs"
 )
@@ -302,4 +304,58 @@ func TestCursorsNotDriven(t *testing.T) {
 	if srv.SendBuffer() == nil || srv.RecvBuffer() == nil {
 		t.Fatal("no buffers on the cursor-driven end")
 	}
+}
+
+// TestCursorsBufferFiles: over shm, another mapping of the buffers' files
+// (a library's, in smcrd's direct mode) puts bytes into the send buffer and
+// finds the peer's in the RMB; soft keeps its buffers in no file.
+func TestCursorsBufferFiles(t *testing.T) {
+	for _, pr := range providers {
+		t.Run(pr.name, func(t *testing.T) {
+			cli, srv := cursorConns(t, pr.open, true, true)
+			b := newCursorApp(srv)
+			cs, _, err := cli.DupBufferFiles()
+			if pr.name != "shm" {
+				if !errors.Is(err, errors.ErrUnsupported) {
+					t.Fatalf("files of %s buffers: %v, want %v", pr.name, err, errors.ErrUnsupported)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, sr, err := srv.DupBufferFiles()
+			if err != nil {
+				t.Fatal(err)
+			}
+			send := mapBufferFile(t, cs)
+			recv := mapBufferFile(t, sr)
+			data := randomBytes(51, 1000)
+			copy(send, data)
+			if err := cli.PostProduced(uint64(len(data))); err != nil {
+				t.Fatal(err)
+			}
+			for srv.Cursors().PeerProduced != uint64(len(data)) {
+				within(t, b.rxWoke, "the bytes written through the file")
+			}
+			if !bytes.Equal(recv[:len(data)], data) {
+				t.Fatal("the RMB's file holds other bytes than the send buffer's")
+			}
+		})
+	}
+}
+
+// mapBufferFile maps f for the test and closes its descriptor.
+func mapBufferFile(t *testing.T, f BufferFile) []byte {
+	t.Helper()
+	defer unix.Close(f.FD)
+	if f.Len != cursorRing {
+		t.Fatalf("buffer of %d bytes, want %d", f.Len, cursorRing)
+	}
+	mem, err := unix.Mmap(f.FD, f.Off, f.Len, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Munmap(mem) })
+	return mem
 }
