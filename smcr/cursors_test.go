@@ -359,3 +359,74 @@ func mapBufferFile(t *testing.T, f BufferFile) []byte {
 	t.Cleanup(func() { unix.Munmap(mem) })
 	return mem
 }
+
+// TestCursorsContinuation: when the link fails, a cursor-driven connection
+// continues over TCP as any other: the cursor calls stop with ErrContinued,
+// bytes the application had not posted go by Write, and Read returns what
+// the RMB held unread, then the TCP stream's; its buffers stay until Close.
+func TestCursorsContinuation(t *testing.T) {
+	d1, d2 := twoDevices(t)
+	ec := newEngine(t, Config{Devices: []verbs.Device{d1}, RMBSize: cursorRing})
+	es := newEngine(t, Config{Devices: []verbs.Device{d2}, RMBSize: cursorRing})
+	cli, srv := connectWith(t, ec, es, ClientOptions{Cursors: true}, ServerOptions{})
+	t.Cleanup(func() { cli.Close(); srv.Close() })
+	mustSMC(t, cli, srv)
+	a := newCursorApp(cli)
+	posted := randomBytes(61, 3*cursorRing)
+	errc := make(chan error, 1)
+	go func() { errc <- a.write(posted) }()
+	readCheck(t, srv, posted)
+	if err := within(t, errc, "the cursor writes"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.Write([]byte("unread")); err != nil {
+		t.Fatal(err)
+	}
+	for cli.Cursors().PeerProduced != 6 {
+		within(t, a.rxWoke, "the unread bytes")
+	}
+	d1.Fail()
+	for !cli.Cursors().Continued {
+		within(t, a.txWoke, "the continuation")
+	}
+	cur := cli.Cursors()
+	pending := randomBytes(62, 500)
+	buf := cli.SendBuffer()
+	var w [2]rmb.Span
+	k := 0
+	for _, s := range rmb.AppendSpans(w[:0], cur.Produced, uint32(len(pending)), uint32(len(buf))) {
+		k += copy(buf[s.Off:s.End()], pending[k:])
+	}
+	if err := cli.PostProduced(cur.Produced + uint64(len(pending))); !errors.Is(err, ErrContinued) {
+		t.Fatalf("post after the continuation: %v, want %v", err, ErrContinued)
+	}
+	if _, err := cli.Write(pending); err != nil {
+		t.Fatal(err)
+	}
+	readCheck(t, srv, pending)
+	readCheck(t, cli, []byte("unread"))
+	if _, err := srv.Write([]byte("over tcp")); err != nil {
+		t.Fatal(err)
+	}
+	readCheck(t, cli, []byte("over tcp"))
+	if cli.SendBuffer() == nil || cli.RecvBuffer() == nil {
+		t.Fatal("a cursor-driven connection's buffers were shed before its Close")
+	}
+	cli.Close()
+	srv.Close()
+	eventually(t, "released", func() bool {
+		return ec.Stats().MemoryInUse == 0 && es.Stats().MemoryInUse == 0
+	})
+}
+
+// readCheck reads len(want) bytes from c and compares them with want.
+func readCheck(t *testing.T, c *Conn, want []byte) {
+	t.Helper()
+	got := make([]byte, len(want))
+	if _, err := io.ReadFull(c, got); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("read other bytes than were written")
+	}
+}
