@@ -235,6 +235,9 @@ func (lg *linkGroup) pooledHas(rmb bool, size uint64, l *link) bool {
 // takePooled takes a pooled buffer for c on its link, unless memory is over
 // max_memory (lowered at run time): then the connection must account anew.
 func (c *Conn) takePooled(rmb bool, size uint64) *pooledBuf {
+	if c.cursors {
+		return nil // its application may hold the memory past the release
+	}
 	if limit := c.e.settings().MaxMemory; limit > 0 && c.e.mem.Load() > limit {
 		return nil
 	}
@@ -273,7 +276,7 @@ func (c *Conn) adopt(b *pooledBuf) {
 // It returns the bytes of max_memory the pool took over, or holds until then.
 func (c *Conn) releaseBuffers() (kept int64) {
 	c.mu.Lock()
-	orderly := c.lg != nil && c.closing.localTerm && c.closing.peerClosed && !c.closing.peerAbort && !c.closing.localAbort &&
+	orderly := c.lg != nil && !c.cursors && c.closing.localTerm && c.closing.peerClosed && !c.closing.peerAbort && !c.closing.localAbort &&
 		!c.lnkErr && !c.cont.fo && c.wrOut.Load() == 0
 	announcing := c.rkeyAnnounced
 	if announcing != nil && isClosed(announcing) {

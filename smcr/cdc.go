@@ -77,8 +77,7 @@ func (c *Conn) onCDC(m *rmb.CDC) (produced uint64) {
 		}
 		c.abortLocked(fmt.Errorf("%w: %v", ErrProtocol, err))
 		c.mu.Unlock()
-		wake(c.rxWake)
-		wake(c.txWake)
+		c.wakeApp()
 		return
 	}
 	if produced > 0 && m.Flags&rmb.FlagUrgentPresent != 0 {
@@ -112,8 +111,7 @@ func (c *Conn) onCDC(m *rmb.CDC) (produced uint64) {
 	c.updateState("cdc")
 	c.queueReleaseIfDueLocked()
 	c.mu.Unlock()
-	wake(c.rxWake)
-	wake(c.txWake)
+	c.wakeApp()
 	return produced
 }
 

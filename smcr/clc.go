@@ -233,6 +233,7 @@ func (e *Engine) isClosed() bool {
 // client runs CLC as the client. pfx is the subnet of the local address.
 func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix, opts ClientOptions) (*Conn, error) {
 	c := e.newConn(tcp, true)
+	c.cursors = opts.Cursors
 	c.endCLC = interruptOnCancel(ctx, tcp)
 	defer c.endCLC()
 	br := c.clcReader(4096)
@@ -451,6 +452,7 @@ func resyncFollows(br *bufio.Reader) bool {
 // Listener's namespace, if any (localPrefix).
 func (e *Engine) server(ctx context.Context, tcp net.Conn, listenerAddrs []net.Addr, opts ServerOptions) (*Conn, error) {
 	c := e.newConn(tcp, false)
+	c.cursors = opts.Cursors
 	c.endCLC = interruptOnCancel(ctx, tcp)
 	defer c.endCLC()
 	br := c.clcReader(4096)

@@ -140,8 +140,7 @@ func (c *Conn) Close() error {
 	}
 	c.updateState("close")
 	c.mu.Unlock()
-	wake(c.rxWake)
-	wake(c.txWake)
+	c.wakeApp()
 	if send {
 		c.sendCDC(0)
 	}
@@ -188,8 +187,7 @@ func (c *Conn) Abort() error {
 	fo := c.cont.fo
 	c.abortLocked(ErrAborted)
 	c.mu.Unlock()
-	wake(c.rxWake)
-	wake(c.txWake)
+	c.wakeApp()
 	if fo {
 		// Over TCP, or resyncing there (the link can carry no abnormal close):
 		// TCP's reset, at once; a resend under way stops.
@@ -246,8 +244,7 @@ func (c *Conn) linkDown(err error) {
 	}
 	c.updateState("link down")
 	c.mu.Unlock()
-	wake(c.rxWake)
-	wake(c.txWake)
+	c.wakeApp()
 	go c.maybeRelease()
 }
 
@@ -418,7 +415,7 @@ func (c *Conn) allocRMB(send int) (DeclineCode, error) {
 	want := c.e.settings().RMBSize
 	// A pooled send buffer of the size needs no new memory: setPeer takes it,
 	// unless another setup does first.
-	b, size, share, ok := c.rmbFor(want, send, c.lg.pooledHas(false, uint64(send), c.lnk))
+	b, size, share, ok := c.rmbFor(want, send, !c.cursors && c.lg.pooledHas(false, uint64(send), c.lnk))
 	if !ok {
 		return clc.DeclineNoMemory, fmt.Errorf("rmb of %d bytes (or at least %d) and a send buffer of %d exceed max memory %d",
 			want, minRMB, send, c.e.settings().MaxMemory)

@@ -157,6 +157,10 @@ type Conn struct {
 	// (nil: none sent); until then the RMB is not pooled (bufpool.go).
 	rkeyAnnounced <-chan struct{}
 	rmbPooled     bool // the RMB came from the pool: the peer knows it (announceRMB)
+	// cursors: the application side drives the cursors over the buffers
+	// (cursors.go), which are neither taken from the pool nor given to it.
+	cursors bool
+	notify  atomic.Pointer[func()] // SetCursorNotify's
 
 	// cdcMu keeps our CDCs on the wire in the order of their sequence numbers
 	// (Linux's receiver drops one numbered before the last it took).
@@ -486,5 +490,16 @@ func isClosed(ch <-chan struct{}) bool {
 		return true
 	default:
 		return false
+	}
+}
+
+// wakeApp wakes the connection's reader and writer, and calls the cursor
+// notification (SetCursorNotify): its cursors or state may have moved. The
+// caller holds no mutex of c's.
+func (c *Conn) wakeApp() {
+	wake(c.rxWake)
+	wake(c.txWake)
+	if f := c.notify.Load(); f != nil {
+		(*f)()
 	}
 }

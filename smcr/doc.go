@@ -29,6 +29,7 @@
 //	bufpool.go    RMBs and send buffers reused by a group's connections ← smc_buf_get_slot
 //	cdc.go        CDC messages and their validation (§3.9)              ← smc_cdc
 //	tx.go, rx.go  data over the RMBEs, cursors, the 10% rule (§4)       ← smc_tx, smc_rx
+//	cursors.go    cursor-driven Conns: the application fills and empties the buffers itself
 //	urgent.go     urgent data (MSG_OOB): a mark in the stream (§4.2)    ← smc_cdc_handle_urg_data_arrival
 //	close.go      sending done, closed, abort (§4.4)                    ← smc_close
 //	conn.go       the net.Conn, its fields by concern, its Linux state

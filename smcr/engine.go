@@ -683,6 +683,9 @@ type ClientOptions struct {
 	// Direct, when set, says this end is direct (tlvDirect) and is sent to
 	// an smcr server; Conn.PeerDirect is the server's answer.
 	Direct []byte
+	// Cursors makes the Conn cursor-driven (cursors.go): its application
+	// side fills the send buffer and empties the RMB itself.
+	Cursors bool
 }
 
 // ServerOptions is what the caller knows of its own end before CLC.
@@ -690,6 +693,9 @@ type ServerOptions struct {
 	// Direct, when set, is answered (tlvDirect) to a client whose Proposal
 	// says it is direct, when the chosen provider is shm.
 	Direct []byte
+	// Cursors makes the Conn cursor-driven (cursors.go): its application
+	// side fills the send buffer and empties the RMB itself.
+	Cursors bool
 }
 
 // ClientWith is Client with what the caller knows of the server.

@@ -147,6 +147,46 @@ func (p *pair) connect(t testing.TB) (*Conn, *Conn) {
 	return c, r.c
 }
 
+// connectWith connects a client of e1 and a server of e2 with options, over
+// a TCP connection of their own.
+func connectWith(t testing.TB, e1, e2 *Engine, co ClientOptions, so ServerOptions) (cli, srv *Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	type res struct {
+		c   *Conn
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		tcp, err := ln.Accept()
+		if err != nil {
+			ch <- res{nil, err}
+			return
+		}
+		s, err := e2.ServerWith(ctx, tcp, so)
+		ch <- res{s, err}
+	}()
+	tcp, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli, err = e1.ClientWith(ctx, tcp, co)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := within(t, ch, "the server's side of a connection the client made")
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	return cli, r.c
+}
+
 func mustSMC(t testing.TB, cs ...*Conn) {
 	t.Helper()
 	for _, c := range cs {

@@ -878,8 +878,7 @@ func (c *Conn) moveTo(old, nw *link) {
 	if closed {
 		c.maybeRelease()
 	}
-	wake(c.rxWake)
-	wake(c.txWake)
+	c.wakeApp()
 	if err != nil && !errors.Is(err, ErrLinkDown) {
 		c.e.log.Warn("smcr: moving connection", "conn", c.id, "err", err)
 	}

@@ -130,8 +130,7 @@ func (c *Conn) declinedAfterConfirm(head []byte) {
 	c.closing.peerClosed, c.closing.peerDone, c.closing.localTerm, c.lnkErr = true, true, true, true
 	c.updateState("declined after confirm")
 	c.mu.Unlock()
-	wake(c.rxWake)
-	wake(c.txWake)
+	c.wakeApp()
 }
 
 // tcpEnded answers a continuation when the TCP connection ends without the peer's
@@ -202,8 +201,7 @@ func (c *Conn) failover() {
 		(*h)(c)
 	}
 	close(c.cont.foDone)
-	wake(c.rxWake)
-	wake(c.txWake)
+	c.wakeApp()
 	if err != nil {
 		c.e.log.Warn("smcr: continuation over tcp failed", "conn", c.id, "err", err)
 		resetTCP(c.tcp) // the peer may have continued: a FIN would end a cut stream
@@ -227,7 +225,8 @@ func (c *Conn) failover() {
 // group's other link) a WRITE may still read or land in them: they stay.
 func (c *Conn) shedBuffers() {
 	c.mu.Lock()
-	todo := c.cont.foReady && !c.closing.released && (c.snd != nil || c.rmb != nil && c.rx.Readable() == 0)
+	// A cursor-driven Conn's application may still use its buffers.
+	todo := c.cont.foReady && !c.closing.released && !c.cursors && (c.snd != nil || c.rmb != nil && c.rx.Readable() == 0)
 	regs := c.move.regLink
 	c.mu.Unlock()
 	if !todo {

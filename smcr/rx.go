@@ -172,15 +172,8 @@ func (c *Conn) smcRead(p []byte) (int, bool, error) {
 			// As TCPConn's: not EOF or the error while bytes wait unread.
 			c.mu.Unlock()
 			return 0, false, nil
-		case c.err != nil && !(c.closing.peerDone && errors.Is(c.err, ErrLinkDown)):
-			// The first cause: ErrReset when the peer aborted first, not when
-			// its abort answers ours (a protocol error we found, say).
-			err = c.err
-		case c.closing.peerDone:
-			// Its sending-done announced its last byte, and we read it: the
-			// stream is whole though the link, or a continuation, failed
-			// after (as TCP's read after a FIN, and Linux's SOCK_DONE).
-			err = io.EOF
+		default:
+			err = c.readEndLocked()
 		}
 		lnk := c.lnk
 		c.mu.Unlock()
@@ -196,4 +189,21 @@ func (c *Conn) smcRead(p []byte) (int, bool, error) {
 		case <-c.done:
 		}
 	}
+}
+
+// readEndLocked is what a Read returns once the readable bytes are taken: the
+// terminal error, io.EOF, or nil while more may come.
+func (c *Conn) readEndLocked() error {
+	switch {
+	case c.err != nil && !(c.closing.peerDone && errors.Is(c.err, ErrLinkDown)):
+		// The first cause: ErrReset when the peer aborted first, not when
+		// its abort answers ours (a protocol error we found, say).
+		return c.err
+	case c.closing.peerDone:
+		// Its sending-done announced its last byte, and we read it: the
+		// stream is whole though the link, or a continuation, failed
+		// after (as TCP's read after a FIN, and Linux's SOCK_DONE).
+		return io.EOF
+	}
+	return nil
 }

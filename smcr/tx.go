@@ -31,26 +31,11 @@ func (c *Conn) smcWrite(p []byte, urgent bool) (int, error) {
 		// cdcMu first: a chunk's count, CDC and post happen under it (sendChunk).
 		c.cdcMu.Lock()
 		c.mu.Lock()
-		if c.move.moving && !c.cont.fo && c.err == nil {
-			c.mu.Unlock()
-			c.cdcMu.Unlock()
-			select { // the connection moves to another link (multilink.go)
-			case <-c.txWake:
-			case <-c.writeDL.wait():
-			case <-c.done:
-			}
+		if c.awaitMoveLocked() {
 			continue
 		}
 		// Before the continuation's branch: the same errors over TCP.
-		var err error
-		switch {
-		case c.err != nil:
-			err = c.err
-		case c.closing.appClosed:
-			err = net.ErrClosed
-		case c.closing.localDone || c.closing.peerClosed:
-			err = ErrWriteClosed
-		}
+		err := c.writeErrLocked()
 		if err != nil {
 			c.mu.Unlock()
 			c.cdcMu.Unlock()
@@ -89,13 +74,7 @@ func (c *Conn) smcWrite(p []byte, urgent bool) (int, error) {
 		if free == 0 {
 			c.cs.blocked.Add(1)
 			c.e.st.writeBlocked.Add(1)
-			c.mu.Unlock()
-			c.cdcMu.Unlock()
-			select {
-			case <-c.txWake:
-			case <-c.writeDL.wait():
-			case <-c.done:
-			}
+			c.awaitTxUnlocking()
 			continue
 		}
 		n := uint32(min(len(p)-total, int(free)))
@@ -130,6 +109,44 @@ func (c *Conn) smcWrite(p []byte, urgent bool) (int, error) {
 		}
 	}
 	return total, nil
+}
+
+// awaitMoveLocked reports whether the connection is moving to another link
+// (multilink.go), with cdcMu and c.mu held; if so it has unlocked both and
+// waited for the move's end, the write deadline or Close, and the writer
+// starts over.
+func (c *Conn) awaitMoveLocked() bool {
+	if !c.move.moving || c.cont.fo || c.err != nil {
+		return false
+	}
+	c.awaitTxUnlocking()
+	return true
+}
+
+// awaitTxUnlocking unlocks c.mu and cdcMu, then waits for a writer's wake,
+// the write deadline or Close.
+func (c *Conn) awaitTxUnlocking() {
+	c.mu.Unlock()
+	c.cdcMu.Unlock()
+	select {
+	case <-c.txWake:
+	case <-c.writeDL.wait():
+	case <-c.done:
+	}
+}
+
+// writeErrLocked is why nothing more can be written: the terminal error, our
+// Close, or either end's close of our direction; nil if bytes may go.
+func (c *Conn) writeErrLocked() error {
+	switch {
+	case c.err != nil:
+		return c.err
+	case c.closing.appClosed:
+		return net.ErrClosed
+	case c.closing.localDone || c.closing.peerClosed:
+		return ErrWriteClosed
+	}
+	return nil
 }
 
 // sendChunk counts the n bytes of the send buffer in spans ws (rmb.AppendSpans)

@@ -355,6 +355,16 @@ type Registrar interface {
 	RegisterMR(mr MR, access Access) (MR, error)
 }
 
+// Mappable is an optional interface of an MR whose bytes live in a file that
+// another process can map (shm's sealed memfds): smcrd hands a direct
+// connection's buffers to the program's library this way.
+type Mappable interface {
+	// DupFile returns a new close-on-exec descriptor of the file, which the
+	// caller closes, and the offset of the MR's first byte in it. The file
+	// cannot be resized, and outlives the MR's Close for whoever holds it.
+	DupFile() (fd int, off int64, err error)
+}
+
 // PortStater is implemented by devices whose port can go down and come back
 // (real RDMA): PortUp asks the device now, where Port's LinkUp may be what it
 // was at Open. Devices without it are taken to be up while open.

@@ -574,6 +574,20 @@ func (m *mr) Close() error {
 	return nil
 }
 
+// DupFile implements verbs.Mappable: the region's sealed memfd, from offset 0.
+func (m *mr) DupFile() (int, int64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed || m.reg.fd < 0 {
+		return -1, 0, verbs.ErrClosed
+	}
+	fd, err := unix.FcntlInt(uintptr(m.reg.fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return -1, 0, fmt.Errorf("shm: dup region: %w", err)
+	}
+	return fd, 0, nil
+}
+
 // grant returns a descriptor of the region for q's peer: read-write only when the
 // region allows remote write. ok is false when the peer may not map it at all;
 // first is true the first time q is granted it.

@@ -748,3 +748,37 @@ func liveEndpointPath(t *testing.T, d verbs.Device) string {
 	}
 	return ep.path
 }
+
+// TestDupFile: an MR's file maps the MR's own bytes, both ways, cannot be
+// resized, and stays mapped after the MR's Close; a closed MR gives none.
+func TestDupFile(t *testing.T) {
+	b := newEnd(t, openDev(t, t.TempDir()), verbs.QPConfig{})
+	m := b.rmb.(verbs.Mappable)
+	fd, off, err := m.DupFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	mem, err := unix.Mmap(fd, off, len(b.rmb.Bytes()), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	copy(b.rmb.Bytes(), "through the MR")
+	copy(mem[100:], "through the file")
+	if string(mem[:14]) != "through the MR" || string(b.rmb.Bytes()[100:116]) != "through the file" {
+		t.Fatal("the file and the MR hold different bytes")
+	}
+	if err := unix.Ftruncate(fd, 0); err == nil {
+		t.Fatal("the file could be shrunk")
+	}
+	if err := b.rmb.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if string(mem[:14]) != "through the MR" {
+		t.Fatal("the mapping lost its bytes with the MR")
+	}
+	if _, _, err := m.DupFile(); !errors.Is(err, verbs.ErrClosed) {
+		t.Fatalf("file of a closed MR: %v, want %v", err, verbs.ErrClosed)
+	}
+}
