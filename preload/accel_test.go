@@ -138,7 +138,7 @@ func TestExec(t *testing.T) {
 	for _, m := range []mode{{name: "kernel"}, {name: "smcr", lib: "libsmcr-preload.so", socket: sock},
 		{name: "smcr-asan", lib: "libsmcr-preload-asan.so", socket: sock},
 		{name: "smcr-ubsan", lib: "libsmcr-preload-ubsan.so", socket: sock}} {
-		for _, call := range []string{"execv", "execvp", "execl"} {
+		for _, call := range []string{"execv", "execvp", "execl", "closefrom", "close_range"} {
 			out, errOut, err := run(t, m, "exec", call)
 			want := "accelerated 0\n"
 			if m.lib != "" {

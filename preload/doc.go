@@ -6,7 +6,8 @@
 // the rings' cursors.
 //
 // The C sources are in c/, split by concern: interpose.c (the interposed
-// calls), exec.c (connections kept across exec), fdtable.c (the fd table), conn.c (a socket's states: PENDING, ACCEL,
+// calls), exec.c (connections kept across exec), closerange.c (closefrom and
+// close_range keep the library's fds behind the fds the program keeps), fdtable.c (the fd table), conn.c (a socket's states: PENDING, ACCEL,
 // PREFIX, TCP, FAILED, RESET), ring.c (copies and blocking waits), ready.c
 // (epoll/poll/select), channel.c (smcrd's channel and the policy page),
 // real.c (the real libc functions). The Makefile here builds it into ../bin,

@@ -24,8 +24,20 @@ atomic_uint smcr_fork_gen;
 
 static void conn_last_close(struct obj *o);
 static void conn_free(struct obj *o);
+static int conn_own_fds(struct obj *o, int *out);
 
-const struct obj_ops conn_ops = {.last_close = conn_last_close, .free = conn_free};
+const struct obj_ops conn_ops = {.last_close = conn_last_close, .free = conn_free, .own_fds = conn_own_fds};
+
+static int conn_own_fds(struct obj *o, int *out)
+{
+	struct conn *c = conn_of(o);
+	int v[] = {c->chan, c->memfd, c->efd_lib, c->efd_dtx, c->efd_drx, c->peer_memfd, c->peer_efd_lib};
+	int n = 0;
+	for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++)
+		if (v[i] >= 0)
+			out[n++] = v[i];
+	return n;
+}
 
 struct conn_ext {
 	struct conn c;

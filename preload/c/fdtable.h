@@ -16,7 +16,12 @@ struct obj;
 struct obj_ops {
 	void (*last_close)(struct obj *); /* the program closed its last alias */
 	void (*free)(struct obj *);       /* the last reference is gone */
+	/* own_fds writes the fds the library holds for the object (at most
+	 * OBJ_MAX_OWN_FDS) and returns how many: closefrom and close_range keep them. */
+	int (*own_fds)(struct obj *, int *out);
 };
+
+#define OBJ_MAX_OWN_FDS 8
 
 /* struct obj heads every object. fdrefs counts the fd table slots (aliases made by
  * dup and friends share one object); refs counts every reference, slots included. */

@@ -139,7 +139,15 @@ static void listener_free(struct obj *o)
 	free(o);
 }
 
-static const struct obj_ops listener_ops = {.last_close = listener_last_close, .free = listener_free};
+static int listener_own_fds(struct obj *o, int *out)
+{
+	struct listener *l = (struct listener *)o;
+	out[0] = l->chan;
+	return l->chan >= 0;
+}
+
+static const struct obj_ops listener_ops = {
+	.last_close = listener_last_close, .free = listener_free, .own_fds = listener_own_fds};
 
 /* ---- socket, connect, listen, accept */
 

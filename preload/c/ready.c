@@ -241,7 +241,14 @@ static void eset_free(struct obj *o)
 	free(o);
 }
 
-static const struct obj_ops eset_ops = {.last_close = eset_last_close, .free = eset_free};
+static int eset_own_fds(struct obj *o, int *out)
+{
+	struct eset *s = (struct eset *)o;
+	out[0] = s->wake_fd;
+	return s->wake_fd >= 0;
+}
+
+static const struct obj_ops eset_ops = {.last_close = eset_last_close, .free = eset_free, .own_fds = eset_own_fds};
 
 void ready_epoll_created(int epfd)
 {

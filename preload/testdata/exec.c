@@ -1,6 +1,7 @@
 /* exec.c: connections kept across exec. The first image connects a pair, leaves bytes
  * unread in one end, and execs itself (argv[1] names the exec call: execv, execvp,
- * execl; execve-noenv: execve with an environment without the library) with both
+ * execl; closefrom, close_range: execv after closing every fd above the program's
+ * own with that call; execve-noenv: execve with an environment without the library) with both
  * sockets open (one of them only as a dup2 alias). The new image reads the unread
  * bytes, echoes both ways, and closes one end: the other reads EOF.
  * stdout: "ok"; stderr: "accelerated N" (sockets the new image sees accelerated).
@@ -108,6 +109,14 @@ int main(int argc, char **argv)
 	char *args[] = {argv[0], argv[1], sfd, pfd, NULL};
 	if (strcmp(argv[1], "execv") == 0)
 		execv("/proc/self/exe", args);
+	else if (strcmp(argv[1], "closefrom") == 0) {
+		/* sshd's way: every fd above the program's own closed, then the exec */
+		closefrom(21);
+		execv("/proc/self/exe", args);
+	} else if (strcmp(argv[1], "close_range") == 0) {
+		CHECK(close_range(21, ~0U, 0) == 0);
+		execv("/proc/self/exe", args);
+	}
 	else if (strcmp(argv[1], "execvp") == 0)
 		execvp("/proc/self/exe", args);
 	else if (strcmp(argv[1], "execl") == 0)

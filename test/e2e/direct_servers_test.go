@@ -237,10 +237,11 @@ func testDirectSSH(t *testing.T, p string) {
 	if err := os.MkdirAll("/run/sshd", 0o755); err != nil {
 		t.Fatal(err)
 	}
-	// -r: sshd forks per connection without exec'ing itself again, since a
-	// socket inherited across exec is reset (docs/direct.md, "Limits today").
-	// Its preauth child polls in a sandbox whose RLIMIT_NOFILE is 1.
-	sshd := b.startProc(true, "/usr/sbin/sshd", "-D", "-e", "-r", "-f", "/dev/null", "-p", "5201", "-h", hostKey,
+	// sshd execs itself again for each connection after a closefrom: the
+	// accepted socket crosses both with its connection (preload/c/exec.c,
+	// closerange.c). Its preauth child polls in a sandbox whose RLIMIT_NOFILE
+	// is 1.
+	sshd := b.startProc(true, "/usr/sbin/sshd", "-D", "-e", "-f", "/dev/null", "-p", "5201", "-h", hostKey,
 		"-o", "AuthorizedKeysFile="+authorized, "-o", "StrictModes=no", "-o", "UsePAM=no",
 		"-o", "PermitRootLogin=prohibit-password", "-o", "PidFile="+filepath.Join(dir, "sshd.pid"),
 		"-o", "Subsystem=sftp internal-sftp")
