@@ -105,12 +105,8 @@ func TestServerConnLost(t *testing.T) {
 	if c, err := p.cli.Dial(ctx, "tcp", proxy.Addr().String()); err == nil {
 		defer c.Close()
 	}
-	deadline := time.Now().Add(waitLimit)
-	for p.srv.Stats().HandshakeErrors == 0 || len(p.srv.Conns()) > 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("server: stats %+v, conns %+v", p.srv.Stats(), p.srv.Conns())
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !waitFor(waitLimit, func() bool { return p.srv.Stats().HandshakeErrors != 0 && len(p.srv.Conns()) == 0 }) {
+		t.Fatalf("server: stats %+v, conns %+v", p.srv.Stats(), p.srv.Conns())
 	}
 	select {
 	case s := <-accepted:
@@ -132,13 +128,7 @@ func TestPendingInputLeavesError(t *testing.T) {
 	}
 	srv.(*net.TCPConn).SetLinger(0)
 	srv.Close()
-	deadline := time.Now().Add(waitLimit)
-	for !pendingInput(cli) {
-		if time.Now().After(deadline) {
-			t.Fatal("the reset never showed")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	awaitInput(t, cli) // the reset
 	pendingInput(cli)
 	if _, err := cli.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) {
 		t.Fatalf("read after pendingInput: %v, want the reset", err)

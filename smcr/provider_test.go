@@ -195,7 +195,7 @@ func TestIdleCostsNoCPU(t *testing.T) {
 				echoCheck(t, p[0], p[1])
 				go io.Copy(io.Discard, p[1]) // a reader blocked with nothing to read
 			}
-			time.Sleep(200 * time.Millisecond) // spins end, doorbells arm (shm: 2 ms grace)
+			time.Sleep(200 * time.Millisecond) // part of the measure: spins end, doorbells arm (shm: 2 ms grace)
 			used := idleCPU(t, window, base+spins, fmt.Sprintf("%d connections open", len(pairs)))
 			if used-base > spins {
 				t.Errorf("%v of CPU in an idle %v with connections open, %v without: something spins", used, window, base)
@@ -226,7 +226,7 @@ func idleCPU(t *testing.T, window, enough time.Duration, what string) time.Durat
 	used := time.Duration(math.MaxInt64)
 	for range 3 {
 		before, gcBefore := cpu(), gcCPU()
-		time.Sleep(window)
+		time.Sleep(window) // the idle window measured
 		u, gc := cpu()-before, gcCPU()-gcBefore
 		t.Logf("%v of CPU (garbage collector: %v) in an idle %v, %s", u, gc, window, what)
 		used = min(used, u)
