@@ -549,9 +549,10 @@ func TestCloseDuringNewLinkGroup(t *testing.T) {
 // software hung, or a hostile peer that broke the protocol and went silent)
 // does not hold the connection either: CloseTimeout after Close it is released.
 func TestCloseTimeoutAfterAbort(t *testing.T) {
-	const timeout = 300 * time.Millisecond
-	cfg := func() Config { return Config{Devices: memDevices(t, verbs.KindSoft), CloseTimeout: timeout} }
-	p := newPair(t, cfg(), cfg())
+	const timeout = 30 * time.Second
+	clk, sclk := &fakeClock{}, &fakeClock{}
+	p := newPair(t, Config{Devices: memDevices(t, verbs.KindSoft), CloseTimeout: timeout, Clock: clk},
+		Config{Devices: memDevices(t, verbs.KindSoft), CloseTimeout: timeout, Clock: sclk})
 	c, s := p.connect(t)
 	mustSMC(t, c, s)
 	s.mu.Lock()
@@ -560,12 +561,19 @@ func TestCloseTimeoutAfterAbort(t *testing.T) {
 	if err := c.Abort(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "released after the timeout", func() bool {
+	released := func() bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		return c.closing.released
-	})
+	}
+	clk.Advance(timeout - time.Millisecond)
+	if released() {
+		t.Fatal("released before the timeout, though the peer never answered")
+	}
+	clk.Advance(time.Millisecond)
+	eventually(t, "released after the timeout", released)
 	s.Close()
+	sclk.Advance(timeout) // its close is not answered either
 	eventually(t, "peer released", func() bool { return p.srv.Stats().MemoryInUse == 0 })
 }
 

@@ -120,6 +120,9 @@ type fakeClock struct {
 	mu     sync.Mutex
 	now    time.Duration
 	timers []*fakeTimer
+	// nowAdvances has Now run ahead of the real time by what Advance added,
+	// for checks that compare two readings of Now (a link's send stall).
+	nowAdvances bool
 }
 
 type fakeTimer struct {
@@ -129,7 +132,14 @@ type fakeTimer struct {
 	dead bool
 }
 
-func (c *fakeClock) Now() time.Time { return time.Now() }
+func (c *fakeClock) Now() time.Time {
+	if !c.nowAdvances {
+		return time.Now()
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return time.Now().Add(c.now)
+}
 func (c *fakeClock) AfterFunc(d time.Duration, f func()) Timer {
 	c.mu.Lock()
 	defer c.mu.Unlock()

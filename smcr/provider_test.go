@@ -308,7 +308,8 @@ func TestServerConnectBounded(t *testing.T) {
 // good, since an RC queue pair retries it for ever. The link fails after
 // sendStallTime instead, so writers on it do not wait without bound.
 func TestPeerStopsReceiving(t *testing.T) {
-	p := providerPair(t, providers[0].open, Config{TestLinkInterval: -1, LLCTimeout: 200 * time.Millisecond})
+	clk := &fakeClock{nowAdvances: true}
+	p := providerPair(t, providers[0].open, Config{TestLinkInterval: -1, LLCTimeout: 200 * time.Millisecond, Clock: clk})
 	c, s := p.connect(t)
 	mustSMC(t, c, s)
 	c.lnk.pollMu.Lock() // the client handles no completion: reposts no receive
@@ -321,17 +322,26 @@ func TestPeerStopsReceiving(t *testing.T) {
 	}
 	defer unlock()
 	wrote := make(chan error, 1)
+	writer := make(chan uint64, 1)
 	go func() {
+		writer <- goroutineID()
 		var err error
 		for i := 0; i < 2000 && err == nil; i++ {
 			_, err = s.Write([]byte{1}) // one CDC each: the slots run out
 		}
 		wrote <- err
 	}()
-	select {
-	case <-wrote:
-	case <-time.After(10 * time.Second):
-		t.Fatal("writes to a peer that takes no more blocked for 10 s")
+	w := <-writer
+	// The links look once a second with TEST_LINK off: while the writer
+	// waits, a second passes at each look, until the looks see the sends
+	// stalled for longer than sendStallTime.
+	if !waitFor(waitLimit, func() bool {
+		if goroutineBlocked(w, "") {
+			clk.Advance(time.Second)
+		}
+		return len(wrote) > 0
+	}) {
+		t.Fatal("writes to a peer that takes no more blocked")
 	}
 	if !s.lnk.down.Load() {
 		t.Error("the server's link is up, though its sends get no completion")
