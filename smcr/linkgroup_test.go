@@ -992,10 +992,22 @@ func (h countHandler) Handle(_ context.Context, r slog.Record) error {
 	return nil
 }
 
-// awaitTimeoutDecline waits until e, a server, has sent a Decline for its CLC
-// timeout.
+// awaitTimeoutDecline brings the CLC timeout of e's connections in setup
+// forward to now, once e waits for a CLC message, and waits until e, a server,
+// has sent a Decline for it.
 func awaitTimeoutDecline(t *testing.T, e *Engine) {
 	t.Helper()
+	eventually(t, "the server reading CLC", func() bool { return goroutineWaitingIn("smcr.(*Engine).readCLCWithin(", "IO wait") })
+	e.mu.Lock()
+	for _, c := range e.conns {
+		c.mu.Lock()
+		inCLC := !c.activated && c.mode != ModeFallback
+		c.mu.Unlock()
+		if inCLC {
+			c.tcp.SetReadDeadline(time.Now())
+		}
+	}
+	e.mu.Unlock()
 	eventually(t, "the server's Decline", func() bool {
 		return e.Stats().Fallback[FallbackKey{Code: DeclineTimeoutCLC, Side: SideLocal}] > 0
 	})
