@@ -95,13 +95,17 @@ func TestContinuationIdle(t *testing.T) {
 func TestContinuationSlowPeer(t *testing.T) {
 	d1, d2 := twoDevices(t)
 	const clcTimeout = 300 * time.Millisecond
-	p := newPair(t, Config{Devices: []verbs.Device{d1}, CLCTimeout: clcTimeout}, Config{Devices: []verbs.Device{d2}, CLCTimeout: clcTimeout})
+	sclk := &fakeClock{}
+	p := newPair(t, Config{Devices: []verbs.Device{d1}, CLCTimeout: clcTimeout}, Config{Devices: []verbs.Device{d2}, CLCTimeout: clcTimeout, Clock: sclk})
 	release := holdWatch(t, false)
 	c, s := p.connect(t)
 	mustSMC(t, c, s)
 	c.Write([]byte("before"))
 	d1.Fail()
-	time.Sleep(3 * clcTimeout) // the scenario: the server's watcher reads the client's resync only now
+	// The client read the server's resync; the server waits for the client's,
+	// which its watcher reads only after three CLC timeouts.
+	eventually(t, "the client continued", c.continued)
+	sclk.Advance(3 * clcTimeout)
 	release()
 	eventually(t, "continued", func() bool { return c.continued() && s.continued() })
 	c.Write([]byte(" after"))
