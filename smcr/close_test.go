@@ -339,24 +339,18 @@ func TestCloseWakesOnRelease(t *testing.T) {
 	e.mu.Lock()
 	e.conns[c.id] = c
 	e.mu.Unlock()
-	done := make(chan bool)
-	go func() { done <- e.awaitClosedReleased(make(chan struct{})) }()
-	select {
-	case <-done:
+	var ok bool
+	returned := goBlocked(t, func() { ok = e.awaitClosedReleased(make(chan struct{})) })
+	if isClosed(returned) {
 		t.Fatal("returned while the closed connection holds its buffers")
-	case <-time.After(20 * time.Millisecond):
 	}
 	c.mu.Lock()
 	c.closing.released = true
 	c.mu.Unlock()
 	e.untrack(c)
-	select {
-	case ok := <-done:
-		if !ok {
-			t.Fatal("reported connections unreleased")
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the release did not end the wait")
+	within(t, returned, "the release ending the wait")
+	if !ok {
+		t.Fatal("reported connections unreleased")
 	}
 }
 

@@ -108,10 +108,16 @@ func TestServerConnLost(t *testing.T) {
 	if !waitFor(waitLimit, func() bool { return p.srv.Stats().HandshakeErrors != 0 && len(p.srv.Conns()) == 0 }) {
 		t.Fatalf("server: stats %+v, conns %+v", p.srv.Stats(), p.srv.Conns())
 	}
+	// Its handshake's goroutine gone, a connection it handed out would have
+	// taken the Accept out of its wait.
+	eventually(t, "the server's handshake over", func() bool { return goroutinesIn("smcr.(*Listener).loop.func") == 0 })
 	select {
 	case s := <-accepted:
 		t.Fatalf("accepted %v (%+v): a lost connection", s.Mode(), s.Decline())
-	case <-time.After(200 * time.Millisecond):
+	default:
+		if !goroutineWaitingIn("smcr.(*Listener).AcceptSMC(", "select") {
+			t.Fatal("the Accept took a connection: a lost one")
+		}
 	}
 	if s := p.srv.Stats(); len(s.Fallback) != 0 || s.SMC != 0 {
 		t.Errorf("server stats %+v: want no fallback, no SMC-R", s)
