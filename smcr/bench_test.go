@@ -224,11 +224,9 @@ func BenchmarkNamespaces(b *testing.B) {
 			// Each phase is timed alone: the first contacts' link groups end in
 			// the background, and that work must not fall into the next phase.
 			settle := func() {
-				for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-					if s.srv.Stats().LinkGroups <= 1 && len(s.cli.Conns()) <= 1 && len(s.srv.Conns()) <= 1 {
-						return
-					}
-				}
+				waitFor(2*time.Second, func() bool {
+					return s.srv.Stats().LinkGroups <= 1 && len(s.cli.Conns()) <= 1 && len(s.srv.Conns()) <= 1
+				})
 			}
 			rate := func(f func()) float64 {
 				settle()

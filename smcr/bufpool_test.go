@@ -113,7 +113,11 @@ func TestBufferReuseChurn(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	time.Sleep(600 * time.Millisecond) // past the LLC timeout of any pending response
+	// Every CONFIRM_RKEY and DELETE_RKEY answered, or timed out and failed
+	// its link.
+	eventually(t, "no LLC response pending", func() bool {
+		return goroutinesIn("smcr.(*link).announceRKey.func") == 0 && goroutinesIn("smcr.(*link).request(") == 0
+	})
 	for _, e := range []*Engine{p.cli, p.srv} {
 		st := e.Stats()
 		if st.FirstContact != 1 || st.LinkGroups != 1 || st.Continued != 0 {
@@ -558,12 +562,10 @@ func TestCloseFreesLateFrees(t *testing.T) {
 	c := &Conn{e: e, memHeld: n}
 	e.freeLater(c)
 	e.mu.Lock()
-	done := make(chan struct{})
-	go func() { e.Close(); close(done) }()
-	time.Sleep(20 * time.Millisecond) // Close waits for e.mu
-	go clk.Advance(time.Minute)
-	time.Sleep(20 * time.Millisecond) // and so does the timer's callback
+	done := goBlocked(t, func() { e.Close() })                 // waits for e.mu
+	fired := goBlocked(t, func() { clk.Advance(time.Minute) }) // and so does the timer's callback
 	e.mu.Unlock()
-	<-done
+	within(t, done, "Close")
+	within(t, fired, "the timer's callback")
 	eventually(t, "the declined connection's memory freed", func() bool { return e.mem.Load() == 0 })
 }

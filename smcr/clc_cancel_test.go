@@ -26,7 +26,7 @@ type deadlineConn struct {
 
 func (d *deadlineConn) SetDeadline(t time.Time) error {
 	if !t.IsZero() && t.Before(time.Unix(1000, 0)) {
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // the scenario: an interruption slow to land
 	}
 	d.mu.Lock()
 	d.last = t
@@ -61,7 +61,7 @@ func TestInterruptStopWaits(t *testing.T) {
 	stop()
 	c.SetDeadline(noDeadline)
 	stop() // again: returns at once
-	time.Sleep(100 * time.Millisecond)
+	awaitInterruptions(t)
 	if dl := c.lastDeadline(); !dl.IsZero() {
 		t.Fatalf("deadline %v after stop and clearing, want none", dl)
 	}
@@ -88,7 +88,7 @@ func TestSetupEndsAsContextEnds(t *testing.T) {
 		}
 		defer c.Close()
 		mustSMC(t, c)
-		time.Sleep(100 * time.Millisecond)
+		awaitInterruptions(t)
 		if dl := dc.lastDeadline(); !dl.IsZero() {
 			t.Fatalf("TCP deadline %v on a connection set up, want none", dl)
 		}
@@ -115,12 +115,19 @@ func TestSetupEndsAsContextEnds(t *testing.T) {
 		if c.Mode() != ModeFallback {
 			t.Fatalf("mode %v, want fallback", c.Mode())
 		}
-		time.Sleep(100 * time.Millisecond)
+		awaitInterruptions(t)
 		if dl := dc.lastDeadline(); !dl.IsZero() {
 			t.Fatalf("TCP deadline %v on a connection set up, want none", dl)
 		}
 		echoOnce(t, c)
 	})
+}
+
+// awaitInterruptions waits until no interruption of interruptOnCancel runs, so
+// that the deadline it sets, if any, is set.
+func awaitInterruptions(t *testing.T) {
+	t.Helper()
+	eventually(t, "the interruptions done", func() bool { return goroutinesIn("smcr.interruptOnCancel.func") == 0 })
 }
 
 func echoOnce(t *testing.T, c net.Conn) {

@@ -17,36 +17,6 @@ import (
 	"github.com/smcr-io/smcr/smcr/verbs"
 )
 
-// eventually polls cond for up to 5 s.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if cond() {
-			return
-		}
-	}
-	t.Fatalf("timed out waiting for %s", what)
-}
-
-// within receives from ch, or fails the test after waitLimit: a test that
-// waits for ever hangs the whole suite until its timeout, unnamed.
-func within[T any](t testing.TB, ch <-chan T, what string) T {
-	t.Helper()
-	timer := time.NewTimer(waitLimit)
-	defer timer.Stop()
-	select {
-	case v := <-ch:
-		return v
-	case <-timer.C:
-		t.Fatalf("timed out waiting for %s", what)
-		panic("unreachable")
-	}
-}
-
-// waitLimit bounds a wait in a test for what comes at once when all is well,
-// far beyond the pauses of a busy machine under the race detector.
-const waitLimit = 30 * time.Second
-
 func TestHalfCloseBothWays(t *testing.T) {
 	p := memPair(t)
 	c, s := p.connect(t)
@@ -223,8 +193,7 @@ func TestDeadlines(t *testing.T) {
 	}
 	// A deadline interrupts a Read already blocked.
 	done := make(chan error, 1)
-	go func() { _, err := c.Read(make([]byte, 1)); done <- err }()
-	time.Sleep(10 * time.Millisecond)
+	goBlocked(t, func() { _, err := c.Read(make([]byte, 1)); done <- err })
 	c.SetReadDeadline(time.Now())
 	if err := <-done; !errors.As(err, &ne) || !ne.Timeout() || !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("blocked read: %v", err)
@@ -235,8 +204,7 @@ func TestCloseUnblocksReadAndWrite(t *testing.T) {
 	p := memPair(t)
 	c, s := p.connect(t)
 	done := make(chan error, 1)
-	go func() { _, err := c.Read(make([]byte, 1)); done <- err }()
-	time.Sleep(10 * time.Millisecond)
+	goBlocked(t, func() { _, err := c.Read(make([]byte, 1)); done <- err })
 	c.Close()
 	if err := <-done; !errors.Is(err, net.ErrClosed) {
 		t.Fatalf("read after close: %v", err)
@@ -371,30 +339,25 @@ func TestCloseWakesOnRelease(t *testing.T) {
 	e.mu.Lock()
 	e.conns[c.id] = c
 	e.mu.Unlock()
-	done := make(chan bool)
-	go func() { done <- e.awaitClosedReleased(make(chan struct{})) }()
-	select {
-	case <-done:
+	var ok bool
+	returned := goBlocked(t, func() { ok = e.awaitClosedReleased(make(chan struct{})) })
+	if isClosed(returned) {
 		t.Fatal("returned while the closed connection holds its buffers")
-	case <-time.After(20 * time.Millisecond):
 	}
 	c.mu.Lock()
 	c.closing.released = true
 	c.mu.Unlock()
 	e.untrack(c)
-	select {
-	case ok := <-done:
-		if !ok {
-			t.Fatal("reported connections unreleased")
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the release did not end the wait")
+	within(t, returned, "the release ending the wait")
+	if !ok {
+		t.Fatal("reported connections unreleased")
 	}
 }
 
 // closeWithin closes both ends from inside a section of c's (testHookCopy for
-// c and rx), once: the peer, then c from another goroutine; for 200 ms it
-// watches whether c is released and whether its Close returns meanwhile.
+// c and rx), once: the peer, then c from another goroutine. It notes whether
+// that Close returned (rather than blocked), and then whether c is released:
+// once its close handshake is done, when Close returned.
 type closeWithin struct {
 	c, s               *Conn
 	rx                 bool
@@ -424,16 +387,17 @@ func (w *closeWithin) closeBoth(t *testing.T) {
 		defer c.mu.Unlock()
 		return c.closing.peerClosed
 	})
-	closed := make(chan struct{})
-	go func() { c.Close(); close(closed) }()
-	for deadline := time.Now().Add(200 * time.Millisecond); time.Now().Before(deadline) && !w.released; time.Sleep(time.Millisecond) {
-		w.released = w.isReleased()
+	closed := goBlocked(t, func() { c.Close() })
+	w.returned = isClosed(closed)
+	if w.returned {
+		// Nothing but the copy keeps c from its release now.
+		eventually(t, "the close handshake done", func() bool {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			return c.lnkErr || c.closing.termAcked && c.closing.peerClosed && c.wrOut.Load() == 0
+		})
 	}
-	select {
-	case <-closed:
-		w.returned = true
-	default:
-	}
+	w.released = w.isReleased()
 }
 
 func (w *closeWithin) isReleased() bool {
@@ -579,9 +543,10 @@ func TestCloseDuringNewLinkGroup(t *testing.T) {
 // software hung, or a hostile peer that broke the protocol and went silent)
 // does not hold the connection either: CloseTimeout after Close it is released.
 func TestCloseTimeoutAfterAbort(t *testing.T) {
-	const timeout = 300 * time.Millisecond
-	cfg := func() Config { return Config{Devices: memDevices(t, verbs.KindSoft), CloseTimeout: timeout} }
-	p := newPair(t, cfg(), cfg())
+	const timeout = 30 * time.Second
+	clk, sclk := &fakeClock{}, &fakeClock{}
+	p := newPair(t, Config{Devices: memDevices(t, verbs.KindSoft), CloseTimeout: timeout, Clock: clk},
+		Config{Devices: memDevices(t, verbs.KindSoft), CloseTimeout: timeout, Clock: sclk})
 	c, s := p.connect(t)
 	mustSMC(t, c, s)
 	s.mu.Lock()
@@ -590,12 +555,19 @@ func TestCloseTimeoutAfterAbort(t *testing.T) {
 	if err := c.Abort(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "released after the timeout", func() bool {
+	released := func() bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		return c.closing.released
-	})
+	}
+	clk.Advance(timeout - time.Millisecond)
+	if released() {
+		t.Fatal("released before the timeout, though the peer never answered")
+	}
+	clk.Advance(time.Millisecond)
+	eventually(t, "released after the timeout", released)
 	s.Close()
+	sclk.Advance(timeout) // its close is not answered either
 	eventually(t, "peer released", func() bool { return p.srv.Stats().MemoryInUse == 0 })
 }
 

@@ -18,6 +18,7 @@
 //	lockrank.go   the lock order over Conn, link, linkGroup and Engine, checked under -tags lockrank
 //	prefix.go     the subnet a Proposal names, cached per namespace     ← smc_clc_prfx_set
 //	clc.go        CLC handshake as client and server (§3.5, §3.7)       ← smc_clc
+//	setup.go      a setup's buffers in max_memory, activation, undoing  ← smc_conn_create, smc_buf_create
 //	ext.go        the SMCX provider-choice extension (docs/protocol.md)
 //	fallback.go   the one place a connection becomes plain TCP          ← smc_switch_to_fallback
 //	linkgroup.go  link groups, their reuse and idle expiry (§3.3, §3.4) ← smc_core

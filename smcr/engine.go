@@ -72,6 +72,9 @@ type Engine struct {
 	// confirmHook lets tests play a hostile client that changes its Confirm
 	// before it goes (clientConfirm).
 	confirmHook atomic.Pointer[func(*clc.Confirm)]
+	// addLinkTries counts serverAddLink's ends, added or not, so that tests
+	// wait for a try rather than for time.
+	addLinkTries atomic.Uint64
 }
 
 // NewEngine checks cfg and returns an Engine.

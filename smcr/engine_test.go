@@ -521,9 +521,10 @@ func TestCLCReadInPart(t *testing.T) {
 		c := dial(t, Config{CLCTimeout: 200 * time.Millisecond}, func(c net.Conn) {
 			b := accept(0)
 			c.Write(b[:20])
-			time.Sleep(400 * time.Millisecond)
+			c.Read(make([]byte, 4096)) // the Decline: the timeout cut the Accept
 			c.Write(b[20:])
-			hello(c)
+			c.Write([]byte("hello"))
+			io.Copy(io.Discard, c)
 		})
 		readHello(t, c)
 	})
@@ -847,7 +848,7 @@ func TestConnsDuringSetup(t *testing.T) {
 			for _, e := range []*Engine{p.cli, p.srv, bare} {
 				e.Conns()
 			}
-			time.Sleep(10 * time.Microsecond)
+			time.Sleep(10 * time.Microsecond) // paces the listing: a tight loop on e.mu would slow the setups it watches
 		}
 	}()
 	for range 10 {

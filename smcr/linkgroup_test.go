@@ -120,6 +120,9 @@ type fakeClock struct {
 	mu     sync.Mutex
 	now    time.Duration
 	timers []*fakeTimer
+	// nowAdvances has Now run ahead of the real time by what Advance added,
+	// for checks that compare two readings of Now (a link's send stall).
+	nowAdvances bool
 }
 
 type fakeTimer struct {
@@ -129,7 +132,14 @@ type fakeTimer struct {
 	dead bool
 }
 
-func (c *fakeClock) Now() time.Time { return time.Now() }
+func (c *fakeClock) Now() time.Time {
+	if !c.nowAdvances {
+		return time.Now()
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return time.Now().Add(c.now)
+}
 func (c *fakeClock) AfterFunc(d time.Duration, f func()) Timer {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -270,7 +280,7 @@ func TestTestLinkKeepalive(t *testing.T) {
 	advance() // the links' next looks find it off
 	// Each end may have tested the idle link above; the wait took the first
 	// exchange, and the other end's may still be landing: count from after it.
-	before = settledLLC(p)
+	before = settledLLC(t, p, c.lnk, s.lnk)
 	due := testsDue()
 	for range 5 {
 		clk.Advance(time.Second)
@@ -445,7 +455,8 @@ func TestHostileAddLinkFlood(t *testing.T) {
 // LLC is declined after its Confirm; it continues over TCP with nothing lost, and
 // the connection already on the link group is untouched.
 func TestHostileRKey(t *testing.T) {
-	p := memPair(t)
+	srvClock := &fakeClock{}
+	p := newPair(t, Config{Devices: memDevices(t, verbs.KindSoft)}, Config{Devices: memDevices(t, verbs.KindSoft), Clock: srvClock})
 	good, gs := p.connect(t)
 	mustSMC(t, good, gs)
 	setConfirmHook(p.cli, func(m *clc.Confirm) { m.RKey ^= 0x5a5a })
@@ -467,6 +478,10 @@ func TestHostileRKey(t *testing.T) {
 	// stream intact, and the connection already on the link group is untouched.
 	msg := bytes.Repeat([]byte("written before a late decline "), 20000) // more than the RMB
 	go c.Write(msg)
+	eventually(t, "the server waiting for the rkey", func() bool {
+		return goroutineWaitingIn("smcr.(*linkGroup).waitPeerRKey(", "select")
+	})
+	srvClock.Advance(p.srv.cfg.LLCTimeout)
 	s := within(t, accepted, "the accept")
 	if s == nil || s.Mode() != ModeFallback || s.Decline().Code != clc.DeclineInternalRToken {
 		t.Fatalf("server %v", s)
@@ -835,11 +850,13 @@ func TestClientKeepsIdleGroupLonger(t *testing.T) {
 		lgs := p.cli.LinkGroups()
 		return len(lgs) == 1 && lgs[0].Conns == 0
 	})
+	accepted := make(chan *Conn, 1)
 	go func() {
 		s, err := p.ln.AcceptSMC()
-		if err == nil {
-			t.Logf("server: %v %v", s.Mode(), s.Decline())
+		if err != nil {
+			t.Error(err)
 		}
+		accepted <- s
 	}()
 	tcp, err := net.Dial("tcp", p.ln.Addr().String())
 	if err != nil {
@@ -850,9 +867,12 @@ func TestClientKeepsIdleGroupLonger(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(50 * time.Millisecond)
-	if c2.Mode() != ModeSMCR {
+	// The server's setup ended: a Decline of its would be on its way.
+	if s2 := within(t, accepted, "the server's setup"); s2 == nil || s2.Mode() != ModeSMCR || c2.Mode() != ModeSMCR {
 		t.Fatalf("client: %v %v; stats cli reused %d srv reused %d", c2.Mode(), c2.Decline(), p.cli.Stats().Reused, p.srv.Stats().Reused)
+	}
+	if c2.Continued() {
+		t.Fatal("client continued over TCP")
 	}
 }
 
@@ -897,19 +917,22 @@ func (a *advanceOnRead) Read(b []byte) (int, error) {
 	return n, err
 }
 
-// settledLLC returns the LLC messages both engines received, once the count has
-// stopped moving for 50 ms (or after 5 s: the caller's check then fails).
-func settledLLC(p *pair) uint64 {
-	n := p.cli.Stats().LLCReceived + p.srv.Stats().LLCReceived
-	for range 100 {
-		time.Sleep(50 * time.Millisecond)
-		m := p.cli.Stats().LLCReceived + p.srv.Stats().LLCReceived
-		if m == n {
-			break
+// settledLLC returns the LLC messages both engines received, once every
+// TEST_LINK the links found due was sent and answered (or failed).
+func settledLLC(t *testing.T, p *pair, links ...*link) uint64 {
+	t.Helper()
+	eventually(t, "the TEST_LINKs due answered", func() bool {
+		for _, l := range links {
+			l.pmu.Lock()
+			sent := l.testSeq
+			l.pmu.Unlock()
+			if sent != l.testsDue.Load() {
+				return false
+			}
 		}
-		n = m
-	}
-	return n
+		return goroutinesIn("smcr.(*link).testOnce(") == 0
+	})
+	return p.cli.Stats().LLCReceived + p.srv.Stats().LLCReceived
 }
 
 // TestPeerNamedWhileListed names a listed group's peer QP, as a first contact
@@ -969,10 +992,22 @@ func (h countHandler) Handle(_ context.Context, r slog.Record) error {
 	return nil
 }
 
-// awaitTimeoutDecline waits until e, a server, has sent a Decline for its CLC
-// timeout.
+// awaitTimeoutDecline brings the CLC timeout of e's connections in setup
+// forward to now, once e waits for a CLC message, and waits until e, a server,
+// has sent a Decline for it.
 func awaitTimeoutDecline(t *testing.T, e *Engine) {
 	t.Helper()
+	eventually(t, "the server reading CLC", func() bool { return goroutineWaitingIn("smcr.(*Engine).readCLCWithin(", "IO wait") })
+	e.mu.Lock()
+	for _, c := range e.conns {
+		c.mu.Lock()
+		inCLC := !c.activated && c.mode != ModeFallback
+		c.mu.Unlock()
+		if inCLC {
+			c.tcp.SetReadDeadline(time.Now())
+		}
+	}
+	e.mu.Unlock()
 	eventually(t, "the server's Decline", func() bool {
 		return e.Stats().Fallback[FallbackKey{Code: DeclineTimeoutCLC, Side: SideLocal}] > 0
 	})

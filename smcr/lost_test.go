@@ -105,17 +105,19 @@ func TestServerConnLost(t *testing.T) {
 	if c, err := p.cli.Dial(ctx, "tcp", proxy.Addr().String()); err == nil {
 		defer c.Close()
 	}
-	deadline := time.Now().Add(waitLimit)
-	for p.srv.Stats().HandshakeErrors == 0 || len(p.srv.Conns()) > 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("server: stats %+v, conns %+v", p.srv.Stats(), p.srv.Conns())
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !waitFor(waitLimit, func() bool { return p.srv.Stats().HandshakeErrors != 0 && len(p.srv.Conns()) == 0 }) {
+		t.Fatalf("server: stats %+v, conns %+v", p.srv.Stats(), p.srv.Conns())
 	}
+	// Its handshake's goroutine gone, a connection it handed out would have
+	// taken the Accept out of its wait.
+	eventually(t, "the server's handshake over", func() bool { return goroutinesIn("smcr.(*Listener).loop.func") == 0 })
 	select {
 	case s := <-accepted:
 		t.Fatalf("accepted %v (%+v): a lost connection", s.Mode(), s.Decline())
-	case <-time.After(200 * time.Millisecond):
+	default:
+		if !goroutineWaitingIn("smcr.(*Listener).AcceptSMC(", "select") {
+			t.Fatal("the Accept took a connection: a lost one")
+		}
 	}
 	if s := p.srv.Stats(); len(s.Fallback) != 0 || s.SMC != 0 {
 		t.Errorf("server stats %+v: want no fallback, no SMC-R", s)
@@ -132,13 +134,7 @@ func TestPendingInputLeavesError(t *testing.T) {
 	}
 	srv.(*net.TCPConn).SetLinger(0)
 	srv.Close()
-	deadline := time.Now().Add(waitLimit)
-	for !pendingInput(cli) {
-		if time.Now().After(deadline) {
-			t.Fatal("the reset never showed")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	awaitInput(t, cli) // the reset
 	pendingInput(cli)
 	if _, err := cli.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) {
 		t.Fatalf("read after pendingInput: %v, want the reset", err)

@@ -69,6 +69,7 @@ func canRegister(l *link) bool {
 // failed.
 func (lg *linkGroup) serverAddLink() error {
 	e := lg.e
+	defer e.addLinkTries.Add(1)
 	if len(e.cfg.Devices) < 2 {
 		return errNoSecondLink
 	}

@@ -287,7 +287,7 @@ func TestSecondLinkNeedsBothEnds(t *testing.T) {
 		c, s := p.connect(t)
 		mustSMC(t, c, s)
 		echoOK(t, c, s)
-		time.Sleep(50 * time.Millisecond) // an ADD_LINK would be done by now
+		eventually(t, "the server's try to add a link", func() bool { return p.srv.addLinkTries.Load() > 0 })
 		for _, e := range []*Engine{p.cli, p.srv} {
 			if l, _ := linkCounts(e); len(l) != 1 || l[0] != 1 || e.Stats().AddLinks != 0 {
 				t.Fatalf("server with two devices %v: links %v, add links %d", srvTwo, l, e.Stats().AddLinks)
@@ -481,7 +481,8 @@ func TestSecondLinkPortDown(t *testing.T) {
 		down.SetPortUp(false)
 		s1.Fail() // whichever device is down, the link over s1 and c1 goes
 		eventually(t, "one link left", oneLeft)
-		time.Sleep(300 * time.Millisecond) // thirty retry periods
+		tries := p.srv.addLinkTries.Load()
+		eventually(t, "three more tries", func() bool { return p.srv.addLinkTries.Load() >= tries+3 })
 		if !oneLeft() || p.srv.Stats().AddLinks != uint64(1+i) {
 			t.Fatalf("%s down: links added %d, want %d", down.Name(), p.srv.Stats().AddLinks, 1+i)
 		}
@@ -937,17 +938,18 @@ func TestReaddOnDeadPath(t *testing.T) {
 	s2.Fail()
 	eventually(t, "one link left", func() bool { return oneLink(p.cli) && oneLink(p.srv) })
 	first := lastNum()
-	// The connections stay open, so each takes a new RMB and announces it.
+	// The connections stay open, so each takes a new RMB and announces it,
+	// until the server has tried to add the link twice.
 	var slowest time.Duration
-	for end := time.Now().Add(6 * llcTimeout); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+	for end := time.Now().Add(waitLimit); lastNum()-first < 2; time.Sleep(10 * time.Millisecond) { // the sleep paces the dials
+		if time.Now().After(end) {
+			t.Fatalf("%d tries to add the link again in %v", lastNum()-first, waitLimit)
+		}
 		start := time.Now()
 		c, s := p.connect(t)
 		mustSMC(t, c, s)
 		slowest = max(slowest, time.Since(start))
 		conns = append(conns, [2]*Conn{c, s})
-	}
-	if tries := lastNum() - first; tries < 2 {
-		t.Fatalf("%d tries to add the link again", tries)
 	}
 	if slowest >= llcTimeout {
 		t.Errorf("a setup took %v while the link was being added (LLC timeout %v)", slowest, llcTimeout)
@@ -1125,9 +1127,9 @@ func TestMoveHoldsCDCsBehindResend(t *testing.T) {
 		if conn != c || rx || moving.Swap(true) {
 			return
 		}
-		// In moveTo, c already on the new link, before the resend.
-		go c.sendCursors(0, cdcUpdate)
-		time.Sleep(20 * time.Millisecond)
+		// In moveTo, c already on the new link, before the resend: the
+		// CDC waits, or goes ahead of it.
+		goBlocked(t, func() { c.sendCursors(0, cdcUpdate) })
 	}
 	cdcHook := func(conn *Conn, m *rmb.CDC) {
 		mu.Lock()

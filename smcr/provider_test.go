@@ -195,7 +195,7 @@ func TestIdleCostsNoCPU(t *testing.T) {
 				echoCheck(t, p[0], p[1])
 				go io.Copy(io.Discard, p[1]) // a reader blocked with nothing to read
 			}
-			time.Sleep(200 * time.Millisecond) // spins end, doorbells arm (shm: 2 ms grace)
+			time.Sleep(200 * time.Millisecond) // part of the measure: spins end, doorbells arm (shm: 2 ms grace)
 			used := idleCPU(t, window, base+spins, fmt.Sprintf("%d connections open", len(pairs)))
 			if used-base > spins {
 				t.Errorf("%v of CPU in an idle %v with connections open, %v without: something spins", used, window, base)
@@ -226,7 +226,7 @@ func idleCPU(t *testing.T, window, enough time.Duration, what string) time.Durat
 	used := time.Duration(math.MaxInt64)
 	for range 3 {
 		before, gcBefore := cpu(), gcCPU()
-		time.Sleep(window)
+		time.Sleep(window) // the idle window measured
 		u, gc := cpu()-before, gcCPU()-gcBefore
 		t.Logf("%v of CPU (garbage collector: %v) in an idle %v, %s", u, gc, window, what)
 		used = min(used, u)
@@ -308,7 +308,8 @@ func TestServerConnectBounded(t *testing.T) {
 // good, since an RC queue pair retries it for ever. The link fails after
 // sendStallTime instead, so writers on it do not wait without bound.
 func TestPeerStopsReceiving(t *testing.T) {
-	p := providerPair(t, providers[0].open, Config{TestLinkInterval: -1, LLCTimeout: 200 * time.Millisecond})
+	clk := &fakeClock{nowAdvances: true}
+	p := providerPair(t, providers[0].open, Config{TestLinkInterval: -1, LLCTimeout: 200 * time.Millisecond, Clock: clk})
 	c, s := p.connect(t)
 	mustSMC(t, c, s)
 	c.lnk.pollMu.Lock() // the client handles no completion: reposts no receive
@@ -321,17 +322,26 @@ func TestPeerStopsReceiving(t *testing.T) {
 	}
 	defer unlock()
 	wrote := make(chan error, 1)
+	writer := make(chan uint64, 1)
 	go func() {
+		writer <- goroutineID()
 		var err error
 		for i := 0; i < 2000 && err == nil; i++ {
 			_, err = s.Write([]byte{1}) // one CDC each: the slots run out
 		}
 		wrote <- err
 	}()
-	select {
-	case <-wrote:
-	case <-time.After(10 * time.Second):
-		t.Fatal("writes to a peer that takes no more blocked for 10 s")
+	w := <-writer
+	// The links look once a second with TEST_LINK off: while the writer
+	// waits, a second passes at each look, until the looks see the sends
+	// stalled for longer than sendStallTime.
+	if !waitFor(waitLimit, func() bool {
+		if goroutineBlocked(w, "") {
+			clk.Advance(time.Second)
+		}
+		return len(wrote) > 0
+	}) {
+		t.Fatal("writes to a peer that takes no more blocked")
 	}
 	if !s.lnk.down.Load() {
 		t.Error("the server's link is up, though its sends get no completion")

@@ -95,13 +95,17 @@ func TestContinuationIdle(t *testing.T) {
 func TestContinuationSlowPeer(t *testing.T) {
 	d1, d2 := twoDevices(t)
 	const clcTimeout = 300 * time.Millisecond
-	p := newPair(t, Config{Devices: []verbs.Device{d1}, CLCTimeout: clcTimeout}, Config{Devices: []verbs.Device{d2}, CLCTimeout: clcTimeout})
+	sclk := &fakeClock{}
+	p := newPair(t, Config{Devices: []verbs.Device{d1}, CLCTimeout: clcTimeout}, Config{Devices: []verbs.Device{d2}, CLCTimeout: clcTimeout, Clock: sclk})
 	release := holdWatch(t, false)
 	c, s := p.connect(t)
 	mustSMC(t, c, s)
 	c.Write([]byte("before"))
 	d1.Fail()
-	time.Sleep(3 * clcTimeout) // the server's watcher reads the client's resync only now
+	// The client read the server's resync; the server waits for the client's,
+	// which its watcher reads only after three CLC timeouts.
+	eventually(t, "the client continued", c.continued)
+	sclk.Advance(3 * clcTimeout)
 	release()
 	eventually(t, "continued", func() bool { return c.continued() && s.continued() })
 	c.Write([]byte(" after"))
@@ -152,7 +156,7 @@ func TestContinuationKeepsDeadlines(t *testing.T) {
 func TestContinuationPeerTCPGone(t *testing.T) {
 	_, c, s, d1 := singleLinkPair(t, func(cfg *Config) { cfg.CLCTimeout = 10 * time.Second })
 	s.TCP().Close()
-	time.Sleep(50 * time.Millisecond) // the client's watcher sees the end
+	eventually(t, "the client's watcher seeing the end", func() bool { return goroutinesIn("smcr.(*Conn).watchTCP(") == 0 })
 	start := time.Now()
 	d1.Fail()
 	c.SetReadDeadline(time.Now().Add(20 * time.Second))
@@ -322,7 +326,8 @@ func TestResyncBehindConfirm(t *testing.T) {
 		defer c.mu.Unlock()
 		return c.cont.fo
 	})
-	time.Sleep(20 * time.Millisecond) // its resync on the wire behind the Confirm
+	// Its resync on the wire behind the Confirm: it waits for the server's.
+	eventually(t, "the client's resync sent", func() bool { return goroutineWaitingIn("smcr.(*Conn).resync(", "select") })
 	close(gate.release)
 	r := within(t, srvc, "the server's setup")
 	if r.err != nil {
@@ -405,10 +410,11 @@ func TestFailedContinuationResets(t *testing.T) {
 
 // TestContinuationResendWaitsForReader: the resend waits for a peer application that reads only after the resync's wait.
 func TestContinuationResendWaitsForReader(t *testing.T) {
-	if testing.Short() {
-		t.Skip("waits out minResyncWait")
-	}
-	_, c, s, d1 := singleLinkPair(t, func(cfg *Config) { cfg.RMBSize = 512 << 10 })
+	clk := &skewedClock{}
+	_, c, s, d1 := singleLinkPair(t, func(cfg *Config) { cfg.RMBSize, cfg.Clock = 512<<10, clk })
+	// The resync's write deadline, dated by the clock, comes resyncSoon from now.
+	const resyncSoon = 200 * time.Millisecond
+	clk.behind.Store(int64(minResyncWait - resyncSoon))
 	failOnCursors(t, c, d1)
 	// Less than the resend in the sockets' buffers: it blocks until s reads.
 	s.TCP().(*net.TCPConn).SetReadBuffer(64 << 10)
@@ -417,7 +423,7 @@ func TestContinuationResendWaitsForReader(t *testing.T) {
 	rand.Read(up)
 	werr := make(chan error, 1)
 	go func() { _, err := c.Write(up); c.CloseWrite(); werr <- err }()
-	time.Sleep(minResyncWait + time.Second) // the reader is busy elsewhere
+	time.Sleep(resyncSoon + time.Second) // the scenario: the reader is busy elsewhere, past the resync's wait
 	s.SetReadDeadline(time.Now().Add(10 * time.Second))
 	got, err := io.ReadAll(s)
 	if err != nil || !bytes.Equal(got, up) {
@@ -439,6 +445,15 @@ func failOnCursors(t *testing.T, x *Conn, d *memverbs.Device) {
 	}
 	testHookCursors.Store(&h)
 	t.Cleanup(func() { testHookCursors.Store(nil) })
+}
+
+// skewedClock is the real clock, behind by a settable offset: a deadline the
+// engine dates by it comes that much sooner in real time.
+type skewedClock struct{ behind atomic.Int64 }
+
+func (c *skewedClock) Now() time.Time { return time.Now().Add(-time.Duration(c.behind.Load())) }
+func (c *skewedClock) AfterFunc(d time.Duration, f func()) Timer {
+	return time.AfterFunc(d, f)
 }
 
 // holdWatch holds back the watchTCP (the resync's reader) of the client's
@@ -702,17 +717,16 @@ func TestSendBufferLostInSetupNotCounted(t *testing.T) {
 		hd.hook.Store(nil)
 		ds.Fail()
 		// Until the group's end has reached every connection, this one too.
-		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		waitFor(5*time.Second, func() bool {
 			p.srv.mu.Lock()
-			down := true
+			defer p.srv.mu.Unlock()
 			for _, c := range p.srv.conns {
-				down = down && c.linkFailed()
+				if !c.linkFailed() {
+					return false
+				}
 			}
-			p.srv.mu.Unlock()
-			if down {
-				break
-			}
-		}
+			return true
+		})
 		return verbs.ErrClosed
 	}
 	hd.hook.Store(&fail)

@@ -85,9 +85,13 @@ func TestReadSpinAdapts(t *testing.T) {
 	c, s := p.connect(t)
 	mustSMC(t, c, s)
 	buf := make([]byte, 1)
+	reader := goroutineID()
 	for range 20 {
 		go func() {
-			time.Sleep(2 * time.Millisecond) // well after any spin gave up
+			// Once the reader's spin gave up and it sleeps.
+			if !waitFor(waitLimit, func() bool { return goroutineBlocked(reader, "select") }) {
+				t.Error("the reader never slept")
+			}
 			s.Write([]byte{1})
 		}()
 		if _, err := io.ReadFull(c, buf); err != nil {
@@ -208,9 +212,7 @@ func TestAwaitCLC(t *testing.T) {
 		t.Fatalf("silent peer: returned after %v, budget %v; want ≥%v, %v", d, budget(), clcSpinMax, clcSpinMax/2)
 	}
 	srv.Write([]byte{1})
-	for !pendingInput(cli) {
-		time.Sleep(time.Millisecond)
-	}
+	awaitInput(t, cli)
 	e.awaitCLC(cli, br, &s)
 	if budget() != clcSpinMax {
 		t.Fatalf("answered peer: budget %v, want %v", budget(), clcSpinMax)

@@ -195,7 +195,7 @@ func TestCloseUnderLoad(t *testing.T) {
 				}()
 				go func() {
 					defer wg.Done()
-					time.Sleep(after)
+					time.Sleep(after) // the scenario: a close at a random point of the stream
 					if i%2 == 0 {
 						c.Close()
 					} else {

@@ -283,12 +283,13 @@ func waitQueued(t *testing.T, c *net.TCPConn, n int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(waitLimit); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+	queued := func() bool {
 		q := 0
 		rc.Control(func(fd uintptr) { q, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
-		if q >= n {
-			return
-		}
+		return q >= n
+	}
+	if waitFor(waitLimit, queued) {
+		return
 	}
 	t.Fatalf("fewer than %d bytes queued after %v", n, waitLimit)
 }

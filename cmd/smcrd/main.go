@@ -55,7 +55,7 @@ Flags:
 // bytes it carries, and each relayed byte costs them a system call as well:
 // with a P per CPU, smcrd's threads wake each other across CPUs the
 // applications need. On a 2-CPU VM one P instead of two gave 22% more
-// throughput through two smcrds and a 20% lower 64 B p50 (docs/benchmarks.md).
+// throughput through two smcrds and a 20% lower 64 B p50 (docs/benchmarks-log.md).
 func defaultProcs(maxprocs int, fromEnv bool) int {
 	if fromEnv {
 		return maxprocs

@@ -41,18 +41,22 @@ func Left(d time.Duration) string {
 	}
 }
 
-func ours() []string {
+// Stacks returns the stacks of every goroutine, as runtime.Stack writes them:
+// one block a goroutine, blocks apart by an empty line.
+func Stacks() []byte {
 	buf := make([]byte, 1<<20)
 	for {
 		n := runtime.Stack(buf, true)
 		if n < len(buf) {
-			buf = buf[:n]
-			break
+			return buf[:n]
 		}
 		buf = make([]byte, 2*len(buf))
 	}
+}
+
+func ours() []string {
 	var left []string
-	for i, g := range strings.Split(string(buf), "\n\n") {
+	for i, g := range strings.Split(string(Stacks()), "\n\n") {
 		if i > 0 && strings.Contains(g, "github.com/smcr-io/smcr/") {
 			left = append(left, g)
 		}

@@ -36,7 +36,7 @@ var own struct {
 // goroutine is locked to a thread in A. A locked goroutine that waits hands its
 // thread off and back, two futex wake-ups between threads: on these VMs they made
 // a TCP connect through Do take ~100 µs against ~40 µs from a plain goroutine,
-// and they weigh more on a handshake that waits more than once (docs/benchmarks.md).
+// and they weigh more on a handshake that waits more than once (docs/benchmarks-log.md).
 // A run of tests alone is left as it is; tests that run beside benchmarks run
 // in the new namespace too (its loopback up).
 func BenchMain(m *testing.M) int {
