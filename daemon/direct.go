@@ -607,6 +607,7 @@ func (s *DirectServer) decide(ch *net.UnixConn, tcp *net.TCPConn, client bool) {
 		s.log.Debug("direct: decided", "err", err)
 		c.abort()
 		c.run(nil)
+		c.release()
 		return
 	}
 	s.st.smcr.Add(1)
@@ -617,9 +618,11 @@ func (s *DirectServer) decide(ch *net.UnixConn, tcp *net.TCPConn, client bool) {
 	s.conns[c] = struct{}{}
 	s.mu.Unlock()
 	c.run(ch)
+	// Out of the table first: Close aborts what is in it, in the area.
 	s.mu.Lock()
 	delete(s.conns, c)
 	s.mu.Unlock()
+	c.release()
 }
 
 // checkTCPSocket makes sure fd is what a library may bring: a TCP socket.

@@ -211,8 +211,9 @@ func lingerZero(tcp *net.TCPConn) bool {
 }
 
 // run carries the bytes until the program has closed and every byte it wrote
-// has gone, or the connection failed; then it closes the carrier and frees
-// the area. ch, the library's channel, closes when the program is gone.
+// has gone, or the connection failed; then it closes the carrier. The caller
+// frees the area (release) once nothing else can reach it. ch, the library's
+// channel, closes when the program is gone.
 func (dc *directConn) run(ch *net.UnixConn) {
 	if ch != nil {
 		go func() {
@@ -233,7 +234,6 @@ func (dc *directConn) run(ch *net.UnixConn) {
 	if ch != nil {
 		ch.Close()
 	}
-	dc.release()
 }
 
 // send carries the program's bytes from the send ring to the carrier, then
