@@ -333,21 +333,34 @@ func (s *DirectServer) Drained() <-chan struct{} {
 // serveChannel runs one channel: its first message says what it is for.
 func (s *DirectServer) serveChannel(ch *net.UnixConn) {
 	defer ch.Close()
-	m, fd, _, err := recvDirect(ch)
+	m, fds, _, err := recvDirect(ch)
 	if err != nil {
 		s.log.Debug("direct channel: first message", "err", err)
 		return
 	}
-	if fd < 0 {
+	if len(fds) == 0 {
 		s.log.Debug("direct channel: no socket with the first message", "type", m.Type)
 		return
 	}
+	fd := fds[0]
 	f := os.NewFile(uintptr(fd), "program socket")
 	defer func() {
 		if f != nil {
 			f.Close()
 		}
 	}()
+	// A connection's offer brings the process's eventfd too.
+	var efd *os.File
+	if len(fds) > 1 {
+		efd = os.NewFile(uintptr(fds[1]), "process eventfd")
+		defer efd.Close()
+	}
+	if (m.Type == rmb.MsgClient || m.Type == rmb.MsgAccepted) && !isEventfd(efd) {
+		s.reply(ch, -int32(unix.EINVAL))
+		s.st.refused.Add(1)
+		s.log.Debug("direct channel: no process eventfd with the offer", "type", m.Type)
+		return
+	}
 	if err := checkTCPSocket(fd); err != nil {
 		s.reply(ch, -int32(unix.EINVAL))
 		s.st.refused.Add(1)
@@ -360,11 +373,11 @@ func (s *DirectServer) serveChannel(ch *net.UnixConn) {
 	}
 	switch m.Type {
 	case rmb.MsgClient:
-		s.serveClient(ch, f)
+		s.serveClient(ch, f, efd)
 	case rmb.MsgListener:
 		s.serveListener(ch, fd)
 	case rmb.MsgAccepted:
-		s.serveAccepted(ch, f)
+		s.serveAccepted(ch, f, efd)
 	default:
 		s.log.Debug("direct channel: unexpected first message", "type", m.Type)
 	}
@@ -380,7 +393,17 @@ func (s *DirectServer) reply(ch *net.UnixConn, status int32) error {
 	return sendDirect(ch, rmb.Msg{Type: rmb.MsgReply, Status: status}, nil, nil)
 }
 
-func (s *DirectServer) serveClient(ch *net.UnixConn, f *os.File) {
+// isEventfd reports whether f is an eventfd: smcrd writes a library's only
+// there, never into a file or pipe a program passed instead.
+func isEventfd(f *os.File) bool {
+	if f == nil {
+		return false
+	}
+	link, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", f.Fd()))
+	return err == nil && link == "anon_inode:[eventfd]"
+}
+
+func (s *DirectServer) serveClient(ch *net.UnixConn, f, efd *os.File) {
 	fd := int(f.Fd())
 	if !s.hooks.enabled() {
 		s.refuse(ch, unix.EOPNOTSUPP)
@@ -404,10 +427,10 @@ func (s *DirectServer) serveClient(ch *net.UnixConn, f *os.File) {
 		sendDirect(ch, rmb.Msg{Type: rmb.MsgDecided, Mode: rmb.ModeFailed, Status: -int32(errno)}, nil, nil)
 		return
 	}
-	s.decide(ch, tcp, true)
+	s.decide(ch, tcp, efd, true)
 }
 
-func (s *DirectServer) serveAccepted(ch *net.UnixConn, f *os.File) {
+func (s *DirectServer) serveAccepted(ch *net.UnixConn, f, efd *os.File) {
 	fd := int(f.Fd())
 	ok, err := s.hooks.synOption(fd)
 	if err != nil {
@@ -432,7 +455,7 @@ func (s *DirectServer) serveAccepted(ch *net.UnixConn, f *os.File) {
 		tcp.Close()
 		return
 	}
-	s.decide(ch, tcp, false)
+	s.decide(ch, tcp, efd, false)
 }
 
 func (s *DirectServer) serveListener(ch *net.UnixConn, fd int) {
@@ -532,7 +555,7 @@ func (s *DirectServer) connected(ch *net.UnixConn, f *os.File) (*net.TCPConn, sy
 
 // decide runs CLC on tcp, smcrd's duplicate of the program's socket, and tells
 // the library the outcome.
-func (s *DirectServer) decide(ch *net.UnixConn, tcp *net.TCPConn, client bool) {
+func (s *DirectServer) decide(ch *net.UnixConn, tcp *net.TCPConn, efd *os.File, client bool) {
 	t := &tracked{client: client, direct: true,
 		local: unmapAP(tcp.LocalAddr().(*net.TCPAddr).AddrPort()), remote: unmapAP(tcp.RemoteAddr().(*net.TCPAddr).AddrPort())}
 	s.hooks.track(t)
@@ -566,7 +589,7 @@ func (s *DirectServer) decide(ch *net.UnixConn, tcp *net.TCPConn, client bool) {
 			cc.Abort()
 		}
 	}
-	c, err := newDirectConn(h.carrier, directRing, directRing, s.log)
+	c, err := newDirectConn(h.carrier, directRing, directRing, efd, s.log)
 	if err != nil {
 		s.log.Error("direct: shared area", "err", err)
 		abortAll()
@@ -578,7 +601,7 @@ func (s *DirectServer) decide(ch *net.UnixConn, tcp *net.TCPConn, client bool) {
 	defer s.hooks.hold(-int64(len(c.mem)))
 	mode, fds := rmb.ModeSMCR, c.libraryFds()
 	if h.peerDirect != nil && s.meet != nil {
-		mine := fds[:2] // memfd, efd_lib
+		mine := []int{c.memfd, int(c.efdLib.Fd())}
 		var peer []int
 		if client {
 			peer, err = meet(nonce, h.peerDirect, mine, s.hooks.clcTimeout())
@@ -607,6 +630,7 @@ func (s *DirectServer) decide(ch *net.UnixConn, tcp *net.TCPConn, client bool) {
 		s.log.Debug("direct: decided", "err", err)
 		c.abort()
 		c.run(nil)
+		c.release()
 		return
 	}
 	s.st.smcr.Add(1)
@@ -617,9 +641,11 @@ func (s *DirectServer) decide(ch *net.UnixConn, tcp *net.TCPConn, client bool) {
 	s.conns[c] = struct{}{}
 	s.mu.Unlock()
 	c.run(ch)
+	// Out of the table first: Close aborts what is in it, in the area.
 	s.mu.Lock()
 	delete(s.conns, c)
 	s.mu.Unlock()
+	c.release()
 }
 
 // checkTCPSocket makes sure fd is what a library may bring: a TCP socket.
@@ -652,33 +678,32 @@ func sockaddrPort(sa unix.Sockaddr) uint16 {
 	return 0
 }
 
-// recvDirect reads one message, and the one file descriptor that may come
-// with it (-1 for none; any more are closed).
-func recvDirect(ch *net.UnixConn) (rmb.Msg, int, []byte, error) {
+// recvDirect reads one message, and the file descriptors that may come with
+// it: at most two (a socket, the process's eventfd); any more are closed.
+func recvDirect(ch *net.UnixConn) (rmb.Msg, []int, []byte, error) {
 	// A library's messages carry no payload: a longer packet is truncated,
 	// and refused.
 	buf := make([]byte, rmb.MsgHeaderLen)
 	oob := make([]byte, unix.CmsgSpace(4*4))
 	n, oobn, flags, _, err := ch.ReadMsgUnix(buf, oob)
 	if err != nil {
-		return rmb.Msg{}, -1, nil, err
+		return rmb.Msg{}, nil, nil, err
 	}
-	fd := -1
+	var fds []int
 	if oobn > 0 {
-		fds := scm.Rights(oob[:oobn])
-		for i, f := range fds {
-			if i == 0 {
-				fd = f
+		for i, f := range scm.Rights(oob[:oobn]) {
+			if i < 2 {
+				fds = append(fds, f)
 			} else {
 				unix.Close(f)
 			}
 		}
 	}
-	bad := func(err error) (rmb.Msg, int, []byte, error) {
-		if fd >= 0 {
+	bad := func(err error) (rmb.Msg, []int, []byte, error) {
+		for _, fd := range fds {
 			unix.Close(fd)
 		}
-		return rmb.Msg{}, -1, nil, err
+		return rmb.Msg{}, nil, nil, err
 	}
 	if n == 0 {
 		return bad(net.ErrClosed) // EOF: the library closed its end
@@ -690,7 +715,7 @@ func recvDirect(ch *net.UnixConn) (rmb.Msg, int, []byte, error) {
 	if err != nil {
 		return bad(err)
 	}
-	return m, fd, p, nil
+	return m, fds, p, nil
 }
 
 func sendDirect(ch *net.UnixConn, m rmb.Msg, payload []byte, fds []int) error {

@@ -62,8 +62,8 @@ func connectDirect(t *testing.T, s *DirectServer, addr *net.TCPAddr) (*libClient
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { unix.Close(fd) })
-	c := &libClient{t: t, ch: dialChannel(t, s), fd: fd}
-	if err := sendDirect(c.ch, rmb.Msg{Type: rmb.MsgClient}, nil, []int{fd}); err != nil {
+	c := &libClient{t: t, ch: dialChannel(t, s), fd: fd, efdLib: processEventfd(t)}
+	if err := sendDirect(c.ch, rmb.Msg{Type: rmb.MsgClient}, nil, []int{fd, c.efdLib}); err != nil {
 		t.Fatal(err)
 	}
 	if m := c.recv(); m.Type != rmb.MsgReply || m.Status != 0 {
@@ -82,11 +82,11 @@ func connectDirect(t *testing.T, s *DirectServer, addr *net.TCPAddr) (*libClient
 
 func (c *libClient) recv() rmb.Msg {
 	c.t.Helper()
-	m, fd, _, err := recvDirect(c.ch)
+	m, fds, _, err := recvDirect(c.ch)
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	if fd >= 0 {
+	for _, fd := range fds {
 		unix.Close(fd)
 	}
 	return m
@@ -109,7 +109,7 @@ func (c *libClient) decided() rmb.Msg {
 	if m.Mode != rmb.ModeSMCR {
 		return m
 	}
-	if len(fds) != 4 {
+	if len(fds) != 3 {
 		c.t.Fatalf("DECIDED SMCR with %d descriptors", len(fds))
 	}
 	var st unix.Stat_t
@@ -122,14 +122,24 @@ func (c *libClient) decided() rmb.Msg {
 	if c.sh, err = rmb.ViewShared(c.mem); err != nil {
 		c.t.Fatal(err)
 	}
-	c.efdLib, c.efdTx, c.efdRx = fds[1], fds[2], fds[3]
+	c.efdTx, c.efdRx = fds[1], fds[2]
 	c.t.Cleanup(func() {
 		unix.Munmap(c.mem)
-		unix.Close(c.efdLib)
 		unix.Close(c.efdTx)
 		unix.Close(c.efdRx)
 	})
 	return m
+}
+
+// processEventfd makes the eventfd a library passes with its offers.
+func processEventfd(t *testing.T) int {
+	t.Helper()
+	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(efd) })
+	return efd
 }
 
 // waitLib sleeps until smcrd publishes, as the library's poll does.
@@ -290,9 +300,17 @@ func TestDirectRefusesOtherDescriptors(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Close(udp)
-	for name, fd := range map[string]int{"pipe": int(r.Fd()), "udp": udp} {
+	tcp, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(tcp)
+	efd := processEventfd(t)
+	// smcrd writes the second descriptor: it must be an eventfd.
+	for name, fds := range map[string][]int{"pipe": {int(r.Fd()), efd}, "udp": {udp, efd},
+		"no eventfd": {tcp}, "pipe for eventfd": {tcp, int(w.Fd())}} {
 		ch := dialChannel(t, s)
-		if err := sendDirect(ch, rmb.Msg{Type: rmb.MsgClient}, nil, []int{fd}); err != nil {
+		if err := sendDirect(ch, rmb.Msg{Type: rmb.MsgClient}, nil, fds); err != nil {
 			t.Fatal(err)
 		}
 		c := &libClient{t: t, ch: ch}

@@ -32,7 +32,7 @@ type directConn struct {
 	mem     []byte
 	sh      *rmb.Shared
 	memfd   int
-	efdLib  *os.File // smcrd writes: the library's pollers wake
+	efdLib  *os.File // the process's eventfd (the channel's; not closed here): smcrd writes it, the library's pollers wake
 	efdTx   *os.File // the library writes: tx_prod or lib_flags moved
 	efdRx   *os.File // the library writes: rx_cons moved
 	libTx   int      // the library's ends of efdTx and efdRx, until passed
@@ -48,14 +48,14 @@ type directConn struct {
 }
 
 // newDirectConn makes the shared area (a sealed memfd) with rings of tx and
-// rx bytes and the three eventfds.
-func newDirectConn(c carrier, tx, rx int, log *slog.Logger) (*directConn, error) {
+// rx bytes and smcrd's two eventfds; efdLib is the library's process eventfd.
+func newDirectConn(c carrier, tx, rx int, efdLib *os.File, log *slog.Logger) (*directConn, error) {
 	size := rmb.SharedSize(tx, rx)
 	memfd, err := unix.MemfdCreate("smcr-direct", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		return nil, fmt.Errorf("memfd: %w", err)
 	}
-	dc := &directConn{log: log, carrier: c, memfd: memfd, libTx: -1, libRx: -1, rxDone: make(chan struct{})}
+	dc := &directConn{log: log, carrier: c, memfd: memfd, efdLib: efdLib, libTx: -1, libRx: -1, rxDone: make(chan struct{})}
 	fail := func(err error) (*directConn, error) {
 		dc.release()
 		return nil, err
@@ -71,9 +71,6 @@ func newDirectConn(c carrier, tx, rx int, log *slog.Logger) (*directConn, error)
 		return fail(fmt.Errorf("mmap: %w", err))
 	}
 	if dc.sh, err = rmb.InitShared(dc.mem, tx, rx); err != nil {
-		return fail(err)
-	}
-	if dc.efdLib, err = eventFile("efd_lib"); err != nil {
 		return fail(err)
 	}
 	if dc.efdTx, err = eventFile("efd_dtx"); err != nil {
@@ -93,10 +90,10 @@ func eventFile(name string) (*os.File, error) {
 	return os.NewFile(uintptr(fd), name), nil
 }
 
-// libraryFds are the descriptors DECIDED passes: memfd, efd_lib, efd_dtx,
-// efd_drx. They stay valid until closeLibraryFds.
+// libraryFds are the descriptors DECIDED passes: memfd, efd_dtx, efd_drx.
+// They stay valid until closeLibraryFds.
 func (dc *directConn) libraryFds() []int {
-	return []int{dc.memfd, int(dc.efdLib.Fd()), int(dc.efdTx.Fd()), int(dc.efdRx.Fd())}
+	return []int{dc.memfd, int(dc.efdTx.Fd()), int(dc.efdRx.Fd())}
 }
 
 // closeLibraryFds closes smcrd's memfd once the library has its own.
@@ -110,7 +107,7 @@ func (dc *directConn) closeLibraryFds() {
 // release frees what newDirectConn made.
 func (dc *directConn) release() {
 	dc.closeLibraryFds()
-	for _, f := range []*os.File{dc.efdLib, dc.efdTx, dc.efdRx} {
+	for _, f := range []*os.File{dc.efdTx, dc.efdRx} {
 		if f != nil {
 			f.Close()
 		}
@@ -211,8 +208,9 @@ func lingerZero(tcp *net.TCPConn) bool {
 }
 
 // run carries the bytes until the program has closed and every byte it wrote
-// has gone, or the connection failed; then it closes the carrier and frees
-// the area. ch, the library's channel, closes when the program is gone.
+// has gone, or the connection failed; then it closes the carrier. The caller
+// frees the area (release) once nothing else can reach it. ch, the library's
+// channel, closes when the program is gone.
 func (dc *directConn) run(ch *net.UnixConn) {
 	if ch != nil {
 		go func() {
@@ -233,7 +231,6 @@ func (dc *directConn) run(ch *net.UnixConn) {
 	if ch != nil {
 		ch.Close()
 	}
-	dc.release()
 }
 
 // send carries the program's bytes from the send ring to the carrier, then

@@ -1,6 +1,7 @@
 package preload
 
 import (
+	"fmt"
 	"net/netip"
 	"path/filepath"
 	"testing"
@@ -63,15 +64,19 @@ func TestAccelerated(t *testing.T) {
 }
 
 // TestFork: a connection shared by fork goes on in the child after the parent
-// closed its copy, and ends with the child's close.
+// closed its copy, and ends with the child's close (fork.c); a child waits with
+// epoll and poll on a connection it inherited and one of its own, woken through
+// the parent's process eventfd and its own (forkwait.c).
 func TestFork(t *testing.T) {
 	build(t)
 	sock := fakeSmcrd(t)
-	for _, m := range []mode{{name: "kernel"}, {name: "smcr", lib: "libsmcr-preload.so", socket: sock},
-		{name: "smcr-asan", lib: "libsmcr-preload-asan.so", socket: sock}} {
-		out, errOut, err := run(t, m, "fork")
-		if err != nil || out != "ok\n" {
-			t.Errorf("fork %s: %v\nstdout: %s\nstderr: %s", m.name, err, out, errOut)
+	for _, prog := range []string{"fork", "forkwait"} {
+		for _, m := range []mode{{name: "kernel"}, {name: "smcr", lib: "libsmcr-preload.so", socket: sock},
+			{name: "smcr-asan", lib: "libsmcr-preload-asan.so", socket: sock}} {
+			out, errOut, err := run(t, m, prog)
+			if err != nil || out != "ok\n" {
+				t.Errorf("%s %s: %v\nstdout: %s\nstderr: %s", prog, m.name, err, out, errOut)
+			}
 		}
 	}
 }
@@ -97,6 +102,36 @@ func TestManyConnections(t *testing.T) {
 				t.Errorf("multi %s %s: %q, want %q", trig, m.name, errOut, want)
 			}
 		}
+	}
+}
+
+// TestOneEventfdPerProcess: an epoll set over a thousand accelerated
+// connections holds one eventfd for all of them in the kernel (the process's,
+// beside the set's own wake-up eventfd), not one per connection; through
+// smcrd's pumps and library to library.
+func TestOneEventfdPerProcess(t *testing.T) {
+	build(t)
+	const conns = "1000"
+	pumped, _ := fakeSmcrdWith(t, daemon.DirectOptions{})
+	sameHost, _ := fakeSmcrdWith(t, daemon.DirectOptions{SameHost: true})
+	for _, c := range []struct {
+		m    mode
+		want int
+	}{
+		{mode{name: "kernel"}, 0},
+		{mode{name: "smcr", lib: "libsmcr-preload.so", socket: pumped}, 2},
+		{mode{name: "shm", lib: "libsmcr-preload.so", socket: sameHost}, 2},
+	} {
+		out, errOut, err := run(t, c.m, "epollfds", conns)
+		var ok, inSet, all int
+		if _, perr := fmt.Sscanf(out, "ok %d\nset-eventfds %d\neventfds %d\n", &ok, &inSet, &all); err != nil || perr != nil || ok != 1000 {
+			t.Errorf("%s: %v\nstdout: %s\nstderr: %s", c.m.name, err, out, errOut)
+			continue
+		}
+		if inSet != c.want {
+			t.Errorf("%s: the epoll set holds %d eventfds, want %d", c.m.name, inSet, c.want)
+		}
+		t.Logf("%s: %d eventfds in the set, %d in the process", c.m.name, inSet, all)
 	}
 }
 

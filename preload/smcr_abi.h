@@ -1,4 +1,4 @@
-/* smcr_abi.h: the direct mode's ABI between smcrd and libsmcr-preload.so, version 2.
+/* smcr_abi.h: the direct mode's ABI between smcrd and libsmcr-preload.so, version 3.
  * The Go side of the same layout is rmb/shared.go; rmb's tests compile this header
  * and compare every offset. Documented in docs/direct.md. */
 #pragma once
@@ -6,7 +6,7 @@
 #include <stdint.h>
 #include <stdatomic.h>
 
-#define SMCR_ABI_VERSION 2
+#define SMCR_ABI_VERSION 3
 
 /* ---- The channel: one SOCK_SEQPACKET connection to smcrd's direct socket per
  * accelerated socket (and per registered listener), one message per packet, host
@@ -16,22 +16,27 @@
 
 enum smcr_msg_type {
 	/* library -> smcrd */
-	SMCR_MSG_CLIENT = 1,     /* fd: a TCP socket about to connect() */
+	/* CLIENT and ACCEPTED bring two fds: the socket, then the process's eventfd, one
+	 * for all of the process's connections: smcrd writes it after a publish while
+	 * lib_pollers is nonzero (and passes it to the peer library on the same host) */
+	SMCR_MSG_CLIENT = 1,     /* fds: a TCP socket about to connect(), the process's eventfd */
 	SMCR_MSG_CONNECTING = 2, /* no fd: connect() was called (0 or EINPROGRESS) */
 	SMCR_MSG_LISTENER = 3,   /* fd: a TCP socket about to listen() */
-	SMCR_MSG_ACCEPTED = 4,   /* fd: a socket accept() returned from a registered listener */
+	SMCR_MSG_ACCEPTED = 4,   /* fds: a socket accept() returned from a registered listener,
+	                          * the process's eventfd */
 	/* smcrd -> library */
 	SMCR_MSG_REPLY = 16,   /* to CLIENT, LISTENER, ACCEPTED: status 0 (go on) or negative errno */
 	SMCR_MSG_DECIDED = 17, /* to CONNECTING and ACCEPTED (after REPLY 0): mode */
 };
 
 enum smcr_mode {
-	SMCR_MODE_SMCR = 1,   /* fds: memfd (struct smcr_shared + rings), efd_lib, efd_dtx, efd_drx */
+	SMCR_MODE_SMCR = 1,   /* fds: memfd (struct smcr_shared + rings), efd_dtx, efd_drx */
 	SMCR_MODE_TCP = 2,    /* plain TCP from here on; len bytes of payload come first (read ahead by CLC) */
 	SMCR_MODE_FAILED = 3, /* connect failed: status is the negative errno (SO_ERROR) */
-	/* As SMCR, and the peer is a library on this host: fds memfd, efd_lib, efd_dtx,
-	 * efd_drx, peer_memfd, peer_efd_lib. The library writes into the peer's
-	 * receive ring and publishes its words itself (docs/direct.md, "Same host"). */
+	/* As SMCR, and the peer is a library on this host: fds memfd, efd_dtx, efd_drx,
+	 * peer_memfd, peer_efd_lib (the peer process's eventfd). The library writes into
+	 * the peer's receive ring and publishes its words itself (docs/direct.md, "Same
+	 * host"). */
 	SMCR_MODE_SHM = 4,
 };
 
@@ -86,7 +91,8 @@ struct smcr_shared {
 	_Atomic uint32_t lib_flags;    /* SMCR_LIB_* */
 	_Atomic uint32_t lib_seq;      /* bumped after every publish above */
 	_Atomic uint32_t lib_waiters;  /* threads blocked in a futex wait on d_seq */
-	_Atomic uint32_t lib_pollers;  /* poll/epoll waiters: smcrd writes efd_lib while nonzero */
+	_Atomic uint32_t lib_pollers;  /* poll/epoll waiters: smcrd writes the process's eventfd
+	                                * (CLIENT, ACCEPTED) while nonzero */
 	uint8_t pad1[32];
 
 	/* written by smcrd only (offset 128) */

@@ -29,10 +29,10 @@ const (
 type MsgType uint16
 
 const (
-	MsgClient     MsgType = 1  // library: fd, a TCP socket about to connect
+	MsgClient     MsgType = 1  // library: fds, a TCP socket about to connect and the process's eventfd
 	MsgConnecting MsgType = 2  // library: connect() was called
 	MsgListener   MsgType = 3  // library: fd, a TCP socket about to listen
-	MsgAccepted   MsgType = 4  // library: fd, a socket accepted from a registered listener
+	MsgAccepted   MsgType = 4  // library: fds, a socket accepted from a registered listener and the process's eventfd
 	MsgReply      MsgType = 16 // smcrd: status 0 (go on) or a negative errno
 	MsgDecided    MsgType = 17 // smcrd: the connection's mode
 )
@@ -41,12 +41,12 @@ const (
 type Mode uint32
 
 const (
-	ModeSMCR   Mode = 1 // fds: the shared area's memfd, efd_lib, efd_dtx, efd_drx
+	ModeSMCR   Mode = 1 // fds: the shared area's memfd, efd_dtx, efd_drx
 	ModeTCP    Mode = 2 // plain TCP; the payload comes first
 	ModeFailed Mode = 3 // the connect failed: Status is its negative errno
 	// ModeSHM: as ModeSMCR, and the peer is a library on this host too: fds
-	// memfd, efd_lib, efd_dtx, efd_drx, then the peer's memfd and efd_lib. The
-	// library writes into the peer's receive ring itself (docs/direct.md).
+	// memfd, efd_dtx, efd_drx, then the peer's memfd and its process's eventfd.
+	// The library writes into the peer's receive ring itself (docs/direct.md).
 	ModeSHM Mode = 4
 )
 

@@ -123,10 +123,11 @@
 // carries [DEOF], [DError] (d_errno for reads and writes) and [DTxClosed].
 //
 // Waking: smcrd bumps d_seq after each publish and wakes futex waiters on it while
-// lib_waiters is nonzero, and writes the library's eventfd while lib_pollers is; the
-// library writes smcrd's send eventfd after moving tx_prod or lib_flags while
-// d_txwait is set, and its receive eventfd after moving rx_cons while d_rxwait is.
-// The eventfds travel beside the memfd (preload/smcr_abi.h, enum smcr_mode).
+// lib_waiters is nonzero, and writes the library's process eventfd (one per process,
+// passed with CLIENT and ACCEPTED) while lib_pollers is; the library writes smcrd's
+// send eventfd after moving tx_prod or lib_flags while d_txwait is set, and its
+// receive eventfd after moving rx_cons while d_rxwait is. smcrd's eventfds travel
+// beside the memfd (preload/smcr_abi.h, enum smcr_mode).
 //
 // The policy page (struct smcr_policy, [Policy]) is a second, read-only mapping with
 // the same version: magic "SMCP", version, smcrd's heartbeat, the enabled word and

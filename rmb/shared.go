@@ -13,7 +13,7 @@ import (
 
 // ABIVersion is the version of the shared area, the policy page and the
 // direct socket's messages.
-const ABIVersion = 2
+const ABIVersion = 3
 
 // The shared area of one connection (struct smcr_shared): a control page, then
 // the send ring (the program writes, smcrd takes) and the receive ring (smcrd

@@ -14,6 +14,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/eventfd.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -224,6 +225,36 @@ int channel_open(void)
 	return ch;
 }
 
+static _Atomic int proc_efd = -1;
+
+int channel_proc_efd(void)
+{
+	int e = atomic_load(&proc_efd);
+	if (e >= 0)
+		return e;
+	int made = fd_park(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+	if (made < 0)
+		return -1;
+	e = -1;
+	if (atomic_compare_exchange_strong(&proc_efd, &e, made))
+		return made;
+	R(close)(made); /* another thread made it first */
+	return e;
+}
+
+void channel_adopt_proc_efd(int efd)
+{
+	int none = -1;
+	if (efd >= 0)
+		atomic_compare_exchange_strong(&proc_efd, &none, efd);
+}
+
+void channel_forked_child(void)
+{
+	/* the parent's stays open: the connections made before the fork wake by it */
+	atomic_store(&proc_efd, -1);
+}
+
 int channel_send(int ch, int type, int fd)
 {
 	struct smcr_msg h = {
@@ -234,18 +265,25 @@ int channel_send(int ch, int type, int fd)
 	struct iovec iov = {.iov_base = &h, .iov_len = sizeof(h)};
 	union {
 		struct cmsghdr c;
-		char buf[CMSG_SPACE(sizeof(int))];
+		char buf[CMSG_SPACE(2 * sizeof(int))];
 	} u;
 	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
 	if (fd >= 0) {
+		/* a connection's offer brings the process's eventfd beside the socket */
+		int fds[2] = {fd, -1}, n = 1;
+		if (type == SMCR_MSG_CLIENT || type == SMCR_MSG_ACCEPTED) {
+			if ((fds[1] = channel_proc_efd()) < 0)
+				return -1;
+			n = 2;
+		}
 		memset(&u, 0, sizeof(u));
 		mh.msg_control = u.buf;
-		mh.msg_controllen = sizeof(u.buf);
+		mh.msg_controllen = CMSG_SPACE((size_t)n * sizeof(int));
 		struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
 		c->cmsg_level = SOL_SOCKET;
 		c->cmsg_type = SCM_RIGHTS;
-		c->cmsg_len = CMSG_LEN(sizeof(int));
-		memcpy(CMSG_DATA(c), &fd, sizeof(int));
+		c->cmsg_len = CMSG_LEN((size_t)n * sizeof(int));
+		memcpy(CMSG_DATA(c), fds, (size_t)n * sizeof(int));
 	}
 	ssize_t n;
 	do

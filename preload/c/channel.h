@@ -28,6 +28,17 @@ int policy_local_allows(const struct sockaddr *local);
 
 /* channel_open connects a new channel to smcrd: the fd, or -1. */
 int channel_open(void);
+/* channel_proc_efd: the process's eventfd, made at its first use: one for all its
+ * connections, passed to smcrd beside CLIENT and ACCEPTED. smcrd, and a peer library on
+ * the same host, write it after a publish while the connection's lib_pollers is
+ * nonzero. Nobody drains it: every write is an edge for each epoll instance that holds
+ * it (the program's sets, a thread's poll set in ready.c). -1 if none can be made.
+ * channel_forked_child: a child after fork makes its own for its new connections.
+ * channel_adopt_proc_efd: an exec's new image takes the old image's as its own. */
+int channel_proc_efd(void);
+void channel_forked_child(void);
+void channel_adopt_proc_efd(int efd);
+
 /* channel_send sends one message of type with fd (or -1) beside it: 0 or -1. */
 int channel_send(int ch, int type, int fd);
 /* channel_request sends type with fd and waits for the REPLY: its status (0 or a
@@ -36,7 +47,7 @@ int channel_request(int ch, int type, int fd);
 
 struct channel_msg {
 	struct smcr_msg h;
-	int fds[6]; /* SMCR_MODE_SHM brings six */
+	int fds[5]; /* SMCR_MODE_SHM brings five */
 	int nfds;
 	unsigned char *payload; /* malloc'd, h.len bytes, or NULL */
 };

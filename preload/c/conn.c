@@ -55,7 +55,8 @@ struct conn *conn_new(int chan, int user_nonblock)
 	atomic_init(&c->state, CS_PENDING);
 	c->chan = chan;
 	atomic_init(&c->user_nonblock, user_nonblock);
-	c->memfd = c->efd_lib = c->efd_dtx = c->efd_drx = c->peer_memfd = c->peer_efd_lib = -1;
+	c->memfd = c->efd_dtx = c->efd_drx = c->peer_memfd = c->peer_efd_lib = -1;
+	c->efd_lib = channel_proc_efd(); /* the one the offer passed */
 	x->fork_gen = atomic_load(&smcr_fork_gen);
 	return c;
 }
@@ -135,8 +136,8 @@ static struct smcr_shared *map_area(int memfd, size_t *size)
 	return sh;
 }
 
-/* efd_nonblock: the library drains efd_lib and writes the peer's: neither may block
- * (smcrd makes them EFD_NONBLOCK) */
+/* efd_nonblock: the library writes the peer's efd_lib: that may not block (a library
+ * makes its process eventfd EFD_NONBLOCK) */
 static void efd_nonblock(int efd)
 {
 	int fl = R(fcntl)(efd, F_GETFL);
@@ -146,14 +147,14 @@ static void efd_nonblock(int efd)
 
 int conn_attach(struct conn *c, const int *fds, int nfds)
 {
-	int shm = nfds == 6;
-	if (nfds != 4 && !shm)
+	int shm = nfds == 5;
+	if (nfds != 3 && !shm)
 		return -1;
 	size_t size, psize = 0;
 	struct smcr_shared *sh = map_area(fds[0], &size), *peer = NULL;
 	if (!sh)
 		return -1;
-	if (shm && !(peer = map_area(fds[4], &psize))) {
+	if (shm && !(peer = map_area(fds[3], &psize))) {
 		munmap(sh, size);
 		return -1;
 	}
@@ -168,8 +169,8 @@ int conn_attach(struct conn *c, const int *fds, int nfds)
 		c->tx_size = peer->rx_size;
 		c->tx_prod = &peer->rx_prod;
 		c->tx_cons = &peer->rx_cons;
-		c->peer_memfd = fds[4];
-		c->peer_efd_lib = fds[5];
+		c->peer_memfd = fds[3];
+		c->peer_efd_lib = fds[4];
 		efd_nonblock(c->peer_efd_lib);
 	} else {
 		c->tx = (unsigned char *)sh + sh->tx_off;
@@ -178,10 +179,8 @@ int conn_attach(struct conn *c, const int *fds, int nfds)
 		c->tx_cons = &sh->tx_cons;
 	}
 	c->memfd = fds[0];
-	c->efd_lib = fds[1];
-	efd_nonblock(c->efd_lib);
-	c->efd_dtx = fds[2];
-	c->efd_drx = fds[3];
+	c->efd_dtx = fds[1];
+	c->efd_drx = fds[2];
 	return 0;
 }
 
@@ -212,7 +211,7 @@ static void decide_locked(struct conn *c, int fd, struct channel_msg *m, int r)
 		atomic_store(&c->reset, 1);
 		set_linger0(fd);
 	} else if (m->h.mode == SMCR_MODE_SMCR || m->h.mode == SMCR_MODE_SHM) {
-		int want = m->h.mode == SMCR_MODE_SHM ? 6 : 4;
+		int want = m->h.mode == SMCR_MODE_SHM ? 5 : 3;
 		if (m->nfds == want && conn_attach(c, m->fds, m->nfds) == 0) {
 			m->nfds = 0;
 			atomic_store(&c->state, CS_ACCEL);
@@ -432,8 +431,8 @@ static void conn_last_close(struct obj *o)
 		ring_wake_local(c);
 	}
 	close_chan(c);
-	int *efds[] = {&c->memfd, &c->efd_lib, &c->efd_dtx, &c->efd_drx};
-	for (int i = 0; i < 4; i++)
+	int *efds[] = {&c->memfd, &c->efd_dtx, &c->efd_drx}; /* efd_lib is the process's */
+	for (int i = 0; i < 3; i++)
 		if (*efds[i] >= 0) {
 			R(close)(*efds[i]);
 			*efds[i] = -1;

@@ -48,7 +48,8 @@ struct conn {
 	unsigned char *tx, *rx;
 	uint32_t tx_size, rx_size;
 	int memfd; /* the area's memfd, kept for an exec's new image (exec.c) */
-	int efd_lib, efd_dtx, efd_drx;
+	int efd_lib; /* the process's eventfd (channel_proc_efd) of the offer: not the connection's */
+	int efd_dtx, efd_drx;
 	/* The send side, chosen at DECIDED: with SMCR, sh's send ring (tx_prod,
 	 * tx_cons) that smcrd's pump empties; with SHM, the peer library's receive
 	 * ring (its rx_prod, rx_cons), which this library fills itself. tx and
@@ -77,9 +78,10 @@ static inline struct conn *conn_of(struct obj *o)
 
 struct conn *conn_new(int chan, int user_nonblock);
 
-/* conn_attach maps the shared area of a DECIDED SMCR (4 fds: memfd, efd_lib, efd_dtx,
- * efd_drx) or SHM (6: then peer_memfd, peer_efd_lib) and takes the fds: 0, or -1 if
- * the area is not what the ABI says (the fds are then still the caller's). */
+/* conn_attach maps the shared area of a DECIDED SMCR (3 fds: memfd, efd_dtx, efd_drx)
+ * or SHM (5: then peer_memfd, peer_efd_lib, the peer process's eventfd) and takes the
+ * fds: 0, or -1 if the area is not what the ABI says (the fds are then still the
+ * caller's). */
 int conn_attach(struct conn *c, const int *fds, int nfds);
 
 /* conn_shared: the connection was made before a fork, so another process may hold
@@ -112,7 +114,8 @@ void conn_restore_flags(struct conn *c, int fd);
 uint32_t conn_revents(struct conn *c, int fd);
 
 /* conn_wait_fd: the fd to wait on for a change of the connection's readiness (the
- * channel while PENDING, efd_lib while ACCEL), or -1 (always ready, or the kernel's). */
+ * channel while PENDING, the process's efd_lib while ACCEL), or -1 (always ready, or
+ * the kernel's). */
 int conn_wait_fd(struct conn *c);
 
 /* conn_error: an ACCEL connection's error (positive errno), 0 if none */

@@ -339,6 +339,8 @@ static void adopt_one(const int *v)
 	const int *fds = v + 4; /* memfd, efd_lib, efd_dtx, efd_drx, peer_memfd, peer_efd_lib */
 	if (R(fcntl)(fd, F_GETFD) < 0 || R(fcntl)(chan, F_GETFD) < 0)
 		return;
+	/* the old image's process eventfd, which smcrd writes, becomes this one's */
+	channel_adopt_proc_efd(fds[1]);
 	int high = atomic_load(&smcr_fdt_high);
 	for (int i = 0; i < high; i++) {
 		struct conn *c = conn_of(fdt_get(i));
@@ -355,8 +357,10 @@ static void adopt_one(const int *v)
 	atomic_store(&c->shut_rd, !!(flags & INH_SHUT_RD));
 	atomic_store(&c->shut_wr, !!(flags & INH_SHUT_WR));
 	atomic_store(&c->err_taken, !!(flags & INH_ERR_TAKEN));
-	int nfds = fds[4] >= 0 ? 6 : 4;
-	if (st == CS_ACCEL && conn_attach(c, fds, nfds) == 0) {
+	c->efd_lib = fds[1];
+	int area[5] = {fds[0], fds[2], fds[3], fds[4], fds[5]};
+	int nfds = fds[4] >= 0 ? 5 : 3;
+	if (st == CS_ACCEL && conn_attach(c, area, nfds) == 0) {
 		atomic_store(&c->state, CS_ACCEL);
 		if (!(flags & INH_SHARED)) {
 			/* the threads of the old image that waited are gone */
@@ -368,13 +372,14 @@ static void adopt_one(const int *v)
 		atomic_store(&c->reset, 1);
 	}
 	set_cloexec(chan, 1);
-	for (int i = 0; i < 6; i++) {
-		if (fds[i] < 0 || (i >= 4 && nfds != 6))
+	set_cloexec(fds[1], 1);
+	for (int i = 0; i < nfds; i++) {
+		if (area[i] < 0)
 			continue;
 		if (atomic_load(&c->state) == CS_ACCEL)
-			set_cloexec(fds[i], 1);
+			set_cloexec(area[i], 1);
 		else
-			R(close)(fds[i]); /* not the area the ABI says: the connection is reset */
+			R(close)(area[i]); /* not the area the ABI says: the connection is reset */
 	}
 	fdt_install(fd, &c->o);
 	obj_put(&c->o);

@@ -32,9 +32,15 @@
 
 extern void __chk_fail(void) __attribute__((noreturn));
 
-static void on_fork(void)
+static void on_fork_parent(void)
 {
 	atomic_fetch_add(&smcr_fork_gen, 1);
+}
+
+static void on_fork_child(void)
+{
+	atomic_fetch_add(&smcr_fork_gen, 1);
+	channel_forked_child();
 }
 
 __attribute__((constructor)) static void smcr_init(void)
@@ -46,7 +52,7 @@ __attribute__((constructor)) static void smcr_init(void)
 		ready_init();
 		exec_adopt();
 	}
-	pthread_atfork(NULL, on_fork, on_fork);
+	pthread_atfork(NULL, on_fork_parent, on_fork_child);
 }
 
 /* ---- helpers */

@@ -1,7 +1,9 @@
 /* ready.c: epoll/poll/select for emulated sockets. An emulated socket's readiness
  * comes from conn_revents (its cursors and flags); the kernel waits on its wait
- * object instead (the channel while PENDING, efd_lib while ACCEL, which smcrd writes
- * after a publish while lib_pollers > 0). Plain fds stay the kernel's, untouched. */
+ * object instead (the channel while PENDING; while ACCEL, the process's eventfd, which
+ * smcrd or the peer library writes after a publish while lib_pollers > 0, and which
+ * nobody drains: each write is an edge for every epoll instance holding it). Plain
+ * fds stay the kernel's, untouched. */
 #include "ready.h"
 
 #include <errno.h>
@@ -33,10 +35,12 @@ struct member {
 	uint32_t events;
 	epoll_data_t data;
 	int reg_wait; /* fd registered in the kernel set for readiness changes, or -1 */
+	int reg_proc; /* ACCEL: the process eventfd counted in the set's procs, or -1 */
 	int reg_chan; /* ACCEL: the channel, registered for hang-up only, or -1 */
 	int pollers;  /* lib_pollers counted */
 	uint32_t last_rev;
 	uint64_t last_seq;
+	uint64_t seen_seq; /* conn_seq at the last scan: a process wake marks it if moved */
 	int kick, disarmed;
 	/* the set's ready list: members to look at in the next epoll_wait (those
 	 * whose wait object fired, and level-triggered ones that were ready) */
@@ -51,6 +55,11 @@ struct eset {
 	atomic_int nmembers;
 	struct member *rhead, *rtail; /* the ready list */
 	int wake_fd; /* an eventfd in the set (edge-triggered): marks from outside a wait */
+	/* the process eventfds registered in the kernel set (one; more only for
+	 * connections inherited across a fork), with their members */
+	struct {
+		int efd, members;
+	} procs[4];
 	atomic_int nested; /* the set is itself waited on (poll, select, another set) */
 };
 
@@ -107,6 +116,7 @@ static struct member arena[MAX_MEMBERS];
 static struct member *free_list;
 static int arena_used = 1; /* arena[0] is the tag of the sets' wake eventfds */
 #define WAKE_TAG ((uint64_t)(uintptr_t)&arena[0])
+#define PROC_TAG (WAKE_TAG + 2) /* a process eventfd: some accelerated member may have moved */
 static pthread_mutex_t ep_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static int own(uint64_t u)
@@ -125,7 +135,7 @@ static struct member *member_alloc(void)
 		return NULL;
 	memset(m, 0, sizeof(*m));
 	m->in_use = 1;
-	m->reg_wait = m->reg_chan = -1;
+	m->reg_wait = m->reg_chan = m->reg_proc = -1;
 	return m;
 }
 
@@ -147,6 +157,60 @@ static void pollers_add(struct member *m, int d)
 	}
 }
 
+/* proc_reg registers the process eventfd efd in the set for m (once per set): 0, or
+ * -errno; ep_mu held */
+static int proc_reg(struct member *m, int efd)
+{
+	struct eset *s = m->set;
+	int free_slot = -1;
+	for (int i = 0; i < (int)(sizeof(s->procs) / sizeof(s->procs[0])); i++) {
+		if (s->procs[i].members && s->procs[i].efd == efd) {
+			s->procs[i].members++;
+			m->reg_proc = efd;
+			return 0;
+		}
+		if (!s->procs[i].members && free_slot < 0)
+			free_slot = i;
+	}
+	if (free_slot < 0)
+		return -ENOSPC;
+	struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.u64 = PROC_TAG};
+	if (R(epoll_ctl)(s->epfd, EPOLL_CTL_ADD, efd, &ev) < 0 && errno != EEXIST)
+		return -errno;
+	s->procs[free_slot].efd = efd;
+	s->procs[free_slot].members = 1;
+	m->reg_proc = efd;
+	return 0;
+}
+
+static void proc_unreg(struct member *m)
+{
+	struct eset *s = m->set;
+	for (int i = 0; m->reg_proc >= 0 && i < (int)(sizeof(s->procs) / sizeof(s->procs[0])); i++)
+		if (s->procs[i].members && s->procs[i].efd == m->reg_proc) {
+			/* the last one: the program's own epoll_wait must not see it */
+			if (!--s->procs[i].members)
+				kreg(s->epfd, EPOLL_CTL_DEL, m->reg_proc, 0, 0);
+			break;
+		}
+	m->reg_proc = -1;
+}
+
+/* accel_register: an ACCEL member's wait objects: its process eventfd, and the channel
+ * for hang-up (smcrd's death); ep_mu held */
+static int accel_register(struct member *m)
+{
+	struct conn *c = m->c;
+	int r = proc_reg(m, c->efd_lib);
+	if (r < 0)
+		return r;
+	struct epoll_event ev = {.events = 0, .data.u64 = (uint64_t)(uintptr_t)m | 1};
+	if (c->chan >= 0 && R(epoll_ctl)(m->set->epfd, EPOLL_CTL_ADD, c->chan, &ev) == 0)
+		m->reg_chan = c->chan;
+	pollers_add(m, 1);
+	return 0;
+}
+
 /* register the member's wait objects for the connection's present state: 0, or -errno */
 static int member_register(struct member *m)
 {
@@ -161,19 +225,7 @@ static int member_register(struct member *m)
 		m->reg_wait = c->chan;
 		return 0;
 	case CS_ACCEL:
-		if (atomic_load(&c->reset))
-			return 0;
-		/* edge-triggered and never drained here: one write reaches every set */
-		ev.events = EPOLLIN | EPOLLET;
-		if (R(epoll_ctl)(epfd, EPOLL_CTL_ADD, c->efd_lib, &ev) < 0 && errno != EEXIST)
-			return -errno;
-		m->reg_wait = c->efd_lib;
-		ev.events = 0;
-		ev.data.u64 = tag | 1;
-		if (c->chan >= 0 && R(epoll_ctl)(epfd, EPOLL_CTL_ADD, c->chan, &ev) == 0)
-			m->reg_chan = c->chan;
-		pollers_add(m, 1);
-		return 0;
+		return atomic_load(&c->reset) ? 0 : accel_register(m);
 	case CS_PREFIX:
 	case CS_TCP:
 		ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLPRI | EPOLLET;
@@ -193,6 +245,7 @@ static void member_unregister(struct member *m)
 	if (m->reg_chan >= 0)
 		kreg(m->set->epfd, EPOLL_CTL_DEL, m->reg_chan, 0, 0);
 	m->reg_wait = m->reg_chan = -1;
+	proc_unreg(m);
 	pollers_add(m, -1);
 }
 
@@ -459,11 +512,7 @@ void ready_decided(struct conn *c, int old_chan)
 			continue;
 		}
 		if (atomic_load(&c->state) == CS_ACCEL) {
-			kreg(epfd, EPOLL_CTL_ADD, c->efd_lib, EPOLLIN | EPOLLET, tag);
-			m->reg_wait = c->efd_lib;
-			kreg(epfd, EPOLL_CTL_ADD, old_chan, 0, tag | 1);
-			m->reg_chan = old_chan;
-			pollers_add(m, 1);
+			accel_register(m); /* without its wake, a marked member still reports */
 		} else if (atomic_load(&c->state) == CS_PREFIX) {
 			kreg(epfd, EPOLL_CTL_ADD, m->fd, EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLPRI | EPOLLET, tag);
 			m->reg_wait = m->fd;
@@ -509,13 +558,6 @@ static int ms_left(int64_t deadline)
 	return ms > 0x7fffffff ? 0x7fffffff : (int)ms;
 }
 
-static void drain(int efd)
-{
-	uint64_t v;
-	if (efd >= 0)
-		(void)!R(read)(efd, &v, sizeof(v));
-}
-
 /* scan reports the ready members of the set's ready list (level, edge, one-shot);
  * ep_mu held. Level-triggered members reported go back to the list's end, to be
  * looked at again next time. */
@@ -533,6 +575,7 @@ static int scan(struct eset *s, struct epoll_event *evs, int max)
 		struct conn *c = m->c;
 		uint64_t seq = conn_seq(c);
 		uint32_t rev = conn_revents(c, m->fd) & (m->events | EPOLLERR | EPOLLHUP);
+		m->seen_seq = seq;
 		int kick = m->kick;
 		m->kick = 0;
 		if (!rev) {
@@ -586,6 +629,13 @@ int ready_epoll_wait(int epfd, struct epoll_event *evs, int max, int64_t timeout
 			nown++;
 			if (evs[i].data.u64 == WAKE_TAG)
 				continue; /* marked from outside: the scan sees it */
+			if (evs[i].data.u64 == PROC_TAG) {
+				/* a publish: mark the accelerated members whose words moved */
+				for (struct member *m = s->members; m; m = m->next_set)
+					if (m->reg_proc >= 0 && conn_seq(m->c) != m->seen_seq)
+						mark(m);
+				continue;
+			}
 			struct member *m = (struct member *)(uintptr_t)(evs[i].data.u64 & ~(uint64_t)1);
 			if (!m->in_use || m->set != s)
 				continue;
@@ -679,6 +729,68 @@ static int chan_hung(int chan)
 	return R(ppoll)(&p, 1, &zero, NULL) > 0 && (p.revents & (POLLHUP | POLLERR | POLLIN));
 }
 
+/* A thread's poll set: an epoll instance holding the process eventfds (edge-triggered)
+ * that ppoll waits on in place of them. Each waiter consumes its own edges, so one
+ * thread's wake is never taken by another, and the eventfd is never drained (which
+ * would drop the edges of the program's epoll sets). Made again in a child after fork,
+ * where the parent's instance is shared; closed at the thread's exit. */
+static __thread int thread_epfd = -1;
+static __thread unsigned thread_epfd_gen;
+static __thread int thread_epfd_last = -1; /* the eventfd last added to it */
+static pthread_key_t thread_epfd_key;
+static pthread_once_t thread_epfd_once = PTHREAD_ONCE_INIT;
+
+static void thread_epfd_close(void *unused)
+{
+	(void)unused;
+	if (thread_epfd >= 0)
+		R(close)(thread_epfd);
+	thread_epfd = -1;
+}
+
+static void thread_epfd_key_make(void)
+{
+	pthread_key_create(&thread_epfd_key, thread_epfd_close);
+}
+
+/* thread_poll_set returns the thread's poll set with efd in it, or -1 */
+static int thread_poll_set(int efd)
+{
+	unsigned gen = atomic_load(&smcr_fork_gen);
+	if (thread_epfd >= 0 && thread_epfd_gen != gen) {
+		R(close)(thread_epfd);
+		thread_epfd = -1;
+	}
+	if (thread_epfd < 0) {
+		pthread_once(&thread_epfd_once, thread_epfd_key_make);
+		thread_epfd = fd_park(R(epoll_create1)(EPOLL_CLOEXEC));
+		if (thread_epfd < 0)
+			return -1;
+		thread_epfd_gen = gen;
+		thread_epfd_last = -1;
+		pthread_setspecific(thread_epfd_key, &thread_epfd);
+	}
+	if (efd != thread_epfd_last) {
+		struct epoll_event ev = {.events = EPOLLIN | EPOLLET};
+		if (R(epoll_ctl)(thread_epfd, EPOLL_CTL_ADD, efd, &ev) < 0 && errno != EEXIST)
+			return -1;
+		thread_epfd_last = efd;
+	}
+	return thread_epfd;
+}
+
+/* thread_poll_consume takes the edges that woke the thread's poll set */
+static void thread_poll_consume(int epfd)
+{
+	struct epoll_event evs[4];
+	while (R(epoll_wait)(epfd, evs, 4, 0) == 4)
+		;
+}
+
+/* Without a thread poll set (no fd to make one), a poll with accelerated sockets looks
+ * again at least this often. */
+#define NO_SET_SLICE_MS 1
+
 int ready_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *sigmask)
 {
 	struct pollfd stack[STACK_PFD];
@@ -697,7 +809,7 @@ int ready_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t 
 	int64_t deadline = deadline_of(timeout_ns);
 	int result, compact = 0;
 	for (;;) {
-		int m = 0, ready = 0;
+		int m = 0, ready = 0, set_at = -1, no_set = 0;
 		for (nfds_t i = 0; i < n; i++) {
 			struct conn *c = conn_of(fdt_get(fds[i].fd));
 			fds[i].revents = 0;
@@ -711,7 +823,15 @@ int ready_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t 
 			int st = atomic_load(&c->state);
 			if (st == CS_ACCEL && !atomic_load(&c->reset)) {
 				atomic_fetch_add(&c->sh->lib_pollers, 1);
-				tmp[m++] = (struct pollfd){.fd = c->efd_lib, .events = POLLIN};
+				int set = thread_poll_set(c->efd_lib);
+				if (set < 0)
+					no_set = 1;
+				else if (set_at < 0) {
+					set_at = m;
+					tmp[m++] = (struct pollfd){.fd = set, .events = POLLIN};
+				}
+				/* counted in lib_pollers: -2, or -3 - where its channel went */
+				at[i] = compact ? -2 : -3 - m;
 				if (!compact)
 					tmp[m++] = (struct pollfd){.fd = c->chan, .events = 0};
 			} else if (st == CS_PENDING) {
@@ -729,6 +849,8 @@ int ready_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t 
 		int t = ready ? 0 : ms_left(deadline);
 		if (compact && (t < 0 || t > COMPACT_SLICE_MS))
 			t = COMPACT_SLICE_MS;
+		if (no_set && (t < 0 || t > NO_SET_SLICE_MS))
+			t = NO_SET_SLICE_MS;
 		struct timespec ts, *tsp = NULL;
 		if (t >= 0) {
 			ts.tv_sec = t / 1000;
@@ -738,31 +860,25 @@ int ready_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t 
 		int k = R(ppoll)(tmp, (nfds_t)m, tsp, sigmask);
 		int err = errno;
 		int retry_compact = k < 0 && err == EINVAL && !compact && (nfds_t)m > n;
+		if (set_at >= 0 && k > 0 && (tmp[set_at].revents & POLLIN))
+			thread_poll_consume(tmp[set_at].fd);
 		int total = 0;
 		for (nfds_t i = 0; i < n; i++) {
 			struct conn *c = conn_of(fdt_get(fds[i].fd));
-			if (!emulated(c) || at[i] < 0) {
+			if (!emulated(c) || at[i] == -1) {
 				if (!emulated(c) && k >= 0)
 					fds[i].revents = tmp[at[i]].revents;
 				if (fds[i].revents)
 					total++;
 				continue;
 			}
-			struct pollfd *w = &tmp[at[i]];
 			int st = atomic_load(&c->state);
-			if (st == CS_ACCEL && w->fd == c->efd_lib) {
+			if (at[i] <= -2) {
 				atomic_fetch_sub(&c->sh->lib_pollers, 1);
-				if (k > 0 && (w->revents & POLLIN)) {
-					drain(c->efd_lib);
-					/* an epoll set that has c would now miss this wake-up
-					 * (epoll drops an edge of an eventfd read empty) */
-					if (c->members)
-						ready_conn_changed(c);
-				}
-				if (compact ? k >= 0 && chan_hung(c->chan)
-					    : k > 0 && (w[1].revents & (POLLHUP | POLLERR | POLLIN)))
+				struct pollfd *ch = at[i] == -2 ? NULL : &tmp[-3 - at[i]];
+				if (!ch ? k >= 0 && chan_hung(c->chan) : k > 0 && (ch->revents & (POLLHUP | POLLERR | POLLIN)))
 					conn_mark_reset(c, fds[i].fd);
-			} else if (st == CS_PENDING && k > 0 && w->revents) {
+			} else if (st == CS_PENDING && k > 0 && tmp[at[i]].revents) {
 				conn_decide(c, fds[i].fd, 0);
 			}
 			uint32_t rev = conn_revents(c, fds[i].fd) & ((uint16_t)fds[i].events | POLLERR | POLLHUP);

@@ -3,7 +3,9 @@
  * execl; closefrom, close_range: execv after closing every fd above the program's
  * own with that call; execve-noenv: execve with an environment without the library) with both
  * sockets open (one of them only as a dup2 alias). The new image reads the unread
- * bytes, echoes both ways, and closes one end: the other reads EOF.
+ * bytes, echoes both ways (waiting for each piece with poll, or epoll: the wake-ups
+ * come through the process eventfd the new image adopted), and closes one end: the
+ * other reads EOF.
  * stdout: "ok"; stderr: "accelerated N" (sockets the new image sees accelerated).
  * execve-noenv: the new image reads once; stdout "noenv data" (the kernel's bytes) or
  * "noenv reset" (a connection the library had accelerated is reset: ECONNRESET, EPIPE
@@ -13,9 +15,11 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -42,6 +46,20 @@ static void read_full(int fd, char *b, size_t n)
 	}
 }
 
+/* poll_in waits with poll until fd is readable */
+static void poll_in(int fd)
+{
+	struct pollfd pf = {.fd = fd, .events = POLLIN};
+	CHECK(poll(&pf, 1, 10000) == 1 && (pf.revents & POLLIN));
+}
+
+/* epoll_in waits with the epoll set ep (fd in it, edge-triggered) until fd is readable */
+static void epoll_in(int ep, int fd)
+{
+	struct epoll_event ev;
+	CHECK(epoll_wait(ep, &ev, 1, 10000) == 1 && ev.data.fd == fd && (ev.events & EPOLLIN));
+}
+
 static int after_exec_noenv(int p)
 {
 	char b[64];
@@ -65,15 +83,21 @@ static int after_exec(int s, int p)
 	static char big[200000];
 	for (size_t i = 0; i < sizeof(big); i++)
 		big[i] = (char)(i * 7);
+	int ep = epoll_create1(EPOLL_CLOEXEC);
+	struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.fd = s};
+	CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev) == 0);
 	/* both ways, in pieces smaller than a ring, so one thread does it */
 	for (size_t off = 0; off < sizeof(big); off += 20000) {
 		CHECK(write(s, big + off, 20000) == 20000);
+		poll_in(p);
 		read_full(p, b, 20000);
 		CHECK(memcmp(b, big + off, 20000) == 0);
 		CHECK(write(p, big + off, 20000) == 20000);
+		epoll_in(ep, s);
 		read_full(s, b, 20000);
 		CHECK(memcmp(b, big + off, 20000) == 0);
 	}
+	CHECK(close(ep) == 0);
 	CHECK(close(s) == 0);
 	CHECK(read(p, b, sizeof(b)) == 0);
 	CHECK(close(p) == 0);
