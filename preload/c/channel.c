@@ -242,6 +242,11 @@ int channel_proc_efd(void)
 	return e;
 }
 
+int channel_peek_proc_efd(void)
+{
+	return atomic_load(&proc_efd);
+}
+
 void channel_adopt_proc_efd(int efd)
 {
 	int none = -1;

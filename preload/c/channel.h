@@ -36,6 +36,8 @@ int channel_open(void);
  * channel_forked_child: a child after fork makes its own for its new connections.
  * channel_adopt_proc_efd: an exec's new image takes the old image's as its own. */
 int channel_proc_efd(void);
+/* channel_peek_proc_efd: the process's eventfd if made, else -1 (makes none) */
+int channel_peek_proc_efd(void);
 void channel_forked_child(void);
 void channel_adopt_proc_efd(int efd);
 

@@ -3,8 +3,9 @@
  * connection). The fds in the range that the program knows go through close, so
  * their connections end as on any close; the library's own fds behind a
  * connection, listener or epoll set that the program keeps open below or above the
- * range stay open: closing them would cut the connection from smcrd, and an exec
- * after it could not carry the connection over (exec.c). */
+ * range stay open, and so does the process's eventfd: closing them would cut the
+ * connection from smcrd, and an exec after it could not carry the connection over
+ * (exec.c). */
 #include <errno.h>
 #include <limits.h>
 #include <linux/close_range.h>
@@ -12,6 +13,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "channel.h"
 #include "fdtable.h"
 #include "real.h"
 
@@ -42,6 +44,15 @@ static int *kept(unsigned first, unsigned last, int *n)
 			out = grown;
 		}
 		*n += o->ops->own_fds(o, out + *n);
+	}
+	/* the process's eventfd, which the next offer passes to smcrd */
+	int efd = channel_peek_proc_efd();
+	if (efd >= 0) {
+		int *grown = realloc(out, (size_t)(*n + 1) * sizeof(int));
+		if (grown) {
+			out = grown;
+			out[(*n)++] = efd;
+		}
 	}
 	if (out)
 		qsort(out, (size_t)*n, sizeof(int), cmp_int);
