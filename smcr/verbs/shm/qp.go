@@ -102,6 +102,7 @@ type qp struct {
 	bellMu     sync.RWMutex
 	bellFD     int
 	bell       [ctlBellLen]byte
+	rung       atomic.Uint64 // doorbells sent
 	readerDone chan struct{}
 	gone       chan struct{} // closed when the peer's socket or the QP closes
 	goneOnce   sync.Once
@@ -435,6 +436,8 @@ func (q *qp) ringPeer() {
 	if q.bellFD >= 0 {
 		if unix.Sendto(q.bellFD, q.bell[:], unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL, nil) != nil {
 			flag.CompareAndSwap(0, v)
+		} else {
+			q.rung.Add(1)
 		}
 	}
 	q.bellMu.RUnlock()
