@@ -68,11 +68,12 @@
 // byte order (both ends are on one host) and accessed atomically.
 //
 //	offset  size  writer  field
-//	     0     4  owner   magic "SMQ1" (0x534d5131)
+//	     0     4  owner   magic "SMQ2" (0x534d5132)
 //	     4     4  owner   slots (= the owner's MaxSendWR)
 //	     8     4  owner   slot size (16-byte header + MaxMsgSize, 64-aligned)
 //	    64     8  owner   head: requests produced
 //	   128     4  owner   sleeping: nonzero = ring my doorbell when you change something
+//	                      (the peer clears it when it rings; the owner sets it again on the doorbell)
 //	   192     8  peer    tail: requests consumed (the acknowledgement)
 //	   200     8  peer    NAK sequence: the request that failed
 //	   208     4  peer    NAK code: its WCStatus (RNR retry exceeded, remote invalid request)
@@ -100,8 +101,10 @@
 // CQ directly, so a busy-polling pair exchanges messages with no syscall at all.
 // Polling clears our sleeping flag; after the adaptive spin budget (at most
 // Config.SpinMax), Wait sets it and sleeps. A producer that finds the peer's flag set
-// sends a doorbell packet (MSG_DONTWAIT) on the socket, where the QP's goroutine
-// sleeps in the netpoller; it drives the queues and wakes CQ waiters. The flag is
+// clears it and sends a doorbell packet (MSG_DONTWAIT) on the socket, where the
+// QP's goroutine sleeps in the netpoller; it sets the flag again while the owner
+// still sleeps, then drives the queues and wakes CQ waiters: one doorbell per
+// sleep, however many posts come before the goroutine runs. The flag is
 // stored before the last look at the rings, and the producer publishes head before
 // it reads the flag, so no wake-up is lost. When polling stops without a Wait, the
 // goroutine re-arms the flag after a grace period of 2ms.

@@ -28,7 +28,7 @@ import (
 // Queue segment layout (see the package doc). Every field the peer writes sits on
 // its own cache line, so the two processes do not bounce lines they both write.
 const (
-	segMagic       = 0x534d5131 // "SMQ1"
+	segMagic       = 0x534d5132 // "SMQ2": a ringer clears the sleeping flag it rings
 	segOffMagic    = 0
 	segOffSlots    = 4
 	segOffSlotSize = 8
@@ -102,6 +102,7 @@ type qp struct {
 	bellMu     sync.RWMutex
 	bellFD     int
 	bell       [ctlBellLen]byte
+	rung       atomic.Uint64 // doorbells sent
 	readerDone chan struct{}
 	gone       chan struct{} // closed when the peer's socket or the QP closes
 	goneOnce   sync.Once
@@ -421,15 +422,23 @@ func (q *qp) checkPeerSeg(r *region) error {
 	return nil
 }
 
-// ringPeer sends a doorbell when the peer said it sleeps. MSG_DONTWAIT: a full
-// socket buffer means the peer has doorbells pending anyway.
+// ringPeer sends a doorbell when the peer said it sleeps, clearing its flag, so
+// the posts that follow before the peer took the doorbell (rearm) send none: one
+// doorbell per sleep, not one per post. A doorbell that cannot be sent
+// (MSG_DONTWAIT, full socket buffer) sets the flag back for the next post.
 func (q *qp) ringPeer() {
-	if u32(q.pseg.mem, segOffSleep).Load() == 0 {
+	flag := u32(q.pseg.mem, segOffSleep)
+	v := flag.Load()
+	if v == 0 || !flag.CompareAndSwap(v, 0) {
 		return
 	}
 	q.bellMu.RLock()
 	if q.bellFD >= 0 {
-		unix.Sendto(q.bellFD, q.bell[:], unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL, nil)
+		if unix.Sendto(q.bellFD, q.bell[:], unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL, nil) != nil {
+			flag.CompareAndSwap(0, v)
+		} else {
+			q.rung.Add(1)
+		}
 	}
 	q.bellMu.RUnlock()
 }
@@ -935,6 +944,20 @@ func (q *qp) arm() {
 	q.kickReqs()
 }
 
+// rearm sets our sleeping flag again after a doorbell, which the peer cleared when
+// it rang, if we are still armed; before the look that follows, so a post after
+// it rings and one before it is seen.
+func (q *qp) rearm() {
+	if !q.armed.Load() {
+		return
+	}
+	q.flagMu.Lock()
+	if q.seg != nil && q.armed.Load() {
+		u32(q.seg.mem, segOffSleep).Store(1)
+	}
+	q.flagMu.Unlock()
+}
+
 // reader is the QP's doorbell goroutine: it reads control messages and doorbells
 // from the peer, drives the queues when nobody polls, runs the RNR timer, and
 // re-arms the doorbell when polling stopped. EOF means the peer is gone.
@@ -1001,6 +1024,7 @@ func (q *qp) dispatch(m ctl, fds []int) {
 	switch m.typ {
 	case ctlDoorbell:
 		closeFDs(fds)
+		q.rearm()
 		q.kickAcks()
 		q.kickReqs()
 	case ctlMapReq:

@@ -114,6 +114,19 @@ func next(t testing.TB, c verbs.CQ) verbs.WorkCompletion {
 	}
 }
 
+// awaitWoken waits for a sleeping Wait's return, which a completion brings.
+func awaitWoken(t testing.TB, woke chan error) {
+	t.Helper()
+	select {
+	case err := <-woke:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the sleeping Wait missed the completion")
+	}
+}
+
 // none checks that no completion arrives within d.
 func none(t testing.TB, c verbs.CQ, d time.Duration) {
 	t.Helper()
@@ -617,15 +630,94 @@ func TestPollBesideSleepingWait(t *testing.T) {
 	if err := a.qp.PostSend(&verbs.SendWR{ID: 1, Opcode: verbs.OpSend, SG: []verbs.SGE{{MR: a.buf, Length: 8}}}); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-woke:
-		if err != nil {
+	awaitWoken(t, woke)
+	if wc := next(t, b.rcq); wc.ID != 7 || wc.Status != verbs.WCSuccess {
+		t.Fatalf("receive completion %+v", wc)
+	}
+}
+
+// TestDoorbellOncePerSleep: posts to a peer that sleeps ring its doorbell once,
+// not once each, until the peer took that doorbell; then the next post rings
+// again, so the peer's next sleep is woken too. The peer's doorbell goroutine is
+// held (flagMu) before it sets its flag again.
+func TestDoorbellOncePerSleep(t *testing.T) {
+	a, b := pair(t, verbs.QPConfig{})
+	qa, qb := a.qp.(*qp), b.qp.(*qp)
+	rcq := b.rcq.(*cq)
+	const posts = 5
+	for i := range posts + 1 {
+		if err := b.qp.PostRecv(&verbs.RecvWR{ID: uint64(i), SG: []verbs.SGE{{MR: b.buf, Length: 64}}}); err != nil {
 			t.Fatal(err)
 		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the sleeping Wait missed the completion")
 	}
-	if wc := next(t, b.rcq); wc.ID != 7 || wc.Status != verbs.WCSuccess {
+	sleep := func() chan error {
+		start := func() chan error {
+			woke := make(chan error, 1)
+			go func() { woke <- rcq.Wait(context.Background()) }()
+			return woke
+		}
+		woke := start()
+		deadline := time.Now().Add(5 * time.Second)
+		for rcq.sleepers.Load() == 0 || !qb.armed.Load() || u32(qb.seg.mem, segOffSleep).Load() == 0 {
+			select {
+			case <-woke: // a wake left from the last completions: Wait again
+				woke = start()
+			default:
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("Wait never went to sleep")
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+		return woke
+	}
+	send := func(id uint64) {
+		t.Helper()
+		if err := a.qp.PostSend(&verbs.SendWR{ID: id, Opcode: verbs.OpSend, SG: []verbs.SGE{{MR: a.buf, Length: 8}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	woke := sleep()
+	qb.flagMu.Lock() // b's doorbell goroutine cannot set its flag again
+	for i := range posts {
+		send(uint64(i))
+	}
+	if got := qa.rung.Load(); got != 1 {
+		qb.flagMu.Unlock()
+		t.Fatalf("%d posts to a sleeping peer rang %d doorbells, want 1", posts, got)
+	}
+	qb.flagMu.Unlock()
+	awaitWoken(t, woke)
+	for i := range posts {
+		if wc := next(t, b.rcq); wc.ID != uint64(i) || wc.Status != verbs.WCSuccess {
+			t.Fatalf("receive completion %+v", wc)
+		}
+	}
+
+	// A doorbell that brings nothing for the sleeping CQ (the acknowledgement
+	// of b's own SEND) leaves b asleep: its flag must be set again, or a's
+	// next post would not ring.
+	if err := a.qp.PostRecv(&verbs.RecvWR{ID: 100, SG: []verbs.SGE{{MR: a.buf, Length: 64}}}); err != nil {
+		t.Fatal(err)
+	}
+	woke = sleep()
+	if err := b.qp.PostSend(&verbs.SendWR{ID: 200, Opcode: verbs.OpSend, Signaled: true, SG: []verbs.SGE{{MR: b.buf, Length: 8}}}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !b.scq.(*cq).ready() { // taken from the doorbell by b's goroutine, not by a Poll
+		if time.Now().After(deadline) {
+			t.Fatal("b's SEND was never acknowledged")
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	if got := qa.rung.Load(); got != 2 {
+		t.Fatalf("a rang %d doorbells, want 2 (the acknowledgement)", got)
+	}
+	send(posts)
+	awaitWoken(t, woke)
+	if wc := next(t, b.rcq); wc.ID != posts || wc.Status != verbs.WCSuccess {
 		t.Fatalf("receive completion %+v", wc)
 	}
 }
