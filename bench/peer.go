@@ -242,9 +242,7 @@ func runServer(spec peerSpec) error {
 			go serve(c)
 		}
 	}()
-	done := make(chan struct{})
-	defer close(done)
-	serveProfiles(spec, done)
+	defer serveProfiles(spec)()
 	fmt.Printf("ready %s\n", ln.Addr())
 	io.Copy(io.Discard, os.Stdin)
 	return ln.Close()

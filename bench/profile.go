@@ -11,12 +11,16 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"sync"
 	"syscall"
 )
 
-// A client profiles each job itself and has its server do the same over the
-// job's span: SIGUSR1 starts the server's next profile, SIGUSR2 ends it. The
-// server's nth profile is the client's nth job:
+// A client profiles each job itself and has its server do the same: SIGUSR1
+// ends the server's profile and starts its next, so the server's nth profile
+// runs from the start of the client's nth job to the start of the next (or the
+// server's end). One signal, not a start and a stop: a busy server may take two
+// different pending signals in either order. The server's nth is the client's
+// nth job:
 //
 //	<transport>-client-<server pid>-<n>-<job>.{cpu,mutex,block}.pprof
 //	<transport>-server-<server pid>-<n>.{cpu,mutex,block}.pprof
@@ -73,34 +77,43 @@ func (p *profiler) stop() {
 	}
 }
 
-// serveProfiles makes a server profile on its client's signals, until done.
-func serveProfiles(spec peerSpec, done <-chan struct{}) {
+// serveProfiles makes a server profile on its client's signals; the returned
+// function ends the last one (the server calls it as it stops).
+func serveProfiles(spec peerSpec) (stop func()) {
 	p := newProfiler(spec)
 	if p == nil {
-		return
+		return func() {}
 	}
-	sig := make(chan os.Signal, 2)
-	signal.Notify(sig, syscall.SIGUSR1, syscall.SIGUSR2)
+	var mu sync.Mutex
+	sig := make(chan os.Signal, 4)
+	signal.Notify(sig, syscall.SIGUSR1)
 	name := fmt.Sprintf("%s-server-%d", spec.Transport, os.Getpid())
+	done := make(chan struct{})
 	go func() {
-		defer signal.Stop(sig)
 		for {
 			select {
-			case s := <-sig:
+			case <-sig:
+				mu.Lock()
 				p.stop()
-				if s == syscall.SIGUSR1 {
-					p.start(name, "")
-				}
+				p.start(name, "")
+				mu.Unlock()
 			case <-done:
-				p.stop()
 				return
 			}
 		}
 	}()
+	return func() {
+		signal.Stop(sig)
+		close(done)
+		mu.Lock()
+		p.stop()
+		mu.Unlock()
+	}
 }
 
-// jobProfile profiles one client job here and in the server (the first of
-// spec.PeerPIDs); the returned function ends both.
+// jobProfile profiles one client job here, and has the server (the first of
+// spec.PeerPIDs) begin its next profile; the returned function ends the
+// client's.
 func (p *profiler) jobProfile(spec peerSpec, j job) func() {
 	if p == nil || len(spec.PeerPIDs) == 0 {
 		return func() {}
@@ -108,10 +121,7 @@ func (p *profiler) jobProfile(spec peerSpec, j job) func() {
 	srv := spec.PeerPIDs[0]
 	syscall.Kill(srv, syscall.SIGUSR1)
 	p.start(fmt.Sprintf("%s-client-%d", spec.Transport, srv), "-"+jobName(j))
-	return func() {
-		p.stop()
-		syscall.Kill(srv, syscall.SIGUSR2)
-	}
+	return p.stop
 }
 
 // jobName names j's profiles: its kind and its size or connections.
