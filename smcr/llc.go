@@ -233,16 +233,49 @@ func (l *link) watchIdle(idle int, seen uint64) {
 func sendStallTime(cfg Config) time.Duration { return 4 * cfg.LLCTimeout }
 
 // sendStalled takes one look (from watchIdle's goroutine only): whether sends
-// are outstanding and none has completed for sendStallTime.
+// are outstanding and none has completed for sendStallTime. Time alone is no
+// evidence against the peer: on a busy host our own poller, or the reader
+// driving the link, may not have run for that long, with the completions
+// waiting in the CQ. So before it decides, it takes them itself (takeCompletions).
 func (l *link) sendStalled(now time.Time) bool {
+	if l.sendProgress(now) || now.Sub(l.sendSince) < sendStallTime(l.lg.e.cfg) {
+		return false
+	}
+	return l.takeCompletions() && !l.sendProgress(now)
+}
+
+// sendProgress reports whether no send is outstanding or sends completed since
+// the last look, and then starts the stall's clock again at now.
+func (l *link) sendProgress(now time.Time) bool {
 	// polled counts every completion and received the receives; one polled
 	// but not yet counted as received reads as progress, which only delays.
 	done := int64(l.polled.Load()) - int64(l.received.Load())
 	if int64(l.posted.Load())-done <= 0 || done != l.sendSeen || l.sendSince.IsZero() {
 		l.sendSeen, l.sendSince = done, now
+		return true
+	}
+	return false
+}
+
+// takeCompletions handles every completion waiting in l's CQ, as a driving
+// reader does. It reports false, having taken none, when another goroutine
+// handles completions now (which is progress of ours, not the peer's silence)
+// or the CQ is gone.
+func (l *link) takeCompletions() bool {
+	if !l.pollMu.TryLock() {
 		return false
 	}
-	return now.Sub(l.sendSince) >= sendStallTime(l.lg.e.cfg)
+	defer l.pollMu.Unlock()
+	if l.pollOff {
+		return false
+	}
+	var wcs [32]verbs.WorkCompletion
+	for {
+		n, err := l.handle(wcs[:])
+		if err != nil || n < len(wcs) {
+			return err == nil
+		}
+	}
 }
 
 func (l *link) register(k pendKey) chan [llc.MsgLen]byte {

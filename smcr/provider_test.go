@@ -1,6 +1,7 @@
 package smcr
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -301,6 +302,57 @@ func TestServerConnectBounded(t *testing.T) {
 		cc.Close()
 		sc.Close()
 	}
+}
+
+// TestSendStallTakesWaitingCompletions: on a busy host the reader driving a
+// link (the poller steps aside for it) may not run for longer than
+// sendStallTime, with the completions of our sends waiting in the CQ. That is
+// our delay, not a peer that takes no more: the stall check takes them itself
+// and the link stays up. (Under load, TestLinkGroupLimit's links failed so,
+// every connection's continuation at once.)
+func TestSendStallTakesWaitingCompletions(t *testing.T) {
+	clk := &fakeClock{nowAdvances: true}
+	cfg := func() Config {
+		return Config{Devices: memDevices(t, verbs.KindSoft), TestLinkInterval: -1, LLCTimeout: 200 * time.Millisecond, Clock: clk}
+	}
+	p := newPair(t, cfg(), cfg())
+	c, s := p.connect(t)
+	mustSMC(t, c, s)
+	l := s.lnk
+	l.driving.Store(true) // a reader drives l, and is not scheduled
+	defer l.leaveDriving()
+	// The poller is parked (or waits on the CQ, and parks when woken): no
+	// completion is handled after this but the stall check's.
+	poller := []byte(fmt.Sprintf("smcr.(*link).poll(%p", l))
+	eventually(t, "the poller steps aside", func() bool {
+		for _, g := range goroutineStacks() {
+			if bytes.Contains(g.stack, poller) {
+				return g.state == "select"
+			}
+		}
+		return false
+	})
+	polled := l.polled.Load()
+	if _, err := s.Write([]byte{1}); err != nil { // a WRITE and a CDC: their completions wait
+		t.Fatal(err)
+	}
+	// With TEST_LINK off the links look once a second: the second look finds
+	// the sends without a handled completion for longer than sendStallTime.
+	for range 3 {
+		clk.Advance(time.Second)
+	}
+	if l.down.Load() {
+		t.Fatal("the link failed with its send completions waiting in its own CQ")
+	}
+	if l.polled.Load() == polled {
+		t.Fatal("the stall check took no completion")
+	}
+	l.leaveDriving()
+	c.SetReadDeadline(time.Now().Add(waitLimit))
+	if b, err := io.ReadAll(io.LimitReader(c, 1)); err != nil || len(b) != 1 {
+		t.Fatalf("read %q: %v", b, err)
+	}
+	echoCheck(t, c, s)
 }
 
 // TestPeerStopsReceiving: a peer that stops reposting its receives (here: its

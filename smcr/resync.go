@@ -296,13 +296,9 @@ func (c *Conn) resync() error {
 			return fmt.Errorf("send resync: %w", err)
 		}
 	}
-	var peer resyncResult
-	t := newTimer(c.e.cfg.Clock, wait)
-	defer t.Stop()
-	select {
-	case peer = <-c.cont.peerResync:
-	case <-t.C:
-		return errors.New("no resync from the peer")
+	peer, err := c.awaitPeerResync(wait)
+	if err != nil {
+		return err
 	}
 	if peer.err != nil {
 		return peer.err
@@ -344,6 +340,31 @@ func (c *Conn) resync() error {
 	return nil
 }
 
+// awaitPeerResync waits for the peer's resync, as watchTCP reads it. A wait
+// that ran out is no evidence against the peer until we looked: its resync may
+// have come in time and lie unread on the socket, its reader not yet run on a
+// busy host (then the wait goes on), or have been read as the timer fired.
+func (c *Conn) awaitPeerResync(wait time.Duration) (resyncResult, error) {
+	for {
+		t := newTimer(c.e.cfg.Clock, wait)
+		select {
+		case r := <-c.cont.peerResync:
+			t.Stop()
+			return r, nil
+		case <-t.C:
+		}
+		select {
+		case r := <-c.cont.peerResync:
+			return r, nil
+		default:
+		}
+		if !pendingInput(underlyingConn(c.tcp)) {
+			return resyncResult{}, errors.New("no resync from the peer")
+		}
+		c.e.log.Debug("smcr: the peer's resync waits unread, waiting on", "conn", c.id)
+	}
+}
+
 // resend writes bytes [from, to) of our stream to the TCP connection from the
 // send buffer, which mirrors the peer's RMBE (the caller checked that the peer
 // consumed all before from, so they are in it). With nothing to resend it
@@ -379,10 +400,7 @@ func resetTCP(tcp net.Conn) {
 
 // lingerZero has tcp's close send a reset (SO_LINGER 0), as TCP's abort.
 func lingerZero(tcp net.Conn) {
-	if ra, ok := tcp.(*readAheadConn); ok {
-		tcp = ra.Conn
-	}
-	if l, ok := tcp.(interface{ SetLinger(sec int) error }); ok {
+	if l, ok := underlyingConn(tcp).(interface{ SetLinger(sec int) error }); ok {
 		l.SetLinger(0)
 	}
 }
@@ -393,5 +411,13 @@ func lingerZero(tcp net.Conn) {
 // hundreds of continuations answer at once (the peer answers as soon as it
 // reads ours; a peer that is gone closes TCP or never answers either way).
 const minResyncWait = 5 * time.Second
+
+// underlyingConn is the connection under CLC's read-ahead, if tcp has one.
+func underlyingConn(tcp net.Conn) net.Conn {
+	if ra, ok := tcp.(*readAheadConn); ok {
+		return ra.Conn
+	}
+	return tcp
+}
 
 func resyncWait(clcTimeout time.Duration) time.Duration { return max(clcTimeout, minResyncWait) }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -737,5 +738,39 @@ func TestSendBufferLostInSetupNotCounted(t *testing.T) {
 	eventually(t, "the server's memory given back", func() bool { return p.srv.Stats().MemoryInUse == 0 })
 	for _, x := range []*Conn{c, s, first, fs} {
 		x.Close()
+	}
+}
+
+// TestResyncWaitsForUnreadAnswer: the peer's resync came in time but our reader
+// of it (watchTCP) has not run when the continuation's wait runs out, as on a
+// busy host. The wait finds the answer on the socket and goes on, rather than
+// failing the connection with "no resync from the peer".
+func TestResyncWaitsForUnreadAnswer(t *testing.T) {
+	clk := &fakeClock{}
+	release := holdWatch(t, true)
+	_, c, s, d1 := singleLinkPair(t, func(cfg *Config) { cfg.Clock, cfg.TestLinkInterval = clk, -1 })
+	if _, err := c.Write([]byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	d1.Fail()
+	// The server reads the client's resync and continues; its own waits,
+	// unread, on the client's socket.
+	eventually(t, "the server continued", s.continued)
+	eventually(t, "the server's resync at the client", func() bool { return pendingInput(underlyingConn(c.tcp)) })
+	clk.Advance(time.Minute) // past resyncWait: the client's wait runs out
+	failover := []byte(fmt.Sprintf("smcr.(*Conn).failover(%p", c))
+	eventually(t, "the client's continuation looked", func() bool {
+		for _, g := range goroutineStacks() {
+			if bytes.Contains(g.stack, failover) {
+				return g.state == "select"
+			}
+		}
+		return true // ended
+	})
+	release()
+	eventually(t, "the client continued", c.continued)
+	s.SetReadDeadline(time.Now().Add(waitLimit))
+	if b, err := io.ReadAll(io.LimitReader(s, 5)); err != nil || string(b) != "hello" {
+		t.Fatalf("server read %q, %v", b, err)
 	}
 }
