@@ -99,17 +99,19 @@ type directHooks struct {
 
 // DirectServer serves the direct socket.
 type DirectServer struct {
-	log    *slog.Logger
-	path   string
-	ln     *net.UnixListener
-	page   *policyPage
-	meet   *meetPoint // nil: no same-host meeting (no shm)
-	hooks  directHooks
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup // Serve and the channels
-	connWG sync.WaitGroup // the connections' channels: Drain waits for them
-	stop   chan struct{}  // closed when connections must end now
+	log  *slog.Logger
+	path string
+	ln   *net.UnixListener
+	page *policyPage
+	meet *meetPoint // nil: no same-host meeting (no shm)
+	// ringFiles: the rings go in files of their own (DirectOptions.RingFiles)
+	ringFiles bool
+	hooks     directHooks
+	ctx       context.Context
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup // Serve and the channels
+	connWG    sync.WaitGroup // the connections' channels: Drain waits for them
+	stop      chan struct{}  // closed when connections must end now
 
 	mu    sync.Mutex
 	conns map[*directConn]struct{}
@@ -137,6 +139,9 @@ type DirectOptions struct {
 	// libraries write into each other's rings. A stand-in for CLC's TLV 3
 	// runs on the TCP connection first, so both ends must be libraries.
 	SameHost bool
+	// RingFiles puts each connection's rings in a file of their own
+	// (rmb.SharedRingFiles), as smcrd passes the engine's buffers.
+	RingFiles bool
 }
 
 // NewDirectServer returns a direct server for tests of the library, without
@@ -178,6 +183,7 @@ func NewDirectServer(opts DirectOptions) (*DirectServer, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.ringFiles = opts.RingFiles
 	s.page.set(true, ports, opts.Addrs)
 	s.Beat()
 	if opts.SameHost {
@@ -566,7 +572,9 @@ func (s *DirectServer) decide(ch *net.UnixConn, tcp *net.TCPConn, client bool) {
 			cc.Abort()
 		}
 	}
-	c, err := newDirectConn(h.carrier, directRing, directRing, s.log)
+	// The same-host bypass maps the peer's area, rings included.
+	ringFiles := s.ringFiles && (h.peerDirect == nil || s.meet == nil)
+	c, err := newDirectConn(h.carrier, directRing, directRing, ringFiles, s.log)
 	if err != nil {
 		s.log.Error("direct: shared area", "err", err)
 		abortAll()
@@ -574,8 +582,8 @@ func (s *DirectServer) decide(ch *net.UnixConn, tcp *net.TCPConn, client bool) {
 	}
 	c.sock = tcp
 	// The shared area counts against max_memory while the connection lives.
-	s.hooks.hold(int64(len(c.mem)))
-	defer s.hooks.hold(-int64(len(c.mem)))
+	s.hooks.hold(int64(c.size()))
+	defer s.hooks.hold(-int64(c.size()))
 	mode, fds := rmb.ModeSMCR, c.libraryFds()
 	if h.peerDirect != nil && s.meet != nil {
 		mine := fds[:2] // memfd, efd_lib

@@ -32,6 +32,8 @@ type directConn struct {
 	mem     []byte
 	sh      *rmb.Shared
 	memfd   int
+	ringMem []byte   // the rings' own file (rmb.SharedRingFiles), mapped
+	ringFds []int    // its descriptors for the send and the receive ring, until passed
 	efdLib  *os.File // smcrd writes: the library's pollers wake
 	efdTx   *os.File // the library writes: tx_prod or lib_flags moved
 	efdRx   *os.File // the library writes: rx_cons moved
@@ -48,30 +50,39 @@ type directConn struct {
 }
 
 // newDirectConn makes the shared area (a sealed memfd) with rings of tx and
-// rx bytes and the three eventfds.
-func newDirectConn(c carrier, tx, rx int, log *slog.Logger) (*directConn, error) {
-	size := rmb.SharedSize(tx, rx)
-	memfd, err := unix.MemfdCreate("smcr-direct", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
-	if err != nil {
-		return nil, fmt.Errorf("memfd: %w", err)
-	}
-	dc := &directConn{log: log, carrier: c, memfd: memfd, libTx: -1, libRx: -1, rxDone: make(chan struct{})}
+// rx bytes and the three eventfds. With ringFiles the rings are in a file of
+// their own (rmb.SharedRingFiles), the receive ring first, as the engine's
+// buffers will be.
+func newDirectConn(c carrier, tx, rx int, ringFiles bool, log *slog.Logger) (*directConn, error) {
+	dc := &directConn{log: log, carrier: c, memfd: -1, libTx: -1, libRx: -1, rxDone: make(chan struct{})}
 	fail := func(err error) (*directConn, error) {
 		dc.release()
 		return nil, err
 	}
-	if err := unix.Ftruncate(memfd, int64(size)); err != nil {
-		return fail(fmt.Errorf("memfd size: %w", err))
-	}
-	if _, err := unix.FcntlInt(uintptr(memfd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
-		return fail(fmt.Errorf("memfd seals: %w", err))
-	}
-	dc.mem, err = unix.Mmap(memfd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		return fail(fmt.Errorf("mmap: %w", err))
-	}
-	if dc.sh, err = rmb.InitShared(dc.mem, tx, rx); err != nil {
-		return fail(err)
+	var err error
+	if !ringFiles {
+		if dc.memfd, dc.mem, err = sealedMemfd("smcr-direct", rmb.SharedSize(tx, rx)); err != nil {
+			return fail(err)
+		}
+		if dc.sh, err = rmb.InitShared(dc.mem, tx, rx); err != nil {
+			return fail(err)
+		}
+	} else {
+		if dc.memfd, dc.mem, err = sealedMemfd("smcr-direct", rmb.SharedPageSize); err != nil {
+			return fail(err)
+		}
+		rxPages := rmb.SharedSize(0, rx) - rmb.SharedPageSize
+		var ringFd int
+		if ringFd, dc.ringMem, err = sealedMemfd("smcr-direct-rings", rxPages+rmb.SharedSize(0, tx)-rmb.SharedPageSize); err != nil {
+			return fail(err)
+		}
+		dc.ringFds = []int{ringFd, -1}
+		if dc.ringFds[1], err = unix.FcntlInt(uintptr(ringFd), unix.F_DUPFD_CLOEXEC, 0); err != nil {
+			return fail(fmt.Errorf("dup ring file: %w", err))
+		}
+		if dc.sh, err = rmb.InitSharedRingFiles(dc.mem, dc.ringMem[rxPages:][:tx], dc.ringMem[:rx], int64(rxPages), 0); err != nil {
+			return fail(err)
+		}
 	}
 	if dc.efdLib, err = eventFile("efd_lib"); err != nil {
 		return fail(err)
@@ -85,6 +96,29 @@ func newDirectConn(c carrier, tx, rx int, log *slog.Logger) (*directConn, error)
 	return dc, nil
 }
 
+// sealedMemfd makes a memfd of size bytes, sealed against resizing, and maps
+// it.
+func sealedMemfd(name string, size int) (int, []byte, error) {
+	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return -1, nil, fmt.Errorf("memfd: %w", err)
+	}
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		unix.Close(fd)
+		return -1, nil, fmt.Errorf("memfd size: %w", err)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
+		unix.Close(fd)
+		return -1, nil, fmt.Errorf("memfd seals: %w", err)
+	}
+	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		unix.Close(fd)
+		return -1, nil, fmt.Errorf("mmap: %w", err)
+	}
+	return fd, mem, nil
+}
+
 func eventFile(name string) (*os.File, error) {
 	fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
@@ -94,18 +128,24 @@ func eventFile(name string) (*os.File, error) {
 }
 
 // libraryFds are the descriptors DECIDED passes: memfd, efd_lib, efd_dtx,
-// efd_drx. They stay valid until closeLibraryFds.
+// efd_drx, then the rings' files if they have their own. They stay valid
+// until closeLibraryFds.
 func (dc *directConn) libraryFds() []int {
-	return []int{dc.memfd, int(dc.efdLib.Fd()), int(dc.efdTx.Fd()), int(dc.efdRx.Fd())}
+	return append([]int{dc.memfd, int(dc.efdLib.Fd()), int(dc.efdTx.Fd()), int(dc.efdRx.Fd())}, dc.ringFds...)
 }
 
-// closeLibraryFds closes smcrd's memfd once the library has its own.
+// closeLibraryFds closes smcrd's memfds once the library has its own.
 func (dc *directConn) closeLibraryFds() {
-	if dc.memfd >= 0 {
-		unix.Close(dc.memfd)
-		dc.memfd = -1
+	for _, fd := range append(dc.ringFds, dc.memfd) {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
 	}
+	dc.memfd, dc.ringFds = -1, nil
 }
+
+// size is the memory the shared area and its rings hold.
+func (dc *directConn) size() int { return len(dc.mem) + len(dc.ringMem) }
 
 // release frees what newDirectConn made.
 func (dc *directConn) release() {
@@ -115,9 +155,11 @@ func (dc *directConn) release() {
 			f.Close()
 		}
 	}
-	if dc.mem != nil {
-		unix.Munmap(dc.mem)
-		dc.mem = nil
+	for _, m := range []*[]byte{&dc.mem, &dc.ringMem} {
+		if *m != nil {
+			unix.Munmap(*m)
+			*m = nil
+		}
 	}
 }
 

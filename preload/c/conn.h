@@ -48,6 +48,11 @@ struct conn {
 	unsigned char *tx, *rx;
 	uint32_t tx_size, rx_size;
 	int memfd; /* the area's memfd, kept for an exec's new image (exec.c) */
+	/* SMCR_RING_FILES: the rings' own files (kept for an exec too) and their
+	 * mappings, which start at the page below each ring */
+	int tx_file, rx_file;
+	void *tx_map, *rx_map;
+	size_t tx_map_size, rx_map_size;
 	int efd_lib, efd_dtx, efd_drx;
 	/* The send side, chosen at DECIDED: with SMCR, sh's send ring (tx_prod,
 	 * tx_cons) that smcrd's pump empties; with SHM, the peer library's receive
@@ -77,10 +82,11 @@ static inline struct conn *conn_of(struct obj *o)
 
 struct conn *conn_new(int chan, int user_nonblock);
 
-/* conn_attach maps the shared area of a DECIDED SMCR (4 fds: memfd, efd_lib, efd_dtx,
- * efd_drx) or SHM (6: then peer_memfd, peer_efd_lib) and takes the fds: 0, or -1 if
- * the area is not what the ABI says (the fds are then still the caller's). */
-int conn_attach(struct conn *c, const int *fds, int nfds);
+/* conn_attach maps the shared area of a DECIDED of mode SMCR (4 fds: memfd, efd_lib,
+ * efd_dtx, efd_drx; 6 with SMCR_RING_FILES: then tx_file, rx_file) or SHM (6: then
+ * peer_memfd, peer_efd_lib) and takes the fds: 0, or -1 if the area is not what the
+ * ABI says (the fds are then still the caller's). */
+int conn_attach(struct conn *c, int mode, const int *fds, int nfds);
 
 /* conn_shared: the connection was made before a fork, so another process may hold
  * it (its end is the channel's close, not SMCR_LIB_CLOSED); conn_set_shared marks
