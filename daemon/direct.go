@@ -572,15 +572,35 @@ func (s *DirectServer) decide(ch *net.UnixConn, tcp *net.TCPConn, client bool) {
 			cc.Abort()
 		}
 	}
-	// The same-host bypass maps the peer's area, rings included.
-	ringFiles := s.ringFiles && (h.peerDirect == nil || s.meet == nil)
-	c, err := newDirectConn(h.carrier, directRing, directRing, ringFiles, s.log)
+	// The same-host bypass maps the peer's area, rings included. Else the
+	// library's rings are the engine's buffers where they are in files
+	// (shm); the pumps carry the rest.
+	var files *ringFiles
+	conn, _ := h.carrier.(*smcr.Conn)
+	if h.peerDirect == nil || s.meet == nil {
+		switch {
+		case conn != nil:
+			files, err = engineRingFiles(conn)
+			if errors.Is(err, errors.ErrUnsupported) || errors.Is(err, smcr.ErrNotCursorDriven) {
+				files, err = nil, nil
+			}
+		case s.ringFiles:
+			files, err = ownRingFiles(directRing, directRing)
+		}
+	}
+	var c *directConn
+	if err == nil {
+		c, err = newDirectConn(h.carrier, directRing, directRing, files, s.log)
+	}
 	if err != nil {
 		s.log.Error("direct: shared area", "err", err)
 		abortAll()
 		return
 	}
 	c.sock = tcp
+	if files != nil && conn != nil {
+		c.engine = conn
+	}
 	// The shared area counts against max_memory while the connection lives.
 	s.hooks.hold(int64(c.size()))
 	defer s.hooks.hold(-int64(c.size()))
@@ -750,13 +770,13 @@ func (d *Daemon) directCLC(ctx context.Context, tcp *net.TCPConn, client bool, d
 			d.incapable(unmapAP(remote), reasonNoEcho, ttl)
 			return handshake{}, nil
 		}
-		conn, err = d.engine.ClientWith(ctx, tcp, smcr.ClientOptions{Standard: seen&bpf.SeenPeerSMCX == 0, Direct: direct})
+		conn, err = d.engine.ClientWith(ctx, tcp, smcr.ClientOptions{Standard: seen&bpf.SeenPeerSMCX == 0, Direct: direct, Cursors: true})
 		if err != nil {
 			return handshake{}, err
 		}
 		d.settle(&tracked{client: true, remote: unmapAP(remote)}, conn, ttl)
 	} else {
-		conn, err = d.engine.ServerWith(ctx, tcp, smcr.ServerOptions{Direct: direct})
+		conn, err = d.engine.ServerWith(ctx, tcp, smcr.ServerOptions{Direct: direct, Cursors: true})
 		if err != nil {
 			return handshake{}, err
 		}

@@ -1,6 +1,7 @@
 // A direct connection's shared area and the two pumps that carry its bytes
 // between the rings the library fills and empties and the SMC-R connection
-// (rmb/shared.go has the layout), and the policy page the libraries read.
+// where the rings are not the engine's own (directdrive.go drives those), and
+// the policy page the libraries read. rmb/shared.go has the layout.
 
 package daemon
 
@@ -32,13 +33,17 @@ type directConn struct {
 	mem     []byte
 	sh      *rmb.Shared
 	memfd   int
-	ringMem []byte   // the rings' own file (rmb.SharedRingFiles), mapped
-	ringFds []int    // its descriptors for the send and the receive ring, until passed
+	ringMem []byte   // the rings' own file (rmb.SharedRingFiles) where smcrd made it, mapped
+	ringFds []int    // the rings' files, until passed
 	efdLib  *os.File // smcrd writes: the library's pollers wake
 	efdTx   *os.File // the library writes: tx_prod or lib_flags moved
 	efdRx   *os.File // the library writes: rx_cons moved
 	libTx   int      // the library's ends of efdTx and efdRx, until passed
 	libRx   int
+
+	// engine: the library fills and empties the engine's own buffers, and
+	// smcrd drives the connection's cursors (directdrive.go)
+	engine *smcr.Conn
 
 	// bypass: the libraries write into each other's rings (directmeet.go);
 	// the SMC-R connection carries only the close.
@@ -49,18 +54,61 @@ type directConn struct {
 	rxDone  chan struct{}
 }
 
+// ringFiles are a direct connection's rings in files of their own
+// (rmb.SharedRingFiles): smcrd's view of them and the descriptors the library
+// maps them from.
+type ringFiles struct {
+	tx, rx       []byte
+	txFd, rxFd   int // smcrd's, closed once passed
+	txOff, rxOff int64
+	mem          []byte // smcrd's mapping to unmap at the end, if its own
+}
+
+// ownRingFiles lays rings of tx and rx bytes out in one file of smcrd's, the
+// receive ring first, as DirectOptions.RingFiles asks.
+func ownRingFiles(tx, rx int) (*ringFiles, error) {
+	rxPages := rmb.SharedSize(0, rx) - rmb.SharedPageSize
+	fd, mem, err := sealedMemfd("smcr-direct-rings", rxPages+rmb.SharedSize(0, tx)-rmb.SharedPageSize)
+	if err != nil {
+		return nil, err
+	}
+	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		unix.Munmap(mem)
+		unix.Close(fd)
+		return nil, fmt.Errorf("dup ring file: %w", err)
+	}
+	return &ringFiles{tx: mem[rxPages:][:tx], rx: mem[:rx], txFd: dup, rxFd: fd, txOff: int64(rxPages), mem: mem}, nil
+}
+
+// engineRingFiles are a cursor-driven connection's own send buffer and RMB,
+// for the library to fill and empty with no copy by smcrd; an error wrapping
+// errors.ErrUnsupported where the provider keeps them in no file.
+func engineRingFiles(conn *smcr.Conn) (*ringFiles, error) {
+	snd, rcv, err := conn.DupBufferFiles()
+	if err != nil {
+		return nil, err
+	}
+	tx, rx := conn.SendBuffer(), conn.RecvBuffer()
+	if len(tx) != snd.Len || len(rx) != rcv.Len {
+		unix.Close(snd.FD)
+		unix.Close(rcv.FD)
+		return nil, fmt.Errorf("engine buffers of %d and %d bytes in files of %d and %d", len(tx), len(rx), snd.Len, rcv.Len)
+	}
+	return &ringFiles{tx: tx, rx: rx, txFd: snd.FD, rxFd: rcv.FD, txOff: snd.Off, rxOff: rcv.Off}, nil
+}
+
 // newDirectConn makes the shared area (a sealed memfd) with rings of tx and
-// rx bytes and the three eventfds. With ringFiles the rings are in a file of
-// their own (rmb.SharedRingFiles), the receive ring first, as the engine's
-// buffers will be.
-func newDirectConn(c carrier, tx, rx int, ringFiles bool, log *slog.Logger) (*directConn, error) {
+// rx bytes and the three eventfds; with files, the area is the control page
+// and the rings are those files' (it takes them, also on error).
+func newDirectConn(c carrier, tx, rx int, files *ringFiles, log *slog.Logger) (*directConn, error) {
 	dc := &directConn{log: log, carrier: c, memfd: -1, libTx: -1, libRx: -1, rxDone: make(chan struct{})}
 	fail := func(err error) (*directConn, error) {
 		dc.release()
 		return nil, err
 	}
 	var err error
-	if !ringFiles {
+	if files == nil {
 		if dc.memfd, dc.mem, err = sealedMemfd("smcr-direct", rmb.SharedSize(tx, rx)); err != nil {
 			return fail(err)
 		}
@@ -68,19 +116,11 @@ func newDirectConn(c carrier, tx, rx int, ringFiles bool, log *slog.Logger) (*di
 			return fail(err)
 		}
 	} else {
+		dc.ringMem, dc.ringFds = files.mem, []int{files.txFd, files.rxFd}
 		if dc.memfd, dc.mem, err = sealedMemfd("smcr-direct", rmb.SharedPageSize); err != nil {
 			return fail(err)
 		}
-		rxPages := rmb.SharedSize(0, rx) - rmb.SharedPageSize
-		var ringFd int
-		if ringFd, dc.ringMem, err = sealedMemfd("smcr-direct-rings", rxPages+rmb.SharedSize(0, tx)-rmb.SharedPageSize); err != nil {
-			return fail(err)
-		}
-		dc.ringFds = []int{ringFd, -1}
-		if dc.ringFds[1], err = unix.FcntlInt(uintptr(ringFd), unix.F_DUPFD_CLOEXEC, 0); err != nil {
-			return fail(fmt.Errorf("dup ring file: %w", err))
-		}
-		if dc.sh, err = rmb.InitSharedRingFiles(dc.mem, dc.ringMem[rxPages:][:tx], dc.ringMem[:rx], int64(rxPages), 0); err != nil {
+		if dc.sh, err = rmb.InitSharedRingFiles(dc.mem, files.tx, files.rx, files.txOff, files.rxOff); err != nil {
 			return fail(err)
 		}
 	}
@@ -144,7 +184,8 @@ func (dc *directConn) closeLibraryFds() {
 	dc.memfd, dc.ringFds = -1, nil
 }
 
-// size is the memory the shared area and its rings hold.
+// size is the memory the shared area and the rings smcrd made hold (the
+// engine counts its own buffers).
 func (dc *directConn) size() int { return len(dc.mem) + len(dc.ringMem) }
 
 // release frees what newDirectConn made.
@@ -267,6 +308,8 @@ func (dc *directConn) run(ch *net.UnixConn) {
 	if dc.bypass {
 		go dc.watchPeer()
 		dc.awaitClose()
+	} else if dc.engine != nil {
+		dc.drive()
 	} else {
 		go dc.receive()
 		dc.send()
