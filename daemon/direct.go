@@ -47,6 +47,7 @@ import (
 	"github.com/smcr-io/smcr/internal/scm"
 	"github.com/smcr-io/smcr/rmb"
 	"github.com/smcr-io/smcr/smcr"
+	"github.com/smcr-io/smcr/smcr/verbs"
 )
 
 // directRing is the size of each ring of a direct connection's shared area.
@@ -757,6 +758,9 @@ func (d *Daemon) directHooks() directHooks {
 func (d *Daemon) directCLC(ctx context.Context, tcp *net.TCPConn, client bool, direct []byte) (handshake, error) {
 	var conn *smcr.Conn
 	var err error
+	// The engine's buffers can be the library's rings only where they are in
+	// files (shm); elsewhere the pumps carry the bytes and the buffers pool.
+	cursors := hasKind(d.devs, verbs.KindSHM)
 	if client {
 		local, remote := tcp.LocalAddr().(*net.TCPAddr).AddrPort(), tcp.RemoteAddr().(*net.TCPAddr).AddrPort()
 		ttl := d.CurrentConfig().PeerCacheTTL
@@ -770,13 +774,13 @@ func (d *Daemon) directCLC(ctx context.Context, tcp *net.TCPConn, client bool, d
 			d.incapable(unmapAP(remote), reasonNoEcho, ttl)
 			return handshake{}, nil
 		}
-		conn, err = d.engine.ClientWith(ctx, tcp, smcr.ClientOptions{Standard: seen&bpf.SeenPeerSMCX == 0, Direct: direct, Cursors: true})
+		conn, err = d.engine.ClientWith(ctx, tcp, smcr.ClientOptions{Standard: seen&bpf.SeenPeerSMCX == 0, Direct: direct, Cursors: cursors})
 		if err != nil {
 			return handshake{}, err
 		}
 		d.settle(&tracked{client: true, remote: unmapAP(remote)}, conn, ttl)
 	} else {
-		conn, err = d.engine.ServerWith(ctx, tcp, smcr.ServerOptions{Direct: direct, Cursors: true})
+		conn, err = d.engine.ServerWith(ctx, tcp, smcr.ServerOptions{Direct: direct, Cursors: cursors})
 		if err != nil {
 			return handshake{}, err
 		}
