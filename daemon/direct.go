@@ -47,6 +47,7 @@ import (
 	"github.com/smcr-io/smcr/internal/scm"
 	"github.com/smcr-io/smcr/rmb"
 	"github.com/smcr-io/smcr/smcr"
+	"github.com/smcr-io/smcr/smcr/verbs"
 )
 
 // directRing is the size of each ring of a direct connection's shared area.
@@ -99,17 +100,19 @@ type directHooks struct {
 
 // DirectServer serves the direct socket.
 type DirectServer struct {
-	log    *slog.Logger
-	path   string
-	ln     *net.UnixListener
-	page   *policyPage
-	meet   *meetPoint // nil: no same-host meeting (no shm)
-	hooks  directHooks
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup // Serve and the channels
-	connWG sync.WaitGroup // the connections' channels: Drain waits for them
-	stop   chan struct{}  // closed when connections must end now
+	log  *slog.Logger
+	path string
+	ln   *net.UnixListener
+	page *policyPage
+	meet *meetPoint // nil: no same-host meeting (no shm)
+	// ringFiles: the rings go in files of their own (DirectOptions.RingFiles)
+	ringFiles bool
+	hooks     directHooks
+	ctx       context.Context
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup // Serve and the channels
+	connWG    sync.WaitGroup // the connections' channels: Drain waits for them
+	stop      chan struct{}  // closed when connections must end now
 
 	mu    sync.Mutex
 	conns map[*directConn]struct{}
@@ -137,6 +140,9 @@ type DirectOptions struct {
 	// libraries write into each other's rings. A stand-in for CLC's TLV 3
 	// runs on the TCP connection first, so both ends must be libraries.
 	SameHost bool
+	// RingFiles puts each connection's rings in a file of their own
+	// (rmb.SharedRingFiles), as smcrd passes the engine's buffers.
+	RingFiles bool
 }
 
 // NewDirectServer returns a direct server for tests of the library, without
@@ -178,6 +184,7 @@ func NewDirectServer(opts DirectOptions) (*DirectServer, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.ringFiles = opts.RingFiles
 	s.page.set(true, ports, opts.Addrs)
 	s.Beat()
 	if opts.SameHost {
@@ -589,16 +596,38 @@ func (s *DirectServer) decide(ch *net.UnixConn, tcp *net.TCPConn, efd *os.File, 
 			cc.Abort()
 		}
 	}
-	c, err := newDirectConn(h.carrier, directRing, directRing, efd, s.log)
+	// The same-host bypass maps the peer's area, rings included. Else the
+	// library's rings are the engine's buffers where they are in files
+	// (shm); the pumps carry the rest.
+	var files *ringFiles
+	conn, _ := h.carrier.(*smcr.Conn)
+	if h.peerDirect == nil || s.meet == nil {
+		switch {
+		case conn != nil:
+			files, err = engineRingFiles(conn)
+			if errors.Is(err, errors.ErrUnsupported) || errors.Is(err, smcr.ErrNotCursorDriven) {
+				files, err = nil, nil
+			}
+		case s.ringFiles:
+			files, err = ownRingFiles(directRing, directRing)
+		}
+	}
+	var c *directConn
+	if err == nil {
+		c, err = newDirectConn(h.carrier, directRing, directRing, efd, files, s.log)
+	}
 	if err != nil {
 		s.log.Error("direct: shared area", "err", err)
 		abortAll()
 		return
 	}
 	c.sock = tcp
+	if files != nil && conn != nil {
+		c.engine = conn
+	}
 	// The shared area counts against max_memory while the connection lives.
-	s.hooks.hold(int64(len(c.mem)))
-	defer s.hooks.hold(-int64(len(c.mem)))
+	s.hooks.hold(int64(c.size()))
+	defer s.hooks.hold(-int64(c.size()))
 	mode, fds := rmb.ModeSMCR, c.libraryFds()
 	if h.peerDirect != nil && s.meet != nil {
 		mine := []int{c.memfd, int(c.efdLib.Fd())}
@@ -754,6 +783,9 @@ func (d *Daemon) directHooks() directHooks {
 func (d *Daemon) directCLC(ctx context.Context, tcp *net.TCPConn, client bool, direct []byte) (handshake, error) {
 	var conn *smcr.Conn
 	var err error
+	// The engine's buffers can be the library's rings only where they are in
+	// files (shm); elsewhere the pumps carry the bytes and the buffers pool.
+	cursors := hasKind(d.devs, verbs.KindSHM)
 	if client {
 		local, remote := tcp.LocalAddr().(*net.TCPAddr).AddrPort(), tcp.RemoteAddr().(*net.TCPAddr).AddrPort()
 		ttl := d.CurrentConfig().PeerCacheTTL
@@ -767,13 +799,13 @@ func (d *Daemon) directCLC(ctx context.Context, tcp *net.TCPConn, client bool, d
 			d.incapable(unmapAP(remote), reasonNoEcho, ttl)
 			return handshake{}, nil
 		}
-		conn, err = d.engine.ClientWith(ctx, tcp, smcr.ClientOptions{Standard: seen&bpf.SeenPeerSMCX == 0, Direct: direct})
+		conn, err = d.engine.ClientWith(ctx, tcp, smcr.ClientOptions{Standard: seen&bpf.SeenPeerSMCX == 0, Direct: direct, Cursors: cursors})
 		if err != nil {
 			return handshake{}, err
 		}
 		d.settle(&tracked{client: true, remote: unmapAP(remote)}, conn, ttl)
 	} else {
-		conn, err = d.engine.ServerWith(ctx, tcp, smcr.ServerOptions{Direct: direct})
+		conn, err = d.engine.ServerWith(ctx, tcp, smcr.ServerOptions{Direct: direct, Cursors: cursors})
 		if err != nil {
 			return handshake{}, err
 		}

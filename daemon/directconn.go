@@ -1,6 +1,7 @@
 // A direct connection's shared area and the two pumps that carry its bytes
 // between the rings the library fills and empties and the SMC-R connection
-// (rmb/shared.go has the layout), and the policy page the libraries read.
+// where the rings are not the engine's own (directdrive.go drives those), and
+// the policy page the libraries read. rmb/shared.go has the layout.
 
 package daemon
 
@@ -32,11 +33,17 @@ type directConn struct {
 	mem     []byte
 	sh      *rmb.Shared
 	memfd   int
+	ringMem []byte   // the rings' own file (rmb.SharedRingFiles) where smcrd made it, mapped
+	ringFds []int    // the rings' files, until passed
 	efdLib  *os.File // the process's eventfd (the channel's; not closed here): smcrd writes it, the library's pollers wake
 	efdTx   *os.File // the library writes: tx_prod or lib_flags moved
 	efdRx   *os.File // the library writes: rx_cons moved
 	libTx   int      // the library's ends of efdTx and efdRx, until passed
 	libRx   int
+
+	// engine: the library fills and empties the engine's own buffers, and
+	// smcrd drives the connection's cursors (directdrive.go)
+	engine *smcr.Conn
 
 	// bypass: the libraries write into each other's rings (directmeet.go);
 	// the SMC-R connection carries only the close.
@@ -47,31 +54,76 @@ type directConn struct {
 	rxDone  chan struct{}
 }
 
+// ringFiles are a direct connection's rings in files of their own
+// (rmb.SharedRingFiles): smcrd's view of them and the descriptors the library
+// maps them from.
+type ringFiles struct {
+	tx, rx       []byte
+	txFd, rxFd   int // smcrd's, closed once passed
+	txOff, rxOff int64
+	mem          []byte // smcrd's mapping to unmap at the end, if its own
+}
+
+// ownRingFiles lays rings of tx and rx bytes out in one file of smcrd's, the
+// receive ring first, as DirectOptions.RingFiles asks.
+func ownRingFiles(tx, rx int) (*ringFiles, error) {
+	rxPages := rmb.SharedSize(0, rx) - rmb.SharedPageSize
+	fd, mem, err := sealedMemfd("smcr-direct-rings", rxPages+rmb.SharedSize(0, tx)-rmb.SharedPageSize)
+	if err != nil {
+		return nil, err
+	}
+	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		unix.Munmap(mem)
+		unix.Close(fd)
+		return nil, fmt.Errorf("dup ring file: %w", err)
+	}
+	return &ringFiles{tx: mem[rxPages:][:tx], rx: mem[:rx], txFd: dup, rxFd: fd, txOff: int64(rxPages), mem: mem}, nil
+}
+
+// engineRingFiles are a cursor-driven connection's own send buffer and RMB,
+// for the library to fill and empty with no copy by smcrd; an error wrapping
+// errors.ErrUnsupported where the provider keeps them in no file.
+func engineRingFiles(conn *smcr.Conn) (*ringFiles, error) {
+	snd, rcv, err := conn.DupBufferFiles()
+	if err != nil {
+		return nil, err
+	}
+	tx, rx := conn.SendBuffer(), conn.RecvBuffer()
+	if len(tx) != snd.Len || len(rx) != rcv.Len {
+		unix.Close(snd.FD)
+		unix.Close(rcv.FD)
+		return nil, fmt.Errorf("engine buffers of %d and %d bytes in files of %d and %d", len(tx), len(rx), snd.Len, rcv.Len)
+	}
+	return &ringFiles{tx: tx, rx: rx, txFd: snd.FD, rxFd: rcv.FD, txOff: snd.Off, rxOff: rcv.Off}, nil
+}
+
 // newDirectConn makes the shared area (a sealed memfd) with rings of tx and
 // rx bytes and smcrd's two eventfds; efdLib is the library's process eventfd.
-func newDirectConn(c carrier, tx, rx int, efdLib *os.File, log *slog.Logger) (*directConn, error) {
-	size := rmb.SharedSize(tx, rx)
-	memfd, err := unix.MemfdCreate("smcr-direct", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
-	if err != nil {
-		return nil, fmt.Errorf("memfd: %w", err)
-	}
-	dc := &directConn{log: log, carrier: c, memfd: memfd, efdLib: efdLib, libTx: -1, libRx: -1, rxDone: make(chan struct{})}
+// With files, the area is the control page and the rings are those files'
+// (it takes them, also on error).
+func newDirectConn(c carrier, tx, rx int, efdLib *os.File, files *ringFiles, log *slog.Logger) (*directConn, error) {
+	dc := &directConn{log: log, carrier: c, memfd: -1, efdLib: efdLib, libTx: -1, libRx: -1, rxDone: make(chan struct{})}
 	fail := func(err error) (*directConn, error) {
 		dc.release()
 		return nil, err
 	}
-	if err := unix.Ftruncate(memfd, int64(size)); err != nil {
-		return fail(fmt.Errorf("memfd size: %w", err))
-	}
-	if _, err := unix.FcntlInt(uintptr(memfd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
-		return fail(fmt.Errorf("memfd seals: %w", err))
-	}
-	dc.mem, err = unix.Mmap(memfd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		return fail(fmt.Errorf("mmap: %w", err))
-	}
-	if dc.sh, err = rmb.InitShared(dc.mem, tx, rx); err != nil {
-		return fail(err)
+	var err error
+	if files == nil {
+		if dc.memfd, dc.mem, err = sealedMemfd("smcr-direct", rmb.SharedSize(tx, rx)); err != nil {
+			return fail(err)
+		}
+		if dc.sh, err = rmb.InitShared(dc.mem, tx, rx); err != nil {
+			return fail(err)
+		}
+	} else {
+		dc.ringMem, dc.ringFds = files.mem, []int{files.txFd, files.rxFd}
+		if dc.memfd, dc.mem, err = sealedMemfd("smcr-direct", rmb.SharedPageSize); err != nil {
+			return fail(err)
+		}
+		if dc.sh, err = rmb.InitSharedRingFiles(dc.mem, files.tx, files.rx, files.txOff, files.rxOff); err != nil {
+			return fail(err)
+		}
 	}
 	if dc.efdTx, err = eventFile("efd_dtx"); err != nil {
 		return fail(err)
@@ -82,6 +134,29 @@ func newDirectConn(c carrier, tx, rx int, efdLib *os.File, log *slog.Logger) (*d
 	return dc, nil
 }
 
+// sealedMemfd makes a memfd of size bytes, sealed against resizing, and maps
+// it.
+func sealedMemfd(name string, size int) (int, []byte, error) {
+	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return -1, nil, fmt.Errorf("memfd: %w", err)
+	}
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		unix.Close(fd)
+		return -1, nil, fmt.Errorf("memfd size: %w", err)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
+		unix.Close(fd)
+		return -1, nil, fmt.Errorf("memfd seals: %w", err)
+	}
+	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		unix.Close(fd)
+		return -1, nil, fmt.Errorf("mmap: %w", err)
+	}
+	return fd, mem, nil
+}
+
 func eventFile(name string) (*os.File, error) {
 	fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
@@ -90,19 +165,26 @@ func eventFile(name string) (*os.File, error) {
 	return os.NewFile(uintptr(fd), name), nil
 }
 
-// libraryFds are the descriptors DECIDED passes: memfd, efd_dtx, efd_drx.
-// They stay valid until closeLibraryFds.
+// libraryFds are the descriptors DECIDED passes: memfd, efd_dtx, efd_drx,
+// then the rings' files if they have their own. They stay valid until
+// closeLibraryFds.
 func (dc *directConn) libraryFds() []int {
-	return []int{dc.memfd, int(dc.efdTx.Fd()), int(dc.efdRx.Fd())}
+	return append([]int{dc.memfd, int(dc.efdTx.Fd()), int(dc.efdRx.Fd())}, dc.ringFds...)
 }
 
-// closeLibraryFds closes smcrd's memfd once the library has its own.
+// closeLibraryFds closes smcrd's memfds once the library has its own.
 func (dc *directConn) closeLibraryFds() {
-	if dc.memfd >= 0 {
-		unix.Close(dc.memfd)
-		dc.memfd = -1
+	for _, fd := range append(dc.ringFds, dc.memfd) {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
 	}
+	dc.memfd, dc.ringFds = -1, nil
 }
+
+// size is the memory the shared area and the rings smcrd made hold (the
+// engine counts its own buffers).
+func (dc *directConn) size() int { return len(dc.mem) + len(dc.ringMem) }
 
 // release frees what newDirectConn made.
 func (dc *directConn) release() {
@@ -112,9 +194,11 @@ func (dc *directConn) release() {
 			f.Close()
 		}
 	}
-	if dc.mem != nil {
-		unix.Munmap(dc.mem)
-		dc.mem = nil
+	for _, m := range []*[]byte{&dc.mem, &dc.ringMem} {
+		if *m != nil {
+			unix.Munmap(*m)
+			*m = nil
+		}
 	}
 }
 
@@ -223,6 +307,8 @@ func (dc *directConn) run(ch *net.UnixConn) {
 	if dc.bypass {
 		go dc.watchPeer()
 		dc.awaitClose()
+	} else if dc.engine != nil {
+		dc.drive()
 	} else {
 		go dc.receive()
 		dc.send()

@@ -260,3 +260,31 @@ func TestPassFd(t *testing.T) {
 		}
 	}
 }
+
+// TestRingFiles: with the rings in a file of their own (SMCR_RING_FILES, the
+// receive ring at its start, the send ring a page-rounded offset in), as smcrd
+// passes the engine's buffers, the library maps them where the area says:
+// bytes both ways, many connections in one epoll loop, and an exec's new image
+// adopting them.
+func TestRingFiles(t *testing.T) {
+	build(t)
+	sock, _ := fakeSmcrdWith(t, daemon.DirectOptions{RingFiles: true})
+	for _, m := range []mode{
+		{name: "smcr", lib: "libsmcr-preload.so", socket: sock},
+		{name: "smcr-asan", lib: "libsmcr-preload-asan.so", socket: sock},
+	} {
+		t.Run(m.name, func(t *testing.T) {
+			echoAll(t, m, true)
+			if out, errOut, err := run(t, m, "multi", "et", "20", "300000"); err != nil || out != "ok 20\n" || errOut != "accelerated 20\n" {
+				t.Errorf("multi: %v\nstdout: %s\nstderr: %s", err, out, errOut)
+			}
+			// The ring files cross an exec too, also after a closefrom or
+			// close_range (the library keeps every fd a connection holds).
+			for _, call := range []string{"execv", "closefrom", "close_range"} {
+				if out, errOut, err := run(t, m, "exec", call); err != nil || out != "ok\n" || errOut != "accelerated 2\n" {
+					t.Errorf("exec %s: %v\nstdout: %s\nstderr: %s", call, err, out, errOut)
+				}
+			}
+		})
+	}
+}

@@ -68,8 +68,13 @@
 //     included: that process reads an error, never a clean end, but nothing
 //     before (it waits on a socket that carries nothing until then), and the
 //     connection does not go on over TCP. sendmmsg is not looked at.
-//   - io_uring, and close_range/closefrom or raw close system calls on the
-//     library's fds, are not followed.
+//   - io_uring, and raw close system calls on the library's fds, are not
+//     followed (closefrom and close_range are: closerange.c).
+//   - In a child after fork, poll and select with accelerated sockets look
+//     again every millisecond instead of sleeping on the process's eventfd
+//     through an epoll instance of the thread's: such a child may be in a
+//     sandbox that kills it for any epoll call (sshd's preauth child). A woken
+//     byte can wait up to that millisecond; epoll itself is not affected.
 //   - After fork both processes use the connection (shared memory); the
 //     library then never sets SMCR_LIB_CLOSED: the connection ends when the
 //     last process closes the channel (smcrd treats the channel's end as the

@@ -30,7 +30,9 @@ enum smcr_msg_type {
 };
 
 enum smcr_mode {
-	SMCR_MODE_SMCR = 1,   /* fds: memfd (struct smcr_shared + rings), efd_dtx, efd_drx */
+	/* fds: memfd (struct smcr_shared + rings), efd_dtx, efd_drx; with
+	 * SMCR_RING_FILES in the area, then tx_file and rx_file, the rings' own files */
+	SMCR_MODE_SMCR = 1,
 	SMCR_MODE_TCP = 2,    /* plain TCP from here on; len bytes of payload come first (read ahead by CLC) */
 	SMCR_MODE_FAILED = 3, /* connect failed: status is the negative errno (SO_ERROR) */
 	/* As SMCR, and the peer is a library on this host: fds memfd, efd_dtx, efd_drx,
@@ -61,6 +63,12 @@ struct smcr_msg {
 
 #define SMCR_SHARED_MAGIC 0x53434d53u /* "SMCS" */
 
+/* ring_files: where the rings are */
+#define SMCR_RING_FILES 1u /* in files of their own, which DECIDED passes after the eventfds
+                            * (send ring's, receive ring's): tx_off and rx_off are offsets in
+                            * those files, and this area is the control page alone (map_size).
+                            * smcrd passes the engine's own buffers so. Never with SHM. */
+
 /* lib_flags: the program's side, set by the library */
 #define SMCR_LIB_SHUT_WR 1u /* shutdown(SHUT_WR): after the bytes up to tx_prod, send FIN */
 #define SMCR_LIB_CLOSED 2u  /* close(): the program is gone from this connection */
@@ -79,10 +87,10 @@ struct smcr_shared {
 	uint32_t version;  /* SMCR_ABI_VERSION */
 	uint32_t tx_size;  /* bytes in the send ring */
 	uint32_t rx_size;  /* bytes in the receive ring */
-	uint32_t tx_off;   /* offset of the send ring in the mapping */
-	uint32_t rx_off;   /* offset of the receive ring */
-	uint32_t map_size; /* bytes to map: the whole memfd */
-	uint32_t reserved0;
+	uint32_t tx_off;   /* offset of the send ring in the mapping (or its file) */
+	uint32_t rx_off;   /* offset of the receive ring (or in its file) */
+	uint32_t map_size;   /* bytes to map: the whole memfd */
+	uint32_t ring_files; /* 0: the rings are in this area; SMCR_RING_FILES */
 	uint8_t pad0[32];
 
 	/* written by the library only (offset 64) */

@@ -41,7 +41,9 @@ const (
 type Mode uint32
 
 const (
-	ModeSMCR   Mode = 1 // fds: the shared area's memfd, efd_dtx, efd_drx
+	// ModeSMCR: fds the shared area's memfd, efd_dtx, efd_drx; then, where the
+	// area says SharedRingFiles, the send ring's file and the receive ring's.
+	ModeSMCR   Mode = 1
 	ModeTCP    Mode = 2 // plain TCP; the payload comes first
 	ModeFailed Mode = 3 // the connect failed: Status is its negative errno
 	// ModeSHM: as ModeSMCR, and the peer is a library on this host too: fds

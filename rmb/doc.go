@@ -103,7 +103,7 @@
 //
 //	offset  written by   field
 //	     0  smcrd, once  magic "SMCS" u32, version u32, tx_size u32, rx_size u32,
-//	                     tx_off u32, rx_off u32, map_size u32, reserved u32
+//	                     tx_off u32, rx_off u32, map_size u32, ring_files u32
 //	    64  library      tx_prod u64, rx_cons u64, lib_flags u32, lib_seq u32,
 //	                     lib_waiters u32, lib_pollers u32
 //	   128  smcrd        tx_cons u64, rx_prod u64, d_flags u32, d_errno i32,
@@ -111,6 +111,10 @@
 //	   192  (reserved to the end of the 4096-byte control page)
 //	  4096  send ring (tx_size bytes, at tx_off), then the receive ring (rx_size
 //	        bytes, at rx_off = 4096 + tx_size rounded up to a page)
+//
+// With ring_files = [SharedRingFiles] ([InitSharedRingFiles]) the area is the
+// control page alone and the rings are in files of their own, passed beside it;
+// tx_off and rx_off are offsets in those files.
 //
 // Cursors in the shared area are positions, as above: absolute byte counts whose
 // place in a ring is the count modulo the ring's size ([Split]). The send ring is

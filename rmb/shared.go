@@ -6,6 +6,7 @@ package rmb
 
 import (
 	"errors"
+	"math"
 	"net/netip"
 	"sync/atomic"
 	"unsafe"
@@ -30,6 +31,7 @@ const (
 	offTxOff    = 16
 	offRxOff    = 20
 	offMapSize  = 24
+	offRingFile = 28
 	offTxProd   = 64
 	offRxCons   = 72
 	offLibFlags = 80
@@ -60,6 +62,12 @@ const (
 	DTxClosed = 4 // the peer reads no more: writes fail with EPIPE
 )
 
+// SharedRingFiles in ring_files: the rings are not in the area but in files of
+// their own, which DECIDED passes after the eventfds (the send ring's, then the
+// receive ring's); tx_off and rx_off are where the rings start in those files,
+// and the area is the control page alone (map_size).
+const SharedRingFiles = 1
+
 // SharedSize is the size of an area with rings of tx and rx bytes, each
 // rounded up to whole pages.
 func SharedSize(tx, rx int) int { return SharedPageSize + pageUp(tx) + pageUp(rx) }
@@ -67,7 +75,7 @@ func SharedSize(tx, rx int) int { return SharedPageSize + pageUp(tx) + pageUp(rx
 func pageUp(n int) int { return (n + SharedPageSize - 1) &^ (SharedPageSize - 1) }
 
 // Shared is a view of a connection's shared area over mapped memory.
-type Shared struct{ mem []byte }
+type Shared struct{ mem, tx, rx []byte }
 
 // InitShared lays a new area out in mem (zeroed, SharedSize(tx, rx) bytes,
 // 8-byte aligned, as a mapping is) and returns its view.
@@ -83,10 +91,36 @@ func InitShared(mem []byte, tx, rx int) (*Shared, error) {
 	s.u32(offTxOff).Store(SharedPageSize)
 	s.u32(offRxOff).Store(uint32(SharedPageSize + pageUp(tx)))
 	s.u32(offMapSize).Store(uint32(len(s.mem)))
+	s.tx, s.rx = s.mem[SharedPageSize:SharedPageSize+tx], s.mem[SharedPageSize+pageUp(tx):][:rx]
+	return s, nil
+}
+
+// InitSharedRingFiles lays out in mem (zeroed, SharedPageSize bytes, 8-byte
+// aligned) an area whose rings tx and rx are in files of their own
+// ([SharedRingFiles]), at txOff and rxOff in those files.
+func InitSharedRingFiles(mem, tx, rx []byte, txOff, rxOff int64) (*Shared, error) {
+	switch {
+	case len(tx) == 0 || len(rx) == 0 || len(tx) > math.MaxUint32 || len(rx) > math.MaxUint32:
+		return nil, errors.New("rmb: shared area: bad ring sizes")
+	case txOff < 0 || rxOff < 0 || txOff > math.MaxUint32 || rxOff > math.MaxUint32:
+		return nil, errors.New("rmb: shared area: ring offsets out of range")
+	case len(mem) < SharedPageSize || uintptr(unsafe.Pointer(&mem[0]))%8 != 0:
+		return nil, errors.New("rmb: shared area: bad size or alignment")
+	}
+	s := &Shared{mem: mem[:SharedPageSize], tx: tx, rx: rx}
+	s.u32(offMagic).Store(SharedMagic)
+	s.u32(offVersion).Store(ABIVersion)
+	s.u32(offTxSize).Store(uint32(len(tx)))
+	s.u32(offRxSize).Store(uint32(len(rx)))
+	s.u32(offTxOff).Store(uint32(txOff))
+	s.u32(offRxOff).Store(uint32(rxOff))
+	s.u32(offMapSize).Store(SharedPageSize)
+	s.u32(offRingFile).Store(SharedRingFiles)
 	return s, nil
 }
 
 // ViewShared checks the header of an area smcrd laid out and returns its view.
+// An area with [SharedRingFiles] has no rings until [Shared.AttachRings].
 func ViewShared(mem []byte) (*Shared, error) {
 	if len(mem) < SharedPageSize || uintptr(unsafe.Pointer(&mem[0]))%8 != 0 {
 		return nil, errors.New("rmb: shared area: too short or misaligned")
@@ -98,13 +132,46 @@ func ViewShared(mem []byte) (*Shared, error) {
 		return nil, errors.New("rmb: shared area: bad magic")
 	case s.u32(offVersion).Load() != ABIVersion:
 		return nil, errors.New("rmb: shared area: unknown version")
-	case tx <= 0 || rx <= 0 || SharedSize(tx, rx) > len(mem) || int(s.u32(offMapSize).Load()) != SharedSize(tx, rx):
+	case tx <= 0 || rx <= 0:
+		return nil, errors.New("rmb: shared area: empty rings")
+	case s.u32(offRingFile).Load() == SharedRingFiles:
+		if s.u32(offMapSize).Load() != SharedPageSize {
+			return nil, errors.New("rmb: shared area: control page of the wrong size")
+		}
+		s.mem = mem[:SharedPageSize]
+		return s, nil
+	case s.u32(offRingFile).Load() != 0:
+		return nil, errors.New("rmb: shared area: unknown ring placement")
+	case SharedSize(tx, rx) > len(mem) || int(s.u32(offMapSize).Load()) != SharedSize(tx, rx):
 		return nil, errors.New("rmb: shared area: rings do not fit")
 	case s.u32(offTxOff).Load() != SharedPageSize || int(s.u32(offRxOff).Load()) != SharedPageSize+pageUp(tx):
 		return nil, errors.New("rmb: shared area: bad ring offsets")
 	}
 	s.mem = mem[:SharedSize(tx, rx)]
+	s.tx, s.rx = s.mem[SharedPageSize:SharedPageSize+tx], s.mem[SharedPageSize+pageUp(tx):][:rx]
 	return s, nil
+}
+
+// RingFiles reports whether the rings are in files of their own
+// ([SharedRingFiles]), and where they start in them.
+func (s *Shared) RingFiles() (txOff, rxOff int64, ok bool) {
+	if s.u32(offRingFile).Load() != SharedRingFiles {
+		return 0, 0, false
+	}
+	return int64(s.u32(offTxOff).Load()), int64(s.u32(offRxOff).Load()), true
+}
+
+// AttachRings gives an area with [SharedRingFiles] its rings, as mapped from
+// their files.
+func (s *Shared) AttachRings(tx, rx []byte) error {
+	if _, _, ok := s.RingFiles(); !ok {
+		return errors.New("rmb: shared area: rings are in the area")
+	}
+	if len(tx) != int(s.u32(offTxSize).Load()) || len(rx) != int(s.u32(offRxSize).Load()) {
+		return errors.New("rmb: shared area: rings of the wrong size")
+	}
+	s.tx, s.rx = tx, rx
+	return nil
 }
 
 func (s *Shared) u32(off int) *atomic.Uint32 {
@@ -116,15 +183,8 @@ func (s *Shared) u64(off int) *atomic.Uint64 {
 }
 
 // TxRing and RxRing are the rings' bytes.
-func (s *Shared) TxRing() []byte {
-	o := int(s.u32(offTxOff).Load())
-	return s.mem[o : o+int(s.u32(offTxSize).Load())]
-}
-
-func (s *Shared) RxRing() []byte {
-	o := int(s.u32(offRxOff).Load())
-	return s.mem[o : o+int(s.u32(offRxSize).Load())]
-}
+func (s *Shared) TxRing() []byte { return s.tx }
+func (s *Shared) RxRing() []byte { return s.rx }
 
 // The library's words.
 func (s *Shared) TxProd() *atomic.Uint64     { return s.u64(offTxProd) }

@@ -25,7 +25,7 @@ func TestSharedMatchesC(t *testing.T) {
 #define F(s, f) printf(#f " %zu\n", offsetof(struct s, f))
 int main(void) {
 	F(smcr_shared, magic); F(smcr_shared, version); F(smcr_shared, tx_size); F(smcr_shared, rx_size);
-	F(smcr_shared, tx_off); F(smcr_shared, rx_off); F(smcr_shared, map_size);
+	F(smcr_shared, tx_off); F(smcr_shared, rx_off); F(smcr_shared, map_size); F(smcr_shared, ring_files);
 	F(smcr_shared, tx_prod); F(smcr_shared, rx_cons); F(smcr_shared, lib_flags); F(smcr_shared, lib_seq);
 	F(smcr_shared, lib_waiters); F(smcr_shared, lib_pollers);
 	F(smcr_shared, tx_cons); F(smcr_shared, rx_prod); F(smcr_shared, d_flags); F(smcr_shared, d_errno);
@@ -36,6 +36,7 @@ int main(void) {
 	printf("SMCR_POLICY_MAX_ADDRS %d\n", SMCR_POLICY_MAX_ADDRS);
 	printf("sizeof_policy %zu\n", sizeof(struct smcr_policy));
 	printf("sizeof_msg %zu\n", sizeof(struct smcr_msg));
+	printf("SMCR_RING_FILES %u\n", SMCR_RING_FILES);
 	printf("SMCR_LIB_SHUT_WR %u\nSMCR_LIB_CLOSED %u\nSMCR_LIB_ABORT %u\nSMCR_D_EOF %u\nSMCR_D_ERROR %u\nSMCR_D_TX_CLOSED %u\n",
 		SMCR_LIB_SHUT_WR, SMCR_LIB_CLOSED, SMCR_LIB_ABORT, SMCR_D_EOF, SMCR_D_ERROR, SMCR_D_TX_CLOSED);
 	printf("magic %u\npolicy_magic %u\nversion %u\n", SMCR_SHARED_MAGIC, SMCR_POLICY_MAGIC, SMCR_ABI_VERSION);
@@ -55,7 +56,7 @@ int main(void) {
 	}
 	want := map[string]int{
 		"magic": offMagic, "version": offVersion, "tx_size": offTxSize, "rx_size": offRxSize,
-		"tx_off": offTxOff, "rx_off": offRxOff, "map_size": offMapSize,
+		"tx_off": offTxOff, "rx_off": offRxOff, "map_size": offMapSize, "ring_files": offRingFile,
 		"tx_prod": offTxProd, "rx_cons": offRxCons, "lib_flags": offLibFlags, "lib_seq": offLibSeq,
 		"lib_waiters": offLibWait, "lib_pollers": offLibPoll,
 		"tx_cons": offTxCons, "rx_prod": offRxProd, "d_flags": offDFlags, "d_errno": offDErrno,
@@ -66,7 +67,8 @@ int main(void) {
 		"sizeof_msg":            MsgHeaderLen,
 		"SMCR_LIB_SHUT_WR":      LibShutWR, "SMCR_LIB_CLOSED": LibClosed, "SMCR_LIB_ABORT": LibAbort,
 		"SMCR_D_EOF": DEOF, "SMCR_D_ERROR": DError, "SMCR_D_TX_CLOSED": DTxClosed,
-		"policy_magic": PolicyMagic, "version ": ABIVersion,
+		"SMCR_RING_FILES": SharedRingFiles,
+		"policy_magic":    PolicyMagic, "version ": ABIVersion,
 	}
 	got := map[string]string{}
 	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
@@ -131,6 +133,61 @@ func TestSharedRoundTrip(t *testing.T) {
 	if _, err := ViewShared(b); err == nil {
 		t.Fatal("a ring past the mapping accepted")
 	}
+}
+
+// TestSharedRingFiles: an area whose rings are in files of their own is the
+// control page alone; its view has the rings only once they are attached, at
+// the offsets its header gives.
+func TestSharedRingFiles(t *testing.T) {
+	page := make([]uint64, SharedPageSize/8)
+	b := unsafe.Slice((*byte)(unsafe.Pointer(&page[0])), SharedPageSize)
+	tx, rx := make([]byte, 5000), make([]byte, 3000)
+	if _, err := InitSharedRingFiles(b, tx, rx, 0, 1<<33); err == nil {
+		t.Fatal("an offset past 32 bits accepted")
+	}
+	s, err := InitSharedRingFiles(b, tx, rx, 8192, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if &s.TxRing()[0] != &tx[0] || &s.RxRing()[0] != &rx[0] {
+		t.Fatal("smcrd's view lost its rings")
+	}
+	v, err := ViewShared(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	txOff, rxOff, ok := v.RingFiles()
+	if !ok || txOff != 8192 || rxOff != 4096 || v.TxRing() != nil {
+		t.Fatalf("ring files %d %d %v, rings %d bytes", txOff, rxOff, ok, len(v.TxRing()))
+	}
+	if err := v.AttachRings(tx[:4000], rx); err == nil {
+		t.Fatal("a send ring of the wrong size attached")
+	}
+	if err := v.AttachRings(tx, rx); err != nil || &v.RxRing()[0] != &rx[0] {
+		t.Fatalf("attach: %v", err)
+	}
+	s.u32(offRingFile).Store(2)
+	if _, err := ViewShared(b); err == nil {
+		t.Fatal("an unknown ring placement accepted")
+	}
+	s.u32(offRingFile).Store(SharedRingFiles)
+	s.u32(offMapSize).Store(2 * SharedPageSize)
+	if _, err := ViewShared(b); err == nil {
+		t.Fatal("a control page of the wrong size accepted")
+	}
+	if _, _, ok := mustView(t, 5000, 3000).RingFiles(); ok {
+		t.Fatal("an area with its own rings says they are in files")
+	}
+}
+
+func mustView(t *testing.T, tx, rx int) *Shared {
+	t.Helper()
+	mem := make([]uint64, SharedSize(tx, rx)/8)
+	s, err := InitShared(unsafe.Slice((*byte)(unsafe.Pointer(&mem[0])), len(mem)*8), tx, rx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
 
 func TestPolicyPorts(t *testing.T) {

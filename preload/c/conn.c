@@ -31,7 +31,8 @@ const struct obj_ops conn_ops = {.last_close = conn_last_close, .free = conn_fre
 static int conn_own_fds(struct obj *o, int *out)
 {
 	struct conn *c = conn_of(o);
-	int v[] = {c->chan, c->memfd, c->efd_lib, c->efd_dtx, c->efd_drx, c->peer_memfd, c->peer_efd_lib};
+	int v[] = {c->chan,        c->memfd,        c->efd_lib, c->efd_dtx, c->efd_drx,
+		   c->peer_memfd, c->peer_efd_lib, c->tx_file, c->rx_file};
 	int n = 0;
 	for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++)
 		if (v[i] >= 0)
@@ -56,6 +57,7 @@ struct conn *conn_new(int chan, int user_nonblock)
 	c->chan = chan;
 	atomic_init(&c->user_nonblock, user_nonblock);
 	c->memfd = c->efd_dtx = c->efd_drx = c->peer_memfd = c->peer_efd_lib = -1;
+	c->tx_file = c->rx_file = -1;
 	c->efd_lib = channel_proc_efd(); /* the one the offer passed */
 	x->fork_gen = atomic_load(&smcr_fork_gen);
 	return c;
@@ -126,14 +128,38 @@ static struct smcr_shared *map_area(int memfd, size_t *size)
 	struct smcr_shared *sh = p;
 	uint64_t ms = sh->map_size, to = sh->tx_off, ts = sh->tx_size, ro = sh->rx_off, rs = sh->rx_size;
 	int ok = sh->magic == SMCR_SHARED_MAGIC && sh->version == SMCR_ABI_VERSION && ms <= n &&
-		 ts > 0 && rs > 0 && to >= sizeof(struct smcr_shared) && ro >= sizeof(struct smcr_shared) &&
-		 to + ts <= ms && ro + rs <= ms && (to + ts <= ro || ro + rs <= to);
+		 ms >= sizeof(struct smcr_shared) && ts > 0 && rs > 0;
+	if (ok && sh->ring_files == 0)
+		ok = to >= sizeof(struct smcr_shared) && ro >= sizeof(struct smcr_shared) && to + ts <= ms &&
+		     ro + rs <= ms && (to + ts <= ro || ro + rs <= to);
+	else if (ok)
+		ok = sh->ring_files == SMCR_RING_FILES;
 	if (!ok) {
 		munmap(p, n);
 		return NULL;
 	}
 	*size = n;
 	return sh;
+}
+
+/* map_ring maps size bytes at off in fd, a ring's own file (SMCR_RING_FILES): the
+ * ring, with the mapping, which starts at the page below it, in *map and *map_size;
+ * or NULL. The file must hold the ring and be sealed against shrinking, so that no
+ * access to the ring can fault. The fd stays open. */
+static unsigned char *map_ring(int fd, uint64_t off, uint64_t size, void **map, size_t *map_size)
+{
+	struct stat st;
+	int seals = R(fcntl)(fd, F_GET_SEALS);
+	if (fstat(fd, &st) < 0 || seals < 0 || !(seals & F_SEAL_SHRINK) || off + size > (uint64_t)st.st_size)
+		return NULL;
+	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), base = off & ~(page - 1);
+	size_t n = (size_t)(off - base + size);
+	void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)base);
+	if (p == MAP_FAILED)
+		return NULL;
+	*map = p;
+	*map_size = n;
+	return (unsigned char *)p + (off - base);
 }
 
 /* efd_nonblock: the library writes the peer's efd_lib: that may not block (a library
@@ -145,22 +171,37 @@ static void efd_nonblock(int efd)
 		R(fcntl)(efd, F_SETFL, fl | O_NONBLOCK);
 }
 
-int conn_attach(struct conn *c, const int *fds, int nfds)
+int conn_attach(struct conn *c, int mode, const int *fds, int nfds)
 {
-	int shm = nfds == 5;
-	if (nfds != 3 && !shm)
+	int shm = mode == SMCR_MODE_SHM;
+	if (nfds != 3 && nfds != 5)
 		return -1;
 	size_t size, psize = 0;
 	struct smcr_shared *sh = map_area(fds[0], &size), *peer = NULL;
 	if (!sh)
 		return -1;
-	if (shm && !(peer = map_area(fds[3], &psize))) {
+	int files = sh->ring_files == SMCR_RING_FILES;
+	if (nfds != (shm || files ? 5 : 3) || (shm && files) || (shm && !(peer = map_area(fds[3], &psize)))) {
 		munmap(sh, size);
 		return -1;
 	}
+	unsigned char *tx = (unsigned char *)sh + sh->tx_off, *rx = (unsigned char *)sh + sh->rx_off;
+	if (files) {
+		rx = map_ring(fds[4], sh->rx_off, sh->rx_size, &c->rx_map, &c->rx_map_size);
+		tx = rx ? map_ring(fds[3], sh->tx_off, sh->tx_size, &c->tx_map, &c->tx_map_size) : NULL;
+		if (!tx) {
+			if (rx)
+				munmap(c->rx_map, c->rx_map_size);
+			c->rx_map = NULL;
+			munmap(sh, size);
+			return -1;
+		}
+		c->tx_file = fds[3];
+		c->rx_file = fds[4];
+	}
 	c->sh = sh;
 	c->map_size = size;
-	c->rx = (unsigned char *)sh + sh->rx_off;
+	c->rx = rx;
 	c->rx_size = sh->rx_size;
 	if (peer) {
 		c->peer = peer;
@@ -173,7 +214,7 @@ int conn_attach(struct conn *c, const int *fds, int nfds)
 		c->peer_efd_lib = fds[4];
 		efd_nonblock(c->peer_efd_lib);
 	} else {
-		c->tx = (unsigned char *)sh + sh->tx_off;
+		c->tx = tx;
 		c->tx_size = sh->tx_size;
 		c->tx_prod = &sh->tx_prod;
 		c->tx_cons = &sh->tx_cons;
@@ -211,8 +252,7 @@ static void decide_locked(struct conn *c, int fd, struct channel_msg *m, int r)
 		atomic_store(&c->reset, 1);
 		set_linger0(fd);
 	} else if (m->h.mode == SMCR_MODE_SMCR || m->h.mode == SMCR_MODE_SHM) {
-		int want = m->h.mode == SMCR_MODE_SHM ? 5 : 3;
-		if (m->nfds == want && conn_attach(c, m->fds, m->nfds) == 0) {
+		if (conn_attach(c, (int)m->h.mode, m->fds, m->nfds) == 0) {
 			m->nfds = 0;
 			atomic_store(&c->state, CS_ACCEL);
 		} else {
@@ -431,8 +471,8 @@ static void conn_last_close(struct obj *o)
 		ring_wake_local(c);
 	}
 	close_chan(c);
-	int *efds[] = {&c->memfd, &c->efd_dtx, &c->efd_drx}; /* efd_lib is the process's */
-	for (int i = 0; i < 3; i++)
+	int *efds[] = {&c->memfd, &c->efd_dtx, &c->efd_drx, &c->tx_file, &c->rx_file}; /* efd_lib is the process's */
+	for (int i = 0; i < 5; i++)
 		if (*efds[i] >= 0) {
 			R(close)(*efds[i]);
 			*efds[i] = -1;
@@ -447,6 +487,10 @@ static void conn_free(struct obj *o)
 		munmap(c->sh, c->map_size);
 	if (c->peer)
 		munmap(c->peer, c->peer_map_size);
+	if (c->tx_map)
+		munmap(c->tx_map, c->tx_map_size);
+	if (c->rx_map)
+		munmap(c->rx_map, c->rx_map_size);
 	if (c->peer_memfd >= 0)
 		R(close)(c->peer_memfd);
 	if (c->peer_efd_lib >= 0)

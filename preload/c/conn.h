@@ -50,6 +50,11 @@ struct conn {
 	int memfd; /* the area's memfd, kept for an exec's new image (exec.c) */
 	int efd_lib; /* the process's eventfd (channel_proc_efd) of the offer: not the connection's */
 	int efd_dtx, efd_drx;
+	/* SMCR_RING_FILES: the rings' own files (kept for an exec too) and their
+	 * mappings, which start at the page below each ring */
+	int tx_file, rx_file;
+	void *tx_map, *rx_map;
+	size_t tx_map_size, rx_map_size;
 	/* The send side, chosen at DECIDED: with SMCR, sh's send ring (tx_prod,
 	 * tx_cons) that smcrd's pump empties; with SHM, the peer library's receive
 	 * ring (its rx_prod, rx_cons), which this library fills itself. tx and
@@ -78,11 +83,11 @@ static inline struct conn *conn_of(struct obj *o)
 
 struct conn *conn_new(int chan, int user_nonblock);
 
-/* conn_attach maps the shared area of a DECIDED SMCR (3 fds: memfd, efd_dtx, efd_drx)
- * or SHM (5: then peer_memfd, peer_efd_lib, the peer process's eventfd) and takes the
- * fds: 0, or -1 if the area is not what the ABI says (the fds are then still the
- * caller's). */
-int conn_attach(struct conn *c, const int *fds, int nfds);
+/* conn_attach maps the shared area of a DECIDED of mode SMCR (3 fds: memfd, efd_dtx,
+ * efd_drx; 5 with SMCR_RING_FILES: then tx_file, rx_file) or SHM (5: then peer_memfd,
+ * peer_efd_lib, the peer process's eventfd) and takes the fds: 0, or -1 if the area is
+ * not what the ABI says (the fds are then still the caller's). */
+int conn_attach(struct conn *c, int mode, const int *fds, int nfds);
 
 /* conn_shared: the connection was made before a fork, so another process may hold
  * it (its end is the channel's close, not SMCR_LIB_CLOSED); conn_set_shared marks

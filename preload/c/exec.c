@@ -30,8 +30,10 @@ extern char **environ;
 
 static const char inherit_var[] = "SMCR_INHERIT=";
 
-/* One inherited fd: "fd,state,flags,chan,memfd,efd_lib,efd_dtx,efd_drx,peer_memfd,peer_efd_lib". */
-#define INHERIT_FIELDS 10
+/* One inherited fd:
+ * "fd,state,flags,chan,memfd,efd_lib,efd_dtx,efd_drx,peer_memfd,peer_efd_lib,tx_file,rx_file". */
+#define INHERIT_FIELDS 12
+#define CONN_FDS (INHERIT_FIELDS - 3)
 #define INHERIT_ENTRY_MAX (INHERIT_FIELDS * 12)
 
 enum {
@@ -84,9 +86,10 @@ static void set_cloexec(int fd, int on)
 }
 
 /* the library's own fds of c, -1 for those it has not */
-static void conn_fds(struct conn *c, int fds[7])
+static void conn_fds(struct conn *c, int fds[CONN_FDS])
 {
-	int v[7] = {c->chan, c->memfd, c->efd_lib, c->efd_dtx, c->efd_drx, c->peer_memfd, c->peer_efd_lib};
+	int v[CONN_FDS] = {c->chan,   c->memfd,        c->efd_lib, c->efd_dtx, c->efd_drx,
+			   c->peer_memfd, c->peer_efd_lib, c->tx_file, c->rx_file};
 	memcpy(fds, v, sizeof(v));
 }
 
@@ -135,17 +138,17 @@ struct writer {
 static void write_one(int fd, struct conn *c, int st, void *arg)
 {
 	struct writer *w = arg;
-	int fds[7];
+	int fds[CONN_FDS];
 	conn_fds(c, fds);
 	unsigned flags = (atomic_load(&c->user_nonblock) ? INH_NONBLOCK : 0) |
 			 (atomic_load(&c->shut_rd) ? INH_SHUT_RD : 0) | (atomic_load(&c->shut_wr) ? INH_SHUT_WR : 0) |
 			 (conn_shared(c) ? INH_SHARED : 0) | (atomic_load(&c->err_taken) ? INH_ERR_TAKEN : 0);
-	int n = snprintf(w->p, (size_t)(w->end - w->p), "%s%d,%d,%u,%d,%d,%d,%d,%d,%d,%d",
+	int n = snprintf(w->p, (size_t)(w->end - w->p), "%s%d,%d,%u,%d,%d,%d,%d,%d,%d,%d,%d,%d",
 			 w->p[-1] == '=' ? "" : ";", fd, st, flags, fds[0], fds[1], fds[2], fds[3], fds[4],
-			 fds[5], fds[6]);
+			 fds[5], fds[6], fds[7], fds[8]);
 	if (n > 0 && n < w->end - w->p)
 		w->p += n;
-	for (int i = 0; i < 7; i++)
+	for (int i = 0; i < CONN_FDS; i++)
 		set_cloexec(fds[i], 0);
 }
 
@@ -169,9 +172,9 @@ static void mark_abort(int fd, struct conn *c, int st, void *arg)
 static void restore_one(int fd, struct conn *c, int st, void *arg)
 {
 	(void)fd, (void)st, (void)arg;
-	int fds[7];
+	int fds[CONN_FDS];
 	conn_fds(c, fds);
-	for (int i = 0; i < 7; i++)
+	for (int i = 0; i < CONN_FDS; i++)
 		set_cloexec(fds[i], 1);
 }
 
@@ -336,7 +339,8 @@ static const char *parse_ints(const char *s, int *v, int n)
 static void adopt_one(const int *v)
 {
 	int fd = v[0], st = v[1], flags = v[2], chan = v[3];
-	const int *fds = v + 4; /* memfd, efd_lib, efd_dtx, efd_drx, peer_memfd, peer_efd_lib */
+	/* memfd, efd_lib, efd_dtx, efd_drx, peer_memfd, peer_efd_lib, tx_file, rx_file */
+	const int *fds = v + 4;
 	if (R(fcntl)(fd, F_GETFD) < 0 || R(fcntl)(chan, F_GETFD) < 0)
 		return;
 	/* the old image's process eventfd, which smcrd writes, becomes this one's */
@@ -358,9 +362,11 @@ static void adopt_one(const int *v)
 	atomic_store(&c->shut_wr, !!(flags & INH_SHUT_WR));
 	atomic_store(&c->err_taken, !!(flags & INH_ERR_TAKEN));
 	c->efd_lib = fds[1];
-	int area[5] = {fds[0], fds[2], fds[3], fds[4], fds[5]};
-	int nfds = fds[4] >= 0 ? 5 : 3;
-	if (st == CS_ACCEL && conn_attach(c, area, nfds) == 0) {
+	/* as DECIDED brought them: SHM's peer pair or SMCR's ring files after the three */
+	int files = fds[6] >= 0, mode = fds[4] >= 0 ? SMCR_MODE_SHM : SMCR_MODE_SMCR;
+	int area[5] = {fds[0], fds[2], fds[3], files ? fds[6] : fds[4], files ? fds[7] : fds[5]};
+	int nfds = fds[4] >= 0 || files ? 5 : 3;
+	if (st == CS_ACCEL && conn_attach(c, mode, area, nfds) == 0) {
 		atomic_store(&c->state, CS_ACCEL);
 		if (!(flags & INH_SHARED)) {
 			/* the threads of the old image that waited are gone */

@@ -761,6 +761,11 @@ static int thread_poll_set(int efd)
 		R(close)(thread_epfd);
 		thread_epfd = -1;
 	}
+	/* Not in a child after fork: one may be in a sandbox where an epoll call
+	 * kills it (sshd's preauth child allows poll, not epoll_create1 or
+	 * epoll_wait); its polls look again every NO_SET_SLICE_MS instead. */
+	if (thread_epfd < 0 && gen != 0)
+		return -1;
 	if (thread_epfd < 0) {
 		pthread_once(&thread_epfd_once, thread_epfd_key_make);
 		thread_epfd = fd_park(R(epoll_create1)(EPOLL_CLOEXEC));
@@ -787,8 +792,8 @@ static void thread_poll_consume(int epfd)
 		;
 }
 
-/* Without a thread poll set (no fd to make one), a poll with accelerated sockets looks
- * again at least this often. */
+/* Without a thread poll set (no fd to make one, or a child after fork), a poll with
+ * accelerated sockets looks again at least this often. */
 #define NO_SET_SLICE_MS 1
 
 int ready_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *sigmask)
