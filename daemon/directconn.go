@@ -264,6 +264,12 @@ func (dc *directConn) endsInAbort(flags uint32) bool {
 // the kernel send a RST and fail the socket's next read with ECONNRESET, for
 // a process that still holds it (an exec into an image without the library)
 // and would otherwise wait on a TCP connection that carries nothing.
+//
+// A socket the peer reset already is disconnected too. Its ECONNRESET is
+// taken by the first reader, which may be smcrd's own (the engine watches the
+// socket), and the program would then read a clean EOF (the RST shut the
+// receive side); disconnected, it reads ENOTCONN, an error, whoever came
+// first.
 func disconnect(tcp *net.TCPConn) {
 	rc, err := tcp.SyscallConn()
 	if err != nil {
@@ -271,11 +277,6 @@ func disconnect(tcp *net.TCPConn) {
 	}
 	var unspec [16]byte // struct sockaddr, sa_family AF_UNSPEC
 	rc.Control(func(fd uintptr) {
-		// Reset by the peer already: a disconnect now would clear the
-		// socket's ECONNRESET.
-		if ti, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err != nil || ti.State == tcpClose {
-			return
-		}
 		unix.Syscall(unix.SYS_CONNECT, fd, uintptr(unsafe.Pointer(&unspec[0])), uintptr(len(unspec)))
 	})
 }
