@@ -175,8 +175,11 @@ func (f *tcpSmcrd) serve(ch *net.UnixConn) {
 		if m, _, err := recvMsg(ch); err != nil || m.Type != rmb.MsgConnecting {
 			return
 		}
-		if f.hold != nil {
-			<-f.hold
+		f.mu.Lock()
+		hold := f.hold
+		f.mu.Unlock()
+		if hold != nil {
+			<-hold
 		}
 		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
 		if _, err := unix.Poll(pfd, 10000); err != nil {
@@ -246,8 +249,11 @@ func TestFallback(t *testing.T) {
 func TestConnectSndTimeo(t *testing.T) {
 	build(t)
 	f := startTCPSmcrd(t, 0)
-	f.hold = make(chan struct{})
-	t.Cleanup(func() { close(f.hold) }) // before startTCPSmcrd's cleanup waits for serve
+	hold := make(chan struct{})
+	f.mu.Lock()
+	f.hold = hold
+	f.mu.Unlock()
+	t.Cleanup(func() { close(hold) }) // before startTCPSmcrd's cleanup waits for serve
 	out, errOut, err := run(t, mode{name: "held", lib: "libsmcr-preload.so", socket: f.path}, "sndtimeo")
 	if want := "connect -1 Operation now in progress in time\n"; err != nil || out != want {
 		t.Errorf("sndtimeo: %v\nstdout: %q, want %q\nstderr: %s", err, out, want, errOut)
