@@ -505,12 +505,13 @@ func validDeviceName(s string) bool {
 const fileSyntax = "#,="
 
 // validIfName follows the kernel's dev_valid_name: 1-15 bytes, no '/', ':' or
-// white space (isspace: a line break too, which no file line could hold).
+// white space (isspace: a line break too, which no file line could hold), and
+// no NUL, which ends a name in the kernel's C strings.
 func validIfName(s string) bool {
 	if s == "" || len(s) > 15 || s == "." || s == ".." {
 		return false
 	}
-	return !strings.ContainsAny(s, "/: \t\n\v\f\r")
+	return !strings.ContainsAny(s, "/: \t\n\v\f\r\x00")
 }
 
 func splitList(v string) []string {
