@@ -35,20 +35,7 @@ func TestPercentile(t *testing.T) {
 
 // TestPingpongFor: -n counts round trips; -for, when given, times them instead.
 func TestPingpongFor(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go handle(c)
-		}
-	}()
+	ln := serveLoopback(t)
 	addr := ln.Addr().String()
 	defer func() { pingFor = 0 }()
 	for _, d := range []time.Duration{0, 200 * time.Millisecond} {
@@ -70,20 +57,7 @@ func TestPingpongFor(t *testing.T) {
 // TestOddSizes: sink and echo move sizes that are not whole 64-bit words, and
 // the stream is the same however the reads split it.
 func TestOddSizes(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go handle(c)
-		}
-	}()
+	ln := serveLoopback(t)
 	for _, size := range []int64{1, 7, 9, 1000003} {
 		for _, mode := range []string{"sink", "echo"} {
 			done := make(chan error, 1)
@@ -110,4 +84,24 @@ func TestOddSizes(t *testing.T) {
 	if !bytes.Equal(whole, split) {
 		t.Errorf("payload read in 3-byte pieces = %x, in one read %x", split, whole)
 	}
+}
+
+// serveLoopback runs testapp's server on a loopback listener until the test ends.
+func serveLoopback(t *testing.T) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go handle(c)
+		}
+	}()
+	return ln
 }
