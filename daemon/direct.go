@@ -357,10 +357,10 @@ func (s *DirectServer) serveChannel(ch *net.UnixConn) {
 		}
 	}()
 	// A connection's offer brings the process's eventfd too.
-	var efd *os.File
+	efd := procEventfd(-1)
 	if len(fds) > 1 {
-		efd = os.NewFile(uintptr(fds[1]), "process eventfd")
-		defer efd.Close()
+		efd = procEventfd(fds[1])
+		defer unix.Close(fds[1])
 	}
 	if (m.Type == rmb.MsgClient || m.Type == rmb.MsgAccepted) && !isEventfd(efd) {
 		s.reply(ch, -int32(unix.EINVAL))
@@ -402,15 +402,15 @@ func (s *DirectServer) reply(ch *net.UnixConn, status int32) error {
 
 // isEventfd reports whether f is an eventfd: smcrd writes a library's only
 // there, never into a file or pipe a program passed instead.
-func isEventfd(f *os.File) bool {
-	if f == nil {
+func isEventfd(efd procEventfd) bool {
+	if efd < 0 {
 		return false
 	}
-	link, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", f.Fd()))
+	link, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", efd))
 	return err == nil && link == "anon_inode:[eventfd]"
 }
 
-func (s *DirectServer) serveClient(ch *net.UnixConn, f, efd *os.File) {
+func (s *DirectServer) serveClient(ch *net.UnixConn, f *os.File, efd procEventfd) {
 	fd := int(f.Fd())
 	if !s.hooks.enabled() {
 		s.refuse(ch, unix.EOPNOTSUPP)
@@ -437,7 +437,7 @@ func (s *DirectServer) serveClient(ch *net.UnixConn, f, efd *os.File) {
 	s.decide(ch, tcp, efd, true)
 }
 
-func (s *DirectServer) serveAccepted(ch *net.UnixConn, f, efd *os.File) {
+func (s *DirectServer) serveAccepted(ch *net.UnixConn, f *os.File, efd procEventfd) {
 	fd := int(f.Fd())
 	ok, err := s.hooks.synOption(fd)
 	if err != nil {
@@ -562,7 +562,7 @@ func (s *DirectServer) connected(ch *net.UnixConn, f *os.File) (*net.TCPConn, sy
 
 // decide runs CLC on tcp, smcrd's duplicate of the program's socket, and tells
 // the library the outcome.
-func (s *DirectServer) decide(ch *net.UnixConn, tcp *net.TCPConn, efd *os.File, client bool) {
+func (s *DirectServer) decide(ch *net.UnixConn, tcp *net.TCPConn, efd procEventfd, client bool) {
 	t := &tracked{client: client, direct: true,
 		local: unmapAP(tcp.LocalAddr().(*net.TCPAddr).AddrPort()), remote: unmapAP(tcp.RemoteAddr().(*net.TCPAddr).AddrPort())}
 	s.hooks.track(t)
@@ -630,7 +630,7 @@ func (s *DirectServer) decide(ch *net.UnixConn, tcp *net.TCPConn, efd *os.File, 
 	defer s.hooks.hold(-int64(c.size()))
 	mode, fds := rmb.ModeSMCR, c.libraryFds()
 	if h.peerDirect != nil && s.meet != nil {
-		mine := []int{c.memfd, int(c.efdLib.Fd())}
+		mine := []int{c.memfd, int(c.efdLib)}
 		var peer []int
 		if client {
 			peer, err = meet(nonce, h.peerDirect, mine, s.hooks.clcTimeout())

@@ -6,6 +6,7 @@
 package daemon
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -33,12 +34,12 @@ type directConn struct {
 	mem     []byte
 	sh      *rmb.Shared
 	memfd   int
-	ringMem []byte   // the rings' own file (rmb.SharedRingFiles) where smcrd made it, mapped
-	ringFds []int    // the rings' files, until passed
-	efdLib  *os.File // the process's eventfd (the channel's; not closed here): smcrd writes it, the library's pollers wake
-	efdTx   *os.File // the library writes: tx_prod or lib_flags moved
-	efdRx   *os.File // the library writes: rx_cons moved
-	libTx   int      // the library's ends of efdTx and efdRx, until passed
+	ringMem []byte      // the rings' own file (rmb.SharedRingFiles) where smcrd made it, mapped
+	ringFds []int       // the rings' files, until passed
+	efdLib  procEventfd // the channel's; not closed here
+	efdTx   *os.File    // the library writes: tx_prod or lib_flags moved
+	efdRx   *os.File    // the library writes: rx_cons moved
+	libTx   int         // the library's ends of efdTx and efdRx, until passed
 	libRx   int
 
 	// engine: the library fills and empties the engine's own buffers, and
@@ -102,7 +103,7 @@ func engineRingFiles(conn *smcr.Conn) (*ringFiles, error) {
 // rx bytes and smcrd's two eventfds; efdLib is the library's process eventfd.
 // With files, the area is the control page and the rings are those files'
 // (it takes them, also on error).
-func newDirectConn(c carrier, tx, rx int, efdLib *os.File, files *ringFiles, log *slog.Logger) (*directConn, error) {
+func newDirectConn(c carrier, tx, rx int, efdLib procEventfd, files *ringFiles, log *slog.Logger) (*directConn, error) {
 	dc := &directConn{log: log, carrier: c, memfd: -1, efdLib: efdLib, libTx: -1, libRx: -1, rxDone: make(chan struct{})}
 	fail := func(err error) (*directConn, error) {
 		dc.release()
@@ -209,7 +210,7 @@ func (dc *directConn) publish() {
 		futexWake(dc.sh.DSeqAddr())
 	}
 	if dc.sh.LibPollers().Load() > 0 {
-		signal(dc.efdLib)
+		dc.efdLib.signal()
 	}
 }
 
@@ -518,9 +519,23 @@ func errnoOf(err error) syscall.Errno {
 
 // signal adds one to an eventfd.
 func signal(f *os.File) {
-	var one [8]byte
-	*(*uint64)(unsafe.Pointer(&one[0])) = 1
-	f.Write(one[:])
+	f.Write(eventfdOne[:])
+}
+
+// eventfdOne is 1 as an eventfd's u64, in the host's byte order.
+var eventfdOne = func() (b [8]byte) {
+	binary.NativeEndian.PutUint64(b[:], 1)
+	return b
+}()
+
+// procEventfd is the library process's eventfd, which smcrd writes while the
+// program's pollers sleep. It is a bare descriptor, out of Go's netpoller:
+// os.NewFile would register the (non-blocking) eventfd there, and as nobody
+// drains it, every kick by any of the process's libraries would wake smcrd.
+type procEventfd int
+
+func (e procEventfd) signal() {
+	unix.Write(int(e), eventfdOne[:])
 }
 
 func futexWake(addr unsafe.Pointer) {

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"golang.org/x/sys/unix"
 	"io"
 	"log/slog"
 	"sync"
@@ -120,12 +121,12 @@ func TestDirectDrive(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		efdLib, err := eventFile("efd_lib")
+		efdLib, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { efdLib.Close() })
-		dc, err := newDirectConn(conn, 0, 0, efdLib, files, slog.Default())
+		t.Cleanup(func() { unix.Close(efdLib) })
+		dc, err := newDirectConn(conn, 0, 0, procEventfd(efdLib), files, slog.Default())
 		if err != nil {
 			t.Fatal(err)
 		}
