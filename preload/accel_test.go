@@ -135,6 +135,29 @@ func TestOneEventfdPerProcess(t *testing.T) {
 	}
 }
 
+// TestEpollWake: a thread asleep in epoll_wait wakes for a socket another
+// thread adds or modifies, whether it waits in the kernel (the set was empty)
+// or in the library's wait (the set has an accelerated member), as without the
+// library.
+func TestEpollWake(t *testing.T) {
+	build(t)
+	sock := fakeSmcrd(t)
+	const want = "empty-set 1 42 prompt\nmodified 1 43 prompt\nadded-back 1 44 prompt\nok\n"
+	for _, c := range []struct {
+		m     mode
+		accel string
+	}{
+		{mode{name: "kernel"}, "accelerated 0\n"},
+		{mode{name: "smcr", lib: "libsmcr-preload.so", socket: sock}, "accelerated 4\n"},
+		{mode{name: "smcr-asan", lib: "libsmcr-preload-asan.so", socket: sock}, "accelerated 4\n"},
+	} {
+		out, errOut, err := run(t, c.m, "epollwake")
+		if err != nil || out != want || errOut != c.accel {
+			t.Errorf("%s: %v\nstdout: %q, want %q\nstderr: %q, want %q", c.m.name, err, out, want, errOut, c.accel)
+		}
+	}
+}
+
 // TestSameHost: both ends libraries of one server's, decided SMCR_MODE_SHM: each
 // library writes into the other's receive ring. The echo matrix and the epoll loop
 // over many connections, as with smcrd's pumps. (Not fork.c: its one thread

@@ -1050,17 +1050,28 @@ static int64_t ts_to_ns(const struct timespec *ts)
 	return ts ? (int64_t)ts->tv_sec * 1000000000 + ts->tv_nsec : -1;
 }
 
+/* kernel_waited: what a kernel wait on a set without emulated members returned
+ * (k), unless members came while it waited: then without the library's events,
+ * and the members' readiness, if that leaves none */
+static int kernel_waited(int epfd, struct epoll_event *evs, int max, int k, const sigset_t *sigmask)
+{
+	if (__builtin_expect(k <= 0 || !ready_epoll_emulated(epfd), 1))
+		return k;
+	k = ready_epoll_filter(epfd, evs, k);
+	return k ? k : ready_epoll_wait(epfd, evs, max, 0, sigmask);
+}
+
 EXPORT int epoll_wait(int epfd, struct epoll_event *evs, int max, int timeout)
 {
 	if (__builtin_expect(!ready_epoll_emulated(epfd), 1))
-		return R(epoll_wait)(epfd, evs, max, timeout);
+		return kernel_waited(epfd, evs, max, R(epoll_wait)(epfd, evs, max, timeout), NULL);
 	return ready_epoll_wait(epfd, evs, max, ms_to_ns(timeout), NULL);
 }
 
 EXPORT int epoll_pwait(int epfd, struct epoll_event *evs, int max, int timeout, const sigset_t *sigmask)
 {
 	if (__builtin_expect(!ready_epoll_emulated(epfd), 1))
-		return R(epoll_pwait)(epfd, evs, max, timeout, sigmask);
+		return kernel_waited(epfd, evs, max, R(epoll_pwait)(epfd, evs, max, timeout, sigmask), sigmask);
 	return ready_epoll_wait(epfd, evs, max, ms_to_ns(timeout), sigmask);
 }
 
@@ -1072,7 +1083,7 @@ EXPORT int epoll_pwait2(int epfd, struct epoll_event *evs, int max, const struct
 			errno = ENOSYS;
 			return -1;
 		}
-		return R(epoll_pwait2)(epfd, evs, max, ts, sigmask);
+		return kernel_waited(epfd, evs, max, R(epoll_pwait2)(epfd, evs, max, ts, sigmask), sigmask);
 	}
 	return ready_epoll_wait(epfd, evs, max, ts_to_ns(ts), sigmask);
 }

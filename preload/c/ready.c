@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -42,6 +43,10 @@ struct member {
 	uint64_t last_seq;
 	uint64_t seen_seq; /* conn_seq at the last scan: a process wake marks it if moved */
 	int kick, disarmed;
+	/* EPOLL_CTL_DEL'd, its kernel registrations kept for an ADD that brings it
+	 * back (programs like redis-benchmark delete and add a socket per request);
+	 * it reports nothing and counts no pollers meanwhile */
+	int parked;
 	/* the set's ready list: members to look at in the next epoll_wait (those
 	 * whose wait object fired, and level-triggered ones that were ready) */
 	struct member *rnext, *rprev;
@@ -61,6 +66,7 @@ struct eset {
 		int efd, members;
 	} procs[4];
 	atomic_int nested; /* the set is itself waited on (poll, select, another set) */
+	atomic_int sleepers; /* threads past their scan, waiting in the kernel set */
 };
 
 /* ready list operations; ep_mu held */
@@ -99,16 +105,20 @@ static void ready_remove(struct member *m)
 /* mark: the member's readiness may have changed */
 static void mark(struct member *m)
 {
+	if (m->parked)
+		return;
 	m->kick = 1;
 	ready_push(m);
 }
 
-/* mark_wake: mark, and wake a thread that waits on the set in the kernel */
+/* mark_wake: mark, and wake a thread that waits on the set in the kernel (a
+ * thread that has not scanned yet sees the mark: both hold ep_mu) */
 static void mark_wake(struct member *m)
 {
+	struct eset *s = m->set;
 	mark(m);
-	if (m->set->wake_fd >= 0)
-		ring_kick(m->set->wake_fd);
+	if (!m->parked && s->wake_fd >= 0 && (atomic_load(&s->sleepers) || atomic_load(&s->nested)))
+		ring_kick(s->wake_fd);
 }
 
 #define MAX_MEMBERS 65536
@@ -249,6 +259,29 @@ static void member_unregister(struct member *m)
 	pollers_add(m, -1);
 }
 
+/* member_park takes an accelerated member out of the set's view (EPOLL_CTL_DEL)
+ * and keeps its kernel registrations; ep_mu held */
+static void member_park(struct member *m)
+{
+	ready_remove(m);
+	pollers_add(m, -1);
+	m->parked = 1;
+	m->kick = 0;
+}
+
+/* member_unpark brings a parked member back with the program's new events */
+static void member_unpark(struct member *m, const struct epoll_event *ev)
+{
+	m->parked = 0;
+	m->events = ev->events;
+	m->data = ev->data;
+	m->disarmed = 0;
+	m->last_rev = 0;
+	if (m->reg_proc >= 0)
+		pollers_add(m, 1);
+	mark_wake(m);
+}
+
 /* unlink and free; ep_mu held; drops the member's reference to the connection */
 static void member_free(struct member *m)
 {
@@ -267,6 +300,7 @@ static void member_free(struct member *m)
 	atomic_fetch_sub(&m->set->nmembers, 1);
 	struct conn *c = m->c;
 	m->in_use = 0;
+	m->parked = 0;
 	m->set = NULL;
 	m->c = NULL;
 	m->next_set = free_list;
@@ -362,7 +396,10 @@ static int member_add(struct eset *s, struct conn *c, int fd, const struct epoll
 		member_unregister(m);
 		member_free(m);
 	} else {
-		mark_wake(m);
+		/* a thread may wait in the kernel set since before the set had members,
+		 * outside ready_epoll_wait and its count of sleepers */
+		mark(m);
+		ring_kick(s->wake_fd);
 	}
 	return r;
 }
@@ -442,14 +479,15 @@ int ready_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, int *ret)
 		if (m->fd == fd && m->c == c)
 			break;
 	int r = 0;
-	if (!m && (op != EPOLL_CTL_ADD || !emulated(c))) {
-		/* the kernel's: registered before the socket was offered, or plain TCP */
+	if ((!m || m->parked) && (op != EPOLL_CTL_ADD || !emulated(c))) {
+		/* the kernel's: registered before the socket was offered, plain TCP,
+		 * or not in the set (the kernel answers ENOENT) */
 		pthread_mutex_unlock(&ep_mu);
 		return 0;
 	}
 	switch (op) {
 	case EPOLL_CTL_ADD:
-		if (m) {
+		if (m && !m->parked) {
 			r = -EEXIST;
 			break;
 		}
@@ -457,7 +495,10 @@ int ready_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, int *ret)
 			r = -EFAULT;
 			break;
 		}
-		r = member_add(s, c, fd, ev);
+		if (m)
+			member_unpark(m, ev);
+		else
+			r = member_add(s, c, fd, ev);
 		break;
 	case EPOLL_CTL_MOD:
 		if (!ev) {
@@ -471,6 +512,10 @@ int ready_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, int *ret)
 		mark_wake(m);
 		break;
 	case EPOLL_CTL_DEL:
+		if (m->reg_wait < 0 && m->reg_proc >= 0) {
+			member_park(m);
+			break;
+		}
 		member_unregister(m);
 		member_free(m);
 		break;
@@ -494,6 +539,11 @@ void ready_decided(struct conn *c, int old_chan)
 	struct member *m = c->members, *next;
 	for (; m; m = next) {
 		next = m->next_conn;
+		if (m->parked) {
+			member_unregister(m);
+			member_free(m);
+			continue;
+		}
 		int epfd = m->set->epfd;
 		uint64_t tag = (uint64_t)(uintptr_t)m;
 		if (m->reg_wait == old_chan && old_chan >= 0)
@@ -599,6 +649,49 @@ static int scan(struct eset *s, struct epoll_event *evs, int max)
 
 #define MAX_DECIDE 64
 
+/* mark_moved: the process eventfd fired (a publish): mark the accelerated
+ * members whose words moved; ep_mu held */
+static void mark_moved(struct eset *s)
+{
+	for (struct member *m = s->members; m; m = m->next_set)
+		if (m->reg_proc >= 0 && conn_seq(m->c) != m->seen_seq)
+			mark(m);
+}
+
+/* accelerated: the set has members whose bytes move through shared memory;
+ * ep_mu held */
+static int accelerated(struct eset *s)
+{
+	for (size_t i = 0; i < sizeof(s->procs) / sizeof(s->procs[0]); i++)
+		if (s->procs[i].members)
+			return 1;
+	return 0;
+}
+
+/* spin_wait looks at the kernel set without sleeping for up to SHM_SPIN_NS,
+ * and lets other threads of this CPU run after the first SHM_YIELD_NS, as a
+ * blocking read does (ring.h): on these machines a sleep and its wake-up cost tens of
+ * µs, more than a request and its answer between two programs that both have
+ * a CPU. The process eventfd and the set's wake eventfd are in the set, so a
+ * publish to any member, or a mark, ends the spin. Returns what epoll_pwait
+ * returned, or 0 when the spin ran out (or the deadline came). */
+static int spin_wait(int epfd, struct epoll_event *evs, int max, const sigset_t *sigmask, int64_t deadline)
+{
+	uint64_t t0 = now_ns();
+	for (;;) {
+		int k = R(epoll_pwait)(epfd, evs, max, 0, sigmask);
+		if (k != 0)
+			return k;
+		uint64_t now = now_ns();
+		if (now - t0 > SHM_SPIN_NS || (deadline >= 0 && (int64_t)now >= deadline))
+			return 0;
+		if (now - t0 > SHM_YIELD_NS)
+			sched_yield();
+		else
+			cpu_relax();
+	}
+}
+
 int ready_epoll_wait(int epfd, struct epoll_event *evs, int max, int64_t timeout_ns, const sigset_t *sigmask)
 {
 	struct eset *s = eset_of(epfd);
@@ -610,11 +703,18 @@ int ready_epoll_wait(int epfd, struct epoll_event *evs, int max, int64_t timeout
 	for (;;) {
 		pthread_mutex_lock(&ep_mu);
 		int n = scan(s, evs, max);
+		int t = n ? 0 : ms_left(deadline);
+		int spin = t != 0 && accelerated(s);
+		if (t != 0)
+			atomic_fetch_add(&s->sleepers, 1);
 		pthread_mutex_unlock(&ep_mu);
 		if (n == max)
 			return n;
-		int t = n ? 0 : ms_left(deadline);
-		int k = R(epoll_pwait)(epfd, evs + n, max - n, t, sigmask);
+		int k = spin ? spin_wait(epfd, evs + n, max - n, sigmask, deadline) : 0;
+		if (k == 0)
+			k = R(epoll_pwait)(epfd, evs + n, max - n, spin ? ms_left(deadline) : t, sigmask);
+		if (t != 0)
+			atomic_fetch_sub(&s->sleepers, 1);
 		if (k < 0)
 			return n ? n : -1;
 		struct conn *decide[MAX_DECIDE], *reset[MAX_DECIDE];
@@ -630,10 +730,7 @@ int ready_epoll_wait(int epfd, struct epoll_event *evs, int max, int64_t timeout
 			if (evs[i].data.u64 == WAKE_TAG)
 				continue; /* marked from outside: the scan sees it */
 			if (evs[i].data.u64 == PROC_TAG) {
-				/* a publish: mark the accelerated members whose words moved */
-				for (struct member *m = s->members; m; m = m->next_set)
-					if (m->reg_proc >= 0 && conn_seq(m->c) != m->seen_seq)
-						mark(m);
+				mark_moved(s);
 				continue;
 			}
 			struct member *m = (struct member *)(uintptr_t)(evs[i].data.u64 & ~(uint64_t)1);
@@ -647,7 +744,7 @@ int ready_epoll_wait(int epfd, struct epoll_event *evs, int max, int64_t timeout
 				if (m->reg_chan >= 0)
 					kreg(s->epfd, EPOLL_CTL_DEL, m->reg_chan, 0, 0);
 				m->reg_chan = -1;
-				if (st == CS_ACCEL && nr < MAX_DECIDE) {
+				if (st == CS_ACCEL && !m->parked && nr < MAX_DECIDE) {
 					obj_get(&c->o);
 					reset[nr] = c;
 					reset_fd[nr++] = m->fd;
@@ -683,6 +780,27 @@ int ready_epoll_wait(int epfd, struct epoll_event *evs, int max, int64_t timeout
 		if (nown == 0 && t == 0 && timeout_ns >= 0 && ms_left(deadline) == 0)
 			return 0;
 	}
+}
+
+int ready_epoll_filter(int epfd, struct epoll_event *evs, int k)
+{
+	struct eset *s = eset_of(epfd);
+	if (!s)
+		return k;
+	int out = 0;
+	pthread_mutex_lock(&ep_mu);
+	for (int i = 0; i < k; i++) {
+		if (!own(evs[i].data.u64)) {
+			evs[out++] = evs[i];
+			continue;
+		}
+		/* a member's channel (level-triggered) reports again in the next wait;
+		 * a process eventfd's edge does not */
+		if (evs[i].data.u64 == PROC_TAG)
+			mark_moved(s);
+	}
+	pthread_mutex_unlock(&ep_mu);
+	return out;
 }
 
 /* ---- poll */

@@ -33,6 +33,10 @@ int ready_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, int *ret);
 void ready_epoll_nested(int epfd);
 /* 1 if epfd has emulated members (then call ready_epoll_wait). */
 int ready_epoll_emulated(int epfd);
+/* ready_epoll_filter takes the library's own events out of the k that a kernel
+ * wait returned on epfd while it had no emulated members (some came meanwhile):
+ * the events left for the program. */
+int ready_epoll_filter(int epfd, struct epoll_event *evs, int k);
 /* timeout_ns < 0: no timeout */
 int ready_epoll_wait(int epfd, struct epoll_event *evs, int max, int64_t timeout_ns, const sigset_t *sigmask);
 

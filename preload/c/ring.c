@@ -17,14 +17,6 @@
 #include "channel.h"
 #include "real.h"
 
-#define SPIN_NS 20000ull
-/* SHM: the peer is another program, not smcrd's pump. Spin longer, and after the
- * first 2 µs let other threads of this CPU run (sched_yield) while spinning: on a
- * machine of 2 busy cores the writer that would wake this reader may be waiting for
- * this very CPU (measured in BenchmarkDirect/shm: a 20 µs pure spin made the 64-byte
- * round trip 60 µs under load, 3 spins; yielding, 15 µs, and 1.3 µs on idle CPUs). */
-#define SHM_SPIN_NS 50000ull
-#define SHM_YIELD_NS 2000ull
 /* SHM: cursors move in chunks of at most this many bytes, so that the peer copies
  * out of the ring while this side still copies in (a whole ring at once makes the
  * two copies take turns: 1.9x TCP at 1 MiB writes, chunked 4-8x) */
@@ -209,7 +201,7 @@ static int wait_dir(struct conn *c, int fd, int tx, uint64_t *deadline, int *hav
 			if (c->peer && t > SHM_YIELD_NS)
 				sched_yield();
 		}
-		__builtin_ia32_pause();
+		cpu_relax();
 	}
 	if (!*have_deadline) {
 		*deadline = ring_call_deadline(fd, tx ? SO_SNDTIMEO : SO_RCVTIMEO);

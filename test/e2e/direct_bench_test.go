@@ -213,7 +213,7 @@ func BenchmarkDirectRedis(b *testing.B) {
 	for b.Loop() {
 		for _, p := range paths {
 			for _, pipeline := range []string{"1", "16"} {
-				c := a.command("redis-benchmark", "-h", addr, "-p", fmt.Sprint(p.port), "-t", "set,get", "-n", "20000", "-c", "8", "-P", pipeline, "-q")
+				c := a.command("redis-benchmark", "-h", addr, "-p", fmt.Sprint(p.port), "-t", "set,get", "-n", "100000", "-c", "8", "-P", pipeline, "-q")
 				if p.direct {
 					a.direct(c)
 				}
