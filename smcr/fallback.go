@@ -246,7 +246,7 @@ func crossingCLC(br *bufio.Reader, peer [8]byte) int {
 			ok = clc.MsgType(x) == clc.TypeAccept || clc.MsgType(x) == clc.TypeConfirm || clc.MsgType(x) == clc.TypeDecline
 		case i == 6:
 			n = int(binary.BigEndian.Uint16(got[5:7]))
-			ok = n >= clc.DeclineLen && n <= clcMaxLen && (clc.MsgType(got[4]) != clc.TypeDecline || n == clc.DeclineLen)
+			ok = n >= clc.DeclineLen && n <= clcMaxLen && (clc.MsgType(got[4]) != clc.TypeDecline || n == clc.DeclineLen || n == clc.DeclineV2Len)
 		case i >= 8 && i < 16 && peer != [8]byte{}:
 			ok = x == peer[i-8]
 		case n > 0 && i >= n-4:

@@ -7,6 +7,7 @@
 package smcr
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -98,18 +99,13 @@ var testHookWatch atomic.Pointer[func(*Conn)]
 // Decline as the answer. Any other peer, or a Decline that does not parse, ends
 // the connection.
 func (c *Conn) declinedAfterConfirm(head []byte) {
-	msg := make([]byte, clc.DeclineLen)
-	n := copy(msg, head)
+	// version 1's 28 bytes or version 2's 44, as the header's length says
 	c.tcp.SetReadDeadline(c.e.cfg.Clock.Now().Add(c.e.settings().CLCTimeout))
-	_, err := io.ReadFull(c.tcp, msg[n:])
+	m, err := clc.ReadMessage(io.MultiReader(bytes.NewReader(head), c.tcp), clc.DeclineV2Len)
 	c.tcp.SetReadDeadline(noDeadline)
-	var d *clc.Decline
-	if err == nil {
-		m, perr := clc.Parse(msg)
-		d, _ = m.(*clc.Decline)
-		if perr != nil || d == nil {
-			err = fmt.Errorf("not a decline: %v", perr)
-		}
+	d, _ := m.(*clc.Decline)
+	if err == nil && d == nil {
+		err = fmt.Errorf("not a decline: %v", m)
 	}
 	c.mu.Lock()
 	if err == nil && c.canContinue() && c.rx.PeerProducerPos() == 0 {

@@ -223,6 +223,7 @@ func TestCrossingDecline(t *testing.T) {
 	peer := clc.PeerID{1, 2, 3, 4, 5, 6, 7, 8}
 	dec, _ := (&clc.Decline{PeerID: peer, Code: DeclineTimeoutCLC}).AppendTo(nil)
 	other, _ := (&clc.Decline{PeerID: clc.PeerID{9}, Code: DeclineTimeoutCLC}).AppendTo(nil)
+	dec2, _ := (&clc.Decline{PeerID: peer, Code: DeclineTimeoutCLC, Version: clc.Version2, OSType: clc.OSLinux}).AppendTo(nil)
 	acc := make([]byte, 48) // an Accept's frame: header, peer ID, body, trailer
 	copy(acc, clc.Eyecatcher[:])
 	acc[4], acc[6], acc[7] = byte(clc.TypeAccept), 48, 0x10
@@ -234,6 +235,7 @@ func TestCrossingDecline(t *testing.T) {
 		want []byte
 	}{
 		{"decline then data", append(append([]byte{}, dec...), "data"...), []byte("data")},
+		{"version 2 decline then data", append(append([]byte{}, dec2...), "data"...), []byte("data")},
 		{"data only", []byte("data"), []byte("data")},
 		{"another peer's decline", append(append([]byte{}, other...), 'x'), append(append([]byte{}, other...), 'x')},
 		{"eyecatcher then data", append(append([]byte{}, dec[:6]...), "data"...), append(append([]byte{}, dec[:6]...), "data"...)},
