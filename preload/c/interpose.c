@@ -819,6 +819,34 @@ EXPORT ssize_t sendfile64(int out, int in, off_t *off, size_t count)
 	return do_sendfile(out, in, off, count, 1);
 }
 
+/* pipe_nowait: whether a read (POLLIN) or write (POLLOUT) of a pipe can go
+ * without blocking. SPLICE_F_NONBLOCK makes splice's pipe side nonblocking
+ * whatever the pipe's own O_NONBLOCK (haproxy's pipes are blocking); a
+ * readable pipe has a byte, a writable one a free slot, which takes PIPE_BUF
+ * bytes at least. */
+static int pipe_nowait(int fd, short ev)
+{
+	struct pollfd p = {.fd = fd, .events = ev};
+	if (R(poll)(&p, 1, 0) == 1 && (p.revents & (ev | POLLERR | POLLHUP)))
+		return 1;
+	errno = EAGAIN;
+	return 0;
+}
+
+/* pipe_write_nowait writes up to n bytes to a pipe without blocking: -1 with
+ * EAGAIN when it is full. */
+static ssize_t pipe_write_nowait(int fd, const void *buf, size_t n)
+{
+	struct iovec v = {(void *)buf, n};
+	ssize_t w = pwritev2(fd, &v, 1, -1, RWF_NOWAIT);
+	if (w >= 0 || (errno != EOPNOTSUPP && errno != EINVAL))
+		return w;
+	/* a kernel whose pipes take no RWF_NOWAIT */
+	if (!pipe_nowait(fd, POLLOUT))
+		return -1;
+	return R(write)(fd, buf, n < PIPE_BUF ? n : PIPE_BUF);
+}
+
 EXPORT ssize_t splice(int in, loff_t *off_in, int out, loff_t *off_out, size_t len, unsigned int flags)
 {
 	struct conn *ci = conn_of(fdt_get(in)), *co = conn_of(fdt_get(out));
@@ -839,7 +867,7 @@ EXPORT ssize_t splice(int in, loff_t *off_in, int out, loff_t *off_out, size_t l
 			ssize_t r = ring_recv(ci, in, &v, 1, MSG_PEEK | (nb ? MSG_DONTWAIT : 0));
 			if (r <= 0)
 				return r;
-			ssize_t w = R(write)(out, buf, (size_t)r);
+			ssize_t w = nb ? pipe_write_nowait(out, buf, (size_t)r) : R(write)(out, buf, (size_t)r);
 			if (w <= 0)
 				return w;
 			v.iov_len = (size_t)w;
@@ -862,6 +890,8 @@ EXPORT ssize_t splice(int in, loff_t *off_in, int out, loff_t *off_out, size_t l
 			size_t chunk = len < (size_t)space ? len : (size_t)space;
 			if (chunk > sizeof(buf))
 				chunk = sizeof(buf);
+			if (nb && !pipe_nowait(in, POLLIN))
+				return -1;
 			ssize_t n = R(read)(in, buf, chunk);
 			if (n <= 0)
 				return n;

@@ -278,6 +278,41 @@ int main(int argc, char **argv)
 	printf("nb read-eof %zd\n", read(s, buf, sizeof(buf)));
 	close(s);
 
+	/* splice with SPLICE_F_NONBLOCK never blocks on a blocking pipe: full (socket
+	 * to pipe) or empty (pipe to socket), it fails with EAGAIN (haproxy's way) */
+	s = socket(AF_INET, SOCK_STREAM, 0);
+	CHECK(s >= 0);
+	CHECK(connect(s, (struct sockaddr *)&a, sizeof(a)) == 0);
+	p = accept(l, NULL, NULL);
+	CHECK(p >= 0);
+	int pp[2];
+	CHECK(pipe(pp) == 0);
+	CHECK(fcntl(pp[1], F_SETFL, O_NONBLOCK) == 0);
+	static char fill[4096];
+	while (write(pp[1], fill, sizeof(fill)) > 0)
+		;
+	CHECK(fcntl(pp[1], F_SETFL, 0) == 0);
+	CHECK(write(p, "abc", 3) == 3);
+	wait_for(s, POLLIN);
+	SHOW("splice-full-pipe", splice(s, NULL, pp[1], NULL, 3, SPLICE_F_NONBLOCK));
+	while (read(pp[0], fill, sizeof(fill)) == (ssize_t)sizeof(fill)) {
+		struct pollfd pr = {.fd = pp[0], .events = POLLIN};
+		if (poll(&pr, 1, 0) != 1)
+			break;
+	}
+	SHOW("splice-to-pipe", splice(s, NULL, pp[1], NULL, 3, SPLICE_F_NONBLOCK));
+	CHECK(read(pp[0], buf, 3) == 3);
+	printf("pipe got %.3s\n", buf);
+	SHOW("splice-empty-pipe", splice(pp[0], NULL, p, NULL, 3, SPLICE_F_NONBLOCK));
+	CHECK(write(pp[1], "xyz", 3) == 3);
+	SHOW("splice-from-pipe", splice(pp[0], NULL, p, NULL, 3, SPLICE_F_NONBLOCK));
+	CHECK(read(s, buf, 3) == 3);
+	printf("socket got %.3s\n", buf);
+	close(pp[0]);
+	close(pp[1]);
+	close(s);
+	close(p);
+
 	/* a refused connect */
 	if (argc > 1) {
 		struct sockaddr_in b = a;
