@@ -3,12 +3,13 @@ package daemon
 import (
 	"context"
 	"errors"
-	"golang.org/x/sys/unix"
 	"io"
 	"log/slog"
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/smcr-io/smcr/internal/nstest"
 	"github.com/smcr-io/smcr/rmb"
