@@ -337,7 +337,9 @@ func TestCloseFlushes(t *testing.T) {
 
 func TestPostErrors(t *testing.T) {
 	dir := t.TempDir()
-	a := newEnd(t, openDev(t, dir), verbs.QPConfig{MaxSendWR: 2, MaxRecvWR: 1})
+	// RNR retry 7: b posts no receive, and the sends must stay outstanding rather
+	// than be NAKed (and the QP put in error) before the third post.
+	a := newEnd(t, openDev(t, dir), verbs.QPConfig{MaxSendWR: 2, MaxRecvWR: 1, RNRRetry: 7})
 	if err := a.qp.PostSend(&verbs.SendWR{Opcode: verbs.OpSend}); !errors.Is(err, verbs.ErrQPState) {
 		t.Fatalf("send before connect: %v", err)
 	}
