@@ -356,17 +356,28 @@ func (s *DirectServer) serveChannel(ch *net.UnixConn) {
 			f.Close()
 		}
 	}()
-	// A connection's offer brings the process's eventfd too.
-	efd := procEventfd(-1)
-	if len(fds) > 1 {
-		efd = procEventfd(fds[1])
-		defer unix.Close(fds[1])
-	}
-	if (m.Type == rmb.MsgClient || m.Type == rmb.MsgAccepted) && !isEventfd(efd) {
-		s.reply(ch, -int32(unix.EINVAL))
-		s.st.refused.Add(1)
-		s.log.Debug("direct channel: no process eventfd with the offer", "type", m.Type)
-		return
+	// A connection's offer brings the process's eventfd and wake page too.
+	var wake *procWake
+	if m.Type == rmb.MsgClient || m.Type == rmb.MsgAccepted {
+		if len(fds) != 3 {
+			for _, fd := range fds[1:] {
+				unix.Close(fd)
+			}
+			err = fmt.Errorf("%d descriptors with the socket, want 2", len(fds)-1)
+		} else {
+			wake, err = openProcWake(fds[1], fds[2])
+		}
+		if err != nil {
+			s.reply(ch, -int32(unix.EINVAL))
+			s.st.refused.Add(1)
+			s.log.Debug("direct channel: no process eventfd and wake page with the offer", "type", m.Type, "err", err)
+			return
+		}
+		defer wake.close()
+	} else {
+		for _, fd := range fds[1:] {
+			unix.Close(fd)
+		}
 	}
 	if err := checkTCPSocket(fd); err != nil {
 		s.reply(ch, -int32(unix.EINVAL))
@@ -380,11 +391,11 @@ func (s *DirectServer) serveChannel(ch *net.UnixConn) {
 	}
 	switch m.Type {
 	case rmb.MsgClient:
-		s.serveClient(ch, f, efd)
+		s.serveClient(ch, f, wake)
 	case rmb.MsgListener:
 		s.serveListener(ch, fd)
 	case rmb.MsgAccepted:
-		s.serveAccepted(ch, f, efd)
+		s.serveAccepted(ch, f, wake)
 	default:
 		s.log.Debug("direct channel: unexpected first message", "type", m.Type)
 	}
@@ -400,17 +411,7 @@ func (s *DirectServer) reply(ch *net.UnixConn, status int32) error {
 	return sendDirect(ch, rmb.Msg{Type: rmb.MsgReply, Status: status}, nil, nil)
 }
 
-// isEventfd reports whether f is an eventfd: smcrd writes a library's only
-// there, never into a file or pipe a program passed instead.
-func isEventfd(efd procEventfd) bool {
-	if efd < 0 {
-		return false
-	}
-	link, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", efd))
-	return err == nil && link == "anon_inode:[eventfd]"
-}
-
-func (s *DirectServer) serveClient(ch *net.UnixConn, f *os.File, efd procEventfd) {
+func (s *DirectServer) serveClient(ch *net.UnixConn, f *os.File, wake *procWake) {
 	fd := int(f.Fd())
 	if !s.hooks.enabled() {
 		s.refuse(ch, unix.EOPNOTSUPP)
@@ -434,10 +435,10 @@ func (s *DirectServer) serveClient(ch *net.UnixConn, f *os.File, efd procEventfd
 		sendDirect(ch, rmb.Msg{Type: rmb.MsgDecided, Mode: rmb.ModeFailed, Status: -int32(errno)}, nil, nil)
 		return
 	}
-	s.decide(ch, tcp, efd, true)
+	s.decide(ch, tcp, wake, true)
 }
 
-func (s *DirectServer) serveAccepted(ch *net.UnixConn, f *os.File, efd procEventfd) {
+func (s *DirectServer) serveAccepted(ch *net.UnixConn, f *os.File, wake *procWake) {
 	fd := int(f.Fd())
 	ok, err := s.hooks.synOption(fd)
 	if err != nil {
@@ -462,7 +463,7 @@ func (s *DirectServer) serveAccepted(ch *net.UnixConn, f *os.File, efd procEvent
 		tcp.Close()
 		return
 	}
-	s.decide(ch, tcp, efd, false)
+	s.decide(ch, tcp, wake, false)
 }
 
 func (s *DirectServer) serveListener(ch *net.UnixConn, fd int) {
@@ -562,7 +563,7 @@ func (s *DirectServer) connected(ch *net.UnixConn, f *os.File) (*net.TCPConn, sy
 
 // decide runs CLC on tcp, smcrd's duplicate of the program's socket, and tells
 // the library the outcome.
-func (s *DirectServer) decide(ch *net.UnixConn, tcp *net.TCPConn, efd procEventfd, client bool) {
+func (s *DirectServer) decide(ch *net.UnixConn, tcp *net.TCPConn, wake *procWake, client bool) {
 	t := &tracked{client: client, direct: true,
 		local: unmapAP(tcp.LocalAddr().(*net.TCPAddr).AddrPort()), remote: unmapAP(tcp.RemoteAddr().(*net.TCPAddr).AddrPort())}
 	s.hooks.track(t)
@@ -614,7 +615,7 @@ func (s *DirectServer) decide(ch *net.UnixConn, tcp *net.TCPConn, efd procEventf
 	}
 	var c *directConn
 	if err == nil {
-		c, err = newDirectConn(h.carrier, directRing, directRing, efd, files, s.log)
+		c, err = newDirectConn(h.carrier, directRing, directRing, wake, files, s.log)
 	}
 	if err != nil {
 		s.log.Error("direct: shared area", "err", err)
@@ -629,9 +630,9 @@ func (s *DirectServer) decide(ch *net.UnixConn, tcp *net.TCPConn, efd procEventf
 	s.hooks.hold(int64(c.size()))
 	defer s.hooks.hold(-int64(c.size()))
 	mode, fds := rmb.ModeSMCR, c.libraryFds()
+	var peer []int // the same-host peer library's area, eventfd and wake page
 	if h.peerDirect != nil && s.meet != nil {
-		mine := []int{c.memfd, int(c.efdLib)}
-		var peer []int
+		mine := append([]int{c.memfd}, c.wake.fds()...)
 		if client {
 			peer, err = meet(nonce, h.peerDirect, mine, s.hooks.clcTimeout())
 		} else {
@@ -646,15 +647,15 @@ func (s *DirectServer) decide(ch *net.UnixConn, tcp *net.TCPConn, efd procEventf
 			sendDirect(ch, rmb.Msg{Type: rmb.MsgDecided, Mode: rmb.ModeTCP}, nil, nil)
 			return
 		}
-		defer func() {
-			for _, fd := range peer {
-				unix.Close(fd)
-			}
-		}()
 		mode, fds, c.bypass = rmb.ModeSHM, append(fds, peer...), true
 	}
 	err = sendDirect(ch, rmb.Msg{Type: rmb.MsgDecided, Mode: mode}, nil, fds)
 	c.closeLibraryFds()
+	// Passed (or not): the connection's life needs none of them here.
+	for _, fd := range peer {
+		unix.Close(fd)
+	}
+	wake.closePage()
 	if err != nil {
 		s.log.Debug("direct: decided", "err", err)
 		c.abort()
@@ -708,7 +709,8 @@ func sockaddrPort(sa unix.Sockaddr) uint16 {
 }
 
 // recvDirect reads one message, and the file descriptors that may come with
-// it: at most two (a socket, the process's eventfd); any more are closed.
+// it: at most three (a socket, the process's eventfd and wake page); any more
+// are closed.
 func recvDirect(ch *net.UnixConn) (rmb.Msg, []int, []byte, error) {
 	// A library's messages carry no payload: a longer packet is truncated,
 	// and refused.
@@ -721,7 +723,7 @@ func recvDirect(ch *net.UnixConn) (rmb.Msg, []int, []byte, error) {
 	var fds []int
 	if oobn > 0 {
 		for i, f := range scm.Rights(oob[:oobn]) {
-			if i < 2 {
+			if i < 3 {
 				fds = append(fds, f)
 			} else {
 				unix.Close(f)

@@ -23,14 +23,14 @@ import (
 
 // libClient plays libsmcr-preload.so's part of the exchange, in Go.
 type libClient struct {
-	t      *testing.T
-	ch     *net.UnixConn
-	fd     int // the program's socket
-	sh     *rmb.Shared
-	mem    []byte
-	efdLib int
-	efdTx  int
-	efdRx  int
+	t     *testing.T
+	ch    *net.UnixConn
+	fd    int // the program's socket
+	sh    *rmb.Shared
+	mem   []byte
+	wake  libWake
+	efdTx int
+	efdRx int
 }
 
 func newDirectTestServer(t *testing.T) *DirectServer {
@@ -62,8 +62,8 @@ func connectDirect(t *testing.T, s *DirectServer, addr *net.TCPAddr) (*libClient
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { unix.Close(fd) })
-	c := &libClient{t: t, ch: dialChannel(t, s), fd: fd, efdLib: processEventfd(t)}
-	if err := sendDirect(c.ch, rmb.Msg{Type: rmb.MsgClient}, nil, []int{fd, c.efdLib}); err != nil {
+	c := &libClient{t: t, ch: dialChannel(t, s), fd: fd, wake: newLibWake(t)}
+	if err := sendDirect(c.ch, rmb.Msg{Type: rmb.MsgClient}, nil, []int{fd, c.wake.efd, c.wake.page}); err != nil {
 		t.Fatal(err)
 	}
 	if m := c.recv(); m.Type != rmb.MsgReply || m.Status != 0 {
@@ -131,26 +131,50 @@ func (c *libClient) decided() rmb.Msg {
 	return m
 }
 
-// processEventfd makes the eventfd a library passes with its offers.
-func processEventfd(t *testing.T) int {
+// libWake is the eventfd and wake page a library passes with its offers.
+type libWake struct {
+	efd, page int
+	w         *rmb.Wake
+}
+
+func newLibWake(t *testing.T) libWake {
 	t.Helper()
 	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { unix.Close(efd) })
-	return efd
+	page, mem, err := sealedMemfd("test-wake", rmb.WakeSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		unix.Munmap(mem)
+		unix.Close(page)
+	})
+	w, err := rmb.InitWake(mem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return libWake{efd: efd, page: page, w: w}
 }
 
-// waitLib sleeps until smcrd publishes, as the library's poll does.
+// waitLib sleeps until smcrd publishes, as the library's poll does: counted
+// as a sleeper before its last look.
 func (c *libClient) waitLib(ready func() bool) {
 	c.sh.LibPollers().Add(1)
 	defer c.sh.LibPollers().Add(^uint32(0))
-	for !ready() {
-		pfd := []unix.PollFd{{Fd: int32(c.efdLib), Events: unix.POLLIN}}
+	for {
+		c.wake.w.Sleepers().Add(1)
+		if ready() {
+			c.wake.w.Sleepers().Add(^uint32(0))
+			return
+		}
+		pfd := []unix.PollFd{{Fd: int32(c.wake.efd), Events: unix.POLLIN}}
 		unix.Poll(pfd, 1000)
+		c.wake.w.Sleepers().Add(^uint32(0))
 		var b [8]byte
-		unix.Read(c.efdLib, b[:])
+		unix.Read(c.wake.efd, b[:])
 	}
 }
 
@@ -305,10 +329,27 @@ func TestDirectRefusesOtherDescriptors(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Close(tcp)
-	efd := processEventfd(t)
-	// smcrd writes the second descriptor: it must be an eventfd.
-	for name, fds := range map[string][]int{"pipe": {int(r.Fd()), efd}, "udp": {udp, efd},
-		"no eventfd": {tcp}, "pipe for eventfd": {tcp, int(w.Fd())}} {
+	lw := newLibWake(t)
+	efd, page := lw.efd, lw.page
+	// A memfd the library could shrink under smcrd's mapping, and one too short.
+	unsealed, err := unix.MemfdCreate("unsealed", unix.MFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(unsealed)
+	unix.Ftruncate(unsealed, rmb.WakeSize)
+	short, shortMem, err := sealedMemfd("short", 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(short)
+	defer unix.Munmap(shortMem)
+	// smcrd writes the second descriptor: it must be an eventfd; it maps the
+	// third: a sealed wake page.
+	for name, fds := range map[string][]int{"pipe": {int(r.Fd()), efd, page}, "udp": {udp, efd, page},
+		"no eventfd": {tcp}, "pipe for eventfd": {tcp, int(w.Fd()), page}, "no wake page": {tcp, efd},
+		"unsealed wake page": {tcp, efd, unsealed}, "short wake page": {tcp, efd, short},
+		"pipe for wake page": {tcp, efd, int(w.Fd())}} {
 		ch := dialChannel(t, s)
 		if err := sendDirect(ch, rmb.Msg{Type: rmb.MsgClient}, nil, fds); err != nil {
 			t.Fatal(err)
@@ -364,5 +405,41 @@ func TestDirectPolicyPage(t *testing.T) {
 	s.Close()
 	if _, err := os.Stat(s.Path() + ".policy"); !os.IsNotExist(err) {
 		t.Errorf("policy page left after Close: %v", err)
+	}
+}
+
+// TestProcWakeSignal: smcrd writes a library's eventfd after a publish only
+// while the wake page counts a sleeper, and counts every publish in pub.
+func TestProcWakeSignal(t *testing.T) {
+	lw := newLibWake(t)
+	efd, err := unix.Dup(lw.efd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, err := unix.Dup(lw.page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pw, err := openProcWake(efd, page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pw.close()
+	written := func() bool {
+		var b [8]byte
+		n, _ := unix.Read(lw.efd, b[:])
+		return n == 8
+	}
+	pw.signal()
+	if written() {
+		t.Error("eventfd written with no sleeper")
+	}
+	lw.w.Sleepers().Add(1)
+	pw.signal()
+	if !written() {
+		t.Error("eventfd not written for a sleeper")
+	}
+	if got := lw.w.Pub().Load(); got != 2 {
+		t.Errorf("pub %d after two publishes", got)
 	}
 }

@@ -34,12 +34,12 @@ type directConn struct {
 	mem     []byte
 	sh      *rmb.Shared
 	memfd   int
-	ringMem []byte      // the rings' own file (rmb.SharedRingFiles) where smcrd made it, mapped
-	ringFds []int       // the rings' files, until passed
-	efdLib  procEventfd // the channel's; not closed here
-	efdTx   *os.File    // the library writes: tx_prod or lib_flags moved
-	efdRx   *os.File    // the library writes: rx_cons moved
-	libTx   int         // the library's ends of efdTx and efdRx, until passed
+	ringMem []byte    // the rings' own file (rmb.SharedRingFiles) where smcrd made it, mapped
+	ringFds []int     // the rings' files, until passed
+	wake    *procWake // the library process's; the channel's, not closed here
+	efdTx   *os.File  // the library writes: tx_prod or lib_flags moved
+	efdRx   *os.File  // the library writes: rx_cons moved
+	libTx   int       // the library's ends of efdTx and efdRx, until passed
 	libRx   int
 
 	// engine: the library fills and empties the engine's own buffers, and
@@ -100,11 +100,11 @@ func engineRingFiles(conn *smcr.Conn) (*ringFiles, error) {
 }
 
 // newDirectConn makes the shared area (a sealed memfd) with rings of tx and
-// rx bytes and smcrd's two eventfds; efdLib is the library's process eventfd.
+// rx bytes and smcrd's two eventfds; wake is how the library's process wakes.
 // With files, the area is the control page and the rings are those files'
 // (it takes them, also on error).
-func newDirectConn(c carrier, tx, rx int, efdLib procEventfd, files *ringFiles, log *slog.Logger) (*directConn, error) {
-	dc := &directConn{log: log, carrier: c, memfd: -1, efdLib: efdLib, libTx: -1, libRx: -1, rxDone: make(chan struct{})}
+func newDirectConn(c carrier, tx, rx int, wake *procWake, files *ringFiles, log *slog.Logger) (*directConn, error) {
+	dc := &directConn{log: log, carrier: c, memfd: -1, wake: wake, libTx: -1, libRx: -1, rxDone: make(chan struct{})}
 	fail := func(err error) (*directConn, error) {
 		dc.release()
 		return nil, err
@@ -210,7 +210,7 @@ func (dc *directConn) publish() {
 		futexWake(dc.sh.DSeqAddr())
 	}
 	if dc.sh.LibPollers().Load() > 0 {
-		dc.efdLib.signal()
+		dc.wake.signal()
 	}
 }
 
@@ -289,7 +289,9 @@ func lingerZero(tcp *net.TCPConn) bool {
 		return false
 	}
 	var l *unix.Linger
-	rc.Control(func(fd uintptr) { l, err = unix.GetsockoptLinger(int(fd), unix.SOL_SOCKET, unix.SO_LINGER) })
+	if cerr := rc.Control(func(fd uintptr) { l, err = unix.GetsockoptLinger(int(fd), unix.SOL_SOCKET, unix.SO_LINGER) }); cerr != nil {
+		return false // smcrd's duplicate is closed already
+	}
 	return err == nil && l.Onoff != 0 && l.Linger == 0
 }
 
@@ -528,14 +530,73 @@ var eventfdOne = func() (b [8]byte) {
 	return b
 }()
 
-// procEventfd is the library process's eventfd, which smcrd writes while the
-// program's pollers sleep. It is a bare descriptor, out of Go's netpoller:
+// procWake is how smcrd wakes a library process's pollers: its eventfd,
+// written after a publish only while the wake page beside it (rmb.Wake) counts
+// a sleeper. The eventfd is a bare descriptor, out of Go's netpoller:
 // os.NewFile would register the (non-blocking) eventfd there, and as nobody
 // drains it, every kick by any of the process's libraries would wake smcrd.
-type procEventfd int
+type procWake struct {
+	efd, page int // the eventfd and the wake page's memfd
+	mem       []byte
+	w         *rmb.Wake
+}
 
-func (e procEventfd) signal() {
-	unix.Write(int(e), eventfdOne[:])
+// openProcWake takes a library's eventfd and wake page (closing them on
+// error): the eventfd must be one, and the page a memfd of rmb.WakeSize
+// bytes sealed against shrinking (the library cannot cut the mapping from
+// under smcrd) that holds a wake page.
+func openProcWake(efd, page int) (*procWake, error) {
+	fail := func(err error) (*procWake, error) {
+		unix.Close(efd)
+		unix.Close(page)
+		return nil, err
+	}
+	if link, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", efd)); err != nil || link != "anon_inode:[eventfd]" {
+		return fail(fmt.Errorf("process eventfd is %q", link))
+	}
+	seals, err := unix.FcntlInt(uintptr(page), unix.F_GET_SEALS, 0)
+	if err != nil || seals&unix.F_SEAL_SHRINK == 0 {
+		return fail(fmt.Errorf("wake page not sealed against shrinking (seals %#x, %v)", seals, err))
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(page, &st); err != nil || st.Size < rmb.WakeSize {
+		return fail(fmt.Errorf("wake page of %d bytes", st.Size))
+	}
+	mem, err := unix.Mmap(page, 0, rmb.WakeSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return fail(fmt.Errorf("wake page: mmap: %w", err))
+	}
+	w, err := rmb.ViewWake(mem)
+	if err != nil {
+		unix.Munmap(mem)
+		return fail(err)
+	}
+	return &procWake{efd: efd, page: page, mem: mem, w: w}, nil
+}
+
+// fds are the descriptors a same-host peer library takes: eventfd, page.
+func (p *procWake) fds() []int { return []int{p.efd, p.page} }
+
+// signal follows a publish to a connection with pollers.
+func (p *procWake) signal() {
+	if p.w.Published() {
+		unix.Write(p.efd, eventfdOne[:])
+	}
+}
+
+// closePage closes the page's memfd, mapped already: one descriptor less per
+// connection once a same-host peer has it.
+func (p *procWake) closePage() {
+	if p.page >= 0 {
+		unix.Close(p.page)
+		p.page = -1
+	}
+}
+
+func (p *procWake) close() {
+	unix.Munmap(p.mem)
+	unix.Close(p.efd)
+	p.closePage()
 }
 
 func futexWake(addr unsafe.Pointer) {

@@ -122,12 +122,20 @@ func TestDirectDrive(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		efdLib, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+		lw := newLibWake(t)
+		dupe := func(fd int) int {
+			d, err := unix.Dup(fd)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return d
+		}
+		wake, err := openProcWake(dupe(lw.efd), dupe(lw.page))
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { unix.Close(efdLib) })
-		dc, err := newDirectConn(conn, 0, 0, procEventfd(efdLib), files, slog.Default())
+		t.Cleanup(wake.close)
+		dc, err := newDirectConn(conn, 0, 0, wake, files, slog.Default())
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -8,8 +8,8 @@
 // smcrds sharing shm share too. The value each smcrd sends in tlvDirect is a
 // nonce of 16 bytes and the path of its meet socket. The client's smcrd asks:
 //
-//	MEET: the server's nonce, the client's nonce + memfd, efd_lib ──▶
-//	      ◀── MEET: the same nonces + the server's memfd, efd_lib
+//	MEET: the server's nonce, the client's nonce + memfd, efd_lib, wake page ──▶
+//	      ◀── MEET: the same nonces + the server's memfd, efd_lib, wake page
 //
 // The server's smcrd answers only the client its CLC named (both nonces match
 // those of that connection's CLC), within clc_timeout.
@@ -34,6 +34,10 @@ import (
 )
 
 const nonceLen = 16
+
+// meetFds is the number of descriptors each end brings: the library's area,
+// its process's eventfd and wake page.
+const meetFds = 3
 
 // meetMsg is a meet exchange's message: the asked end's nonce, then the
 // asking end's.
@@ -130,7 +134,7 @@ func (m *meetPoint) answer(c *net.UnixConn) {
 			time.Sleep(time.Millisecond)
 		}
 	}
-	if mt == nil || mt.peer != msg.from || len(fds) != 2 {
+	if mt == nil || mt.peer != msg.from || len(fds) != meetFds {
 		m.log.Debug("meet: no such connection here")
 		return
 	}
@@ -184,7 +188,7 @@ func meet(mine [nonceLen]byte, peerValue []byte, fds []int, timeout time.Duratio
 	if err != nil {
 		return nil, fmt.Errorf("meet: answer: %w", err)
 	}
-	if msg.to != mine || msg.from != to || len(got) != 2 {
+	if msg.to != mine || msg.from != to || len(got) != meetFds {
 		for _, fd := range got {
 			unix.Close(fd)
 		}

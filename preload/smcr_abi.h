@@ -1,4 +1,4 @@
-/* smcr_abi.h: the direct mode's ABI between smcrd and libsmcr-preload.so, version 3.
+/* smcr_abi.h: the direct mode's ABI between smcrd and libsmcr-preload.so, version 4.
  * The Go side of the same layout is rmb/shared.go; rmb's tests compile this header
  * and compare every offset. Documented in docs/direct.md. */
 #pragma once
@@ -6,7 +6,7 @@
 #include <stdint.h>
 #include <stdatomic.h>
 
-#define SMCR_ABI_VERSION 3
+#define SMCR_ABI_VERSION 4
 
 /* ---- The channel: one SOCK_SEQPACKET connection to smcrd's direct socket per
  * accelerated socket (and per registered listener), one message per packet, host
@@ -16,14 +16,17 @@
 
 enum smcr_msg_type {
 	/* library -> smcrd */
-	/* CLIENT and ACCEPTED bring two fds: the socket, then the process's eventfd, one
-	 * for all of the process's connections: smcrd writes it after a publish while
-	 * lib_pollers is nonzero (and passes it to the peer library on the same host) */
-	SMCR_MSG_CLIENT = 1,     /* fds: a TCP socket about to connect(), the process's eventfd */
+	/* CLIENT and ACCEPTED bring three fds: the socket, then the process's eventfd and
+	 * its wake page (struct smcr_wake), one pair for all of the process's connections:
+	 * smcrd passes both to the peer library on the same host, and whoever publishes
+	 * to a connection whose lib_pollers is nonzero bumps the page's pub and writes
+	 * the eventfd while the page counts sleepers */
+	SMCR_MSG_CLIENT = 1,     /* fds: a TCP socket about to connect(), the process's eventfd,
+	                          * its wake page */
 	SMCR_MSG_CONNECTING = 2, /* no fd: connect() was called (0 or EINPROGRESS) */
 	SMCR_MSG_LISTENER = 3,   /* fd: a TCP socket about to listen() */
 	SMCR_MSG_ACCEPTED = 4,   /* fds: a socket accept() returned from a registered listener,
-	                          * the process's eventfd */
+	                          * the process's eventfd, its wake page */
 	/* smcrd -> library */
 	SMCR_MSG_REPLY = 16,   /* to CLIENT, LISTENER, ACCEPTED: status 0 (go on) or negative errno */
 	SMCR_MSG_DECIDED = 17, /* to CONNECTING and ACCEPTED (after REPLY 0): mode */
@@ -36,7 +39,8 @@ enum smcr_mode {
 	SMCR_MODE_TCP = 2,    /* plain TCP from here on; len bytes of payload come first (read ahead by CLC) */
 	SMCR_MODE_FAILED = 3, /* connect failed: status is the negative errno (SO_ERROR) */
 	/* As SMCR, and the peer is a library on this host: fds memfd, efd_dtx, efd_drx,
-	 * peer_memfd, peer_efd_lib (the peer process's eventfd). The library writes into
+	 * peer_memfd, peer_efd_lib (the peer process's eventfd), peer_wake (that
+	 * eventfd's wake page). The library writes into
 	 * the peer's receive ring and publishes its words itself (docs/direct.md, "Same
 	 * host"). */
 	SMCR_MODE_SHM = 4,
@@ -99,8 +103,8 @@ struct smcr_shared {
 	_Atomic uint32_t lib_flags;    /* SMCR_LIB_* */
 	_Atomic uint32_t lib_seq;      /* bumped after every publish above */
 	_Atomic uint32_t lib_waiters;  /* threads blocked in a futex wait on d_seq */
-	_Atomic uint32_t lib_pollers;  /* poll/epoll waiters: smcrd writes the process's eventfd
-	                                * (CLIENT, ACCEPTED) while nonzero */
+	_Atomic uint32_t lib_pollers;  /* poll/epoll sets holding the connection: a publish
+	                                * then wakes through the process's wake page */
 	uint8_t pad1[32];
 
 	/* written by smcrd only (offset 128) */
@@ -112,6 +116,27 @@ struct smcr_shared {
 	_Atomic uint32_t d_txwait; /* smcrd sleeps until tx_prod or lib_flags move: write efd_dtx */
 	_Atomic uint32_t d_rxwait; /* smcrd sleeps until rx_cons moves: write efd_drx */
 	uint8_t pad2[28];
+};
+
+/* ---- The wake page: a process's eventfd comes with a memfd of SMCR_WAKE_SIZE bytes,
+ * sealed against shrinking and growing, mapped MAP_SHARED by the library, smcrd and
+ * a peer library on the same host. A publish to a connection whose lib_pollers is
+ * nonzero bumps pub, then writes the eventfd only if sleepers is nonzero. A waiter
+ * counts itself in sleepers before its last look at pub (and the connections) and
+ * sleeps only if pub did not move: a publish is seen by one or the other. An epoll
+ * set waited on from outside the library (in poll, select, another set) counts as a
+ * sleeper for good: nobody can tell when its waiter sleeps. */
+
+#define SMCR_WAKE_MAGIC 0x57434d53u /* "SMCW" */
+#define SMCR_WAKE_SIZE 4096
+
+struct smcr_wake {
+	uint32_t magic;   /* SMCR_WAKE_MAGIC */
+	uint32_t version; /* SMCR_ABI_VERSION */
+	_Atomic uint32_t sleepers; /* threads of the process asleep on the eventfd, and sets
+	                            * waited on from outside */
+	uint32_t reserved;
+	_Atomic uint64_t pub; /* bumped by every publish to a polled connection */
 };
 
 /* ---- The policy page: the file <direct socket path>.policy, world-readable,

@@ -6,6 +6,7 @@ package rmb
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"net/netip"
 	"sync/atomic"
@@ -14,7 +15,7 @@ import (
 
 // ABIVersion is the version of the shared area, the policy page and the
 // direct socket's messages.
-const ABIVersion = 3
+const ABIVersion = 4
 
 // The shared area of one connection (struct smcr_shared): a control page, then
 // the send ring (the program writes, smcrd takes) and the receive ring (smcrd
@@ -203,6 +204,63 @@ func (s *Shared) DSeq() *atomic.Uint32     { return s.u32(offDSeq) }
 func (s *Shared) DTxWait() *atomic.Uint32  { return s.u32(offDTxWait) }
 func (s *Shared) DRxWait() *atomic.Uint32  { return s.u32(offDRxWait) }
 func (s *Shared) DSeqAddr() unsafe.Pointer { return unsafe.Pointer(&s.mem[offDSeq]) }
+
+// The wake page (struct smcr_wake): one per library process, beside its
+// eventfd. A publish to a connection whose lib_pollers is nonzero bumps Pub,
+// then writes the eventfd only while Sleepers is nonzero; a waiter counts
+// itself in Sleepers before its last look at Pub and sleeps only if Pub did
+// not move.
+//
+//	offset  field
+//	     0  magic "SMCW", version
+//	     8  sleepers u32, reserved u32
+//	    16  pub u64
+const (
+	WakeMagic = 0x57434d53 // "SMCW"
+	WakeSize  = 4096       // the memfd's size, sealed
+
+	offWakeSleepers = 8
+	offWakePub      = 16
+	wakeEnd         = 24
+)
+
+// Wake is a view of a wake page.
+type Wake struct{ mem []byte }
+
+// ViewWake checks mem, a mapped wake page, and views it.
+func ViewWake(mem []byte) (*Wake, error) {
+	if len(mem) < wakeEnd || uintptr(unsafe.Pointer(&mem[0]))%8 != 0 {
+		return nil, errors.New("rmb: wake page too small or unaligned")
+	}
+	w := &Wake{mem: mem[:wakeEnd]}
+	if m, v := w.u32(0).Load(), w.u32(4).Load(); m != WakeMagic || v != ABIVersion {
+		return nil, fmt.Errorf("rmb: wake page magic %#x version %d", m, v)
+	}
+	return w, nil
+}
+
+// InitWake lays a wake page out in mem, as a library does.
+func InitWake(mem []byte) (*Wake, error) {
+	if len(mem) < wakeEnd || uintptr(unsafe.Pointer(&mem[0]))%8 != 0 {
+		return nil, errors.New("rmb: wake page too small or unaligned")
+	}
+	w := &Wake{mem: mem[:wakeEnd]}
+	w.u32(0).Store(WakeMagic)
+	w.u32(4).Store(ABIVersion)
+	return w, nil
+}
+
+func (w *Wake) u32(off int) *atomic.Uint32 { return (*atomic.Uint32)(unsafe.Pointer(&w.mem[off])) }
+
+func (w *Wake) Sleepers() *atomic.Uint32 { return w.u32(offWakeSleepers) }
+func (w *Wake) Pub() *atomic.Uint64      { return (*atomic.Uint64)(unsafe.Pointer(&w.mem[offWakePub])) }
+
+// Published counts a publish to a polled connection and reports whether the
+// process's eventfd must be written: a thread sleeps on it.
+func (w *Wake) Published() bool {
+	w.Pub().Add(1)
+	return w.Sleepers().Load() != 0
+}
 
 // The policy page (struct smcr_policy): what smcrd decides, for a library to
 // read without a round trip.

@@ -35,6 +35,8 @@ int main(void) {
 	F(smcr_policy, max_memory); F(smcr_policy, mem_used); F(smcr_policy, naddrs); F(smcr_policy, addrs);
 	printf("SMCR_POLICY_MAX_ADDRS %d\n", SMCR_POLICY_MAX_ADDRS);
 	printf("sizeof_policy %zu\n", sizeof(struct smcr_policy));
+	F(smcr_wake, sleepers); F(smcr_wake, pub);
+	printf("sizeof_wake %zu\nSMCR_WAKE_SIZE %d\nwake_magic %u\n", sizeof(struct smcr_wake), SMCR_WAKE_SIZE, SMCR_WAKE_MAGIC);
 	printf("sizeof_msg %zu\n", sizeof(struct smcr_msg));
 	printf("SMCR_RING_FILES %u\n", SMCR_RING_FILES);
 	printf("SMCR_LIB_SHUT_WR %u\nSMCR_LIB_CLOSED %u\nSMCR_LIB_ABORT %u\nSMCR_D_EOF %u\nSMCR_D_ERROR %u\nSMCR_D_TX_CLOSED %u\n",
@@ -64,8 +66,10 @@ int main(void) {
 		"heartbeat_ns": 8, "enabled": 16, "ports": 24, "sizeof_policy": PolicySize,
 		"max_memory": offPolicyMaxMem, "mem_used": offPolicyMemUse, "naddrs": offPolicyNAddrs, "addrs": offPolicyAddrs,
 		"SMCR_POLICY_MAX_ADDRS": PolicyMaxAddrs,
-		"sizeof_msg":            MsgHeaderLen,
-		"SMCR_LIB_SHUT_WR":      LibShutWR, "SMCR_LIB_CLOSED": LibClosed, "SMCR_LIB_ABORT": LibAbort,
+		"sleepers":              offWakeSleepers, "pub": offWakePub, "sizeof_wake": wakeEnd,
+		"SMCR_WAKE_SIZE": WakeSize, "wake_magic": WakeMagic,
+		"sizeof_msg":       MsgHeaderLen,
+		"SMCR_LIB_SHUT_WR": LibShutWR, "SMCR_LIB_CLOSED": LibClosed, "SMCR_LIB_ABORT": LibAbort,
 		"SMCR_D_EOF": DEOF, "SMCR_D_ERROR": DError, "SMCR_D_TX_CLOSED": DTxClosed,
 		"SMCR_RING_FILES": SharedRingFiles,
 		"policy_magic":    PolicyMagic, "version ": ABIVersion,
@@ -228,5 +232,32 @@ func TestPolicyAddrsAndMemory(t *testing.T) {
 	p.SetMemory(100, 200)
 	if used, limit := p.Memory(); used != 100 || limit != 200 {
 		t.Errorf("memory %d of %d", used, limit)
+	}
+}
+
+// TestWakePublished: a publish says to write the eventfd only while a thread
+// sleeps, and counts itself either way.
+func TestWakePublished(t *testing.T) {
+	mem := make([]uint64, WakeSize/8)
+	b := unsafe.Slice((*byte)(unsafe.Pointer(&mem[0])), WakeSize)
+	if _, err := ViewWake(b); err == nil {
+		t.Fatal("a page without its magic viewed")
+	}
+	if _, err := InitWake(b); err != nil {
+		t.Fatal(err)
+	}
+	w, err := ViewWake(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.Published() {
+		t.Error("publish with no sleeper asks for a wake")
+	}
+	w.Sleepers().Add(1)
+	if !w.Published() {
+		t.Error("publish with a sleeper asks for no wake")
+	}
+	if got := w.Pub().Load(); got != 2 {
+		t.Errorf("pub %d after two publishes", got)
 	}
 }

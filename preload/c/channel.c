@@ -225,39 +225,126 @@ int channel_open(void)
 	return ch;
 }
 
-static _Atomic int proc_efd = -1;
+/* The process's eventfd and wake page, made together at the first offer. A child
+ * after fork makes its own; the parent's pair stays valid for the connections it
+ * inherited (the page is MAP_SHARED). */
+static _Atomic(struct proc_wake *) proc_wake;
 
-int channel_proc_efd(void)
+/* wake_page_make: a sealed memfd of SMCR_WAKE_SIZE bytes with the page laid out */
+static int wake_page_make(struct smcr_wake **page)
 {
-	int e = atomic_load(&proc_efd);
-	if (e >= 0)
-		return e;
-	int made = fd_park(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-	if (made < 0)
+	int fd = fd_park(memfd_create("smcr-wake", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+	if (fd < 0)
 		return -1;
-	e = -1;
-	if (atomic_compare_exchange_strong(&proc_efd, &e, made))
+	if (ftruncate(fd, SMCR_WAKE_SIZE) < 0 ||
+	    R(fcntl)(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
+		R(close)(fd);
+		return -1;
+	}
+	void *p = mmap(NULL, SMCR_WAKE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED) {
+		R(close)(fd);
+		return -1;
+	}
+	*page = p;
+	(*page)->magic = SMCR_WAKE_MAGIC;
+	(*page)->version = SMCR_ABI_VERSION;
+	return fd;
+}
+
+struct smcr_wake *channel_wake_page_map(int fd)
+{
+	struct stat st;
+	if (fd < 0 || fstat(fd, &st) < 0 || st.st_size < SMCR_WAKE_SIZE)
+		return NULL;
+	void *p = mmap(NULL, SMCR_WAKE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED)
+		return NULL;
+	if (((struct smcr_wake *)p)->magic != SMCR_WAKE_MAGIC) {
+		munmap(p, SMCR_WAKE_SIZE);
+		return NULL;
+	}
+	return p;
+}
+
+/* One mapping per wake page fd: an exec's new image maps the pages of the
+ * connections it inherits, which share one or a few. */
+static struct {
+	int fd;
+	struct smcr_wake *page;
+} wake_maps[8];
+static pthread_mutex_t wake_maps_mu = PTHREAD_MUTEX_INITIALIZER;
+
+struct smcr_wake *channel_map_wake(int fd)
+{
+	if (fd < 0)
+		return NULL;
+	struct smcr_wake *w = NULL;
+	pthread_mutex_lock(&wake_maps_mu);
+	size_t i;
+	for (i = 0; i < sizeof(wake_maps) / sizeof(wake_maps[0]) && wake_maps[i].page; i++)
+		if (wake_maps[i].fd == fd) {
+			w = wake_maps[i].page;
+			break;
+		}
+	if (!w && i < sizeof(wake_maps) / sizeof(wake_maps[0]) && (w = channel_wake_page_map(fd))) {
+		wake_maps[i].fd = fd;
+		wake_maps[i].page = w;
+	}
+	pthread_mutex_unlock(&wake_maps_mu);
+	return w;
+}
+
+const struct proc_wake *channel_proc_wake(void)
+{
+	struct proc_wake *w = atomic_load(&proc_wake);
+	if (w)
+		return w;
+	struct proc_wake *made = malloc(sizeof(*made));
+	if (!made)
+		return NULL;
+	made->page_fd = wake_page_make(&made->page);
+	made->efd = made->page_fd < 0 ? -1 : fd_park(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+	if (made->efd < 0) {
+		if (made->page_fd >= 0) {
+			munmap(made->page, SMCR_WAKE_SIZE);
+			R(close)(made->page_fd);
+		}
+		free(made);
+		return NULL;
+	}
+	if (atomic_compare_exchange_strong(&proc_wake, &w, made))
 		return made;
-	R(close)(made); /* another thread made it first */
-	return e;
+	/* another thread made them first */
+	munmap(made->page, SMCR_WAKE_SIZE);
+	R(close)(made->page_fd);
+	R(close)(made->efd);
+	free(made);
+	return w;
 }
 
-int channel_peek_proc_efd(void)
+const struct proc_wake *channel_peek_proc_wake(void)
 {
-	return atomic_load(&proc_efd);
+	return atomic_load(&proc_wake);
 }
 
-void channel_adopt_proc_efd(int efd)
+void channel_adopt_proc_wake(int efd, int page_fd)
 {
-	int none = -1;
-	if (efd >= 0)
-		atomic_compare_exchange_strong(&proc_efd, &none, efd);
+	struct smcr_wake *page = channel_map_wake(page_fd);
+	if (efd < 0 || !page || atomic_load(&proc_wake))
+		return;
+	struct proc_wake *w = malloc(sizeof(*w)), *none = NULL;
+	if (!w)
+		return;
+	*w = (struct proc_wake){.efd = efd, .page_fd = page_fd, .page = page};
+	if (!atomic_compare_exchange_strong(&proc_wake, &none, w))
+		free(w);
 }
 
 void channel_forked_child(void)
 {
-	/* the parent's stays open: the connections made before the fork wake by it */
-	atomic_store(&proc_efd, -1);
+	/* the parent's stay open: the connections made before the fork wake by them */
+	atomic_store(&proc_wake, NULL);
 }
 
 int channel_send(int ch, int type, int fd)
@@ -270,16 +357,19 @@ int channel_send(int ch, int type, int fd)
 	struct iovec iov = {.iov_base = &h, .iov_len = sizeof(h)};
 	union {
 		struct cmsghdr c;
-		char buf[CMSG_SPACE(2 * sizeof(int))];
+		char buf[CMSG_SPACE(3 * sizeof(int))];
 	} u;
 	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
 	if (fd >= 0) {
-		/* a connection's offer brings the process's eventfd beside the socket */
-		int fds[2] = {fd, -1}, n = 1;
+		/* a connection's offer brings the process's eventfd and wake page */
+		int fds[3] = {fd, -1, -1}, n = 1;
 		if (type == SMCR_MSG_CLIENT || type == SMCR_MSG_ACCEPTED) {
-			if ((fds[1] = channel_proc_efd()) < 0)
+			const struct proc_wake *w = channel_proc_wake();
+			if (!w)
 				return -1;
-			n = 2;
+			fds[1] = w->efd;
+			fds[2] = w->page_fd;
+			n = 3;
 		}
 		memset(&u, 0, sizeof(u));
 		mh.msg_control = u.buf;

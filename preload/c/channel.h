@@ -28,18 +28,31 @@ int policy_local_allows(const struct sockaddr *local);
 
 /* channel_open connects a new channel to smcrd: the fd, or -1. */
 int channel_open(void);
-/* channel_proc_efd: the process's eventfd, made at its first use: one for all its
- * connections, passed to smcrd beside CLIENT and ACCEPTED. smcrd, and a peer library on
- * the same host, write it after a publish while the connection's lib_pollers is
- * nonzero. Nobody drains it: every write is an edge for each epoll instance that holds
- * it (the program's sets, a thread's poll set in ready.c). -1 if none can be made.
+/* channel_proc_wake: the process's eventfd and wake page (struct smcr_wake), made
+ * at their first use: one pair for all its connections, passed to smcrd beside CLIENT
+ * and ACCEPTED. smcrd, and a peer library on the same host, bump the page's pub after
+ * a publish while the connection's lib_pollers is nonzero, and write the eventfd only
+ * while the page counts sleepers (ready.c counts them). Nobody drains the eventfd:
+ * every write is an edge for each epoll instance that holds it (the program's sets, a
+ * thread's poll set in ready.c). NULL if they cannot be made.
+ * channel_peek_proc_wake: the pair if made, else NULL (makes none).
  * channel_forked_child: a child after fork makes its own for its new connections.
- * channel_adopt_proc_efd: an exec's new image takes the old image's as its own. */
-int channel_proc_efd(void);
-/* channel_peek_proc_efd: the process's eventfd if made, else -1 (makes none) */
-int channel_peek_proc_efd(void);
+ * channel_adopt_proc_wake: an exec's new image takes the old image's as its own.
+ * channel_map_wake: the mapping of an inherited wake page fd, made once per fd (a
+ * few at most); NULL if fd holds none.
+ * channel_wake_page_map: a new mapping of the wake page fd (a peer's), NULL if it holds
+ * none; munmap SMCR_WAKE_SIZE bytes. */
+struct smcr_wake;
+struct proc_wake {
+	int efd, page_fd;
+	struct smcr_wake *page;
+};
+const struct proc_wake *channel_proc_wake(void);
+const struct proc_wake *channel_peek_proc_wake(void);
 void channel_forked_child(void);
-void channel_adopt_proc_efd(int efd);
+void channel_adopt_proc_wake(int efd, int page_fd);
+struct smcr_wake *channel_map_wake(int fd);
+struct smcr_wake *channel_wake_page_map(int fd);
 
 /* channel_send sends one message of type with fd (or -1) beside it: 0 or -1. */
 int channel_send(int ch, int type, int fd);
@@ -49,7 +62,7 @@ int channel_request(int ch, int type, int fd);
 
 struct channel_msg {
 	struct smcr_msg h;
-	int fds[5]; /* SMCR_MODE_SHM brings five */
+	int fds[6]; /* SMCR_MODE_SHM brings six */
 	int nfds;
 	unsigned char *payload; /* malloc'd, h.len bytes, or NULL */
 };

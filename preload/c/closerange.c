@@ -45,13 +45,14 @@ static int *kept(unsigned first, unsigned last, int *n)
 		}
 		*n += o->ops->own_fds(o, out + *n);
 	}
-	/* the process's eventfd, which the next offer passes to smcrd */
-	int efd = channel_peek_proc_efd();
-	if (efd >= 0) {
-		int *grown = realloc(out, (size_t)(*n + 1) * sizeof(int));
+	/* the process's eventfd and wake page, which the next offer passes to smcrd */
+	const struct proc_wake *w = channel_peek_proc_wake();
+	if (w) {
+		int *grown = realloc(out, (size_t)(*n + 2) * sizeof(int));
 		if (grown) {
 			out = grown;
-			out[(*n)++] = efd;
+			out[(*n)++] = w->efd;
+			out[(*n)++] = w->page_fd;
 		}
 	}
 	if (out)

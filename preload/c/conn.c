@@ -31,8 +31,9 @@ const struct obj_ops conn_ops = {.last_close = conn_last_close, .free = conn_fre
 static int conn_own_fds(struct obj *o, int *out)
 {
 	struct conn *c = conn_of(o);
-	int v[] = {c->chan,        c->memfd,        c->efd_lib, c->efd_dtx, c->efd_drx,
+	int v[] = {c->chan,        c->memfd,        c->efd_lib, c->wake_fd, c->efd_dtx, c->efd_drx,
 		   c->peer_memfd, c->peer_efd_lib, c->tx_file, c->rx_file};
+	_Static_assert(sizeof(v) / sizeof(v[0]) <= OBJ_MAX_OWN_FDS, "own fds");
 	int n = 0;
 	for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++)
 		if (v[i] >= 0)
@@ -58,7 +59,11 @@ struct conn *conn_new(int chan, int user_nonblock)
 	atomic_init(&c->user_nonblock, user_nonblock);
 	c->memfd = c->efd_dtx = c->efd_drx = c->peer_memfd = c->peer_efd_lib = -1;
 	c->tx_file = c->rx_file = -1;
-	c->efd_lib = channel_proc_efd(); /* the one the offer passed */
+	/* the pair the offer passes */
+	const struct proc_wake *w = channel_proc_wake();
+	c->efd_lib = w ? w->efd : -1;
+	c->wake_fd = w ? w->page_fd : -1;
+	c->wake = w ? w->page : NULL;
 	x->fork_gen = atomic_load(&smcr_fork_gen);
 	return c;
 }
@@ -174,14 +179,23 @@ static void efd_nonblock(int efd)
 int conn_attach(struct conn *c, int mode, const int *fds, int nfds)
 {
 	int shm = mode == SMCR_MODE_SHM;
-	if (nfds != 3 && nfds != 5)
+	if (nfds != 3 && nfds != 5 && nfds != 6)
 		return -1;
 	size_t size, psize = 0;
 	struct smcr_shared *sh = map_area(fds[0], &size), *peer = NULL;
 	if (!sh)
 		return -1;
 	int files = sh->ring_files == SMCR_RING_FILES;
-	if (nfds != (shm || files ? 5 : 3) || (shm && files) || (shm && !(peer = map_area(fds[3], &psize)))) {
+	struct smcr_wake *peer_wake = NULL;
+	/* (an exec's new image brings no peer wake page: -1) */
+	if (nfds != (shm ? 6 : files ? 5 : 3) || (shm && files) ||
+	    (shm && fds[5] >= 0 && !(peer_wake = channel_wake_page_map(fds[5])))) {
+		munmap(sh, size);
+		return -1;
+	}
+	if (shm && !(peer = map_area(fds[3], &psize))) {
+		if (peer_wake)
+			munmap(peer_wake, SMCR_WAKE_SIZE);
 		munmap(sh, size);
 		return -1;
 	}
@@ -213,6 +227,9 @@ int conn_attach(struct conn *c, int mode, const int *fds, int nfds)
 		c->peer_memfd = fds[3];
 		c->peer_efd_lib = fds[4];
 		efd_nonblock(c->peer_efd_lib);
+		c->peer_wake = peer_wake;
+		if (fds[5] >= 0)
+			R(close)(fds[5]); /* mapped: one fd less per connection */
 	} else {
 		c->tx = tx;
 		c->tx_size = sh->tx_size;
@@ -495,6 +512,8 @@ static void conn_free(struct obj *o)
 		R(close)(c->peer_memfd);
 	if (c->peer_efd_lib >= 0)
 		R(close)(c->peer_efd_lib);
+	if (c->peer_wake)
+		munmap(c->peer_wake, SMCR_WAKE_SIZE);
 	free(c->prefix);
 	pthread_mutex_destroy(&c->mu);
 	free((struct conn_ext *)c);

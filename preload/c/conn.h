@@ -48,7 +48,10 @@ struct conn {
 	unsigned char *tx, *rx;
 	uint32_t tx_size, rx_size;
 	int memfd; /* the area's memfd, kept for an exec's new image (exec.c) */
-	int efd_lib; /* the process's eventfd (channel_proc_efd) of the offer: not the connection's */
+	/* the process's eventfd and wake page (channel_proc_wake) of the offer: not the
+	 * connection's */
+	int efd_lib, wake_fd;
+	struct smcr_wake *wake;
 	int efd_dtx, efd_drx;
 	/* SMCR_RING_FILES: the rings' own files (kept for an exec too) and their
 	 * mappings, which start at the page below each ring */
@@ -60,10 +63,13 @@ struct conn {
 	 * ring (its rx_prod, rx_cons), which this library fills itself. tx and
 	 * tx_size above are that ring. */
 	_Atomic uint64_t *tx_prod, *tx_cons;
-	/* SHM: the peer library's area (NULL with SMCR) and its efd_lib */
+	/* SHM: the peer library's area (NULL with SMCR), its efd_lib and wake page
+	 * (mapped, its fd closed: an exec's new image goes without it and writes
+	 * efd_lib after every publish while the peer polls) */
 	struct smcr_shared *peer;
 	size_t peer_map_size;
 	int peer_memfd, peer_efd_lib;
+	struct smcr_wake *peer_wake;
 
 	/* PREFIX: bytes CLC read ahead, served before the kernel's */
 	unsigned char *prefix;

@@ -30,9 +30,9 @@ extern char **environ;
 
 static const char inherit_var[] = "SMCR_INHERIT=";
 
-/* One inherited fd:
- * "fd,state,flags,chan,memfd,efd_lib,efd_dtx,efd_drx,peer_memfd,peer_efd_lib,tx_file,rx_file". */
-#define INHERIT_FIELDS 12
+/* One inherited fd: "fd,state,flags,chan,memfd,efd_lib,wake_fd,efd_dtx,efd_drx,
+ * peer_memfd,peer_efd_lib,tx_file,rx_file". */
+#define INHERIT_FIELDS 13
 #define CONN_FDS (INHERIT_FIELDS - 3)
 #define INHERIT_ENTRY_MAX (INHERIT_FIELDS * 12)
 
@@ -88,7 +88,7 @@ static void set_cloexec(int fd, int on)
 /* the library's own fds of c, -1 for those it has not */
 static void conn_fds(struct conn *c, int fds[CONN_FDS])
 {
-	int v[CONN_FDS] = {c->chan,   c->memfd,        c->efd_lib, c->efd_dtx, c->efd_drx,
+	int v[CONN_FDS] = {c->chan,        c->memfd,        c->efd_lib, c->wake_fd, c->efd_dtx, c->efd_drx,
 			   c->peer_memfd, c->peer_efd_lib, c->tx_file, c->rx_file};
 	memcpy(fds, v, sizeof(v));
 }
@@ -143,9 +143,9 @@ static void write_one(int fd, struct conn *c, int st, void *arg)
 	unsigned flags = (atomic_load(&c->user_nonblock) ? INH_NONBLOCK : 0) |
 			 (atomic_load(&c->shut_rd) ? INH_SHUT_RD : 0) | (atomic_load(&c->shut_wr) ? INH_SHUT_WR : 0) |
 			 (conn_shared(c) ? INH_SHARED : 0) | (atomic_load(&c->err_taken) ? INH_ERR_TAKEN : 0);
-	int n = snprintf(w->p, (size_t)(w->end - w->p), "%s%d,%d,%u,%d,%d,%d,%d,%d,%d,%d,%d,%d",
+	int n = snprintf(w->p, (size_t)(w->end - w->p), "%s%d,%d,%u,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d",
 			 w->p[-1] == '=' ? "" : ";", fd, st, flags, fds[0], fds[1], fds[2], fds[3], fds[4],
-			 fds[5], fds[6], fds[7], fds[8]);
+			 fds[5], fds[6], fds[7], fds[8], fds[9]);
 	if (n > 0 && n < w->end - w->p)
 		w->p += n;
 	for (int i = 0; i < CONN_FDS; i++)
@@ -339,12 +339,13 @@ static const char *parse_ints(const char *s, int *v, int n)
 static void adopt_one(const int *v)
 {
 	int fd = v[0], st = v[1], flags = v[2], chan = v[3];
-	/* memfd, efd_lib, efd_dtx, efd_drx, peer_memfd, peer_efd_lib, tx_file, rx_file */
+	/* memfd, efd_lib, wake_fd, efd_dtx, efd_drx, peer_memfd, peer_efd_lib, tx_file,
+	 * rx_file */
 	const int *fds = v + 4;
 	if (R(fcntl)(fd, F_GETFD) < 0 || R(fcntl)(chan, F_GETFD) < 0)
 		return;
 	/* the old image's process eventfd, which smcrd writes, becomes this one's */
-	channel_adopt_proc_efd(fds[1]);
+	channel_adopt_proc_wake(fds[1], fds[2]);
 	int high = atomic_load(&smcr_fdt_high);
 	for (int i = 0; i < high; i++) {
 		struct conn *c = conn_of(fdt_get(i));
@@ -362,10 +363,13 @@ static void adopt_one(const int *v)
 	atomic_store(&c->shut_wr, !!(flags & INH_SHUT_WR));
 	atomic_store(&c->err_taken, !!(flags & INH_ERR_TAKEN));
 	c->efd_lib = fds[1];
+	c->wake_fd = fds[2];
+	c->wake = channel_map_wake(fds[2]);
 	/* as DECIDED brought them: SHM's peer pair or SMCR's ring files after the three */
-	int files = fds[6] >= 0, mode = fds[4] >= 0 ? SMCR_MODE_SHM : SMCR_MODE_SMCR;
-	int area[5] = {fds[0], fds[2], fds[3], files ? fds[6] : fds[4], files ? fds[7] : fds[5]};
-	int nfds = fds[4] >= 0 || files ? 5 : 3;
+	/* (without the peer's wake page, which the old image closed once mapped) */
+	int files = fds[7] >= 0, mode = fds[5] >= 0 ? SMCR_MODE_SHM : SMCR_MODE_SMCR;
+	int area[6] = {fds[0], fds[3], fds[4], files ? fds[7] : fds[5], files ? fds[8] : fds[6], -1};
+	int nfds = fds[5] >= 0 ? 6 : files ? 5 : 3;
 	if (st == CS_ACCEL && conn_attach(c, mode, area, nfds) == 0) {
 		atomic_store(&c->state, CS_ACCEL);
 		if (!(flags & INH_SHARED)) {
@@ -379,6 +383,7 @@ static void adopt_one(const int *v)
 	}
 	set_cloexec(chan, 1);
 	set_cloexec(fds[1], 1);
+	set_cloexec(fds[2], 1);
 	for (int i = 0; i < nfds; i++) {
 		if (area[i] < 0)
 			continue;

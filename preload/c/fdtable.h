@@ -21,7 +21,7 @@ struct obj_ops {
 	int (*own_fds)(struct obj *, int *out);
 };
 
-#define OBJ_MAX_OWN_FDS 9
+#define OBJ_MAX_OWN_FDS 10
 
 /* struct obj heads every object. fdrefs counts the fd table slots (aliases made by
  * dup and friends share one object); refs counts every reference, slots included. */

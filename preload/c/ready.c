@@ -1,8 +1,10 @@
 /* ready.c: epoll/poll/select for emulated sockets. An emulated socket's readiness
  * comes from conn_revents (its cursors and flags); the kernel waits on its wait
  * object instead (the channel while PENDING; while ACCEL, the process's eventfd, which
- * smcrd or the peer library writes after a publish while lib_pollers > 0, and which
- * nobody drains: each write is an edge for every epoll instance holding it). Plain
+ * nobody drains: each write is an edge for every epoll instance holding it). Whoever
+ * publishes to a connection with lib_pollers > 0 bumps the wake page's pub and writes
+ * the eventfd only while the page counts sleepers: a wait counts itself there before
+ * its last look at pub, and sleeps only if pub did not move (struct wakes). Plain
  * fds stay the kernel's, untouched. */
 #include "ready.h"
 
@@ -61,11 +63,16 @@ struct eset {
 	struct member *rhead, *rtail; /* the ready list */
 	int wake_fd; /* an eventfd in the set (edge-triggered): marks from outside a wait */
 	/* the process eventfds registered in the kernel set (one; more only for
-	 * connections inherited across a fork), with their members */
+	 * connections inherited across a fork), with their members, wake pages and
+	 * the pages' pub at the last look */
 	struct {
 		int efd, members;
+		struct smcr_wake *page;
+		uint64_t seen;
 	} procs[4];
-	atomic_int nested; /* the set is itself waited on (poll, select, another set) */
+	/* the set is itself waited on (poll, select, another set): its wake pages
+	 * count it as a sleeper for good */
+	atomic_int nested;
 	atomic_int sleepers; /* threads past their scan, waiting in the kernel set */
 };
 
@@ -167,9 +174,16 @@ static void pollers_add(struct member *m, int d)
 	}
 }
 
-/* proc_reg registers the process eventfd efd in the set for m (once per set): 0, or
- * -errno; ep_mu held */
-static int proc_reg(struct member *m, int efd)
+/* pin: a set waited on from outside counts as a sleeper in its wake pages */
+static void pin(struct smcr_wake *page, int d)
+{
+	if (page)
+		atomic_fetch_add(&page->sleepers, (uint32_t)d);
+}
+
+/* proc_reg registers the process eventfd efd (with its wake page) in the set for m
+ * (once per set): 0, or -errno; ep_mu held */
+static int proc_reg(struct member *m, int efd, struct smcr_wake *page)
 {
 	struct eset *s = m->set;
 	int free_slot = -1;
@@ -189,6 +203,10 @@ static int proc_reg(struct member *m, int efd)
 		return -errno;
 	s->procs[free_slot].efd = efd;
 	s->procs[free_slot].members = 1;
+	s->procs[free_slot].page = page;
+	s->procs[free_slot].seen = page ? atomic_load(&page->pub) : 0;
+	if (atomic_load(&s->nested))
+		pin(page, 1);
 	m->reg_proc = efd;
 	return 0;
 }
@@ -199,8 +217,12 @@ static void proc_unreg(struct member *m)
 	for (int i = 0; m->reg_proc >= 0 && i < (int)(sizeof(s->procs) / sizeof(s->procs[0])); i++)
 		if (s->procs[i].members && s->procs[i].efd == m->reg_proc) {
 			/* the last one: the program's own epoll_wait must not see it */
-			if (!--s->procs[i].members)
+			if (!--s->procs[i].members) {
 				kreg(s->epfd, EPOLL_CTL_DEL, m->reg_proc, 0, 0);
+				if (atomic_load(&s->nested))
+					pin(s->procs[i].page, -1);
+				s->procs[i].page = NULL;
+			}
 			break;
 		}
 	m->reg_proc = -1;
@@ -211,7 +233,7 @@ static void proc_unreg(struct member *m)
 static int accel_register(struct member *m)
 {
 	struct conn *c = m->c;
-	int r = proc_reg(m, c->efd_lib);
+	int r = proc_reg(m, c->efd_lib, c->wake);
 	if (r < 0)
 		return r;
 	struct epoll_event ev = {.events = 0, .data.u64 = (uint64_t)(uintptr_t)m | 1};
@@ -316,6 +338,12 @@ static void eset_last_close(struct obj *o)
 		struct member *m = s->members;
 		pollers_add(m, -1); /* the kernel set goes with the epoll fd */
 		member_free(m);
+	}
+	for (size_t i = 0; i < sizeof(s->procs) / sizeof(s->procs[0]); i++) {
+		if (s->procs[i].members && atomic_load(&s->nested))
+			pin(s->procs[i].page, -1);
+		s->procs[i].members = 0;
+		s->procs[i].page = NULL;
 	}
 	if (s->wake_fd >= 0)
 		R(close)(s->wake_fd);
@@ -649,6 +677,68 @@ static int scan(struct eset *s, struct epoll_event *evs, int max)
 
 #define MAX_DECIDE 64
 
+/* The wake pages a wait depends on, with each page's pub from before the wait's last
+ * look at its connections. blind: a page is missing (or one too many): the wait
+ * cannot count itself as a sleeper everywhere and sleeps in slices instead. */
+#define MAX_WAKES 4
+struct wakes {
+	int n, blind;
+	struct smcr_wake *page[MAX_WAKES];
+	uint64_t pub[MAX_WAKES];
+};
+
+/* wakes_add notes page and its pub now, once: before the look at its connections */
+static void wakes_add(struct wakes *w, struct smcr_wake *page, uint64_t pub)
+{
+	for (int i = 0; i < w->n; i++)
+		if (w->page[i] == page)
+			return;
+	if (!page || w->n == MAX_WAKES) {
+		w->blind = 1;
+		return;
+	}
+	w->page[w->n] = page;
+	w->pub[w->n++] = pub;
+}
+
+/* wakes_moved: a publish came since the look */
+static int wakes_moved(const struct wakes *w)
+{
+	for (int i = 0; i < w->n; i++)
+		if (atomic_load(&w->page[i]->pub) != w->pub[i])
+			return 1;
+	return 0;
+}
+
+/* wakes_sleep counts the thread as a sleeper in each page, then looks at pub once
+ * more: 1 to sleep (then wakes_woke); 0 when a publish came, which may have looked
+ * at sleepers before the count (it is undone) */
+static int wakes_sleep(const struct wakes *w)
+{
+	for (int i = 0; i < w->n; i++)
+		atomic_fetch_add(&w->page[i]->sleepers, 1);
+	if (!wakes_moved(w))
+		return 1;
+	for (int i = 0; i < w->n; i++)
+		atomic_fetch_sub(&w->page[i]->sleepers, 1);
+	return 0;
+}
+
+static void wakes_woke(const struct wakes *w)
+{
+	for (int i = 0; i < w->n; i++)
+		atomic_fetch_sub(&w->page[i]->sleepers, 1);
+}
+
+/* Blind waits look again at least this often. */
+#define BLIND_SLICE_MS 1
+
+/* sleep_ms: a sleep of t ms (-1: none), sliced when w is blind */
+static int sleep_ms(const struct wakes *w, int t)
+{
+	return w->blind && (t < 0 || t > BLIND_SLICE_MS) ? BLIND_SLICE_MS : t;
+}
+
 /* mark_moved: the process eventfd fired (a publish): mark the accelerated
  * members whose words moved; ep_mu held */
 static void mark_moved(struct eset *s)
@@ -656,6 +746,27 @@ static void mark_moved(struct eset *s)
 	for (struct member *m = s->members; m; m = m->next_set)
 		if (m->reg_proc >= 0 && conn_seq(m->c) != m->seen_seq)
 			mark(m);
+}
+
+/* look_published notes the set's wake pages in w, and marks the members that moved
+ * if a publish came since the last look; ep_mu held */
+static void look_published(struct eset *s, struct wakes *w)
+{
+	int moved = 0;
+	w->n = w->blind = 0;
+	for (size_t i = 0; i < sizeof(s->procs) / sizeof(s->procs[0]); i++) {
+		if (!s->procs[i].members)
+			continue;
+		struct smcr_wake *page = s->procs[i].page;
+		uint64_t pub = page ? atomic_load(&page->pub) : 0;
+		if (pub != s->procs[i].seen) {
+			s->procs[i].seen = pub;
+			moved = 1;
+		}
+		wakes_add(w, page, pub);
+	}
+	if (moved)
+		mark_moved(s);
 }
 
 /* accelerated: the set has members whose bytes move through shared memory;
@@ -675,12 +786,13 @@ static int accelerated(struct eset *s)
  * a CPU. The process eventfd and the set's wake eventfd are in the set, so a
  * publish to any member, or a mark, ends the spin. Returns what epoll_pwait
  * returned, or 0 when the spin ran out (or the deadline came). */
-static int spin_wait(int epfd, struct epoll_event *evs, int max, const sigset_t *sigmask, int64_t deadline)
+static int spin_wait(int epfd, struct epoll_event *evs, int max, const sigset_t *sigmask, int64_t deadline,
+		     const struct wakes *w)
 {
 	uint64_t t0 = now_ns();
 	for (;;) {
 		int k = R(epoll_pwait)(epfd, evs, max, 0, sigmask);
-		if (k != 0)
+		if (k != 0 || wakes_moved(w))
 			return k;
 		uint64_t now = now_ns();
 		if (now - t0 > SHM_SPIN_NS || (deadline >= 0 && (int64_t)now >= deadline))
@@ -701,7 +813,9 @@ int ready_epoll_wait(int epfd, struct epoll_event *evs, int max, int64_t timeout
 	}
 	int64_t deadline = deadline_of(timeout_ns);
 	for (;;) {
+		struct wakes w;
 		pthread_mutex_lock(&ep_mu);
+		look_published(s, &w);
 		int n = scan(s, evs, max);
 		int t = n ? 0 : ms_left(deadline);
 		int spin = t != 0 && accelerated(s);
@@ -710,9 +824,16 @@ int ready_epoll_wait(int epfd, struct epoll_event *evs, int max, int64_t timeout
 		pthread_mutex_unlock(&ep_mu);
 		if (n == max)
 			return n;
-		int k = spin ? spin_wait(epfd, evs + n, max - n, sigmask, deadline) : 0;
-		if (k == 0)
-			k = R(epoll_pwait)(epfd, evs + n, max - n, spin ? ms_left(deadline) : t, sigmask);
+		int k = spin ? spin_wait(epfd, evs + n, max - n, sigmask, deadline, &w) : 0;
+		if (k == 0) {
+			int left = spin ? ms_left(deadline) : t;
+			if (left == 0) {
+				k = R(epoll_pwait)(epfd, evs + n, max - n, 0, sigmask);
+			} else if (wakes_sleep(&w)) {
+				k = R(epoll_pwait)(epfd, evs + n, max - n, sleep_ms(&w, left), sigmask);
+				wakes_woke(&w);
+			}
+		}
 		if (t != 0)
 			atomic_fetch_sub(&s->sleepers, 1);
 		if (k < 0)
@@ -808,11 +929,16 @@ int ready_epoll_filter(int epfd, struct epoll_event *evs, int k)
 void ready_epoll_nested(int epfd)
 {
 	struct eset *s = eset_of(epfd);
-	if (!s || atomic_exchange(&s->nested, 1))
+	if (!s || atomic_load(&s->nested))
 		return;
 	pthread_mutex_lock(&ep_mu);
-	if (s->rhead && s->wake_fd >= 0)
-		ring_kick(s->wake_fd);
+	if (!atomic_exchange(&s->nested, 1)) {
+		for (size_t i = 0; i < sizeof(s->procs) / sizeof(s->procs[0]); i++)
+			if (s->procs[i].members)
+				pin(s->procs[i].page, 1);
+		if (s->rhead && s->wake_fd >= 0)
+			ring_kick(s->wake_fd);
+	}
 	pthread_mutex_unlock(&ep_mu);
 }
 
@@ -933,6 +1059,7 @@ int ready_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t 
 	int result, compact = 0;
 	for (;;) {
 		int m = 0, ready = 0, set_at = -1, no_set = 0;
+		struct wakes w = {0};
 		for (nfds_t i = 0; i < n; i++) {
 			struct conn *c = conn_of(fdt_get(fds[i].fd));
 			fds[i].revents = 0;
@@ -946,6 +1073,7 @@ int ready_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t 
 			int st = atomic_load(&c->state);
 			if (st == CS_ACCEL && !atomic_load(&c->reset)) {
 				atomic_fetch_add(&c->sh->lib_pollers, 1);
+				wakes_add(&w, c->wake, c->wake ? atomic_load(&c->wake->pub) : 0);
 				int set = thread_poll_set(c->efd_lib);
 				if (set < 0)
 					no_set = 1;
@@ -974,6 +1102,11 @@ int ready_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t 
 			t = COMPACT_SLICE_MS;
 		if (no_set && (t < 0 || t > NO_SET_SLICE_MS))
 			t = NO_SET_SLICE_MS;
+		int slept = t != 0 && wakes_sleep(&w);
+		if (t != 0 && !slept)
+			t = 0; /* a publish came since the look: look again */
+		else
+			t = sleep_ms(&w, t);
 		struct timespec ts, *tsp = NULL;
 		if (t >= 0) {
 			ts.tv_sec = t / 1000;
@@ -982,6 +1115,8 @@ int ready_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t 
 		}
 		int k = R(ppoll)(tmp, (nfds_t)m, tsp, sigmask);
 		int err = errno;
+		if (slept)
+			wakes_woke(&w);
 		int retry_compact = k < 0 && err == EINVAL && !compact && (nfds_t)m > n;
 		if (set_at >= 0 && k > 0 && (tmp[set_at].revents & POLLIN))
 			thread_poll_consume(tmp[set_at].fd);

@@ -139,7 +139,7 @@ void ring_wake_peer(struct conn *c)
 	atomic_fetch_add_explicit(&p->d_seq, 1, memory_order_seq_cst);
 	if (atomic_load_explicit(&p->lib_waiters, memory_order_seq_cst))
 		futex(&p->d_seq, FUTEX_WAKE, 0x7fffffff, NULL); /* shared: another process */
-	if (atomic_load_explicit(&p->lib_pollers, memory_order_seq_cst))
+	if (atomic_load_explicit(&p->lib_pollers, memory_order_seq_cst) && wake_published(c->peer_wake))
 		ring_kick(c->peer_efd_lib);
 }
 

@@ -30,6 +30,17 @@ static inline void cpu_relax(void)
 #endif
 }
 
+/* wake_published counts a publish to a polled connection in its process's wake
+ * page (smcr_abi.h) and says whether to write the process's eventfd: only while a
+ * thread of it sleeps there */
+static inline int wake_published(struct smcr_wake *w)
+{
+	if (!w)
+		return 1;
+	atomic_fetch_add_explicit(&w->pub, 1, memory_order_seq_cst);
+	return atomic_load_explicit(&w->sleepers, memory_order_seq_cst) != 0;
+}
+
 /* ring_recv / ring_send: the read and write families on an ACCEL connection; flags
  * are MSG_* flags (MSG_DONTWAIT, MSG_PEEK, MSG_WAITALL, MSG_TRUNC, MSG_NOSIGNAL).
  * Bytes, or -1 with errno. */
