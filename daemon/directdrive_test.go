@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"sync"
@@ -163,6 +164,105 @@ func TestDirectDrive(t *testing.T) {
 		case <-dc.rxDone:
 		case <-time.After(10 * time.Second):
 			t.Fatalf("continued %v: smcrd still carries the connection after both closed", fail)
+		}
+	}
+}
+
+// TestDirectDriveUrgent: the library's urgent byte (tx_urg) reaches the peer
+// as urgent data at its place, and the peer's (WriteUrgent) comes to the
+// library as rx_urg before the rx_prod that covers it; through the driver, and
+// through the pumps once the connection continued over TCP.
+func TestDirectDriveUrgent(t *testing.T) {
+	for _, continued := range []bool{false, true} {
+		newEngine, _, devs := shmEngines(t)
+		c, s := nstest.TCPPair(t)
+		ce, se := newEngine(), newEngine()
+		srv := make(chan *smcr.Conn, 1)
+		go func() {
+			p, err := se.Server(context.Background(), s)
+			if err != nil {
+				t.Error(err)
+			}
+			srv <- p
+		}()
+		conn, err := ce.ClientWith(context.Background(), c, smcr.ClientOptions{Cursors: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		peer := <-srv
+		if peer == nil || conn.Mode() != smcr.ModeSMCR {
+			t.Fatalf("no SMC-R connection")
+		}
+		files, err := engineRingFiles(conn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		efdLib, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { unix.Close(efdLib) })
+		dc, err := newDirectConn(conn, 0, 0, procEventfd(efdLib), files, slog.Default())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(dc.release)
+		dc.engine = conn
+		dc.closeLibraryFds()
+		go dc.run(nil)
+		t.Cleanup(func() { // before release: a failed check leaves the drive running
+			dc.abort()
+			select {
+			case <-dc.rxDone:
+			case <-time.After(10 * time.Second):
+			}
+		})
+		if continued {
+			(*devs)[0].Close()
+			awaitContinued(t, conn, peer)
+		}
+		sh := dc.sh
+
+		// The library: "ab" and "!" with MSG_OOB, then "cd".
+		lib := ringLib{dc}
+		ring := sh.TxRing()
+		copy(ring, "ab!")
+		sh.TxUrg().Store(3) // before the tx_prod that covers it
+		sh.TxProd().Store(3)
+		signal(dc.efdTx)
+		if _, err := lib.Write([]byte("cd")); err != nil {
+			t.Fatal(err)
+		}
+		peer.SetReadDeadline(time.Now().Add(10 * time.Second))
+		readMarkedUntil(t, fmt.Sprintf("continued %v: library to peer", continued), peer.ReadMarked, "ab!cd", 2)
+
+		// The peer: "xy", then "z" as urgent data.
+		if _, err := peer.Write([]byte("xy")); err != nil {
+			t.Fatal(err)
+		}
+		if err := peer.WriteUrgent('z'); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(10 * time.Second); sh.RxProd().Load() < 3; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("continued %v: the peer's bytes did not come", continued)
+			}
+		}
+		if u := sh.RxUrg().Load(); u != 3 {
+			t.Errorf("continued %v: rx_urg %d, want 3 (just past \"xyz\")", continued, u)
+		}
+		got := make([]byte, 3)
+		if _, err := io.ReadFull(lib, got); err != nil || string(got) != "xyz" {
+			t.Errorf("continued %v: the library read %q, %v", continued, got, err)
+		}
+
+		sh.LibFlags().Or(rmb.LibClosed)
+		signal(dc.efdTx)
+		peer.Close()
+		select {
+		case <-dc.rxDone:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("continued %v: smcrd still carries the connection after both closed", continued)
 		}
 	}
 }

@@ -1,4 +1,4 @@
-/* smcr_abi.h: the direct mode's ABI between smcrd and libsmcr-preload.so, version 3.
+/* smcr_abi.h: the direct mode's ABI between smcrd and libsmcr-preload.so, version 4.
  * The Go side of the same layout is rmb/shared.go; rmb's tests compile this header
  * and compare every offset. Documented in docs/direct.md. */
 #pragma once
@@ -6,7 +6,7 @@
 #include <stdint.h>
 #include <stdatomic.h>
 
-#define SMCR_ABI_VERSION 3
+#define SMCR_ABI_VERSION 4
 
 /* ---- The channel: one SOCK_SEQPACKET connection to smcrd's direct socket per
  * accelerated socket (and per registered listener), one message per packet, host
@@ -101,7 +101,13 @@ struct smcr_shared {
 	_Atomic uint32_t lib_waiters;  /* threads blocked in a futex wait on d_seq */
 	_Atomic uint32_t lib_pollers;  /* poll/epoll waiters: smcrd writes the process's eventfd
 	                                * (CLIENT, ACCEPTED) while nonzero */
-	uint8_t pad1[32];
+	_Atomic uint64_t tx_urg;       /* urgent data (send with MSG_OOB): the stream position just
+	                                * past the program's latest urgent byte, 0 none; stored
+	                                * before the tx_prod that covers the byte. Only the latest
+	                                * counts, as TCP's one urgent pointer */
+	_Atomic uint64_t rx_oob;       /* the library's own: the rx_urg whose byte recv(MSG_OOB)
+	                                * took (smcrd ignores it) */
+	uint8_t pad1[16];
 
 	/* written by smcrd only (offset 128) */
 	_Atomic uint64_t tx_cons;  /* bytes smcrd took from the send ring: free again */
@@ -111,7 +117,11 @@ struct smcr_shared {
 	_Atomic uint32_t d_seq;    /* bumped after every publish above; futex word */
 	_Atomic uint32_t d_txwait; /* smcrd sleeps until tx_prod or lib_flags move: write efd_dtx */
 	_Atomic uint32_t d_rxwait; /* smcrd sleeps until rx_cons moves: write efd_drx */
-	uint8_t pad2[28];
+	uint32_t pad2;
+	_Atomic uint64_t rx_urg;   /* the peer's urgent data: the stream position just past its
+	                            * latest urgent byte, 0 none; stored before the rx_prod that
+	                            * covers the byte (SHM: by the peer library) */
+	uint8_t pad3[16];
 };
 
 /* ---- The policy page: the file <direct socket path>.policy, world-readable,

@@ -14,7 +14,7 @@ import (
 
 // ABIVersion is the version of the shared area, the policy page and the
 // direct socket's messages.
-const ABIVersion = 3
+const ABIVersion = 4
 
 // The shared area of one connection (struct smcr_shared): a control page, then
 // the send ring (the program writes, smcrd takes) and the receive ring (smcrd
@@ -38,6 +38,8 @@ const (
 	offLibSeq   = 84
 	offLibWait  = 88
 	offLibPoll  = 92
+	offTxUrg    = 96
+	offRxOOB    = 104
 	offTxCons   = 128
 	offRxProd   = 136
 	offDFlags   = 144
@@ -45,6 +47,7 @@ const (
 	offDSeq     = 152
 	offDTxWait  = 156
 	offDRxWait  = 160
+	offRxUrg    = 168
 	sharedEnd   = 192 // sizeof(struct smcr_shared)
 )
 
@@ -194,6 +197,11 @@ func (s *Shared) LibSeq() *atomic.Uint32     { return s.u32(offLibSeq) }
 func (s *Shared) LibWaiters() *atomic.Uint32 { return s.u32(offLibWait) }
 func (s *Shared) LibPollers() *atomic.Uint32 { return s.u32(offLibPoll) }
 
+// TxUrg is the stream position just past the program's latest urgent byte
+// (send with MSG_OOB), 0 none; the library stores it before the tx_prod that
+// covers the byte.
+func (s *Shared) TxUrg() *atomic.Uint64 { return s.u64(offTxUrg) }
+
 // smcrd's words.
 func (s *Shared) TxCons() *atomic.Uint64   { return s.u64(offTxCons) }
 func (s *Shared) RxProd() *atomic.Uint64   { return s.u64(offRxProd) }
@@ -203,6 +211,10 @@ func (s *Shared) DSeq() *atomic.Uint32     { return s.u32(offDSeq) }
 func (s *Shared) DTxWait() *atomic.Uint32  { return s.u32(offDTxWait) }
 func (s *Shared) DRxWait() *atomic.Uint32  { return s.u32(offDRxWait) }
 func (s *Shared) DSeqAddr() unsafe.Pointer { return unsafe.Pointer(&s.mem[offDSeq]) }
+
+// RxUrg is the stream position just past the peer's latest urgent byte, 0
+// none; smcrd stores it before the rx_prod that covers the byte.
+func (s *Shared) RxUrg() *atomic.Uint64 { return s.u64(offRxUrg) }
 
 // The policy page (struct smcr_policy): what smcrd decides, for a library to
 // read without a round trip.

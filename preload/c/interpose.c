@@ -223,9 +223,10 @@ static int connect_offer(int fd, const struct sockaddr *addr, socklen_t len)
 	int ch = channel_open();
 	if (ch < 0)
 		return R(connect)(fd, addr, len);
+	int inl = conn_oob_inline_of(fd); /* before smcrd has the socket */
 	set_nonblock(fd, fl, 1);
 	int st = channel_request(ch, SMCR_MSG_CLIENT, fd);
-	struct conn *c = st == 0 ? conn_new(ch, !!(fl & O_NONBLOCK)) : NULL;
+	struct conn *c = st == 0 ? conn_new(ch, !!(fl & O_NONBLOCK), inl) : NULL;
 	if (!c) {
 		R(close)(ch);
 		set_nonblock(fd, fl, fl & O_NONBLOCK);
@@ -318,9 +319,10 @@ static void accepted_offer(int nfd, int nonblock)
 	int ch = channel_open();
 	if (ch < 0)
 		return;
+	int inl = conn_oob_inline_of(nfd); /* the listener's, before smcrd has the socket */
 	set_nonblock(nfd, fl, 1);
 	int st = channel_request(ch, SMCR_MSG_ACCEPTED, nfd);
-	struct conn *c = st == 0 ? conn_new(ch, nonblock) : NULL;
+	struct conn *c = st == 0 ? conn_new(ch, nonblock, inl) : NULL;
 	if (!c) {
 		R(close)(ch);
 		set_nonblock(nfd, fl, nonblock);
@@ -615,7 +617,7 @@ EXPORT ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
 	if (r >= 0) {
 		msg->msg_namelen = 0;
 		msg->msg_controllen = 0;
-		msg->msg_flags = 0;
+		msg->msg_flags = flags & MSG_OOB; /* as the kernel's: the urgent byte is marked */
 	}
 	return r;
 }
@@ -976,7 +978,7 @@ EXPORT int ioctl(int fd, unsigned long req, ...)
 		break;
 	case FIONREAD:
 		if (st == CS_ACCEL) {
-			*(int *)arg = (int)ring_rx_avail(c);
+			*(int *)arg = (int)ring_rx_inq(c);
 			return 0;
 		}
 		if (st == CS_PENDING) {
@@ -1002,13 +1004,53 @@ EXPORT int ioctl(int fd, unsigned long req, ...)
 			return 0;
 		}
 		break;
+	case SIOCATMARK:
+		if (st == CS_ACCEL) {
+			*(int *)arg = ring_at_mark(c);
+			return 0;
+		}
+		if (st == CS_PENDING) {
+			*(int *)arg = 0;
+			return 0;
+		}
+		break;
 	}
 	return R(ioctl)(fd, req, arg);
+}
+
+/* oobinline_emulated: while PENDING and ACCEL the kernel socket's SO_OOBINLINE is
+ * smcrd's (its engine keeps urgent bytes inline, for a continuation over TCP); the
+ * program's is the library's, and the socket gets it back if the connection goes
+ * on as plain TCP (conn_restore_oobinline). */
+static int oobinline_emulated(struct conn *c, int level, int opt)
+{
+	if (!c || level != SOL_SOCKET || opt != SO_OOBINLINE)
+		return 0;
+	int st = atomic_load(&c->state);
+	return st == CS_PENDING || st == CS_ACCEL;
+}
+
+EXPORT int setsockopt(int fd, int level, int opt, const void *val, socklen_t len)
+{
+	struct conn *c = conn_of(fdt_get(fd));
+	if (__builtin_expect(!c, 1) || !oobinline_emulated(c, level, opt))
+		return R(setsockopt)(fd, level, opt, val, len);
+	if (!val || len < sizeof(int)) {
+		errno = !val ? EFAULT : EINVAL;
+		return -1;
+	}
+	atomic_store(&c->oob_inline, *(const int *)val != 0);
+	return 0;
 }
 
 EXPORT int getsockopt(int fd, int level, int opt, void *val, socklen_t *len)
 {
 	struct conn *c = conn_of(fdt_get(fd));
+	if (oobinline_emulated(c, level, opt) && val && len && *len >= sizeof(int)) {
+		*(int *)val = atomic_load(&c->oob_inline);
+		*len = sizeof(int);
+		return 0;
+	}
 	if (__builtin_expect(!c, 1) || level != SOL_SOCKET || opt != SO_ERROR || !val || !len ||
 	    *len < sizeof(int))
 		return R(getsockopt)(fd, level, opt, val, len);
