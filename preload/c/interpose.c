@@ -502,6 +502,8 @@ static ssize_t conn_recv(struct conn *c, int fd, const struct iovec *iov, int cn
 				return -1;
 			continue;
 		case CS_PREFIX: {
+			if (flags & MSG_OOB)
+				return PASS; /* the urgent byte is the kernel's: CLC stops before it */
 			ssize_t r = prefix_recv(c, iov, cnt, flags);
 			if (r == PASS)
 				continue;
@@ -1009,7 +1011,8 @@ EXPORT int ioctl(int fd, unsigned long req, ...)
 			*(int *)arg = ring_at_mark(c);
 			return 0;
 		}
-		if (st == CS_PENDING) {
+		/* the bytes CLC read ahead come before any mark in the kernel's queue */
+		if (st == CS_PENDING || (st == CS_PREFIX && atomic_load(&c->prefix_off) < c->prefix_len)) {
 			*(int *)arg = 0;
 			return 0;
 		}
