@@ -506,6 +506,28 @@ func (dc *directConn) markedRead() func(p []byte) (int, bool, error) {
 	}
 }
 
+// newMark publishes the peer's urgent mark u (rx_urg), and signals the
+// program as the kernel's tcp_check_urg does: SIGURG to the owner of its
+// socket (F_SETOWN), which smcrd's duplicate shares; both before the rx_prod
+// that covers the urgent byte, so that a program that sees the byte has had
+// the signal.
+func (dc *directConn) newMark(u uint64) {
+	if dc.sh.RxUrg().Swap(u) == u || dc.sock == nil {
+		return
+	}
+	rc, err := dc.sock.SyscallConn()
+	if err != nil {
+		return
+	}
+	rc.Control(func(fd uintptr) {
+		// A pid, or minus a process group; 0 none. The kernel gives it as
+		// smcrd's pid namespace sees it.
+		if owner, err := unix.FcntlInt(fd, unix.F_GETOWN, 0); err == nil && owner != 0 && owner != -1 {
+			unix.Kill(owner, unix.SIGURG)
+		}
+	})
+}
+
 // receive carries the peer's bytes from the carrier into the receive ring,
 // and its urgent mark into rx_urg.
 func (dc *directConn) receive() {
@@ -531,7 +553,7 @@ func (dc *directConn) receive() {
 		n, urgent, err := read(ring[free.Off:free.End()])
 		if n > 0 {
 			if urgent { // n is 1: the mark goes before the cursor that covers it
-				dc.sh.RxUrg().Store(prod + 1)
+				dc.newMark(prod + 1)
 			}
 			prod += uint64(n)
 			dc.sh.RxProd().Store(prod)

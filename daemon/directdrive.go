@@ -190,7 +190,7 @@ func (d *driver) publish(cur smcr.Cursors) bool {
 	}
 	// The peer's urgent mark before the rx_prod that covers its byte.
 	if cur.PeerUrgent != 0 && sh.RxUrg().Load() != cur.PeerUrgent {
-		sh.RxUrg().Store(cur.PeerUrgent)
+		d.dc.newMark(cur.PeerUrgent)
 		moved = true
 	}
 	if sh.RxProd().Load() != cur.PeerProduced {
@@ -240,7 +240,7 @@ func (dc *directConn) writeError(err error) {
 func (dc *directConn) handBack(conn *smcr.Conn) {
 	cur := conn.Cursors()
 	if cur.PeerUrgent != 0 {
-		dc.sh.RxUrg().Store(cur.PeerUrgent)
+		dc.newMark(cur.PeerUrgent)
 	}
 	dc.sh.RxProd().Store(cur.PeerProduced)
 	dc.publish()

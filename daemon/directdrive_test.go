@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"os/exec"
 	"sync"
 	"testing"
 	"time"
@@ -170,8 +172,9 @@ func TestDirectDrive(t *testing.T) {
 
 // TestDirectDriveUrgent: the library's urgent byte (tx_urg) reaches the peer
 // as urgent data at its place, and the peer's (WriteUrgent) comes to the
-// library as rx_urg before the rx_prod that covers it; through the driver, and
-// through the pumps once the connection continued over TCP.
+// library as rx_urg before the rx_prod that covers it, with SIGURG to the
+// program's socket's owner; through the driver, and through the pumps once
+// the connection continued over TCP.
 func TestDirectDriveUrgent(t *testing.T) {
 	for _, continued := range []bool{false, true} {
 		newEngine, _, devs := shmEngines(t)
@@ -208,6 +211,9 @@ func TestDirectDriveUrgent(t *testing.T) {
 		}
 		t.Cleanup(dc.release)
 		dc.engine = conn
+		dc.sock = c // the program's socket, whose owner gets SIGURG
+		owner := sigurgCatcher(t)
+		setOwner(t, c, owner.Process.Pid)
 		dc.closeLibraryFds()
 		go dc.run(nil)
 		t.Cleanup(func() { // before release: a failed check leaves the drive running
@@ -251,6 +257,9 @@ func TestDirectDriveUrgent(t *testing.T) {
 		if u := sh.RxUrg().Load(); u != 3 {
 			t.Errorf("continued %v: rx_urg %d, want 3 (just past \"xyz\")", continued, u)
 		}
+		if !continued { // (over TCP the kernel sends one too)
+			awaitSigurg(t, owner)
+		}
 		got := make([]byte, 3)
 		if _, err := io.ReadFull(lib, got); err != nil || string(got) != "xyz" {
 			t.Errorf("continued %v: the library read %q, %v", continued, got, err)
@@ -264,5 +273,55 @@ func TestDirectDriveUrgent(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatalf("continued %v: smcrd still carries the connection after both closed", continued)
 		}
+	}
+}
+
+// sigurgCatcher starts a process that exits once SIGURG reaches it: the
+// owner of a program's socket. (The test process itself cannot tell: Go's
+// runtime sends itself SIGURG to preempt.)
+func sigurgCatcher(t *testing.T) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command("sh", "-c", `trap 'exit 0' URG; echo ready; while :; do sleep 0.05; done`)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	line := make([]byte, 6)
+	if _, err := io.ReadFull(out, line); err != nil {
+		t.Fatalf("sigurg catcher: %v", err)
+	}
+	return cmd
+}
+
+// awaitSigurg fails the test unless the catcher exits (took SIGURG) soon.
+func awaitSigurg(t *testing.T, cmd *exec.Cmd) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("sigurg catcher: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("the socket's owner had no SIGURG within 10s")
+	}
+}
+
+// setOwner makes pid the owner of c's socket (fcntl F_SETOWN).
+func setOwner(t *testing.T, c *net.TCPConn, pid int) {
+	t.Helper()
+	rc, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var serr error
+	rc.Control(func(fd uintptr) { _, serr = unix.FcntlInt(fd, unix.F_SETOWN, pid) })
+	if serr != nil {
+		t.Fatal(serr)
 	}
 }

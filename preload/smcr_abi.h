@@ -107,7 +107,12 @@ struct smcr_shared {
 	                                * counts, as TCP's one urgent pointer */
 	_Atomic uint64_t rx_oob;       /* the library's own: the rx_urg whose byte recv(MSG_OOB)
 	                                * took (smcrd ignores it) */
-	uint8_t pad1[16];
+	_Atomic int32_t lib_owner;     /* SHM: the socket's owner (F_SETOWN: a pid, or minus a
+	                                * process group), 0 none: the peer library that moves
+	                                * rx_urg sends it SIGURG, as the kernel's TCP would */
+	uint32_t pad1;
+	_Atomic uint64_t lib_pidns;    /* SHM: the pid namespace lib_owner is in (the inode of
+	                                * /proc/self/ns/pid): no SIGURG from another */
 
 	/* written by smcrd only (offset 128) */
 	_Atomic uint64_t tx_cons;  /* bytes smcrd took from the send ring: free again */

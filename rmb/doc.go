@@ -106,7 +106,8 @@
 //	                     tx_off u32, rx_off u32, map_size u32, ring_files u32
 //	    64  library      tx_prod u64, rx_cons u64, lib_flags u32, lib_seq u32,
 //	                     lib_waiters u32, lib_pollers u32, tx_urg u64 (96),
-//	                     rx_oob u64 (104, the library's own)
+//	                     rx_oob u64 (104, the library's own), lib_owner i32 (112),
+//	                     lib_pidns u64 (120)
 //	   128  smcrd        tx_cons u64, rx_prod u64, d_flags u32, d_errno i32,
 //	                     d_seq u32, d_txwait u32, d_rxwait u32, rx_urg u64 (168)
 //	   192  (reserved to the end of the 4096-byte control page)
@@ -135,6 +136,9 @@
 // skips it in the stream unless the program set SO_OOBINLINE, and keeps in rx_oob
 // the rx_urg whose byte it took. smcrd posts the byte at tx_urg - 1 as SMC-R's
 // urgent data (or TCP's after a continuation) and publishes the peer's mark.
+// A new mark sends SIGURG to the socket's owner (F_SETOWN), before the rx_prod
+// that covers it: smcrd finds the owner on its duplicate of the socket; with
+// SHM the peer library signals lib_owner, if lib_pidns is its pid namespace.
 //
 // Waking: smcrd bumps d_seq after each publish and wakes futex waiters on it while
 // lib_waiters is nonzero, and writes the library's process eventfd (one per process,

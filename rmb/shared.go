@@ -40,6 +40,8 @@ const (
 	offLibPoll  = 92
 	offTxUrg    = 96
 	offRxOOB    = 104
+	offLibOwner = 112
+	offLibPidNS = 120
 	offTxCons   = 128
 	offRxProd   = 136
 	offDFlags   = 144

@@ -91,6 +91,25 @@ int conn_oob_inline_of(int fd)
 	return v != 0;
 }
 
+uint64_t conn_pidns(void)
+{
+	static _Atomic uint64_t ns;
+	uint64_t v = atomic_load_explicit(&ns, memory_order_relaxed);
+	struct stat st;
+	if (!v && stat("/proc/self/ns/pid", &st) == 0) {
+		v = (uint64_t)st.st_ino;
+		atomic_store_explicit(&ns, v, memory_order_relaxed);
+	}
+	return v;
+}
+
+void conn_note_owner(struct conn *c, int fd)
+{
+	int owner = R(fcntl)(fd, F_GETOWN);
+	atomic_store(&c->sh->lib_pidns, conn_pidns());
+	atomic_store(&c->sh->lib_owner, owner > 0 || owner < -1 ? owner : 0);
+}
+
 static void set_linger0(int fd)
 {
 	struct linger l = {.l_onoff = 1, .l_linger = 0};
@@ -272,6 +291,7 @@ static void decide_locked(struct conn *c, int fd, struct channel_msg *m, int r)
 	} else if (m->h.mode == SMCR_MODE_SMCR || m->h.mode == SMCR_MODE_SHM) {
 		if (conn_attach(c, (int)m->h.mode, m->fds, m->nfds) == 0) {
 			m->nfds = 0;
+			conn_note_owner(c, fd);
 			atomic_store(&c->state, CS_ACCEL);
 		} else {
 			atomic_store(&c->state, CS_RESET);

@@ -128,6 +128,12 @@ void conn_restore_oobinline(struct conn *c, int fd);
 /* conn_oob_inline_of: the socket's SO_OOBINLINE as the kernel has it, 0 if unknown */
 int conn_oob_inline_of(int fd);
 
+/* conn_note_owner publishes the socket's owner (F_SETOWN) and this process's pid
+ * namespace in an ACCEL connection's area, for a peer library that sends SIGURG
+ * (SHM); conn_pidns is that namespace's id, 0 if unknown. */
+void conn_note_owner(struct conn *c, int fd);
+uint64_t conn_pidns(void);
+
 /* conn_revents: the connection's readiness as poll bits (POLLIN ...), for the states
  * the library emulates; fd is one of the program's fds of it. */
 uint32_t conn_revents(struct conn *c, int fd);

@@ -923,6 +923,15 @@ static int do_fcntl(int fd, int cmd, void *arg, int is64)
 			dup_done(fd, r);
 		return r;
 	}
+	case F_SETOWN:
+	case F_SETOWN_EX: {
+		/* the owner gets SIGURG when urgent data comes: with SHM from the peer
+		 * library, which reads it in the area */
+		int r = f(fd, cmd, arg);
+		if (r == 0 && c && atomic_load(&c->state) == CS_ACCEL)
+			conn_note_owner(c, fd);
+		return r;
+	}
 	case F_GETFL: {
 		int r = f(fd, cmd);
 		if (r >= 0 && c && flags_emulated(c))

@@ -522,12 +522,26 @@ static ssize_t space_inner(struct conn *c, int fd, int flags, int *held)
 	}
 }
 
+/* peer_sigurg: SHM: the peer's socket's owner gets SIGURG for the new mark, as from
+ * the kernel's tcp_check_urg, before the cursor that covers the byte (so a
+ * program that sees the byte has had the signal); only in this pid namespace,
+ * where the owner's number means that process */
+static void peer_sigurg(struct conn *c)
+{
+	int owner = atomic_load(&c->peer->lib_owner);
+	uint64_t ns = atomic_load(&c->peer->lib_pidns);
+	if (owner != 0 && ns != 0 && ns == conn_pidns())
+		kill(owner, SIGURG); /* negative: the process group */
+}
+
 /* mark_urgent: send(MSG_OOB) wrote up to pos: its last byte is urgent, as TCP's
  * urgent pointer (the latest mark counts). Stored before the tx_prod that covers
  * it, so that whoever sees the cursor sees the mark. */
 static void mark_urgent(struct conn *c, uint64_t pos)
 {
 	atomic_store_explicit(c->tx_urg, pos, memory_order_seq_cst);
+	if (c->peer)
+		peer_sigurg(c);
 }
 
 /* sent_part: a send that wrote done bytes and ends early; with MSG_OOB the last

@@ -11,8 +11,9 @@ import (
 // TestDirectUrgentData: an urgent byte each way between two programs with the
 // library (testdata/direct_urgent.py) arrives as urgent data at its place:
 // the reads stop at the mark, recv(MSG_OOB) takes it, the stream goes on
-// without it; over shm library to library (the library writes the peer's
-// mark), over soft through smcrd's pumps and the CDC's urgent flag. And after
+// without it, and the socket's owner had SIGURG; over shm library to library
+// (the library writes the peer's mark and signals its owner), over soft
+// through smcrd's pumps and the CDC's urgent flag (smcrd signals). And after
 // a CLC fallback, where the kernel carries it: the sockets get back the
 // program's SO_OOBINLINE, which smcrd's engine had changed.
 func TestDirectUrgentData(t *testing.T) {

@@ -2,12 +2,22 @@
 # the direct mode's library sends and reads it: "ab", "!" with MSG_OOB, "cd".
 # The reader waits for the urgent byte (select's exceptfds), reads up to the
 # mark (SIOCATMARK), takes "!" with recv(MSG_OOB), then reads "cd" without it.
+# The socket's owner (F_SETOWN) is the program: it must have had SIGURG.
 # Prints "ok" when every step was as Linux's TCP has it; exits 1 otherwise.
 # usage: direct_urgent.py - PORT (server: reads first, then sends)
 #        direct_urgent.py HOST PORT (client: sends first, then reads)
-import fcntl, select, socket, struct, sys
+import fcntl, os, select, signal, socket, struct, sys, time
 
 SIOCATMARK = 0x8905
+urged = False
+
+
+def on_sigurg(sig, frame):
+    global urged
+    urged = True
+
+
+signal.signal(signal.SIGURG, on_sigurg)
 
 
 def atmark(s):
@@ -48,6 +58,10 @@ def read(s, who):
         rest += b
     if rest != b"cd":
         sys.exit(f"{who}: read {rest!r} after the mark, want b'cd' (the urgent byte out of line)")
+    os.getpid()  # a system call: a pending signal is taken on its way back
+    time.sleep(0.01)
+    if not urged:
+        sys.exit(f"{who}: no SIGURG")
 
 
 host, port = sys.argv[1], int(sys.argv[2])
@@ -57,12 +71,14 @@ if host == "-":
     ln.bind(("0.0.0.0", port))
     ln.listen(1)
     s, _ = ln.accept()
+    fcntl.fcntl(s.fileno(), fcntl.F_SETOWN, os.getpid())
     read(s, "server")
     send(s)
     if s.recv(1) != b"":
         sys.exit("server: bytes after the client's last")
 else:
     s = socket.create_connection((host, port))
+    fcntl.fcntl(s.fileno(), fcntl.F_SETOWN, os.getpid())
     send(s)
     read(s, "client")
     s.close()
