@@ -355,3 +355,27 @@ func TestUrgentData(t *testing.T) {
 		})
 	}
 }
+
+// TestUrgentPartialSend: a non-blocking send with MSG_OOB that the ring cannot
+// take whole marks the last byte it took, as the kernel's (oobfull.c), through
+// smcrd's pumps and library to library.
+func TestUrgentPartialSend(t *testing.T) {
+	build(t)
+	pumped, _ := fakeSmcrdWith(t, daemon.DirectOptions{})
+	sameHost, _ := fakeSmcrdWith(t, daemon.DirectOptions{SameHost: true})
+	for _, m := range []mode{
+		{name: "kernel"},
+		{name: "smcr", lib: "libsmcr-preload.so", socket: pumped},
+		{name: "shm", lib: "libsmcr-preload.so", socket: sameHost},
+	} {
+		t.Run(m.name, func(t *testing.T) {
+			out, errOut, err := run(t, m, "oobfull")
+			if err != nil || out != "ok\n" {
+				t.Fatalf("oobfull: %v\nstdout: %s\nstderr: %s", err, out, errOut)
+			}
+			if accel := strings.Count(errOut, "accel=1"); accel != map[bool]int{true: 2}[m.lib != ""] {
+				t.Errorf("%d ends accelerated (stderr: %q)", accel, errOut)
+			}
+		})
+	}
+}

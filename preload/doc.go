@@ -34,10 +34,10 @@
 // Known limits:
 //
 //   - MSG_OOB (urgent data) is carried as TCP's (tx_urg and rx_urg in the
-//     shared area, SIGURG to the socket's owner), but a send with MSG_OOB
-//     that ends early (a non-blocking one on a full ring) may leave its last
-//     byte unmarked; SIGURG to a library peer's owner goes only within one pid
-//     namespace. After
+//     shared area, SIGURG to the socket's owner), but a blocking send with
+//     MSG_OOB that a signal or SO_SNDTIMEO cuts short marks its last byte
+//     late, and smcrd may have sent it unmarked by then; SIGURG to a library
+//     peer's owner goes only within one pid namespace. After
 //     a fallback, an urgent byte among the bytes CLC read ahead (DECIDED's
 //     payload) is served inline, unmarked.
 //   - splice on an accelerated socket is a copy through a 16 KiB buffer (at

@@ -544,9 +544,10 @@ static void mark_urgent(struct conn *c, uint64_t pos)
 		peer_sigurg(c);
 }
 
-/* sent_part: a send that wrote done bytes and ends early; with MSG_OOB the last
- * byte written is urgent, as the kernel's partial send marks it (late: smcrd may
- * have taken the bytes already, and then they go unmarked) */
+/* sent_part: a send that wrote done bytes and ends early (a signal, a timeout, an
+ * error); with MSG_OOB the last byte written is urgent, as the kernel's partial
+ * send marks it (late: smcrd may have taken the bytes already, and then they go
+ * unmarked; a non-blocking send that fills the ring marks in time) */
 static ssize_t sent_part(struct conn *c, size_t done, int flags)
 {
 	if (flags & MSG_OOB) {
@@ -599,13 +600,17 @@ static ssize_t send_inner(struct conn *c, int fd, const struct iovec *iov, int i
 			 * side still copies */
 			if (c->peer && n > SHM_CHUNK)
 				n = SHM_CHUNK;
+			/* the call's last chunk: all of it, or a non-blocking one that
+			 * fills the ring (MSG_OOB: it ends here, so that its last byte
+			 * is marked before smcrd or the peer can take it) */
+			int last = done + n == want || ((flags & MSG_OOB) && nonblock && n == fr);
 			copy_in(&v, c->tx, c->tx_size, (size_t)(prod % c->tx_size), n);
-			if ((flags & MSG_OOB) && done + n == want)
+			if ((flags & MSG_OOB) && last)
 				mark_urgent(c, prod + n);
 			atomic_store_explicit(c->tx_prod, prod + n, memory_order_seq_cst);
 			after_tx_publish(c);
 			done += n;
-			if (done == want)
+			if (last)
 				return (ssize_t)done;
 			continue;
 		}
