@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/smcr-io/smcr/bpf"
+	"github.com/smcr-io/smcr/internal/tcpurg"
 	"github.com/smcr-io/smcr/rmb"
 	"github.com/smcr-io/smcr/smcr"
 )
@@ -345,14 +346,21 @@ func (dc *directConn) send() {
 			return
 		}
 		prod := dc.sh.TxProd().Load()
+		urg := dc.sh.TxUrg().Load() // after tx_prod: stored before the tx_prod that covers it
 		if prod-cons > size {
 			dc.log.Warn("direct: library's send cursor out of bounds: connection aborted")
 			dc.abort()
 			return
 		}
 		if prod != cons {
+			// The bytes before the program's urgent byte, then the byte
+			// as urgent data, then on.
+			end := prod
+			if cons < urg && urg <= prod {
+				end = urg - 1
+			}
 			var w [2]rmb.Span
-			for _, s := range rmb.AppendSpans(w[:0], cons, uint32(prod-cons), uint32(size)) {
+			for _, s := range rmb.AppendSpans(w[:0], cons, uint32(end-cons), uint32(size)) {
 				n, err := dc.carrier.Write(ring[s.Off:s.End()])
 				cons += uint64(n)
 				dc.sh.TxCons().Store(cons)
@@ -360,6 +368,14 @@ func (dc *directConn) send() {
 					dc.writeFailed(err)
 					return
 				}
+			}
+			if end != prod {
+				if err := dc.writeUrgent(ring[end%size]); err != nil {
+					dc.writeFailed(err)
+					return
+				}
+				cons++
+				dc.sh.TxCons().Store(cons)
 			}
 			dc.publish()
 			continue
@@ -455,9 +471,70 @@ func (dc *directConn) writeFailed(err error) {
 	}
 }
 
-// receive carries the peer's bytes from the carrier into the receive ring.
+// writeUrgent sends b on the carrier as urgent data: over SMC-R with the
+// CDC's urgent flag (urgentWriter, relay.go), on a TCP carrier with MSG_OOB.
+func (dc *directConn) writeUrgent(b byte) error {
+	switch c := dc.carrier.(type) {
+	case urgentWriter:
+		return c.WriteUrgent(b)
+	case *net.TCPConn:
+		if err := tcpurg.WriteUrgent(c, b); err != nil {
+			return fmt.Errorf("urgent byte: %w", err)
+		}
+		return nil
+	}
+	_, err := dc.carrier.Write([]byte{b})
+	return err
+}
+
+// markedRead is how receive reads the carrier: never past the peer's urgent
+// mark, the urgent byte alone and reported (smcr.Conn's ReadMarked; on a TCP
+// carrier the kernel's mark, its urgent bytes kept inline, which the library
+// hides from the program: the program's SO_OOBINLINE is the library's).
+func (dc *directConn) markedRead() func(p []byte) (int, bool, error) {
+	switch c := dc.carrier.(type) {
+	case markedReader:
+		return c.ReadMarked
+	case *net.TCPConn:
+		r, err := tcpurg.NewReader(c)
+		if err == nil {
+			return r.ReadMarked
+		}
+		dc.log.Warn("direct: urgent data will arrive inline", "err", err)
+	}
+	return func(p []byte) (int, bool, error) {
+		n, err := dc.carrier.Read(p)
+		return n, false, err
+	}
+}
+
+// newMark publishes the peer's urgent mark u (rx_urg), and signals the
+// program as the kernel's tcp_check_urg does: SIGURG to the owner of its
+// socket (F_SETOWN), which smcrd's duplicate shares; both before the rx_prod
+// that covers the urgent byte, so that a program that sees the byte has had
+// the signal.
+func (dc *directConn) newMark(u uint64) {
+	if dc.sh.RxUrg().Swap(u) == u || dc.sock == nil {
+		return
+	}
+	rc, err := dc.sock.SyscallConn()
+	if err != nil {
+		return
+	}
+	rc.Control(func(fd uintptr) {
+		// A pid, or minus a process group; 0 none. The kernel gives it as
+		// smcrd's pid namespace sees it.
+		if owner, err := unix.FcntlInt(fd, unix.F_GETOWN, 0); err == nil && owner != 0 && owner != -1 {
+			unix.Kill(owner, unix.SIGURG)
+		}
+	})
+}
+
+// receive carries the peer's bytes from the carrier into the receive ring,
+// and its urgent mark into rx_urg.
 func (dc *directConn) receive() {
 	defer close(dc.rxDone)
+	read := dc.markedRead()
 	ring := dc.sh.RxRing()
 	size := uint64(len(ring))
 	prod := dc.sh.RxProd().Load()
@@ -475,8 +552,11 @@ func (dc *directConn) receive() {
 			continue
 		}
 		free, _ := rmb.Split(prod, uint32(cons+size-prod), uint32(size))
-		n, err := dc.carrier.Read(ring[free.Off:free.End()])
+		n, urgent, err := read(ring[free.Off:free.End()])
 		if n > 0 {
+			if urgent { // n is 1: the mark goes before the cursor that covers it
+				dc.newMark(prod + 1)
+			}
 			prod += uint64(n)
 			dc.sh.RxProd().Store(prod)
 			dc.publish()

@@ -104,6 +104,7 @@ func (d *driver) step() driveOutcome {
 		return driveDone
 	}
 	prod, rxCons := sh.TxProd().Load(), sh.RxCons().Load()
+	urg := sh.TxUrg().Load() // after tx_prod: stored before the tx_prod that covers it
 	cur := d.conn.Cursors()
 	if cur.Continued {
 		return driveHandBack
@@ -115,7 +116,7 @@ func (d *driver) step() driveOutcome {
 			dc.abort()
 			return driveDone
 		}
-		switch err := d.conn.PostProduced(prod); {
+		switch err := d.post(cur.Produced, prod, urg); {
 		case errors.Is(err, smcr.ErrContinued):
 			return driveHandBack
 		case err != nil:
@@ -167,6 +168,17 @@ func (d *driver) step() driveOutcome {
 	return driveIdle
 }
 
+// post posts the library's bytes from at up to prod; the one before urg,
+// when among them, as urgent data (the program's send with MSG_OOB).
+func (d *driver) post(at, prod, urg uint64) error {
+	if at < urg && urg <= prod {
+		if err := d.conn.PostUrgent(urg); err != nil || urg == prod {
+			return err
+		}
+	}
+	return d.conn.PostProduced(prod)
+}
+
 // publish gives the library the engine's cursors and state; it reports
 // whether any moved.
 func (d *driver) publish(cur smcr.Cursors) bool {
@@ -174,6 +186,11 @@ func (d *driver) publish(cur smcr.Cursors) bool {
 	moved := false
 	if sh.TxCons().Load() != cur.PeerConsumed {
 		sh.TxCons().Store(cur.PeerConsumed)
+		moved = true
+	}
+	// The peer's urgent mark before the rx_prod that covers its byte.
+	if cur.PeerUrgent != 0 && sh.RxUrg().Load() != cur.PeerUrgent {
+		d.dc.newMark(cur.PeerUrgent)
 		moved = true
 	}
 	if sh.RxProd().Load() != cur.PeerProduced {
@@ -222,6 +239,9 @@ func (dc *directConn) writeError(err error) {
 // from the send buffer, which the library must not overwrite before.
 func (dc *directConn) handBack(conn *smcr.Conn) {
 	cur := conn.Cursors()
+	if cur.PeerUrgent != 0 {
+		dc.newMark(cur.PeerUrgent)
+	}
 	dc.sh.RxProd().Store(cur.PeerProduced)
 	dc.publish()
 	if err := conn.Consumed(cur.PeerProduced); err != nil {

@@ -3,8 +3,11 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"os/exec"
 	"sync"
 	"testing"
 	"time"
@@ -122,20 +125,7 @@ func TestDirectDrive(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		lw := newLibWake(t)
-		dupe := func(fd int) int {
-			d, err := unix.Dup(fd)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return d
-		}
-		wake, err := openProcWake(dupe(lw.efd), dupe(lw.page))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(wake.close)
-		dc, err := newDirectConn(conn, 0, 0, wake, files, slog.Default())
+		dc, err := newDirectConn(conn, 0, 0, testProcWake(t), files, slog.Default())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -173,4 +163,174 @@ func TestDirectDrive(t *testing.T) {
 			t.Fatalf("continued %v: smcrd still carries the connection after both closed", fail)
 		}
 	}
+}
+
+// TestDirectDriveUrgent: the library's urgent byte (tx_urg) reaches the peer
+// as urgent data at its place, and the peer's (WriteUrgent) comes to the
+// library as rx_urg before the rx_prod that covers it, with SIGURG to the
+// program's socket's owner; through the driver, and through the pumps once
+// the connection continued over TCP.
+func TestDirectDriveUrgent(t *testing.T) {
+	for _, continued := range []bool{false, true} {
+		newEngine, _, devs := shmEngines(t)
+		c, s := nstest.TCPPair(t)
+		ce, se := newEngine(), newEngine()
+		srv := make(chan *smcr.Conn, 1)
+		go func() {
+			p, err := se.Server(context.Background(), s)
+			if err != nil {
+				t.Error(err)
+			}
+			srv <- p
+		}()
+		conn, err := ce.ClientWith(context.Background(), c, smcr.ClientOptions{Cursors: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		peer := <-srv
+		if peer == nil || conn.Mode() != smcr.ModeSMCR {
+			t.Fatalf("no SMC-R connection")
+		}
+		files, err := engineRingFiles(conn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dc, err := newDirectConn(conn, 0, 0, testProcWake(t), files, slog.Default())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(dc.release)
+		dc.engine = conn
+		dc.sock = c // the program's socket, whose owner gets SIGURG
+		owner := sigurgCatcher(t)
+		setOwner(t, c, owner.Process.Pid)
+		dc.closeLibraryFds()
+		go dc.run(nil)
+		t.Cleanup(func() { // before release: a failed check leaves the drive running
+			dc.abort()
+			select {
+			case <-dc.rxDone:
+			case <-time.After(10 * time.Second):
+			}
+		})
+		if continued {
+			(*devs)[0].Close()
+			awaitContinued(t, conn, peer)
+		}
+		sh := dc.sh
+
+		// The library: "ab" and "!" with MSG_OOB, then "cd".
+		lib := ringLib{dc}
+		ring := sh.TxRing()
+		copy(ring, "ab!")
+		sh.TxUrg().Store(3) // before the tx_prod that covers it
+		sh.TxProd().Store(3)
+		signal(dc.efdTx)
+		if _, err := lib.Write([]byte("cd")); err != nil {
+			t.Fatal(err)
+		}
+		peer.SetReadDeadline(time.Now().Add(10 * time.Second))
+		readMarkedUntil(t, fmt.Sprintf("continued %v: library to peer", continued), peer.ReadMarked, "ab!cd", 2)
+
+		// The peer: "xy", then "z" as urgent data.
+		if _, err := peer.Write([]byte("xy")); err != nil {
+			t.Fatal(err)
+		}
+		if err := peer.WriteUrgent('z'); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(10 * time.Second); sh.RxProd().Load() < 3; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("continued %v: the peer's bytes did not come", continued)
+			}
+		}
+		if u := sh.RxUrg().Load(); u != 3 {
+			t.Errorf("continued %v: rx_urg %d, want 3 (just past \"xyz\")", continued, u)
+		}
+		if !continued { // (over TCP the kernel sends one too)
+			awaitSigurg(t, owner)
+		}
+		got := make([]byte, 3)
+		if _, err := io.ReadFull(lib, got); err != nil || string(got) != "xyz" {
+			t.Errorf("continued %v: the library read %q, %v", continued, got, err)
+		}
+
+		sh.LibFlags().Or(rmb.LibClosed)
+		signal(dc.efdTx)
+		peer.Close()
+		select {
+		case <-dc.rxDone:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("continued %v: smcrd still carries the connection after both closed", continued)
+		}
+	}
+}
+
+// sigurgCatcher starts a process that exits once SIGURG reaches it: the
+// owner of a program's socket. (The test process itself cannot tell: Go's
+// runtime sends itself SIGURG to preempt.)
+func sigurgCatcher(t *testing.T) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command("sh", "-c", `trap 'exit 0' URG; echo ready; while :; do sleep 0.05; done`)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	line := make([]byte, 6)
+	if _, err := io.ReadFull(out, line); err != nil {
+		t.Fatalf("sigurg catcher: %v", err)
+	}
+	return cmd
+}
+
+// awaitSigurg fails the test unless the catcher exits (took SIGURG) soon.
+func awaitSigurg(t *testing.T, cmd *exec.Cmd) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("sigurg catcher: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("the socket's owner had no SIGURG within 10s")
+	}
+}
+
+// setOwner makes pid the owner of c's socket (fcntl F_SETOWN).
+func setOwner(t *testing.T, c *net.TCPConn, pid int) {
+	t.Helper()
+	rc, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var serr error
+	rc.Control(func(fd uintptr) { _, serr = unix.FcntlInt(fd, unix.F_SETOWN, pid) })
+	if serr != nil {
+		t.Fatal(serr)
+	}
+}
+
+// testProcWake is smcrd's side of a library process's eventfd and wake page.
+func testProcWake(t *testing.T) *procWake {
+	t.Helper()
+	lw := newLibWake(t)
+	dupe := func(fd int) int {
+		d, err := unix.Dup(fd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	wake, err := openProcWake(dupe(lw.efd), dupe(lw.page))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(wake.close)
+	return wake
 }

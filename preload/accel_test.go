@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -310,6 +311,70 @@ func TestRingFiles(t *testing.T) {
 				if out, errOut, err := run(t, m, "exec", call); err != nil || out != "ok\n" || errOut != "accelerated 2\n" {
 					t.Errorf("exec %s: %v\nstdout: %s\nstderr: %s", call, err, out, errOut)
 				}
+			}
+		})
+	}
+}
+
+// TestUrgentData: TCP urgent data (MSG_OOB) on accelerated sockets is what the
+// kernel's is (oob.c's transcript: send and recv with MSG_OOB, reads that stop
+// at the mark, SO_OOBINLINE, SIOCATMARK, POLLPRI, select's exceptfds,
+// EPOLLPRI, FIONREAD), through smcrd's pumps over TCP (the mark is the
+// kernel's there), with the rings in files of their own, and library to
+// library on the same host (the library writes the peer's rx_urg itself).
+func TestUrgentData(t *testing.T) {
+	build(t)
+	want, errOut, err := run(t, mode{name: "kernel"}, "oob")
+	if err != nil {
+		t.Fatalf("oob without the library: %v\n%s%s", err, want, errOut)
+	}
+	pumped, _ := fakeSmcrdWith(t, daemon.DirectOptions{})
+	files, _ := fakeSmcrdWith(t, daemon.DirectOptions{RingFiles: true})
+	sameHost, _ := fakeSmcrdWith(t, daemon.DirectOptions{SameHost: true})
+	for _, m := range []mode{
+		{name: "smcr", lib: "libsmcr-preload.so", socket: pumped},
+		{name: "smcr-ubsan", lib: "libsmcr-preload-ubsan.so", socket: pumped},
+		{name: "smcr-asan", lib: "libsmcr-preload-asan.so", socket: pumped},
+		{name: "ring-files", lib: "libsmcr-preload.so", socket: files},
+		{name: "shm", lib: "libsmcr-preload.so", socket: sameHost},
+		{name: "shm-asan", lib: "libsmcr-preload-asan.so", socket: sameHost},
+	} {
+		t.Run(m.name, func(t *testing.T) {
+			got, errOut, err := run(t, m, "oob")
+			if err != nil {
+				t.Fatalf("oob: %v\nstdout:\n%s\nstderr:\n%s", err, got, errOut)
+			}
+			if got != want {
+				t.Errorf("transcript differs from the kernel's\n%s", diff(want, got))
+			}
+			for _, who := range []string{"client", "server"} {
+				if !strings.Contains(errOut, who+" accel=1") {
+					t.Errorf("%s not accelerated (stderr: %q)", who, errOut)
+				}
+			}
+		})
+	}
+}
+
+// TestUrgentPartialSend: a non-blocking send with MSG_OOB that the ring cannot
+// take whole marks the last byte it took, as the kernel's (oobfull.c), through
+// smcrd's pumps and library to library.
+func TestUrgentPartialSend(t *testing.T) {
+	build(t)
+	pumped, _ := fakeSmcrdWith(t, daemon.DirectOptions{})
+	sameHost, _ := fakeSmcrdWith(t, daemon.DirectOptions{SameHost: true})
+	for _, m := range []mode{
+		{name: "kernel"},
+		{name: "smcr", lib: "libsmcr-preload.so", socket: pumped},
+		{name: "shm", lib: "libsmcr-preload.so", socket: sameHost},
+	} {
+		t.Run(m.name, func(t *testing.T) {
+			out, errOut, err := run(t, m, "oobfull")
+			if err != nil || out != "ok\n" {
+				t.Fatalf("oobfull: %v\nstdout: %s\nstderr: %s", err, out, errOut)
+			}
+			if accel := strings.Count(errOut, "accel=1"); accel != map[bool]int{true: 2}[m.lib != ""] {
+				t.Errorf("%d ends accelerated (stderr: %q)", accel, errOut)
 			}
 		})
 	}

@@ -33,8 +33,13 @@
 //
 // Known limits:
 //
-//   - MSG_OOB: recv with MSG_OOB on an accelerated socket fails with EINVAL,
-//     send with MSG_OOB with EOPNOTSUPP (the ABI carries no urgent data).
+//   - MSG_OOB (urgent data) is carried as TCP's (tx_urg and rx_urg in the
+//     shared area, SIGURG to the socket's owner), but a blocking send with
+//     MSG_OOB that a signal or SO_SNDTIMEO cuts short marks its last byte
+//     late, and smcrd may have sent it unmarked by then; SIGURG to a library
+//     peer's owner goes only within one pid namespace. After
+//     a fallback, an urgent byte among the bytes CLC read ahead (DECIDED's
+//     payload) is served inline, unmarked.
 //   - splice on an accelerated socket is a copy through a 16 KiB buffer (at
 //     most that much per call); sendfile is a copy loop through the send ring.
 //   - A blocking read or write on an accelerated socket that a signal

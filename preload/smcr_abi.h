@@ -105,7 +105,18 @@ struct smcr_shared {
 	_Atomic uint32_t lib_waiters;  /* threads blocked in a futex wait on d_seq */
 	_Atomic uint32_t lib_pollers;  /* poll/epoll sets holding the connection: a publish
 	                                * then wakes through the process's wake page */
-	uint8_t pad1[32];
+	_Atomic uint64_t tx_urg;       /* urgent data (send with MSG_OOB): the stream position just
+	                                * past the program's latest urgent byte, 0 none; stored
+	                                * before the tx_prod that covers the byte. Only the latest
+	                                * counts, as TCP's one urgent pointer */
+	_Atomic uint64_t rx_oob;       /* the library's own: the rx_urg whose byte recv(MSG_OOB)
+	                                * took (smcrd ignores it) */
+	_Atomic int32_t lib_owner;     /* SHM: the socket's owner (F_SETOWN: a pid, or minus a
+	                                * process group), 0 none: the peer library that moves
+	                                * rx_urg sends it SIGURG, as the kernel's TCP would */
+	uint32_t pad1;
+	_Atomic uint64_t lib_pidns;    /* SHM: the pid namespace lib_owner is in (the inode of
+	                                * /proc/self/ns/pid): no SIGURG from another */
 
 	/* written by smcrd only (offset 128) */
 	_Atomic uint64_t tx_cons;  /* bytes smcrd took from the send ring: free again */
@@ -115,7 +126,11 @@ struct smcr_shared {
 	_Atomic uint32_t d_seq;    /* bumped after every publish above; futex word */
 	_Atomic uint32_t d_txwait; /* smcrd sleeps until tx_prod or lib_flags move: write efd_dtx */
 	_Atomic uint32_t d_rxwait; /* smcrd sleeps until rx_cons moves: write efd_drx */
-	uint8_t pad2[28];
+	uint32_t pad2;
+	_Atomic uint64_t rx_urg;   /* the peer's urgent data: the stream position just past its
+	                            * latest urgent byte, 0 none; stored before the rx_prod that
+	                            * covers the byte (SHM: by the peer library) */
+	uint8_t pad3[16];
 };
 
 /* ---- The wake page: a process's eventfd comes with a memfd of SMCR_WAKE_SIZE bytes,

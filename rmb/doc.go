@@ -105,9 +105,11 @@
 //	     0  smcrd, once  magic "SMCS" u32, version u32, tx_size u32, rx_size u32,
 //	                     tx_off u32, rx_off u32, map_size u32, ring_files u32
 //	    64  library      tx_prod u64, rx_cons u64, lib_flags u32, lib_seq u32,
-//	                     lib_waiters u32, lib_pollers u32
+//	                     lib_waiters u32, lib_pollers u32, tx_urg u64 (96),
+//	                     rx_oob u64 (104, the library's own), lib_owner i32 (112),
+//	                     lib_pidns u64 (120)
 //	   128  smcrd        tx_cons u64, rx_prod u64, d_flags u32, d_errno i32,
-//	                     d_seq u32, d_txwait u32, d_rxwait u32
+//	                     d_seq u32, d_txwait u32, d_rxwait u32, rx_urg u64 (168)
 //	   192  (reserved to the end of the 4096-byte control page)
 //	  4096  send ring (tx_size bytes, at tx_off), then the receive ring (rx_size
 //	        bytes, at rx_off = 4096 + tx_size rounded up to a page)
@@ -125,6 +127,18 @@
 // acquire order, then copies. smcrd ends a connection whose library's cursor
 // claims more than its ring holds. lib_flags carries [LibShutWR] and [LibClosed]; d_flags
 // carries [DEOF], [DError] (d_errno for reads and writes) and [DTxClosed].
+//
+// Urgent data (TCP's MSG_OOB): tx_urg and rx_urg are stream positions just past
+// the latest urgent byte of each direction (0: none yet), stored before the
+// tx_prod or rx_prod that covers the byte, so that a side that sees the cursor
+// sees the mark; only the latest mark counts, as TCP's one urgent pointer. The
+// urgent byte stays in the ring: the library reads it for recv(MSG_OOB) and
+// skips it in the stream unless the program set SO_OOBINLINE, and keeps in rx_oob
+// the rx_urg whose byte it took. smcrd posts the byte at tx_urg - 1 as SMC-R's
+// urgent data (or TCP's after a continuation) and publishes the peer's mark.
+// A new mark sends SIGURG to the socket's owner (F_SETOWN), before the rx_prod
+// that covers it: smcrd finds the owner on its duplicate of the socket; with
+// SHM the peer library signals lib_owner, if lib_pidns is its pid namespace.
 //
 // Waking: smcrd bumps d_seq after each publish and wakes futex waiters on it while
 // lib_waiters is nonzero, and writes the library's process eventfd (one per process,

@@ -39,6 +39,10 @@ const (
 	offLibSeq   = 84
 	offLibWait  = 88
 	offLibPoll  = 92
+	offTxUrg    = 96
+	offRxOOB    = 104
+	offLibOwner = 112
+	offLibPidNS = 120
 	offTxCons   = 128
 	offRxProd   = 136
 	offDFlags   = 144
@@ -46,6 +50,7 @@ const (
 	offDSeq     = 152
 	offDTxWait  = 156
 	offDRxWait  = 160
+	offRxUrg    = 168
 	sharedEnd   = 192 // sizeof(struct smcr_shared)
 )
 
@@ -195,6 +200,11 @@ func (s *Shared) LibSeq() *atomic.Uint32     { return s.u32(offLibSeq) }
 func (s *Shared) LibWaiters() *atomic.Uint32 { return s.u32(offLibWait) }
 func (s *Shared) LibPollers() *atomic.Uint32 { return s.u32(offLibPoll) }
 
+// TxUrg is the stream position just past the program's latest urgent byte
+// (send with MSG_OOB), 0 none; the library stores it before the tx_prod that
+// covers the byte.
+func (s *Shared) TxUrg() *atomic.Uint64 { return s.u64(offTxUrg) }
+
 // smcrd's words.
 func (s *Shared) TxCons() *atomic.Uint64   { return s.u64(offTxCons) }
 func (s *Shared) RxProd() *atomic.Uint64   { return s.u64(offRxProd) }
@@ -204,6 +214,10 @@ func (s *Shared) DSeq() *atomic.Uint32     { return s.u32(offDSeq) }
 func (s *Shared) DTxWait() *atomic.Uint32  { return s.u32(offDTxWait) }
 func (s *Shared) DRxWait() *atomic.Uint32  { return s.u32(offDRxWait) }
 func (s *Shared) DSeqAddr() unsafe.Pointer { return unsafe.Pointer(&s.mem[offDSeq]) }
+
+// RxUrg is the stream position just past the peer's latest urgent byte, 0
+// none; smcrd stores it before the rx_prod that covers the byte.
+func (s *Shared) RxUrg() *atomic.Uint64 { return s.u64(offRxUrg) }
 
 // The wake page (struct smcr_wake): one per library process, beside its
 // eventfd. A publish to a connection whose lib_pollers is nonzero bumps Pub,

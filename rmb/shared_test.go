@@ -27,9 +27,10 @@ int main(void) {
 	F(smcr_shared, magic); F(smcr_shared, version); F(smcr_shared, tx_size); F(smcr_shared, rx_size);
 	F(smcr_shared, tx_off); F(smcr_shared, rx_off); F(smcr_shared, map_size); F(smcr_shared, ring_files);
 	F(smcr_shared, tx_prod); F(smcr_shared, rx_cons); F(smcr_shared, lib_flags); F(smcr_shared, lib_seq);
-	F(smcr_shared, lib_waiters); F(smcr_shared, lib_pollers);
+	F(smcr_shared, lib_waiters); F(smcr_shared, lib_pollers); F(smcr_shared, tx_urg); F(smcr_shared, rx_oob);
+	F(smcr_shared, lib_owner); F(smcr_shared, lib_pidns);
 	F(smcr_shared, tx_cons); F(smcr_shared, rx_prod); F(smcr_shared, d_flags); F(smcr_shared, d_errno);
-	F(smcr_shared, d_seq); F(smcr_shared, d_txwait); F(smcr_shared, d_rxwait);
+	F(smcr_shared, d_seq); F(smcr_shared, d_txwait); F(smcr_shared, d_rxwait); F(smcr_shared, rx_urg);
 	printf("sizeof_shared %zu\n", sizeof(struct smcr_shared));
 	F(smcr_policy, heartbeat_ns); F(smcr_policy, enabled); F(smcr_policy, ports);
 	F(smcr_policy, max_memory); F(smcr_policy, mem_used); F(smcr_policy, naddrs); F(smcr_policy, addrs);
@@ -60,9 +61,10 @@ int main(void) {
 		"magic": offMagic, "version": offVersion, "tx_size": offTxSize, "rx_size": offRxSize,
 		"tx_off": offTxOff, "rx_off": offRxOff, "map_size": offMapSize, "ring_files": offRingFile,
 		"tx_prod": offTxProd, "rx_cons": offRxCons, "lib_flags": offLibFlags, "lib_seq": offLibSeq,
-		"lib_waiters": offLibWait, "lib_pollers": offLibPoll,
+		"lib_waiters": offLibWait, "lib_pollers": offLibPoll, "tx_urg": offTxUrg, "rx_oob": offRxOOB,
+		"lib_owner": offLibOwner, "lib_pidns": offLibPidNS,
 		"tx_cons": offTxCons, "rx_prod": offRxProd, "d_flags": offDFlags, "d_errno": offDErrno,
-		"d_seq": offDSeq, "d_txwait": offDTxWait, "d_rxwait": offDRxWait, "sizeof_shared": sharedEnd,
+		"d_seq": offDSeq, "d_txwait": offDTxWait, "d_rxwait": offDRxWait, "rx_urg": offRxUrg, "sizeof_shared": sharedEnd,
 		"heartbeat_ns": 8, "enabled": 16, "ports": 24, "sizeof_policy": PolicySize,
 		"max_memory": offPolicyMaxMem, "mem_used": offPolicyMemUse, "naddrs": offPolicyNAddrs, "addrs": offPolicyAddrs,
 		"SMCR_POLICY_MAX_ADDRS": PolicyMaxAddrs,

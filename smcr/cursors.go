@@ -45,6 +45,10 @@ type Cursors struct {
 	WriteErr error
 	// Continued: the connection continues over TCP (ErrContinued).
 	Continued bool
+	// PeerUrgent is the stream position just past the peer's urgent byte
+	// (TCP's MSG_OOB, urgent.go) while the application has not consumed
+	// past it; 0 when there is none. Only the latest counts.
+	PeerUrgent uint64
 }
 
 // cursorDriven reports whether c's application drives the cursors.
@@ -118,7 +122,7 @@ func (c *Conn) DupBufferFiles() (snd, rmb BufferFile, err error) {
 func (c *Conn) Cursors() Cursors {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return Cursors{
+	cur := Cursors{
 		Produced:     c.tx.Pos(),
 		PeerConsumed: c.tx.PeerConsumerPos(),
 		PeerProduced: c.rx.PeerProducerPos(),
@@ -127,6 +131,10 @@ func (c *Conn) Cursors() Cursors {
 		WriteErr:     c.writeErrLocked(),
 		Continued:    c.cont.fo,
 	}
+	if c.rxUrgent {
+		cur.PeerUrgent = c.rxUrgentAt + 1
+	}
+	return cur
 }
 
 // SetCursorNotify has f called whenever the peer's cursors or the connection's
@@ -145,7 +153,15 @@ func (c *Conn) SetCursorNotify(f func()) {
 // buffer up to stream position pos: their RDMA WRITEs and the CDC that
 // announces them, in one chain. pos lies between Produced and the end of the
 // free space. It waits only while the connection moves to another link.
-func (c *Conn) PostProduced(pos uint64) error {
+func (c *Conn) PostProduced(pos uint64) error { return c.postProduced(pos, false) }
+
+// PostUrgent is PostProduced for bytes whose last, at pos-1, is urgent data,
+// as WriteUrgent's byte (urgent.go): the CDC that announces it carries the
+// urgent-data-present flag, and a continuation over TCP resends it with
+// MSG_OOB. pos lies past Produced.
+func (c *Conn) PostUrgent(pos uint64) error { return c.postProduced(pos, true) }
+
+func (c *Conn) postProduced(pos uint64, urgent bool) error {
 	if err := c.cursorDriven(); err != nil {
 		return err
 	}
@@ -162,7 +178,7 @@ func (c *Conn) PostProduced(pos uint64) error {
 		err = ErrContinued
 	}
 	at, free := c.tx.Pos(), uint64(c.tx.Free())
-	if err == nil && (pos < at || pos-at > free) {
+	if err == nil && (pos < at || pos-at > free || urgent && pos == at) {
 		err = fmt.Errorf("smcr: producer cursor %d outside the free space [%d, %d]", pos, at, at+free)
 	}
 	if err != nil || pos == at {
@@ -177,7 +193,7 @@ func (c *Conn) PostProduced(pos uint64) error {
 	lnk := c.lnk
 	c.mu.Unlock()
 	// more: a full ring asks the peer for its consumer cursor at once.
-	err = c.sendChunk(lnk, ws, n, false, true)
+	err = c.sendChunk(lnk, ws, n, urgent, true)
 	c.cdcMu.Unlock()
 	c.cs.tx.Add(uint64(n))
 	c.e.st.txBytes.Add(uint64(n))

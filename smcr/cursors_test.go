@@ -430,3 +430,67 @@ func readCheck(t *testing.T, c *Conn, want []byte) {
 		t.Fatal("read other bytes than were written")
 	}
 }
+
+// TestCursorsUrgent: a cursor-driven end posts urgent data (PostUrgent) that a
+// net.Conn peer's ReadMarked reports at its place, and reports the peer's
+// urgent byte (WriteUrgent) in Cursors.PeerUrgent until it consumed past it.
+func TestCursorsUrgent(t *testing.T) {
+	pr := providers[0]
+	cli, srv := cursorConns(t, pr.open, true, false)
+	a := newCursorApp(cli)
+	if err := a.write([]byte("ab")); err != nil {
+		t.Fatal(err)
+	}
+	buf := cli.SendBuffer()
+	at := cli.Cursors().Produced
+	buf[at%uint64(len(buf))] = '!'
+	if err := cli.PostUrgent(at); err == nil {
+		t.Fatal("PostUrgent of no byte accepted")
+	}
+	if err := cli.PostUrgent(at + 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.write([]byte("cd")); err != nil {
+		t.Fatal(err)
+	}
+	var got []byte
+	var marks []int
+	p := make([]byte, 16)
+	for len(got) < 5 {
+		srv.SetReadDeadline(time.Now().Add(waitLimit))
+		n, urgent, err := srv.ReadMarked(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if urgent {
+			marks = append(marks, len(got))
+		}
+		got = append(got, p[:n]...)
+	}
+	if string(got) != "ab!cd" || len(marks) != 1 || marks[0] != 2 {
+		t.Fatalf("read %q with urgent bytes at %v, want \"ab!cd\" with one at 2", got, marks)
+	}
+
+	if _, err := srv.Write([]byte("xy")); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.WriteUrgent('z'); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the urgent byte arrived", func() bool { return cli.Cursors().PeerProduced == 3 })
+	if u := cli.Cursors().PeerUrgent; u != 3 {
+		t.Fatalf("PeerUrgent %d, want 3 (just past \"xyz\")", u)
+	}
+	if err := cli.Consumed(2); err != nil {
+		t.Fatal(err)
+	}
+	if u := cli.Cursors().PeerUrgent; u != 3 {
+		t.Fatalf("PeerUrgent %d before the urgent byte was consumed, want 3", u)
+	}
+	if err := cli.Consumed(3); err != nil {
+		t.Fatal(err)
+	}
+	if u := cli.Cursors().PeerUrgent; u != 0 {
+		t.Fatalf("PeerUrgent %d once consumed past, want 0", u)
+	}
+}

@@ -46,7 +46,7 @@ struct conn_ext {
 	unsigned fork_gen;
 };
 
-struct conn *conn_new(int chan, int user_nonblock)
+struct conn *conn_new(int chan, int user_nonblock, int oob_inline)
 {
 	struct conn_ext *x = calloc(1, sizeof(*x));
 	if (!x)
@@ -57,6 +57,7 @@ struct conn *conn_new(int chan, int user_nonblock)
 	atomic_init(&c->state, CS_PENDING);
 	c->chan = chan;
 	atomic_init(&c->user_nonblock, user_nonblock);
+	atomic_init(&c->oob_inline, !!oob_inline);
 	c->memfd = c->efd_dtx = c->efd_drx = c->peer_memfd = c->peer_efd_lib = -1;
 	c->tx_file = c->rx_file = -1;
 	/* the pair the offer passes */
@@ -78,6 +79,40 @@ void conn_restore_flags(struct conn *c, int fd)
 	else
 		fl &= ~O_NONBLOCK;
 	R(fcntl)(fd, F_SETFL, fl);
+}
+
+void conn_restore_oobinline(struct conn *c, int fd)
+{
+	int v = atomic_load(&c->oob_inline);
+	R(setsockopt)(fd, SOL_SOCKET, SO_OOBINLINE, &v, sizeof(v));
+}
+
+int conn_oob_inline_of(int fd)
+{
+	int v = 0;
+	socklen_t l = sizeof(v);
+	if (R(getsockopt)(fd, SOL_SOCKET, SO_OOBINLINE, &v, &l) < 0)
+		return 0;
+	return v != 0;
+}
+
+uint64_t conn_pidns(void)
+{
+	static _Atomic uint64_t ns;
+	uint64_t v = atomic_load_explicit(&ns, memory_order_relaxed);
+	struct stat st;
+	if (!v && stat("/proc/self/ns/pid", &st) == 0) {
+		v = (uint64_t)st.st_ino;
+		atomic_store_explicit(&ns, v, memory_order_relaxed);
+	}
+	return v;
+}
+
+void conn_note_owner(struct conn *c, int fd)
+{
+	int owner = R(fcntl)(fd, F_GETOWN);
+	atomic_store(&c->sh->lib_pidns, conn_pidns());
+	atomic_store(&c->sh->lib_owner, owner > 0 || owner < -1 ? owner : 0);
 }
 
 static void set_linger0(int fd)
@@ -224,6 +259,7 @@ int conn_attach(struct conn *c, int mode, const int *fds, int nfds)
 		c->tx_size = peer->rx_size;
 		c->tx_prod = &peer->rx_prod;
 		c->tx_cons = &peer->rx_cons;
+		c->tx_urg = &peer->rx_urg;
 		c->peer_memfd = fds[3];
 		c->peer_efd_lib = fds[4];
 		efd_nonblock(c->peer_efd_lib);
@@ -235,6 +271,7 @@ int conn_attach(struct conn *c, int mode, const int *fds, int nfds)
 		c->tx_size = sh->tx_size;
 		c->tx_prod = &sh->tx_prod;
 		c->tx_cons = &sh->tx_cons;
+		c->tx_urg = &sh->tx_urg;
 	}
 	c->memfd = fds[0];
 	c->efd_dtx = fds[1];
@@ -271,6 +308,7 @@ static void decide_locked(struct conn *c, int fd, struct channel_msg *m, int r)
 	} else if (m->h.mode == SMCR_MODE_SMCR || m->h.mode == SMCR_MODE_SHM) {
 		if (conn_attach(c, (int)m->h.mode, m->fds, m->nfds) == 0) {
 			m->nfds = 0;
+			conn_note_owner(c, fd);
 			atomic_store(&c->state, CS_ACCEL);
 		} else {
 			atomic_store(&c->state, CS_RESET);
@@ -279,6 +317,7 @@ static void decide_locked(struct conn *c, int fd, struct channel_msg *m, int r)
 		}
 	} else if (m->h.mode == SMCR_MODE_TCP) {
 		conn_restore_flags(c, fd);
+		conn_restore_oobinline(c, fd);
 		if (m->h.len) {
 			c->prefix = m->payload;
 			c->prefix_len = m->h.len;
@@ -291,6 +330,7 @@ static void decide_locked(struct conn *c, int fd, struct channel_msg *m, int r)
 		int e = -m->h.status;
 		atomic_store(&c->pending_err, e > 0 ? e : ECONNREFUSED);
 		conn_restore_flags(c, fd);
+		conn_restore_oobinline(c, fd);
 		atomic_store(&c->state, CS_FAILED);
 	} else {
 		atomic_store(&c->state, CS_RESET);
@@ -394,8 +434,10 @@ uint32_t conn_revents(struct conn *c, int fd)
 		uint32_t df = atomic_load_explicit(&c->sh->d_flags, memory_order_acquire);
 		int shr = atomic_load_explicit(&c->shut_rd, memory_order_relaxed);
 		int shw = atomic_load_explicit(&c->shut_wr, memory_order_relaxed);
-		if (ring_rx_avail(c) > 0 || (df & (SMCR_D_EOF | SMCR_D_ERROR)) || shr)
+		if (ring_rx_readable(c) > 0 || (df & (SMCR_D_EOF | SMCR_D_ERROR)) || shr)
 			r |= POLLIN | POLLRDNORM;
+		if (ring_urgent_pending(c))
+			r |= POLLPRI;
 		if ((df & SMCR_D_EOF) || shr)
 			r |= POLLRDHUP;
 		if (df & SMCR_D_ERROR)

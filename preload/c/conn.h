@@ -41,6 +41,9 @@ struct conn {
 	atomic_int closed;      /* the program closed its last alias */
 	atomic_int aborted;     /* that close was an abort (conn_note_close) */
 	atomic_int err_taken;   /* ACCEL: the connection's error was returned once (SO_ERROR) */
+	atomic_int oob_inline;  /* the program's SO_OOBINLINE while PENDING / ACCEL: the kernel
+	                         * socket's is smcrd's then (its engine keeps urgent bytes inline
+	                         * for a continuation over TCP) */
 
 	/* ACCEL */
 	struct smcr_shared *sh;
@@ -63,6 +66,9 @@ struct conn {
 	 * ring (its rx_prod, rx_cons), which this library fills itself. tx and
 	 * tx_size above are that ring. */
 	_Atomic uint64_t *tx_prod, *tx_cons;
+	/* where send(MSG_OOB) marks its last byte: sh's tx_urg, or with SHM the peer
+	 * library's rx_urg */
+	_Atomic uint64_t *tx_urg;
 	/* SHM: the peer library's area (NULL with SMCR), its efd_lib and wake page
 	 * (mapped, its fd closed: an exec's new image goes without it and writes
 	 * efd_lib after every publish while the peer polls) */
@@ -87,7 +93,10 @@ static inline struct conn *conn_of(struct obj *o)
 	return (o && o->kind == OBJ_CONN) ? (struct conn *)o : 0;
 }
 
-struct conn *conn_new(int chan, int user_nonblock);
+/* conn_new: a connection offered on channel chan; user_nonblock and oob_inline are the
+ * program's O_NONBLOCK and SO_OOBINLINE, read before the offer (smcrd changes the
+ * socket's). */
+struct conn *conn_new(int chan, int user_nonblock, int oob_inline);
 
 /* conn_attach maps the shared area of a DECIDED of mode SMCR (3 fds: memfd, efd_dtx,
  * efd_drx; 5 with SMCR_RING_FILES: then tx_file, rx_file) or SHM (5: then peer_memfd,
@@ -119,6 +128,17 @@ void conn_note_close(struct conn *c, int fd);
 
 /* conn_restore_flags gives the kernel socket the program's O_NONBLOCK again. */
 void conn_restore_flags(struct conn *c, int fd);
+/* conn_restore_oobinline gives it the program's SO_OOBINLINE again (plain TCP). */
+void conn_restore_oobinline(struct conn *c, int fd);
+
+/* conn_oob_inline_of: the socket's SO_OOBINLINE as the kernel has it, 0 if unknown */
+int conn_oob_inline_of(int fd);
+
+/* conn_note_owner publishes the socket's owner (F_SETOWN) and this process's pid
+ * namespace in an ACCEL connection's area, for a peer library that sends SIGURG
+ * (SHM); conn_pidns is that namespace's id, 0 if unknown. */
+void conn_note_owner(struct conn *c, int fd);
+uint64_t conn_pidns(void);
 
 /* conn_revents: the connection's readiness as poll bits (POLLIN ...), for the states
  * the library emulates; fd is one of the program's fds of it. */

@@ -42,6 +42,7 @@ enum {
 	INH_SHUT_WR = 4,
 	INH_SHARED = 8,
 	INH_ERR_TAKEN = 16,
+	INH_OOBINLINE = 32,
 };
 
 /* env_get: the value of name in envp, or NULL */
@@ -142,7 +143,8 @@ static void write_one(int fd, struct conn *c, int st, void *arg)
 	conn_fds(c, fds);
 	unsigned flags = (atomic_load(&c->user_nonblock) ? INH_NONBLOCK : 0) |
 			 (atomic_load(&c->shut_rd) ? INH_SHUT_RD : 0) | (atomic_load(&c->shut_wr) ? INH_SHUT_WR : 0) |
-			 (conn_shared(c) ? INH_SHARED : 0) | (atomic_load(&c->err_taken) ? INH_ERR_TAKEN : 0);
+			 (conn_shared(c) ? INH_SHARED : 0) | (atomic_load(&c->err_taken) ? INH_ERR_TAKEN : 0) |
+			 (atomic_load(&c->oob_inline) ? INH_OOBINLINE : 0);
 	int n = snprintf(w->p, (size_t)(w->end - w->p), "%s%d,%d,%u,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d",
 			 w->p[-1] == '=' ? "" : ";", fd, st, flags, fds[0], fds[1], fds[2], fds[3], fds[4],
 			 fds[5], fds[6], fds[7], fds[8], fds[9]);
@@ -354,7 +356,7 @@ static void adopt_one(const int *v)
 			return;
 		}
 	}
-	struct conn *c = conn_new(chan, flags & INH_NONBLOCK);
+	struct conn *c = conn_new(chan, flags & INH_NONBLOCK, flags & INH_OOBINLINE);
 	if (!c)
 		return;
 	if (flags & INH_SHARED)

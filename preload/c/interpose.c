@@ -223,9 +223,10 @@ static int connect_offer(int fd, const struct sockaddr *addr, socklen_t len)
 	int ch = channel_open();
 	if (ch < 0)
 		return R(connect)(fd, addr, len);
+	int inl = conn_oob_inline_of(fd); /* before smcrd has the socket */
 	set_nonblock(fd, fl, 1);
 	int st = channel_request(ch, SMCR_MSG_CLIENT, fd);
-	struct conn *c = st == 0 ? conn_new(ch, !!(fl & O_NONBLOCK)) : NULL;
+	struct conn *c = st == 0 ? conn_new(ch, !!(fl & O_NONBLOCK), inl) : NULL;
 	if (!c) {
 		R(close)(ch);
 		set_nonblock(fd, fl, fl & O_NONBLOCK);
@@ -318,9 +319,10 @@ static void accepted_offer(int nfd, int nonblock)
 	int ch = channel_open();
 	if (ch < 0)
 		return;
+	int inl = conn_oob_inline_of(nfd); /* the listener's, before smcrd has the socket */
 	set_nonblock(nfd, fl, 1);
 	int st = channel_request(ch, SMCR_MSG_ACCEPTED, nfd);
-	struct conn *c = st == 0 ? conn_new(ch, nonblock) : NULL;
+	struct conn *c = st == 0 ? conn_new(ch, nonblock, inl) : NULL;
 	if (!c) {
 		R(close)(ch);
 		set_nonblock(nfd, fl, nonblock);
@@ -500,6 +502,8 @@ static ssize_t conn_recv(struct conn *c, int fd, const struct iovec *iov, int cn
 				return -1;
 			continue;
 		case CS_PREFIX: {
+			if (flags & MSG_OOB)
+				return PASS; /* the urgent byte is the kernel's: CLC stops before it */
 			ssize_t r = prefix_recv(c, iov, cnt, flags);
 			if (r == PASS)
 				continue;
@@ -615,7 +619,7 @@ EXPORT ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
 	if (r >= 0) {
 		msg->msg_namelen = 0;
 		msg->msg_controllen = 0;
-		msg->msg_flags = 0;
+		msg->msg_flags = flags & MSG_OOB; /* as the kernel's: the urgent byte is marked */
 	}
 	return r;
 }
@@ -919,6 +923,15 @@ static int do_fcntl(int fd, int cmd, void *arg, int is64)
 			dup_done(fd, r);
 		return r;
 	}
+	case F_SETOWN:
+	case F_SETOWN_EX: {
+		/* the owner gets SIGURG when urgent data comes: with SHM from the peer
+		 * library, which reads it in the area */
+		int r = f(fd, cmd, arg);
+		if (r == 0 && c && atomic_load(&c->state) == CS_ACCEL)
+			conn_note_owner(c, fd);
+		return r;
+	}
 	case F_GETFL: {
 		int r = f(fd, cmd);
 		if (r >= 0 && c && flags_emulated(c))
@@ -976,7 +989,7 @@ EXPORT int ioctl(int fd, unsigned long req, ...)
 		break;
 	case FIONREAD:
 		if (st == CS_ACCEL) {
-			*(int *)arg = (int)ring_rx_avail(c);
+			*(int *)arg = (int)ring_rx_inq(c);
 			return 0;
 		}
 		if (st == CS_PENDING) {
@@ -1002,13 +1015,54 @@ EXPORT int ioctl(int fd, unsigned long req, ...)
 			return 0;
 		}
 		break;
+	case SIOCATMARK:
+		if (st == CS_ACCEL) {
+			*(int *)arg = ring_at_mark(c);
+			return 0;
+		}
+		/* the bytes CLC read ahead come before any mark in the kernel's queue */
+		if (st == CS_PENDING || (st == CS_PREFIX && atomic_load(&c->prefix_off) < c->prefix_len)) {
+			*(int *)arg = 0;
+			return 0;
+		}
+		break;
 	}
 	return R(ioctl)(fd, req, arg);
+}
+
+/* oobinline_emulated: while PENDING and ACCEL the kernel socket's SO_OOBINLINE is
+ * smcrd's (its engine keeps urgent bytes inline, for a continuation over TCP); the
+ * program's is the library's, and the socket gets it back if the connection goes
+ * on as plain TCP (conn_restore_oobinline). */
+static int oobinline_emulated(struct conn *c, int level, int opt)
+{
+	if (!c || level != SOL_SOCKET || opt != SO_OOBINLINE)
+		return 0;
+	int st = atomic_load(&c->state);
+	return st == CS_PENDING || st == CS_ACCEL;
+}
+
+EXPORT int setsockopt(int fd, int level, int opt, const void *val, socklen_t len)
+{
+	struct conn *c = conn_of(fdt_get(fd));
+	if (__builtin_expect(!c, 1) || !oobinline_emulated(c, level, opt))
+		return R(setsockopt)(fd, level, opt, val, len);
+	if (!val || len < sizeof(int)) {
+		errno = !val ? EFAULT : EINVAL;
+		return -1;
+	}
+	atomic_store(&c->oob_inline, *(const int *)val != 0);
+	return 0;
 }
 
 EXPORT int getsockopt(int fd, int level, int opt, void *val, socklen_t *len)
 {
 	struct conn *c = conn_of(fdt_get(fd));
+	if (oobinline_emulated(c, level, opt) && val && len && *len >= sizeof(int)) {
+		*(int *)val = atomic_load(&c->oob_inline);
+		*len = sizeof(int);
+		return 0;
+	}
 	if (__builtin_expect(!c, 1) || level != SOL_SOCKET || opt != SO_ERROR || !val || !len ||
 	    *len < sizeof(int))
 		return R(getsockopt)(fd, level, opt, val, len);

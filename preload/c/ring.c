@@ -106,9 +106,52 @@ size_t ring_tx_queued(struct conn *c)
 	return u > c->tx_size ? c->tx_size : (size_t)u;
 }
 
+/* urg_ahead: the peer's urgent mark (just past its urgent byte) if the reader at
+ * cons has not passed it, else 0. Loaded after rx_prod: smcrd stores the mark
+ * before the rx_prod that covers its byte. */
+static uint64_t urg_ahead(struct conn *c, uint64_t cons)
+{
+	uint64_t u = atomic_load_explicit(&c->sh->rx_urg, memory_order_acquire);
+	return u > cons ? u : 0;
+}
+
+size_t ring_rx_readable(struct conn *c)
+{
+	uint64_t q = atomic_load_explicit(&c->sh->rx_cons, memory_order_relaxed);
+	size_t a = ring_rx_avail(c);
+	if (a > 0 && urg_ahead(c, q) == q + 1 && !atomic_load_explicit(&c->oob_inline, memory_order_relaxed))
+		a--;
+	return a;
+}
+
+size_t ring_rx_inq(struct conn *c)
+{
+	uint64_t p = atomic_load_explicit(&c->sh->rx_prod, memory_order_acquire);
+	uint64_t q = atomic_load_explicit(&c->sh->rx_cons, memory_order_relaxed);
+	uint64_t u = urg_ahead(c, q);
+	size_t a = ring_rx_avail(c);
+	if (u && u <= p && !atomic_load_explicit(&c->oob_inline, memory_order_relaxed) && u - 1 - q < a)
+		a = (size_t)(u - 1 - q);
+	return a;
+}
+
+int ring_urgent_pending(struct conn *c)
+{
+	uint64_t p = atomic_load_explicit(&c->sh->rx_prod, memory_order_acquire);
+	uint64_t q = atomic_load_explicit(&c->sh->rx_cons, memory_order_relaxed);
+	uint64_t u = urg_ahead(c, q);
+	return u && u <= p && u != atomic_load_explicit(&c->sh->rx_oob, memory_order_relaxed);
+}
+
+int ring_at_mark(struct conn *c)
+{
+	uint64_t q = atomic_load_explicit(&c->sh->rx_cons, memory_order_relaxed);
+	return urg_ahead(c, q) == q + 1;
+}
+
 static int rx_ready(struct conn *c)
 {
-	return ring_rx_avail(c) > 0 ||
+	return ring_rx_readable(c) > 0 ||
 	       (atomic_load_explicit(&c->sh->d_flags, memory_order_acquire) & (SMCR_D_EOF | SMCR_D_ERROR)) ||
 	       atomic_load_explicit(&c->reset, memory_order_relaxed) ||
 	       atomic_load_explicit(&c->shut_rd, memory_order_relaxed);
@@ -309,12 +352,52 @@ static ssize_t failed_write(struct conn *c, int err, int flags)
 	return -1;
 }
 
-static ssize_t recv_inner(struct conn *c, int fd, const struct iovec *iov, int iovcnt, int flags, int *held)
+/* recv_oob: recv(MSG_OOB), as Linux's tcp_recv_urg: the urgent byte that lies ahead,
+ * once (MSG_PEEK leaves it); EINVAL when there is none, it was taken, or the program
+ * keeps urgent bytes inline; never a wait. */
+static ssize_t recv_oob(struct conn *c, const struct iovec *iov, int iovcnt, int flags)
 {
-	if (flags & MSG_OOB) {
+	struct smcr_shared *sh = c->sh;
+	uint64_t prod = atomic_load_explicit(&sh->rx_prod, memory_order_acquire);
+	uint64_t cons = atomic_load_explicit(&sh->rx_cons, memory_order_acquire);
+	uint64_t u = urg_ahead(c, cons);
+	if (atomic_load(&c->oob_inline) || !u || u == atomic_load(&sh->rx_oob)) {
 		errno = EINVAL;
 		return -1;
 	}
+	if (u > prod) { /* the mark came before its byte (never from smcrd) */
+		errno = EAGAIN;
+		return -1;
+	}
+	unsigned char b = c->rx[(u - 1) % c->rx_size];
+	/* another thread's read may have passed it meanwhile: then it is gone */
+	if (atomic_load_explicit(&sh->rx_cons, memory_order_acquire) >= u) {
+		errno = EINVAL;
+		return -1;
+	}
+	if (!(flags & MSG_PEEK))
+		atomic_store(&sh->rx_oob, u);
+	if (iov_total(iov, iovcnt) == 0)
+		return 0;
+	if (!(flags & MSG_TRUNC)) {
+		struct iovc v = {.iov = iov, .cnt = iovcnt};
+		copy_out(&v, &b, 1, 0, 1);
+	}
+	return 1;
+}
+
+/* skip_urgent: a read at the mark takes the urgent byte out of the stream, when it
+ * is out of line: cons moves past it, as the kernel's copied_seq does */
+static void skip_urgent(struct conn *c, uint64_t cons)
+{
+	atomic_store_explicit(&c->sh->rx_cons, cons + 1, memory_order_seq_cst);
+	after_rx_publish(c, cons);
+}
+
+static ssize_t recv_inner(struct conn *c, int fd, const struct iovec *iov, int iovcnt, int flags, int *held)
+{
+	if (flags & MSG_OOB)
+		return recv_oob(c, iov, iovcnt, flags);
 	size_t want = iov_total(iov, iovcnt);
 	int nonblock = (flags & MSG_DONTWAIT) || atomic_load_explicit(&c->user_nonblock, memory_order_relaxed);
 	struct iovc v = {.iov = iov, .cnt = iovcnt};
@@ -338,11 +421,30 @@ static ssize_t recv_inner(struct conn *c, int fd, const struct iovec *iov, int i
 			conn_mark_reset(c, fd);
 			continue;
 		}
+		/* the urgent mark, as Linux's tcp_recvmsg: a read stops before the
+		 * urgent byte; one that starts at it skips it (out of line) or takes it
+		 * with what follows (SO_OOBINLINE) */
+		uint64_t urg = avail > 0 ? urg_ahead(c, cons) : 0;
+		uint64_t skip = 0;
+		if (urg == cons + 1) {
+			if (done)
+				return (ssize_t)done;
+			if (!atomic_load_explicit(&c->oob_inline, memory_order_relaxed)) {
+				if (!(flags & MSG_PEEK)) {
+					skip_urgent(c, cons);
+					continue;
+				}
+				skip = 1; /* a peek looks past it */
+				avail--;
+			}
+		} else if (urg && urg - 1 - cons < avail) {
+			avail = urg - 1 - cons;
+		}
 		if (avail > 0) {
 			size_t n = want - done < avail ? want - done : (size_t)avail;
 			if (flags & MSG_PEEK) {
 				if (!(flags & MSG_TRUNC))
-					copy_out(&v, c->rx, c->rx_size, (size_t)(cons % c->rx_size), n);
+					copy_out(&v, c->rx, c->rx_size, (size_t)((cons + skip) % c->rx_size), n);
 				return (ssize_t)(done + n);
 			}
 			/* SHM: give the space back in chunks, so that the peer's
@@ -420,12 +522,43 @@ static ssize_t space_inner(struct conn *c, int fd, int flags, int *held)
 	}
 }
 
-static ssize_t send_inner(struct conn *c, int fd, const struct iovec *iov, int iovcnt, int flags, int *held)
+/* peer_sigurg: SHM: the peer's socket's owner gets SIGURG for the new mark, as from
+ * the kernel's tcp_check_urg, before the cursor that covers the byte (so a
+ * program that sees the byte has had the signal); only in this pid namespace,
+ * where the owner's number means that process */
+static void peer_sigurg(struct conn *c)
+{
+	int owner = atomic_load(&c->peer->lib_owner);
+	uint64_t ns = atomic_load(&c->peer->lib_pidns);
+	if (owner != 0 && ns != 0 && ns == conn_pidns())
+		kill(owner, SIGURG); /* negative: the process group */
+}
+
+/* mark_urgent: send(MSG_OOB) wrote up to pos: its last byte is urgent, as TCP's
+ * urgent pointer (the latest mark counts). Stored before the tx_prod that covers
+ * it, so that whoever sees the cursor sees the mark. */
+static void mark_urgent(struct conn *c, uint64_t pos)
+{
+	atomic_store_explicit(c->tx_urg, pos, memory_order_seq_cst);
+	if (c->peer)
+		peer_sigurg(c);
+}
+
+/* sent_part: a send that wrote done bytes and ends early (a signal, a timeout, an
+ * error); with MSG_OOB the last byte written is urgent, as the kernel's partial
+ * send marks it (late: smcrd may have taken the bytes already, and then they go
+ * unmarked; a non-blocking send that fills the ring marks in time) */
+static ssize_t sent_part(struct conn *c, size_t done, int flags)
 {
 	if (flags & MSG_OOB) {
-		errno = EOPNOTSUPP;
-		return -1;
+		mark_urgent(c, atomic_load(c->tx_prod));
+		after_tx_publish(c);
 	}
+	return (ssize_t)done;
+}
+
+static ssize_t send_inner(struct conn *c, int fd, const struct iovec *iov, int iovcnt, int flags, int *held)
+{
 	size_t want = iov_total(iov, iovcnt);
 	int nonblock = (flags & MSG_DONTWAIT) || atomic_load_explicit(&c->user_nonblock, memory_order_relaxed);
 	struct iovc v = {.iov = iov, .cnt = iovcnt};
@@ -437,18 +570,18 @@ static ssize_t send_inner(struct conn *c, int fd, const struct iovec *iov, int i
 	for (;;) {
 		if (atomic_load_explicit(&c->reset, memory_order_relaxed)) {
 			if (done)
-				return (ssize_t)done;
+				return sent_part(c, done, flags);
 			return failed_write(c, ECONNRESET, flags);
 		}
 		uint32_t df = atomic_load_explicit(&sh->d_flags, memory_order_acquire);
 		if (df & SMCR_D_ERROR) {
 			if (done)
-				return (ssize_t)done;
+				return sent_part(c, done, flags);
 			return failed_write(c, atomic_load(&sh->d_errno), flags);
 		}
 		if (ring_tx_closed(c, df) || atomic_load_explicit(&c->shut_wr, memory_order_relaxed)) {
 			if (done)
-				return (ssize_t)done;
+				return sent_part(c, done, flags);
 			return epipe(flags);
 		}
 		if (want == 0)
@@ -467,23 +600,29 @@ static ssize_t send_inner(struct conn *c, int fd, const struct iovec *iov, int i
 			 * side still copies */
 			if (c->peer && n > SHM_CHUNK)
 				n = SHM_CHUNK;
+			/* the call's last chunk: all of it, or a non-blocking one that
+			 * fills the ring (MSG_OOB: it ends here, so that its last byte
+			 * is marked before smcrd or the peer can take it) */
+			int last = done + n == want || ((flags & MSG_OOB) && nonblock && n == fr);
 			copy_in(&v, c->tx, c->tx_size, (size_t)(prod % c->tx_size), n);
+			if ((flags & MSG_OOB) && last)
+				mark_urgent(c, prod + n);
 			atomic_store_explicit(c->tx_prod, prod + n, memory_order_seq_cst);
 			after_tx_publish(c);
 			done += n;
-			if (done == want)
+			if (last)
 				return (ssize_t)done;
 			continue;
 		}
 		if (nonblock) {
 			if (done)
-				return (ssize_t)done;
+				return sent_part(c, done, flags);
 			errno = EAGAIN;
 			return -1;
 		}
 		if (wait_held(c, fd, 1, &deadline, &have_deadline, held) < 0) {
 			if (done)
-				return (ssize_t)done;
+				return sent_part(c, done, flags);
 			return -1;
 		}
 	}

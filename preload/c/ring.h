@@ -42,8 +42,8 @@ static inline int wake_published(struct smcr_wake *w)
 }
 
 /* ring_recv / ring_send: the read and write families on an ACCEL connection; flags
- * are MSG_* flags (MSG_DONTWAIT, MSG_PEEK, MSG_WAITALL, MSG_TRUNC, MSG_NOSIGNAL).
- * Bytes, or -1 with errno. */
+ * are MSG_* flags (MSG_DONTWAIT, MSG_PEEK, MSG_WAITALL, MSG_TRUNC, MSG_NOSIGNAL,
+ * MSG_OOB). Bytes, or -1 with errno. */
 ssize_t ring_recv(struct conn *c, int fd, const struct iovec *iov, int iovcnt, int flags);
 ssize_t ring_send(struct conn *c, int fd, const struct iovec *iov, int iovcnt, int flags);
 
@@ -57,6 +57,20 @@ uint64_t ring_call_deadline(int fd, int opt);
 
 size_t ring_rx_avail(struct conn *c);
 size_t ring_tx_queued(struct conn *c);
+
+/* Urgent data (TCP's MSG_OOB) on the receive side, as Linux's TCP has it: the
+ * peer's latest mark (rx_urg) lies ahead until the reader passes it.
+ * ring_rx_readable: the bytes a read would find now, ring_rx_avail less the
+ * urgent byte when it is next and out of line (a read skips it, and the kernel's
+ * poll does not count it); ring_urgent_pending: an urgent byte that
+ * recv(MSG_OOB) has not taken lies ahead (POLLPRI; inline too, as the kernel);
+ * ring_at_mark: the urgent byte is next (SIOCATMARK). */
+size_t ring_rx_readable(struct conn *c);
+/* ring_rx_inq: FIONREAD, as Linux's tcp_inq: with an out-of-line urgent byte ahead,
+ * the bytes before it */
+size_t ring_rx_inq(struct conn *c);
+int ring_urgent_pending(struct conn *c);
+int ring_at_mark(struct conn *c);
 
 /* ring_shutdown_wr publishes the program's shutdown(SHUT_WR); ring_wake_local wakes
  * this process's threads blocked on the connection. */
