@@ -53,6 +53,10 @@ type directConn struct {
 	gone    atomic.Bool  // the channel closed: the program is gone
 	stopped atomic.Bool  // abort: smcrd ends the connection now
 	rxDone  chan struct{}
+	// releasing: releasePumps stopped the receive pump, which then set
+	// rxPaused (directrelease.go); releases counts the connections released.
+	releasing, rxPaused atomic.Bool
+	releases            *atomic.Uint64
 }
 
 // ringFiles are a direct connection's rings in files of their own
@@ -376,6 +380,12 @@ func (dc *directConn) send() {
 				return
 			}
 			continue
+		case dc.releaseAsked(flags):
+			// Every byte up to tx_prod is sent.
+			if dc.releasePumps() {
+				return
+			}
+			continue
 		case dc.sh.DFlags().Load()&rmb.DError != 0:
 			// Failed: wait only for the program to close.
 		}
@@ -402,6 +412,11 @@ func (dc *directConn) awaitClose() {
 				dc.carrier.Close()
 			}
 			return
+		}
+		if dc.releaseAsked(flags) {
+			// The peer's library writes into the program's ring, and
+			// would go on doing so: no release library to library.
+			dc.refuseRelease("same-host bypass", nil)
 		}
 		dc.wait(dc.efdTx, dc.sh.DTxWait(), func() bool {
 			return dc.sh.LibFlags().Load() != flags || dc.gone.Load()
@@ -483,6 +498,8 @@ func (dc *directConn) receive() {
 		case err == io.EOF:
 			dc.sh.DFlags().Or(rmb.DEOF)
 			dc.publish()
+			return
+		case err != nil && dc.pausedForRelease(err):
 			return
 		case err != nil:
 			if !dc.gone.Load() && dc.sh.LibFlags().Load()&rmb.LibClosed == 0 {

@@ -55,19 +55,24 @@
 //     or /etc/ld.so.preload): exec.c leaves the library's fds behind it open
 //     and names them in SMCR_INHERIT, and the new image adopts them. Into an
 //     image without the library (environment cleared, SMCR_DIRECT=0) the
-//     connection ends with a reset (SMCR_LIB_ABORT; smcrd resets the socket
-//     itself): it does not go on over TCP. An exec by raw system call or from
+//     connection is first handed back to the socket (SMCR_LIB_RELEASE,
+//     conn_release), which the new image uses as plain TCP; where smcrd
+//     cannot release it (the same-host bypass, a peer that cannot continue
+//     over TCP) it ends with a reset (SMCR_LIB_ABORT; smcrd resets the socket
+//     itself). An exec by raw system call or from
 //     posix_spawn, system or popen (glibc calls its own execve) is not seen:
 //     the channel closes with it, which smcrd takes for the program's end
 //     (a reset if bytes were left unread), and the new image may wait on a
 //     TCP connection that carries nothing until the peer closes.
 //   - An accelerated socket sent to another process with SCM_RIGHTS (sendmsg)
-//     is not followed there: the connection is marked SMCR_LIB_ABORT and its
-//     socket gets the program's O_NONBLOCK back, so that its end here (the
-//     sender's close, or exit) resets it, the other process's socket
-//     included: that process reads an error, never a clean end, but nothing
-//     before (it waits on a socket that carries nothing until then), and the
-//     connection does not go on over TCP. sendmmsg is not looked at.
+//     is handed back to the kernel socket before the message goes
+//     (SMCR_LIB_RELEASE): the other process gets plain TCP with the rest of
+//     the stream. Where smcrd cannot release it, the connection is marked
+//     SMCR_LIB_ABORT and its socket gets the program's O_NONBLOCK back, so
+//     that its end here (the sender's close, or exit) resets it, the other
+//     process's socket included: that process reads an error, never a clean
+//     end, but nothing before. sendmmsg is not looked at. A read or write of
+//     the connection in another thread while the release runs may race it.
 //   - io_uring, and raw close system calls on the library's fds, are not
 //     followed (closefrom and close_range are: closerange.c).
 //   - In a child after fork, poll and select with accelerated sockets look

@@ -691,10 +691,14 @@ EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags, const struct
 }
 
 /* note_passed_fds: an accelerated socket sent to another process (SCM_RIGHTS) is one
- * the library there cannot follow: the connection's end, whenever it comes here, is
- * then an abort (SMCR_LIB_ABORT), which resets the socket the other process holds,
- * so that it reads an error rather than wait on a TCP connection that carries
- * nothing; the socket gets the program's O_NONBLOCK back for it. */
+ * the library there cannot follow: before the message goes, the connection is handed
+ * back to the kernel socket (conn_release), so that the other process reads and
+ * writes the rest of the stream on it as plain TCP, no byte lost. Where that cannot
+ * be (a same-host peer library, a peer that cannot continue over TCP), the
+ * connection's end, whenever it comes here, is an abort (SMCR_LIB_ABORT), which
+ * resets the socket the other process holds, so that it reads an error rather than
+ * wait on a TCP connection that carries nothing; the socket gets the program's
+ * O_NONBLOCK back for it. */
 static void note_passed_fds(const struct msghdr *msg)
 {
 	for (struct cmsghdr *h = CMSG_FIRSTHDR(msg); h; h = CMSG_NXTHDR((struct msghdr *)msg, h)) {
@@ -705,7 +709,7 @@ static void note_passed_fds(const struct msghdr *msg)
 			int pfd;
 			memcpy(&pfd, CMSG_DATA(h) + i * sizeof(int), sizeof(int));
 			struct conn *c = conn_of(fdt_get(pfd));
-			if (c && atomic_load(&c->state) == CS_ACCEL && c->sh) {
+			if (c && atomic_load(&c->state) == CS_ACCEL && c->sh && conn_release(c, pfd) < 0) {
 				atomic_fetch_or(&c->sh->lib_flags, SMCR_LIB_ABORT);
 				conn_restore_flags(c, pfd);
 			}

@@ -109,7 +109,7 @@ size_t ring_tx_queued(struct conn *c)
 static int rx_ready(struct conn *c)
 {
 	return ring_rx_avail(c) > 0 ||
-	       (atomic_load_explicit(&c->sh->d_flags, memory_order_acquire) & (SMCR_D_EOF | SMCR_D_ERROR)) ||
+	       (atomic_load_explicit(&c->sh->d_flags, memory_order_acquire) & (SMCR_D_EOF | SMCR_D_ERROR | SMCR_D_RELEASED)) ||
 	       atomic_load_explicit(&c->reset, memory_order_relaxed) ||
 	       atomic_load_explicit(&c->shut_rd, memory_order_relaxed);
 }
@@ -117,7 +117,7 @@ static int rx_ready(struct conn *c)
 static int tx_ready(struct conn *c)
 {
 	uint32_t df = atomic_load_explicit(&c->sh->d_flags, memory_order_acquire);
-	return ring_tx_queued(c) < c->tx_size || (df & SMCR_D_ERROR) || ring_tx_closed(c, df) ||
+	return ring_tx_queued(c) < c->tx_size || (df & (SMCR_D_ERROR | SMCR_D_RELEASED)) || ring_tx_closed(c, df) ||
 	       atomic_load_explicit(&c->reset, memory_order_relaxed) ||
 	       atomic_load_explicit(&c->shut_wr, memory_order_relaxed);
 }
@@ -331,6 +331,14 @@ static ssize_t recv_inner(struct conn *c, int fd, const struct iovec *iov, int i
 				return (ssize_t)done;
 			return failed_read(c, ECONNRESET);
 		}
+		if (atomic_load_explicit(&c->state, memory_order_relaxed) != CS_ACCEL ||
+		    ((atomic_load_explicit(&sh->d_flags, memory_order_relaxed) & SMCR_D_RELEASED) &&
+		     conn_follow_release(c, fd))) { /* released meanwhile: the kernel's socket */
+			if (done)
+				return (ssize_t)done;
+			struct msghdr mh = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)iovcnt};
+			return R(recvmsg)(fd, &mh, flags);
+		}
 		uint64_t prod = atomic_load_explicit(&sh->rx_prod, memory_order_acquire);
 		uint64_t cons = atomic_load_explicit(&sh->rx_cons, memory_order_relaxed);
 		uint64_t avail = prod - cons;
@@ -440,6 +448,14 @@ static ssize_t send_inner(struct conn *c, int fd, const struct iovec *iov, int i
 				return (ssize_t)done;
 			return failed_write(c, ECONNRESET, flags);
 		}
+		if (atomic_load_explicit(&c->state, memory_order_relaxed) != CS_ACCEL ||
+		    ((atomic_load_explicit(&sh->d_flags, memory_order_relaxed) & SMCR_D_RELEASED) &&
+		     conn_follow_release(c, fd))) { /* released meanwhile: the kernel's socket */
+			if (done)
+				return (ssize_t)done;
+			struct msghdr mh = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)iovcnt};
+			return R(sendmsg)(fd, &mh, flags);
+		}
 		uint32_t df = atomic_load_explicit(&sh->d_flags, memory_order_acquire);
 		if (df & SMCR_D_ERROR) {
 			if (done)
@@ -508,6 +524,32 @@ ssize_t ring_send_space(struct conn *c, int fd, int flags)
 	int held = 0;
 	ssize_t r = space_inner(c, fd, flags, &held);
 	return unhold(c, held, r);
+}
+
+int ring_release(struct conn *c, int fd)
+{
+	struct smcr_shared *sh = c->sh;
+	const uint32_t answer = SMCR_D_RELEASED | SMCR_D_NO_RELEASE | SMCR_D_ERROR;
+	if (atomic_load(&sh->d_flags) & (SMCR_D_NO_RELEASE | SMCR_D_ERROR))
+		return -1; /* refused before, or failed: asked no more */
+	atomic_fetch_or(&sh->lib_flags, SMCR_LIB_RELEASE);
+	atomic_fetch_add_explicit(&sh->lib_seq, 1, memory_order_seq_cst);
+	ring_kick(c->efd_dtx);
+	uint64_t end = now_ns() + RELEASE_WAIT_NS;
+	for (;;) {
+		atomic_fetch_add(&sh->lib_waiters, 1);
+		uint32_t seen = atomic_load(&sh->d_seq);
+		uint32_t df = atomic_load(&sh->d_flags);
+		uint64_t now = now_ns();
+		if ((df & answer) || now >= end || conn_check_reset(c, fd)) {
+			atomic_fetch_sub(&sh->lib_waiters, 1);
+			return (df & SMCR_D_RELEASED) ? 0 : -1;
+		}
+		uint64_t wait = end - now < NAP_NS ? end - now : NAP_NS;
+		struct timespec ts = {.tv_sec = (time_t)(wait / 1000000000ull), .tv_nsec = (long)(wait % 1000000000ull)};
+		futex(&sh->d_seq, FUTEX_WAIT, seen, &ts);
+		atomic_fetch_sub(&sh->lib_waiters, 1);
+	}
 }
 
 void ring_shutdown_wr(struct conn *c)

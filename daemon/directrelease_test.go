@@ -1,0 +1,147 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/smcr-io/smcr/internal/nstest"
+	"github.com/smcr-io/smcr/rmb"
+	"github.com/smcr-io/smcr/smcr"
+)
+
+// TestDirectRelease: the library asks for the release (SMCR_LIB_RELEASE) of a
+// driven connection with bytes of the peer's left unread in the receive ring
+// and bytes of its own not yet read by the peer: smcrd answers RELEASED and
+// lets go, and the program's socket (a dup here) carries the rest both ways,
+// the unread bytes first, none lost. Once again after the link failed and the
+// connection continued over TCP, where the pumps carry the bytes and release
+// it the same way once the program read what they took off the socket.
+func TestDirectRelease(t *testing.T) {
+	for _, fail := range []bool{false, true} {
+		newEngine, _, devs := shmEngines(t)
+		c, s := nstest.TCPPair(t)
+		ce, se := newEngine(), newEngine()
+		srv := make(chan *smcr.Conn, 1)
+		go func() {
+			p, err := se.Server(context.Background(), s)
+			if err != nil {
+				t.Error(err)
+			}
+			srv <- p
+		}()
+		conn, err := ce.ClientWith(context.Background(), c, smcr.ClientOptions{Cursors: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		peer := <-srv
+		if peer == nil || conn.Mode() != smcr.ModeSMCR {
+			t.Fatalf("no SMC-R connection")
+		}
+		t.Cleanup(func() { peer.Close() })
+		// The program's own descriptor of the socket, which smcrd's is a dup of.
+		f, err := c.File()
+		if err != nil {
+			t.Fatal(err)
+		}
+		own, err := net.FileConn(f)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { own.Close() })
+		own.SetDeadline(time.Now().Add(20 * time.Second))
+		files, err := engineRingFiles(conn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		efdLib, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { unix.Close(efdLib) })
+		dc, err := newDirectConn(conn, 0, 0, procEventfd(efdLib), files, slog.Default())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(dc.release)
+		dc.engine = conn
+		var releases atomic.Uint64
+		dc.releases = &releases
+		dc.closeLibraryFds()
+		go dc.run(nil)
+		lib := ringLib{dc}
+
+		mine := bytes.Repeat([]byte("library "), 1000)
+		if _, err := lib.Write(mine); err != nil {
+			t.Fatal(err)
+		}
+		readFull(t, peer, mine[:100])
+		theirs := bytes.Repeat([]byte("peer "), 1000)
+		if _, err := peer.Write(theirs); err != nil {
+			t.Fatal(err)
+		}
+		if fail {
+			(*devs)[0].Close()
+			awaitContinued(t, conn, peer)
+		}
+		// The library reads a part (all of it after a continuation: the
+		// pumps took the rest off the socket).
+		taken := 300
+		if fail {
+			taken = len(theirs)
+		}
+		readFull(t, lib, theirs[:taken])
+
+		dc.sh.LibFlags().Or(rmb.LibRelease)
+		signal(dc.efdTx)
+		for deadline := time.Now().Add(20 * time.Second); dc.sh.DFlags().Load()&(rmb.DReleased|rmb.DNoRelease|rmb.DError) == 0; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("continued %v: smcrd did not answer the release", fail)
+			}
+		}
+		if f := dc.sh.DFlags().Load(); f&rmb.DReleased == 0 {
+			t.Fatalf("continued %v: d_flags %#x, want RELEASED", fail, f)
+		}
+		select {
+		case <-dc.rxDone:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("continued %v: smcrd still carries the connection after the release", fail)
+		}
+		if releases.Load() != 1 {
+			t.Errorf("continued %v: %d releases counted", fail, releases.Load())
+		}
+		if _, err := peer.Write([]byte("after")); err != nil {
+			t.Fatal(err)
+		}
+		readFull(t, own, append(theirs[taken:len(theirs):len(theirs)], "after"...))
+		readFull(t, peer, mine[100:])
+		if _, err := own.Write([]byte("over the socket")); err != nil {
+			t.Fatal(err)
+		}
+		readFull(t, peer, []byte("over the socket"))
+		own.(*net.TCPConn).CloseWrite()
+		if rest, err := io.ReadAll(peer); err != nil || len(rest) != 0 {
+			t.Errorf("continued %v: after the socket's FIN the peer read %q, %v; want EOF", fail, rest, err)
+		}
+	}
+}
+
+// readFull reads len(want) bytes from r and compares them with want.
+func readFull(t *testing.T, r io.Reader, want []byte) {
+	t.Helper()
+	got := make([]byte, len(want))
+	if _, err := io.ReadFull(r, got); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("read %q, want %q", got, want)
+	}
+}
