@@ -293,8 +293,11 @@ func lingerZero(tcp *net.TCPConn) bool {
 		return false
 	}
 	var l *unix.Linger
-	rc.Control(func(fd uintptr) { l, err = unix.GetsockoptLinger(int(fd), unix.SOL_SOCKET, unix.SO_LINGER) })
-	return err == nil && l.Onoff != 0 && l.Linger == 0
+	// A socket closed meanwhile runs no Control: l stays nil.
+	if cerr := rc.Control(func(fd uintptr) { l, err = unix.GetsockoptLinger(int(fd), unix.SOL_SOCKET, unix.SO_LINGER) }); cerr != nil {
+		return false
+	}
+	return err == nil && l != nil && l.Onoff != 0 && l.Linger == 0
 }
 
 // run carries the bytes until the program has closed and every byte it wrote
