@@ -301,6 +301,39 @@ func TestPassFd(t *testing.T) {
 	}
 }
 
+// TestUring: a process that makes an io_uring instance (io_uring_setup through
+// libc's syscall) has its accelerated connections released to their sockets
+// first, as the test server releases them, so that reads and writes around the
+// library carry the rest of the stream; it accelerates no new connection (the
+// accepted end of one is released as soon as decided).
+func TestUring(t *testing.T) {
+	build(t)
+	sock, srv := fakeSmcrdWith(t, daemon.DirectOptions{})
+	var released uint64
+	for _, c := range []struct {
+		m     mode
+		accel string
+	}{
+		{mode{name: "kernel"}, "accelerated 0 0 0\n"},
+		{mode{name: "smcr", lib: "libsmcr-preload.so", socket: sock}, "accelerated 2 0 0\n"},
+		{mode{name: "smcr-asan", lib: "libsmcr-preload-asan.so", socket: sock}, "accelerated 2 0 0\n"},
+	} {
+		out, errOut, err := run(t, c.m, "uring")
+		if err != nil || out != "ok\n" || errOut != c.accel {
+			t.Errorf("uring %s: %v\nstdout: %q\nstderr: %q, want %q", c.m.name, err, out, errOut, c.accel)
+		}
+		if c.m.lib != "" {
+			// both ends of the first connection, and the server's end of
+			// the new one: its listener, registered before, still has it
+			// decided, then released at once
+			released += 3
+		}
+		if got := srv.Released(); got != released {
+			t.Errorf("uring %s: the test server released %d connections, want %d", c.m.name, got, released)
+		}
+	}
+}
+
 // TestRingFiles: with the rings in a file of their own (SMCR_RING_FILES, the
 // receive ring at its start, the send ring a page-rounded offset in), as smcrd
 // passes the engine's buffers, the library maps them where the area says:

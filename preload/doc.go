@@ -73,8 +73,16 @@
 //     process's socket included: that process reads an error, never a clean
 //     end, but nothing before. sendmmsg is not looked at. A read or write of
 //     the connection in another thread while the release runs may race it.
-//   - io_uring, and raw close system calls on the library's fds, are not
-//     followed (closefrom and close_range are: closerange.c).
+//   - io_uring: a process that makes an instance (io_uring_setup through
+//     libc's syscall, or liburing's io_uring_queue_init and
+//     io_uring_queue_init_params, io_uring_setup) has its accelerated
+//     connections released to their sockets first (pending ones decided
+//     first; where a release cannot be, they are marked SMCR_LIB_ABORT), and
+//     accelerates no new ones: connect and listen offer nothing more, and a
+//     listener registered before has its accepted sockets released as soon
+//     as decided. An io_uring_setup by raw system call (not through libc's
+//     syscall nor liburing) is not seen, nor are raw close system calls on the
+//     library's fds (closefrom and close_range are: closerange.c).
 //   - In a child after fork, poll and select with accelerated sockets look
 //     again every millisecond instead of sleeping on the process's eventfd
 //     through an epoll instance of the thread's: such a child may be in a
