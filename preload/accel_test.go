@@ -334,6 +334,25 @@ func TestUring(t *testing.T) {
 	}
 }
 
+// TestVfork: a vfork'd child that closes its fds, in its parent's memory,
+// leaves the parent's accelerated connection known to the parent's library.
+func TestVfork(t *testing.T) {
+	build(t)
+	sock := fakeSmcrd(t)
+	for _, c := range []struct {
+		m     mode
+		accel string
+	}{
+		{mode{name: "kernel"}, "accelerated 0 0\n"},
+		{mode{name: "smcr", lib: "libsmcr-preload.so", socket: sock}, "accelerated 2 2\n"},
+		{mode{name: "smcr-asan", lib: "libsmcr-preload-asan.so", socket: sock}, "accelerated 2 2\n"},
+	} {
+		if out, errOut, err := run(t, c.m, "vfork"); err != nil || out != "ok\n" || errOut != c.accel {
+			t.Errorf("vfork %s: %v\nstdout: %q\nstderr: %q, want %q", c.m.name, err, out, errOut, c.accel)
+		}
+	}
+}
+
 // TestRingFiles: with the rings in a file of their own (SMCR_RING_FILES, the
 // receive ring at its start, the send ring a page-rounded offset in), as smcrd
 // passes the engine's buffers, the library maps them where the area says:

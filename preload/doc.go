@@ -64,6 +64,11 @@
 //     the channel closes with it, which smcrd takes for the program's end
 //     (a reset if bytes were left unread), and the new image may wait on a
 //     TCP connection that carries nothing until the peer closes.
+//   - A vfork'd child (Python's subprocess, posix_spawn) runs in its parent's
+//     memory: its close, closefrom and close_range close its fds only and
+//     leave the library's tables, which are the parent's, as they were. Its
+//     dup2 and dup3 still note the new fd there (an exec after it carries a
+//     connection so, exec.c), and its exec releases what it does not carry.
 //   - An accelerated socket sent to another process with SCM_RIGHTS (sendmsg)
 //     is handed back to the kernel socket before the message goes
 //     (SMCR_LIB_RELEASE): the other process gets plain TCP with the rest of

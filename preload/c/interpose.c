@@ -47,12 +47,14 @@ static void on_fork_parent(void)
 
 static void on_fork_child(void)
 {
+	smcr_pid = getpid();
 	atomic_fetch_add(&smcr_fork_gen, 1);
 	channel_forked_child();
 }
 
 __attribute__((constructor)) static void smcr_init(void)
 {
+	smcr_pid = getpid();
 	real_init();
 	channel_init();
 	if (!smcr_disabled) {
@@ -376,6 +378,8 @@ EXPORT int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags)
 
 EXPORT int close(int fd)
 {
+	if (fdt_get(fd) && smcr_vforked())
+		return R(close)(fd); /* the parent's fd, in its table, stays */
 	ready_forget_fd(fd);
 	struct obj *o = fdt_take(fd);
 	if (o) {

@@ -6,7 +6,7 @@
 # client sent meanwhile wait unread in the first process's library when it
 # passes the socket: the library hands the connection back to the socket
 # first (SMCR_LIB_RELEASE), so that they reach the receiver too.
-import os, socket, sys
+import os, socket, subprocess, sys
 
 
 def recv_exact(s, n):
@@ -41,15 +41,11 @@ ln.listen(4)
 c, _ = ln.accept()
 c.sendall(recv_exact(c, size))
 a, b = socket.socketpair()
-# fork and exec, not subprocess: its vfork'd child closes the fds it does not
-# pass in the parent's memory, the library's table of them included
-pid = os.fork()
-if pid == 0:
-    os.set_inheritable(b.fileno(), True)
-    os.execv(sys.executable, [sys.executable, __file__, "receiver", str(b.fileno())])
+# subprocess's child is vfork'd: it closes the fds it does not pass in this
+# process's memory, which must leave the library's table of them as it was
+rcv = subprocess.Popen([sys.executable, __file__, "receiver", str(b.fileno())], pass_fds=[b.fileno()])
 b.close()
 socket.send_fds(a, [b"x"], [c.fileno()])
 a.recv(1)
 c.close()
-_, st = os.waitpid(pid, 0)
-sys.exit(os.waitstatus_to_exitcode(st))
+sys.exit(rcv.wait())
