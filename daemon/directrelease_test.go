@@ -145,3 +145,95 @@ func readFull(t *testing.T, r io.Reader, want []byte) {
 		t.Fatalf("read %q, want %q", got, want)
 	}
 }
+
+// TestDirectReleasePumpsRefused: where the pumps carry a connection over the
+// program's own socket, bytes the receive pump took off the socket and the
+// program has not read cannot go back there: smcrd answers NO_RELEASE, and
+// the connection goes on as it was, both ways, its receive pump started again.
+// Once the program read them, the release is done.
+func TestDirectReleasePumpsRefused(t *testing.T) {
+	c, peer := nstest.TCPPair(t)
+	// The program's own descriptor; c, the carrier, is smcrd's dup.
+	f, err := c.File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { own.Close() })
+	efdLib, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(efdLib) })
+	dc, err := newDirectConn(c, 64<<10, 64<<10, procEventfd(efdLib), nil, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(dc.release)
+	var releases atomic.Uint64
+	dc.releases = &releases
+	dc.closeLibraryFds()
+	go dc.run(nil)
+	lib := ringLib{dc}
+	peer.SetDeadline(time.Now().Add(20 * time.Second))
+
+	if _, err := peer.Write([]byte("unread")); err != nil {
+		t.Fatal(err)
+	}
+	for dc.sh.RxProd().Load() != 6 {
+		time.Sleep(time.Millisecond)
+	}
+	ask := func() uint32 {
+		t.Helper()
+		dc.sh.LibFlags().Or(rmb.LibRelease)
+		signal(dc.efdTx)
+		var f uint32
+		for deadline := time.Now().Add(10 * time.Second); f&(rmb.DReleased|rmb.DNoRelease|rmb.DError) == 0; f = dc.sh.DFlags().Load() {
+			if time.Now().After(deadline) {
+				t.Fatal("smcrd did not answer the release")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		return f
+	}
+	if f := ask(); f&rmb.DNoRelease == 0 {
+		t.Fatalf("d_flags %#x with 6 bytes unread, want NO_RELEASE", f)
+	}
+	readFull(t, lib, []byte("unread"))
+	if _, err := peer.Write([]byte("more")); err != nil {
+		t.Fatal(err)
+	}
+	readFull(t, lib, []byte("more"))
+	if _, err := lib.Write([]byte("back")); err != nil {
+		t.Fatal(err)
+	}
+	readFull(t, peer, []byte("back"))
+	if releases.Load() != 0 {
+		t.Errorf("%d releases counted after a refusal", releases.Load())
+	}
+
+	// Asked again (the library does not after a refusal, but smcrd answers
+	// each ask), with nothing unread: released.
+	dc.sh.LibFlags().And(^uint32(rmb.LibRelease))
+	dc.sh.DFlags().And(^uint32(rmb.DNoRelease))
+	if f := ask(); f&rmb.DReleased == 0 {
+		t.Fatalf("d_flags %#x with nothing unread, want RELEASED", f)
+	}
+	select {
+	case <-dc.rxDone:
+	case <-time.After(10 * time.Second):
+		t.Fatal("smcrd still carries the connection after the release")
+	}
+	if releases.Load() != 1 {
+		t.Errorf("%d releases counted", releases.Load())
+	}
+	if _, err := peer.Write([]byte("on the socket")); err != nil {
+		t.Fatal(err)
+	}
+	own.SetDeadline(time.Now().Add(10 * time.Second))
+	readFull(t, own, []byte("on the socket"))
+}
