@@ -458,6 +458,8 @@ static void become_tcp(struct conn *c, int fd)
 		return;
 	}
 	conn_restore_flags(c, fd);
+	if (atomic_load(&c->shut_rd))
+		R(shutdown)(fd, SHUT_RD); /* the program's, which the rings kept until now */
 	atomic_store(&c->state, CS_TCP);
 	close_chan(c);
 	int *fds[] = {&c->memfd, &c->efd_dtx, &c->efd_drx, &c->tx_file, &c->rx_file}; /* efd_lib is the process's */
