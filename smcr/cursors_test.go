@@ -503,8 +503,9 @@ func TestCursorsRelease(t *testing.T) {
 	})
 }
 
-// TestCursorsReleaseRefused: a connection that continues over TCP already
-// cannot be released, nor can one whose consumer cursor is out of range.
+// TestCursorsReleaseRefused: a connection cannot be released with its
+// consumer cursor out of range, to a peer without our extensions (it goes on
+// untouched), once it continues over TCP already, nor when not cursor-driven.
 func TestCursorsReleaseRefused(t *testing.T) {
 	d1, d2 := twoDevices(t)
 	ec := newEngine(t, Config{Devices: []verbs.Device{d1}, RMBSize: cursorRing})
@@ -516,6 +517,24 @@ func TestCursorsReleaseRefused(t *testing.T) {
 		t.Error("released past the peer's bytes")
 	}
 	a := newCursorApp(cli)
+	// A peer without our extensions (Linux) cannot continue over TCP: the
+	// connection goes on over SMC-R, untouched.
+	cli.mu.Lock()
+	cli.cont.smcx = false
+	cli.mu.Unlock()
+	if err := cli.Release(0); !errors.Is(err, ErrNoRelease) {
+		t.Errorf("release to a peer without SMCX: %v, want %v", err, ErrNoRelease)
+	}
+	cli.mu.Lock()
+	cli.cont.smcx = true
+	cli.mu.Unlock()
+	if err := a.write([]byte("still smc-r")); err != nil {
+		t.Fatal(err)
+	}
+	readCheck(t, srv, []byte("still smc-r"))
+	if cli.Cursors().Continued {
+		t.Error("a refused release continued over TCP")
+	}
 	d1.Fail()
 	for !cli.Cursors().Continued {
 		within(t, a.txWoke, "the continuation")
