@@ -76,8 +76,10 @@
 //     SMCR_LIB_ABORT and its socket gets the program's O_NONBLOCK back, so
 //     that its end here (the sender's close, or exit) resets it, the other
 //     process's socket included: that process reads an error, never a clean
-//     end, but nothing before. sendmmsg is not looked at. A read or write of
-//     the connection in another thread while the release runs may race it.
+//     end, but nothing before. sendmmsg is not looked at. Reads and writes of
+//     the connection in other threads of the process wait for the release and
+//     go on with the socket; a process sharing it since a fork must not use
+//     it meanwhile.
 //   - io_uring: a process that makes an instance (io_uring_setup through
 //     libc's syscall, or liburing's io_uring_queue_init and
 //     io_uring_queue_init_params, io_uring_setup) has its accelerated

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -478,10 +479,16 @@ int conn_release(struct conn *c, int fd)
 	if (atomic_load(&c->state) != CS_ACCEL || !c->sh || c->peer || atomic_load(&c->reset) ||
 	    atomic_load(&c->closed))
 		return -1;
-	if (ring_release(c, fd) < 0)
-		return -1;
-	become_tcp(c, fd);
-	return 0;
+	/* No copy through the rings may move a cursor once smcrd took them: the
+	 * copies under way end first, new ones wait for the outcome (ring_enter). */
+	atomic_store(&c->releasing, 1);
+	while (atomic_load(&c->ring_ops))
+		sched_yield();
+	int r = ring_release(c, fd);
+	if (r == 0)
+		become_tcp(c, fd);
+	atomic_store(&c->releasing, 0);
+	return r;
 }
 
 int conn_follow_release(struct conn *c, int fd)

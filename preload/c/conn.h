@@ -41,6 +41,8 @@ struct conn {
 	atomic_int closed;      /* the program closed its last alias */
 	atomic_int aborted;     /* that close was an abort (conn_note_close) */
 	atomic_int err_taken;   /* ACCEL: the connection's error was returned once (SO_ERROR) */
+	atomic_int ring_ops;    /* ACCEL: threads copying through the rings (ring.c's ring_enter) */
+	atomic_int releasing;   /* conn_release runs: copies wait for its outcome */
 
 	/* ACCEL */
 	struct smcr_shared *sh;

@@ -309,6 +309,27 @@ static ssize_t failed_write(struct conn *c, int err, int flags)
 	return -1;
 }
 
+/* ring_enter: a copy through the rings begins, which ring_leave ends: 0; or -1 while
+ * conn_release runs, after waiting for its outcome (the caller looks again: the
+ * connection may be the kernel socket's now). The release waits for the copies under
+ * way: a cursor moved after smcrd took it would lose or repeat bytes. */
+static int ring_enter(struct conn *c)
+{
+	atomic_fetch_add(&c->ring_ops, 1);
+	if (__builtin_expect(!atomic_load(&c->releasing), 1))
+		return 0;
+	atomic_fetch_sub(&c->ring_ops, 1);
+	struct timespec ms = {0, 1000000};
+	while (atomic_load(&c->releasing) && atomic_load(&c->state) == CS_ACCEL)
+		nanosleep(&ms, NULL);
+	return -1;
+}
+
+static inline void ring_leave(struct conn *c)
+{
+	atomic_fetch_sub(&c->ring_ops, 1);
+}
+
 static ssize_t recv_inner(struct conn *c, int fd, const struct iovec *iov, int iovcnt, int flags, int *held)
 {
 	if (flags & MSG_OOB) {
@@ -347,10 +368,13 @@ static ssize_t recv_inner(struct conn *c, int fd, const struct iovec *iov, int i
 			continue;
 		}
 		if (avail > 0) {
+			if (ring_enter(c) < 0)
+				continue;
 			size_t n = want - done < avail ? want - done : (size_t)avail;
 			if (flags & MSG_PEEK) {
 				if (!(flags & MSG_TRUNC))
 					copy_out(&v, c->rx, c->rx_size, (size_t)(cons % c->rx_size), n);
+				ring_leave(c);
 				return (ssize_t)(done + n);
 			}
 			/* SHM: give the space back in chunks, so that the peer's
@@ -364,6 +388,7 @@ static ssize_t recv_inner(struct conn *c, int fd, const struct iovec *iov, int i
 				after_rx_publish(c, cons + k);
 				k += m;
 			}
+			ring_leave(c);
 			done += n;
 			if (done == want || !(flags & MSG_WAITALL))
 				return (ssize_t)done;
@@ -478,6 +503,8 @@ static ssize_t send_inner(struct conn *c, int fd, const struct iovec *iov, int i
 		}
 		size_t fr = c->tx_size - (size_t)used;
 		if (fr > 0) {
+			if (ring_enter(c) < 0)
+				continue;
 			size_t n = want - done < fr ? want - done : fr;
 			/* SHM: publish in chunks, so that the peer reads while this
 			 * side still copies */
@@ -486,6 +513,7 @@ static ssize_t send_inner(struct conn *c, int fd, const struct iovec *iov, int i
 			copy_in(&v, c->tx, c->tx_size, (size_t)(prod % c->tx_size), n);
 			atomic_store_explicit(c->tx_prod, prod + n, memory_order_seq_cst);
 			after_tx_publish(c);
+			ring_leave(c);
 			done += n;
 			if (done == want)
 				return (ssize_t)done;

@@ -1,9 +1,11 @@
 /* uring.c: a process that makes an io_uring instance, whose reads and writes of a
  * socket would go around the library. A connection made before (both ends through the
  * library) carries bytes both ways, then io_uring_setup is called through libc's
- * syscall(), as programs without liburing do: the connection must then be the kernel
- * socket's alone, so raw read and write system calls (which the library never sees)
- * carry the rest of its stream both ways; a connection made after is not accelerated.
+ * syscall(), as programs without liburing do, while another thread waits in a read of
+ * the connection: the connection must then be the kernel socket's alone, so raw read
+ * and write system calls (which the library never sees) carry the rest of its stream
+ * both ways, and the waiting read gets its bytes from the socket; a connection made
+ * after is not accelerated.
  * stdout: "ok"; stderr: "accelerated B A N": sockets seen accelerated before the
  * setup, after it, and of the new connection. */
 #define _GNU_SOURCE
@@ -32,6 +34,27 @@ static void raw_read_full(int fd, char *b, size_t n)
 		CHECK(r > 0);
 		k += (size_t)r;
 	}
+}
+
+struct waiting {
+	int fd;
+	char b[8];
+	ssize_t r;
+};
+
+/* wait_read: a read that waits through the release */
+static void *wait_read(void *arg)
+{
+	struct waiting *w = arg;
+	size_t k = 0;
+	while (k < 3) {
+		w->r = read(w->fd, w->b + k, 3 - k);
+		if (w->r <= 0)
+			return NULL;
+		k += (size_t)w->r;
+	}
+	w->r = (ssize_t)k;
+	return NULL;
 }
 
 static void *accept_one(void *arg)
@@ -67,6 +90,10 @@ int main(void)
 	CHECK(write(c[1], "two", 3) == 3);
 	CHECK(read(c[0], b, 3) == 3 && memcmp(b, "two", 3) == 0);
 	int before = accelerated(c[0]) + accelerated(c[1]);
+	struct waiting w = {.fd = c[0]};
+	pthread_t rd;
+	CHECK(pthread_create(&rd, NULL, wait_read, &w) == 0);
+	usleep(100000); /* in its wait, most likely */
 
 	struct io_uring_params p;
 	memset(&p, 0, sizeof(p));
@@ -78,6 +105,9 @@ int main(void)
 	CHECK(syscall(SYS_write, c[0], "three", 5) == 5);
 	raw_read_full(c[1], b, 5);
 	CHECK(memcmp(b, "three", 5) == 0);
+	CHECK(syscall(SYS_write, c[1], "six", 3) == 3);
+	CHECK(pthread_join(rd, NULL) == 0);
+	CHECK(w.r == 3 && memcmp(w.b, "six", 3) == 0);
 	CHECK(syscall(SYS_write, c[1], "four", 4) == 4);
 	raw_read_full(c[0], b, 4);
 	CHECK(memcmp(b, "four", 4) == 0);
