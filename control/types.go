@@ -95,6 +95,10 @@ type DirectCounts struct {
 	Failed  uint64 `json:"failed"`  // connects that failed (the program got the error)
 	Refused uint64 `json:"refused"` // not taken: not a TCP socket, no option on the SYN, disabled
 	Bypass  uint64 `json:"bypass"`  // of SMCR, same host: the libraries write into each other's rings
+	// Released: of SMCR, handed back to the program's socket mid-stream (sent
+	// to another process, an exec without the library), its bytes going on
+	// over TCP.
+	Released uint64 `json:"released"`
 }
 
 // LinkEvents count what happened to the links of the link groups: second links

@@ -143,7 +143,7 @@ func (d *Daemon) stats(s smcr.Stats, reset bool) control.Stats {
 	}
 	if d.direct != nil {
 		ds := &d.direct.st
-		out.Direct = control.DirectCounts{SMCR: get(&ds.smcr), TCP: get(&ds.tcp), Failed: get(&ds.failed), Refused: get(&ds.refused), Bypass: get(&ds.bypass)}
+		out.Direct = control.DirectCounts{SMCR: get(&ds.smcr), TCP: get(&ds.tcp), Failed: get(&ds.failed), Refused: get(&ds.refused), Bypass: get(&ds.bypass), Released: get(&ds.released)}
 	}
 	for k, n := range s.Fallback {
 		out.Fallbacks = append(out.Fallbacks, control.FallbackCount{Code: uint32(k.Code), Reason: k.Code.String(), Side: k.Side.String(), Count: n})

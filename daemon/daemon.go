@@ -78,6 +78,10 @@ type Options struct {
 	DrainTimeout time.Duration
 	// Version is reported by the control API.
 	Version string
+	// NoSameHostBypass keeps the direct mode's libraries of one host from
+	// writing into each other's rings over shm (directmeet.go): their bytes
+	// go through smcrd and the engine, as between hosts.
+	NoSameHostBypass bool
 	// Logger receives everything (default: discard).
 	Logger *slog.Logger
 }
@@ -280,7 +284,7 @@ func New(opts Options) (*Daemon, error) {
 			d.Close()
 			return nil, fmt.Errorf("daemon: %w", err)
 		}
-		if sameHostBypass && hasKind(d.devs, verbs.KindSHM) {
+		if sameHostBypass && !opts.NoSameHostBypass && hasKind(d.devs, verbs.KindSHM) {
 			dir := opts.ShmDir
 			if dir == "" {
 				dir = shm.DefaultDir()

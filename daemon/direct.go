@@ -122,7 +122,7 @@ type DirectServer struct {
 
 // directStats counts what the direct server did, for smcrctl stats.
 type directStats struct {
-	smcr, tcp, failed, refused, bypass atomic.Uint64
+	smcr, tcp, failed, refused, bypass, released atomic.Uint64
 }
 
 // DirectOptions configure a DirectServer made by NewDirectServer.
@@ -288,6 +288,10 @@ func (s *DirectServer) Serve() {
 
 // Bypassed is how many connections went library to library (same host).
 func (s *DirectServer) Bypassed() uint64 { return s.st.bypass.Load() }
+
+// Released is how many connections were handed back to the program's socket
+// mid-stream (SMCR_LIB_RELEASE).
+func (s *DirectServer) Released() uint64 { return s.st.released.Load() }
 
 // Path is the direct socket's path.
 func (s *DirectServer) Path() string { return s.path }
@@ -623,6 +627,7 @@ func (s *DirectServer) decide(ch *net.UnixConn, tcp *net.TCPConn, wake *procWake
 		return
 	}
 	c.sock = tcp
+	c.releases = &s.st.released
 	if files != nil && conn != nil {
 		c.engine = conn
 	}

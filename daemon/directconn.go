@@ -54,6 +54,10 @@ type directConn struct {
 	gone    atomic.Bool  // the channel closed: the program is gone
 	stopped atomic.Bool  // abort: smcrd ends the connection now
 	rxDone  chan struct{}
+	// releasing: releasePumps stopped the receive pump, which then set
+	// rxPaused (directrelease.go); releases counts the connections released.
+	releasing, rxPaused atomic.Bool
+	releases            *atomic.Uint64
 }
 
 // ringFiles are a direct connection's rings in files of their own
@@ -290,10 +294,11 @@ func lingerZero(tcp *net.TCPConn) bool {
 		return false
 	}
 	var l *unix.Linger
+	// A socket closed meanwhile runs no Control: l stays nil.
 	if cerr := rc.Control(func(fd uintptr) { l, err = unix.GetsockoptLinger(int(fd), unix.SOL_SOCKET, unix.SO_LINGER) }); cerr != nil {
-		return false // smcrd's duplicate is closed already
+		return false
 	}
-	return err == nil && l.Onoff != 0 && l.Linger == 0
+	return err == nil && l != nil && l.Onoff != 0 && l.Linger == 0
 }
 
 // run carries the bytes until the program has closed and every byte it wrote
@@ -394,6 +399,12 @@ func (dc *directConn) send() {
 				return
 			}
 			continue
+		case dc.releaseAsked(flags):
+			// Every byte up to tx_prod is sent.
+			if dc.releasePumps() {
+				return
+			}
+			continue
 		case dc.sh.DFlags().Load()&rmb.DError != 0:
 			// Failed: wait only for the program to close.
 		}
@@ -420,6 +431,11 @@ func (dc *directConn) awaitClose() {
 				dc.carrier.Close()
 			}
 			return
+		}
+		if dc.releaseAsked(flags) {
+			// The peer's library writes into the program's ring, and
+			// would go on doing so: no release library to library.
+			dc.refuseRelease("same-host bypass", nil)
 		}
 		dc.wait(dc.efdTx, dc.sh.DTxWait(), func() bool {
 			return dc.sh.LibFlags().Load() != flags || dc.gone.Load()
@@ -565,6 +581,8 @@ func (dc *directConn) receive() {
 		case err == io.EOF:
 			dc.sh.DFlags().Or(rmb.DEOF)
 			dc.publish()
+			return
+		case err != nil && dc.pausedForRelease(err):
 			return
 		case err != nil:
 			if !dc.gone.Load() && dc.sh.LibFlags().Load()&rmb.LibClosed == 0 {

@@ -161,6 +161,9 @@ func (d *driver) step() driveOutcome {
 			dc.writeError(err)
 		}
 		return driveMoved
+	case dc.releaseAsked(flags) && (prod == cur.Produced || cur.WriteErr != nil):
+		// After the last bytes, with rx_cons final (the library waits).
+		return d.release(sh.RxCons().Load())
 	}
 	if moved {
 		return driveMoved

@@ -267,23 +267,89 @@ func TestPolicyExcludes(t *testing.T) {
 }
 
 // TestPassFd: an accelerated socket sent to a process that knows nothing of
-// it (SCM_RIGHTS), its sender closing its copy: with the kernel's sockets the
-// bytes go on; with the library's the connection is reset at both ends,
-// never a wait on a socket that carries nothing, never a clean end. The
-// library's runs use the same-host stand-in, whose bytes never travel on the
-// TCP connection, as with smcrd's SMC-R: the plain stand-in carries them over
-// it, where the receiver could read them first.
+// it (SCM_RIGHTS), its sender closing its copy. With the kernel's sockets the
+// bytes go on; with the library's the connection is handed back to the kernel
+// socket before it goes (SMCR_LIB_RELEASE), so that the receiver reads the
+// bytes sent after the pass and its answer reaches the client, as the test
+// server releases (its pumps read and write the socket itself). The same-host
+// stand-in (SMCR_MODE_SHM), whose bytes never travel on the TCP connection,
+// cannot release: the connection is reset at both ends, never a wait on a
+// socket that carries nothing, never a clean end.
 func TestPassFd(t *testing.T) {
 	build(t)
-	sock, _ := fakeSmcrdWith(t, daemon.DirectOptions{SameHost: true})
-	for _, m := range []mode{{name: "kernel"}, {name: "shm", lib: "libsmcr-preload.so", socket: sock},
-		{name: "shm-asan", lib: "libsmcr-preload-asan.so", socket: sock}} {
-		want := "receiver reset\nclient reset\n"
-		if m.lib == "" {
-			want = "receiver data\nclient data\n"
+	pumped, srv := fakeSmcrdWith(t, daemon.DirectOptions{})
+	sameHost, _ := fakeSmcrdWith(t, daemon.DirectOptions{SameHost: true})
+	var released uint64
+	for _, c := range []struct {
+		m    mode
+		want string
+	}{
+		{mode{name: "kernel"}, "receiver data\nclient data\n"},
+		{mode{name: "smcr", lib: "libsmcr-preload.so", socket: pumped}, "receiver data\nclient data\n"},
+		{mode{name: "smcr-asan", lib: "libsmcr-preload-asan.so", socket: pumped}, "receiver data\nclient data\n"},
+		{mode{name: "shm", lib: "libsmcr-preload.so", socket: sameHost}, "receiver reset\nclient reset\n"},
+		{mode{name: "shm-asan", lib: "libsmcr-preload-asan.so", socket: sameHost}, "receiver reset\nclient reset\n"},
+	} {
+		if out, errOut, err := run(t, c.m, "passfd"); err != nil || out != c.want {
+			t.Errorf("passfd %s: %v\nstdout: %q, want %q\nstderr: %s", c.m.name, err, out, c.want, errOut)
 		}
-		if out, errOut, err := run(t, m, "passfd"); err != nil || out != want {
-			t.Errorf("passfd %s: %v\nstdout: %q, want %q\nstderr: %s", m.name, err, out, want, errOut)
+		if c.m.socket == pumped {
+			released++
+		}
+		if got := srv.Released(); got != released {
+			t.Errorf("passfd %s: the test server released %d connections, want %d", c.m.name, got, released)
+		}
+	}
+}
+
+// TestUring: a process that makes an io_uring instance (io_uring_setup through
+// libc's syscall) has its accelerated connections released to their sockets
+// first, as the test server releases them, so that reads and writes around the
+// library carry the rest of the stream; it accelerates no new connection (the
+// accepted end of one is released as soon as decided).
+func TestUring(t *testing.T) {
+	build(t)
+	sock, srv := fakeSmcrdWith(t, daemon.DirectOptions{})
+	var released uint64
+	for _, c := range []struct {
+		m     mode
+		accel string
+	}{
+		{mode{name: "kernel"}, "accelerated 0 0 0\n"},
+		{mode{name: "smcr", lib: "libsmcr-preload.so", socket: sock}, "accelerated 2 0 0\n"},
+		{mode{name: "smcr-asan", lib: "libsmcr-preload-asan.so", socket: sock}, "accelerated 2 0 0\n"},
+	} {
+		out, errOut, err := run(t, c.m, "uring")
+		if err != nil || out != "ok\n" || errOut != c.accel {
+			t.Errorf("uring %s: %v\nstdout: %q\nstderr: %q, want %q", c.m.name, err, out, errOut, c.accel)
+		}
+		if c.m.lib != "" {
+			// both ends of the first connection, and the server's end of
+			// the new one: its listener, registered before, still has it
+			// decided, then released at once
+			released += 3
+		}
+		if got := srv.Released(); got != released {
+			t.Errorf("uring %s: the test server released %d connections, want %d", c.m.name, got, released)
+		}
+	}
+}
+
+// TestVfork: a vfork'd child that closes its fds, in its parent's memory,
+// leaves the parent's accelerated connection known to the parent's library.
+func TestVfork(t *testing.T) {
+	build(t)
+	sock := fakeSmcrd(t)
+	for _, c := range []struct {
+		m     mode
+		accel string
+	}{
+		{mode{name: "kernel"}, "accelerated 0 0\n"},
+		{mode{name: "smcr", lib: "libsmcr-preload.so", socket: sock}, "accelerated 2 2\n"},
+		{mode{name: "smcr-asan", lib: "libsmcr-preload-asan.so", socket: sock}, "accelerated 2 2\n"},
+	} {
+		if out, errOut, err := run(t, c.m, "vfork"); err != nil || out != "ok\n" || errOut != c.accel {
+			t.Errorf("vfork %s: %v\nstdout: %q\nstderr: %q, want %q", c.m.name, err, out, errOut, c.accel)
 		}
 	}
 }

@@ -60,21 +60,41 @@
 //     or /etc/ld.so.preload): exec.c leaves the library's fds behind it open
 //     and names them in SMCR_INHERIT, and the new image adopts them. Into an
 //     image without the library (environment cleared, SMCR_DIRECT=0) the
-//     connection ends with a reset (SMCR_LIB_ABORT; smcrd resets the socket
-//     itself): it does not go on over TCP. An exec by raw system call or from
+//     connection is first handed back to the socket (SMCR_LIB_RELEASE,
+//     conn_release), which the new image uses as plain TCP; where smcrd
+//     cannot release it (the same-host bypass, a peer that cannot continue
+//     over TCP) it ends with a reset (SMCR_LIB_ABORT; smcrd resets the socket
+//     itself). An exec by raw system call or from
 //     posix_spawn, system or popen (glibc calls its own execve) is not seen:
 //     the channel closes with it, which smcrd takes for the program's end
 //     (a reset if bytes were left unread), and the new image may wait on a
 //     TCP connection that carries nothing until the peer closes.
+//   - A vfork'd child (Python's subprocess, posix_spawn) runs in its parent's
+//     memory: its close, closefrom and close_range close its fds only and
+//     leave the library's tables, which are the parent's, as they were. Its
+//     dup2 and dup3 still note the new fd there (an exec after it carries a
+//     connection so, exec.c), and its exec releases what it does not carry.
 //   - An accelerated socket sent to another process with SCM_RIGHTS (sendmsg)
-//     is not followed there: the connection is marked SMCR_LIB_ABORT and its
-//     socket gets the program's O_NONBLOCK back, so that its end here (the
-//     sender's close, or exit) resets it, the other process's socket
-//     included: that process reads an error, never a clean end, but nothing
-//     before (it waits on a socket that carries nothing until then), and the
-//     connection does not go on over TCP. sendmmsg is not looked at.
-//   - io_uring, and raw close system calls on the library's fds, are not
-//     followed (closefrom and close_range are: closerange.c).
+//     is handed back to the kernel socket before the message goes
+//     (SMCR_LIB_RELEASE): the other process gets plain TCP with the rest of
+//     the stream. Where smcrd cannot release it, the connection is marked
+//     SMCR_LIB_ABORT and its socket gets the program's O_NONBLOCK back, so
+//     that its end here (the sender's close, or exit) resets it, the other
+//     process's socket included: that process reads an error, never a clean
+//     end, but nothing before. sendmmsg is not looked at. Reads and writes of
+//     the connection in other threads of the process wait for the release and
+//     go on with the socket; a process sharing it since a fork must not use
+//     it meanwhile.
+//   - io_uring: a process that makes an instance (io_uring_setup through
+//     libc's syscall, or liburing's io_uring_queue_init and
+//     io_uring_queue_init_params, io_uring_setup) has its accelerated
+//     connections released to their sockets first (pending ones decided
+//     first; where a release cannot be, they are marked SMCR_LIB_ABORT), and
+//     accelerates no new ones: connect and listen offer nothing more, and a
+//     listener registered before has its accepted sockets released as soon
+//     as decided. An io_uring_setup by raw system call (not through libc's
+//     syscall nor liburing) is not seen, nor are raw close system calls on the
+//     library's fds (closefrom and close_range are: closerange.c).
 //   - In a child after fork, poll and select with accelerated sockets look
 //     again every millisecond instead of sleeping on the process's eventfd
 //     through an epoll instance of the thread's: such a child may be in a

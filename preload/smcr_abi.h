@@ -79,11 +79,21 @@ struct smcr_msg {
 #define SMCR_LIB_ABORT 4u   /* the program's end (CLOSED, or the channel's close) is an abort,
                              * as TCP's RST (SO_LINGER {1, 0}, bytes left unread, an exec into
                              * an image without the library): the peer reads ECONNRESET */
+#define SMCR_LIB_RELEASE 8u /* after the bytes up to tx_prod, with rx_cons final: hand the
+                             * connection back to the kernel socket, which the library uses as
+                             * plain TCP from SMCR_D_RELEASED on (smcrd has the peer resend what
+                             * the program did not take from the receive ring); answered by
+                             * SMCR_D_RELEASED or SMCR_D_NO_RELEASE (or SMCR_D_ERROR) */
 
 /* d_flags: smcrd's side */
 #define SMCR_D_EOF 1u       /* the peer sent its last byte: rx_prod is final */
 #define SMCR_D_ERROR 2u     /* the connection failed: d_errno (positive) for reads and writes */
 #define SMCR_D_TX_CLOSED 4u /* the peer will read no more: writes fail with EPIPE */
+#define SMCR_D_RELEASED 8u  /* answer to SMCR_LIB_RELEASE: the kernel socket carries the rest
+                             * of the stream both ways; smcrd has let go of the connection */
+#define SMCR_D_NO_RELEASE 16u /* answer to SMCR_LIB_RELEASE: not possible here (the peer cannot
+                               * continue over TCP, the bypass, bytes left in the receive ring
+                               * that smcrd took off the socket): the connection goes on as it was */
 
 struct smcr_shared {
 	/* set once by smcrd before it passes the memfd */

@@ -59,13 +59,20 @@ const (
 	LibShutWR = 1 // shutdown(SHUT_WR): after the bytes up to tx_prod, the FIN
 	LibClosed = 2 // close(): the program is gone from the connection
 	LibAbort  = 4 // the program's end (LibClosed, or the channel's close) is an abort (SO_LINGER {1, 0}, bytes left unread, an exec into an image without the library): the peer reads a reset
+	// LibRelease: hand the connection back to the kernel socket after the
+	// bytes up to tx_prod, with rx_cons final (the socket goes to another
+	// process, or to an image without the library); answered by DReleased, or
+	// DNoRelease (or DError) where it cannot be.
+	LibRelease = 8
 )
 
 // smcrd's flags (d_flags).
 const (
-	DEOF      = 1 // the peer sent its last byte: rx_prod is final
-	DError    = 2 // the connection failed: d_errno for reads and writes
-	DTxClosed = 4 // the peer reads no more: writes fail with EPIPE
+	DEOF       = 1  // the peer sent its last byte: rx_prod is final
+	DError     = 2  // the connection failed: d_errno for reads and writes
+	DTxClosed  = 4  // the peer reads no more: writes fail with EPIPE
+	DReleased  = 8  // LibRelease done: the kernel socket carries the rest of the stream, smcrd let go
+	DNoRelease = 16 // LibRelease not possible here: the connection goes on as it was
 )
 
 // SharedRingFiles in ring_files: the rings are not in the area but in files of

@@ -40,8 +40,8 @@ int main(void) {
 	printf("sizeof_wake %zu\nSMCR_WAKE_SIZE %d\nwake_magic %u\n", sizeof(struct smcr_wake), SMCR_WAKE_SIZE, SMCR_WAKE_MAGIC);
 	printf("sizeof_msg %zu\n", sizeof(struct smcr_msg));
 	printf("SMCR_RING_FILES %u\n", SMCR_RING_FILES);
-	printf("SMCR_LIB_SHUT_WR %u\nSMCR_LIB_CLOSED %u\nSMCR_LIB_ABORT %u\nSMCR_D_EOF %u\nSMCR_D_ERROR %u\nSMCR_D_TX_CLOSED %u\n",
-		SMCR_LIB_SHUT_WR, SMCR_LIB_CLOSED, SMCR_LIB_ABORT, SMCR_D_EOF, SMCR_D_ERROR, SMCR_D_TX_CLOSED);
+	printf("SMCR_LIB_SHUT_WR %u\nSMCR_LIB_CLOSED %u\nSMCR_LIB_ABORT %u\nSMCR_LIB_RELEASE %u\nSMCR_D_EOF %u\nSMCR_D_ERROR %u\nSMCR_D_TX_CLOSED %u\nSMCR_D_RELEASED %u\nSMCR_D_NO_RELEASE %u\n",
+		SMCR_LIB_SHUT_WR, SMCR_LIB_CLOSED, SMCR_LIB_ABORT, SMCR_LIB_RELEASE, SMCR_D_EOF, SMCR_D_ERROR, SMCR_D_TX_CLOSED, SMCR_D_RELEASED, SMCR_D_NO_RELEASE);
 	printf("magic %u\npolicy_magic %u\nversion %u\n", SMCR_SHARED_MAGIC, SMCR_POLICY_MAGIC, SMCR_ABI_VERSION);
 	return 0;
 }
@@ -72,6 +72,7 @@ int main(void) {
 		"SMCR_WAKE_SIZE": WakeSize, "wake_magic": WakeMagic,
 		"sizeof_msg":       MsgHeaderLen,
 		"SMCR_LIB_SHUT_WR": LibShutWR, "SMCR_LIB_CLOSED": LibClosed, "SMCR_LIB_ABORT": LibAbort,
+		"SMCR_LIB_RELEASE": LibRelease, "SMCR_D_RELEASED": DReleased, "SMCR_D_NO_RELEASE": DNoRelease,
 		"SMCR_D_EOF": DEOF, "SMCR_D_ERROR": DError, "SMCR_D_TX_CLOSED": DTxClosed,
 		"SMCR_RING_FILES": SharedRingFiles,
 		"policy_magic":    PolicyMagic, "version ": ABIVersion,

@@ -237,12 +237,18 @@ type closeState struct {
 // contState is the continuation over TCP (resync.go): the flags under c.mu,
 // the channels made with the Conn.
 type contState struct {
-	smcx         bool              // the peer speaks our extensions (continuation over TCP)
-	fo           bool              // continuation over TCP started: cursors frozen
-	foReady      bool              // continuation done: the TCP connection carries the bytes
-	declinedLate bool              // the peer declined after our Confirm: continue from byte 0
-	foDone       chan struct{}     // closed when the continuation ended
-	peerResync   chan resyncResult // the peer's resync, from watchTCP
+	smcx         bool // the peer speaks our extensions (continuation over TCP)
+	fo           bool // continuation over TCP started: cursors frozen
+	foReady      bool // continuation done: the TCP connection carries the bytes
+	declinedLate bool // the peer declined after our Confirm: continue from byte 0
+	// release: the continuation is Release's, which hands the TCP connection
+	// to its socket's other holder: our resync says we hold the peer's
+	// stream up to releaseAt (what the application consumed), not all the
+	// RMB holds, so that the peer resends the rest into the socket's queue.
+	release    bool
+	releaseAt  uint64
+	foDone     chan struct{}     // closed when the continuation ended
+	peerResync chan resyncResult // the peer's resync, from watchTCP
 }
 
 // moveState is the connection on its group's links (multilink.go): our RMB and

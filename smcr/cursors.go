@@ -247,3 +247,70 @@ func (c *Conn) Consumed(pos uint64) error {
 	c.e.st.rxBytes.Add(pos - at)
 	return nil
 }
+
+// ErrNoRelease is returned by Release when the connection cannot be handed
+// back to its TCP connection: the peer does not speak our extensions, the
+// connection failed, closed or continues over TCP already, or the peer is
+// gone with bytes the application has not read.
+var ErrNoRelease = errors.New("smcr: connection cannot be released to tcp")
+
+// Release hands a cursor-driven connection back to its TCP connection, whose
+// socket another holder (the program whose socket it is) goes on with as plain
+// TCP: a continuation over TCP (resync.go) started by us, where our resync says
+// we hold the peer's stream up to consumed, what the application took out of
+// the RMB, so that the peer resends what the application has not read and it
+// lands in the socket's receive queue; we resend what the peer lacks of ours up
+// to Produced (the caller posted every byte the application wrote). consumed
+// lies between Consumed and PeerProduced; it is never below the consumer
+// cursor our CDCs told the peer, whose send buffer still holds every byte from
+// there. Once Release returns nil the engine reads nothing more from the TCP
+// connection (the resync's reader stops after the peer's 16 bytes) and writes
+// nothing more to it; the caller closes its Conn, which closes the engine's
+// descriptor of the socket with neither FIN nor reset while the other holder
+// keeps it open. It waits for the peer's resync (resyncWait at most).
+func (c *Conn) Release(consumed uint64) error {
+	if err := c.cursorDriven(); err != nil {
+		return err
+	}
+	c.txMu.Lock() // no PostProduced meanwhile: Produced is final
+	defer c.txMu.Unlock()
+	c.mu.Lock()
+	var err error
+	_, readAhead := c.tcp.(*readAheadConn)
+	switch {
+	case c.cont.fo:
+		err = fmt.Errorf("%w: it continues over tcp already", ErrNoRelease)
+	case !c.canContinue() || c.closing.appClosed:
+		err = fmt.Errorf("%w: state %v", ErrNoRelease, c.st)
+	case readAhead:
+		// The peer's resync may lie among bytes CLC read ahead, and more
+		// with it: they would not reach the socket's queue.
+		err = fmt.Errorf("%w: bytes read ahead of the tcp stream", ErrNoRelease)
+	case consumed < c.rx.Pos() || consumed < c.rx.ConfirmedPos() || consumed > c.rx.PeerProducerPos():
+		err = fmt.Errorf("smcr: release: consumer cursor %d outside [%d, %d]", consumed, max(c.rx.Pos(), c.rx.ConfirmedPos()), c.rx.PeerProducerPos())
+	case c.closing.peerClosed && consumed != c.rx.PeerProducerPos():
+		// A peer that closed may be gone before it reads our resync: its
+		// bytes in the RMB could not come again.
+		err = fmt.Errorf("%w: the peer closed, %d bytes unread", ErrNoRelease, c.rx.PeerProducerPos()-consumed)
+	}
+	if err != nil {
+		c.mu.Unlock()
+		return err
+	}
+	c.cont.release, c.cont.releaseAt = true, consumed
+	c.startFailoverLocked()
+	done := c.cont.foDone
+	c.mu.Unlock()
+	<-done
+	c.mu.Lock()
+	ok, cerr := c.cont.foReady, c.err
+	c.mu.Unlock()
+	if !ok {
+		if cerr == nil {
+			cerr = ErrLinkDown
+		}
+		return fmt.Errorf("smcr: release: %w", cerr)
+	}
+	c.e.log.Info("smcr: connection released to tcp", "conn", c.id, "consumed", consumed)
+	return nil
+}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"net"
 	"testing"
 	"time"
 
@@ -420,7 +421,7 @@ func TestCursorsContinuation(t *testing.T) {
 }
 
 // readCheck reads len(want) bytes from c and compares them with want.
-func readCheck(t *testing.T, c *Conn, want []byte) {
+func readCheck(t *testing.T, c io.Reader, want []byte) {
 	t.Helper()
 	got := make([]byte, len(want))
 	if _, err := io.ReadFull(c, got); err != nil {
@@ -492,5 +493,120 @@ func TestCursorsUrgent(t *testing.T) {
 	}
 	if u := cli.Cursors().PeerUrgent; u != 0 {
 		t.Fatalf("PeerUrgent %d once consumed past, want 0", u)
+	}
+}
+
+// TestCursorsRelease: Release hands a cursor-driven connection to its TCP
+// socket, held by another (a dup here, as the program's own socket in the
+// direct mode): the bytes the application had not consumed come again on the
+// socket, followed by what the peer writes after; the peer reads every byte
+// the application posted, then what it writes on the socket, and no end
+// when the engine closes its Conn.
+func TestCursorsRelease(t *testing.T) {
+	d1, d2 := twoDevices(t)
+	ec := newEngine(t, Config{Devices: []verbs.Device{d1}, RMBSize: cursorRing})
+	es := newEngine(t, Config{Devices: []verbs.Device{d2}, RMBSize: cursorRing})
+	cli, srv := connectWith(t, ec, es, ClientOptions{Cursors: true}, ServerOptions{})
+	t.Cleanup(func() { cli.Close(); srv.Close() })
+	mustSMC(t, cli, srv)
+	a := newCursorApp(cli)
+	posted := randomBytes(71, 3*cursorRing+17)
+	errc := make(chan error, 1)
+	go func() { errc <- a.write(posted) }()
+	readCheck(t, srv, posted[:len(posted)-cursorRing/2])
+	if err := within(t, errc, "the cursor writes"); err != nil {
+		t.Fatal(err)
+	}
+	// The server reads the rest, half an RMB, only after the release.
+	sent := randomBytes(72, 1000)
+	if _, err := srv.Write(sent); err != nil {
+		t.Fatal(err)
+	}
+	for cli.Cursors().PeerProduced != uint64(len(sent)) {
+		within(t, a.rxWoke, "the server's bytes")
+	}
+	const taken = 300
+	if err := cli.Consumed(taken); err != nil {
+		t.Fatal(err)
+	}
+	f, err := cli.TCP().(*net.TCPConn).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer own.Close()
+	own.SetDeadline(time.Now().Add(10 * time.Second)) // a lost byte fails the test, no hang
+	if err := cli.Release(taken); err != nil {
+		t.Fatal(err)
+	}
+	if err := cli.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.Write([]byte("after")); err != nil {
+		t.Fatal(err)
+	}
+	readCheck(t, own, append(sent[taken:len(sent):len(sent)], "after"...))
+	readCheck(t, srv, posted[len(posted)-cursorRing/2:])
+	if _, err := own.Write([]byte("back over tcp")); err != nil {
+		t.Fatal(err)
+	}
+	readCheck(t, srv, []byte("back over tcp"))
+	if err := cli.Release(taken); err == nil {
+		t.Error("a second release succeeded")
+	}
+	own.(*net.TCPConn).CloseWrite()
+	if b, err := io.ReadAll(srv); err != nil || len(b) != 0 {
+		t.Errorf("after the socket's FIN: %q, %v; want EOF", b, err)
+	}
+	eventually(t, "released", func() bool {
+		return ec.Stats().MemoryInUse == 0
+	})
+}
+
+// TestCursorsReleaseRefused: a connection cannot be released with its
+// consumer cursor out of range, to a peer without our extensions (it goes on
+// untouched), once it continues over TCP already, nor when not cursor-driven.
+func TestCursorsReleaseRefused(t *testing.T) {
+	d1, d2 := twoDevices(t)
+	ec := newEngine(t, Config{Devices: []verbs.Device{d1}, RMBSize: cursorRing})
+	es := newEngine(t, Config{Devices: []verbs.Device{d2}, RMBSize: cursorRing})
+	cli, srv := connectWith(t, ec, es, ClientOptions{Cursors: true}, ServerOptions{})
+	t.Cleanup(func() { cli.Close(); srv.Close() })
+	mustSMC(t, cli, srv)
+	if err := cli.Release(1); err == nil {
+		t.Error("released past the peer's bytes")
+	}
+	a := newCursorApp(cli)
+	// A peer without our extensions (Linux) cannot continue over TCP: the
+	// connection goes on over SMC-R, untouched.
+	cli.mu.Lock()
+	cli.cont.smcx = false
+	cli.mu.Unlock()
+	if err := cli.Release(0); !errors.Is(err, ErrNoRelease) {
+		t.Errorf("release to a peer without SMCX: %v, want %v", err, ErrNoRelease)
+	}
+	cli.mu.Lock()
+	cli.cont.smcx = true
+	cli.mu.Unlock()
+	if err := a.write([]byte("still smc-r")); err != nil {
+		t.Fatal(err)
+	}
+	readCheck(t, srv, []byte("still smc-r"))
+	if cli.Cursors().Continued {
+		t.Error("a refused release continued over TCP")
+	}
+	d1.Fail()
+	for !cli.Cursors().Continued {
+		within(t, a.txWoke, "the continuation")
+	}
+	if err := cli.Release(0); !errors.Is(err, ErrNoRelease) {
+		t.Errorf("release after the continuation: %v, want %v", err, ErrNoRelease)
+	}
+	if err := srv.Release(0); !errors.Is(err, ErrNotCursorDriven) {
+		t.Errorf("release of a conn not cursor-driven: %v", err)
 	}
 }

@@ -280,6 +280,9 @@ func (c *Conn) resync() error {
 		flags |= 0x40
 	}
 	mine := resync{flags: flags, received: c.rx.PeerProducerPos()}
+	if c.cont.release {
+		mine.received = c.cont.releaseAt // Release: the peer resends what the application did not read
+	}
 	declined := c.cont.declinedLate
 	c.mu.Unlock()
 	wait := resyncWait(c.e.settings().CLCTimeout)

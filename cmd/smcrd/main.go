@@ -88,6 +88,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	pinDir := fs.String("pin-dir", bpf.DefaultPinDir, "bpf filesystem `directory` for the pinned programs and maps, one per network namespace")
 	shmDir := fs.String("shm-dir", "", "`directory` of the shm provider's rendezvous sockets, shared by the smcrds of one host (default $TMPDIR/smcr-shm)")
 	liveness := fs.Duration("liveness-ttl", 3*time.Second, fmt.Sprintf("after a crash, connections go direct again within this `duration`, at least %v", daemon.MinLivenessTTL))
+	sameHost := fs.Bool("direct-same-host", true, "over shm, programs with the direct mode's library on one host write into each other's rings; false: their bytes go through smcrd and SMC-R as between hosts")
 	drain := fs.Duration("drain-timeout", 10*time.Second, "on SIGTERM, wait this `duration` for the connections smcrd holds before aborting them; 0 aborts them at once")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	man := fs.String("man", "", "write the manual `page` smcrd (smcrd.8) or smcrd.conf (smcrd.conf.5), made of this help and of the attributes' own text, and exit")
@@ -166,6 +167,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	d, err := daemon.New(daemon.Options{
 		Config: cfg, ConfigFile: *cfgFile, PinDir: *pinDir, ShmDir: *shmDir,
 		LivenessTTL: *liveness, DrainTimeout: drainTimeout, Version: version.String(), Logger: log,
+		NoSameHostBypass: !*sameHost,
 	})
 	var cfgErr *config.Error
 	if errors.As(err, &cfgErr) { // a value the file loaded with, found wrong at start

@@ -22,6 +22,12 @@
 #include "real.h"
 
 int smcr_disabled;
+int smcr_pid;
+
+int smcr_vforked(void)
+{
+	return getpid() != smcr_pid;
+}
 
 static struct sockaddr_un sock_addr;
 static socklen_t sock_addr_len;

@@ -8,6 +8,13 @@
 
 extern int smcr_disabled; /* SMCR_DIRECT=0 */
 
+/* smcr_vforked: this is the child of a vfork (or posix_spawn's clone), which runs in
+ * its parent's memory until it execs or exits: its closes must not touch the
+ * library's tables, which are the parent's. smcr_pid is the process's own, set at
+ * start and in a fork's child. */
+extern int smcr_pid;
+int smcr_vforked(void);
+
 void channel_init(void);
 
 /* policy_allows reports whether a connection to (client) or a listener on (server)

@@ -5,7 +5,8 @@
  * connection, listener or epoll set that the program keeps open below or above the
  * range stay open, and so does the process's eventfd: closing them would cut the
  * connection from smcrd, and an exec after it could not carry the connection over
- * (exec.c). */
+ * (exec.c). A vfork'd child (Python's subprocess closes every fd it does not pass
+ * so) closes its fds and nothing else: the library's tables are its parent's. */
 #include <errno.h>
 #include <limits.h>
 #include <linux/close_range.h>
@@ -74,6 +75,11 @@ static void close_gap(unsigned a, unsigned b)
 
 static void close_span(unsigned first, unsigned last)
 {
+	if (smcr_vforked()) {
+		/* the tables are the parent's: its fds there stay open and known */
+		close_gap(first, last);
+		return;
+	}
 	int n;
 	int *keep = kept(first, last, &n);
 	int high = atomic_load(&smcr_fdt_high);

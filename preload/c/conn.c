@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -145,7 +146,7 @@ int conn_check_reset(struct conn *c, int fd)
 {
 	if (atomic_load_explicit(&c->reset, memory_order_relaxed))
 		return 1;
-	if (atomic_load(&c->state) != CS_ACCEL || c->chan < 0)
+	if (atomic_load(&c->state) != CS_ACCEL || c->chan < 0 || conn_follow_release(c, fd))
 		return 0;
 	struct pollfd p = {.fd = c->chan, .events = POLLIN};
 	if (R(poll)(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR | POLLIN)))
@@ -427,6 +428,8 @@ uint32_t conn_revents(struct conn *c, int fd)
 	case CS_PENDING:
 		return 0;
 	case CS_ACCEL: {
+		if (conn_follow_release(c, fd))
+			return conn_revents(c, fd);
 		if (atomic_load_explicit(&c->reset, memory_order_relaxed))
 			return POLLIN | POLLRDNORM | POLLOUT | POLLWRNORM | POLLHUP | POLLRDHUP |
 			       (atomic_load_explicit(&c->err_taken, memory_order_relaxed) ? 0 : POLLERR);
@@ -503,13 +506,66 @@ uint64_t conn_seq(struct conn *c)
 	return s;
 }
 
+/* become_tcp: c, released by smcrd, is plain TCP from here on: its channel and the
+ * area's descriptors close (the mapping stays until conn_free: another thread may
+ * still look at it), its epoll members go to the kernel's sets, its waiters to the
+ * socket. */
+static void become_tcp(struct conn *c, int fd)
+{
+	pthread_mutex_lock(&c->mu);
+	if (atomic_load(&c->state) != CS_ACCEL) {
+		pthread_mutex_unlock(&c->mu);
+		return;
+	}
+	conn_restore_flags(c, fd);
+	if (atomic_load(&c->shut_rd))
+		R(shutdown)(fd, SHUT_RD); /* the program's, which the rings kept until now */
+	atomic_store(&c->state, CS_TCP);
+	close_chan(c);
+	int *fds[] = {&c->memfd, &c->efd_dtx, &c->efd_drx, &c->tx_file, &c->rx_file}; /* efd_lib is the process's */
+	for (int i = 0; i < 5; i++)
+		if (*fds[i] >= 0) {
+			R(close)(*fds[i]);
+			*fds[i] = -1;
+		}
+	pthread_mutex_unlock(&c->mu);
+	ready_released(c);
+	ring_wake_local(c);
+}
+
+int conn_release(struct conn *c, int fd)
+{
+	if (atomic_load(&c->state) != CS_ACCEL || !c->sh || c->peer || atomic_load(&c->reset) ||
+	    atomic_load(&c->closed))
+		return -1;
+	/* No copy through the rings may move a cursor once smcrd took them: the
+	 * copies under way end first, new ones wait for the outcome (ring_enter). */
+	atomic_store(&c->releasing, 1);
+	while (atomic_load(&c->ring_ops))
+		sched_yield();
+	int r = ring_release(c, fd);
+	if (r == 0)
+		become_tcp(c, fd);
+	atomic_store(&c->releasing, 0);
+	return r;
+}
+
+int conn_follow_release(struct conn *c, int fd)
+{
+	if (atomic_load(&c->state) != CS_ACCEL || !c->sh ||
+	    !(atomic_load_explicit(&c->sh->d_flags, memory_order_acquire) & SMCR_D_RELEASED))
+		return 0;
+	become_tcp(c, fd);
+	return 1;
+}
+
 static void conn_last_close(struct obj *o)
 {
 	struct conn *c = (struct conn *)o;
 	pthread_mutex_lock(&c->mu);
 	atomic_store(&c->closed, 1);
 	ready_conn_closed(c);
-	if (c->sh) {
+	if (c->sh && atomic_load(&c->state) == CS_ACCEL) { /* not released (conn_release) */
 		if (!conn_shared(c)) {
 			/* SHM: the peer reads the end from us, unless the connection
 			 * failed (a reset is the peer's smcrd's to tell, never an EOF) */

@@ -44,6 +44,8 @@ struct conn {
 	atomic_int oob_inline;  /* the program's SO_OOBINLINE while PENDING / ACCEL: the kernel
 	                         * socket's is smcrd's then (its engine keeps urgent bytes inline
 	                         * for a continuation over TCP) */
+	atomic_int ring_ops;    /* ACCEL: threads copying through the rings (ring.c's ring_enter) */
+	atomic_int releasing;   /* conn_release runs: copies wait for its outcome */
 
 	/* ACCEL */
 	struct smcr_shared *sh;
@@ -125,6 +127,17 @@ void conn_mark_reset(struct conn *c, int fd);
 /* conn_note_close: the program closes fd, c's last alias: an abort, as TCP's RST, if
  * the socket has SO_LINGER {1, 0} or bytes are left unread. */
 void conn_note_close(struct conn *c, int fd);
+
+/* conn_release hands an ACCEL connection, fd's, back to the kernel socket, which
+ * carries the rest of the stream both ways (SMCR_LIB_RELEASE): 0, and c is plain TCP
+ * (CS_TCP) with the program's O_NONBLOCK; -1 where it cannot be (SHM, reset, smcrd
+ * refused or failed), c unchanged. Call it after the program's last write to fd
+ * through the rings. Another process that shares c since a fork follows
+ * (conn_follow_release) when it next looks: it must not use the connection meanwhile. */
+int conn_release(struct conn *c, int fd);
+/* conn_follow_release: smcrd released c at another holder's ask (SMCR_D_RELEASED): c
+ * becomes plain TCP here too. 1 if it did. */
+int conn_follow_release(struct conn *c, int fd);
 
 /* conn_restore_flags gives the kernel socket the program's O_NONBLOCK again. */
 void conn_restore_flags(struct conn *c, int fd);

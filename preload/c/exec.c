@@ -4,8 +4,10 @@
  * eventfds) are left open across it and named in SMCR_INHERIT; the new image's library
  * adopts them at start, with the bytes still in the rings. smcrd sees nothing: the
  * channel never closes. Before an exec into an image without the library, each such
- * connection is marked SMCR_LIB_ABORT: the exec closes its channel, and smcrd ends
- * the connection with a reset, of the socket too, so that the new image reads
+ * connection is handed back to its kernel socket (conn_release), which the new image
+ * reads and writes as plain TCP, no byte lost. Where that cannot be, the connection
+ * is marked SMCR_LIB_ABORT: the exec closes its channel, and smcrd ends the
+ * connection with a reset, of the socket too, so that the new image reads
  * ECONNRESET rather than wait on a TCP connection that carries nothing, and the
  * peer never takes the cut stream for a whole one. */
 #include "exec.h"
@@ -171,6 +173,15 @@ static void mark_abort(int fd, struct conn *c, int st, void *arg)
 	}
 }
 
+/* release_one hands an accelerated one back to its kernel socket, which the new image
+ * then uses as plain TCP (conn_release); where that cannot be, it is marked
+ * SMCR_LIB_ABORT (mark_abort) */
+static void release_one(int fd, struct conn *c, int st, void *arg)
+{
+	if (st == CS_ACCEL && c->sh && conn_release(c, fd) < 0)
+		mark_abort(fd, c, st, arg);
+}
+
 static void restore_one(int fd, struct conn *c, int st, void *arg)
 {
 	(void)fd, (void)st, (void)arg;
@@ -193,7 +204,7 @@ static struct exec_env exec_prepare(char *const envp[])
 	if (k == 0)
 		return e;
 	if (!image_has_library(envp)) {
-		for_each_inherited(mark_abort, &e);
+		for_each_inherited(release_one, &e);
 		e.aborting = 1;
 		return e;
 	}

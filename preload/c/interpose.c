@@ -1,6 +1,7 @@
 /* interpose.c: the calls the library takes over. A call on an fd the library does not
  * know goes straight to the real function after one table lookup; an offered socket's
  * calls follow its state (conn.h). */
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/sockios.h>
@@ -16,6 +17,7 @@
 #include <sys/select.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -26,6 +28,12 @@
 #include "ready.h"
 #include "real.h"
 #include "ring.h"
+
+/* smcr_escaped: the process made an io_uring instance, whose reads and writes of a
+ * socket go around the library: its connections were released to their sockets and
+ * it accelerates no new ones (uring_escape). */
+static atomic_int smcr_escaped;
+static void release_or_abort(struct conn *c, int fd);
 
 #define EXPORT __attribute__((visibility("default")))
 #define PASS (-2)
@@ -39,12 +47,14 @@ static void on_fork_parent(void)
 
 static void on_fork_child(void)
 {
+	smcr_pid = getpid();
 	atomic_fetch_add(&smcr_fork_gen, 1);
 	channel_forked_child();
 }
 
 __attribute__((constructor)) static void smcr_init(void)
 {
+	smcr_pid = getpid();
 	real_init();
 	channel_init();
 	if (!smcr_disabled) {
@@ -263,15 +273,16 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 		return R(connect)(fd, addr, len);
 	}
 	uint16_t port;
-	if (smcr_disabled || fd >= smcr_fdt_size || !port_of(addr, len, &port) || !policy_allows(port) ||
-	    !is_tcp(fd) || !local_allowed(fd, addr, len))
+	if (smcr_disabled || atomic_load_explicit(&smcr_escaped, memory_order_relaxed) || fd >= smcr_fdt_size ||
+	    !port_of(addr, len, &port) || !policy_allows(port) || !is_tcp(fd) || !local_allowed(fd, addr, len))
 		return R(connect)(fd, addr, len);
 	return connect_offer(fd, addr, len);
 }
 
 EXPORT int listen(int fd, int backlog)
 {
-	if (smcr_disabled || fdt_get(fd) || fd >= smcr_fdt_size)
+	if (smcr_disabled || atomic_load_explicit(&smcr_escaped, memory_order_relaxed) || fdt_get(fd) ||
+	    fd >= smcr_fdt_size)
 		return R(listen)(fd, backlog);
 	struct sockaddr_storage ss;
 	socklen_t sl = sizeof(ss);
@@ -341,8 +352,16 @@ static int do_accept(int fd, struct sockaddr *addr, socklen_t *len, int flags, i
 	int e = errno;
 	ready_forget_fd(nfd);
 	fdt_forget(nfd);
-	if (o && o->kind == OBJ_LISTENER)
+	if (o && o->kind == OBJ_LISTENER) {
+		/* offered even once escaped: the peer runs CLC on the connection, which
+		 * smcrd answers; then it is released at once */
 		accepted_offer(nfd, !!(flags & SOCK_NONBLOCK));
+		struct conn *c = conn_of(fdt_get(nfd));
+		if (c && atomic_load(&smcr_escaped)) {
+			conn_decide(c, nfd, 1);
+			release_or_abort(c, nfd);
+		}
+	}
 	errno = e;
 	return nfd;
 }
@@ -361,6 +380,8 @@ EXPORT int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags)
 
 EXPORT int close(int fd)
 {
+	if (fdt_get(fd) && smcr_vforked())
+		return R(close)(fd); /* the parent's fd, in its table, stays */
 	ready_forget_fd(fd);
 	struct obj *o = fdt_take(fd);
 	if (o) {
@@ -694,11 +715,24 @@ EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags, const struct
 	return r == PASS ? R(sendto)(fd, buf, n, flags, addr, alen) : r;
 }
 
+/* release_or_abort hands an accelerated connection back to its kernel socket, fd
+ * (conn_release), before the socket goes where the library cannot follow it. Where
+ * that cannot be (a same-host peer library, a peer that cannot continue over TCP),
+ * the connection's end, whenever it comes here, is an abort (SMCR_LIB_ABORT), which
+ * resets the socket, so that whoever holds it then reads an error rather than wait
+ * on a TCP connection that carries nothing; the socket gets the program's O_NONBLOCK
+ * back. */
+static void release_or_abort(struct conn *c, int fd)
+{
+	if (c && atomic_load(&c->state) == CS_ACCEL && c->sh && conn_release(c, fd) < 0) {
+		atomic_fetch_or(&c->sh->lib_flags, SMCR_LIB_ABORT);
+		conn_restore_flags(c, fd);
+	}
+}
+
 /* note_passed_fds: an accelerated socket sent to another process (SCM_RIGHTS) is one
- * the library there cannot follow: the connection's end, whenever it comes here, is
- * then an abort (SMCR_LIB_ABORT), which resets the socket the other process holds,
- * so that it reads an error rather than wait on a TCP connection that carries
- * nothing; the socket gets the program's O_NONBLOCK back for it. */
+ * the library there cannot follow: it is released before the message goes, so that
+ * the other process reads and writes the rest of the stream on it as plain TCP. */
 static void note_passed_fds(const struct msghdr *msg)
 {
 	for (struct cmsghdr *h = CMSG_FIRSTHDR(msg); h; h = CMSG_NXTHDR((struct msghdr *)msg, h)) {
@@ -708,11 +742,7 @@ static void note_passed_fds(const struct msghdr *msg)
 		for (size_t i = 0; i < k; i++) {
 			int pfd;
 			memcpy(&pfd, CMSG_DATA(h) + i * sizeof(int), sizeof(int));
-			struct conn *c = conn_of(fdt_get(pfd));
-			if (c && atomic_load(&c->state) == CS_ACCEL && c->sh) {
-				atomic_fetch_or(&c->sh->lib_flags, SMCR_LIB_ABORT);
-				conn_restore_flags(c, pfd);
-			}
+			release_or_abort(conn_of(fdt_get(pfd)), pfd);
 		}
 	}
 }
@@ -743,6 +773,76 @@ EXPORT int sendmmsg(int fd, struct mmsghdr *vec, unsigned int vlen, int flags)
 		vec[i].msg_len = (unsigned int)r;
 	}
 	return (int)i;
+}
+
+/* ---- io_uring: its operations on a socket go around the library, so a process
+ * that makes an instance has its accelerated connections released to their sockets
+ * first (pending ones decided, then released; where a release cannot be, marked for
+ * an abort as a socket passed away), and accelerates no new ones: connect and listen
+ * offer nothing more, a listener's accepted sockets are released as soon as decided.
+ * Seen: the io_uring_setup system call through libc's syscall(), and liburing's
+ * entry points (Debian's liburing makes its system calls itself). */
+
+static void uring_escape(void)
+{
+	if (!smcr_fdt || smcr_disabled || atomic_exchange(&smcr_escaped, 1))
+		return;
+	int high = atomic_load(&smcr_fdt_high);
+	for (int fd = 0; fd < high; fd++) {
+		struct conn *c = conn_of(fdt_get(fd));
+		if (!c)
+			continue;
+		if (atomic_load(&c->state) == CS_PENDING)
+			conn_decide(c, fd, 1);
+		release_or_abort(c, fd);
+	}
+}
+
+EXPORT long syscall(long n, ...)
+{
+	va_list ap;
+	va_start(ap, n);
+	long a[6];
+	for (int i = 0; i < 6; i++)
+		a[i] = va_arg(ap, long);
+	va_end(ap);
+	if (n == SYS_io_uring_setup)
+		uring_escape();
+	return R(syscall)(n, a[0], a[1], a[2], a[3], a[4], a[5]);
+}
+
+/* next_fn: the definition after the library's of sym (liburing's), or NULL */
+static void *next_fn(const char *sym)
+{
+	return dlsym(RTLD_NEXT, sym);
+}
+
+struct io_uring;
+struct io_uring_params;
+
+EXPORT int io_uring_setup(unsigned entries, struct io_uring_params *p)
+{
+	uring_escape();
+	int (*f)(unsigned, struct io_uring_params *) = (int (*)(unsigned, struct io_uring_params *))next_fn("io_uring_setup");
+	if (!f)
+		return (int)R(syscall)(SYS_io_uring_setup, (long)entries, (long)p);
+	return f(entries, p);
+}
+
+EXPORT int io_uring_queue_init(unsigned entries, struct io_uring *ring, unsigned flags)
+{
+	uring_escape();
+	int (*f)(unsigned, struct io_uring *, unsigned) =
+		(int (*)(unsigned, struct io_uring *, unsigned))next_fn("io_uring_queue_init");
+	return f ? f(entries, ring, flags) : -ENOSYS;
+}
+
+EXPORT int io_uring_queue_init_params(unsigned entries, struct io_uring *ring, struct io_uring_params *p)
+{
+	uring_escape();
+	int (*f)(unsigned, struct io_uring *, struct io_uring_params *) =
+		(int (*)(unsigned, struct io_uring *, struct io_uring_params *))next_fn("io_uring_queue_init_params");
+	return f ? f(entries, ring, p) : -ENOSYS;
 }
 
 /* ---- sendfile and splice: copies through the rings for accelerated sockets */

@@ -600,6 +600,24 @@ void ready_decided(struct conn *c, int old_chan)
 	pthread_mutex_unlock(&ep_mu);
 }
 
+void ready_released(struct conn *c)
+{
+	pthread_mutex_lock(&ep_mu);
+	while (c->members) {
+		struct member *m = c->members;
+		int parked = m->parked;
+		member_unregister(m);
+		if (!parked) {
+			/* plain TCP: hand the socket to the kernel set as the program asked
+			 * (a disarmed one-shot registered, reporting nothing) */
+			struct epoll_event ev = {.events = m->disarmed ? 0 : m->events, .data = m->data};
+			R(epoll_ctl)(m->set->epfd, EPOLL_CTL_ADD, m->fd, &ev);
+		}
+		member_free(m);
+	}
+	pthread_mutex_unlock(&ep_mu);
+}
+
 void ready_conn_changed(struct conn *c)
 {
 	pthread_mutex_lock(&ep_mu);

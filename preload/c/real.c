@@ -15,6 +15,7 @@ static pthread_once_t real_once = PTHREAD_ONCE_INIT;
 static void resolve(void)
 {
 	RESOLVE(socket, "socket");
+	RESOLVE(syscall, "syscall");
 	RESOLVE(connect, "connect");
 	RESOLVE(listen, "listen");
 	RESOLVE(accept, "accept");

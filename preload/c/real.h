@@ -62,6 +62,7 @@ struct real_fns {
 	int (*execvpe)(const char *, char *const[], char *const[]);
 	int (*fexecve)(int, char *const[], char *const[]);
 	int (*execveat)(int, const char *, char *const[], char *const[], int);
+	long (*syscall)(long, ...);
 };
 
 extern struct real_fns real;

@@ -152,7 +152,7 @@ int ring_at_mark(struct conn *c)
 static int rx_ready(struct conn *c)
 {
 	return ring_rx_readable(c) > 0 ||
-	       (atomic_load_explicit(&c->sh->d_flags, memory_order_acquire) & (SMCR_D_EOF | SMCR_D_ERROR)) ||
+	       (atomic_load_explicit(&c->sh->d_flags, memory_order_acquire) & (SMCR_D_EOF | SMCR_D_ERROR | SMCR_D_RELEASED)) ||
 	       atomic_load_explicit(&c->reset, memory_order_relaxed) ||
 	       atomic_load_explicit(&c->shut_rd, memory_order_relaxed);
 }
@@ -160,7 +160,7 @@ static int rx_ready(struct conn *c)
 static int tx_ready(struct conn *c)
 {
 	uint32_t df = atomic_load_explicit(&c->sh->d_flags, memory_order_acquire);
-	return ring_tx_queued(c) < c->tx_size || (df & SMCR_D_ERROR) || ring_tx_closed(c, df) ||
+	return ring_tx_queued(c) < c->tx_size || (df & (SMCR_D_ERROR | SMCR_D_RELEASED)) || ring_tx_closed(c, df) ||
 	       atomic_load_explicit(&c->reset, memory_order_relaxed) ||
 	       atomic_load_explicit(&c->shut_wr, memory_order_relaxed);
 }
@@ -352,6 +352,27 @@ static ssize_t failed_write(struct conn *c, int err, int flags)
 	return -1;
 }
 
+/* ring_enter: a copy through the rings begins, which ring_leave ends: 0; or -1 while
+ * conn_release runs, after waiting for its outcome (the caller looks again: the
+ * connection may be the kernel socket's now). The release waits for the copies under
+ * way: a cursor moved after smcrd took it would lose or repeat bytes. */
+static int ring_enter(struct conn *c)
+{
+	atomic_fetch_add(&c->ring_ops, 1);
+	if (__builtin_expect(!atomic_load(&c->releasing), 1))
+		return 0;
+	atomic_fetch_sub(&c->ring_ops, 1);
+	struct timespec ms = {0, 1000000};
+	while (atomic_load(&c->releasing) && atomic_load(&c->state) == CS_ACCEL)
+		nanosleep(&ms, NULL);
+	return -1;
+}
+
+static inline void ring_leave(struct conn *c)
+{
+	atomic_fetch_sub(&c->ring_ops, 1);
+}
+
 /* recv_oob: recv(MSG_OOB), as Linux's tcp_recv_urg: the urgent byte that lies ahead,
  * once (MSG_PEEK leaves it); EINVAL when there is none, it was taken, or the program
  * keeps urgent bytes inline; never a wait. */
@@ -414,6 +435,14 @@ static ssize_t recv_inner(struct conn *c, int fd, const struct iovec *iov, int i
 				return (ssize_t)done;
 			return failed_read(c, ECONNRESET);
 		}
+		if (atomic_load_explicit(&c->state, memory_order_relaxed) != CS_ACCEL ||
+		    ((atomic_load_explicit(&sh->d_flags, memory_order_relaxed) & SMCR_D_RELEASED) &&
+		     conn_follow_release(c, fd))) { /* released meanwhile: the kernel's socket */
+			if (done)
+				return (ssize_t)done;
+			struct msghdr mh = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)iovcnt};
+			return R(recvmsg)(fd, &mh, flags);
+		}
 		uint64_t prod = atomic_load_explicit(&sh->rx_prod, memory_order_acquire);
 		uint64_t cons = atomic_load_explicit(&sh->rx_cons, memory_order_relaxed);
 		uint64_t avail = prod - cons;
@@ -441,10 +470,13 @@ static ssize_t recv_inner(struct conn *c, int fd, const struct iovec *iov, int i
 			avail = urg - 1 - cons;
 		}
 		if (avail > 0) {
+			if (ring_enter(c) < 0)
+				continue;
 			size_t n = want - done < avail ? want - done : (size_t)avail;
 			if (flags & MSG_PEEK) {
 				if (!(flags & MSG_TRUNC))
 					copy_out(&v, c->rx, c->rx_size, (size_t)((cons + skip) % c->rx_size), n);
+				ring_leave(c);
 				return (ssize_t)(done + n);
 			}
 			/* SHM: give the space back in chunks, so that the peer's
@@ -458,6 +490,7 @@ static ssize_t recv_inner(struct conn *c, int fd, const struct iovec *iov, int i
 				after_rx_publish(c, cons + k);
 				k += m;
 			}
+			ring_leave(c);
 			done += n;
 			if (done == want || !(flags & MSG_WAITALL))
 				return (ssize_t)done;
@@ -573,6 +606,14 @@ static ssize_t send_inner(struct conn *c, int fd, const struct iovec *iov, int i
 				return sent_part(c, done, flags);
 			return failed_write(c, ECONNRESET, flags);
 		}
+		if (atomic_load_explicit(&c->state, memory_order_relaxed) != CS_ACCEL ||
+		    ((atomic_load_explicit(&sh->d_flags, memory_order_relaxed) & SMCR_D_RELEASED) &&
+		     conn_follow_release(c, fd))) { /* released meanwhile: the kernel's socket */
+			if (done)
+				return (ssize_t)done;
+			struct msghdr mh = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)iovcnt};
+			return R(sendmsg)(fd, &mh, flags);
+		}
 		uint32_t df = atomic_load_explicit(&sh->d_flags, memory_order_acquire);
 		if (df & SMCR_D_ERROR) {
 			if (done)
@@ -595,6 +636,8 @@ static ssize_t send_inner(struct conn *c, int fd, const struct iovec *iov, int i
 		}
 		size_t fr = c->tx_size - (size_t)used;
 		if (fr > 0) {
+			if (ring_enter(c) < 0)
+				continue;
 			size_t n = want - done < fr ? want - done : fr;
 			/* SHM: publish in chunks, so that the peer reads while this
 			 * side still copies */
@@ -609,6 +652,7 @@ static ssize_t send_inner(struct conn *c, int fd, const struct iovec *iov, int i
 				mark_urgent(c, prod + n);
 			atomic_store_explicit(c->tx_prod, prod + n, memory_order_seq_cst);
 			after_tx_publish(c);
+			ring_leave(c);
 			done += n;
 			if (last)
 				return (ssize_t)done;
@@ -647,6 +691,32 @@ ssize_t ring_send_space(struct conn *c, int fd, int flags)
 	int held = 0;
 	ssize_t r = space_inner(c, fd, flags, &held);
 	return unhold(c, held, r);
+}
+
+int ring_release(struct conn *c, int fd)
+{
+	struct smcr_shared *sh = c->sh;
+	const uint32_t answer = SMCR_D_RELEASED | SMCR_D_NO_RELEASE | SMCR_D_ERROR;
+	if (atomic_load(&sh->d_flags) & (SMCR_D_NO_RELEASE | SMCR_D_ERROR))
+		return -1; /* refused before, or failed: asked no more */
+	atomic_fetch_or(&sh->lib_flags, SMCR_LIB_RELEASE);
+	atomic_fetch_add_explicit(&sh->lib_seq, 1, memory_order_seq_cst);
+	ring_kick(c->efd_dtx);
+	uint64_t end = now_ns() + RELEASE_WAIT_NS;
+	for (;;) {
+		atomic_fetch_add(&sh->lib_waiters, 1);
+		uint32_t seen = atomic_load(&sh->d_seq);
+		uint32_t df = atomic_load(&sh->d_flags);
+		uint64_t now = now_ns();
+		if ((df & answer) || now >= end || conn_check_reset(c, fd)) {
+			atomic_fetch_sub(&sh->lib_waiters, 1);
+			return (df & SMCR_D_RELEASED) ? 0 : -1;
+		}
+		uint64_t wait = end - now < NAP_NS ? end - now : NAP_NS;
+		struct timespec ts = {.tv_sec = (time_t)(wait / 1000000000ull), .tv_nsec = (long)(wait % 1000000000ull)};
+		futex(&sh->d_seq, FUTEX_WAIT, seen, &ts);
+		atomic_fetch_sub(&sh->lib_waiters, 1);
+	}
 }
 
 void ring_shutdown_wr(struct conn *c)

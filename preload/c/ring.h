@@ -75,6 +75,14 @@ int ring_at_mark(struct conn *c);
 /* ring_shutdown_wr publishes the program's shutdown(SHUT_WR); ring_wake_local wakes
  * this process's threads blocked on the connection. */
 void ring_shutdown_wr(struct conn *c);
+
+/* ring_release asks smcrd to hand the connection back to the kernel socket
+ * (SMCR_LIB_RELEASE: every byte the program wrote is in tx_prod, rx_cons is
+ * final) and waits for the answer, RELEASE_WAIT_NS at most (smcrd waits for the
+ * peer's resync, its CLC timeout or 5 s): 0 once released (SMCR_D_RELEASED), -1
+ * when not (refused, failed, no answer, smcrd gone). Not with SHM. */
+#define RELEASE_WAIT_NS 30000000000ull
+int ring_release(struct conn *c, int fd);
 void ring_wake_local(struct conn *c);
 void ring_kick(int efd);
 

@@ -2,8 +2,10 @@
  * first process makes a connection (both ends through the library), sends the
  * server's end to a process it starts (this program again, "receiver", which knows
  * nothing of the connection) and closes its copy; the receiver reads from the socket.
- * Neither end waits for good nor reads a clean end: with the kernel's sockets the
- * receiver gets the bytes, with the library's the connection is reset.
+ * Neither end waits for good nor reads a clean end: with the kernel's sockets, and with
+ * the library's where smcrd releases the connection to the socket before it goes
+ * (SMCR_LIB_RELEASE), the receiver gets the bytes; where it cannot, the connection is
+ * reset.
  * stdout: "receiver <data | reset>", then "client <data | reset>" (the receiver
  * echoes what it got). */
 #define _GNU_SOURCE

@@ -911,14 +911,23 @@ func TestDirectProgramsExecNoLibrary(t *testing.T) {
 
 // execEcho runs direct_exec_server.py (it execs cmd, cat by default) and its
 // client, and returns the client's verdict; a client that hangs fails the test.
-func execEcho(t *testing.T, cmd ...string) (r struct {
-	OK    bool
-	Bytes int
-	Err   string
-}) {
+func execEcho(t *testing.T, cmd ...string) echoResult {
 	t.Helper()
 	requirePython(t)
 	a, b := directHosts(t, "shm")
+	return execEchoOn(t, a, b, cmd...)
+}
+
+// echoResult is the verdict of direct_exec_client.py and direct_passfd_client.py.
+type echoResult struct {
+	OK    bool
+	Bytes int
+	Err   string
+}
+
+// execEchoOn is execEcho between hosts a and b, their smcrds started.
+func execEchoOn(t *testing.T, a, b *host, cmd ...string) (r echoResult) {
+	t.Helper()
 	b.startProc(true, "python3", append([]string{"testdata/direct_exec_server.py", "5201"}, cmd...)...)
 	b.waitListening(5201)
 	cli := a.startProc(true, "python3", "testdata/direct_exec_client.py", b.ns.Addr4().String(), "5201", strconv.Itoa(1<<20))
@@ -930,4 +939,72 @@ func execEcho(t *testing.T, cmd ...string) (r struct {
 		t.Fatalf("client: %s (%v) %s", cli.out(), err, cli.errOut())
 	}
 	return r
+}
+
+// engineHosts starts smcrd with the shm provider on a pair of hosts, the
+// same-host bypass off (-direct-same-host=false): the libraries' bytes go
+// through smcrd and the engine, whose buffers are their rings, as between
+// hosts.
+func engineHosts(t *testing.T) (*host, *host) {
+	t.Helper()
+	a, b := hosts(t)
+	for _, h := range []*host{a, b} {
+		h.smcrdFlags = []string{"-direct-same-host=false"}
+		startWith(h, "shm")
+	}
+	return a, b
+}
+
+// wantReleased checks that b's smcrd released n connections to the program's
+// socket and that both engines continued them over TCP, no connection left.
+func wantReleased(t *testing.T, a, b *host, n uint64) {
+	t.Helper()
+	if st := b.stats(); st.Direct.SMCR != n || st.Direct.Bypass != 0 || st.Direct.Released != n {
+		t.Errorf("smcrd %s: direct %+v, want %d SMC-R, all released", b.name, st.Direct, n)
+	}
+	for _, h := range []*host{a, b} {
+		if st := h.stats(); st.Links.ConnsContinued != n {
+			t.Errorf("smcrd %s: %d connections continued over TCP, want %d", h.name, st.Links.ConnsContinued, n)
+		}
+		wantIdle(t, h)
+	}
+}
+
+// TestDirectReleasePassFd: a server with the library reads and echoes a MiB,
+// then sends its socket with SCM_RIGHTS to a process it starts, while the
+// client's next MiB is on its way: the library releases the connection to the
+// socket first (SMCR_LIB_RELEASE), so that the receiver reads every byte the
+// client sent after the first MiB, those the server's library held unread
+// included, and its echo reaches the client over TCP. The libraries on both
+// hosts go through the engine, which continues the connection over TCP.
+func TestDirectReleasePassFd(t *testing.T) {
+	requirePython(t)
+	a, b := engineHosts(t)
+	b.startProc(true, "python3", "testdata/direct_passfd_server.py", "5201", strconv.Itoa(1<<20))
+	b.waitListening(5201)
+	cli := a.startProc(true, "python3", "testdata/direct_passfd_client.py", b.ns.Addr4().String(), "5201", strconv.Itoa(1<<20))
+	if !cli.wait(30 * time.Second) {
+		t.Logf("%s%s", a.snapshotter()(), b.snapshotter()())
+		t.Fatalf("the client hung")
+	}
+	var r echoResult
+	if err := json.Unmarshal([]byte(cli.out()), &r); err != nil || !r.OK {
+		t.Fatalf("client: %s (%v) %s; smcrd %s: %+v, smcrd %s: %+v", cli.out(), err, cli.errOut(), a.name, a.stats().Direct, b.name, b.stats().Direct)
+	}
+	wantReleased(t, a, b, 1)
+}
+
+// TestDirectReleaseExec: the inetd-style server execs cat through env -i, so
+// cat runs without the library: its library releases the connection to the
+// socket before the exec, and cat echoes the rest of the stream over plain
+// TCP, every byte (with the same-host bypass, TestDirectProgramsExecNoLibrary,
+// the connection cannot be released and ends with a reset).
+func TestDirectReleaseExec(t *testing.T) {
+	needPrograms(t, "env", "cat")
+	requirePython(t)
+	a, b := engineHosts(t)
+	if r := execEchoOn(t, a, b, "env", "-i", "cat"); !r.OK {
+		t.Fatalf("client: %+v", r)
+	}
+	wantReleased(t, a, b, 1)
 }

@@ -113,11 +113,12 @@ type host struct {
 	pinDir string
 	shmDir string
 
-	smcrd   *exec.Cmd
-	log     *syncWriter
-	done    chan struct{}
-	exitErr error // smcrd's exit, once done is closed
-	ctl     *control.Client
+	smcrd      *exec.Cmd
+	smcrdFlags []string // more of smcrd's flags, for the next start
+	log        *syncWriter
+	done       chan struct{}
+	exitErr    error // smcrd's exit, once done is closed
+	ctl        *control.Client
 }
 
 // hosts makes a pair of hosts A (198.18.0.1) and B (198.18.0.2), each with a
@@ -209,8 +210,8 @@ func (h *host) start(conf ...string) {
 	}
 	// nsenter joins only the network namespace: /sys/fs/bpf and the cgroup mount
 	// stay visible, which `ip netns exec` would hide.
-	cmd := exec.Command("nsenter", "--net=/run/netns/"+h.ns.Name, bins.smcrd, "-config", file,
-		"-pin-dir", h.pinDir, "-shm-dir", h.shmDir, "-liveness-ttl", "1s", "-drain-timeout", "5s")
+	cmd := exec.Command("nsenter", append([]string{"--net=/run/netns/" + h.ns.Name, bins.smcrd, "-config", file,
+		"-pin-dir", h.pinDir, "-shm-dir", h.shmDir, "-liveness-ttl", "1s", "-drain-timeout", "5s"}, h.smcrdFlags...)...)
 	h.log = &syncWriter{w: &bytes.Buffer{}}
 	cmd.Stdout = h.log
 	cmd.Stderr = cmd.Stdout

@@ -154,6 +154,7 @@ func writeStats(out io.Writer, st control.Stats, detail bool) error {
 	row(tw, "Direct mode (smcrctl run)")
 	row(tw, "  SMC-R through shared memory", st.Direct.SMCR)
 	row(tw, "    library to library", st.Direct.Bypass)
+	row(tw, "    released to the program's socket", st.Direct.Released)
 	row(tw, "  handed back as TCP", st.Direct.TCP)
 	row(tw, "  connects failed", st.Direct.Failed)
 	row(tw, "  not taken", st.Direct.Refused)
