@@ -17,6 +17,7 @@ import (
 	"github.com/smcr-io/smcr/internal/nstest"
 	"github.com/smcr-io/smcr/rmb"
 	"github.com/smcr-io/smcr/smcr"
+	"github.com/smcr-io/smcr/smcr/verbs"
 )
 
 // ringLib is the library's side of a direct connection's shared area, in Go:
@@ -102,25 +103,7 @@ func (l ringLib) Read(p []byte) (int, error) {
 // connection continues over TCP and smcrd's pumps take over from the cursors.
 func TestDirectDrive(t *testing.T) {
 	for _, fail := range []bool{false, true} {
-		newEngine, _, devs := shmEngines(t)
-		c, s := nstest.TCPPair(t)
-		ce, se := newEngine(), newEngine()
-		srv := make(chan *smcr.Conn, 1)
-		go func() {
-			p, err := se.Server(context.Background(), s)
-			if err != nil {
-				t.Error(err)
-			}
-			srv <- p
-		}()
-		conn, err := ce.ClientWith(context.Background(), c, smcr.ClientOptions{Cursors: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		peer := <-srv
-		if peer == nil || conn.Mode() != smcr.ModeSMCR {
-			t.Fatalf("no SMC-R connection")
-		}
+		conn, peer, _, devs := cursorPair(t)
 		files, err := engineRingFiles(conn)
 		if err != nil {
 			t.Fatal(err)
@@ -172,25 +155,7 @@ func TestDirectDrive(t *testing.T) {
 // the connection continued over TCP.
 func TestDirectDriveUrgent(t *testing.T) {
 	for _, continued := range []bool{false, true} {
-		newEngine, _, devs := shmEngines(t)
-		c, s := nstest.TCPPair(t)
-		ce, se := newEngine(), newEngine()
-		srv := make(chan *smcr.Conn, 1)
-		go func() {
-			p, err := se.Server(context.Background(), s)
-			if err != nil {
-				t.Error(err)
-			}
-			srv <- p
-		}()
-		conn, err := ce.ClientWith(context.Background(), c, smcr.ClientOptions{Cursors: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		peer := <-srv
-		if peer == nil || conn.Mode() != smcr.ModeSMCR {
-			t.Fatalf("no SMC-R connection")
-		}
+		conn, peer, c, devs := cursorPair(t)
 		files, err := engineRingFiles(conn)
 		if err != nil {
 			t.Fatal(err)
@@ -333,4 +298,31 @@ func testProcWake(t *testing.T) *procWake {
 	}
 	t.Cleanup(wake.close)
 	return wake
+}
+
+// cursorPair connects a cursor-driven client Conn (the direct mode's) to a
+// server over shm: both, the client's TCP connection and the devices, whose
+// failure fails the link.
+func cursorPair(t *testing.T) (conn, peer *smcr.Conn, tcp *net.TCPConn, devs *[]verbs.Device) {
+	t.Helper()
+	newEngine, _, devs := shmEngines(t)
+	c, s := nstest.TCPPair(t)
+	ce, se := newEngine(), newEngine()
+	srv := make(chan *smcr.Conn, 1)
+	go func() {
+		p, err := se.Server(context.Background(), s)
+		if err != nil {
+			t.Error(err)
+		}
+		srv <- p
+	}()
+	conn, err := ce.ClientWith(context.Background(), c, smcr.ClientOptions{Cursors: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer = <-srv
+	if peer == nil || conn.Mode() != smcr.ModeSMCR {
+		t.Fatalf("no SMC-R connection")
+	}
+	return conn, peer, c, devs
 }

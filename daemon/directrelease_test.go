@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"bytes"
-	"context"
 	"io"
 	"log/slog"
 	"net"
@@ -12,7 +11,6 @@ import (
 
 	"github.com/smcr-io/smcr/internal/nstest"
 	"github.com/smcr-io/smcr/rmb"
-	"github.com/smcr-io/smcr/smcr"
 )
 
 // TestDirectRelease: the library asks for the release (SMCR_LIB_RELEASE) of a
@@ -24,25 +22,7 @@ import (
 // it the same way once the program read what they took off the socket.
 func TestDirectRelease(t *testing.T) {
 	for _, fail := range []bool{false, true} {
-		newEngine, _, devs := shmEngines(t)
-		c, s := nstest.TCPPair(t)
-		ce, se := newEngine(), newEngine()
-		srv := make(chan *smcr.Conn, 1)
-		go func() {
-			p, err := se.Server(context.Background(), s)
-			if err != nil {
-				t.Error(err)
-			}
-			srv <- p
-		}()
-		conn, err := ce.ClientWith(context.Background(), c, smcr.ClientOptions{Cursors: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		peer := <-srv
-		if peer == nil || conn.Mode() != smcr.ModeSMCR {
-			t.Fatalf("no SMC-R connection")
-		}
+		conn, peer, c, devs := cursorPair(t)
 		t.Cleanup(func() { peer.Close() })
 		// The program's own descriptor of the socket, which smcrd's is a dup of.
 		f, err := c.File()
