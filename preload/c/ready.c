@@ -977,6 +977,21 @@ int ready_poll_emulated(const struct pollfd *fds, nfds_t n)
 
 #define STACK_PFD 128
 
+/* poll_spin waits up to SPIN_NS for a publish to the connections a poll looks at:
+ * 1 if one came */
+static int poll_spin(const struct wakes *w)
+{
+	uint64_t t0 = now_ns();
+	do {
+		for (int i = 0; i < 64; i++) {
+			if (wakes_moved(w))
+				return 1;
+			cpu_relax();
+		}
+	} while (now_ns() - t0 < SPIN_NS);
+	return 0;
+}
+
 /* A sandbox may cap RLIMIT_NOFILE at the number of fds its program polls (sshd's
  * preauth child: 1), and ppoll fails with EINVAL past it. Then ready_poll gives
  * the kernel one entry per program entry and watches the channels of accelerated
@@ -1077,6 +1092,7 @@ int ready_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t 
 	int result, compact = 0;
 	for (;;) {
 		int m = 0, ready = 0, set_at = -1, no_set = 0;
+		nfds_t nacc = 0; /* entries accelerated: the others are the kernel's to watch */
 		struct wakes w = {0};
 		for (nfds_t i = 0; i < n; i++) {
 			struct conn *c = conn_of(fdt_get(fds[i].fd));
@@ -1092,6 +1108,7 @@ int ready_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t 
 			if (st == CS_ACCEL && !atomic_load(&c->reset)) {
 				atomic_fetch_add(&c->sh->lib_pollers, 1);
 				wakes_add(&w, c->wake, c->wake ? atomic_load(&c->wake->pub) : 0);
+				nacc++;
 				int set = thread_poll_set(c->efd_lib);
 				if (set < 0)
 					no_set = 1;
@@ -1120,6 +1137,11 @@ int ready_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t 
 			t = COMPACT_SLICE_MS;
 		if (no_set && (t < 0 || t > NO_SET_SLICE_MS))
 			t = NO_SET_SLICE_MS;
+		/* spin briefly, as epoll_wait does, where every entry is accelerated: on the
+		 * wake pages alone, with no system call (sshd's pre-auth child polls under a
+		 * seccomp filter that kills it at sched_yield) */
+		if (t != 0 && nacc == n && w.n && !w.blind && poll_spin(&w))
+			t = 0;
 		int slept = t != 0 && wakes_sleep(&w);
 		if (t != 0 && !slept)
 			t = 0; /* a publish came since the look: look again */
