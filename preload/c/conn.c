@@ -3,6 +3,7 @@
 #include "conn.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
@@ -310,6 +311,13 @@ static void decide_locked(struct conn *c, int fd, struct channel_msg *m, int r)
 		if (conn_attach(c, (int)m->h.mode, m->fds, m->nfds) == 0) {
 			m->nfds = 0;
 			conn_note_owner(c, fd);
+			/* SHM: urgent data that came before the owner was noted here had
+			 * no SIGURG from the peer library: send it now. (The peer stores
+			 * the mark, then reads the owner; this stored the owner, then
+			 * reads the mark: one of the two sees the other.) */
+			int owner = atomic_load(&c->sh->lib_owner);
+			if (c->peer && owner && atomic_load(&c->sh->rx_urg) > atomic_load(&c->sh->rx_cons))
+				kill(owner, SIGURG);
 			atomic_store(&c->state, CS_ACCEL);
 		} else {
 			atomic_store(&c->state, CS_RESET);
