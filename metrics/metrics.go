@@ -146,7 +146,7 @@ var (
 			func(s control.Stats) float64 { return float64(s.Links.ConnsContinued) }},
 	}
 
-	directDesc = desc("direct_connections_total", "Sockets programs brought with the direct mode's library, by outcome: smcr (through shared memory over SMC-R), bypass (of those, library to library on one host), tcp (handed back as plain TCP), failed (the connect failed), refused (not taken).", "outcome")
+	directDesc = desc("direct_connections_total", "Sockets programs brought with the direct mode's library, by outcome: smcr (through shared memory over SMC-R), bypass (of those, library to library on one host), released (of those, handed back to the program's socket mid-stream), tcp (handed back as plain TCP), failed (the connect failed), refused (not taken).", "outcome")
 
 	versionDesc = desc("connections_by_version_total", "SMC-R connections by the SMC-R version their handshake agreed.", "version")
 
@@ -241,7 +241,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(programDesc, n, event)
 	}
 	d := s.Direct
-	for outcome, n := range map[string]uint64{"smcr": d.SMCR, "bypass": d.Bypass, "tcp": d.TCP, "failed": d.Failed, "refused": d.Refused} {
+	for outcome, n := range map[string]uint64{"smcr": d.SMCR, "bypass": d.Bypass, "released": d.Released, "tcp": d.TCP, "failed": d.Failed, "refused": d.Refused} {
 		counter(directDesc, n, outcome)
 	}
 	counter(versionDesc, s.Connections.V1, "v1")

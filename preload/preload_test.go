@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // lib is the library built once for the package's tests, and the directory
@@ -111,15 +112,23 @@ func run(t *testing.T, m mode, prog string, args ...string) (string, string, err
 	return stdout.String(), stderr.String(), err
 }
 
-// closedPort is a loopback port nothing listens on.
+// closedPort is a loopback port nothing listens on: a socket bound to it
+// without listening holds it for the test, so that no connect takes it as
+// its own ephemeral port (a connect to itself would succeed).
 func closedPort(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	return fmt.Sprint(port)
+	t.Cleanup(func() { unix.Close(fd) })
+	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprint(sa.(*unix.SockaddrInet4).Port)
 }
 
 // kernelTranscript is ready's transcript on plain kernel sockets.
