@@ -14,6 +14,7 @@
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
+#include <sys/epoll.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -87,8 +88,14 @@ int main(int argc, char **argv)
 	CHECK(p >= 0);
 	char b;
 	CHECK(write(s, "?", 1) == 1 && read(p, &b, 1) == 1); /* both decided */
-	if (unread) /* left unread in each other's rings (SHM) or queues */
+	int ep = -1;
+	if (unread) { /* left unread in each other's rings (SHM) or queues */
 		CHECK(write(s, "early", 5) == 5 && write(p, "pre", 3) == 3);
+		/* an epoll set holds the client's end across the release: it reports
+		 * what the ring held, then the socket's */
+		struct epoll_event ev = {.events = EPOLLIN};
+		CHECK((ep = epoll_create1(EPOLL_CLOEXEC)) >= 0 && epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev) == 0);
+	}
 
 	int u[2];
 	CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, u) == 0);
@@ -121,6 +128,10 @@ int main(int argc, char **argv)
 	CHECK(close(p) == 0);
 	int st;
 	CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	if (ep >= 0) {
+		struct epoll_event ev;
+		CHECK(epoll_wait(ep, &ev, 1, 10000) == 1 && (ev.events & EPOLLIN));
+	}
 	printf("client %s\n", outcome(s, unread ? "preback" : "back"));
 	return 0;
 }
