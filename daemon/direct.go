@@ -653,6 +653,10 @@ func (s *DirectServer) decide(ch *net.UnixConn, tcp *net.TCPConn, wake *procWake
 			return
 		}
 		mode, fds, c.bypass = rmb.ModeSHM, append(fds, peer...), true
+		if c.peerMem, c.peerSh, err = mapPeerArea(peer[0]); err != nil {
+			// The connection goes on; a release of it is refused.
+			s.log.Info("direct: the peer library's area", "err", err)
+		}
 	}
 	err = sendDirect(ch, rmb.Msg{Type: rmb.MsgDecided, Mode: mode}, nil, fds)
 	c.closeLibraryFds()
@@ -826,4 +830,26 @@ func (d *Daemon) directCLC(ctx context.Context, tcp *net.TCPConn, client bool, d
 		return handshake{}, err
 	}
 	return handshake{prefix: prefix}, nil
+}
+
+// mapPeerArea maps a same-host peer library's shared area (its memfd), which
+// smcrd reads at a release (directrelease.go).
+func mapPeerArea(fd int) ([]byte, *rmb.Shared, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, nil, fmt.Errorf("peer area: %w", err)
+	}
+	if st.Size < rmb.SharedPageSize || st.Size > 1<<30 {
+		return nil, nil, fmt.Errorf("peer area of %d bytes", st.Size)
+	}
+	mem, err := unix.Mmap(fd, 0, int(st.Size), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return nil, nil, fmt.Errorf("peer area: mmap: %w", err)
+	}
+	sh, err := rmb.ViewShared(mem)
+	if err != nil {
+		unix.Munmap(mem)
+		return nil, nil, fmt.Errorf("peer area: %w", err)
+	}
+	return mem, sh, nil
 }

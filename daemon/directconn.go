@@ -50,10 +50,18 @@ type directConn struct {
 	// bypass: the libraries write into each other's rings (directmeet.go);
 	// the SMC-R connection carries only the close.
 	bypass  bool
-	sock    *net.TCPConn // smcrd's duplicate of the program's socket: its SO_LINGER
-	gone    atomic.Bool  // the channel closed: the program is gone
-	stopped atomic.Bool  // abort: smcrd ends the connection now
-	rxDone  chan struct{}
+	peerMem []byte      // bypass: the peer library's area, mapped for a release
+	peerSh  *rmb.Shared // (directrelease.go) and nil where it could not be
+	// relAnswer: bypass, the peer's smcrd's answer to this end's release;
+	// relMu: a release at the peer's ask and the carrier's close take turns
+	// (carrierClosed, under relMu).
+	relAnswer     chan byte
+	relMu         sync.Mutex
+	carrierClosed bool
+	sock          *net.TCPConn // smcrd's duplicate of the program's socket: its SO_LINGER
+	gone          atomic.Bool  // the channel closed: the program is gone
+	stopped       atomic.Bool  // abort: smcrd ends the connection now
+	rxDone        chan struct{}
 	// releasing: releasePumps stopped the receive pump, which then set
 	// rxPaused (directrelease.go); releases counts the connections released.
 	releasing, rxPaused atomic.Bool
@@ -109,7 +117,8 @@ func engineRingFiles(conn *smcr.Conn) (*ringFiles, error) {
 // With files, the area is the control page and the rings are those files'
 // (it takes them, also on error).
 func newDirectConn(c carrier, tx, rx int, wake *procWake, files *ringFiles, log *slog.Logger) (*directConn, error) {
-	dc := &directConn{log: log, carrier: c, memfd: -1, wake: wake, libTx: -1, libRx: -1, rxDone: make(chan struct{})}
+	dc := &directConn{log: log, carrier: c, memfd: -1, wake: wake, libTx: -1, libRx: -1, rxDone: make(chan struct{}),
+		relAnswer: make(chan byte, 1)}
 	fail := func(err error) (*directConn, error) {
 		dc.release()
 		return nil, err
@@ -200,7 +209,7 @@ func (dc *directConn) release() {
 			f.Close()
 		}
 	}
-	for _, m := range []*[]byte{&dc.mem, &dc.ringMem} {
+	for _, m := range []*[]byte{&dc.mem, &dc.ringMem, &dc.peerMem} {
 		if *m != nil {
 			unix.Munmap(*m)
 			*m = nil
@@ -419,28 +428,44 @@ func (dc *directConn) send() {
 // came, should the library itself not have.
 func (dc *directConn) awaitClose() {
 	for !dc.stopped.Load() {
+		if dc.closeUnlessReleasing() {
+			return
+		}
 		flags := dc.sh.LibFlags().Load()
-		if dc.endsInAbort(flags) {
-			dc.abort()
+		if dc.releaseAsked(flags) && dc.releaseBypass() {
 			return
 		}
-		if flags&rmb.LibClosed != 0 || dc.gone.Load() {
-			if dc.endsInAbort(dc.sh.LibFlags().Load()) {
-				dc.abort()
-			} else {
-				dc.carrier.Close()
-			}
-			return
-		}
-		if dc.releaseAsked(flags) {
-			// The peer's library writes into the program's ring, and
-			// would go on doing so: no release library to library.
-			dc.refuseRelease("same-host bypass", nil)
-		}
+		dflags := dc.sh.DFlags().Load()
 		dc.wait(dc.efdTx, dc.sh.DTxWait(), func() bool {
-			return dc.sh.LibFlags().Load() != flags || dc.gone.Load()
+			return dc.sh.LibFlags().Load() != flags || dc.gone.Load() || dc.sh.DFlags().Load()&rmb.DReleased != dflags&rmb.DReleased
 		})
 	}
+}
+
+// closeUnlessReleasing ends the connection, in bypass, where the program closed
+// (or is gone), or smcrd released it at the peer's ask: it reports whether it
+// did. A release at the peer's ask under way ends first (relMu).
+func (dc *directConn) closeUnlessReleasing() bool {
+	dc.relMu.Lock()
+	defer dc.relMu.Unlock()
+	flags := dc.sh.LibFlags().Load()
+	switch {
+	case dc.sh.DFlags().Load()&rmb.DReleased != 0:
+		// The socket carries the rest: the program's end is no abort.
+		dc.carrier.Close()
+	case dc.endsInAbort(flags):
+		dc.abort()
+	case flags&rmb.LibClosed != 0 || dc.gone.Load():
+		if dc.endsInAbort(dc.sh.LibFlags().Load()) {
+			dc.abort()
+		} else {
+			dc.carrier.Close()
+		}
+	default:
+		return false
+	}
+	dc.carrierClosed = true
+	return true
 }
 
 // watchPeer follows, in bypass, the SMC-R connection, which carries no bytes:
@@ -448,10 +473,24 @@ func (dc *directConn) awaitClose() {
 // ours already) or abort (a reset for the program).
 func (dc *directConn) watchPeer() {
 	defer close(dc.rxDone)
-	var b [64]byte
+	var b [1]byte
 	for {
+		// One byte at a time: after a release's, the bytes are the
+		// program's (where the carrier is the socket itself, in tests).
 		n, err := dc.carrier.Read(b[:])
 		switch {
+		case n > 0 && b[0] == relAsk:
+			if dc.peerRelease() {
+				return
+			}
+		case n > 0 && (b[0] == relYes || b[0] == relNo):
+			select {
+			case dc.relAnswer <- b[0]:
+			default:
+			}
+			if b[0] == relYes {
+				return
+			}
 		case n > 0:
 			dc.log.Warn("direct: bytes over SMC-R on a same-host connection: aborted")
 			dc.abort()

@@ -273,31 +273,43 @@ func TestPolicyExcludes(t *testing.T) {
 // bytes sent after the pass and its answer reaches the client, as the test
 // server releases (its pumps read and write the socket itself). The same-host
 // stand-in (SMCR_MODE_SHM), whose bytes never travel on the TCP connection,
-// cannot release: the connection is reset at both ends, never a wait on a
-// socket that carries nothing, never a clean end.
+// releases too: its smcrd asks the peer's, which stops the peer library's
+// writes into the passed end's ring and resends over TCP what the program left
+// in it, and the peer library reads the rest of its own ring first. With
+// "unread", each end leaves bytes unread in the other's ring at the pass
+// (the pumps, which took the bytes off the socket, cannot release those).
 func TestPassFd(t *testing.T) {
 	build(t)
 	pumped, srv := fakeSmcrdWith(t, daemon.DirectOptions{})
-	sameHost, _ := fakeSmcrdWith(t, daemon.DirectOptions{SameHost: true})
-	var released uint64
+	sameHost, shm := fakeSmcrdWith(t, daemon.DirectOptions{SameHost: true})
+	var released, shmReleased uint64
 	for _, c := range []struct {
 		m    mode
-		want string
+		args []string
 	}{
-		{mode{name: "kernel"}, "receiver data\nclient data\n"},
-		{mode{name: "smcr", lib: "libsmcr-preload.so", socket: pumped}, "receiver data\nclient data\n"},
-		{mode{name: "smcr-asan", lib: "libsmcr-preload-asan.so", socket: pumped}, "receiver data\nclient data\n"},
-		{mode{name: "shm", lib: "libsmcr-preload.so", socket: sameHost}, "receiver reset\nclient reset\n"},
-		{mode{name: "shm-asan", lib: "libsmcr-preload-asan.so", socket: sameHost}, "receiver reset\nclient reset\n"},
+		{mode{name: "kernel"}, nil},
+		{mode{name: "kernel"}, []string{"unread"}},
+		{mode{name: "smcr", lib: "libsmcr-preload.so", socket: pumped}, nil},
+		{mode{name: "smcr-asan", lib: "libsmcr-preload-asan.so", socket: pumped}, nil},
+		{mode{name: "shm", lib: "libsmcr-preload.so", socket: sameHost}, nil},
+		{mode{name: "shm", lib: "libsmcr-preload.so", socket: sameHost}, []string{"unread"}},
+		{mode{name: "shm-asan", lib: "libsmcr-preload-asan.so", socket: sameHost}, []string{"unread"}},
 	} {
-		if out, errOut, err := run(t, c.m, "passfd"); err != nil || out != c.want {
-			t.Errorf("passfd %s: %v\nstdout: %q, want %q\nstderr: %s", c.m.name, err, out, c.want, errOut)
+		const want = "receiver data\nclient data\n"
+		if out, errOut, err := run(t, c.m, "passfd", c.args...); err != nil || out != want {
+			t.Errorf("passfd %s %v: %v\nstdout: %q, want %q\nstderr: %s", c.m.name, c.args, err, out, want, errOut)
 		}
-		if c.m.socket == pumped {
+		switch c.m.socket {
+		case pumped:
 			released++
+		case sameHost:
+			shmReleased++
 		}
 		if got := srv.Released(); got != released {
 			t.Errorf("passfd %s: the test server released %d connections, want %d", c.m.name, got, released)
+		}
+		if got := shm.Released(); got != shmReleased {
+			t.Errorf("passfd %s: the same-host test server released %d connections, want %d", c.m.name, got, shmReleased)
 		}
 	}
 }

@@ -62,8 +62,8 @@
 //     image without the library (environment cleared, SMCR_DIRECT=0) the
 //     connection is first handed back to the socket (SMCR_LIB_RELEASE,
 //     conn_release), which the new image uses as plain TCP; where smcrd
-//     cannot release it (the same-host bypass, a peer that cannot continue
-//     over TCP) it ends with a reset (SMCR_LIB_ABORT; smcrd resets the socket
+//     cannot release it (a peer that cannot continue over TCP, a same-host
+//     peer that closed) it ends with a reset (SMCR_LIB_ABORT; smcrd resets the socket
 //     itself). An exec by raw system call or from
 //     posix_spawn, system or popen (glibc calls its own execve) is not seen:
 //     the channel closes with it, which smcrd takes for the program's end

@@ -92,8 +92,14 @@ struct smcr_msg {
 #define SMCR_D_RELEASED 8u  /* answer to SMCR_LIB_RELEASE: the kernel socket carries the rest
                              * of the stream both ways; smcrd has let go of the connection */
 #define SMCR_D_NO_RELEASE 16u /* answer to SMCR_LIB_RELEASE: not possible here (the peer cannot
-                               * continue over TCP, the bypass, bytes left in the receive ring
+                               * continue over TCP, a same-host peer closed, bytes left in the receive ring
                                * that smcrd took off the socket): the connection goes on as it was */
+#define SMCR_D_PEER_RELEASE 32u /* SHM: the peer library released the connection: this library
+                                 * copies no more into the peer's ring (its writes wait); smcrd waits
+                                 * for lib_sending 0, resends over TCP what the peer's program did not
+                                 * take from its ring, then sets SMCR_D_RELEASED: this library reads
+                                 * the rest of its own receive ring, then the kernel socket, and
+                                 * writes to the kernel socket (docs/direct.md, "Release") */
 
 struct smcr_shared {
 	/* set once by smcrd before it passes the memfd */
@@ -124,7 +130,9 @@ struct smcr_shared {
 	_Atomic int32_t lib_owner;     /* SHM: the socket's owner (F_SETOWN: a pid, or minus a
 	                                * process group), 0 none: the peer library that moves
 	                                * rx_urg sends it SIGURG, as the kernel's TCP would */
-	uint32_t pad1;
+	_Atomic uint32_t lib_sending;  /* SHM: threads copying into the peer's receive ring; a
+	                                * copy counts itself, then looks for SMCR_D_PEER_RELEASE
+	                                * (both seq_cst): smcrd waits for 0 after setting it */
 	_Atomic uint64_t lib_pidns;    /* SHM: the pid namespace lib_owner is in (the inode of
 	                                * /proc/self/ns/pid): no SIGURG from another */
 

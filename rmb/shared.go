@@ -42,6 +42,7 @@ const (
 	offTxUrg    = 96
 	offRxOOB    = 104
 	offLibOwner = 112
+	offLibSend  = 116
 	offLibPidNS = 120
 	offTxCons   = 128
 	offRxProd   = 136
@@ -73,6 +74,11 @@ const (
 	DTxClosed  = 4  // the peer reads no more: writes fail with EPIPE
 	DReleased  = 8  // LibRelease done: the kernel socket carries the rest of the stream, smcrd let go
 	DNoRelease = 16 // LibRelease not possible here: the connection goes on as it was
+	// DPeerRelease (SHM): the peer library released the connection: this
+	// library copies no more into the peer's ring, and once its copies under
+	// way ended (LibSending 0) smcrd resends the peer's unread bytes over TCP
+	// and sets DReleased.
+	DPeerRelease = 32
 )
 
 // SharedRingFiles in ring_files: the rings are not in the area but in files of
@@ -206,6 +212,10 @@ func (s *Shared) LibFlags() *atomic.Uint32   { return s.u32(offLibFlags) }
 func (s *Shared) LibSeq() *atomic.Uint32     { return s.u32(offLibSeq) }
 func (s *Shared) LibWaiters() *atomic.Uint32 { return s.u32(offLibWait) }
 func (s *Shared) LibPollers() *atomic.Uint32 { return s.u32(offLibPoll) }
+
+// LibSending (SHM) counts the library's copies into the peer's receive ring
+// under way.
+func (s *Shared) LibSending() *atomic.Uint32 { return s.u32(offLibSend) }
 
 // TxUrg is the stream position just past the program's latest urgent byte
 // (send with MSG_OOB), 0 none; the library stores it before the tx_prod that

@@ -28,7 +28,7 @@ int main(void) {
 	F(smcr_shared, tx_off); F(smcr_shared, rx_off); F(smcr_shared, map_size); F(smcr_shared, ring_files);
 	F(smcr_shared, tx_prod); F(smcr_shared, rx_cons); F(smcr_shared, lib_flags); F(smcr_shared, lib_seq);
 	F(smcr_shared, lib_waiters); F(smcr_shared, lib_pollers); F(smcr_shared, tx_urg); F(smcr_shared, rx_oob);
-	F(smcr_shared, lib_owner); F(smcr_shared, lib_pidns);
+	F(smcr_shared, lib_owner); F(smcr_shared, lib_sending); F(smcr_shared, lib_pidns);
 	F(smcr_shared, tx_cons); F(smcr_shared, rx_prod); F(smcr_shared, d_flags); F(smcr_shared, d_errno);
 	F(smcr_shared, d_seq); F(smcr_shared, d_txwait); F(smcr_shared, d_rxwait); F(smcr_shared, rx_urg);
 	printf("sizeof_shared %zu\n", sizeof(struct smcr_shared));
@@ -40,8 +40,8 @@ int main(void) {
 	printf("sizeof_wake %zu\nSMCR_WAKE_SIZE %d\nwake_magic %u\n", sizeof(struct smcr_wake), SMCR_WAKE_SIZE, SMCR_WAKE_MAGIC);
 	printf("sizeof_msg %zu\n", sizeof(struct smcr_msg));
 	printf("SMCR_RING_FILES %u\n", SMCR_RING_FILES);
-	printf("SMCR_LIB_SHUT_WR %u\nSMCR_LIB_CLOSED %u\nSMCR_LIB_ABORT %u\nSMCR_LIB_RELEASE %u\nSMCR_D_EOF %u\nSMCR_D_ERROR %u\nSMCR_D_TX_CLOSED %u\nSMCR_D_RELEASED %u\nSMCR_D_NO_RELEASE %u\n",
-		SMCR_LIB_SHUT_WR, SMCR_LIB_CLOSED, SMCR_LIB_ABORT, SMCR_LIB_RELEASE, SMCR_D_EOF, SMCR_D_ERROR, SMCR_D_TX_CLOSED, SMCR_D_RELEASED, SMCR_D_NO_RELEASE);
+	printf("SMCR_LIB_SHUT_WR %u\nSMCR_LIB_CLOSED %u\nSMCR_LIB_ABORT %u\nSMCR_LIB_RELEASE %u\nSMCR_D_EOF %u\nSMCR_D_ERROR %u\nSMCR_D_TX_CLOSED %u\nSMCR_D_RELEASED %u\nSMCR_D_NO_RELEASE %u\nSMCR_D_PEER_RELEASE %u\n",
+		SMCR_LIB_SHUT_WR, SMCR_LIB_CLOSED, SMCR_LIB_ABORT, SMCR_LIB_RELEASE, SMCR_D_EOF, SMCR_D_ERROR, SMCR_D_TX_CLOSED, SMCR_D_RELEASED, SMCR_D_NO_RELEASE, SMCR_D_PEER_RELEASE);
 	printf("magic %u\npolicy_magic %u\nversion %u\n", SMCR_SHARED_MAGIC, SMCR_POLICY_MAGIC, SMCR_ABI_VERSION);
 	return 0;
 }
@@ -62,7 +62,7 @@ int main(void) {
 		"tx_off": offTxOff, "rx_off": offRxOff, "map_size": offMapSize, "ring_files": offRingFile,
 		"tx_prod": offTxProd, "rx_cons": offRxCons, "lib_flags": offLibFlags, "lib_seq": offLibSeq,
 		"lib_waiters": offLibWait, "lib_pollers": offLibPoll, "tx_urg": offTxUrg, "rx_oob": offRxOOB,
-		"lib_owner": offLibOwner, "lib_pidns": offLibPidNS,
+		"lib_owner": offLibOwner, "lib_sending": offLibSend, "lib_pidns": offLibPidNS,
 		"tx_cons": offTxCons, "rx_prod": offRxProd, "d_flags": offDFlags, "d_errno": offDErrno,
 		"d_seq": offDSeq, "d_txwait": offDTxWait, "d_rxwait": offDRxWait, "rx_urg": offRxUrg, "sizeof_shared": sharedEnd,
 		"heartbeat_ns": 8, "enabled": 16, "ports": 24, "sizeof_policy": PolicySize,
@@ -72,7 +72,7 @@ int main(void) {
 		"SMCR_WAKE_SIZE": WakeSize, "wake_magic": WakeMagic,
 		"sizeof_msg":       MsgHeaderLen,
 		"SMCR_LIB_SHUT_WR": LibShutWR, "SMCR_LIB_CLOSED": LibClosed, "SMCR_LIB_ABORT": LibAbort,
-		"SMCR_LIB_RELEASE": LibRelease, "SMCR_D_RELEASED": DReleased, "SMCR_D_NO_RELEASE": DNoRelease,
+		"SMCR_LIB_RELEASE": LibRelease, "SMCR_D_RELEASED": DReleased, "SMCR_D_NO_RELEASE": DNoRelease, "SMCR_D_PEER_RELEASE": DPeerRelease,
 		"SMCR_D_EOF": DEOF, "SMCR_D_ERROR": DError, "SMCR_D_TX_CLOSED": DTxClosed,
 		"SMCR_RING_FILES": SharedRingFiles,
 		"policy_magic":    PolicyMagic, "version ": ABIVersion,

@@ -237,7 +237,11 @@ type closeState struct {
 // contState is the continuation over TCP (resync.go): the flags under c.mu,
 // the channels made with the Conn.
 type contState struct {
-	smcx         bool // the peer speaks our extensions (continuation over TCP)
+	smcx bool // the peer speaks our extensions (continuation over TCP)
+	// detached (StopTCPWatch): the TCP connection is no more the engine's to
+	// read; watchDone is closed when watchTCP returns.
+	detached     bool
+	watchDone    chan struct{}
 	fo           bool // continuation over TCP started: cursors frozen
 	foReady      bool // continuation done: the TCP connection carries the bytes
 	declinedLate bool // the peer declined after our Confirm: continue from byte 0

@@ -62,12 +62,18 @@ func parseResync(b []byte) (resync, error) {
 // an SMC-R connection. It runs for the connection's life and ends with the TCP
 // connection.
 func (c *Conn) watchTCP() {
+	defer close(c.cont.watchDone)
 	if h := testHookWatch.Load(); h != nil {
 		(*h)(c)
 	}
 	var b [resyncLen]byte
 	if _, err := io.ReadFull(c.tcp, b[:]); err != nil {
-		c.tcpEnded(err)
+		c.mu.Lock()
+		detached := c.cont.detached
+		c.mu.Unlock()
+		if !detached {
+			c.tcpEnded(err)
+		}
 		return
 	}
 	if [4]byte(b[:4]) == clc.Eyecatcher {
@@ -159,7 +165,7 @@ type resyncResult struct {
 // canContinue reports whether a link failure should continue over TCP. The caller
 // holds c.mu.
 func (c *Conn) canContinue() bool {
-	return c.cont.smcx && c.st != stateInit && !c.closing.released && !c.closing.peerAbort && !c.closing.localAbort && c.err == nil
+	return c.cont.smcx && !c.cont.detached && c.st != stateInit && !c.closing.released && !c.closing.peerAbort && !c.closing.localAbort && c.err == nil
 }
 
 // startFailoverLocked freezes the cursors and starts the resync. Caller holds c.mu.
@@ -420,3 +426,32 @@ func underlyingConn(tcp net.Conn) net.Conn {
 }
 
 func resyncWait(clcTimeout time.Duration) time.Duration { return max(clcTimeout, minResyncWait) }
+
+// StopTCPWatch ends the engine's reading of the TCP connection (watchTCP, the
+// peer's resync) where the connection's bytes never travel on it, the direct
+// mode's same-host bypass, before the socket carries the application's bytes
+// at a release (daemon/directrelease.go): from here on the connection can no
+// longer continue over TCP, and a link failure ends it. An error wrapping
+// ErrNoRelease where it continues over TCP already.
+func (c *Conn) StopTCPWatch() error {
+	c.mu.Lock()
+	if c.cont.fo {
+		c.mu.Unlock()
+		return fmt.Errorf("%w: it continues over tcp already", ErrNoRelease)
+	}
+	c.cont.detached = true
+	done := c.cont.watchDone
+	c.mu.Unlock()
+	if done == nil {
+		return nil // no watcher: a peer without our extensions
+	}
+	c.tcp.SetReadDeadline(time.Unix(1, 0))
+	<-done
+	c.tcp.SetReadDeadline(noDeadline)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cont.fo {
+		return fmt.Errorf("%w: it continues over tcp already", ErrNoRelease)
+	}
+	return nil
+}

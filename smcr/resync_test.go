@@ -774,3 +774,31 @@ func TestResyncWaitsForUnreadAnswer(t *testing.T) {
 		t.Fatalf("server read %q, %v", b, err)
 	}
 }
+
+// TestStopTCPWatch: once StopTCPWatch returned, the engine reads the TCP
+// connection no more: bytes the peer writes on it (those of a program that
+// took the socket back, in the direct mode's same-host bypass) reach its
+// reader whole, and are no resync: the connection does not continue over TCP.
+func TestStopTCPWatch(t *testing.T) {
+	_, c, s, _ := singleLinkPair(t, nil)
+	if err := c.StopTCPWatch(); err != nil {
+		t.Fatalf("StopTCPWatch: %v", err)
+	}
+	if err := c.StopTCPWatch(); err != nil {
+		t.Fatalf("StopTCPWatch again: %v", err)
+	}
+	want := bytes.Repeat([]byte("not a resync "), 8)
+	if _, err := s.TCP().Write(want); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(want))
+	c.TCP().SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(c.TCP(), got); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("read %q (%v), want %q", got, err, want)
+	}
+	if c.Continued() {
+		t.Error("the connection continued over TCP")
+	}
+	c.Close()
+	s.Close()
+}

@@ -77,6 +77,7 @@ func (c *Conn) activate() {
 	c.e.st.rxBuf.observe(uint64(c.rx.Size()))
 	c.e.st.txBuf.observe(uint64(c.tx.Size()))
 	if c.cont.smcx {
+		c.cont.watchDone = make(chan struct{})
 		go c.watchTCP()
 	}
 	c.e.log.Debug("smcr: connection up", "conn", c.id, "lg", c.lg.id, "token", c.token, "peer_token", c.peerToken)

@@ -125,6 +125,10 @@ static void set_linger0(int fd)
 
 void conn_mark_reset(struct conn *c, int fd)
 {
+	/* a channel that hung up after smcrd released the connection (SHM: at the
+	 * peer's ask, the program idle meanwhile) ends no stream: the socket has it */
+	if (atomic_load(&c->state) == CS_ACCEL && conn_follow_release(c, fd))
+		return;
 	if (atomic_exchange(&c->reset, 1))
 		return;
 	set_linger0(fd);
@@ -456,7 +460,8 @@ uint32_t conn_revents(struct conn *c, int fd)
 		int txc = ring_tx_closed(c, df);
 		if (((df & SMCR_D_EOF) || shr) && (txc || shw))
 			r |= POLLHUP;
-		if (ring_tx_queued(c) < c->tx_size || (df & SMCR_D_ERROR) || txc || shw)
+		if ((ring_tx_queued(c) < c->tx_size && !(c->peer && (df & SMCR_D_PEER_RELEASE))) || (df & SMCR_D_ERROR) ||
+		    txc || shw)
 			r |= POLLOUT | POLLWRNORM;
 		return r;
 	}
@@ -514,6 +519,33 @@ uint64_t conn_seq(struct conn *c)
 	return s;
 }
 
+ssize_t conn_prefix_recv(struct conn *c, const struct iovec *iov, int cnt, int flags)
+{
+	size_t off = atomic_load(&c->prefix_off);
+	if (off >= c->prefix_len) {
+		int st = CS_PREFIX;
+		atomic_compare_exchange_strong(&c->state, &st, CS_TCP);
+		return -2;
+	}
+	size_t n = 0;
+	for (int i = 0; i < cnt && off + n < c->prefix_len; i++) {
+		size_t k = c->prefix_len - off - n;
+		if (k > iov[i].iov_len)
+			k = iov[i].iov_len;
+		if (!(flags & MSG_TRUNC))
+			memcpy(iov[i].iov_base, c->prefix + off + n, k);
+		n += k;
+	}
+	if (!(flags & MSG_PEEK)) {
+		atomic_store(&c->prefix_off, off + n);
+		if (off + n >= c->prefix_len) {
+			int st = CS_PREFIX;
+			atomic_compare_exchange_strong(&c->state, &st, CS_TCP);
+		}
+	}
+	return (ssize_t)n;
+}
+
 /* become_tcp: c, released by smcrd, is plain TCP from here on: its channel and the
  * area's descriptors close (the mapping stays until conn_free: another thread may
  * still look at it), its epoll members go to the kernel's sets, its waiters to the
@@ -528,7 +560,22 @@ static void become_tcp(struct conn *c, int fd)
 	conn_restore_flags(c, fd);
 	if (atomic_load(&c->shut_rd))
 		R(shutdown)(fd, SHUT_RD); /* the program's, which the rings kept until now */
-	atomic_store(&c->state, CS_TCP);
+	/* SHM: the peer released first (SMCR_D_PEER_RELEASE): the bytes it wrote into
+	 * the receive ring and the program did not read come before the kernel's */
+	uint64_t p = atomic_load(&c->sh->rx_prod), q = atomic_load(&c->sh->rx_cons);
+	size_t left = p - q <= c->rx_size ? (size_t)(p - q) : 0;
+	if (c->peer && left && (atomic_load(&c->sh->d_flags) & SMCR_D_PEER_RELEASE) && !atomic_load(&c->shut_rd) &&
+	    !c->prefix && (c->prefix = malloc(left))) {
+		size_t pos = (size_t)(q % c->rx_size), k = c->rx_size - pos < left ? c->rx_size - pos : left;
+		memcpy(c->prefix, c->rx + pos, k);
+		memcpy(c->prefix + k, c->rx, left - k);
+		c->prefix_len = left;
+		atomic_store(&c->prefix_off, 0);
+		atomic_store(&c->sh->rx_cons, p);
+		atomic_store(&c->state, CS_PREFIX);
+	} else {
+		atomic_store(&c->state, CS_TCP);
+	}
 	close_chan(c);
 	int *fds[] = {&c->memfd, &c->efd_dtx, &c->efd_drx, &c->tx_file, &c->rx_file}; /* efd_lib is the process's */
 	for (int i = 0; i < 5; i++)
@@ -543,7 +590,7 @@ static void become_tcp(struct conn *c, int fd)
 
 int conn_release(struct conn *c, int fd)
 {
-	if (atomic_load(&c->state) != CS_ACCEL || !c->sh || c->peer || atomic_load(&c->reset) ||
+	if (atomic_load(&c->state) != CS_ACCEL || !c->sh || atomic_load(&c->reset) ||
 	    atomic_load(&c->closed))
 		return -1;
 	/* No copy through the rings may move a cursor once smcrd took them: the
@@ -563,7 +610,16 @@ int conn_follow_release(struct conn *c, int fd)
 	if (atomic_load(&c->state) != CS_ACCEL || !c->sh ||
 	    !(atomic_load_explicit(&c->sh->d_flags, memory_order_acquire) & SMCR_D_RELEASED))
 		return 0;
+	if (c->peer) {
+		/* the copies out of the receive ring under way end first: the rest of
+		 * it is taken once (ring.c's ring_enter) */
+		atomic_store(&c->releasing, 1);
+		while (atomic_load(&c->ring_ops))
+			sched_yield();
+	}
 	become_tcp(c, fd);
+	if (c->peer)
+		atomic_store(&c->releasing, 0);
 	return 1;
 }
 

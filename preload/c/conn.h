@@ -14,6 +14,8 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <sys/types.h>
+#include <sys/uio.h>
 
 #include "fdtable.h"
 #include "smcr_abi.h"
@@ -130,13 +132,19 @@ void conn_note_close(struct conn *c, int fd);
 
 /* conn_release hands an ACCEL connection, fd's, back to the kernel socket, which
  * carries the rest of the stream both ways (SMCR_LIB_RELEASE): 0, and c is plain TCP
- * (CS_TCP) with the program's O_NONBLOCK; -1 where it cannot be (SHM, reset, smcrd
- * refused or failed), c unchanged. Call it after the program's last write to fd
+ * (CS_TCP) with the program's O_NONBLOCK; -1 where it cannot be (reset, smcrd refused
+ * or failed), c unchanged. Call it after the program's last write to fd
  * through the rings. Another process that shares c since a fork follows
  * (conn_follow_release) when it next looks: it must not use the connection meanwhile. */
 int conn_release(struct conn *c, int fd);
-/* conn_follow_release: smcrd released c at another holder's ask (SMCR_D_RELEASED): c
- * becomes plain TCP here too. 1 if it did. */
+/* conn_prefix_recv serves a PREFIX connection's bytes (CLC's read-ahead, or with SHM
+ * what the receive ring held at the release) before the kernel's: the bytes copied, or
+ * -2 once they ran out (c is CS_TCP then). */
+ssize_t conn_prefix_recv(struct conn *c, const struct iovec *iov, int cnt, int flags);
+/* conn_follow_release: smcrd released c at another holder's ask (SMCR_D_RELEASED), or
+ * with SHM at the peer's (SMCR_D_PEER_RELEASE, then SMCR_D_RELEASED): c becomes plain
+ * TCP here too, with SHM first PREFIX with what its receive ring still held. 1 if it
+ * did. */
 int conn_follow_release(struct conn *c, int fd);
 
 /* conn_restore_flags gives the kernel socket the program's O_NONBLOCK again. */

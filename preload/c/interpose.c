@@ -457,33 +457,6 @@ EXPORT int dup3(int oldfd, int newfd, int flags)
 
 /* ---- the read family */
 
-static ssize_t prefix_recv(struct conn *c, const struct iovec *iov, int cnt, int flags)
-{
-	size_t off = atomic_load(&c->prefix_off);
-	if (off >= c->prefix_len) {
-		int st = CS_PREFIX;
-		atomic_compare_exchange_strong(&c->state, &st, CS_TCP);
-		return PASS;
-	}
-	size_t n = 0;
-	for (int i = 0; i < cnt && off + n < c->prefix_len; i++) {
-		size_t k = c->prefix_len - off - n;
-		if (k > iov[i].iov_len)
-			k = iov[i].iov_len;
-		if (!(flags & MSG_TRUNC))
-			memcpy(iov[i].iov_base, c->prefix + off + n, k);
-		n += k;
-	}
-	if (!(flags & MSG_PEEK)) {
-		atomic_store(&c->prefix_off, off + n);
-		if (off + n >= c->prefix_len) {
-			int st = CS_PREFIX;
-			atomic_compare_exchange_strong(&c->state, &st, CS_TCP);
-		}
-	}
-	return (ssize_t)n;
-}
-
 /* waitall_rest: MSG_WAITALL after the read-ahead bytes ran out: the rest from the
  * kernel. Bytes added (0 when none came, or on an error: the bytes already read
  * are returned first, as TCP does). */
@@ -525,7 +498,7 @@ static ssize_t conn_recv(struct conn *c, int fd, const struct iovec *iov, int cn
 		case CS_PREFIX: {
 			if (flags & MSG_OOB)
 				return PASS; /* the urgent byte is the kernel's: CLC stops before it */
-			ssize_t r = prefix_recv(c, iov, cnt, flags);
+			ssize_t r = conn_prefix_recv(c, iov, cnt, flags);
 			if (r == PASS)
 				continue;
 			if (r > 0 && (flags & MSG_WAITALL) && !(flags & MSG_PEEK))
@@ -717,7 +690,7 @@ EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags, const struct
 
 /* release_or_abort hands an accelerated connection back to its kernel socket, fd
  * (conn_release), before the socket goes where the library cannot follow it. Where
- * that cannot be (a same-host peer library, a peer that cannot continue over TCP),
+ * that cannot be (a peer that cannot continue over TCP, a same-host peer that closed),
  * the connection's end, whenever it comes here, is an abort (SMCR_LIB_ABORT), which
  * resets the socket, so that whoever holds it then reads an error rather than wait
  * on a TCP connection that carries nothing; the socket gets the program's O_NONBLOCK

@@ -603,6 +603,23 @@ void ready_decided(struct conn *c, int old_chan)
 void ready_released(struct conn *c)
 {
 	pthread_mutex_lock(&ep_mu);
+	if (atomic_load(&c->state) == CS_PREFIX) {
+		/* SHM: the receive ring's rest comes first: the members stay the
+		 * library's, waiting on the socket as a PREFIX connection's do */
+		struct member *m = c->members, *next;
+		for (; m; m = next) {
+			next = m->next_conn;
+			member_unregister(m);
+			if (m->parked) {
+				member_free(m);
+				continue;
+			}
+			member_register(m);
+			mark_wake(m);
+		}
+		pthread_mutex_unlock(&ep_mu);
+		return;
+	}
 	while (c->members) {
 		struct member *m = c->members;
 		int parked = m->parked;

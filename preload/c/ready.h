@@ -14,7 +14,8 @@
 void ready_decided(struct conn *c, int old_chan);
 void ready_conn_closed(struct conn *c);
 /* ready_released: c, ACCEL, is plain TCP now (conn_release): its members go to the
- * kernel's sets with their own socket */
+ * kernel's sets with their own socket; or PREFIX (SHM, the peer released): they stay
+ * the library's, waiting on the socket */
 void ready_released(struct conn *c);
 /* ready_conn_changed: the library itself changed c's readiness (shutdown, reset);
  * not with ready.c's lock held */

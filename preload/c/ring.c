@@ -157,9 +157,18 @@ static int rx_ready(struct conn *c)
 	       atomic_load_explicit(&c->shut_rd, memory_order_relaxed);
 }
 
+/* peer_releasing: SHM, the peer released the connection and smcrd resends its unread
+ * bytes over TCP: writes wait for SMCR_D_RELEASED, then go to the kernel socket */
+static inline int peer_releasing(struct conn *c, uint32_t df)
+{
+	return c->peer && (df & (SMCR_D_PEER_RELEASE | SMCR_D_RELEASED)) == SMCR_D_PEER_RELEASE;
+}
+
 static int tx_ready(struct conn *c)
 {
 	uint32_t df = atomic_load_explicit(&c->sh->d_flags, memory_order_acquire);
+	if (peer_releasing(c, df))
+		return atomic_load_explicit(&c->reset, memory_order_relaxed);
 	return ring_tx_queued(c) < c->tx_size || (df & (SMCR_D_ERROR | SMCR_D_RELEASED)) || ring_tx_closed(c, df) ||
 	       atomic_load_explicit(&c->reset, memory_order_relaxed) ||
 	       atomic_load_explicit(&c->shut_wr, memory_order_relaxed);
@@ -440,6 +449,12 @@ static ssize_t recv_inner(struct conn *c, int fd, const struct iovec *iov, int i
 		     conn_follow_release(c, fd))) { /* released meanwhile: the kernel's socket */
 			if (done)
 				return (ssize_t)done;
+			/* SHM: what the receive ring held comes first */
+			if (atomic_load(&c->state) == CS_PREFIX && !(flags & MSG_OOB)) {
+				ssize_t r = conn_prefix_recv(c, iov, iovcnt, flags);
+				if (r != -2)
+					return r;
+			}
 			struct msghdr mh = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)iovcnt};
 			return R(recvmsg)(fd, &mh, flags);
 		}
@@ -544,7 +559,7 @@ static ssize_t space_inner(struct conn *c, int fd, int flags, int *held)
 		if (ring_tx_closed(c, df) || atomic_load_explicit(&c->shut_wr, memory_order_relaxed))
 			return epipe(flags);
 		size_t fr = c->tx_size - ring_tx_queued(c);
-		if (fr > 0)
+		if (fr > 0 && !peer_releasing(c, df))
 			return (ssize_t)fr;
 		if (nonblock) {
 			errno = EAGAIN;
@@ -627,6 +642,17 @@ static ssize_t send_inner(struct conn *c, int fd, const struct iovec *iov, int i
 		}
 		if (want == 0)
 			return 0;
+		if (peer_releasing(c, df)) {
+			if (done)
+				return sent_part(c, done, flags);
+			if (nonblock) {
+				errno = EAGAIN;
+				return -1;
+			}
+			if (wait_held(c, fd, 1, &deadline, &have_deadline, held) < 0)
+				return -1;
+			continue;
+		}
 		uint64_t prod = atomic_load_explicit(c->tx_prod, memory_order_relaxed);
 		uint64_t cons = atomic_load_explicit(c->tx_cons, memory_order_acquire);
 		uint64_t used = prod - cons;
@@ -638,6 +664,17 @@ static ssize_t send_inner(struct conn *c, int fd, const struct iovec *iov, int i
 		if (fr > 0) {
 			if (ring_enter(c) < 0)
 				continue;
+			/* SHM: counted in lib_sending, then a last look for the peer's
+			 * release, whose smcrd sets the flag, then waits for 0 (both
+			 * seq_cst): either it waits for this copy, or the copy waits */
+			if (c->peer) {
+				atomic_fetch_add_explicit(&sh->lib_sending, 1, memory_order_seq_cst);
+				if (atomic_load_explicit(&sh->d_flags, memory_order_seq_cst) & SMCR_D_PEER_RELEASE) {
+					atomic_fetch_sub_explicit(&sh->lib_sending, 1, memory_order_seq_cst);
+					ring_leave(c);
+					continue;
+				}
+			}
 			size_t n = want - done < fr ? want - done : fr;
 			/* SHM: publish in chunks, so that the peer reads while this
 			 * side still copies */
@@ -652,6 +689,8 @@ static ssize_t send_inner(struct conn *c, int fd, const struct iovec *iov, int i
 				mark_urgent(c, prod + n);
 			atomic_store_explicit(c->tx_prod, prod + n, memory_order_seq_cst);
 			after_tx_publish(c);
+			if (c->peer)
+				atomic_fetch_sub_explicit(&sh->lib_sending, 1, memory_order_seq_cst);
 			ring_leave(c);
 			done += n;
 			if (last)

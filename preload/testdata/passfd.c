@@ -7,10 +7,14 @@
  * (SMCR_LIB_RELEASE), the receiver gets the bytes; where it cannot, the connection is
  * reset.
  * stdout: "receiver <data | reset>", then "client <data | reset>" (the receiver
- * echoes what it got). */
+ * echoes what it got).
+ * "passfd unread": before the pass, each end also writes bytes the other has not read
+ * when the socket goes: the receiver must read the client's first ("early"), the
+ * client the server's ("pre") before the receiver's answer, none lost or twice. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
+#include <sys/epoll.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -21,13 +25,19 @@
 static const char *outcome(int fd, const char *want)
 {
 	char b[64];
-	ssize_t r = read(fd, b, sizeof(b));
-	if (r > 0 && memcmp(b, want, (size_t)r) == 0)
-		return "data";
+	size_t n = strlen(want), got = 0;
+	ssize_t r;
+	/* what came in several reads (a resend, then the rest) is read whole */
+	while ((r = read(fd, b + got, sizeof(b) - got)) > 0 && (got += (size_t)r) < n && memcmp(b, want, got) == 0)
+		;
+	if (got > 0)
+		return got == n && memcmp(b, want, n) == 0 ? "data" : "other";
 	if (r < 0 && (errno == ECONNRESET || errno == EPIPE || errno == ENOTCONN))
 		return "reset";
 	return r == 0 ? "eof" : "other";
 }
+
+static int unread; /* "passfd unread" */
 
 static int receiver(int u)
 {
@@ -44,7 +54,7 @@ static int receiver(int u)
 	int fd;
 	memcpy(&fd, CMSG_DATA(h), sizeof(fd));
 	CHECK(write(u, "r", 1) == 1); /* got it: the sender closes its copy */
-	const char *got = outcome(fd, "sent");
+	const char *got = outcome(fd, unread ? "earlysent" : "sent");
 	printf("receiver %s\n", got);
 	fflush(stdout);
 	if (strcmp(got, "data") == 0)
@@ -62,7 +72,8 @@ static void *accept_one(void *arg)
 
 int main(int argc, char **argv)
 {
-	if (argc == 3 && strcmp(argv[1], "receiver") == 0)
+	unread = argc >= 2 && strcmp(argv[argc - 1], "unread") == 0;
+	if (argc >= 3 && strcmp(argv[1], "receiver") == 0)
 		return receiver(atoi(argv[2]));
 	struct sockaddr_in a;
 	int l = listen_loopback(SOCK_STREAM | SOCK_CLOEXEC, &a);
@@ -77,6 +88,14 @@ int main(int argc, char **argv)
 	CHECK(p >= 0);
 	char b;
 	CHECK(write(s, "?", 1) == 1 && read(p, &b, 1) == 1); /* both decided */
+	int ep = -1;
+	if (unread) { /* left unread in each other's rings (SHM) or queues */
+		CHECK(write(s, "early", 5) == 5 && write(p, "pre", 3) == 3);
+		/* an epoll set holds the client's end across the release: it reports
+		 * what the ring held, then the socket's */
+		struct epoll_event ev = {.events = EPOLLIN};
+		CHECK((ep = epoll_create1(EPOLL_CLOEXEC)) >= 0 && epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev) == 0);
+	}
 
 	int u[2];
 	CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, u) == 0);
@@ -86,7 +105,7 @@ int main(int argc, char **argv)
 	if (pid == 0) {
 		char arg[16];
 		snprintf(arg, sizeof(arg), "%d", u[1]);
-		execl("/proc/self/exe", argv[0], "receiver", arg, (char *)NULL);
+		execl("/proc/self/exe", argv[0], "receiver", arg, unread ? "unread" : (char *)NULL, (char *)NULL);
 		_exit(127);
 	}
 	close(u[1]);
@@ -109,6 +128,10 @@ int main(int argc, char **argv)
 	CHECK(close(p) == 0);
 	int st;
 	CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0);
-	printf("client %s\n", outcome(s, "back"));
+	if (ep >= 0) {
+		struct epoll_event ev;
+		CHECK(epoll_wait(ep, &ev, 1, 10000) == 1 && (ev.events & EPOLLIN));
+	}
+	printf("client %s\n", outcome(s, unread ? "preback" : "back"));
 	return 0;
 }

@@ -895,20 +895,6 @@ func TestDirectProgramsExecDecided(t *testing.T) {
 	}
 }
 
-// TestDirectProgramsExecNoLibrary: the same server execs cat through env -i,
-// so cat runs without the library (its environment cleared). The connection
-// cannot go on accelerated: it ends with a reset, of cat's socket too, so
-// neither cat nor the client waits on it, and the client never takes a short
-// echo for a whole one.
-func TestDirectProgramsExecNoLibrary(t *testing.T) {
-	needPrograms(t, "env", "cat")
-	r := execEcho(t, "env", "-i", "cat")
-	t.Logf("client: %d bytes echoed, error %q", r.Bytes, r.Err)
-	if r.OK || r.Err == "" {
-		t.Errorf("client: %+v: want an error (the connection reset), never a clean end", r)
-	}
-}
-
 // execEcho runs direct_exec_server.py (it execs cmd, cat by default) and its
 // client, and returns the client's verdict; a client that hangs fails the test.
 func execEcho(t *testing.T, cmd ...string) echoResult {
@@ -978,8 +964,27 @@ func wantReleased(t *testing.T, a, b *host, n uint64) {
 // included, and its echo reaches the client over TCP. The libraries on both
 // hosts go through the engine, which continues the connection over TCP.
 func TestDirectReleasePassFd(t *testing.T) {
-	requirePython(t)
 	a, b := engineHosts(t)
+	releasePassFd(t, a, b)
+	wantReleased(t, a, b, 1)
+}
+
+// TestDirectReleasePassFdBypass is TestDirectReleasePassFd over the same-host
+// bypass, where each library writes into the other's ring: the server's
+// smcrd asks the client's, which stops the client library's writes into the
+// server's ring and resends from the client's socket what the server's
+// library held unread; the client's library reads the rest of its own ring
+// (the first MiB's echo) before the socket.
+func TestDirectReleasePassFdBypass(t *testing.T) {
+	a, b := directHosts(t, "shm")
+	releasePassFd(t, a, b)
+	wantReleasedBypass(t, a, b, 1)
+}
+
+// releasePassFd runs direct_passfd_server.py on b and its client on a.
+func releasePassFd(t *testing.T, a, b *host) {
+	t.Helper()
+	requirePython(t)
 	b.startProc(true, "python3", "testdata/direct_passfd_server.py", "5201", strconv.Itoa(1<<20))
 	b.waitListening(5201)
 	cli := a.startProc(true, "python3", "testdata/direct_passfd_client.py", b.ns.Addr4().String(), "5201", strconv.Itoa(1<<20))
@@ -991,14 +996,12 @@ func TestDirectReleasePassFd(t *testing.T) {
 	if err := json.Unmarshal([]byte(cli.out()), &r); err != nil || !r.OK {
 		t.Fatalf("client: %s (%v) %s; smcrd %s: %+v, smcrd %s: %+v", cli.out(), err, cli.errOut(), a.name, a.stats().Direct, b.name, b.stats().Direct)
 	}
-	wantReleased(t, a, b, 1)
 }
 
 // TestDirectReleaseExec: the inetd-style server execs cat through env -i, so
 // cat runs without the library: its library releases the connection to the
 // socket before the exec, and cat echoes the rest of the stream over plain
-// TCP, every byte (with the same-host bypass, TestDirectProgramsExecNoLibrary,
-// the connection cannot be released and ends with a reset).
+// TCP, every byte.
 func TestDirectReleaseExec(t *testing.T) {
 	needPrograms(t, "env", "cat")
 	requirePython(t)
@@ -1007,4 +1010,33 @@ func TestDirectReleaseExec(t *testing.T) {
 		t.Fatalf("client: %+v", r)
 	}
 	wantReleased(t, a, b, 1)
+}
+
+// TestDirectReleaseExecBypass is TestDirectReleaseExec over the same-host
+// bypass (the libraries write into each other's rings): released all the
+// same, every byte, never a reset.
+func TestDirectReleaseExecBypass(t *testing.T) {
+	needPrograms(t, "env", "cat")
+	requirePython(t)
+	a, b := directHosts(t, "shm")
+	if r := execEchoOn(t, a, b, "env", "-i", "cat"); !r.OK {
+		t.Fatalf("client: %+v", r)
+	}
+	wantReleasedBypass(t, a, b, 1)
+}
+
+// wantReleasedBypass checks that b's smcrd released n same-host bypass
+// connections, none continued over TCP by the engines (the resend is smcrd's),
+// no connection left.
+func wantReleasedBypass(t *testing.T, a, b *host, n uint64) {
+	t.Helper()
+	if st := b.stats(); st.Direct.SMCR != n || st.Direct.Bypass != n || st.Direct.Released != n {
+		t.Errorf("smcrd %s: direct %+v, want %d SMC-R, all bypass and released", b.name, st.Direct, n)
+	}
+	for _, h := range []*host{a, b} {
+		if st := h.stats(); st.Links.ConnsContinued != 0 {
+			t.Errorf("smcrd %s: %d connections continued over TCP, want none", h.name, st.Links.ConnsContinued)
+		}
+		wantIdle(t, h)
+	}
 }
