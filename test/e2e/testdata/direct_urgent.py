@@ -2,7 +2,9 @@
 # the direct mode's library sends and reads it: "ab", "!" with MSG_OOB, "cd".
 # The reader waits for the urgent byte (select's exceptfds), reads up to the
 # mark (SIOCATMARK), takes "!" with recv(MSG_OOB), then reads "cd" without it.
-# The socket's owner (F_SETOWN) is the program: it must have had SIGURG.
+# The socket's owner (F_SETOWN) is the program: it must have had SIGURG. The
+# client sends once the server says its owner is set ("g"): urgent data that
+# comes before F_SETOWN signals nobody, with the kernel's TCP too.
 # Prints "ok" when every step was as Linux's TCP has it; exits 1 otherwise.
 # usage: direct_urgent.py - PORT (server: reads first, then sends)
 #        direct_urgent.py HOST PORT (client: sends first, then reads)
@@ -72,6 +74,7 @@ if host == "-":
     ln.listen(1)
     s, _ = ln.accept()
     fcntl.fcntl(s.fileno(), fcntl.F_SETOWN, os.getpid())
+    s.sendall(b"g")  # the owner is set: urgent data from here on signals it
     read(s, "server")
     send(s)
     if s.recv(1) != b"":
@@ -79,6 +82,8 @@ if host == "-":
 else:
     s = socket.create_connection((host, port))
     fcntl.fcntl(s.fileno(), fcntl.F_SETOWN, os.getpid())
+    if s.recv(1) != b"g":
+        sys.exit("client: no go-ahead from the server")
     send(s)
     read(s, "client")
     s.close()
