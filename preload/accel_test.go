@@ -294,6 +294,10 @@ func TestPassFd(t *testing.T) {
 		{mode{name: "shm", lib: "libsmcr-preload.so", socket: sameHost}, nil},
 		{mode{name: "shm", lib: "libsmcr-preload.so", socket: sameHost}, []string{"unread"}},
 		{mode{name: "shm-asan", lib: "libsmcr-preload-asan.so", socket: sameHost}, []string{"unread"}},
+		// passed with sendmmsg
+		{mode{name: "kernel"}, []string{"mmsg"}},
+		{mode{name: "smcr", lib: "libsmcr-preload.so", socket: pumped}, []string{"mmsg"}},
+		{mode{name: "shm", lib: "libsmcr-preload.so", socket: sameHost}, []string{"mmsg"}},
 	} {
 		const want = "receiver data\nclient data\n"
 		if out, errOut, err := run(t, c.m, "passfd", c.args...); err != nil || out != want {

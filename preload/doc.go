@@ -74,14 +74,14 @@
 //     leave the library's tables, which are the parent's, as they were. Its
 //     dup2 and dup3 still note the new fd there (an exec after it carries a
 //     connection so, exec.c), and its exec releases what it does not carry.
-//   - An accelerated socket sent to another process with SCM_RIGHTS (sendmsg)
-//     is handed back to the kernel socket before the message goes
+//   - An accelerated socket sent to another process with SCM_RIGHTS (sendmsg,
+//     sendmmsg) is handed back to the kernel socket before the message goes
 //     (SMCR_LIB_RELEASE): the other process gets plain TCP with the rest of
 //     the stream. Where smcrd cannot release it, the connection is marked
 //     SMCR_LIB_ABORT and its socket gets the program's O_NONBLOCK back, so
 //     that its end here (the sender's close, or exit) resets it, the other
 //     process's socket included: that process reads an error, never a clean
-//     end, but nothing before. sendmmsg is not looked at. Reads and writes of
+//     end, but nothing before. Reads and writes of
 //     the connection in other threads of the process wait for the release and
 //     go on with the socket; a process sharing it since a fork must not use
 //     it meanwhile.

@@ -733,6 +733,11 @@ EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
 
 EXPORT int sendmmsg(int fd, struct mmsghdr *vec, unsigned int vlen, int flags)
 {
+	for (unsigned int i = 0; vec && smcr_fdt && i < vlen; i++) {
+		const struct msghdr *m = &vec[i].msg_hdr;
+		if (m->msg_control && m->msg_controllen >= sizeof(struct cmsghdr))
+			note_passed_fds(m);
+	}
 	struct conn *c = conn_of(fdt_get(fd));
 	if (__builtin_expect(!c, 1))
 		return R(sendmmsg)(fd, vec, vlen, flags);

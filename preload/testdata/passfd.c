@@ -73,6 +73,7 @@ static void *accept_one(void *arg)
 int main(int argc, char **argv)
 {
 	unread = argc >= 2 && strcmp(argv[argc - 1], "unread") == 0;
+	int mmsg = argc >= 2 && strcmp(argv[1], "mmsg") == 0; /* pass it with sendmmsg */
 	if (argc >= 3 && strcmp(argv[1], "receiver") == 0)
 		return receiver(atoi(argv[2]));
 	struct sockaddr_in a;
@@ -122,7 +123,12 @@ int main(int argc, char **argv)
 	h->cmsg_type = SCM_RIGHTS;
 	h->cmsg_len = CMSG_LEN(sizeof(int));
 	memcpy(CMSG_DATA(h), &p, sizeof(p));
-	CHECK(sendmsg(u[0], &m, 0) == 1);
+	if (mmsg) {
+		struct mmsghdr mm = {.msg_hdr = m};
+		CHECK(sendmmsg(u[0], &mm, 1, 0) == 1);
+	} else {
+		CHECK(sendmsg(u[0], &m, 0) == 1);
+	}
 	CHECK(read(u[0], &c, 1) == 1);
 	CHECK(write(s, "sent", 4) == 4);
 	CHECK(close(p) == 0);
