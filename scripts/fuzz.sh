@@ -16,15 +16,16 @@ for pkg in $(go list ./...); do
 		# Go's fuzz coordinator can report "context deadline exceeded" when
 		# -fuzztime ends while a worker is mid-exchange (golang/go#75804, fixed in Go 1.27). That
 		# is no finding: a real one writes a failing input under testdata/fuzz.
-		# Such a run is tried again, up to five times (it hits about one run in 16 here);
+		# Such a run is tried again, up to ten times (it hits about one run in 16 here,
+		# and four in a row do happen);
 		# anything else fails at once.
-		for try in 1 2 3 4 5; do
+		for try in $(seq 10); do
 			log=$(mktemp)
 			if go test -run '^$' -fuzz "^$f\$" -fuzztime "$t" -parallel 1 "$pkg" 2>&1 | tee "$log"; then
 				rm -f "$log"
 				break
 			fi
-			if [ "$try" -lt 5 ] && grep -q 'context deadline exceeded' "$log" && ! grep -q 'Failing input written' "$log"; then
+			if [ "$try" -lt 10 ] && grep -q 'context deadline exceeded' "$log" && ! grep -q 'Failing input written' "$log"; then
 				echo "fuzz: $f: coordinator deadline, not a finding; running it again"
 				rm -f "$log"
 				continue
