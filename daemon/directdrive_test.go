@@ -104,16 +104,7 @@ func (l ringLib) Read(p []byte) (int, error) {
 func TestDirectDrive(t *testing.T) {
 	for _, fail := range []bool{false, true} {
 		conn, peer, _, devs := cursorPair(t)
-		files, err := engineRingFiles(conn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		dc, err := newDirectConn(conn, 0, 0, testProcWake(t), files, slog.Default())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(dc.release) // its eventfds end the drive's readers
-		dc.engine = conn
+		dc := drivenConn(t, conn)
 		dc.closeLibraryFds() // this library uses smcrd's own view of the rings
 		go dc.run(nil)
 		lib := ringLib{dc}
@@ -156,16 +147,7 @@ func TestDirectDrive(t *testing.T) {
 func TestDirectDriveUrgent(t *testing.T) {
 	for _, continued := range []bool{false, true} {
 		conn, peer, c, devs := cursorPair(t)
-		files, err := engineRingFiles(conn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		dc, err := newDirectConn(conn, 0, 0, testProcWake(t), files, slog.Default())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(dc.release)
-		dc.engine = conn
+		dc := drivenConn(t, conn)
 		dc.sock = c // the program's socket, whose owner gets SIGURG
 		owner := sigurgCatcher(t)
 		setOwner(t, c, owner.Process.Pid)
@@ -325,4 +307,39 @@ func cursorPair(t *testing.T) (conn, peer *smcr.Conn, tcp *net.TCPConn, devs *[]
 		t.Fatalf("no SMC-R connection")
 	}
 	return conn, peer, c, devs
+}
+
+// drivenConn is smcrd's side of a direct connection whose rings are conn's own
+// buffers (cursor-driven); released at the test's end, which ends the drive's
+// readers.
+func drivenConn(t *testing.T, conn *smcr.Conn) *directConn {
+	t.Helper()
+	files, err := engineRingFiles(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dc, err := newDirectConn(conn, 0, 0, testProcWake(t), files, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(dc.release)
+	dc.engine = conn
+	return dc
+}
+
+// programSocket is the program's own descriptor of c's socket, of which c
+// stands for smcrd's duplicate.
+func programSocket(t *testing.T, c *net.TCPConn) net.Conn {
+	t.Helper()
+	f, err := c.File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { own.Close() })
+	return own
 }

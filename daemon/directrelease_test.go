@@ -24,28 +24,9 @@ func TestDirectRelease(t *testing.T) {
 	for _, fail := range []bool{false, true} {
 		conn, peer, c, devs := cursorPair(t)
 		t.Cleanup(func() { peer.Close() })
-		// The program's own descriptor of the socket, which smcrd's is a dup of.
-		f, err := c.File()
-		if err != nil {
-			t.Fatal(err)
-		}
-		own, err := net.FileConn(f)
-		f.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { own.Close() })
+		own := programSocket(t, c)
 		own.SetDeadline(time.Now().Add(20 * time.Second))
-		files, err := engineRingFiles(conn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		dc, err := newDirectConn(conn, 0, 0, testProcWake(t), files, slog.Default())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(dc.release)
-		dc.engine = conn
+		dc := drivenConn(t, conn)
 		var releases atomic.Uint64
 		dc.releases = &releases
 		dc.closeLibraryFds()
@@ -126,17 +107,7 @@ func readFull(t *testing.T, r io.Reader, want []byte) {
 // Once the program read them, the release is done.
 func TestDirectReleasePumpsRefused(t *testing.T) {
 	c, peer := nstest.TCPPair(t)
-	// The program's own descriptor; c, the carrier, is smcrd's dup.
-	f, err := c.File()
-	if err != nil {
-		t.Fatal(err)
-	}
-	own, err := net.FileConn(f)
-	f.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { own.Close() })
+	own := programSocket(t, c) // c, the carrier, stands for smcrd's dup
 	dc, err := newDirectConn(c, 64<<10, 64<<10, testProcWake(t), nil, slog.Default())
 	if err != nil {
 		t.Fatal(err)
