@@ -351,6 +351,51 @@ func TestUring(t *testing.T) {
 	}
 }
 
+// TestSpawn: a child started with posix_spawn, posix_spawnp, system or popen
+// (glibc's own clone and execve, which the library does not see) gets an
+// accelerated socket. Where the child's image has the library and every fd behind
+// the connection reaches it, the connection goes with it, shared, as across fork
+// and exec; otherwise (no library, the file actions close the library's fds,
+// popen) it is released to its socket first. Either way the child reads what the
+// parent sent after the spawn, and its answer and its end reach the parent.
+func TestSpawn(t *testing.T) {
+	build(t)
+	pumped, srv := fakeSmcrdWith(t, daemon.DirectOptions{})
+	sameHost, shm := fakeSmcrdWith(t, daemon.DirectOptions{SameHost: true})
+	var released, shmReleased uint64
+	for _, m := range []mode{{name: "kernel"}, {name: "smcr", lib: "libsmcr-preload.so", socket: pumped},
+		{name: "smcr-asan", lib: "libsmcr-preload-asan.so", socket: pumped},
+		{name: "smcr-ubsan", lib: "libsmcr-preload-ubsan.so", socket: pumped},
+		{name: "shm", lib: "libsmcr-preload.so", socket: sameHost}} {
+		for _, c := range []struct {
+			how      string
+			goesWith bool
+		}{{"spawn", true}, {"system", true}, {"spawnp-noenv", false}, {"closefrom", false}, {"popen", false}} {
+			want := "accel 0\nok\n"
+			if m.lib != "" && c.goesWith {
+				want = "accel 1\nok\n"
+			}
+			out, errOut, err := run(t, m, "spawn", c.how)
+			if err != nil || out != want {
+				t.Errorf("spawn %s %s: %v\nstdout: %q, want %q\nstderr: %s", c.how, m.name, err, out, want, errOut)
+			}
+			if m.lib != "" && !c.goesWith {
+				if m.socket == pumped {
+					released++
+				} else {
+					shmReleased++
+				}
+			}
+			if got := srv.Released(); got != released {
+				t.Errorf("spawn %s %s: the test server released %d connections, want %d", c.how, m.name, got, released)
+			}
+			if got := shm.Released(); got != shmReleased {
+				t.Errorf("spawn %s %s: the same-host test server released %d connections, want %d", c.how, m.name, got, shmReleased)
+			}
+		}
+	}
+}
+
 // TestVfork: a vfork'd child that closes its fds, in its parent's memory,
 // leaves the parent's accelerated connection known to the parent's library.
 func TestVfork(t *testing.T) {

@@ -64,12 +64,21 @@
 //     conn_release), which the new image uses as plain TCP; where smcrd
 //     cannot release it (a peer that cannot continue over TCP, a same-host
 //     peer that closed) it ends with a reset (SMCR_LIB_ABORT; smcrd resets the socket
-//     itself). An exec by raw system call or from
-//     posix_spawn, system or popen (glibc calls its own execve) is not seen:
-//     the channel closes with it, which smcrd takes for the program's end
-//     (a reset if bytes were left unread), and the new image may wait on a
-//     TCP connection that carries nothing until the peer closes.
-//   - A vfork'd child (Python's subprocess, posix_spawn) runs in its parent's
+//     itself). An exec by raw system call is not seen: the channel closes
+//     with it, which smcrd takes for the program's end (a reset if bytes were
+//     left unread), and the new image may wait on a TCP connection that
+//     carries nothing until the peer closes.
+//   - posix_spawn, posix_spawnp, system and popen start their child through
+//     glibc's own clone and execve (spawn.c). The library works out, in the
+//     parent, which accelerated sockets the child gets (not close-on-exec,
+//     after the spawn's file actions, which it records as the program adds
+//     them): each goes with the child as across exec, and becomes shared as
+//     after fork, where the child's image has the library and the file
+//     actions leave the library's fds alone; otherwise it is released to its
+//     socket first, as for SCM_RIGHTS. system runs its shell through the
+//     library's posix_spawn where a connection would go with it; popen
+//     releases. A clone() made by the program itself is not seen.
+//   - A vfork'd child (Python's subprocess) runs in its parent's
 //     memory: its close, closefrom and close_range close its fds only and
 //     leave the library's tables, which are the parent's, as they were. Its
 //     dup2 and dup3 still note the new fd there (an exec after it carries a

@@ -605,6 +605,14 @@ int conn_release(struct conn *c, int fd)
 	return r;
 }
 
+void conn_release_or_abort(struct conn *c, int fd)
+{
+	if (c && atomic_load(&c->state) == CS_ACCEL && c->sh && conn_release(c, fd) < 0) {
+		atomic_fetch_or(&c->sh->lib_flags, SMCR_LIB_ABORT);
+		conn_restore_flags(c, fd);
+	}
+}
+
 int conn_follow_release(struct conn *c, int fd)
 {
 	if (atomic_load(&c->state) != CS_ACCEL || !c->sh ||

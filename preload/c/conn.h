@@ -137,6 +137,14 @@ void conn_note_close(struct conn *c, int fd);
  * through the rings. Another process that shares c since a fork follows
  * (conn_follow_release) when it next looks: it must not use the connection meanwhile. */
 int conn_release(struct conn *c, int fd);
+/* conn_release_or_abort hands an accelerated connection back to its kernel socket, fd
+ * (conn_release), before the socket goes where the library cannot follow it. Where
+ * that cannot be (a peer that cannot continue over TCP, a same-host peer that closed),
+ * the connection's end, whenever it comes here, is an abort (SMCR_LIB_ABORT), which
+ * resets the socket, so that whoever holds it then reads an error rather than wait
+ * on a TCP connection that carries nothing; the socket gets the program's O_NONBLOCK
+ * back. c may be NULL. */
+void conn_release_or_abort(struct conn *c, int fd);
 /* conn_prefix_recv serves a PREFIX connection's bytes (CLC's read-ahead, or with SHM
  * what the receive ring held at the release) before the kernel's: the bytes copied, or
  * -2 once they ran out (c is CS_TCP then). */

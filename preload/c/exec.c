@@ -35,7 +35,8 @@ static const char inherit_var[] = "SMCR_INHERIT=";
 /* One inherited fd: "fd,state,flags,chan,memfd,efd_lib,wake_fd,efd_dtx,efd_drx,
  * peer_memfd,peer_efd_lib,tx_file,rx_file". */
 #define INHERIT_FIELDS 13
-#define CONN_FDS (INHERIT_FIELDS - 3)
+#define CONN_FDS EXEC_CONN_FDS
+_Static_assert(CONN_FDS == INHERIT_FIELDS - 3, "SMCR_INHERIT names the connection fds");
 #define INHERIT_ENTRY_MAX (INHERIT_FIELDS * 12)
 
 enum {
@@ -57,9 +58,7 @@ static const char *env_get(char *const envp[], const char *name)
 	return NULL;
 }
 
-/* image_has_library: whether the new image, given envp, loads the library (and has
- * it on): through LD_PRELOAD or the host's /etc/ld.so.preload. */
-static int image_has_library(char *const envp[])
+int exec_image_has_library(char *const envp[])
 {
 	const char *off = env_get(envp, "SMCR_DIRECT");
 	if (off && strcmp(off, "0") == 0)
@@ -88,8 +87,7 @@ static void set_cloexec(int fd, int on)
 		R(fcntl)(fd, F_SETFD, on ? fl | FD_CLOEXEC : fl & ~FD_CLOEXEC);
 }
 
-/* the library's own fds of c, -1 for those it has not */
-static void conn_fds(struct conn *c, int fds[CONN_FDS])
+void exec_conn_fds(struct conn *c, int fds[EXEC_CONN_FDS])
 {
 	int v[CONN_FDS] = {c->chan,        c->memfd,        c->efd_lib, c->wake_fd, c->efd_dtx, c->efd_drx,
 			   c->peer_memfd, c->peer_efd_lib, c->tx_file, c->rx_file};
@@ -101,7 +99,14 @@ static void conn_fds(struct conn *c, int fds[CONN_FDS])
 static int inheritable(int fd, struct conn *c)
 {
 	int fl = R(fcntl)(fd, F_GETFD);
-	if (fl < 0 || (fl & FD_CLOEXEC) || c->chan < 0)
+	if (fl < 0 || (fl & FD_CLOEXEC))
+		return 0;
+	return exec_pass_state(c);
+}
+
+int exec_pass_state(struct conn *c)
+{
+	if (c->chan < 0)
 		return 0;
 	int st = atomic_load(&c->state);
 	if (st == CS_ACCEL && atomic_load(&c->reset))
@@ -109,16 +114,10 @@ static int inheritable(int fd, struct conn *c)
 	return st == CS_PENDING || st == CS_ACCEL ? st : 0;
 }
 
-struct exec_env {
-	char **envp;  /* the environment to exec with */
-	void *map;    /* its memory, or NULL (envp is the caller's) */
-	size_t size;
-	int aborting; /* the connections are marked SMCR_LIB_ABORT */
-};
-
-/* each (fd, conn) to pass */
-static void for_each_inherited(void (*f)(int fd, struct conn *c, int st, void *arg), void *arg)
+/* each_own: the program's own fds that survive its exec */
+static void each_own(void *ctx, inherit_fn f, void *arg)
 {
+	(void)ctx;
 	int high = atomic_load(&smcr_fdt_high);
 	for (int fd = 0; fd < high; fd++) {
 		struct conn *c = conn_of(fdt_get(fd));
@@ -134,6 +133,14 @@ static void count_one(int fd, struct conn *c, int st, void *arg)
 	(*(size_t *)arg)++;
 }
 
+size_t exec_inheritable(void)
+{
+	size_t k = 0;
+	if (smcr_fdt && !smcr_disabled)
+		each_own(NULL, count_one, &k);
+	return k;
+}
+
 struct writer {
 	char *p, *end;
 };
@@ -142,7 +149,7 @@ static void write_one(int fd, struct conn *c, int st, void *arg)
 {
 	struct writer *w = arg;
 	int fds[CONN_FDS];
-	conn_fds(c, fds);
+	exec_conn_fds(c, fds);
 	unsigned flags = (atomic_load(&c->user_nonblock) ? INH_NONBLOCK : 0) |
 			 (atomic_load(&c->shut_rd) ? INH_SHUT_RD : 0) | (atomic_load(&c->shut_wr) ? INH_SHUT_WR : 0) |
 			 (conn_shared(c) ? INH_SHARED : 0) | (atomic_load(&c->err_taken) ? INH_ERR_TAKEN : 0) |
@@ -186,28 +193,18 @@ static void restore_one(int fd, struct conn *c, int st, void *arg)
 {
 	(void)fd, (void)st, (void)arg;
 	int fds[CONN_FDS];
-	conn_fds(c, fds);
+	exec_conn_fds(c, fds);
 	for (int i = 0; i < CONN_FDS; i++)
 		set_cloexec(fds[i], 1);
 }
 
-/* exec_prepare makes the environment to exec with: envp itself when nothing is
- * passed, else a copy with SMCR_INHERIT (in its own mapping: a vfork child may call
- * this). The library's fds behind it are left open across the exec. */
-static struct exec_env exec_prepare(char *const envp[])
+struct exec_env exec_env_inherit(char *const envp[], inherit_walk walk, void *ctx)
 {
 	struct exec_env e = {.envp = (char **)envp};
 	size_t k = 0;
-	if (!smcr_fdt || smcr_disabled)
-		return e;
-	for_each_inherited(count_one, &k);
+	walk(ctx, count_one, &k);
 	if (k == 0)
 		return e;
-	if (!image_has_library(envp)) {
-		for_each_inherited(release_one, &e);
-		e.aborting = 1;
-		return e;
-	}
 	size_t n = 0;
 	while (envp && envp[n])
 		n++;
@@ -225,11 +222,36 @@ static struct exec_env exec_prepare(char *const envp[])
 			out[j++] = envp[i];
 	memcpy(str, inherit_var, sizeof(inherit_var));
 	struct writer w = {.p = str + sizeof(inherit_var) - 1, .end = (char *)e.map + e.size};
-	for_each_inherited(write_one, &w);
+	walk(ctx, write_one, &w);
 	out[j++] = str;
 	out[j] = NULL;
 	e.envp = out;
 	return e;
+}
+
+void exec_env_close(struct exec_env *e, inherit_walk walk, void *ctx)
+{
+	if (!e->map)
+		return;
+	walk(ctx, restore_one, NULL);
+	munmap(e->map, e->size);
+	e->map = NULL;
+}
+
+/* exec_prepare makes the environment to exec with: envp itself when nothing is
+ * passed, else a copy with SMCR_INHERIT (in its own mapping: a vfork child may call
+ * this). The library's fds behind it are left open across the exec. */
+static struct exec_env exec_prepare(char *const envp[])
+{
+	struct exec_env e = {.envp = (char **)envp};
+	if (exec_inheritable() == 0)
+		return e;
+	if (!exec_image_has_library(envp)) {
+		each_own(NULL, release_one, &e);
+		e.aborting = 1;
+		return e;
+	}
+	return exec_env_inherit(envp, each_own, NULL);
 }
 
 /* exec_failed: the exec returned: the library's fds close on exec again */
@@ -237,12 +259,8 @@ static void exec_failed(struct exec_env *e)
 {
 	int err = errno;
 	if (e->aborting)
-		for_each_inherited(mark_abort, NULL);
-	errno = err;
-	if (!e->map)
-		return;
-	for_each_inherited(restore_one, NULL);
-	munmap(e->map, e->size);
+		each_own(NULL, mark_abort, NULL);
+	exec_env_close(e, each_own, NULL);
 	errno = err;
 }
 

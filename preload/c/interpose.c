@@ -33,7 +33,6 @@
  * socket go around the library: its connections were released to their sockets and
  * it accelerates no new ones (uring_escape). */
 static atomic_int smcr_escaped;
-static void release_or_abort(struct conn *c, int fd);
 
 #define EXPORT __attribute__((visibility("default")))
 #define PASS (-2)
@@ -359,7 +358,7 @@ static int do_accept(int fd, struct sockaddr *addr, socklen_t *len, int flags, i
 		struct conn *c = conn_of(fdt_get(nfd));
 		if (c && atomic_load(&smcr_escaped)) {
 			conn_decide(c, nfd, 1);
-			release_or_abort(c, nfd);
+			conn_release_or_abort(c, nfd);
 		}
 	}
 	errno = e;
@@ -688,21 +687,6 @@ EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags, const struct
 	return r == PASS ? R(sendto)(fd, buf, n, flags, addr, alen) : r;
 }
 
-/* release_or_abort hands an accelerated connection back to its kernel socket, fd
- * (conn_release), before the socket goes where the library cannot follow it. Where
- * that cannot be (a peer that cannot continue over TCP, a same-host peer that closed),
- * the connection's end, whenever it comes here, is an abort (SMCR_LIB_ABORT), which
- * resets the socket, so that whoever holds it then reads an error rather than wait
- * on a TCP connection that carries nothing; the socket gets the program's O_NONBLOCK
- * back. */
-static void release_or_abort(struct conn *c, int fd)
-{
-	if (c && atomic_load(&c->state) == CS_ACCEL && c->sh && conn_release(c, fd) < 0) {
-		atomic_fetch_or(&c->sh->lib_flags, SMCR_LIB_ABORT);
-		conn_restore_flags(c, fd);
-	}
-}
-
 /* note_passed_fds: an accelerated socket sent to another process (SCM_RIGHTS) is one
  * the library there cannot follow: it is released before the message goes, so that
  * the other process reads and writes the rest of the stream on it as plain TCP. */
@@ -715,7 +699,7 @@ static void note_passed_fds(const struct msghdr *msg)
 		for (size_t i = 0; i < k; i++) {
 			int pfd;
 			memcpy(&pfd, CMSG_DATA(h) + i * sizeof(int), sizeof(int));
-			release_or_abort(conn_of(fdt_get(pfd)), pfd);
+			conn_release_or_abort(conn_of(fdt_get(pfd)), pfd);
 		}
 	}
 }
@@ -772,7 +756,7 @@ static void uring_escape(void)
 			continue;
 		if (atomic_load(&c->state) == CS_PENDING)
 			conn_decide(c, fd, 1);
-		release_or_abort(c, fd);
+		conn_release_or_abort(c, fd);
 	}
 }
 

@@ -28,24 +28,6 @@
 
 extern char **environ;
 
-/* accelerated: the library keeps the kernel socket non-blocking under a blocking view */
-static int accelerated(int fd)
-{
-	int kernel = (int)syscall(SYS_fcntl, fd, F_GETFL);
-	int view = fcntl(fd, F_GETFL);
-	return (kernel & O_NONBLOCK) && !(view & O_NONBLOCK);
-}
-
-static void read_full(int fd, char *b, size_t n)
-{
-	size_t k = 0;
-	while (k < n) {
-		ssize_t r = read(fd, b + k, n - k);
-		CHECK(r > 0);
-		k += (size_t)r;
-	}
-}
-
 /* poll_in waits with poll until fd is readable */
 static void poll_in(int fd)
 {

@@ -63,13 +63,6 @@ static int receiver(int u)
 	return 0;
 }
 
-static void *accept_one(void *arg)
-{
-	int *fds = arg;
-	fds[1] = accept4(fds[0], NULL, NULL, SOCK_CLOEXEC);
-	return NULL;
-}
-
 int main(int argc, char **argv)
 {
 	unread = argc >= 2 && strcmp(argv[argc - 1], "unread") == 0;
@@ -77,16 +70,8 @@ int main(int argc, char **argv)
 	if (argc >= 3 && strcmp(argv[1], "receiver") == 0)
 		return receiver(atoi(argv[2]));
 	struct sockaddr_in a;
-	int l = listen_loopback(SOCK_STREAM | SOCK_CLOEXEC, &a);
-	int fds[2] = {l, -1};
-	pthread_t th;
-	CHECK(pthread_create(&th, NULL, accept_one, fds) == 0);
-	int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	CHECK(s >= 0);
-	CHECK(connect(s, (struct sockaddr *)&a, sizeof(a)) == 0);
-	CHECK(pthread_join(th, NULL) == 0);
-	int p = fds[1];
-	CHECK(p >= 0);
+	int l = listen_loopback(SOCK_STREAM | SOCK_CLOEXEC, &a), s, p;
+	connect_pair(l, &a, SOCK_CLOEXEC, &s, &p);
 	char b;
 	CHECK(write(s, "?", 1) == 1 && read(p, &b, 1) == 1); /* both decided */
 	int ep = -1;

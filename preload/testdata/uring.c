@@ -17,14 +17,6 @@
 
 #include "loopback.h"
 
-/* accelerated: the library keeps the kernel socket non-blocking under a blocking view */
-static int accelerated(int fd)
-{
-	int kernel = (int)syscall(SYS_fcntl, fd, F_GETFL);
-	int view = fcntl(fd, F_GETFL);
-	return (kernel & O_NONBLOCK) && !(view & O_NONBLOCK);
-}
-
 /* raw_read_full reads n bytes with the read system call itself */
 static void raw_read_full(int fd, char *b, size_t n)
 {
@@ -57,25 +49,10 @@ static void *wait_read(void *arg)
 	return NULL;
 }
 
-static void *accept_one(void *arg)
-{
-	int *fds = arg;
-	fds[1] = accept4(fds[0], NULL, NULL, SOCK_CLOEXEC);
-	return NULL;
-}
-
-/* pair connects a client to l (at a) and accepts it: fds[0] the client's, fds[1] the server's */
+/* pair connects a client to l (at a) and accepts it: out[0] the client's, out[1] the server's */
 static void pair(int l, struct sockaddr_in *a, int out[2])
 {
-	int fds[2] = {l, -1};
-	pthread_t th;
-	CHECK(pthread_create(&th, NULL, accept_one, fds) == 0);
-	int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	CHECK(s >= 0);
-	CHECK(connect(s, (struct sockaddr *)a, sizeof(*a)) == 0);
-	CHECK(pthread_join(th, NULL) == 0);
-	CHECK(fds[1] >= 0);
-	out[0] = s, out[1] = fds[1];
+	connect_pair(l, a, SOCK_CLOEXEC, &out[0], &out[1]);
 }
 
 int main(void)

@@ -14,34 +14,11 @@
 
 #include "loopback.h"
 
-/* accelerated: the library keeps the kernel socket non-blocking under a blocking view */
-static int accelerated(int fd)
-{
-	int kernel = (int)syscall(SYS_fcntl, fd, F_GETFL);
-	int view = fcntl(fd, F_GETFL);
-	return (kernel & O_NONBLOCK) && !(view & O_NONBLOCK);
-}
-
-static void *accept_one(void *arg)
-{
-	int *fds = arg;
-	fds[1] = accept4(fds[0], NULL, NULL, SOCK_CLOEXEC);
-	return NULL;
-}
-
 int main(void)
 {
 	struct sockaddr_in a;
-	int l = listen_loopback(SOCK_STREAM | SOCK_CLOEXEC, &a);
-	int fds[2] = {l, -1};
-	pthread_t th;
-	CHECK(pthread_create(&th, NULL, accept_one, fds) == 0);
-	int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	CHECK(s >= 0);
-	CHECK(connect(s, (struct sockaddr *)&a, sizeof(a)) == 0);
-	CHECK(pthread_join(th, NULL) == 0);
-	int p = fds[1];
-	CHECK(p >= 0);
+	int l = listen_loopback(SOCK_STREAM | SOCK_CLOEXEC, &a), s, p;
+	connect_pair(l, &a, SOCK_CLOEXEC, &s, &p);
 	char b[8];
 	CHECK(write(s, "one", 3) == 3 && read(p, b, 3) == 3 && memcmp(b, "one", 3) == 0);
 	int before = accelerated(s) + accelerated(p);
