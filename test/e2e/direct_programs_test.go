@@ -1025,6 +1025,40 @@ func TestDirectReleaseExecBypass(t *testing.T) {
 	wantReleasedBypass(t, a, b, 1)
 }
 
+// TestDirectSpawn: the inetd-style server reads a line from each connection
+// (SMC-R by then) and starts cat on the socket with posix_spawn, which makes its
+// child with glibc's own clone and execve: the library works out in the parent
+// that the child gets the socket at its stdin and stdout (the spawn's file
+// actions), and cat's library adopts the connection, with no release.
+func TestDirectSpawn(t *testing.T) {
+	needPrograms(t, "cat")
+	requirePython(t)
+	a, b := directHosts(t, "shm")
+	if r := execEchoOn(t, a, b, "--spawn", "cat"); !r.OK {
+		t.Fatalf("client: %+v", r)
+	}
+	if st := b.stats(); st.Direct.SMCR != 1 || st.Direct.Released != 0 {
+		t.Errorf("smcrd %s: direct %+v, want 1 SMC-R, none released", b.name, st.Direct)
+	}
+	for _, h := range []*host{a, b} {
+		wantIdle(t, h)
+	}
+}
+
+// TestDirectReleaseSpawn: as TestDirectSpawn, but cat is spawned with an empty
+// environment, without the library: the server's library releases the
+// connection to the socket before the spawn, and cat echoes the rest of the
+// stream over plain TCP, every byte.
+func TestDirectReleaseSpawn(t *testing.T) {
+	needPrograms(t, "cat")
+	requirePython(t)
+	a, b := engineHosts(t)
+	if r := execEchoOn(t, a, b, "--spawn-noenv", "cat"); !r.OK {
+		t.Fatalf("client: %+v", r)
+	}
+	wantReleased(t, a, b, 1)
+}
+
 // wantReleasedBypass checks that b's smcrd released n same-host bypass
 // connections, none continued over TCP by the engines (the resend is smcrd's),
 // no connection left.
