@@ -396,6 +396,37 @@ func TestSpawn(t *testing.T) {
 	}
 }
 
+// TestSharedRelease: a connection shared by fork is released (its socket sent
+// away with SCM_RIGHTS) by one process while the other streams into it. The
+// release waits for the copies under way in both processes and the writer
+// follows it to the kernel socket: the reader gets every word once, in order.
+func TestSharedRelease(t *testing.T) {
+	build(t)
+	pumped, srv := fakeSmcrdWith(t, daemon.DirectOptions{})
+	sameHost, shm := fakeSmcrdWith(t, daemon.DirectOptions{SameHost: true})
+	var released, shmReleased uint64
+	for _, m := range []mode{{name: "kernel"}, {name: "smcr", lib: "libsmcr-preload.so", socket: pumped},
+		{name: "smcr-asan", lib: "libsmcr-preload-asan.so", socket: pumped},
+		{name: "shm", lib: "libsmcr-preload.so", socket: sameHost}} {
+		const want = "ok 16384000\n"
+		if out, errOut, err := run(t, m, "sharedrelease"); err != nil || out != want {
+			t.Errorf("sharedrelease %s: %v\nstdout: %q, want %q\nstderr: %s", m.name, err, out, want, errOut)
+		}
+		switch m.socket {
+		case pumped:
+			released++
+		case sameHost:
+			shmReleased++
+		}
+		if got := srv.Released(); got != released {
+			t.Errorf("sharedrelease %s: the test server released %d connections, want %d", m.name, got, released)
+		}
+		if got := shm.Released(); got != shmReleased {
+			t.Errorf("sharedrelease %s: the same-host test server released %d connections, want %d", m.name, got, shmReleased)
+		}
+	}
+}
+
 // TestVfork: a vfork'd child that closes its fds, in its parent's memory,
 // leaves the parent's accelerated connection known to the parent's library.
 func TestVfork(t *testing.T) {

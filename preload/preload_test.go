@@ -38,7 +38,7 @@ func build(t *testing.T) string {
 			buildErr = fmt.Errorf("make: %v\n%s", err, out)
 			return
 		}
-		for _, p := range []string{"ready", "echo", "prefix", "reset", "fork", "forkwait", "multi", "exec", "abort", "sndtimeo", "passfd", "uring", "vfork", "oob", "oobfull", "epollfds", "epollwake", "spawn", "ready-fortify"} {
+		for _, p := range []string{"ready", "echo", "prefix", "reset", "fork", "forkwait", "multi", "exec", "abort", "sndtimeo", "passfd", "uring", "vfork", "oob", "oobfull", "epollfds", "epollwake", "spawn", "sharedrelease", "ready-fortify"} {
 			src, flags := p, []string{}
 			if p == "ready-fortify" { // the _chk entry points (__poll_chk, __read_chk, ...)
 				src, flags = "ready", []string{"-U_FORTIFY_SOURCE", "-D_FORTIFY_SOURCE=2"}

@@ -1,4 +1,4 @@
-/* smcr_abi.h: the direct mode's ABI between smcrd and libsmcr-preload.so, version 4.
+/* smcr_abi.h: the direct mode's ABI between smcrd and libsmcr-preload.so, version 5.
  * The Go side of the same layout is rmb/shared.go; rmb's tests compile this header
  * and compare every offset. Documented in docs/direct.md. */
 #pragma once
@@ -6,7 +6,7 @@
 #include <stdint.h>
 #include <stdatomic.h>
 
-#define SMCR_ABI_VERSION 4
+#define SMCR_ABI_VERSION 5
 
 /* ---- The channel: one SOCK_SEQPACKET connection to smcrd's direct socket per
  * accelerated socket (and per registered listener), one message per packet, host
@@ -149,6 +149,14 @@ struct smcr_shared {
 	                            * latest urgent byte, 0 none; stored before the rx_prod that
 	                            * covers the byte (SHM: by the peer library) */
 	uint8_t pad3[16];
+
+	/* the library's own, shared by the processes that hold the connection since a
+	 * fork or an exec (smcrd ignores them; offset 192) */
+	_Atomic uint32_t lib_ring_ops;  /* copies through the rings under way in those
+	                                 * processes: a release waits for 0 */
+	_Atomic uint32_t lib_releasing; /* a process releases the connection: the
+	                                 * others' copies wait for the outcome */
+	uint8_t pad4[56];
 };
 
 /* ---- The wake page: a process's eventfd comes with a memfd of SMCR_WAKE_SIZE bytes,

@@ -12,9 +12,9 @@ func TestMsgGolden(t *testing.T) {
 		p    []byte
 		want string
 	}{
-		{Msg{Type: MsgClient}, nil, "534d4344" + "0400" + "0100" + "00000000" + "00000000" + "00000000" + "00000000"},
-		{Msg{Type: MsgReply, Status: -95}, nil, "534d4344" + "0400" + "1000" + "a1ffffff" + "00000000" + "00000000" + "00000000"},
-		{Msg{Type: MsgDecided, Mode: ModeTCP}, []byte("hi"), "534d4344" + "0400" + "1100" + "00000000" + "02000000" + "02000000" + "00000000" + "6869"},
+		{Msg{Type: MsgClient}, nil, "534d4344" + "0500" + "0100" + "00000000" + "00000000" + "00000000" + "00000000"},
+		{Msg{Type: MsgReply, Status: -95}, nil, "534d4344" + "0500" + "1000" + "a1ffffff" + "00000000" + "00000000" + "00000000"},
+		{Msg{Type: MsgDecided, Mode: ModeTCP}, []byte("hi"), "534d4344" + "0500" + "1100" + "00000000" + "02000000" + "02000000" + "00000000" + "6869"},
 	} {
 		b := c.m.Append(nil, c.p)
 		if got := hex.EncodeToString(b); got != c.want {

@@ -110,7 +110,10 @@
 //	                     lib_pidns u64 (120)
 //	   128  smcrd        tx_cons u64, rx_prod u64, d_flags u32, d_errno i32,
 //	                     d_seq u32, d_txwait u32, d_rxwait u32, rx_urg u64 (168)
-//	   192  (reserved to the end of the 4096-byte control page)
+//	   192  library      lib_ring_ops u32, lib_releasing u32 (196): the library's
+//	                     own, shared by the processes that hold the connection
+//	                     since a fork or an exec; smcrd ignores them
+//	   256  (reserved to the end of the 4096-byte control page)
 //	  4096  send ring (tx_size bytes, at tx_off), then the receive ring (rx_size
 //	        bytes, at rx_off = 4096 + tx_size rounded up to a page)
 //

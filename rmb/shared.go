@@ -15,7 +15,7 @@ import (
 
 // ABIVersion is the version of the shared area, the policy page and the
 // direct socket's messages.
-const ABIVersion = 4
+const ABIVersion = 5
 
 // The shared area of one connection (struct smcr_shared): a control page, then
 // the send ring (the program writes, smcrd takes) and the receive ring (smcrd
@@ -52,7 +52,11 @@ const (
 	offDTxWait  = 156
 	offDRxWait  = 160
 	offRxUrg    = 168
-	sharedEnd   = 192 // sizeof(struct smcr_shared)
+	// the library's own, shared by the processes that hold a connection since
+	// a fork or an exec; smcrd ignores them
+	offLibRingOps   = 192
+	offLibReleasing = 196
+	sharedEnd       = 256 // sizeof(struct smcr_shared)
 )
 
 // Library flags (lib_flags).

@@ -31,6 +31,7 @@ int main(void) {
 	F(smcr_shared, lib_owner); F(smcr_shared, lib_sending); F(smcr_shared, lib_pidns);
 	F(smcr_shared, tx_cons); F(smcr_shared, rx_prod); F(smcr_shared, d_flags); F(smcr_shared, d_errno);
 	F(smcr_shared, d_seq); F(smcr_shared, d_txwait); F(smcr_shared, d_rxwait); F(smcr_shared, rx_urg);
+	F(smcr_shared, lib_ring_ops); F(smcr_shared, lib_releasing);
 	printf("sizeof_shared %zu\n", sizeof(struct smcr_shared));
 	F(smcr_policy, heartbeat_ns); F(smcr_policy, enabled); F(smcr_policy, ports);
 	F(smcr_policy, max_memory); F(smcr_policy, mem_used); F(smcr_policy, naddrs); F(smcr_policy, addrs);
@@ -64,7 +65,8 @@ int main(void) {
 		"lib_waiters": offLibWait, "lib_pollers": offLibPoll, "tx_urg": offTxUrg, "rx_oob": offRxOOB,
 		"lib_owner": offLibOwner, "lib_sending": offLibSend, "lib_pidns": offLibPidNS,
 		"tx_cons": offTxCons, "rx_prod": offRxProd, "d_flags": offDFlags, "d_errno": offDErrno,
-		"d_seq": offDSeq, "d_txwait": offDTxWait, "d_rxwait": offDRxWait, "rx_urg": offRxUrg, "sizeof_shared": sharedEnd,
+		"d_seq": offDSeq, "d_txwait": offDTxWait, "d_rxwait": offDRxWait, "rx_urg": offRxUrg,
+		"lib_ring_ops": offLibRingOps, "lib_releasing": offLibReleasing, "sizeof_shared": sharedEnd,
 		"heartbeat_ns": 8, "enabled": 16, "ports": 24, "sizeof_policy": PolicySize,
 		"max_memory": offPolicyMaxMem, "mem_used": offPolicyMemUse, "naddrs": offPolicyNAddrs, "addrs": offPolicyAddrs,
 		"SMCR_POLICY_MAX_ADDRS": PolicyMaxAddrs,

@@ -593,14 +593,32 @@ int conn_release(struct conn *c, int fd)
 	if (atomic_load(&c->state) != CS_ACCEL || !c->sh || atomic_load(&c->reset) ||
 	    atomic_load(&c->closed))
 		return -1;
+	if (atomic_load(&c->sh->d_flags) & (SMCR_D_NO_RELEASE | SMCR_D_ERROR))
+		return -1; /* refused before, or failed */
 	/* No copy through the rings may move a cursor once smcrd took them: the
-	 * copies under way end first, new ones wait for the outcome (ring_enter). */
+	 * copies under way end first, in every process that holds the connection,
+	 * and new ones wait for the outcome (ring_enter). */
+	int shared = conn_shared(c);
 	atomic_store(&c->releasing, 1);
+	if (shared)
+		atomic_store_explicit(&c->sh->lib_releasing, 1, memory_order_seq_cst);
 	while (atomic_load(&c->ring_ops))
 		sched_yield();
-	int r = ring_release(c, fd);
+	int r = 0;
+	/* another process's copy is a few microseconds; one that died in it
+	 * leaves its count behind: give up then */
+	for (uint64_t end = now_ns() + RELEASE_OTHERS_NS;
+	     shared && atomic_load_explicit(&c->sh->lib_ring_ops, memory_order_seq_cst); sched_yield())
+		if (now_ns() >= end) {
+			r = -1;
+			break;
+		}
+	if (r == 0)
+		r = ring_release(c, fd);
 	if (r == 0)
 		become_tcp(c, fd);
+	if (shared)
+		atomic_store(&c->sh->lib_releasing, 0);
 	atomic_store(&c->releasing, 0);
 	return r;
 }

@@ -133,9 +133,10 @@ void conn_note_close(struct conn *c, int fd);
 /* conn_release hands an ACCEL connection, fd's, back to the kernel socket, which
  * carries the rest of the stream both ways (SMCR_LIB_RELEASE): 0, and c is plain TCP
  * (CS_TCP) with the program's O_NONBLOCK; -1 where it cannot be (reset, smcrd refused
- * or failed), c unchanged. Call it after the program's last write to fd
- * through the rings. Another process that shares c since a fork follows
- * (conn_follow_release) when it next looks: it must not use the connection meanwhile. */
+ * or failed, another process's copy never ended), c unchanged. Call it after the
+ * program's last write to fd through the rings. It waits for the copies under way in
+ * every process that shares c since a fork or an exec; theirs that come after wait
+ * for the outcome, and follow (conn_follow_release). */
 int conn_release(struct conn *c, int fd);
 /* conn_release_or_abort hands an accelerated connection back to its kernel socket, fd
  * (conn_release), before the socket goes where the library cannot follow it. Where

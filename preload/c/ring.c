@@ -361,24 +361,43 @@ static ssize_t failed_write(struct conn *c, int err, int flags)
 	return -1;
 }
 
-/* ring_enter: a copy through the rings begins, which ring_leave ends: 0; or -1 while
- * conn_release runs, after waiting for its outcome (the caller looks again: the
- * connection may be the kernel socket's now). The release waits for the copies under
- * way: a cursor moved after smcrd took it would lose or repeat bytes. */
+/* ring_enter: a copy through the rings begins, which ring_leave ends: 0 or 1 (pass it
+ * to ring_leave); or -1 while a release runs, after waiting for its outcome (the caller
+ * looks again: the connection may be the kernel socket's now). A release waits for the
+ * copies under way: a cursor moved after smcrd took it would lose or repeat bytes. The
+ * copies of this process count in ring_ops; where other processes may hold the
+ * connection (conn_shared), also in the area's lib_ring_ops, beside its lib_releasing,
+ * so that a release in any of them waits for all (returns 1). */
 static int ring_enter(struct conn *c)
 {
+	struct smcr_shared *sh = c->sh;
+	int shared = conn_shared(c);
 	atomic_fetch_add(&c->ring_ops, 1);
-	if (__builtin_expect(!atomic_load(&c->releasing), 1))
-		return 0;
+	if (shared)
+		atomic_fetch_add_explicit(&sh->lib_ring_ops, 1, memory_order_seq_cst);
+	if (__builtin_expect(!atomic_load(&c->releasing) &&
+				     !(shared && atomic_load_explicit(&sh->lib_releasing, memory_order_seq_cst)),
+			     1))
+		return shared;
+	if (shared)
+		atomic_fetch_sub_explicit(&sh->lib_ring_ops, 1, memory_order_seq_cst);
 	atomic_fetch_sub(&c->ring_ops, 1);
+	/* another process's release ends in SMCR_D_RELEASED (this one follows), or it
+	 * clears lib_releasing; one that died meanwhile gave up within RELEASE_WAIT_NS */
 	struct timespec ms = {0, 1000000};
-	while (atomic_load(&c->releasing) && atomic_load(&c->state) == CS_ACCEL)
+	uint64_t end = now_ns() + 2 * RELEASE_WAIT_NS;
+	while (atomic_load(&c->state) == CS_ACCEL &&
+	       (atomic_load(&c->releasing) ||
+		(shared && atomic_load(&sh->lib_releasing) && !(atomic_load(&sh->d_flags) & SMCR_D_RELEASED) &&
+		 now_ns() < end)))
 		nanosleep(&ms, NULL);
 	return -1;
 }
 
-static inline void ring_leave(struct conn *c)
+static inline void ring_leave(struct conn *c, int entered)
 {
+	if (entered)
+		atomic_fetch_sub_explicit(&c->sh->lib_ring_ops, 1, memory_order_seq_cst);
 	atomic_fetch_sub(&c->ring_ops, 1);
 }
 
@@ -485,13 +504,14 @@ static ssize_t recv_inner(struct conn *c, int fd, const struct iovec *iov, int i
 			avail = urg - 1 - cons;
 		}
 		if (avail > 0) {
-			if (ring_enter(c) < 0)
+			int entered = ring_enter(c);
+			if (entered < 0)
 				continue;
 			size_t n = want - done < avail ? want - done : (size_t)avail;
 			if (flags & MSG_PEEK) {
 				if (!(flags & MSG_TRUNC))
 					copy_out(&v, c->rx, c->rx_size, (size_t)((cons + skip) % c->rx_size), n);
-				ring_leave(c);
+				ring_leave(c, entered);
 				return (ssize_t)(done + n);
 			}
 			/* SHM: give the space back in chunks, so that the peer's
@@ -505,7 +525,7 @@ static ssize_t recv_inner(struct conn *c, int fd, const struct iovec *iov, int i
 				after_rx_publish(c, cons + k);
 				k += m;
 			}
-			ring_leave(c);
+			ring_leave(c, entered);
 			done += n;
 			if (done == want || !(flags & MSG_WAITALL))
 				return (ssize_t)done;
@@ -662,7 +682,8 @@ static ssize_t send_inner(struct conn *c, int fd, const struct iovec *iov, int i
 		}
 		size_t fr = c->tx_size - (size_t)used;
 		if (fr > 0) {
-			if (ring_enter(c) < 0)
+			int entered = ring_enter(c);
+			if (entered < 0)
 				continue;
 			/* SHM: counted in lib_sending, then a last look for the peer's
 			 * release, whose smcrd sets the flag, then waits for 0 (both
@@ -671,7 +692,7 @@ static ssize_t send_inner(struct conn *c, int fd, const struct iovec *iov, int i
 				atomic_fetch_add_explicit(&sh->lib_sending, 1, memory_order_seq_cst);
 				if (atomic_load_explicit(&sh->d_flags, memory_order_seq_cst) & SMCR_D_PEER_RELEASE) {
 					atomic_fetch_sub_explicit(&sh->lib_sending, 1, memory_order_seq_cst);
-					ring_leave(c);
+					ring_leave(c, entered);
 					continue;
 				}
 			}
@@ -691,7 +712,7 @@ static ssize_t send_inner(struct conn *c, int fd, const struct iovec *iov, int i
 			after_tx_publish(c);
 			if (c->peer)
 				atomic_fetch_sub_explicit(&sh->lib_sending, 1, memory_order_seq_cst);
-			ring_leave(c);
+			ring_leave(c, entered);
 			done += n;
 			if (last)
 				return (ssize_t)done;

@@ -82,6 +82,9 @@ void ring_shutdown_wr(struct conn *c);
  * peer's resync, its CLC timeout or 5 s): 0 once released (SMCR_D_RELEASED), -1
  * when not (refused, failed, no answer, smcrd gone). Not with SHM. */
 #define RELEASE_WAIT_NS 30000000000ull
+/* RELEASE_OTHERS_NS: how long a release waits for the copies under way in other
+ * processes that hold the connection (conn_release) */
+#define RELEASE_OTHERS_NS 1000000000ull
 int ring_release(struct conn *c, int fd);
 void ring_wake_local(struct conn *c);
 void ring_kick(int efd);

@@ -1,0 +1,103 @@
+/* sharedrelease.c: a connection shared by fork is released by one process while the
+ * other writes through it. The child streams numbered words into the server's end p;
+ * the parent, while a thread of it reads them from the client's end s, sends p to
+ * itself with SCM_RIGHTS (which releases the connection to the kernel socket) and
+ * closes its copies. The child's copies under way must end before smcrd takes the
+ * cursors, and its later writes go to the kernel socket: the reader sees every word
+ * once, in order, then the end.
+ * stdout: "ok N" (the words read). */
+#define _GNU_SOURCE
+#include <signal.h>
+#include <stdint.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#include "loopback.h"
+
+#define BLOCK 4096   /* words per write */
+#define BLOCKS 4000
+
+static void *reader(void *arg)
+{
+	int s = *(int *)arg;
+	static uint32_t buf[BLOCK];
+	uint32_t want = 0;
+	size_t carry = 0; /* bytes of a word split across reads */
+	for (;;) {
+		ssize_t r = read(s, (char *)buf + carry, sizeof(buf) - carry);
+		CHECK(r >= 0);
+		if (r == 0)
+			break;
+		size_t n = carry + (size_t)r, words = n / 4;
+		for (size_t i = 0; i < words; i++)
+			if (buf[i] != want++) {
+				fprintf(stderr, "word %u: got %u\n", want - 1, buf[i]);
+				exit(3);
+			}
+		carry = n % 4;
+		memmove(buf, (char *)buf + words * 4, carry);
+	}
+	CHECK(carry == 0);
+	*(uint32_t *)arg = want;
+	return NULL;
+}
+
+int main(void)
+{
+	struct sockaddr_in a;
+	int l = listen_loopback(SOCK_STREAM | SOCK_CLOEXEC, &a), s, p;
+	connect_pair(l, &a, SOCK_CLOEXEC, &s, &p);
+	char b;
+	CHECK(write(p, "?", 1) == 1 && read(s, &b, 1) == 1); /* both decided */
+	int u[2];
+	CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, u) == 0);
+
+	pid_t pid = fork();
+	CHECK(pid >= 0);
+	if (pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL); /* a parent that failed leaves no writer behind */
+		static uint32_t w[BLOCK];
+		uint32_t next = 0;
+		for (int i = 0; i < BLOCKS; i++) {
+			for (int j = 0; j < BLOCK; j++)
+				w[j] = next++;
+			size_t off = 0;
+			while (off < sizeof(w)) {
+				ssize_t r = write(p, (char *)w + off, sizeof(w) - off);
+				CHECK(r > 0);
+				off += (size_t)r;
+			}
+		}
+		_exit(0);
+	}
+	int arg = s;
+	pthread_t th;
+	CHECK(pthread_create(&th, NULL, reader, &arg) == 0);
+	/* the child is streaming: release the connection under it */
+	struct timespec ms = {0, 20 * 1000000};
+	nanosleep(&ms, NULL);
+	char c = 'x';
+	struct iovec v = {&c, 1};
+	union {
+		struct cmsghdr h;
+		char buf[CMSG_SPACE(sizeof(int))];
+	} cm;
+	memset(&cm, 0, sizeof(cm));
+	struct msghdr m = {.msg_iov = &v, .msg_iovlen = 1, .msg_control = cm.buf, .msg_controllen = sizeof(cm.buf)};
+	struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+	h->cmsg_level = SOL_SOCKET;
+	h->cmsg_type = SCM_RIGHTS;
+	h->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(h), &p, sizeof(p));
+	CHECK(sendmsg(u[0], &m, 0) == 1);
+	CHECK(close(p) == 0);
+	CHECK(read(u[1], &c, 1) == 1); /* the passed copy, closed at once */
+	int st;
+	CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	CHECK(pthread_join(th, NULL) == 0);
+	uint32_t got = (uint32_t)arg;
+	CHECK(got == (uint32_t)BLOCK * BLOCKS);
+	printf("ok %u\n", got);
+	return 0;
+}
