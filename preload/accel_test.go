@@ -266,6 +266,40 @@ func TestPolicyExcludes(t *testing.T) {
 	}
 }
 
+// releaseServers are the two test servers a released connection goes through:
+// the pumps' and the same-host stand-in's, with the releases each should have
+// counted so far.
+type releaseServers struct {
+	pumped, sameHost string
+	srv, shm         *daemon.DirectServer
+	want, wantShm    uint64
+}
+
+func newReleaseServers(t *testing.T) *releaseServers {
+	r := &releaseServers{}
+	r.pumped, r.srv = fakeSmcrdWith(t, daemon.DirectOptions{})
+	r.sameHost, r.shm = fakeSmcrdWith(t, daemon.DirectOptions{SameHost: true})
+	return r
+}
+
+// check counts one release more for m's server where released, and compares
+// both servers' counts with theirs.
+func (r *releaseServers) check(t *testing.T, m mode, released bool, what string) {
+	t.Helper()
+	switch {
+	case released && m.socket == r.pumped:
+		r.want++
+	case released && m.socket == r.sameHost:
+		r.wantShm++
+	}
+	if got := r.srv.Released(); got != r.want {
+		t.Errorf("%s %s: the test server released %d connections, want %d", what, m.name, got, r.want)
+	}
+	if got := r.shm.Released(); got != r.wantShm {
+		t.Errorf("%s %s: the same-host test server released %d connections, want %d", what, m.name, got, r.wantShm)
+	}
+}
+
 // TestPassFd: an accelerated socket sent to a process that knows nothing of
 // it (SCM_RIGHTS), its sender closing its copy. With the kernel's sockets the
 // bytes go on; with the library's the connection is handed back to the kernel
@@ -280,9 +314,8 @@ func TestPolicyExcludes(t *testing.T) {
 // (the pumps, which took the bytes off the socket, cannot release those).
 func TestPassFd(t *testing.T) {
 	build(t)
-	pumped, srv := fakeSmcrdWith(t, daemon.DirectOptions{})
-	sameHost, shm := fakeSmcrdWith(t, daemon.DirectOptions{SameHost: true})
-	var released, shmReleased uint64
+	r := newReleaseServers(t)
+	pumped, sameHost := r.pumped, r.sameHost
 	for _, c := range []struct {
 		m    mode
 		args []string
@@ -303,18 +336,7 @@ func TestPassFd(t *testing.T) {
 		if out, errOut, err := run(t, c.m, "passfd", c.args...); err != nil || out != want {
 			t.Errorf("passfd %s %v: %v\nstdout: %q, want %q\nstderr: %s", c.m.name, c.args, err, out, want, errOut)
 		}
-		switch c.m.socket {
-		case pumped:
-			released++
-		case sameHost:
-			shmReleased++
-		}
-		if got := srv.Released(); got != released {
-			t.Errorf("passfd %s: the test server released %d connections, want %d", c.m.name, got, released)
-		}
-		if got := shm.Released(); got != shmReleased {
-			t.Errorf("passfd %s: the same-host test server released %d connections, want %d", c.m.name, got, shmReleased)
-		}
+		r.check(t, c.m, c.m.lib != "", "passfd")
 	}
 }
 
@@ -360,9 +382,8 @@ func TestUring(t *testing.T) {
 // parent sent after the spawn, and its answer and its end reach the parent.
 func TestSpawn(t *testing.T) {
 	build(t)
-	pumped, srv := fakeSmcrdWith(t, daemon.DirectOptions{})
-	sameHost, shm := fakeSmcrdWith(t, daemon.DirectOptions{SameHost: true})
-	var released, shmReleased uint64
+	r := newReleaseServers(t)
+	pumped, sameHost := r.pumped, r.sameHost
 	for _, m := range []mode{{name: "kernel"}, {name: "smcr", lib: "libsmcr-preload.so", socket: pumped},
 		{name: "smcr-asan", lib: "libsmcr-preload-asan.so", socket: pumped},
 		{name: "smcr-ubsan", lib: "libsmcr-preload-ubsan.so", socket: pumped},
@@ -379,19 +400,7 @@ func TestSpawn(t *testing.T) {
 			if err != nil || out != want {
 				t.Errorf("spawn %s %s: %v\nstdout: %q, want %q\nstderr: %s", c.how, m.name, err, out, want, errOut)
 			}
-			if m.lib != "" && !c.goesWith {
-				if m.socket == pumped {
-					released++
-				} else {
-					shmReleased++
-				}
-			}
-			if got := srv.Released(); got != released {
-				t.Errorf("spawn %s %s: the test server released %d connections, want %d", c.how, m.name, got, released)
-			}
-			if got := shm.Released(); got != shmReleased {
-				t.Errorf("spawn %s %s: the same-host test server released %d connections, want %d", c.how, m.name, got, shmReleased)
-			}
+			r.check(t, m, m.lib != "" && !c.goesWith, "spawn "+c.how)
 		}
 	}
 }
@@ -402,9 +411,8 @@ func TestSpawn(t *testing.T) {
 // follows it to the kernel socket: the reader gets every word once, in order.
 func TestSharedRelease(t *testing.T) {
 	build(t)
-	pumped, srv := fakeSmcrdWith(t, daemon.DirectOptions{})
-	sameHost, shm := fakeSmcrdWith(t, daemon.DirectOptions{SameHost: true})
-	var released, shmReleased uint64
+	r := newReleaseServers(t)
+	pumped, sameHost := r.pumped, r.sameHost
 	for _, m := range []mode{{name: "kernel"}, {name: "smcr", lib: "libsmcr-preload.so", socket: pumped},
 		{name: "smcr-asan", lib: "libsmcr-preload-asan.so", socket: pumped},
 		{name: "shm", lib: "libsmcr-preload.so", socket: sameHost}} {
@@ -412,18 +420,7 @@ func TestSharedRelease(t *testing.T) {
 		if out, errOut, err := run(t, m, "sharedrelease"); err != nil || out != want {
 			t.Errorf("sharedrelease %s: %v\nstdout: %q, want %q\nstderr: %s", m.name, err, out, want, errOut)
 		}
-		switch m.socket {
-		case pumped:
-			released++
-		case sameHost:
-			shmReleased++
-		}
-		if got := srv.Released(); got != released {
-			t.Errorf("sharedrelease %s: the test server released %d connections, want %d", m.name, got, released)
-		}
-		if got := shm.Released(); got != shmReleased {
-			t.Errorf("sharedrelease %s: the same-host test server released %d connections, want %d", m.name, got, shmReleased)
-		}
+		r.check(t, m, m.lib != "", "sharedrelease")
 	}
 }
 

@@ -76,3 +76,28 @@ static inline void read_full(int fd, char *b, size_t n)
 		k += (size_t)r;
 	}
 }
+
+/* send_fd sends fd and one byte over the unix socket u (SCM_RIGHTS), with sendmmsg
+ * where mmsg, else sendmsg */
+static inline void send_fd(int u, int fd, int mmsg)
+{
+	char c = 'x';
+	struct iovec v = {&c, 1};
+	union {
+		struct cmsghdr h;
+		char buf[CMSG_SPACE(sizeof(int))];
+	} cm;
+	memset(&cm, 0, sizeof(cm));
+	struct msghdr m = {.msg_iov = &v, .msg_iovlen = 1, .msg_control = cm.buf, .msg_controllen = sizeof(cm.buf)};
+	struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+	h->cmsg_level = SOL_SOCKET;
+	h->cmsg_type = SCM_RIGHTS;
+	h->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(h), &fd, sizeof(fd));
+	if (mmsg) {
+		struct mmsghdr mm = {.msg_hdr = m};
+		CHECK(sendmmsg(u, &mm, 1, 0) == 1);
+	} else {
+		CHECK(sendmsg(u, &m, 0) == 1);
+	}
+}

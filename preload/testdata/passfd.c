@@ -95,25 +95,8 @@ int main(int argc, char **argv)
 		_exit(127);
 	}
 	close(u[1]);
-	char c = 'x';
-	struct iovec v = {&c, 1};
-	union {
-		struct cmsghdr h;
-		char buf[CMSG_SPACE(sizeof(int))];
-	} cm;
-	memset(&cm, 0, sizeof(cm));
-	struct msghdr m = {.msg_iov = &v, .msg_iovlen = 1, .msg_control = cm.buf, .msg_controllen = sizeof(cm.buf)};
-	struct cmsghdr *h = CMSG_FIRSTHDR(&m);
-	h->cmsg_level = SOL_SOCKET;
-	h->cmsg_type = SCM_RIGHTS;
-	h->cmsg_len = CMSG_LEN(sizeof(int));
-	memcpy(CMSG_DATA(h), &p, sizeof(p));
-	if (mmsg) {
-		struct mmsghdr mm = {.msg_hdr = m};
-		CHECK(sendmmsg(u[0], &mm, 1, 0) == 1);
-	} else {
-		CHECK(sendmsg(u[0], &m, 0) == 1);
-	}
+	send_fd(u[0], p, mmsg);
+	char c;
 	CHECK(read(u[0], &c, 1) == 1);
 	CHECK(write(s, "sent", 4) == 4);
 	CHECK(close(p) == 0);

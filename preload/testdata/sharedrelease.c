@@ -77,20 +77,8 @@ int main(void)
 	/* the child is streaming: release the connection under it */
 	struct timespec ms = {0, 20 * 1000000};
 	nanosleep(&ms, NULL);
-	char c = 'x';
-	struct iovec v = {&c, 1};
-	union {
-		struct cmsghdr h;
-		char buf[CMSG_SPACE(sizeof(int))];
-	} cm;
-	memset(&cm, 0, sizeof(cm));
-	struct msghdr m = {.msg_iov = &v, .msg_iovlen = 1, .msg_control = cm.buf, .msg_controllen = sizeof(cm.buf)};
-	struct cmsghdr *h = CMSG_FIRSTHDR(&m);
-	h->cmsg_level = SOL_SOCKET;
-	h->cmsg_type = SCM_RIGHTS;
-	h->cmsg_len = CMSG_LEN(sizeof(int));
-	memcpy(CMSG_DATA(h), &p, sizeof(p));
-	CHECK(sendmsg(u[0], &m, 0) == 1);
+	send_fd(u[0], p, 0);
+	char c;
 	CHECK(close(p) == 0);
 	CHECK(read(u[1], &c, 1) == 1); /* the passed copy, closed at once */
 	int st;
