@@ -35,6 +35,7 @@ type link struct {
 	qp     verbs.QP
 	recvMR verbs.MR
 	sendMR verbs.MR
+	rslot  int          // bytes per receive slot: slotSize, or recvSlotV2 in a version-2 group
 	peer   verbs.QPAttr // written under lg.mu (setPeer)
 
 	slots   chan uint16
@@ -158,7 +159,11 @@ func newLink(lg *linkGroup, dev verbs.Device, num uint8) (_ *link, err error) {
 	if l.qp, err = l.pd.CreateQP(verbs.QPConfig{SendCQ: l.cq, RecvCQ: l.cq, MaxSendWR: maxSendWR + nLLCSlots, MaxRecvWR: nRecv, RNRRetry: 7, MaxInline: maxInline}); err != nil {
 		return nil, fmt.Errorf("create qp: %w", err)
 	}
-	if l.recvMR, err = l.pd.AllocMR(nRecv*slotSize, verbs.AccessLocalWrite); err != nil {
+	l.rslot = slotSize
+	if lg.key.v2 {
+		l.rslot = recvSlotV2
+	}
+	if l.recvMR, err = l.pd.AllocMR(nRecv*l.rslot, verbs.AccessLocalWrite); err != nil {
 		return nil, fmt.Errorf("alloc receive slots: %w", err)
 	}
 	if l.sendMR, err = l.pd.AllocMR((nSendSlots+nLLCSlots)*slotSize, verbs.AccessLocalWrite); err != nil {

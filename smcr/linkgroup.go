@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/smcr-io/smcr/llc"
+	"github.com/smcr-io/smcr/smcr/clc"
 	"github.com/smcr-io/smcr/smcr/verbs"
 )
 
@@ -27,6 +28,7 @@ type lgKey struct {
 	kind     verbs.Kind
 	peerGID  [16]byte
 	endpoint string
+	v2       bool // SMC-R version 2: its LLC messages are of version 2 (llc.go)
 }
 
 // linkGroup is the set of links to one peer and the connections on them.
@@ -42,6 +44,8 @@ type linkGroup struct {
 	ready     chan struct{} // closed when first contact ended; readyErr says how
 	readyErr  error
 	readyOnce sync.Once
+
+	v2 clc.V2Terms // a version-2 group's terms, from its first contact
 
 	firstConn *Conn      // the connection doing first contact, until ready
 	peerAddr  netip.Addr // its peer's IP address, for smcrctl

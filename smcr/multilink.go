@@ -390,8 +390,10 @@ func (lg *linkGroup) serverAddLinkOn(l1, l2 *link, po offer) error {
 // than given a goroutine that waits for the others.
 func (lg *linkGroup) onAddLink(l *link, r *llc.AddLink) {
 	reject := &llc.AddLink{Flags: llc.FlagResponse | llc.FlagAddLinkRejected, RejectReason: llc.RejectNoAltPath, Link: r.Link}
-	if !lg.key.client {
-		// Only the server adds links (RFC 7609 §3.8, asymmetric roles).
+	if !lg.key.client || lg.key.v2 {
+		// Only the server adds links (RFC 7609 §3.8, asymmetric roles); a
+		// version-2 group keeps its one link, as a Linux client with one
+		// device does: it rejects in 44 bytes (encodeLLC).
 		l.sendLLC(reject)
 		return
 	}
