@@ -147,11 +147,14 @@ func TestLinuxSMCv2OnSoftRoCE(t *testing.T) {
 		cache = filepath.Join(Dir(), "cache")
 	}
 	kernelRoot := filepath.Join(cache, "kernel-"+script("kernel.sh"))
-	bin := buildTest(t, "./test/vm/linuxsmc", "-tags", "linuxsmc")
+	bin := buildTest(t, "./test/vm/linuxsmc", "-tags", "linuxsmc,ibv")
+	tests := []string{"TestLinuxSMCv2OverRxe", "TestLinuxClientSMCRServer", "TestSMCRClientLinuxServer"}
 	guest := runSuiteEnv(t, bin, []string{"SMCR_RXEFIX=" + ko, "SMCR_KERNEL_ROOT=" + kernelRoot},
-		"-test.run", "^TestLinuxSMCv2OverRxe$")
-	if !bytes.Contains(guest, []byte("--- PASS: TestLinuxSMCv2OverRxe")) {
-		t.Fatalf("TestLinuxSMCv2OverRxe did not pass in the guest:\n%s", guest)
+		"-test.run", "^("+strings.Join(tests, "|")+")$")
+	for _, name := range tests {
+		if !bytes.Contains(guest, []byte("--- PASS: "+name+" ")) {
+			t.Fatalf("%s did not pass in the guest:\n%s", name, guest)
+		}
 	}
 	for _, l := range linuxSMCRE.FindAll(guest, -1) {
 		t.Logf("guest: %s", bytes.TrimSpace(l))
@@ -159,7 +162,7 @@ func TestLinuxSMCv2OnSoftRoCE(t *testing.T) {
 }
 
 // linuxSMCRE picks the guest test's summary line.
-var linuxSMCRE = regexp.MustCompile(`(?m)^.*linux smc-r v2 over .*$`)
+var linuxSMCRE = regexp.MustCompile(`(?m)^.*(linux smc-r v2 over |smc-r v2 over |connection \d+: connect).*$`)
 
 // engineRE picks the guest test's own summary lines.
 var engineRE = regexp.MustCompile(`(?m)^.*(connection: |connection in |connection across |link group \d+ over |link \d+ over |links added ).*$`)
