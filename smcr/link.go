@@ -35,8 +35,11 @@ type link struct {
 	qp     verbs.QP
 	recvMR verbs.MR
 	sendMR verbs.MR
-	rslot  int          // bytes per receive slot: slotSize, or recvSlotV2 in a version-2 group
-	peer   verbs.QPAttr // written under lg.mu (setPeer)
+	rslot  int // bytes per receive slot: slotSize, or recvSlotV2 in a version-2 group
+	// delRkey holds the one DELETE_RKEY request of a version-2 group in
+	// flight (deleteRKey).
+	delRkey chan struct{}
+	peer    verbs.QPAttr // written under lg.mu (setPeer)
 
 	slots   chan uint16
 	credits chan struct{}
@@ -131,7 +134,7 @@ func newLink(lg *linkGroup, dev verbs.Device, num uint8) (_ *link, err error) {
 		llcIn: make(chan [llc.MsgLen]byte, llcQueue), ctl: make(chan *Conn, 2*maxConnsPerLGR),
 		clReq: make(chan llc.ConfirmLink, 1), testDue: make(chan struct{}, 1),
 		connected: make(chan struct{}), pending: map[pendKey]chan [llc.MsgLen]byte{},
-		resume: make(chan struct{}, 1),
+		resume: make(chan struct{}, 1), delRkey: make(chan struct{}, 1),
 	}
 	if !l.mtu.Valid() {
 		l.mtu = verbs.MTU1024

@@ -120,7 +120,7 @@ func (l *link) earlyLLC(b []byte) bool {
 			l.respond(&r)
 			return true
 		}
-		l.deliver(pendKey{t: llc.TypeDeleteRkey, key: uint64(r.RKeys[0])}, b)
+		l.deliver(l.deleteRkeyKey(&r), b)
 		return true
 	case llc.TypeTestLink:
 		var r llc.TestLink
@@ -135,6 +135,16 @@ func (l *link) earlyLLC(b []byte) bool {
 		return true
 	}
 	return false
+}
+
+// deleteRkeyKey is the pending request a DELETE_RKEY response r answers: by
+// its first rkey, or in a version-2 group, whose responses carry none, the one
+// request in flight (deleteRKey).
+func (l *link) deleteRkeyKey(r *llc.DeleteRkey) pendKey {
+	if l.lg.key.v2 {
+		return pendKey{t: llc.TypeDeleteRkey}
+	}
+	return pendKey{t: llc.TypeDeleteRkey, key: uint64(r.RKeys[0])}
 }
 
 // tryRespond sends an LLC response from the poller if a response slot is free at
@@ -485,7 +495,19 @@ func (l *link) announceRKey(mr verbs.MR, others ...llc.RToken) (done <-chan stru
 func (l *link) deleteRKey(rkey uint32) {
 	m := &llc.DeleteRkey{Count: 1}
 	m.RKeys[0] = rkey
-	b, err := l.request(l.ctx, pendKey{t: llc.TypeDeleteRkey, key: uint64(rkey)}, m, l.lg.e.cfg.LLCTimeout)
+	key := pendKey{t: llc.TypeDeleteRkey, key: uint64(rkey)}
+	if l.lg.key.v2 {
+		// Linux's version-2 response zeroes the rkeys (smc_llc_rmt_delete_rkey):
+		// one request at a time, answered under key 0 (deleteRkeyKey).
+		select {
+		case l.delRkey <- struct{}{}:
+		case <-l.ctx.Done():
+			return
+		}
+		defer func() { <-l.delRkey }()
+		key.key = 0
+	}
+	b, err := l.request(l.ctx, key, m, l.lg.e.cfg.LLCTimeout)
 	var r llc.DeleteRkey
 	if err == nil {
 		err = r.Decode(b[:])
