@@ -125,7 +125,11 @@ func TestEngineOnSoftRoCE(t *testing.T) {
 // TestLinuxSMCv2OnSoftRoCE runs Linux's own SMC-R version 2 against itself in the
 // guest (package test/vm/linuxsmc): a User EID and a PNET entry set over generic
 // netlink, rxefix.ko (built here by rxefix.sh against the guest kernel's headers)
-// working around 6.1's rxe, and 4 MiB through AF_SMC over rxe1 on lo.
+// working around 6.1's rxe, and 4 MiB through AF_SMC over rxe1 on lo. Then the
+// smcr engine against it, both ways, over SMC-R version 2: Linux's client to
+// smcr's server (TestLinuxClientSMCRServer) and smcr's client to Linux's server
+// (TestSMCRClientLinuxServer), with data checked by hash, link group reuse,
+// Linux's smc_diag view, TEST_LINK answered both ways, and aborts.
 func TestLinuxSMCv2OnSoftRoCE(t *testing.T) {
 	requireVM(t)
 	script := func(name string) string {
@@ -162,7 +166,7 @@ func TestLinuxSMCv2OnSoftRoCE(t *testing.T) {
 }
 
 // linuxSMCRE picks the guest test's summary line.
-var linuxSMCRE = regexp.MustCompile(`(?m)^.*(linux smc-r v2 over |smc-r v2 over |connection \d+: connect).*$`)
+var linuxSMCRE = regexp.MustCompile(`(?m)^.*(linux smc-r v2 over |smc-r v2 over |connection \d+: connect|stream: |idle |aborted: |smc_diag: ).*$`)
 
 // engineRE picks the guest test's own summary lines.
 var engineRE = regexp.MustCompile(`(?m)^.*(connection: |connection in |connection across |link group \d+ over |link \d+ over |links added ).*$`)

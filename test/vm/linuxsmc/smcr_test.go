@@ -34,11 +34,16 @@ import (
 )
 
 const (
-	smcrPort  = 5001 // smcr's server, for Linux's client
-	linuxPort = 5002 // Linux's server, for smcr's client
-	upBytes   = 2 << 20
-	downBytes = 1 << 20
-	nConns    = 3
+	smcrPort    = 5001 // smcr's server, for Linux's client
+	linuxPort   = 5002 // Linux's server, for smcr's client
+	upBytes     = 2 << 20
+	downBytes   = 1 << 20
+	nConns      = 3
+	streamBytes = transfer // one way, as Linux against Linux moves it, for a figure beside it
+	idleTime    = 4 * time.Second
+	testLinkSec = "1" // Linux's net.smc.smcr_testlink_time while Linux tests our links
+	testLinkDef = "30"
+	sysctlTest  = "/proc/sys/net/smc/smcr_testlink_time"
 )
 
 // loadBPF loads smcr's eBPF programs on the root cgroup and lo, with port
@@ -64,10 +69,13 @@ func loadBPF(t *testing.T, port uint16) *bpf.Loader {
 	return l
 }
 
-// newEngine opens rxe1 (on lo) and makes an engine of it with the test's User EID.
-func newEngine(t *testing.T, name string) *smcr.Engine {
+// newEngine opens rxe1 (on lo) and makes an engine of it with the test's User
+// EID; testLink is its TEST_LINK interval (negative: off).
+func newEngine(t *testing.T, name string, testLink time.Duration) *smcr.Engine {
 	t.Helper()
-	log := slog.New(slog.NewTextHandler(&testWriter{t: t}, &slog.HandlerOptions{Level: slog.LevelDebug})).With("engine", name)
+	w := &testWriter{t: t}
+	t.Cleanup(func() { w.mu.Lock(); w.done = true; w.mu.Unlock() })
+	log := slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug})).With("engine", name)
 	dev, err := ibv.Open(ibv.Config{Interface: loopback, GIDIndex: -1, Logger: log})
 	if err != nil {
 		t.Fatalf("open the rdma device of %s: %v", loopback, err)
@@ -75,7 +83,7 @@ func newEngine(t *testing.T, name string) *smcr.Engine {
 	e, err := smcr.NewEngine(smcr.Config{
 		Devices: []verbs.Device{dev}, UEIDs: []string{testUEID},
 		// Linux waits 6 s for each CLC message and 2 s for LLC; TCG is slow.
-		CLCTimeout: 30 * time.Second, LLCTimeout: 10 * time.Second, Logger: log,
+		CLCTimeout: 30 * time.Second, LLCTimeout: 10 * time.Second, TestLinkInterval: testLink, Logger: log,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -113,26 +121,25 @@ func payload(i, dir, n int) []byte {
 }
 
 // serve is one connection's server side: it reads the client's bytes to EOF,
-// answers with their sha256 and downBytes of its own, and closes.
-func serve(rw io.ReadWriteCloser, i int) (int64, [32]byte, error) {
+// answers with their sha256 and down bytes of its own, and closes.
+func serve(rw io.ReadWriteCloser, i, down int) (int64, error) {
 	defer rw.Close()
 	h := sha256.New()
 	n, err := io.Copy(h, rw)
 	if err != nil {
-		return n, [32]byte{}, fmt.Errorf("read: %w", err)
+		return n, fmt.Errorf("read: %w", err)
 	}
-	sum := [32]byte(h.Sum(nil))
-	if _, err := rw.Write(append(sum[:], payload(i, 1, downBytes)...)); err != nil {
-		return n, sum, fmt.Errorf("write: %w", err)
+	if _, err := rw.Write(append(h.Sum(nil), payload(i, 1, down)...)); err != nil {
+		return n, fmt.Errorf("write: %w", err)
 	}
-	return n, sum, nil
+	return n, nil
 }
 
-// talk is one connection's client side: upBytes, half-close, then the
-// server's digest and its downBytes, checked.
-func talk(rw io.ReadWriter, i int, closeWrite func() error) error {
-	up := payload(i, 0, upBytes)
-	if _, err := rw.Write(up); err != nil {
+// talk is one connection's client side: up bytes, half-close, then the
+// server's digest and its down bytes, checked.
+func talk(rw io.ReadWriter, i, up, down int, closeWrite func() error) error {
+	b := payload(i, 0, up)
+	if _, err := rw.Write(b); err != nil {
 		return fmt.Errorf("write: %w", err)
 	}
 	if err := closeWrite(); err != nil {
@@ -142,23 +149,69 @@ func talk(rw io.ReadWriter, i int, closeWrite func() error) error {
 	if err != nil {
 		return fmt.Errorf("read: %w", err)
 	}
-	want := sha256.Sum256(up)
-	if len(got) != 32+downBytes || !bytes.Equal(got[:32], want[:]) || !bytes.Equal(got[32:], payload(i, 1, downBytes)) {
-		return fmt.Errorf("got %d bytes (want %d), digest %x (want %x) or data differ", len(got), 32+downBytes, got[:min(32, len(got))], want)
+	want := sha256.Sum256(b)
+	if len(got) != 32+down || !bytes.Equal(got[:32], want[:]) || !bytes.Equal(got[32:], payload(i, 1, down)) {
+		return fmt.Errorf("got %d bytes (want %d), digest %x (want %x) or data differ", len(got), 32+down, got[:min(32, len(got))], want)
 	}
 	return nil
+}
+
+// linuxView waits up to 5 s for Linux's smc_diag to list an SMC-R socket that
+// match accepts, as smcss would show it, and returns it.
+func linuxView(t *testing.T, what string, match func(smcDiag) bool) smcDiag {
+	t.Helper()
+	var all []smcDiag
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		var err error
+		if all, err = smcSockets(); err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range all {
+			if match(d) {
+				return d
+			}
+		}
+	}
+	t.Fatalf("smc_diag lists no %s: %+v", what, all)
+	return smcDiag{}
+}
+
+// isSMCR checks a socket Linux lists: SMC-R, on rxe1, with a peer GID.
+func isSMCR(t *testing.T, d smcDiag, role uint8) {
+	t.Helper()
+	if d.Mode != smcDiagModeSMCR || d.IBDevice != rxeOnLo || d.PeerGID == "" || d.Role != role {
+		t.Fatalf("Linux lists %+v: want SMC-R (mode %d) on %s with a peer GID, role %d", d, smcDiagModeSMCR, rxeOnLo, role)
+	}
+}
+
+func setSysctl(t *testing.T, path, v string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(v), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// readErr reads r until it fails and returns the error, nil at EOF.
+func readErr(r io.Reader) error {
+	_, err := io.Copy(io.Discard, r)
+	return err
 }
 
 // TestLinuxClientSMCRServer: Linux's AF_SMC client connects to the smcr engine's
 // server nConns times, one after another: the first is first contact (CLC of
 // version 2, CONFIRM_LINK of LLC version 2), the others join its link group.
 // Each carries upBytes up and downBytes down, checked by hash, and closes in
-// order. Linux's SO_DOMAIN stays AF_SMC (no fallback) and the engine's side is
-// SMC-R of version 2.
+// order; Linux's SO_DOMAIN stays AF_SMC (no fallback), Linux's smc_diag lists
+// it as SMC-R on rxe1 with our GID as peer, and the engine's side is SMC-R.
+// Then the link group idles with Linux testing it every second (TEST_LINK,
+// answered), carries a stream of streamBytes for a figure, and a connection
+// the engine aborts ends Linux's with an error, not an EOF.
 func TestLinuxClientSMCRServer(t *testing.T) {
 	setupKernel(t)
+	setSysctl(t, sysctlTest, testLinkSec) // read when a link comes up
+	defer setSysctl(t, sysctlTest, testLinkDef)
 	l := loadBPF(t, smcrPort)
-	e := newEngine(t, "server")
+	e := newEngine(t, "server", -1) // only Linux tests the link
 	lc := net.ListenConfig{Control: l.Control(bpf.Tag{SMCOption: true})}
 	lc.SetMultipathTCP(false)
 	ln, err := lc.Listen(context.Background(), "tcp4", fmt.Sprintf("127.0.0.1:%d", smcrPort))
@@ -166,63 +219,111 @@ func TestLinuxClientSMCRServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	type served struct {
+	type accepted struct {
 		conn *smcr.Conn
-		n    int64
 		err  error
 	}
-	done := make(chan served, nConns)
+	conns := make(chan accepted, 1)
 	go func() {
-		for i := range nConns {
+		for {
 			tcp, err := ln.Accept()
 			if err != nil {
-				done <- served{err: err}
 				return
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			c, err := e.ServerWith(ctx, tcp, smcr.ServerOptions{})
 			cancel()
-			if err != nil {
-				done <- served{err: fmt.Errorf("handshake: %w", err)}
-				continue
-			}
-			go func() {
-				n, _, err := serve(c, i)
-				done <- served{conn: c, n: n, err: err}
-			}()
+			conns <- accepted{c, err}
 		}
 	}()
-	start := time.Now()
-	for i := range nConns {
+	// dial connects Linux's client and returns its socket and the engine's side.
+	dial := func(i int) (int, *os.File, *smcr.Conn) {
+		t.Helper()
 		fd := smcSocket(t)
-		addr := &unix.SockaddrInet4{Port: smcrPort, Addr: [4]byte{127, 0, 0, 1}}
-		t0 := time.Now()
-		if err := unix.Connect(fd, addr); err != nil {
+		if err := unix.Connect(fd, &unix.SockaddrInet4{Port: smcrPort, Addr: [4]byte{127, 0, 0, 1}}); err != nil {
 			t.Fatalf("connect %d: %v", i, err)
 		}
-		f := os.NewFile(uintptr(fd), "smc-client")
-		d := domain(t, fd)
-		err := talk(f, i, func() error { return unix.Shutdown(fd, unix.SHUT_WR) })
+		a := <-conns
+		if a.err != nil {
+			t.Fatalf("handshake %d: %v", i, a.err)
+		}
+		if d := domain(t, fd); a.conn.Mode() != smcr.ModeSMCR || d != afSMC {
+			t.Fatalf("connection %d: smcr mode %v (decline %v), Linux SO_DOMAIN %d", i, a.conn.Mode(), a.conn.Decline(), d)
+		}
+		return fd, os.NewFile(uintptr(fd), "smc-client"), a.conn
+	}
+	run := func(i, up, down int) time.Duration {
+		t.Helper()
+		t0 := time.Now()
+		fd, f, c := dial(i)
+		if i == 0 {
+			sa, _ := unix.Getsockname(fd)
+			port := sa.(*unix.SockaddrInet4).Port
+			d := linuxView(t, "client socket", func(d smcDiag) bool { return int(d.SPort) == port && d.DPort == smcrPort })
+			isSMCR(t, d, 0)
+			t.Logf("Linux's smc_diag: %+v", d)
+		}
+		served := make(chan error, 1)
+		go func() {
+			n, err := serve(c, i, down)
+			if err == nil && n != int64(up) {
+				err = fmt.Errorf("read %d bytes, want %d", n, up)
+			}
+			served <- err
+		}()
+		err := talk(f, i, up, down, func() error { return unix.Shutdown(fd, unix.SHUT_WR) })
 		f.Close()
 		if err != nil {
 			t.Fatalf("connection %d: %v", i, err)
 		}
-		s := <-done
-		if s.err != nil && !errors.Is(s.err, io.EOF) {
-			t.Fatalf("server %d: %v", i, s.err)
+		if err := <-served; err != nil {
+			t.Fatalf("server %d: %v", i, err)
 		}
-		if s.conn.Mode() != smcr.ModeSMCR || d != afSMC {
-			t.Fatalf("connection %d: smcr mode %v (decline %v), Linux SO_DOMAIN %d", i, s.conn.Mode(), s.conn.Decline(), d)
-		}
-		if s.n != upBytes {
-			t.Fatalf("server %d read %d bytes, want %d", i, s.n, upBytes)
-		}
-		t.Logf("connection %d: connect..close %v", i, time.Since(t0).Round(time.Millisecond))
+		return time.Since(t0)
+	}
+	start := time.Now()
+	for i := range nConns {
+		t.Logf("connection %d: connect..close %v", i, run(i, upBytes, downBytes).Round(time.Millisecond))
 	}
 	elapsed := time.Since(start)
+
+	// Idle: Linux tests the link (smcr_testlink_time 1 s); the engine answers.
+	before := e.Stats()
+	time.Sleep(idleTime)
+	after := e.Stats()
+	if after.LLCReceived <= before.LLCReceived || after.LLCSent <= before.LLCSent || after.LinkGroups != 1 {
+		t.Fatalf("idle %v with Linux testing every %ss: llc received %d -> %d, sent %d -> %d, %d link groups",
+			idleTime, testLinkSec, before.LLCReceived, after.LLCReceived, before.LLCSent, after.LLCSent, after.LinkGroups)
+	}
+	t.Logf("idle %v: Linux's TEST_LINKs answered: llc received %d -> %d, sent %d -> %d",
+		idleTime, before.LLCReceived, after.LLCReceived, before.LLCSent, after.LLCSent)
+
+	d := run(nConns, streamBytes, 0)
+	t.Logf("linux client -> smcr server stream: %d bytes in %v (%.1f MB/s), connect to close", streamBytes,
+		d.Round(time.Millisecond), float64(streamBytes)/d.Seconds()/1e6)
+
+	// Abort: the engine's Abort ends Linux's connection with ECONNRESET.
+	// Linux's read then says EOF (smc_rx_recvmsg looks at SOCK_DONE before
+	// sk_err), and the reset waits in SO_ERROR.
+	fd, f, c := dial(nConns + 1)
+	if _, err := f.Write([]byte("before the abort")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Abort(); err != nil {
+		t.Fatal(err)
+	}
+	f.SetReadDeadline(time.Now().Add(30 * time.Second))
+	err = readErr(f)
+	soErr, _ := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR)
+	f.Close()
+	if errors.Is(err, os.ErrDeadlineExceeded) || (!errors.Is(err, unix.ECONNRESET) && unix.Errno(soErr) != unix.ECONNRESET) {
+		t.Fatalf("Linux's read after smcr's abort: %v, SO_ERROR %v; want a reset", err, unix.Errno(soErr))
+	}
+	t.Logf("smcr aborted: Linux's read says %v, SO_ERROR %v", err, unix.Errno(soErr))
+
 	st := e.Stats()
-	if st.LinkGroups != 1 {
-		t.Errorf("%d link groups, want the one all connections shared", st.LinkGroups)
+	if st.LinkGroups != 1 || len(st.Fallback) > 0 {
+		t.Errorf("%d link groups (want the one all connections shared), fallbacks %v", st.LinkGroups, st.Fallback)
 	}
 	t.Logf("linux client -> smcr server, smc-r v2 over %s: %d connections, %d bytes up, %d down each, sha256 equal, %v, stats %+v",
 		rxeOnLo, nConns, upBytes, downBytes, elapsed.Round(time.Millisecond), st)
@@ -232,11 +333,14 @@ func TestLinuxClientSMCRServer(t *testing.T) {
 // AF_SMC server nConns times: a Proposal of versions 1 and 2 with the User EID
 // and rxe1's RoCE v2 GID, Linux's Accept of version 2, a Confirm with the GID
 // list, LLC version 2 (Linux's ADD_LINK rejected: one device), then data both
-// ways checked by hash and an orderly close.
+// ways checked by hash and an orderly close; Linux's smc_diag lists its side as
+// SMC-R (server). Then the link group idles while the engine tests it every
+// second (TEST_LINK answered by Linux), and a Linux server that closes with
+// bytes unread aborts the connection: the engine's reader gets an error.
 func TestSMCRClientLinuxServer(t *testing.T) {
 	setupKernel(t)
 	l := loadBPF(t, linuxPort)
-	e := newEngine(t, "client")
+	e := newEngine(t, "client", time.Second)
 	lfd := smcSocket(t)
 	defer unix.Close(lfd)
 	unix.SetsockoptInt(lfd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
@@ -246,28 +350,23 @@ func TestSMCRClientLinuxServer(t *testing.T) {
 	if err := unix.Listen(lfd, nConns); err != nil {
 		t.Fatalf("listen: %v", err)
 	}
-	type served struct {
-		n      int64
-		domain int
-		err    error
+	type accepted struct {
+		fd  int
+		err error
 	}
-	done := make(chan served, nConns)
+	fds := make(chan accepted, 1)
 	go func() {
-		for i := range nConns {
+		for {
 			fd, _, err := unix.Accept(lfd)
+			fds <- accepted{fd, err}
 			if err != nil {
-				done <- served{err: fmt.Errorf("accept: %w", err)}
 				return
 			}
-			d, _ := unix.GetsockoptInt(fd, unix.SOL_SOCKET, soDomain)
-			n, _, err := serve(os.NewFile(uintptr(fd), "smc-server"), i)
-			done <- served{n: n, domain: d, err: err}
 		}
 	}()
 	dl := net.Dialer{Control: l.Control(bpf.Tag{SMCOption: true})}
-	start := time.Now()
-	for i := range nConns {
-		t0 := time.Now()
+	dial := func(i int) (*smcr.Conn, int) {
+		t.Helper()
 		tcp, err := dl.Dial("tcp4", fmt.Sprintf("127.0.0.1:%d", linuxPort))
 		if err != nil {
 			t.Fatal(err)
@@ -281,24 +380,82 @@ func TestSMCRClientLinuxServer(t *testing.T) {
 		if c.Mode() != smcr.ModeSMCR {
 			t.Fatalf("connection %d: mode %v, decline %v", i, c.Mode(), c.Decline())
 		}
-		err = talk(c, i, c.CloseWrite)
+		a := <-fds
+		if a.err != nil {
+			t.Fatalf("linux accept %d: %v", i, a.err)
+		}
+		if d, _ := unix.GetsockoptInt(a.fd, unix.SOL_SOCKET, soDomain); d != afSMC {
+			t.Fatalf("connection %d: Linux's SO_DOMAIN %d, fell back", i, d)
+		}
+		return c, a.fd
+	}
+	run := func(i, up, down int) time.Duration {
+		t.Helper()
+		t0 := time.Now()
+		c, fd := dial(i)
+		if i == 0 {
+			port := c.LocalAddr().(*net.TCPAddr).Port
+			d := linuxView(t, "server socket", func(d smcDiag) bool { return d.SPort == linuxPort && int(d.DPort) == port })
+			isSMCR(t, d, 1)
+			t.Logf("Linux's smc_diag: %+v", d)
+		}
+		served := make(chan error, 1)
+		go func() {
+			n, err := serve(os.NewFile(uintptr(fd), "smc-server"), i, down)
+			if err == nil && n != int64(up) {
+				err = fmt.Errorf("read %d bytes, want %d", n, up)
+			}
+			served <- err
+		}()
+		err := talk(c, i, up, down, c.CloseWrite)
 		c.Close()
 		if err != nil {
 			t.Fatalf("connection %d: %v", i, err)
 		}
-		s := <-done
-		if s.err != nil {
-			t.Fatalf("linux server %d: %v", i, s.err)
+		if err := <-served; err != nil {
+			t.Fatalf("linux server %d: %v", i, err)
 		}
-		if s.n != upBytes || s.domain != afSMC {
-			t.Fatalf("linux server %d read %d bytes (want %d), SO_DOMAIN %d", i, s.n, upBytes, s.domain)
-		}
-		t.Logf("connection %d: connect..close %v", i, time.Since(t0).Round(time.Millisecond))
+		return time.Since(t0)
 	}
+	start := time.Now()
+	for i := range nConns {
+		t.Logf("connection %d: connect..close %v", i, run(i, upBytes, downBytes).Round(time.Millisecond))
+	}
+	elapsed := time.Since(start)
+
+	// Idle: the engine tests the link every second; Linux answers.
+	idleFrom := time.Now()
+	time.Sleep(idleTime)
+	lgs := e.LinkGroups()
+	if len(lgs) != 1 || len(lgs[0].Links) != 1 || !lgs[0].Links[0].Tested.After(idleFrom) {
+		t.Fatalf("after %v idle: link groups %+v, want one whose link Linux answered a TEST_LINK", idleTime, lgs)
+	}
+	t.Logf("idle %v: TEST_LINK answered by Linux, rtt %v", idleTime, lgs[0].Links[0].RTT)
+
+	d := run(nConns, streamBytes, 0)
+	t.Logf("smcr client -> linux server stream: %d bytes in %v (%.1f MB/s), connect to close", streamBytes,
+		d.Round(time.Millisecond), float64(streamBytes)/d.Seconds()/1e6)
+
+	// Abort: Linux's server closes with our bytes unread (smc_close_final
+	// sends peer_conn_abort then); the engine's reader gets an error.
+	c, fd := dial(nConns + 1)
+	if _, err := c.Write([]byte("never read")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // the bytes reach Linux's RMB
+	unix.Close(fd)
+	c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	err := readErr(c)
+	c.Close()
+	if err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("smcr's read after Linux's abort: %v, want a reset", err)
+	}
+	t.Logf("Linux aborted: smcr's read says %v", err)
+
 	st := e.Stats()
 	if st.LinkGroups != 1 {
 		t.Errorf("%d link groups, want the one all connections shared", st.LinkGroups)
 	}
 	t.Logf("smcr client -> linux server, smc-r v2 over %s: %d connections, %d bytes up, %d down each, sha256 equal, %v, stats %+v",
-		rxeOnLo, nConns, upBytes, downBytes, time.Since(start).Round(time.Millisecond), st)
+		rxeOnLo, nConns, upBytes, downBytes, elapsed.Round(time.Millisecond), st)
 }
