@@ -69,6 +69,9 @@ func TestVersion2(t *testing.T) {
 		}
 		exchange(t, c, s, 300<<10)
 	}
+	if s1, s2 := e1.Stats(), e2.Stats(); s1.SMCV2 != 3 || s2.SMCV2 != 3 {
+		t.Fatalf("version-2 connections counted: client %d, server %d; want 3", s1.SMCV2, s2.SMCV2)
+	}
 	if n := e1.st.protoErrors.Load() + e2.st.protoErrors.Load(); n != 0 {
 		t.Fatalf("%d protocol errors", n)
 	}
@@ -96,7 +99,7 @@ func TestVersion2Fallbacks(t *testing.T) {
 			c, s := connectWith(t, e1, e2, ClientOptions{Standard: true}, ServerOptions{})
 			t.Cleanup(func() { c.Close(); s.Close() })
 			mustSMC(t, c, s)
-			if c.v2 != nil || s.v2 != nil || s.lg.key.v2 {
+			if c.v2 != nil || s.v2 != nil || s.lg.key.v2 || e1.Stats().SMCV2 != 0 {
 				t.Fatalf("version 2 agreed: %+v %+v", c.v2, s.v2)
 			}
 			exchange(t, c, s, 64<<10)

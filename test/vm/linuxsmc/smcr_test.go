@@ -322,8 +322,9 @@ func TestLinuxClientSMCRServer(t *testing.T) {
 	t.Logf("smcr aborted: Linux's read says %v, SO_ERROR %v", err, unix.Errno(soErr))
 
 	st := e.Stats()
-	if st.LinkGroups != 1 || len(st.Fallback) > 0 {
-		t.Errorf("%d link groups (want the one all connections shared), fallbacks %v", st.LinkGroups, st.Fallback)
+	if st.LinkGroups != 1 || len(st.Fallback) > 0 || st.SMCV2 != st.SMC || st.SMC != nConns+2 {
+		t.Errorf("%d link groups (want the one all connections shared), fallbacks %v, SMC-R %d of which v2 %d (want %d, all v2)",
+			st.LinkGroups, st.Fallback, st.SMC, st.SMCV2, nConns+2)
 	}
 	t.Logf("linux client -> smcr server, smc-r v2 over %s: %d connections, %d bytes up, %d down each, sha256 equal, %v, stats %+v",
 		rxeOnLo, nConns, upBytes, downBytes, elapsed.Round(time.Millisecond), st)
@@ -453,8 +454,9 @@ func TestSMCRClientLinuxServer(t *testing.T) {
 	t.Logf("Linux aborted: smcr's read says %v", err)
 
 	st := e.Stats()
-	if st.LinkGroups != 1 {
-		t.Errorf("%d link groups, want the one all connections shared", st.LinkGroups)
+	if st.LinkGroups != 1 || st.SMCV2 != st.SMC || st.SMC != nConns+2 {
+		t.Errorf("%d link groups (want the one all connections shared), SMC-R %d of which v2 %d (want %d, all v2)",
+			st.LinkGroups, st.SMC, st.SMCV2, nConns+2)
 	}
 	t.Logf("smcr client -> linux server, smc-r v2 over %s: %d connections, %d bytes up, %d down each, sha256 equal, %v, stats %+v",
 		rxeOnLo, nConns, upBytes, downBytes, elapsed.Round(time.Millisecond), st)
