@@ -780,8 +780,13 @@ func (e *Engine) serverConfirm(ctx context.Context, c *Conn, conf *clc.Confirm) 
 			return clc.DeclineTimeoutConfirmLink, err
 		}
 		c.lg.setReady(nil)
-		if !c.lg.key.v2 { // a version-2 group keeps its one link (v2Offer)
+		switch {
+		case !c.lg.key.v2:
 			go c.lg.addSecondLink()
+		case c.lg.v2.Release < clc.Release21:
+			// A version-2 group keeps its one link (v2Offer); a 2.0 client
+			// (Linux before 6.7) waits for an ADD_LINK all the same.
+			go lnk.offerNoLink()
 		}
 	} else {
 		if li.QPN != lnk.peer.QPN {

@@ -46,8 +46,18 @@ func exchange(t *testing.T, c, s net.Conn, n int) {
 // TestVersion2: a client for a standard server (Linux's) with a User EID
 // proposes versions 1 and 2; a server with that EID answers version 2, first
 // contact with the first-contact extension, and both ends run the link group
-// with version 2's LLC; later connections join it. Release 2.1 on both ends.
+// with version 2's LLC; later connections join it. Release 2.1 on both ends,
+// and 2.0 (as Linux 6.1), where the server's empty ADD_LINK is rejected.
 func TestVersion2(t *testing.T) {
+	t.Run("2.1", func(t *testing.T) { testVersion2(t, clc.Release21) })
+	t.Run("2.0", func(t *testing.T) {
+		defer func(o clc.V2Terms) { v2Offer = o }(v2Offer)
+		v2Offer.Release = clc.Release20
+		testVersion2(t, clc.Release20)
+	})
+}
+
+func testVersion2(t *testing.T, release uint8) {
 	e1, e2 := v2Engines(t, []string{"SMCR-TEST.A", "SMCR-TEST.B"}, []string{"SMCR-TEST.B"})
 	var lg *linkGroup
 	for i := range 3 {
@@ -55,7 +65,8 @@ func TestVersion2(t *testing.T) {
 		t.Cleanup(func() { c.Close(); s.Close() })
 		mustSMC(t, c, s)
 		for _, x := range []*Conn{c, s} {
-			if x.v2 == nil || x.v2.eid.String() != "SMCR-TEST.B" || !x.lg.key.v2 || x.lg.v2.Release != clc.Release21 || x.lg.v2.MaxLinks != 1 {
+			if x.v2 == nil || x.v2.eid.String() != "SMCR-TEST.B" || !x.lg.key.v2 || x.lg.v2.Release != release ||
+				(release == clc.Release21) != (x.lg.v2.MaxLinks == 1) {
 				t.Fatalf("conn %d: v2 %+v, group key %+v terms %+v", i, x.v2, x.lg.key, x.lg.v2)
 			}
 			if x.lnk.rslot != recvSlotV2 {
