@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/smcr-io/smcr/llc"
 	"github.com/smcr-io/smcr/smcr/clc"
 	"github.com/smcr-io/smcr/smcr/verbs"
 )
@@ -175,5 +176,66 @@ func TestVersion2Declines(t *testing.T) {
 				t.Fatalf("server: %+v", s)
 			}
 		})
+	}
+}
+
+// sendRaw posts b as one SEND on l, as a peer's LLC message of any length.
+func sendRaw(t *testing.T, l *link, b []byte) {
+	t.Helper()
+	mr, err := l.pd.AllocMR(len(b), verbs.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { mr.Close() })
+	copy(mr.Bytes(), b)
+	if !l.takeCredits(1) { // the completion gives it back (a WRITE of no connection)
+		t.Fatal("link down")
+	}
+	wr := verbs.SendWR{ID: tagWrite << 56, Opcode: verbs.OpSend, SG: []verbs.SGE{{MR: mr, Length: len(b)}}, Signaled: true}
+	l.postMu.Lock()
+	err = l.qp.PostSend(&wr)
+	l.postMu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestVersion2LLCFromLinux: what Linux's server sends in a version-2 group and
+// the engine's answers: an 88-byte ADD_LINK with its rkey list, rejected in 44
+// bytes; a REQ_ADD_LINK, ignored; a message whose length field lies, counted as
+// a protocol error; the link stays up through all of them.
+func TestVersion2LLCFromLinux(t *testing.T) {
+	e1, e2 := v2Engines(t, []string{"SMCR-A"}, []string{"SMCR-A"})
+	c, s := connectWith(t, e1, e2, ClientOptions{Standard: true}, ServerOptions{})
+	t.Cleanup(func() { c.Close(); s.Close() })
+	mustSMC(t, c, s)
+	ls := s.lnk
+
+	add := &llc.AddLinkV2{AddLink: llc.AddLink{QPN: 99, Link: 2, MTU: 3, PSN: 7}, Ext: true, Direct: true,
+		Rkeys: []llc.RkeyV2{{Rkey: 1, NewRkey: 2, NewAddr: 3}}}
+	b, err := add.AppendBinary(nil)
+	if err != nil || len(b) != 88 {
+		t.Fatalf("%d bytes, %v", len(b), err)
+	}
+	ch := ls.register(pendKey{t: llc.TypeAddLink})
+	sendRaw(t, ls, b)
+	resp := within(t, ch, "the client's answer to ADD_LINK v2")
+	var r llc.AddLink
+	if err := r.Decode(resp[:]); err != nil || !r.Response() || r.Flags&llc.FlagAddLinkRejected == 0 {
+		t.Fatalf("answer %+v, %v; want a rejection", r, err)
+	}
+
+	req, _ := (&llc.ReqAddLinkV2{GIDs: []llc.GID{{1}}}).AppendBinary(nil)
+	sendRaw(t, ls, req)
+	bad := make([]byte, llc.MsgLen)
+	bad[0], bad[1], bad[3] = byte(llc.TypeTestLinkV2), 100, 0 // length 100 in 44 bytes
+	sendRaw(t, ls, bad)
+	eventually(t, "the lying message counted", func() bool { return e1.Stats().ProtoErrors == 1 })
+	if err := c.lnk.testOnce(context.Background()); err != nil {
+		t.Fatalf("link after the peer's messages: %v", err)
+	}
+	exchange(t, c, s, 64<<10)
+	if n := e1.Stats().ProtoErrors; n != 1 {
+		t.Fatalf("%d protocol errors, want the one", n)
 	}
 }
