@@ -119,7 +119,7 @@ func (e *Engine) serverTermsV2(prop *clc.Proposal) (*connV2, DeclineCode, error)
 	if err != nil {
 		return nil, declineCode(err), fmt.Errorf("proposal v2: %w", err)
 	}
-	if gidAddr(prop.V2.RoCEGID) == (netip.Addr{}) || prop.V2.RoCEGID == ([16]byte{}) {
+	if prop.V2.RoCEGID == ([16]byte{}) {
 		return nil, clc.DeclineNoRoute, errors.New("proposal v2: no roce v2 gid")
 	}
 	return &connV2{eid: eid, terms: terms}, 0, nil
@@ -179,7 +179,7 @@ func checkConfirmV2(conf *clc.Confirm, v *connV2) (DeclineCode, error) {
 // against, nil when the engine has no User EID and proposes version 1 only.
 func (e *Engine) proposeV2(p *clc.Proposal, o offer) *connV2 {
 	ueids := e.userEIDs()
-	if len(ueids) == 0 || o.Kind != verbs.KindRDMA || !gidAddr(o.GID).IsValid() || o.GID == ([16]byte{}) {
+	if len(ueids) == 0 || o.Kind != verbs.KindRDMA || o.GID == ([16]byte{}) {
 		return nil
 	}
 	p.Version, p.SMCTypeV2 = clc.Version2, clc.SMCTypeR
