@@ -275,7 +275,7 @@ func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix, opt
 	}
 	prop.SetEnvelope(area)
 	if opts.Standard {
-		c.v2 = e.proposeV2(prop, offers[0])
+		c.v2 = e.proposeV2(prop, offers[0], pfx)
 	}
 	e.clcPhase(ctx, tcp)
 	if err := e.writeCLC(c, prop); err != nil {

@@ -176,10 +176,13 @@ func checkConfirmV2(conf *clc.Confirm, v *connV2) (DeclineCode, error) {
 // version 1, as Linux's client offers both where it can: with our User EIDs and
 // the RoCE v2 GID of the rdma device o (the one the Proposal's own fields
 // name), and release 2.1's terms. It returns what the Accept is checked
-// against, nil when the engine has no User EID and proposes version 1 only.
-func (e *Engine) proposeV2(p *clc.Proposal, o offer) *connV2 {
+// against, nil when the engine proposes version 1 only: it has no User EID,
+// or the connection is not IPv4 (pfx, the local subnet) or the GID not
+// IPv4-mapped, since SMC-R version 2 routes on IPv4 addresses (Linux's server
+// takes the peer's from the GID, smc_ib_gid_to_ipv4).
+func (e *Engine) proposeV2(p *clc.Proposal, o offer, pfx netip.Prefix) *connV2 {
 	ueids := e.userEIDs()
-	if len(ueids) == 0 || o.Kind != verbs.KindRDMA || o.GID == ([16]byte{}) {
+	if len(ueids) == 0 || o.Kind != verbs.KindRDMA || !pfx.Addr().Is4() || !netip.AddrFrom16(o.GID).Is4In6() {
 		return nil
 	}
 	p.Version, p.SMCTypeV2 = clc.Version2, clc.SMCTypeR

@@ -11,15 +11,23 @@ import (
 
 	"github.com/smcr-io/smcr/llc"
 	"github.com/smcr-io/smcr/smcr/clc"
+	"github.com/smcr-io/smcr/smcr/internal/memverbs"
 	"github.com/smcr-io/smcr/smcr/verbs"
 )
 
-// v2Engines are a client and a server engine with an rdma device each and the
-// User EIDs given.
+// v2Engines are a client and a server engine with an rdma device each, whose
+// GID is IPv4-mapped as a RoCE v2 one (127.0.0.x), and the User EIDs given.
 func v2Engines(t *testing.T, cli, srv []string) (*Engine, *Engine) {
 	t.Helper()
-	return newEngine(t, Config{Devices: memDevices(t, verbs.KindRDMA), UEIDs: cli}),
-		newEngine(t, Config{Devices: memDevices(t, verbs.KindRDMA), UEIDs: srv})
+	return newEngine(t, Config{Devices: roceV2Device(t, 1), UEIDs: cli}),
+		newEngine(t, Config{Devices: roceV2Device(t, 2), UEIDs: srv})
+}
+
+func roceV2Device(t *testing.T, host byte) []verbs.Device {
+	d := memverbs.New(verbs.KindRDMA)
+	t.Cleanup(func() { closeChecked(t, d) })
+	d.ChangeGID([16]byte{10: 0xff, 11: 0xff, 12: 127, 15: host})
+	return []verbs.Device{d}
 }
 
 // exchange sends n random bytes each way over c and s and checks them.
@@ -116,6 +124,19 @@ func TestVersion2Fallbacks(t *testing.T) {
 			}
 			exchange(t, c, s, 64<<10)
 		})
+	}
+}
+
+// TestVersion2NeedsIPv4: a device whose GID is not IPv4-mapped proposes version
+// 1 only: version 2 routes on IPv4 addresses.
+func TestVersion2NeedsIPv4(t *testing.T) {
+	e1 := newEngine(t, Config{Devices: memDevices(t, verbs.KindRDMA), UEIDs: []string{"SMCR-A"}})
+	_, e2 := v2Engines(t, nil, []string{"SMCR-A"})
+	c, s := connectWith(t, e1, e2, ClientOptions{Standard: true}, ServerOptions{})
+	t.Cleanup(func() { c.Close(); s.Close() })
+	mustSMC(t, c, s)
+	if c.v2 != nil || s.v2 != nil {
+		t.Fatalf("version 2 agreed with an IPv6 GID: %+v %+v", c.v2, s.v2)
 	}
 }
 
