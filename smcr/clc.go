@@ -684,7 +684,7 @@ func (e *Engine) serverProposalV2(ctx context.Context, c *Conn, prop *clc.Propos
 	lnk := lg.pick()
 	if first {
 		lg.startFirstContact(c)
-		lg.v2 = v.terms
+		lg.setTerms(v.terms)
 		lnk = lg.primary()
 	} else if lg.v2.Release != v.terms.Release {
 		return clc.DeclineReleaseMismatch, fmt.Errorf("link group of release %d, proposal agrees %d", lg.v2.Release, v.terms.Release)
@@ -852,7 +852,7 @@ func (e *Engine) clientAccept(ctx context.Context, c *Conn, acc *clc.Accept) (De
 		lg.reserve()
 		c.lg, c.lnk, c.reserved = lg, lg.primary(), true
 		if c.v2 != nil {
-			lg.v2 = c.v2.terms
+			lg.setTerms(c.v2.terms)
 		}
 		lg.startFirstContact(c)
 		lg.peerOffers = peerOffers

@@ -260,3 +260,23 @@ func TestVersion2LLCFromLinux(t *testing.T) {
 		t.Fatalf("%d protocol errors, want the one", n)
 	}
 }
+
+// TestVersion2MaxConns: release 2.1's max conns bounds the connections a
+// server puts in a link group: the one past it makes a new group.
+func TestVersion2MaxConns(t *testing.T) {
+	defer func(o clc.V2Terms) { v2Offer = o }(v2Offer)
+	v2Offer.MaxConns = clc.MinConnsPerLinkGroup
+	e1, e2 := v2Engines(t, []string{"SMCR-A"}, []string{"SMCR-A"})
+	for i := range clc.MinConnsPerLinkGroup + 1 {
+		c, s := connectWith(t, e1, e2, ClientOptions{Standard: true}, ServerOptions{})
+		t.Cleanup(func() { c.Close(); s.Close() })
+		mustSMC(t, c, s)
+		reused := i != 0 && i != clc.MinConnsPerLinkGroup
+		if s.lg.v2.MaxConns != clc.MinConnsPerLinkGroup || s.reusedLG != reused {
+			t.Fatalf("connection %d: terms %+v, reused %v", i, s.lg.v2, s.reusedLG)
+		}
+	}
+	if n := e2.Stats().LinkGroups; n != 2 {
+		t.Fatalf("%d link groups for %d connections, want 2", n, clc.MinConnsPerLinkGroup+1)
+	}
+}
