@@ -129,7 +129,8 @@ func TestEngineOnSoftRoCE(t *testing.T) {
 // smcr engine against it, both ways, over SMC-R version 2: Linux's client to
 // smcr's server (TestLinuxClientSMCRServer) and smcr's client to Linux's server
 // (TestSMCRClientLinuxServer), with data checked by hash, link group reuse,
-// Linux's smc_diag view, TEST_LINK answered both ways, and aborts.
+// Linux's smc_diag view, TEST_LINK answered both ways, and aborts; and tshark
+// decodes the captured CLC of version 2 (TestLinuxCaptureDecodes).
 func TestLinuxSMCv2OnSoftRoCE(t *testing.T) {
 	requireVM(t)
 	script := func(name string) string {
@@ -152,7 +153,7 @@ func TestLinuxSMCv2OnSoftRoCE(t *testing.T) {
 	}
 	kernelRoot := filepath.Join(cache, "kernel-"+script("kernel.sh"))
 	bin := buildTest(t, "./test/vm/linuxsmc", "-tags", "linuxsmc,ibv")
-	tests := []string{"TestLinuxSMCv2OverRxe", "TestLinuxClientSMCRServer", "TestSMCRClientLinuxServer"}
+	tests := []string{"TestLinuxSMCv2OverRxe", "TestLinuxClientSMCRServer", "TestSMCRClientLinuxServer", "TestLinuxCaptureDecodes"}
 	guest := runSuiteEnv(t, bin, []string{"SMCR_RXEFIX=" + ko, "SMCR_KERNEL_ROOT=" + kernelRoot},
 		"-test.run", "^("+strings.Join(tests, "|")+")$")
 	for _, name := range tests {
@@ -166,7 +167,7 @@ func TestLinuxSMCv2OnSoftRoCE(t *testing.T) {
 }
 
 // linuxSMCRE picks the guest test's summary line.
-var linuxSMCRE = regexp.MustCompile(`(?m)^.*(linux smc-r v2 over |smc-r v2 over |connection \d+: connect|stream: |idle |aborted: |smc_diag: ).*$`)
+var linuxSMCRE = regexp.MustCompile(`(?m)^.*(linux smc-r v2 over |smc-r v2 over |connection \d+: connect|stream: |idle |aborted: |smc_diag: |tshark: ).*$`)
 
 // engineRE picks the guest test's own summary lines.
 var engineRE = regexp.MustCompile(`(?m)^.*(connection: |connection in |connection across |link group \d+ over |link \d+ over |links added ).*$`)
