@@ -153,7 +153,7 @@ func TestLinuxSMCv2OnSoftRoCE(t *testing.T) {
 	}
 	kernelRoot := filepath.Join(cache, "kernel-"+script("kernel.sh"))
 	bin := buildTest(t, "./test/vm/linuxsmc", "-tags", "linuxsmc,ibv")
-	tests := []string{"TestLinuxSMCv2OverRxe", "TestLinuxClientSMCRServer", "TestSMCRClientLinuxServer", "TestLinuxCaptureDecodes"}
+	tests := []string{"TestLinuxSMCv2OverRxe", "TestLinuxClientSMCRServer", "TestSMCRClientLinuxServer", "TestLinuxCaptureDecodes", "TestLinuxNoCommonEID"}
 	guest := runSuiteEnv(t, bin, []string{"SMCR_RXEFIX=" + ko, "SMCR_KERNEL_ROOT=" + kernelRoot},
 		"-test.run", "^("+strings.Join(tests, "|")+")$")
 	for _, name := range tests {
@@ -167,7 +167,7 @@ func TestLinuxSMCv2OnSoftRoCE(t *testing.T) {
 }
 
 // linuxSMCRE picks the guest test's summary line.
-var linuxSMCRE = regexp.MustCompile(`(?m)^.*(linux smc-r v2 over |smc-r v2 over |connection \d+: connect|stream: |idle |aborted: |smc_diag: |tshark: ).*$`)
+var linuxSMCRE = regexp.MustCompile(`(?m)^.*(linux smc-r v2 over |smc-r v2 over |connection \d+: connect|stream: |idle |aborted: |smc_diag: |tshark: |no common eid: ).*$`)
 
 // engineRE picks the guest test's own summary lines.
 var engineRE = regexp.MustCompile(`(?m)^.*(connection: |connection in |connection across |link group \d+ over |link \d+ over |links added ).*$`)

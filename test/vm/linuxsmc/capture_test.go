@@ -98,7 +98,7 @@ func tsharkLines(t *testing.T, pcap string, fields ...string) [][]string {
 func TestLinuxCaptureDecodes(t *testing.T) {
 	setupKernel(t)
 	l := loadBPF(t, capturePort)
-	e := newEngine(t, "server", -1)
+	e := newEngine(t, "server", -1, testUEID)
 	lc := net.ListenConfig{Control: l.Control(bpf.Tag{SMCOption: true})}
 	lc.SetMultipathTCP(false)
 	ln, err := lc.Listen(context.Background(), "tcp4", fmt.Sprintf("127.0.0.1:%d", capturePort))

@@ -29,6 +29,7 @@ import (
 
 	"github.com/smcr-io/smcr/bpf"
 	"github.com/smcr-io/smcr/smcr"
+	"github.com/smcr-io/smcr/smcr/clc"
 	"github.com/smcr-io/smcr/smcr/verbs"
 	"github.com/smcr-io/smcr/smcr/verbs/ibv"
 )
@@ -69,9 +70,9 @@ func loadBPF(t *testing.T, port uint16) *bpf.Loader {
 	return l
 }
 
-// newEngine opens rxe1 (on lo) and makes an engine of it with the test's User
-// EID; testLink is its TEST_LINK interval (negative: off).
-func newEngine(t *testing.T, name string, testLink time.Duration) *smcr.Engine {
+// newEngine opens rxe1 (on lo) and makes an engine of it with the User EIDs
+// given; testLink is its TEST_LINK interval (negative: off).
+func newEngine(t *testing.T, name string, testLink time.Duration, ueids ...string) *smcr.Engine {
 	t.Helper()
 	w := &testWriter{t: t}
 	t.Cleanup(func() { w.mu.Lock(); w.done = true; w.mu.Unlock() })
@@ -81,7 +82,7 @@ func newEngine(t *testing.T, name string, testLink time.Duration) *smcr.Engine {
 		t.Fatalf("open the rdma device of %s: %v", loopback, err)
 	}
 	e, err := smcr.NewEngine(smcr.Config{
-		Devices: []verbs.Device{dev}, UEIDs: []string{testUEID},
+		Devices: []verbs.Device{dev}, UEIDs: ueids,
 		// Linux waits 6 s for each CLC message and 2 s for LLC; TCG is slow.
 		CLCTimeout: 30 * time.Second, LLCTimeout: 10 * time.Second, TestLinkInterval: testLink, Logger: log,
 	})
@@ -211,7 +212,7 @@ func TestLinuxClientSMCRServer(t *testing.T) {
 	setSysctl(t, sysctlTest, testLinkSec) // read when a link comes up
 	defer setSysctl(t, sysctlTest, testLinkDef)
 	l := loadBPF(t, smcrPort)
-	e := newEngine(t, "server", -1) // only Linux tests the link
+	e := newEngine(t, "server", -1, testUEID) // only Linux tests the link
 	lc := net.ListenConfig{Control: l.Control(bpf.Tag{SMCOption: true})}
 	lc.SetMultipathTCP(false)
 	ln, err := lc.Listen(context.Background(), "tcp4", fmt.Sprintf("127.0.0.1:%d", smcrPort))
@@ -341,7 +342,7 @@ func TestLinuxClientSMCRServer(t *testing.T) {
 func TestSMCRClientLinuxServer(t *testing.T) {
 	setupKernel(t)
 	l := loadBPF(t, linuxPort)
-	e := newEngine(t, "client", time.Second)
+	e := newEngine(t, "client", time.Second, testUEID)
 	lfd := smcSocket(t)
 	defer unix.Close(lfd)
 	unix.SetsockoptInt(lfd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
@@ -460,4 +461,118 @@ func TestSMCRClientLinuxServer(t *testing.T) {
 	}
 	t.Logf("smcr client -> linux server, smc-r v2 over %s: %d connections, %d bytes up, %d down each, sha256 equal, %v, stats %+v",
 		rxeOnLo, nConns, upBytes, downBytes, elapsed.Round(time.Millisecond), st)
+}
+
+// TestLinuxNoCommonEID: without a User EID in common with Linux there is no
+// SMC-R (Linux has no version-1 device on rxe), and every byte goes over TCP:
+// smcr's server declines Linux's version-2 Proposal with 0x03030008 (no common
+// User EID), or, with no User EID at all, as before version 2 (0x03070000,
+// the version-1 subnet rule a version-2-only Proposal cannot meet); Linux's
+// server declines smcr's Proposal of versions 1 and 2. Both sides fall back.
+func TestLinuxNoCommonEID(t *testing.T) {
+	setupKernel(t)
+	const port = 5004
+	l := loadBPF(t, port)
+	lc := net.ListenConfig{Control: l.Control(bpf.Tag{SMCOption: true})}
+	lc.SetMultipathTCP(false)
+	ln, err := lc.Listen(context.Background(), "tcp4", fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	for i, tc := range []struct {
+		ueids []string
+		want  smcr.DeclineCode
+	}{
+		{[]string{"SMCR-VM.SOMEONE-ELSE"}, clc.DeclineNoUEID},
+		{nil, clc.DeclineIPSubnetMismatch},
+	} {
+		e := newEngine(t, fmt.Sprint("server", i), -1, tc.ueids...)
+		served := make(chan error, 1)
+		go func() {
+			tcp, err := ln.Accept()
+			if err != nil {
+				served <- err
+				return
+			}
+			c, err := e.ServerWith(context.Background(), tcp, smcr.ServerOptions{})
+			if err != nil {
+				served <- err
+				return
+			}
+			if c.Mode() != smcr.ModeFallback || c.Decline().Code != tc.want || c.Decline().Side != smcr.SideLocal {
+				served <- fmt.Errorf("mode %v, decline %v; want our fallback with %v", c.Mode(), c.Decline(), tc.want)
+				c.Close()
+				return
+			}
+			_, err = serve(c, i, 64<<10)
+			served <- err
+		}()
+		fd := smcSocket(t)
+		if err := unix.Connect(fd, &unix.SockaddrInet4{Port: port, Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+			t.Fatalf("connect: %v", err)
+		}
+		d := domain(t, fd)
+		f := os.NewFile(uintptr(fd), "smc-client")
+		err := talk(f, i, 256<<10, 64<<10, func() error { return unix.Shutdown(fd, unix.SHUT_WR) })
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := <-served; err != nil {
+			t.Fatalf("server: %v", err)
+		}
+		if d == afSMC {
+			t.Fatalf("Linux's client still AF_SMC with no EID in common: SO_DOMAIN %d", d)
+		}
+		t.Logf("no common eid: smcr server (user eids %q) declined %v, Linux fell back (SO_DOMAIN %d), bytes intact", tc.ueids, tc.want, d)
+	}
+
+	// smcr's client with another User EID: Linux's server declines.
+	e := newEngine(t, "client", -1, "SMCR-VM.SOMEONE-ELSE")
+	lfd := smcSocket(t)
+	defer unix.Close(lfd)
+	unix.SetsockoptInt(lfd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
+	if err := unix.Bind(lfd, &unix.SockaddrInet4{Port: port + 1, Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatalf("bind: %v", err)
+	}
+	if err := unix.Listen(lfd, 1); err != nil {
+		t.Fatalf("listen: %v", err)
+	}
+	served := make(chan error, 1)
+	go func() {
+		fd, _, err := unix.Accept(lfd)
+		if err != nil {
+			served <- err
+			return
+		}
+		if d, _ := unix.GetsockoptInt(fd, unix.SOL_SOCKET, soDomain); d == afSMC {
+			served <- fmt.Errorf("Linux's server still AF_SMC with no EID in common")
+			unix.Close(fd)
+			return
+		}
+		_, err = serve(os.NewFile(uintptr(fd), "smc-server"), 9, 64<<10)
+		served <- err
+	}()
+	dl := net.Dialer{Control: l.Control(bpf.Tag{SMCOption: true})}
+	tcp, err := dl.Dial("tcp4", fmt.Sprintf("127.0.0.1:%d", port+1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := e.ClientWith(context.Background(), tcp, smcr.ClientOptions{Standard: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Mode() != smcr.ModeFallback || c.Decline().Side != smcr.SidePeer {
+		t.Fatalf("smcr client: mode %v, decline %v; want Linux's Decline", c.Mode(), c.Decline())
+	}
+	err = talk(c, 9, 256<<10, 64<<10, c.CloseWrite)
+	c.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-served; err != nil {
+		t.Fatalf("linux server: %v", err)
+	}
+	t.Logf("no common eid: Linux's server declined smcr's proposal: %v; bytes intact over TCP", c.Decline())
 }
