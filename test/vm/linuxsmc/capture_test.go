@@ -10,9 +10,7 @@ package linuxsmc
 
 import (
 	"bufio"
-	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,7 +21,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/smcr-io/smcr/bpf"
 	"github.com/smcr-io/smcr/smcr"
 )
 
@@ -99,39 +96,20 @@ func TestLinuxCaptureDecodes(t *testing.T) {
 	setupKernel(t)
 	l := loadBPF(t, capturePort)
 	e := newEngine(t, "server", -1, testUEID)
-	lc := net.ListenConfig{Control: l.Control(bpf.Tag{SMCOption: true})}
-	lc.SetMultipathTCP(false)
-	ln, err := lc.Listen(context.Background(), "tcp4", fmt.Sprintf("127.0.0.1:%d", capturePort))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	ln := listenSMCR(t, l, capturePort)
 	stop := capture(t, fmt.Sprintf("tcp port %d or udp port 4791", capturePort))
-	served := make(chan error, 1)
-	go func() {
-		tcp, err := ln.Accept()
-		if err != nil {
-			served <- err
-			return
-		}
-		c, err := e.ServerWith(context.Background(), tcp, smcr.ServerOptions{})
-		if err != nil {
-			served <- err
-			return
-		}
+	served := serveOnce(e, ln, 0, 64<<10, func(c *smcr.Conn) error {
 		if c.Mode() != smcr.ModeSMCR {
-			served <- fmt.Errorf("mode %v, decline %v", c.Mode(), c.Decline())
-			return
+			return fmt.Errorf("mode %v, decline %v", c.Mode(), c.Decline())
 		}
-		_, err = serve(c, 0, 64<<10)
-		served <- err
-	}()
+		return nil
+	})
 	fd := smcSocket(t)
 	if err := unix.Connect(fd, &unix.SockaddrInet4{Port: capturePort, Addr: [4]byte{127, 0, 0, 1}}); err != nil {
 		t.Fatalf("connect: %v", err)
 	}
 	f := os.NewFile(uintptr(fd), "smc-client")
-	err = talk(f, 0, 256<<10, 64<<10, func() error { return unix.Shutdown(fd, unix.SHUT_WR) })
+	err := talk(f, 0, 256<<10, 64<<10, func() error { return unix.Shutdown(fd, unix.SHUT_WR) })
 	f.Close()
 	if err != nil {
 		t.Fatal(err)

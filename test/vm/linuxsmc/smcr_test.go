@@ -70,6 +70,47 @@ func loadBPF(t *testing.T, port uint16) *bpf.Loader {
 	return l
 }
 
+// listenSMCR listens on 127.0.0.1:port for the engine's server, with the
+// option echoed on its SYN-ACKs (l, loadBPF's for port).
+func listenSMCR(t *testing.T, l *bpf.Loader, port int) net.Listener {
+	t.Helper()
+	lc := net.ListenConfig{Control: l.Control(bpf.Tag{SMCOption: true})}
+	lc.SetMultipathTCP(false)
+	ln, err := lc.Listen(context.Background(), "tcp4", fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln
+}
+
+// serveOnce accepts one connection on ln, runs CLC as e's server, has check
+// judge the outcome and then serves it (serve, with down bytes back); the
+// result comes on the channel.
+func serveOnce(e *smcr.Engine, ln net.Listener, i, down int, check func(*smcr.Conn) error) <-chan error {
+	served := make(chan error, 1)
+	go func() {
+		tcp, err := ln.Accept()
+		if err != nil {
+			served <- err
+			return
+		}
+		c, err := e.ServerWith(context.Background(), tcp, smcr.ServerOptions{})
+		if err != nil {
+			served <- err
+			return
+		}
+		if err := check(c); err != nil {
+			c.Close()
+			served <- err
+			return
+		}
+		_, err = serve(c, i, down)
+		served <- err
+	}()
+	return served
+}
+
 // newEngine opens rxe1 (on lo) and makes an engine of it with the User EIDs
 // given; testLink is its TEST_LINK interval (negative: off).
 func newEngine(t *testing.T, name string, testLink time.Duration, ueids ...string) *smcr.Engine {
@@ -213,13 +254,7 @@ func TestLinuxClientSMCRServer(t *testing.T) {
 	defer setSysctl(t, sysctlTest, testLinkDef)
 	l := loadBPF(t, smcrPort)
 	e := newEngine(t, "server", -1, testUEID) // only Linux tests the link
-	lc := net.ListenConfig{Control: l.Control(bpf.Tag{SMCOption: true})}
-	lc.SetMultipathTCP(false)
-	ln, err := lc.Listen(context.Background(), "tcp4", fmt.Sprintf("127.0.0.1:%d", smcrPort))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	ln := listenSMCR(t, l, smcrPort)
 	type accepted struct {
 		conn *smcr.Conn
 		err  error
@@ -314,7 +349,7 @@ func TestLinuxClientSMCRServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.SetReadDeadline(time.Now().Add(30 * time.Second))
-	err = readErr(f)
+	err := readErr(f)
 	soErr, _ := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR)
 	f.Close()
 	if errors.Is(err, os.ErrDeadlineExceeded) || (!errors.Is(err, unix.ECONNRESET) && unix.Errno(soErr) != unix.ECONNRESET) {
@@ -473,13 +508,7 @@ func TestLinuxNoCommonEID(t *testing.T) {
 	setupKernel(t)
 	const port = 5004
 	l := loadBPF(t, port)
-	lc := net.ListenConfig{Control: l.Control(bpf.Tag{SMCOption: true})}
-	lc.SetMultipathTCP(false)
-	ln, err := lc.Listen(context.Background(), "tcp4", fmt.Sprintf("127.0.0.1:%d", port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	ln := listenSMCR(t, l, port)
 	for i, tc := range []struct {
 		ueids []string
 		want  smcr.DeclineCode
@@ -488,26 +517,12 @@ func TestLinuxNoCommonEID(t *testing.T) {
 		{nil, clc.DeclineIPSubnetMismatch},
 	} {
 		e := newEngine(t, fmt.Sprint("server", i), -1, tc.ueids...)
-		served := make(chan error, 1)
-		go func() {
-			tcp, err := ln.Accept()
-			if err != nil {
-				served <- err
-				return
-			}
-			c, err := e.ServerWith(context.Background(), tcp, smcr.ServerOptions{})
-			if err != nil {
-				served <- err
-				return
-			}
+		served := serveOnce(e, ln, i, 64<<10, func(c *smcr.Conn) error {
 			if c.Mode() != smcr.ModeFallback || c.Decline().Code != tc.want || c.Decline().Side != smcr.SideLocal {
-				served <- fmt.Errorf("mode %v, decline %v; want our fallback with %v", c.Mode(), c.Decline(), tc.want)
-				c.Close()
-				return
+				return fmt.Errorf("mode %v, decline %v; want our fallback with %v", c.Mode(), c.Decline(), tc.want)
 			}
-			_, err = serve(c, i, 64<<10)
-			served <- err
-		}()
+			return nil
+		})
 		fd := smcSocket(t)
 		if err := unix.Connect(fd, &unix.SockaddrInet4{Port: port, Addr: [4]byte{127, 0, 0, 1}}); err != nil {
 			t.Fatalf("connect: %v", err)
