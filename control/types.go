@@ -124,7 +124,8 @@ type ConnCounts struct {
 	Client RoleCounts `json:"client"`
 	Server RoleCounts `json:"server"`
 	// SMCR by the SMC-R version the handshake agreed, as smcr stats splits
-	// it. smcr speaks version 1 only today (issue #36): V2 stays 0.
+	// it: version 2 with standard peers (Linux's AF_SMC) whose User EID
+	// matches one of ueid_list; version 1 otherwise, and between smcrds.
 	V1 uint64 `json:"smcr_v1"`
 	V2 uint64 `json:"smcr_v2"`
 }

@@ -166,7 +166,8 @@ func (d *Daemon) stats(s smcr.Stats, reset bool) control.Stats {
 	// loads may be in a role's count and not yet in the total.)
 	less := func(a, b uint64) uint64 { return a - min(a, b) }
 	c.Client = control.RoleCounts{Handled: less(c.Handled, c.Server.Handled), SMCR: less(c.SMCR, c.Server.SMCR), Fallback: less(c.Fallback, c.Server.Fallback)}
-	c.V1 = c.SMCR // the engine's CLC is version 1's (smcr/clc)
+	c.V2 = min(s.SMCV2, c.SMCR)
+	c.V1 = c.SMCR - c.V2
 	slices.SortFunc(out.Fallbacks, func(a, b control.FallbackCount) int {
 		if a.Count != b.Count {
 			return int(b.Count) - int(a.Count)

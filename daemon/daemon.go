@@ -268,6 +268,7 @@ func New(opts Options) (*Daemon, error) {
 		CLCTimeout:       cfg.CLCTimeout,
 		ReadSpin:         readSpin(cfg.ReadSpin),
 		TestLinkInterval: testLinkTime(cfg.TestLinkTime),
+		UEIDs:            cfg.UserEIDs,
 		Logger:           d.log,
 	})
 	if err != nil {

@@ -28,7 +28,6 @@ import (
 // noEffect are attributes this engine accepts but does not use, with why.
 var noEffect = map[string]string{
 	"sndbuf_size": "a send buffer mirrors the peer's RMB, so its size is the peer's rmb_size",
-	"ueid_list":   "the engine speaks SMC-R version 1 only; version 2 will offer these User EIDs",
 }
 
 // errNoFile refuses to persist when smcrd runs without a configuration file.
@@ -220,6 +219,7 @@ func (d *Daemon) rollback(old config.Config, oldNames []string, prev smcr.Settin
 		d.log.Error("policy: restoring after a failed change", "err", err)
 	}
 	restoreEngine(d.engine, prev)
+	d.engine.SetUEIDs(old.UserEIDs) // valid: they were in effect
 }
 
 // engine is what SetConfig changes in the engine (an *smcr.Engine).
@@ -229,6 +229,7 @@ type engine interface {
 	SetCLCTimeout(time.Duration) error
 	SetReadSpin(time.Duration) error
 	SetTestLinkInterval(time.Duration) error
+	SetUEIDs([]string) error
 }
 
 // applyEngine hands the engine the attributes that changed from old to n and
@@ -259,6 +260,11 @@ func applyEngine(e engine, old, n config.Config) error {
 			return fmt.Errorf("test_link_time: %w", err)
 		}
 	}
+	if !slices.Equal(n.UserEIDs, old.UserEIDs) {
+		if err := e.SetUEIDs(n.UserEIDs); err != nil {
+			return fmt.Errorf("ueid_list: %w", err)
+		}
+	}
 	return nil
 }
 
@@ -276,7 +282,7 @@ func restoreEngine(e engine, s smcr.Settings) {
 // are read only when smcrd starts: a change is kept (and persisted when asked)
 // but applies when smcrd restarts. The others apply to new connections at once:
 // the policy ones through the programs' maps, max_memory, rmb_size,
-// clc_timeout, read_spin and test_link_time through the engine's setters
+// clc_timeout, read_spin, test_link_time and ueid_list through the engine's setters
 // (read_spin to every Read from then on, test_link_time to every link at its
 // next look), and peer_cache_ttl when the next peer is cached.
 func changes(old, n config.Config, persist bool) (changed []control.Attribute, notes []string) {

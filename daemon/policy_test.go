@@ -31,7 +31,7 @@ import (
 )
 
 // atOnce are the attributes that apply to new connections without a restart.
-var atOnce = []string{"enabled", "port_range_list", "ip_addr_list", "max_memory", "rmb_size", "clc_timeout", "read_spin", "test_link_time", "peer_cache_ttl"}
+var atOnce = []string{"enabled", "port_range_list", "ip_addr_list", "max_memory", "rmb_size", "clc_timeout", "read_spin", "test_link_time", "peer_cache_ttl", "ueid_list"}
 
 // TestEveryAttributeClassified: a new attribute must be decided on (at once, at
 // restart, or no effect), or SetConfig would silently pretend it applies.
@@ -62,12 +62,15 @@ func TestApplyEngine(t *testing.T) {
 	}
 	defer e.Close()
 	old := config.Default()
-	n, err := old.Set("max_memory=3", "rmb_size=32K", "clc_timeout=1500ms", "read_spin=0", "test_link_time=0")
+	n, err := old.Set("max_memory=3", "rmb_size=32K", "clc_timeout=1500ms", "read_spin=0", "test_link_time=0", "ueid_list=SMCR-A,SMCR-B")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := applyEngine(e, old, n); err != nil {
 		t.Fatal(err)
+	}
+	if got := e.UEIDs(); !slices.Equal(got, []string{"SMCR-A", "SMCR-B"}) {
+		t.Fatalf("engine user eids %q, want SMCR-A and SMCR-B", got)
 	}
 	want := smcr.Settings{MaxMemory: 3 << 20, RMBSize: 32 << 10, CLCTimeout: 1500 * time.Millisecond, ReadSpin: -1, TestLinkInterval: -1}
 	if got := e.Settings(); got != want {

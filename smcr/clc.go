@@ -274,6 +274,9 @@ func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix, opt
 		area = nil // a plain version-1 Proposal: the device is in its own fields
 	}
 	prop.SetEnvelope(area)
+	if opts.Standard {
+		c.v2 = e.proposeV2(prop, offers[0], pfx)
+	}
 	e.clcPhase(ctx, tcp)
 	if err := e.writeCLC(c, prop); err != nil {
 		err = fmt.Errorf("send proposal: %w", err)
@@ -300,8 +303,13 @@ func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix, opt
 	case *clc.Decline:
 		return e.fallback(c, peerDeclined(m.Code, nil), br), nil
 	case *clc.Accept:
-		if m.V2 != nil { // we proposed version 1 only
+		if m.V2 != nil && c.v2 == nil { // we proposed version 1 only
 			return e.fallback(c, decline(clc.DeclineConfigError, errors.New("clc: version 2 accept to a version 1 proposal")), br), nil
+		}
+		if m.V2 == nil {
+			c.v2 = nil // the server chose version 1
+		} else if code, err := e.clientAcceptV2(c, m); err != nil {
+			return e.fallback(c, decline(code, err), br), nil
 		}
 		acc = m
 		c.clcPeer = m.PeerID
@@ -312,13 +320,7 @@ func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix, opt
 		if ctxOver(ctx) {
 			return fail(ctx, c, err)
 		}
-		d, derr := e.declinedMeanwhile(ctx, c, br)
-		if isLost(derr) {
-			return fail(ctx, c, derr)
-		} else if d != nil && derr == nil {
-			return e.fallback(c, peerDeclined(d.Code, err), br), nil
-		}
-		return e.fallback(c, decline(code, err), br), nil
+		return e.declineUnlessDeclined(ctx, c, br, code, err)
 	}
 	if d, err := e.declinedMeanwhile(ctx, c, br); err != nil {
 		if failed(ctx, err) {
@@ -338,21 +340,35 @@ func (e *Engine) client(ctx context.Context, tcp net.Conn, pfx netip.Prefix, opt
 			return fail(ctx, c, err)
 		}
 		// A server that declined while we waited for CONFIRM_LINK is plain TCP
-		// already: our Decline would reach its application as data. The wait
-		// may have outlasted the CLC phase's deadline: the Decline is there.
-		c.tcp.SetReadDeadline(e.cfg.Clock.Now().Add(e.settings().CLCTimeout))
-		d, derr := e.declinedMeanwhile(ctx, c, br)
-		if isLost(derr) {
-			return fail(ctx, c, derr)
-		} else if d != nil && derr == nil {
-			return e.fallback(c, peerDeclined(d.Code, err), br), nil
-		}
-		return e.fallback(c, decline(code, err), br), nil
+		// already: our Decline would reach its application as data.
+		return e.declineAfterLink(ctx, c, br, code, err)
 	}
 	c.endCLC()
 	tcp.SetDeadline(noDeadline)
 	c.activate()
 	return c, nil
+}
+
+// declineAfterLink ends a handshake whose first contact failed with err
+// (code): with the peer's Decline when it sent one meanwhile (it is plain TCP
+// already, and ours would reach its application as data), else with ours. The
+// wait for CONFIRM_LINK may have outlasted the CLC phase's deadline: the
+// Decline is there.
+func (e *Engine) declineAfterLink(ctx context.Context, c *Conn, br *bufio.Reader, code DeclineCode, err error) (*Conn, error) {
+	c.tcp.SetReadDeadline(e.cfg.Clock.Now().Add(e.settings().CLCTimeout))
+	return e.declineUnlessDeclined(ctx, c, br, code, err)
+}
+
+// declineUnlessDeclined ends a handshake that failed with err (code) with the
+// peer's Decline when it sent one meanwhile, else with ours.
+func (e *Engine) declineUnlessDeclined(ctx context.Context, c *Conn, br *bufio.Reader, code DeclineCode, err error) (*Conn, error) {
+	d, derr := e.declinedMeanwhile(ctx, c, br)
+	if isLost(derr) {
+		return fail(ctx, c, derr)
+	} else if d != nil && derr == nil {
+		return e.fallback(c, peerDeclined(d.Code, err), br), nil
+	}
+	return e.fallback(c, decline(code, err), br), nil
 }
 
 // declinedMeanwhile looks, without waiting, for a Decline the server sent after
@@ -505,7 +521,11 @@ func (e *Engine) server(ctx context.Context, tcp net.Conn, listenerAddrs []net.A
 	var conf *clc.Confirm
 	switch m := m.(type) {
 	case *clc.Confirm:
-		if m.V2 != nil { // we accepted version 1 only
+		if c.v2 != nil {
+			if code, err := checkConfirmV2(m, c.v2); err != nil {
+				return e.fallback(c, decline(code, err), br), nil
+			}
+		} else if m.V2 != nil { // we accepted version 1
 			return e.fallback(c, decline(clc.DeclineConfigError, errors.New("clc: version 2 confirm to a version 1 accept")), br), nil
 		}
 		conf = m
@@ -527,6 +547,11 @@ func (e *Engine) server(ctx context.Context, tcp net.Conn, listenerAddrs []net.A
 	if code, err := e.serverConfirm(ctx, c, conf); err != nil {
 		if ctxOver(ctx) {
 			return fail(ctx, c, err)
+		}
+		if !c.cont.smcx {
+			// A standard client's Decline (it refused CONFIRM_LINK): it is
+			// plain TCP already, and ours would reach its application.
+			return e.declineAfterLink(ctx, c, br, code, err)
 		}
 		return e.fallback(c, decline(code, err), br), nil
 	}
@@ -557,6 +582,17 @@ func sameSubnet(prop *clc.Proposal, local netip.Prefix) bool {
 func (e *Engine) serverProposal(ctx context.Context, c *Conn, prop *clc.Proposal, listenerAddrs []net.Addr, direct []byte) (DeclineCode, error) {
 	if len(e.cfg.Devices) == 0 || e.isClosed() {
 		return clc.DeclineNoSMCRDevice, errors.New("no device")
+	}
+	if e.wantsV2(prop) {
+		v, code, err := e.serverTermsV2(prop)
+		if err == nil {
+			return e.serverProposalV2(ctx, c, prop, v, listenerAddrs)
+		}
+		if prop.SMCType == clc.SMCTypeN {
+			return code, err
+		}
+		// Version 1 offered too: Linux's server tries it next, and so do we.
+		e.log.Debug("smcr: version 2 declined, trying version 1", "conn", c.id, "err", err)
 	}
 	if !sameSubnet(prop, e.localPrefix(c.tcp, listenerAddrs)) {
 		return clc.DeclineIPSubnetMismatch, fmt.Errorf("client subnet %v not ours", prop.IPv4())
@@ -600,25 +636,12 @@ func (e *Engine) serverProposal(ctx context.Context, c *Conn, prop *clc.Proposal
 		lg.peerOffers = offers
 		lnk = lg.primary()
 	}
-	if lnk == nil {
-		return clc.DeclineNoActiveLink, errors.New("link group has no link")
-	}
-	c.lnk = lnk
-	if code, err := c.allocRMB(e.settings().RMBSize); err != nil {
+	li, code, err := e.serverRMB(c, lnk, first)
+	if err != nil {
 		return code, err
 	}
-	if !first {
-		if err := c.announceRMB(); err != nil {
-			return clc.DeclineInternalRToken, fmt.Errorf("confirm rkey: %w", err)
-		}
-	}
 	dev := e.cfg.Devices[di]
-	qa := lnk.qp.Attr()
-	acc := &clc.Accept{LinkInfo: clc.LinkInfo{
-		PeerID: e.peerID, GID: qa.GID, MAC: qa.MAC, QPN: qa.QPN, RKey: c.rmb.RKey(), RMBEIndex: 1,
-		AlertToken: c.token, SizeCode: sizeCode(int(c.rx.Size())), MTU: uint8(lnk.mtu), RMBAddr: c.rmb.Addr(),
-		PSN: qa.PSN, FirstContact: first,
-	}}
+	acc := &clc.Accept{LinkInfo: li}
 	if ext {
 		env := clc.Envelope{TLVs: []clc.TLV{{Type: tlvChosen, Value: appendChosen(nil, o.Kind, dev.Endpoint())}}}
 		if direct != nil && peerDirect != nil && o.Kind == verbs.KindSHM {
@@ -643,6 +666,66 @@ func (e *Engine) serverProposal(ctx context.Context, c *Conn, prop *clc.Proposal
 		return clc.DeclineInternal, fmt.Errorf("send accept: %w", err)
 	}
 	return 0, nil
+}
+
+// serverProposalV2 is serverProposal for a version-2 Proposal whose terms v
+// we agreed: an rdma device (RoCE v2), a link group of version 2 with the peer,
+// the RMB, and the Accept of version 2 with the EID and, on first contact, the
+// extension with the terms.
+func (e *Engine) serverProposalV2(ctx context.Context, c *Conn, prop *clc.Proposal, v *connV2, listenerAddrs []net.Addr) (DeclineCode, error) {
+	di := e.rdmaDevice()
+	key := lgKey{client: false, peer: prop.PeerID, kind: verbs.KindRDMA, peerGID: prop.V2.RoCEGID, v2: true}
+	lg, first, err := e.serverLinkGroup(ctx, key, di)
+	if err != nil {
+		return clc.DeclineInternal, err
+	}
+	c.lg, c.reserved, c.reusedLG, c.v2 = lg, true, !first, v
+	c.peerOffer = offer{Kind: verbs.KindRDMA, GID: prop.V2.RoCEGID, MAC: prop.MAC, MTU: verbs.MTU1024}
+	lnk := lg.pick()
+	if first {
+		lg.startFirstContact(c)
+		lg.setTerms(v.terms)
+		lnk = lg.primary()
+	} else if lg.v2.Release != v.terms.Release {
+		return clc.DeclineReleaseMismatch, fmt.Errorf("link group of release %d, proposal agrees %d", lg.v2.Release, v.terms.Release)
+	}
+	li, code, err := e.serverRMB(c, lnk, first)
+	if err != nil {
+		return code, err
+	}
+	li.V2 = e.acceptV2(v, first, prop.V2.RoCEGID, e.localPrefix(c.tcp, listenerAddrs))
+	acc := &clc.Accept{LinkInfo: li}
+	e.clcPhase(ctx, c.tcp)
+	c.acceptSent = true
+	if err := e.writeCLC(c, acc); err != nil {
+		return clc.DeclineInternal, fmt.Errorf("send accept: %w", err)
+	}
+	e.log.Debug("smcr: accepted version 2", "conn", c.id, "eid", v.eid.String(), "release", v.terms.Release, "first", first)
+	return 0, nil
+}
+
+// serverRMB puts c on lnk and takes its RMB, announcing it to the peer
+// (CONFIRM_RKEY) when the link group is not new, and returns the Accept's
+// values.
+func (e *Engine) serverRMB(c *Conn, lnk *link, first bool) (clc.LinkInfo, DeclineCode, error) {
+	if lnk == nil {
+		return clc.LinkInfo{}, clc.DeclineNoActiveLink, errors.New("link group has no link")
+	}
+	c.lnk = lnk
+	if code, err := c.allocRMB(e.settings().RMBSize); err != nil {
+		return clc.LinkInfo{}, code, err
+	}
+	if !first {
+		if err := c.announceRMB(); err != nil {
+			return clc.LinkInfo{}, clc.DeclineInternalRToken, fmt.Errorf("confirm rkey: %w", err)
+		}
+	}
+	qa := lnk.qp.Attr()
+	return clc.LinkInfo{
+		PeerID: e.peerID, GID: qa.GID, MAC: qa.MAC, QPN: qa.QPN, RKey: c.rmb.RKey(), RMBEIndex: 1,
+		AlertToken: c.token, SizeCode: sizeCode(int(c.rx.Size())), MTU: uint8(lnk.mtu), RMBAddr: c.rmb.Addr(),
+		PSN: qa.PSN, FirstContact: first,
+	}, 0, nil
 }
 
 // checkLinkInfo checks the peer's Accept/Confirm values we will use. The send
@@ -683,12 +766,28 @@ func (e *Engine) serverConfirm(ctx context.Context, c *Conn, conf *clc.Confirm) 
 			c.lg.setReady(err)
 			return clc.DeclineInternalReadyLink, err
 		}
+		if !c.cont.smcx {
+			// A standard client (Linux's) that refuses our CONFIRM_LINK
+			// declines on the TCP connection and falls back: stop waiting
+			// then (server reads the Decline), as the client does.
+			var stop func()
+			ctx, stop = context.WithCancel(ctx)
+			defer stop()
+			go stopOnInput(ctx, e.cfg.Clock, c.tcp, stop)
+		}
 		if err := lnk.confirmLinkServer(ctx); err != nil {
 			c.lg.setReady(err)
 			return clc.DeclineTimeoutConfirmLink, err
 		}
 		c.lg.setReady(nil)
-		go c.lg.addSecondLink()
+		switch {
+		case !c.lg.key.v2:
+			go c.lg.addSecondLink()
+		case c.lg.v2.Release < clc.Release21:
+			// A version-2 group keeps its one link (v2Offer); a 2.0 client
+			// (Linux before 6.7) waits for an ADD_LINK all the same.
+			go lnk.offerNoLink()
+		}
 	} else {
 		if li.QPN != lnk.peer.QPN {
 			return clc.DeclineSyncError, fmt.Errorf("confirm names qp %d, link has %d", li.QPN, lnk.peer.QPN)
@@ -743,7 +842,7 @@ func (e *Engine) clientAccept(ctx context.Context, c *Conn, acc *clc.Accept) (De
 	if di < 0 {
 		return clc.DeclineNoSMCRDevice, fmt.Errorf("server chose %v, which we lack", kind)
 	}
-	key := lgKey{client: true, peer: li.PeerID, kind: kind, peerGID: li.GID, endpoint: string(endpoint)}
+	key := lgKey{client: true, peer: li.PeerID, kind: kind, peerGID: li.GID, endpoint: string(endpoint), v2: c.v2 != nil}
 	peer := verbs.QPAttr{QPN: li.QPN, PSN: li.PSN, GID: li.GID, MAC: li.MAC, MTU: verbs.MTU(li.MTU), Endpoint: endpoint}
 	if li.FirstContact {
 		lg, err := e.newLinkGroup(key, di)
@@ -752,6 +851,9 @@ func (e *Engine) clientAccept(ctx context.Context, c *Conn, acc *clc.Accept) (De
 		}
 		lg.reserve()
 		c.lg, c.lnk, c.reserved = lg, lg.primary(), true
+		if c.v2 != nil {
+			lg.setTerms(c.v2.terms)
+		}
 		lg.startFirstContact(c)
 		lg.peerOffers = peerOffers
 		c.lnk.startConnect(peer)
@@ -793,6 +895,13 @@ func (e *Engine) clientConfirm(ctx context.Context, c *Conn, acc *clc.Accept) (D
 		AlertToken: c.token, SizeCode: sizeCode(int(c.rx.Size())), MTU: uint8(c.lnk.mtu), RMBAddr: c.rmb.Addr(),
 		PSN: qa.PSN, FirstContact: acc.FirstContact,
 	}}
+	if c.v2 != nil {
+		conf.V2 = &clc.LinkInfoV2{EID: c.v2.eid}
+		if acc.FirstContact {
+			conf.V2.FirstContact = fceFor(c.v2.terms, acc.V2.FirstContact.Direct)
+			conf.V2.GIDs = [][16]byte{qa.GID}
+		}
+	}
 	if h := e.confirmHook.Load(); h != nil {
 		(*h)(conf)
 	}

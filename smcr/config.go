@@ -58,6 +58,11 @@ type Config struct {
 	// (up to 250 µs, adapted per engine); Engine.SetReadSpin changes it at
 	// run time.
 	ReadSpin time.Duration
+	// UEIDs are SMC-R version 2's User EIDs (at most 8, as smcrd's ueid_list):
+	// a server accepts a version-2 Proposal only with one of them in common,
+	// and a client offers version 2 only with one (Linux's rule). None: the
+	// engine speaks version 1 only. Engine.SetUEIDs changes them at run time.
+	UEIDs []string
 	// PeerID is this endpoint's 8-byte peer ID; zero means 2 random bytes plus the
 	// MAC of the first device.
 	PeerID [8]byte
@@ -105,6 +110,9 @@ func (c *Config) withDefaults() (Config, error) {
 		if d == nil {
 			return out, fmt.Errorf("%w: device %d is nil", ErrConfig, i)
 		}
+	}
+	if _, err := parseUEIDs(out.UEIDs); err != nil {
+		return out, err
 	}
 	var err error
 	if out.RMBSize, err = rmbSize(out.RMBSize); err != nil {

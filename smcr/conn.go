@@ -144,11 +144,12 @@ type Conn struct {
 	peerAddr   uint64
 	peerRKey   uint32
 	memHeld    int64
-	sndHeld    int64  // of memHeld, held for the send buffer from allocRMB until setPeer
-	peerOffer  offer  // the client's offer the server chose
-	peerDirect []byte // the peer's tlvDirect, when both ends are direct over shm
-	reserved   bool   // holds a slot of lg
-	reusedLG   bool   // lg existed before this connection (Stats.Reused once active)
+	sndHeld    int64   // of memHeld, held for the send buffer from allocRMB until setPeer
+	peerOffer  offer   // the client's offer the server chose
+	v2         *connV2 // what a version-2 handshake agreed; nil in version 1
+	peerDirect []byte  // the peer's tlvDirect, when both ends are direct over shm
+	reserved   bool    // holds a slot of lg
+	reusedLG   bool    // lg existed before this connection (Stats.Reused once active)
 	// acceptSent: the server sent its Accept, so the client may write into our
 	// RMB as soon as its Confirm is out, even if we decline after all.
 	acceptSent bool

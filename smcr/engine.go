@@ -47,6 +47,7 @@ type Engine struct {
 
 	setMu mutex[engineSetRank] // serialises the setters
 	set   atomic.Pointer[Settings]
+	ueids atomic.Pointer[[]clc.EID] // Config.UEIDs, padded (v2.go)
 
 	acceptSpin  spinBudget  // a client's poll for the Accept (awaitCLC)
 	confirmSpin spinBudget  // a server's poll for the Confirm
@@ -86,6 +87,8 @@ func NewEngine(cfg Config) (*Engine, error) {
 	e := &Engine{cfg: c, log: c.Logger, peerID: c.PeerID, conns: map[uint64]*Conn{}, tokens: map[uint32]*Conn{}, releases: make(chan struct{}, 1)}
 	e.set.Store(&Settings{MaxMemory: c.MaxMemory, RMBSize: c.RMBSize, CLCTimeout: c.CLCTimeout, ReadSpin: c.ReadSpin,
 		TestLinkInterval: c.TestLinkInterval})
+	ueids, _ := parseUEIDs(c.UEIDs) // checked by withDefaults
+	e.ueids.Store(&ueids)
 	if e.peerID == (clc.PeerID{}) {
 		rand.Read(e.peerID[:2])
 		if len(c.Devices) > 0 {

@@ -35,7 +35,11 @@ type link struct {
 	qp     verbs.QP
 	recvMR verbs.MR
 	sendMR verbs.MR
-	peer   verbs.QPAttr // written under lg.mu (setPeer)
+	rslot  int // bytes per receive slot: slotSize, or recvSlotV2 in a version-2 group
+	// delRkey holds the one DELETE_RKEY request of a version-2 group in
+	// flight (deleteRKey).
+	delRkey chan struct{}
+	peer    verbs.QPAttr // written under lg.mu (setPeer)
 
 	slots   chan uint16
 	credits chan struct{}
@@ -130,7 +134,7 @@ func newLink(lg *linkGroup, dev verbs.Device, num uint8) (_ *link, err error) {
 		llcIn: make(chan [llc.MsgLen]byte, llcQueue), ctl: make(chan *Conn, 2*maxConnsPerLGR),
 		clReq: make(chan llc.ConfirmLink, 1), testDue: make(chan struct{}, 1),
 		connected: make(chan struct{}), pending: map[pendKey]chan [llc.MsgLen]byte{},
-		resume: make(chan struct{}, 1),
+		resume: make(chan struct{}, 1), delRkey: make(chan struct{}, 1),
 	}
 	if !l.mtu.Valid() {
 		l.mtu = verbs.MTU1024
@@ -158,7 +162,11 @@ func newLink(lg *linkGroup, dev verbs.Device, num uint8) (_ *link, err error) {
 	if l.qp, err = l.pd.CreateQP(verbs.QPConfig{SendCQ: l.cq, RecvCQ: l.cq, MaxSendWR: maxSendWR + nLLCSlots, MaxRecvWR: nRecv, RNRRetry: 7, MaxInline: maxInline}); err != nil {
 		return nil, fmt.Errorf("create qp: %w", err)
 	}
-	if l.recvMR, err = l.pd.AllocMR(nRecv*slotSize, verbs.AccessLocalWrite); err != nil {
+	l.rslot = slotSize
+	if lg.key.v2 {
+		l.rslot = recvSlotV2
+	}
+	if l.recvMR, err = l.pd.AllocMR(nRecv*l.rslot, verbs.AccessLocalWrite); err != nil {
 		return nil, fmt.Errorf("alloc receive slots: %w", err)
 	}
 	if l.sendMR, err = l.pd.AllocMR((nSendSlots+nLLCSlots)*slotSize, verbs.AccessLocalWrite); err != nil {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/smcr-io/smcr/llc"
+	"github.com/smcr-io/smcr/smcr/clc"
 	"github.com/smcr-io/smcr/smcr/verbs"
 )
 
@@ -27,6 +28,7 @@ type lgKey struct {
 	kind     verbs.Kind
 	peerGID  [16]byte
 	endpoint string
+	v2       bool // SMC-R version 2: its LLC messages are of version 2 (llc.go)
 }
 
 // linkGroup is the set of links to one peer and the connections on them.
@@ -42,6 +44,8 @@ type linkGroup struct {
 	ready     chan struct{} // closed when first contact ended; readyErr says how
 	readyErr  error
 	readyOnce sync.Once
+
+	v2 clc.V2Terms // a version-2 group's terms, from its first contact
 
 	firstConn *Conn      // the connection doing first contact, until ready
 	peerAddr  netip.Addr // its peer's IP address, for smcrctl
@@ -429,13 +433,28 @@ func (lg *linkGroup) linkByNum(num uint8) *link {
 	return nil
 }
 
-// tryReserve takes a connection slot unless the group is dead or full.
-func (lg *linkGroup) tryReserve() bool { return lg.tryReserveUpTo(maxConnsPerLGR) }
+// tryReserve takes a connection slot unless the group is dead or full: 255
+// connections, or in a version-2 group of release 2.1 the max conns agreed.
+func (lg *linkGroup) tryReserve() bool { return lg.tryReserveUpTo(-1) }
 
-// tryReserveUpTo takes a connection slot unless the group is dead or holds max.
+// setTerms records a version-2 group's terms, from its first contact.
+func (lg *linkGroup) setTerms(t clc.V2Terms) {
+	lg.mu.Lock()
+	lg.v2 = t
+	lg.mu.Unlock()
+}
+
+// tryReserveUpTo takes a connection slot unless the group is dead or holds max
+// (-1: the group's own limit, tryReserve's).
 func (lg *linkGroup) tryReserveUpTo(max int) bool {
 	lg.mu.Lock()
 	defer lg.mu.Unlock()
+	if max < 0 {
+		max = maxConnsPerLGR
+		if lg.key.v2 && lg.v2.Release >= clc.Release21 && lg.v2.MaxConns > 0 {
+			max = min(max, int(lg.v2.MaxConns))
+		}
+	}
 	if lg.dead || lg.reserved >= max {
 		return false
 	}

@@ -12,10 +12,72 @@ import (
 	"time"
 
 	"github.com/smcr-io/smcr/llc"
+	"github.com/smcr-io/smcr/smcr/clc"
 	"github.com/smcr-io/smcr/smcr/verbs"
 )
 
 var errLLCTimeout = errors.New("smcr: llc response timeout")
+
+// Version-2 LLC (SMC-Rv2): a link group of version 2 sends every LLC message
+// with the version-2 header, the type's 0x20 bit set and a 16-bit length in
+// bytes 1-2, little-endian as Linux writes it on x86 (llc/v2.go); its 44-byte
+// messages keep version 1's bodies, and CONFIRM_LINK of release 2.1 carries the
+// group's max conns in byte 35. The engine speaks version 1's forms inside:
+// encodeLLC turns them to version 2 on the way out, fromV2 back on the way in.
+const (
+	llcV2Bit         = 0x20
+	llcOffMaxConnsV2 = 35
+)
+
+// llcV2 reports whether the message in b (at least 44 bytes) is an LLC
+// message of version 2 (a CDC's type is 0xFE).
+func llcV2(b []byte) bool { return b[0]&0xf0 == llcV2Bit }
+
+// encodeLLC encodes m into LLC send slot s, in version 2's form in a
+// version-2 link group.
+func (l *link) encodeLLC(m llc.Message, s uint16) error {
+	b := l.sendMR.Bytes()[int(s)*slotSize : int(s)*slotSize+llc.MsgLen]
+	if err := m.Encode(b); err != nil {
+		return err
+	}
+	if !l.lg.key.v2 {
+		return nil
+	}
+	t := llc.Type(b[0])
+	b[0] |= llcV2Bit
+	binary.LittleEndian.PutUint16(b[1:], llc.MsgLen)
+	if t == llc.TypeConfirmLink && l.lg.v2.Release >= clc.Release21 {
+		b[llcOffMaxConnsV2] = l.lg.v2.MaxConns
+	}
+	return nil
+}
+
+// fromV2 turns the version-2 LLC message b (its whole received length) into
+// version 1's 44-byte form in place, for the flows of this file. It reports
+// false for a message it has dealt with itself, or refused: a malformed one, or
+// a REQ_ADD_LINK (the group keeps its one link: no answer, as Linux's server
+// gives none when it adds no link).
+func (l *link) fromV2(b []byte) bool {
+	h, err := llc.ParseHeaderV2(b)
+	if err == nil && h.Length != len(b) {
+		err = fmt.Errorf("llc v2: length %d in a message of %d bytes", h.Length, len(b))
+	}
+	if err != nil {
+		l.protoError()
+		l.lg.e.log.Debug("smcr: bad llc v2 message", "lg", l.lg.id, "err", err)
+		return false
+	}
+	if h.Type == llc.TypeReqAddLinkV2 {
+		l.lg.e.log.Debug("smcr: llc v2 req_add_link ignored: one link per version-2 group", "lg", l.lg.id)
+		return false
+	}
+	// ADD_LINK's rkey list (past byte 44) is not needed: a version-2 group
+	// rejects it (onAddLink); DELETE_RKEY beyond 8 rkeys fails version 1's
+	// decoding and counts as a protocol error.
+	b[0] &^= llcV2Bit
+	b[1], b[2] = llc.MsgLen, 0
+	return true
+}
 
 type pendKey struct {
 	t   llc.Type
@@ -58,7 +120,7 @@ func (l *link) earlyLLC(b []byte) bool {
 			l.respond(&r)
 			return true
 		}
-		l.deliver(pendKey{t: llc.TypeDeleteRkey, key: uint64(r.RKeys[0])}, b)
+		l.deliver(l.deleteRkeyKey(&r), b)
 		return true
 	case llc.TypeTestLink:
 		var r llc.TestLink
@@ -75,6 +137,16 @@ func (l *link) earlyLLC(b []byte) bool {
 	return false
 }
 
+// deleteRkeyKey is the pending request a DELETE_RKEY response r answers: by
+// its first rkey, or in a version-2 group, whose responses carry none, the one
+// request in flight (deleteRKey).
+func (l *link) deleteRkeyKey(r *llc.DeleteRkey) pendKey {
+	if l.lg.key.v2 {
+		return pendKey{t: llc.TypeDeleteRkey}
+	}
+	return pendKey{t: llc.TypeDeleteRkey, key: uint64(r.RKeys[0])}
+}
+
 // tryRespond sends an LLC response from the poller if a response slot is free at
 // once; otherwise the worker answers. The worker may be waiting for a data slot
 // (runCtl), behind which an answer would miss the peer's LLC timeout.
@@ -87,7 +159,7 @@ func (l *link) tryRespond(m llc.Message) bool {
 	}
 	l.useMu.RLock()
 	defer l.useMu.RUnlock()
-	if l.freed || m.Encode(l.sendMR.Bytes()[int(s)*slotSize:]) != nil {
+	if l.freed || l.encodeLLC(m, s) != nil {
 		l.llcSlots <- s
 		return false
 	}
@@ -157,7 +229,7 @@ func (l *link) sendLLC(m llc.Message) error {
 		return err
 	}
 	defer l.useMu.RUnlock()
-	if err := m.Encode(l.sendMR.Bytes()[int(s)*slotSize:]); err != nil {
+	if err := l.encodeLLC(m, s); err != nil {
 		l.putSlot(s)
 		return err
 	}
@@ -328,7 +400,13 @@ func (l *link) request(ctx context.Context, k pendKey, m llc.Message, timeout ti
 
 func (l *link) confirmLinkMsg(resp bool) *llc.ConfirmLink {
 	qa := l.qp.Attr()
-	m := &llc.ConfirmLink{MAC: qa.MAC, GID: qa.GID, QPN: llc.QPN(qa.QPN), Link: llc.LinkID(l.num), LinkUID: l.uid, MaxLinks: maxLinks}
+	// No eyecatchers in our RMBEs: Linux refuses a CONFIRM_LINK, request or
+	// response, that does not say so (smc_llc_eval_conf_link), and declines
+	// with 0x03050000.
+	m := &llc.ConfirmLink{Flags: llc.FlagNoRMBEyecatcher, MAC: qa.MAC, GID: qa.GID, QPN: llc.QPN(qa.QPN), Link: llc.LinkID(l.num), LinkUID: l.uid, MaxLinks: maxLinks}
+	if l.lg.key.v2 && l.lg.v2.Release >= clc.Release21 {
+		m.MaxLinks = l.lg.v2.MaxLinks // and max conns: encodeLLC
+	}
 	if resp {
 		m.Flags |= llc.FlagResponse
 	}
@@ -417,7 +495,19 @@ func (l *link) announceRKey(mr verbs.MR, others ...llc.RToken) (done <-chan stru
 func (l *link) deleteRKey(rkey uint32) {
 	m := &llc.DeleteRkey{Count: 1}
 	m.RKeys[0] = rkey
-	b, err := l.request(l.ctx, pendKey{t: llc.TypeDeleteRkey, key: uint64(rkey)}, m, l.lg.e.cfg.LLCTimeout)
+	key := pendKey{t: llc.TypeDeleteRkey, key: uint64(rkey)}
+	if l.lg.key.v2 {
+		// Linux's version-2 response zeroes the rkeys (smc_llc_rmt_delete_rkey):
+		// one request at a time, answered under key 0 (deleteRkeyKey).
+		select {
+		case l.delRkey <- struct{}{}:
+		case <-l.ctx.Done():
+			return
+		}
+		defer func() { <-l.delRkey }()
+		key.key = 0
+	}
+	b, err := l.request(l.ctx, key, m, l.lg.e.cfg.LLCTimeout)
 	var r llc.DeleteRkey
 	if err == nil {
 		err = r.Decode(b[:])
@@ -470,7 +560,7 @@ func (l *link) sendDeleteLink() {
 			l.useMu.RLock()
 			if !l.freed {
 				m := &llc.DeleteLink{Flags: llc.FlagDeleteLinkAll | llc.FlagDeleteOrderly, Reason: 0x00030000}
-				m.Encode(l.sendMR.Bytes()[int(s)*slotSize:])
+				l.encodeLLC(m, s)
 				l.postSlot(s)
 			} else {
 				l.slots <- s

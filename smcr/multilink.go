@@ -390,8 +390,10 @@ func (lg *linkGroup) serverAddLinkOn(l1, l2 *link, po offer) error {
 // than given a goroutine that waits for the others.
 func (lg *linkGroup) onAddLink(l *link, r *llc.AddLink) {
 	reject := &llc.AddLink{Flags: llc.FlagResponse | llc.FlagAddLinkRejected, RejectReason: llc.RejectNoAltPath, Link: r.Link}
-	if !lg.key.client {
-		// Only the server adds links (RFC 7609 §3.8, asymmetric roles).
+	if !lg.key.client || lg.key.v2 {
+		// Only the server adds links (RFC 7609 §3.8, asymmetric roles); a
+		// version-2 group keeps its one link, as a Linux client with one
+		// device does: it rejects in 44 bytes (encodeLLC).
 		l.sendLLC(reject)
 		return
 	}
@@ -405,6 +407,24 @@ func (lg *linkGroup) onAddLink(l *link, r *llc.AddLink) {
 		defer lg.addQueued.Add(-1)
 		lg.clientAddLink(l, *r)
 	}()
+}
+
+// offerNoLink ends a standard client's wait for a second link after first
+// contact: Linux's client waits 2 s for the server's ADD_LINK, then 1 s more for
+// a Decline, before its connect returns (smcr_clnt_conf_first_link; a 2.1
+// client skips it when max links is 1). A version-2 group adds no link, so it
+// sends an empty ADD_LINK (QP MTU 0), which Linux's client rejects at once
+// without looking further (smc_llc_cli_add_link), as it treats its own empty
+// ADD_LINK, the invitation. The answer is read and dropped.
+func (l *link) offerNoLink() {
+	qa := l.qp.Attr()
+	m := &llc.AddLink{MAC: qa.MAC, GID: qa.GID, Link: llc.LinkID(l.num + 1)}
+	b, err := l.request(l.ctx, pendKey{t: llc.TypeAddLink}, m, l.lg.e.cfg.LLCTimeout)
+	var r llc.AddLink
+	if err == nil {
+		err = r.Decode(b[:])
+	}
+	l.lg.e.log.Debug("smcr: empty add link answered", "lg", l.lg.id, "rejected", err == nil && r.Flags&llc.FlagAddLinkRejected != 0, "err", err)
 }
 
 // clientAddLink is the client's side of ADD_LINK (smc_llc_cli_add_link).

@@ -67,6 +67,9 @@ func (c *Conn) activate() {
 	}
 	c.mu.Unlock()
 	c.e.st.smc.Add(1)
+	if c.v2 != nil {
+		c.e.st.smcV2.Add(1)
+	}
 	if !c.client {
 		c.e.st.srvSMC.Add(1)
 	}

@@ -38,6 +38,7 @@ type FallbackKey struct {
 type Stats struct {
 	Handled  uint64                 // connections that ran (or tried) CLC
 	SMC      uint64                 // connections that went SMC-R
+	SMCV2    uint64                 // of SMC, those of SMC-R version 2 (with a standard peer)
 	Fallback map[FallbackKey]uint64 // connections that became plain TCP, by reason and side
 	// HandshakeErrors counts handshakes that ended in an error instead:
 	// the TCP connection lost during CLC, or the context ended (Linux's
@@ -125,19 +126,20 @@ func load(c *atomic.Uint64, reset bool) uint64 {
 }
 
 type stats struct {
-	handled, smc, firstContact, reused, linkConfirms atomic.Uint64
-	handshakeErrors                                  atomic.Uint64
-	srvHandled, srvSMC, srvFallback                  atomic.Uint64
-	active                                           atomic.Int64
-	txBytes, rxBytes, fbTx, fbRx                     atomic.Uint64
-	cdcSent, cdcRecv, cdcStale, llcSent, llcRecv     atomic.Uint64
-	writeBlocked, protoErrors, aborts, continued     atomic.Uint64
-	addLinks, deleteLinks, movedConns                atomic.Uint64
-	rxFull, rxTooSmall, txTooSmall                   atomic.Uint64
-	rxReuses, txReuses, rxDowngrades                 atomic.Uint64
-	rxBuf, txBuf, rxReq, txReq                       sizeHist
-	mu                                               sync.Mutex
-	fallback                                         map[FallbackKey]uint64
+	handled, smc, smcV2, firstContact, reused    atomic.Uint64
+	linkConfirms                                 atomic.Uint64
+	handshakeErrors                              atomic.Uint64
+	srvHandled, srvSMC, srvFallback              atomic.Uint64
+	active                                       atomic.Int64
+	txBytes, rxBytes, fbTx, fbRx                 atomic.Uint64
+	cdcSent, cdcRecv, cdcStale, llcSent, llcRecv atomic.Uint64
+	writeBlocked, protoErrors, aborts, continued atomic.Uint64
+	addLinks, deleteLinks, movedConns            atomic.Uint64
+	rxFull, rxTooSmall, txTooSmall               atomic.Uint64
+	rxReuses, txReuses, rxDowngrades             atomic.Uint64
+	rxBuf, txBuf, rxReq, txReq                   sizeHist
+	mu                                           sync.Mutex
+	fallback                                     map[FallbackKey]uint64
 }
 
 // countFallback counts one fallback by its code and side. A code no one named
@@ -175,6 +177,7 @@ func (s *stats) take(reset bool) Stats {
 		HandshakeErrors: get(&s.handshakeErrors),
 		Server:          RoleStats{Handled: get(&s.srvHandled), SMC: get(&s.srvSMC), Fallback: get(&s.srvFallback)},
 		SMC:             get(&s.smc),
+		SMCV2:           get(&s.smcV2),
 		Fallback:        fb,
 		FirstContact:    get(&s.firstContact),
 		LinkConfirms:    get(&s.linkConfirms),

@@ -37,12 +37,19 @@ const (
 	// instead of reading them from memory, which saves small messages latency.
 	maxInline = 64
 
+	// recvSlotV2 is a version-2 link's receive slot: LLC messages of version 2
+	// may be longer than 44 bytes (ADD_LINK with its rkeys: 72 + 16 per RMB of
+	// the group), which Linux receives into a second, 8 KiB buffer of each
+	// link group. One slot this size holds an ADD_LINK naming 59 RMBs; a
+	// longer message completes in error and fails the link.
+	recvSlotV2 = 1024
+
 	tagSlot  = 1 // send work request IDs: tag<<56 | slot or alert token
 	tagWrite = 2
 )
 
 func (l *link) postRecv(slot uint64) error {
-	l.rsge[slot][0] = verbs.SGE{MR: l.recvMR, Offset: int(slot) * slotSize, Length: slotSize}
+	l.rsge[slot][0] = verbs.SGE{MR: l.recvMR, Offset: int(slot) * l.rslot, Length: l.rslot}
 	l.rwr[slot] = verbs.RecvWR{ID: slot, SG: l.rsge[slot][:]}
 	return l.qp.PostRecv(&l.rwr[slot])
 }
@@ -126,10 +133,19 @@ func (l *link) complete(wc *verbs.WorkCompletion) {
 			return
 		}
 		l.received.Add(1)
-		off := int(wc.ID) * slotSize
+		off := int(wc.ID) * l.rslot
 		b := l.recvMR.Bytes()[off : off+llc.MsgLen]
+		n := int(wc.ByteLen)
+		done := false
+		if l.rslot > slotSize && n >= llc.MsgLen && n <= l.rslot && llcV2(b) {
+			// A version-2 LLC message: to version 1's form (llc.go), or
+			// done with there.
+			done = !l.fromV2(l.recvMR.Bytes()[off : off+n])
+			n = llc.MsgLen
+		}
 		switch {
-		case wc.ByteLen != llc.MsgLen:
+		case done:
+		case n != llc.MsgLen:
 			l.protoError()
 			e.log.Debug("smcr: message of wrong length", "lg", l.lg.id, "len", wc.ByteLen)
 		case b[0] == rmb.CDCType:

@@ -1,10 +1,14 @@
 // Beside a Linux SMC peer: programs on Linux's own AF_SMC sockets (net/smc, the
 // kernel's SMC-R) talk to and from smcrd. Where Linux has no device it can use —
-// soft-RoCE has only RoCE version-2 GIDs, and Linux does SMC-R version 1 only with
-// version-1 ones — CLC ends in a Decline, and the bytes must go over TCP intact
-// with the decline counted, never a connection closed on a Proposal Linux
-// refused (docs/protocol.md, "Linux peers"). The host's kernel may lack AF_SMC;
-// the soft-RoCE VM's has it, and runs these with the rdma provider.
+// soft-RoCE has only RoCE version-2 GIDs, Linux does SMC-R version 1 only with
+// version-1 ones, and version 2 only with a User EID, which these hosts do not
+// set — CLC ends in a Decline, and the bytes must go over TCP intact with the
+// decline counted, never a connection closed on a Proposal Linux refused
+// (docs/protocol.md, "Linux peers"). SMC-R version 2 against Linux is proven by
+// test/vm's TestLinuxSMCv2OnSoftRoCE instead (package test/vm/linuxsmc): the
+// VM kernel's rxe routes version 2 in the first network namespace only, and
+// these hosts are network namespaces. The host's kernel may lack AF_SMC; the
+// soft-RoCE VM's has it, and runs these with the rdma provider.
 
 package e2e
 

@@ -125,7 +125,12 @@ func TestEngineOnSoftRoCE(t *testing.T) {
 // TestLinuxSMCv2OnSoftRoCE runs Linux's own SMC-R version 2 against itself in the
 // guest (package test/vm/linuxsmc): a User EID and a PNET entry set over generic
 // netlink, rxefix.ko (built here by rxefix.sh against the guest kernel's headers)
-// working around 6.1's rxe, and 4 MiB through AF_SMC over rxe1 on lo.
+// working around 6.1's rxe, and 4 MiB through AF_SMC over rxe1 on lo. Then the
+// smcr engine against it, both ways, over SMC-R version 2: Linux's client to
+// smcr's server (TestLinuxClientSMCRServer) and smcr's client to Linux's server
+// (TestSMCRClientLinuxServer), with data checked by hash, link group reuse,
+// Linux's smc_diag view, TEST_LINK answered both ways, and aborts; and tshark
+// decodes the captured CLC of version 2 (TestLinuxCaptureDecodes).
 func TestLinuxSMCv2OnSoftRoCE(t *testing.T) {
 	requireVM(t)
 	script := func(name string) string {
@@ -147,11 +152,14 @@ func TestLinuxSMCv2OnSoftRoCE(t *testing.T) {
 		cache = filepath.Join(Dir(), "cache")
 	}
 	kernelRoot := filepath.Join(cache, "kernel-"+script("kernel.sh"))
-	bin := buildTest(t, "./test/vm/linuxsmc", "-tags", "linuxsmc")
+	bin := buildTest(t, "./test/vm/linuxsmc", "-tags", "linuxsmc,ibv")
+	tests := []string{"TestLinuxSMCv2OverRxe", "TestLinuxClientSMCRServer", "TestSMCRClientLinuxServer", "TestLinuxCaptureDecodes", "TestLinuxNoCommonEID"}
 	guest := runSuiteEnv(t, bin, []string{"SMCR_RXEFIX=" + ko, "SMCR_KERNEL_ROOT=" + kernelRoot},
-		"-test.run", "^TestLinuxSMCv2OverRxe$")
-	if !bytes.Contains(guest, []byte("--- PASS: TestLinuxSMCv2OverRxe")) {
-		t.Fatalf("TestLinuxSMCv2OverRxe did not pass in the guest:\n%s", guest)
+		"-test.run", "^("+strings.Join(tests, "|")+")$")
+	for _, name := range tests {
+		if !bytes.Contains(guest, []byte("--- PASS: "+name+" ")) {
+			t.Fatalf("%s did not pass in the guest:\n%s", name, guest)
+		}
 	}
 	for _, l := range linuxSMCRE.FindAll(guest, -1) {
 		t.Logf("guest: %s", bytes.TrimSpace(l))
@@ -159,7 +167,7 @@ func TestLinuxSMCv2OnSoftRoCE(t *testing.T) {
 }
 
 // linuxSMCRE picks the guest test's summary line.
-var linuxSMCRE = regexp.MustCompile(`(?m)^.*linux smc-r v2 over .*$`)
+var linuxSMCRE = regexp.MustCompile(`(?m)^.*(linux smc-r v2 over |smc-r v2 over |connection \d+: connect|stream: |idle |aborted: |smc_diag: |tshark: |no common eid: ).*$`)
 
 // engineRE picks the guest test's own summary lines.
 var engineRE = regexp.MustCompile(`(?m)^.*(connection: |connection in |connection across |link group \d+ over |link \d+ over |links added ).*$`)

@@ -392,6 +392,15 @@ func (q *qp) Attr() verbs.QPAttr {
 func (q *qp) Connect(ctx context.Context, remote verbs.QPAttr) error {
 	regMu.Lock()
 	d := devices[string(remote.Endpoint)]
+	if len(remote.Endpoint) == 0 {
+		// No endpoint (a standard peer's CLC carries none): found by its GID,
+		// as RoCE finds it.
+		for _, x := range devices {
+			if x.Port().GID == remote.GID {
+				d = x
+			}
+		}
+	}
 	regMu.Unlock()
 	if d == nil {
 		return fmt.Errorf("memverbs: no device %q", remote.Endpoint)

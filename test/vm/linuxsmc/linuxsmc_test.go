@@ -15,6 +15,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"sync"
 	"testing"
 	"time"
 
@@ -37,13 +38,6 @@ const (
 	ioTimeout = 3 * time.Minute
 )
 
-func run(t *testing.T, name string, args ...string) {
-	t.Helper()
-	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
-		t.Fatalf("%s %v: %v\n%s", name, args, err, out)
-	}
-}
-
 // smcSocket opens an AF_SMC stream socket; the kernel takes IPv4 addresses for it.
 func smcSocket(t *testing.T) int {
 	t.Helper()
@@ -63,27 +57,49 @@ func domain(t *testing.T, fd int) int {
 	return d
 }
 
-func TestLinuxSMCv2OverRxe(t *testing.T) {
+// kernelSetup is done once per guest boot: the tests of this package share it.
+var kernelSetup struct {
+	once sync.Once
+	err  error
+}
+
+// setupKernel makes the guest's Linux ready for SMC-R version 2 on rxe1 over lo:
+// rxefix.ko loaded, the smc module, a User EID (testUEID, global) and a PNET
+// entry lo ↔ rxe1.
+func setupKernel(t *testing.T) {
+	t.Helper()
+	kernelSetup.once.Do(func() { kernelSetup.err = doSetupKernel() })
+	if kernelSetup.err != nil {
+		t.Fatal(kernelSetup.err)
+	}
+}
+
+func doSetupKernel() error {
 	rxefix := os.Getenv("SMCR_RXEFIX")
 	if rxefix == "" {
-		t.Fatal("SMCR_RXEFIX: the path of rxefix.ko (test/vm/rxefix.sh) is not set")
+		return errors.New("SMCR_RXEFIX: the path of rxefix.ko (test/vm/rxefix.sh) is not set")
 	}
 	kernelRoot := os.Getenv("SMCR_KERNEL_ROOT")
 	if kernelRoot == "" {
-		t.Fatal("SMCR_KERNEL_ROOT: the unpacked guest kernel (test/vm/kernel.sh) is not set")
+		return errors.New("SMCR_KERNEL_ROOT: the unpacked guest kernel (test/vm/kernel.sh) is not set")
 	}
-	run(t, "insmod", rxefix)
-	run(t, "modprobe", "-d", kernelRoot, "smc")
+	for _, cmd := range [][]string{{"insmod", rxefix}, {"modprobe", "-d", kernelRoot, "smc"}} {
+		if out, err := exec.Command(cmd[0], cmd[1:]...).CombinedOutput(); err != nil {
+			return fmt.Errorf("%v: %v\n%s", cmd, err, out)
+		}
+	}
 	eid, err := clc.ParseEID(testUEID)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	if err := addUEID(eid); err != nil {
-		t.Fatal(err)
+		return err
 	}
-	if err := addPNET(testPNET, loopback, rxeOnLo, rxePort); err != nil {
-		t.Fatal(err)
-	}
+	return addPNET(testPNET, loopback, rxeOnLo, rxePort)
+}
+
+func TestLinuxSMCv2OverRxe(t *testing.T) {
+	setupKernel(t)
 
 	lfd := smcSocket(t)
 	defer unix.Close(lfd)

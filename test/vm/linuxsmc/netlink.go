@@ -65,3 +65,83 @@ func addPNET(pnetid, netdev, ib string, port uint8) error {
 		nl.NewRtAttr(pnetAttrIBName, nl.ZeroTerminated(ib)),
 		nl.NewRtAttr(pnetAttrIBPort, []byte{port}))
 }
+
+// Linux's include/uapi/linux/smc_diag.h: the sock_diag view smcss prints.
+const (
+	smcDiagModeSMCR   = 0  // SMC_DIAG_MODE_SMCR
+	smcDiagLGRInfo    = 2  // SMC_DIAG_LGRINFO, asked for by bit 1 << (2-1)
+	smcDiagFallback   = 5  // SMC_DIAG_FALLBACK: reason, peer diagnosis (u32 each), always sent
+	smcDiagMsgLen     = 64 // struct smc_diag_msg: family .. sockid, uid, inode
+	smcDiagIDOff      = 4  // struct inet_diag_sockid
+	smcDiagLinkIBName = 1
+	smcDiagLinkGID    = 1 + 64 + 1
+	smcDiagLinkPeer   = smcDiagLinkGID + 40
+	smcDiagRole       = smcDiagLinkPeer + 40
+	ibNameLen         = 64
+	gidTextLen        = 40
+)
+
+// smcDiag is one AF_SMC socket as Linux's smc_diag reports it (smcss's line).
+type smcDiag struct {
+	SPort, DPort uint16
+	Mode         uint8  // smcDiagModeSMCR, 1 fallback, 2 SMC-D
+	State        uint8  // the socket's state (SMC_ACTIVE = 1, ...)
+	FallbackCode uint32 // the decline code that made it fall back, if it did
+	IBDevice     string // from SMC_DIAG_LGRINFO, for SMC-R sockets
+	GID, PeerGID string // its link's local and peer GIDs, as Linux prints them
+	Role         uint8  // 0 client, 1 server
+}
+
+// smcSockets lists the AF_SMC sockets of IPv4 (smc_proto) with their link
+// group's first link, through sock_diag as smcss asks for them.
+func smcSockets() ([]smcDiag, error) {
+	req := nl.NewNetlinkRequest(unix.SOCK_DIAG_BY_FAMILY, unix.NLM_F_DUMP)
+	body := make([]byte, 4+48) // struct smc_diag_req: family, pad (2), ext, sockid
+	body[0] = unix.AF_SMC
+	body[3] = 1 << (smcDiagLGRInfo - 1)
+	req.AddRawData(body)
+	msgs, err := req.Execute(unix.NETLINK_SOCK_DIAG, 0)
+	if err != nil {
+		return nil, fmt.Errorf("smc_diag dump: %w", err)
+	}
+	var out []smcDiag
+	for _, m := range msgs {
+		if len(m) < smcDiagMsgLen {
+			return nil, fmt.Errorf("smc_diag: message of %d bytes", len(m))
+		}
+		d := smcDiag{
+			State: m[1], Mode: m[2],
+			SPort: uint16(m[smcDiagIDOff])<<8 | uint16(m[smcDiagIDOff+1]),
+			DPort: uint16(m[smcDiagIDOff+2])<<8 | uint16(m[smcDiagIDOff+3]),
+		}
+		for b := m[smcDiagMsgLen:]; len(b) >= 4; {
+			n, typ := int(nl.NativeEndian().Uint16(b)), nl.NativeEndian().Uint16(b[2:])
+			if n < 4 || n > len(b) {
+				return nil, fmt.Errorf("smc_diag: attribute of %d bytes in %d", n, len(b))
+			}
+			v := b[4:n]
+			b = b[min((n+3)&^3, len(b)):]
+			if typ == smcDiagFallback && len(v) >= 4 {
+				d.FallbackCode = nl.NativeEndian().Uint32(v)
+			}
+			if typ != smcDiagLGRInfo || len(v) <= smcDiagRole {
+				continue
+			}
+			d.IBDevice = cString(v[smcDiagLinkIBName : smcDiagLinkIBName+ibNameLen])
+			d.GID = cString(v[smcDiagLinkGID : smcDiagLinkGID+gidTextLen])
+			d.PeerGID = cString(v[smcDiagLinkPeer : smcDiagLinkPeer+gidTextLen])
+			d.Role = v[smcDiagRole]
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+func cString(b []byte) string {
+	for i, c := range b {
+		if c == 0 {
+			return string(b[:i])
+		}
+	}
+	return string(b)
+}
