@@ -34,13 +34,14 @@ func (dc *directConn) refuseRelease(why string, err error) {
 
 // releasedToSocket answers a release that is done: the program's socket
 // carries the rest of the stream. smcrd closes its carrier after, which
-// closes only its own descriptor of the socket: no FIN, no reset.
+// closes only its own descriptor of the socket: no FIN, no reset. The release
+// is counted before the answer, which lets the program go on (and exit).
 func (dc *directConn) releasedToSocket() {
-	dc.sh.DFlags().Or(rmb.DReleased)
-	dc.publish()
 	if dc.releases != nil {
 		dc.releases.Add(1)
 	}
+	dc.sh.DFlags().Or(rmb.DReleased)
+	dc.publish()
 	dc.log.Debug("direct: released to the program's socket", "tx_prod", dc.sh.TxProd().Load(), "rx_cons", dc.sh.RxCons().Load())
 }
 

@@ -8,7 +8,6 @@
 package engine
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -24,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/smcr-io/smcr/internal/testlog"
 	"github.com/smcr-io/smcr/smcr"
 	"github.com/smcr-io/smcr/smcr/verbs"
 	"github.com/smcr-io/smcr/smcr/verbs/ibv"
@@ -85,30 +85,6 @@ func ipv4Of(t testing.TB, name string) net.IP {
 	return nil
 }
 
-// testWriter sends log lines to t.Log while the test runs and to stderr after:
-// an engine's teardown goroutines may still log once the test has ended.
-type testWriter struct {
-	t    testing.TB
-	mu   sync.Mutex
-	done bool
-}
-
-func newTestWriter(t testing.TB) *testWriter {
-	w := &testWriter{t: t}
-	t.Cleanup(func() { w.mu.Lock(); w.done = true; w.mu.Unlock() })
-	return w
-}
-
-func (w *testWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.done {
-		return os.Stderr.Write(p)
-	}
-	w.t.Log(string(bytes.TrimRight(p, "\n")))
-	return len(p), nil
-}
-
 // countingDevice counts the protection domains the engine holds. The engine
 // closes a link's QP, CQ and MRs and then its PD in a goroutine that may outlive
 // Engine.Close; closing the device under them would free the verbs context they
@@ -164,7 +140,7 @@ func newEngine(t testing.TB, name, ifc string, id byte) *smcr.Engine {
 // and makes an engine of them; tweak, if not nil, changes its configuration.
 func newEngineOn(t testing.TB, name string, id byte, tweak func(*smcr.Config), ifcs ...string) *smcr.Engine {
 	t.Helper()
-	log := slog.New(slog.NewTextHandler(newTestWriter(t), nil)).With("engine", name)
+	log := slog.New(slog.NewTextHandler(testlog.Writer(t), nil)).With("engine", name)
 	var raws []verbs.Device
 	var devs []*countingDevice
 	var devices []verbs.Device

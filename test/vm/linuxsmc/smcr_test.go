@@ -21,13 +21,13 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/smcr-io/smcr/bpf"
+	"github.com/smcr-io/smcr/internal/testlog"
 	"github.com/smcr-io/smcr/smcr"
 	"github.com/smcr-io/smcr/smcr/clc"
 	"github.com/smcr-io/smcr/smcr/verbs"
@@ -115,9 +115,7 @@ func serveOnce(e *smcr.Engine, ln net.Listener, i, down int, check func(*smcr.Co
 // given; testLink is its TEST_LINK interval (negative: off).
 func newEngine(t *testing.T, name string, testLink time.Duration, ueids ...string) *smcr.Engine {
 	t.Helper()
-	w := &testWriter{t: t}
-	t.Cleanup(func() { w.mu.Lock(); w.done = true; w.mu.Unlock() })
-	log := slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug})).With("engine", name)
+	log := slog.New(slog.NewTextHandler(testlog.Writer(t), &slog.HandlerOptions{Level: slog.LevelDebug})).With("engine", name)
 	dev, err := ibv.Open(ibv.Config{Interface: loopback, GIDIndex: -1, Logger: log})
 	if err != nil {
 		t.Fatalf("open the rdma device of %s: %v", loopback, err)
@@ -138,23 +136,6 @@ func newEngine(t *testing.T, name string, testLink time.Duration, ueids ...strin
 	return e
 }
 
-// testWriter sends log lines to t.Log while the test runs, to stderr after.
-type testWriter struct {
-	t    *testing.T
-	mu   sync.Mutex
-	done bool
-}
-
-func (w *testWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.done {
-		return os.Stderr.Write(p)
-	}
-	w.t.Log(string(bytes.TrimRight(p, "\n")))
-	return len(p), nil
-}
-
 // payload is connection i's bytes in one direction.
 func payload(i, dir, n int) []byte {
 	b := make([]byte, n)
@@ -163,6 +144,29 @@ func payload(i, dir, n int) []byte {
 }
 
 // serve is one connection's server side: it reads the client's bytes to EOF,
+// exchange moves connection i's bytes: srv serves (reads up bytes, writes down)
+// while cli talks, closes its write side (closeWrite), then closes; it fails t
+// on either end's error, naming the server who.
+func exchange(t *testing.T, i int, srv, cli io.ReadWriteCloser, up, down int, closeWrite func() error, who string) {
+	t.Helper()
+	served := make(chan error, 1)
+	go func() {
+		n, err := serve(srv, i, down)
+		if err == nil && n != int64(up) {
+			err = fmt.Errorf("read %d bytes, want %d", n, up)
+		}
+		served <- err
+	}()
+	err := talk(cli, i, up, down, closeWrite)
+	cli.Close()
+	if err != nil {
+		t.Fatalf("connection %d: %v", i, err)
+	}
+	if err := <-served; err != nil {
+		t.Fatalf("%s %d: %v", who, i, err)
+	}
+}
+
 // answers with their sha256 and down bytes of its own, and closes.
 func serve(rw io.ReadWriteCloser, i, down int) (int64, error) {
 	defer rw.Close()
@@ -299,22 +303,7 @@ func TestLinuxClientSMCRServer(t *testing.T) {
 			isSMCR(t, d, 0)
 			t.Logf("Linux's smc_diag: %+v", d)
 		}
-		served := make(chan error, 1)
-		go func() {
-			n, err := serve(c, i, down)
-			if err == nil && n != int64(up) {
-				err = fmt.Errorf("read %d bytes, want %d", n, up)
-			}
-			served <- err
-		}()
-		err := talk(f, i, up, down, func() error { return unix.Shutdown(fd, unix.SHUT_WR) })
-		f.Close()
-		if err != nil {
-			t.Fatalf("connection %d: %v", i, err)
-		}
-		if err := <-served; err != nil {
-			t.Fatalf("server %d: %v", i, err)
-		}
+		exchange(t, i, c, f, up, down, func() error { return unix.Shutdown(fd, unix.SHUT_WR) }, "server")
 		return time.Since(t0)
 	}
 	start := time.Now()
@@ -436,22 +425,7 @@ func TestSMCRClientLinuxServer(t *testing.T) {
 			isSMCR(t, d, 1)
 			t.Logf("Linux's smc_diag: %+v", d)
 		}
-		served := make(chan error, 1)
-		go func() {
-			n, err := serve(os.NewFile(uintptr(fd), "smc-server"), i, down)
-			if err == nil && n != int64(up) {
-				err = fmt.Errorf("read %d bytes, want %d", n, up)
-			}
-			served <- err
-		}()
-		err := talk(c, i, up, down, c.CloseWrite)
-		c.Close()
-		if err != nil {
-			t.Fatalf("connection %d: %v", i, err)
-		}
-		if err := <-served; err != nil {
-			t.Fatalf("linux server %d: %v", i, err)
-		}
+		exchange(t, i, os.NewFile(uintptr(fd), "smc-server"), c, up, down, c.CloseWrite, "linux server")
 		return time.Since(t0)
 	}
 	start := time.Now()
