@@ -408,3 +408,28 @@ func checkProfiles(t *testing.T, dir string) {
 		}
 	}
 }
+
+// TestPeerRMBSize: Options.RMBSize reaches a peer's engine through its spec (as
+// JSON, which the peer process reads), and 0 leaves the engine's default.
+func TestPeerRMBSize(t *testing.T) {
+	for _, c := range []struct{ size, want int }{{512 << 10, 512 << 10}, {0, 256 << 10}} {
+		env := &runEnv{rmbSize: c.size}
+		b, err := json.Marshal(env.peerSpecFor(peerSpec{Role: "server", Transport: transportSHM, ShmDir: t.TempDir()}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var spec peerSpec
+		if err := json.Unmarshal(b, &spec); err != nil {
+			t.Fatalf("the peer's spec: %v", err)
+		}
+		ep, err := openEndpoint(spec)
+		if err != nil {
+			t.Fatalf("open the peer's endpoint: %v", err)
+		}
+		got := ep.engine.Settings().RMBSize
+		ep.close()
+		if got != c.want {
+			t.Errorf("Options.RMBSize %d: the peer's engine has %d, want %d", c.size, got, c.want)
+		}
+	}
+}

@@ -52,6 +52,8 @@ type peerSpec struct {
 	Smcrd string `json:",omitempty"`
 	// ProfileDir, when set, is where the peers write their profiles (profile.go).
 	ProfileDir string `json:",omitempty"`
+	// RMBSize is the engine's RMB in bytes (0: its default).
+	RMBSize int `json:",omitempty"`
 }
 
 // job is one measurement a client makes.
@@ -135,7 +137,7 @@ func openEndpoint(spec peerSpec) (*endpoint, error) {
 	if err != nil {
 		return nil, err
 	}
-	e, err := smcr.NewEngine(smcr.Config{Devices: []verbs.Device{dev}, TestLinkInterval: -1,
+	e, err := smcr.NewEngine(smcr.Config{Devices: []verbs.Device{dev}, TestLinkInterval: -1, RMBSize: spec.RMBSize,
 		CloseTimeout: 5 * time.Second, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		dev.Close()

@@ -47,8 +47,11 @@ type Options struct {
 	// ProfileDir, when set, is where the peer processes write CPU, mutex and
 	// block profiles of each client job (profile.go).
 	ProfileDir string
-	Command    string       // how the run was started, for the report
-	Logger     *slog.Logger // progress (default: discarded)
+	// RMBSize is the RMB each engine peer offers, in bytes (0: the engine's
+	// default, smcr.Config.RMBSize).
+	RMBSize int
+	Command string       // how the run was started, for the report
+	Logger  *slog.Logger // progress (default: discarded)
 }
 
 // warmupBytes is the untimed transfer each client makes before its timed jobs.
@@ -141,7 +144,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 			return nil, fmt.Errorf("bench: profile dir: %w", err)
 		}
 	}
-	env := &runEnv{exe: exe, pair: pair, shmDir: shmDir, profileDir: opts.ProfileDir, log: log}
+	env := &runEnv{exe: exe, pair: pair, shmDir: shmDir, profileDir: opts.ProfileDir, rmbSize: opts.RMBSize, log: log}
 	defer func() {
 		for _, stop := range env.stops {
 			stop()
@@ -251,16 +254,23 @@ type runEnv struct {
 	exe    string
 	pair   *nstest.Pair
 	shmDir string
-	// profileDir is Options.ProfileDir, handed to every peer.
+	// profileDir is Options.ProfileDir and rmbSize Options.RMBSize, handed to
+	// every peer.
 	profileDir string
+	rmbSize    int
 	log        *slog.Logger
 	stops      []func() bool // context.AfterFunc registrations to drop at the end
 }
 
+// peerSpecFor is spec with what every peer gets from the run's options.
+func (e *runEnv) peerSpecFor(spec peerSpec) peerSpec {
+	spec.ProfileDir, spec.RMBSize = e.profileDir, e.rmbSize
+	return spec
+}
+
 // peerCmd builds a peer process for spec inside ns.
 func (e *runEnv) peerCmd(ctx context.Context, ns *nstest.NS, spec peerSpec) (*exec.Cmd, error) {
-	spec.ProfileDir = e.profileDir
-	b, err := json.Marshal(spec)
+	b, err := json.Marshal(e.peerSpecFor(spec))
 	if err != nil {
 		return nil, err
 	}

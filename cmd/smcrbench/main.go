@@ -48,11 +48,16 @@ func run(args []string) int {
 	smcrd := fs.String("smcrd", "", "smcrd `binary` for the transparent path (default: go build ./cmd/smcrd)")
 	noTransparent := fs.Bool("no-transparent", false, "skip the transparent path (smcrd)")
 	profile := fs.String("profile", "", "`directory` for the peers' CPU, mutex and block profiles, one set per job (go tool pprof)")
+	rmbKiB := fs.Int("rmb-kib", 0, "the RMB each engine peer offers, in `KiB` (default: the engine's)")
 	verbose := fs.Bool("v", false, "log progress to stderr")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
 			return 0
 		}
+		return 2
+	}
+	if *rmbKiB < 0 {
+		fmt.Fprintln(os.Stderr, "smcrbench: -rmb-kib must not be negative")
 		return 2
 	}
 	level := slog.LevelWarn
@@ -64,7 +69,7 @@ func run(args []string) int {
 	defer stop()
 	rep, err := bench.Run(ctx, bench.Options{
 		Quick: *quick, Repeats: *repeats, Providers: strings.Split(*providers, ","),
-		Smcrd: *smcrd, NoTransparent: *noTransparent, ProfileDir: *profile,
+		Smcrd: *smcrd, NoTransparent: *noTransparent, ProfileDir: *profile, RMBSize: *rmbKiB << 10,
 		Command: "go run ./cmd/smcrbench " + strings.Join(args, " "), Logger: log,
 	})
 	if err != nil {
