@@ -411,9 +411,9 @@ func TestSpawn(t *testing.T) {
 
 // TestSharedRelease: a connection shared by fork is released (its socket sent
 // away with SCM_RIGHTS) by one process while the other streams into it, eight
-// times. The
-// release waits for the copies under way in both processes and the writer
-// follows it to the kernel socket: the reader gets every word once, in order.
+// times. The release waits for the copies under way in both processes and the
+// writer follows it to the kernel socket: the reader gets every word once, in
+// order.
 func TestSharedRelease(t *testing.T) {
 	build(t)
 	r := newReleaseServers(t)

@@ -593,8 +593,6 @@ int conn_release(struct conn *c, int fd)
 	if (atomic_load(&c->state) != CS_ACCEL || !c->sh || atomic_load(&c->reset) ||
 	    atomic_load(&c->closed))
 		return -1;
-	if (atomic_load(&c->sh->d_flags) & (SMCR_D_NO_RELEASE | SMCR_D_ERROR))
-		return -1; /* refused before, or failed */
 	/* No copy through the rings may move a cursor once smcrd took them: the
 	 * copies under way end first, in every process that holds the connection,
 	 * and new ones wait for the outcome (ring_enter). */

@@ -64,6 +64,16 @@ static void resolve(void)
 	RESOLVE(execvpe, "execvpe");
 	RESOLVE(fexecve, "fexecve");
 	RESOLVE(execveat, "execveat");
+	RESOLVE(posix_spawn, "posix_spawn");
+	RESOLVE(posix_spawnp, "posix_spawnp");
+	RESOLVE(posix_spawn_file_actions_init, "posix_spawn_file_actions_init");
+	RESOLVE(posix_spawn_file_actions_destroy, "posix_spawn_file_actions_destroy");
+	RESOLVE(posix_spawn_file_actions_addclose, "posix_spawn_file_actions_addclose");
+	RESOLVE(posix_spawn_file_actions_addopen, "posix_spawn_file_actions_addopen");
+	RESOLVE(posix_spawn_file_actions_adddup2, "posix_spawn_file_actions_adddup2");
+	RESOLVE(posix_spawn_file_actions_addclosefrom_np, "posix_spawn_file_actions_addclosefrom_np");
+	RESOLVE(system, "system");
+	RESOLVE(popen, "popen");
 	if (!real.fcntl64)
 		real.fcntl64 = real.fcntl;
 	if (!real.sendfile64)

@@ -4,6 +4,8 @@
 
 #include <poll.h>
 #include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
 #include <stddef.h>
 #include <sys/epoll.h>
 #include <sys/select.h>
@@ -63,6 +65,18 @@ struct real_fns {
 	int (*fexecve)(int, char *const[], char *const[]);
 	int (*execveat)(int, const char *, char *const[], char *const[], int);
 	long (*syscall)(long, ...);
+	int (*posix_spawn)(pid_t *, const char *, const posix_spawn_file_actions_t *, const posix_spawnattr_t *,
+			   char *const[], char *const[]);
+	int (*posix_spawnp)(pid_t *, const char *, const posix_spawn_file_actions_t *, const posix_spawnattr_t *,
+			    char *const[], char *const[]);
+	int (*posix_spawn_file_actions_init)(posix_spawn_file_actions_t *);
+	int (*posix_spawn_file_actions_destroy)(posix_spawn_file_actions_t *);
+	int (*posix_spawn_file_actions_addclose)(posix_spawn_file_actions_t *, int);
+	int (*posix_spawn_file_actions_addopen)(posix_spawn_file_actions_t *, int, const char *, int, mode_t);
+	int (*posix_spawn_file_actions_adddup2)(posix_spawn_file_actions_t *, int, int);
+	int (*posix_spawn_file_actions_addclosefrom_np)(posix_spawn_file_actions_t *, int); /* glibc 2.34+, or NULL */
+	int (*system)(const char *);
+	FILE *(*popen)(const char *, const char *);
 };
 
 extern struct real_fns real;

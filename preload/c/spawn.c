@@ -14,7 +14,6 @@
  *     did not see made, and for popen (its stream's child is glibc's to wait for).
  * system runs its shell through this file's posix_spawn where a connection would
  * go with it, as glibc's does (POSIX's signal handling included). */
-#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -112,16 +111,9 @@ static void fa_add(const posix_spawn_file_actions_t *fa, enum fa_kind kind, int 
 	pthread_mutex_unlock(&fa_mu);
 }
 
-/* the real functions, looked up on first use: posix_spawn is rare */
-#define NEXT(name, type) ((type)next_sym(#name))
-static void *next_sym(const char *sym)
-{
-	return dlsym(RTLD_NEXT, sym);
-}
-
 EXPORT int posix_spawn_file_actions_init(posix_spawn_file_actions_t *fa)
 {
-	int r = NEXT(posix_spawn_file_actions_init, int (*)(posix_spawn_file_actions_t *))(fa);
+	int r = R(posix_spawn_file_actions_init)(fa);
 	if (r == 0)
 		fa_start(fa);
 	return r;
@@ -130,12 +122,12 @@ EXPORT int posix_spawn_file_actions_init(posix_spawn_file_actions_t *fa)
 EXPORT int posix_spawn_file_actions_destroy(posix_spawn_file_actions_t *fa)
 {
 	fa_forget(fa);
-	return NEXT(posix_spawn_file_actions_destroy, int (*)(posix_spawn_file_actions_t *))(fa);
+	return R(posix_spawn_file_actions_destroy)(fa);
 }
 
 EXPORT int posix_spawn_file_actions_addclose(posix_spawn_file_actions_t *fa, int fd)
 {
-	int r = NEXT(posix_spawn_file_actions_addclose, int (*)(posix_spawn_file_actions_t *, int))(fa, fd);
+	int r = R(posix_spawn_file_actions_addclose)(fa, fd);
 	if (r == 0)
 		fa_add(fa, FA_CLOSE, fd, -1);
 	return r;
@@ -144,8 +136,7 @@ EXPORT int posix_spawn_file_actions_addclose(posix_spawn_file_actions_t *fa, int
 EXPORT int posix_spawn_file_actions_addopen(posix_spawn_file_actions_t *fa, int fd, const char *path, int oflag,
 					    mode_t mode)
 {
-	int r = NEXT(posix_spawn_file_actions_addopen,
-		     int (*)(posix_spawn_file_actions_t *, int, const char *, int, mode_t))(fa, fd, path, oflag, mode);
+	int r = R(posix_spawn_file_actions_addopen)(fa, fd, path, oflag, mode);
 	if (r == 0)
 		fa_add(fa, FA_OPEN, fd, -1);
 	return r;
@@ -153,8 +144,7 @@ EXPORT int posix_spawn_file_actions_addopen(posix_spawn_file_actions_t *fa, int 
 
 EXPORT int posix_spawn_file_actions_adddup2(posix_spawn_file_actions_t *fa, int fd, int newfd)
 {
-	int r = NEXT(posix_spawn_file_actions_adddup2, int (*)(posix_spawn_file_actions_t *, int, int))(fa, fd,
-													 newfd);
+	int r = R(posix_spawn_file_actions_adddup2)(fa, fd, newfd);
 	if (r == 0)
 		fa_add(fa, FA_DUP2, fd, newfd);
 	return r;
@@ -162,8 +152,7 @@ EXPORT int posix_spawn_file_actions_adddup2(posix_spawn_file_actions_t *fa, int 
 
 EXPORT int posix_spawn_file_actions_addclosefrom_np(posix_spawn_file_actions_t *fa, int from)
 {
-	int (*f)(posix_spawn_file_actions_t *, int) =
-		NEXT(posix_spawn_file_actions_addclosefrom_np, int (*)(posix_spawn_file_actions_t *, int));
+	int (*f)(posix_spawn_file_actions_t *, int) = R(posix_spawn_file_actions_addclosefrom_np);
 	if (!f)
 		return ENOSYS;
 	int r = f(fa, from);
@@ -365,13 +354,13 @@ static int spawn_with(spawn_fn real_spawn, pid_t *pid, const char *path, const p
 EXPORT int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
 		       const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
 {
-	return spawn_with(NEXT(posix_spawn, spawn_fn), pid, path, fa, attr, argv, envp);
+	return spawn_with(R(posix_spawn), pid, path, fa, attr, argv, envp);
 }
 
 EXPORT int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_actions_t *fa,
 			const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
 {
-	return spawn_with(NEXT(posix_spawnp, spawn_fn), pid, file, fa, attr, argv, envp);
+	return spawn_with(R(posix_spawnp), pid, file, fa, attr, argv, envp);
 }
 
 /* ---- system and popen */
@@ -385,7 +374,7 @@ static struct sigaction system_intr, system_quit;
 EXPORT int system(const char *cmd)
 {
 	if (!cmd || exec_inheritable() == 0)
-		return NEXT(system, int (*)(const char *))(cmd);
+		return R(system)(cmd);
 	struct sigaction ign = {.sa_handler = SIG_IGN};
 	sigemptyset(&ign.sa_mask);
 	pthread_mutex_lock(&system_mu);
@@ -414,7 +403,7 @@ EXPORT int system(const char *cmd)
 	posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
 	char *argv[] = {"sh", "-c", (char *)cmd, NULL};
 	pid_t pid;
-	int status, err = spawn_with(NEXT(posix_spawn, spawn_fn), &pid, "/bin/sh", NULL, &attr, argv, environ);
+	int status, err = spawn_with(R(posix_spawn), &pid, "/bin/sh", NULL, &attr, argv, environ);
 	posix_spawnattr_destroy(&attr);
 	if (err == 0) {
 		while (waitpid(pid, &status, 0) < 0)
@@ -461,5 +450,5 @@ EXPORT FILE *popen(const char *cmd, const char *type)
 {
 	if (exec_inheritable())
 		each_passed(NULL, release_passed, NULL);
-	return NEXT(popen, FILE * (*)(const char *, const char *))(cmd, type);
+	return R(popen)(cmd, type);
 }
